@@ -1,0 +1,3 @@
+"""Algorithm zoo: advantage estimators, policy losses, aggregations, KL estimators (pure functions)."""
+
+from streamrl.algo import advantages, aggregation, kl, losses  # noqa: F401  (registers by import)

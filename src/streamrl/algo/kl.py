@@ -1,0 +1,29 @@
+"""KL estimators between the policy and a reference, per token (Schulman's k1, k2, k3)."""
+
+from __future__ import annotations
+
+import torch
+
+from streamrl.algo.registry import kl_estimator
+
+
+@kl_estimator("k1")
+def k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """k1 = log r with log r = log pi - log pi_ref. [B, T] -> [B, T]."""
+    return logprobs - ref_logprobs
+
+
+@kl_estimator("k2")
+def k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """k2 = (log r)^2 / 2. [B, T] -> [B, T]."""
+    return 0.5 * (logprobs - ref_logprobs) ** 2
+
+
+@kl_estimator("k3")
+def k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, clamp: float = 10.0) -> torch.Tensor:
+    """k3 = exp(-log r) + log r - 1 >= 0, unbiased for KL(pi || pi_ref) under samples of pi.
+
+    [B, T] -> [B, T]; clamped to [-clamp, clamp] like verl's low_var_kl.
+    """
+    log_r = logprobs - ref_logprobs
+    return (torch.exp(-log_r) + log_r - 1).clamp(min=-clamp, max=clamp)

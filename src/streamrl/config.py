@@ -1,0 +1,273 @@
+"""Run configuration: dataclasses, a YAML file and `key=value` overrides, validated before any work.
+
+Every key is a dataclass field; nested sections are addressed with dots (`train.lr=1e-5`). An unknown
+key, a value of the wrong type or a value outside its choices raises ConfigError with one line that
+names the key and what is accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """Bad configuration; the message is one line naming the key and the fix."""
+
+
+@dataclass
+class RolloutConfig:
+    prompts_per_step: int = 8
+    samples_per_prompt: int = 8
+    max_new_tokens: int = 48
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_batch: int = 128  # sequences decoded together by the engine
+
+
+@dataclass
+class RewardConfig:
+    extract: Literal["answer_is", "boxed", "last_number"] = "answer_is"
+    format_weight: float = 0.1  # added to the correctness reward (0/1) when the answer format is followed
+
+
+@dataclass
+class LossConfig:
+    name: str = "ppo_clip"
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    aggregation: str = "token-mean"
+    kl_coef: float = 0.0  # > 0 loads a frozen reference model and adds the k3 KL to the loss
+
+
+@dataclass
+class AdvantageConfig:
+    name: str = "grpo"
+    std_normalize: bool = True
+
+
+@dataclass
+class TrainConfig:
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.99)
+    grad_clip: float = 1.0
+    warmup_steps: int = 0
+    token_budget: int = 4096  # max padded tokens per micro-batch
+    precision: Literal["fp32", "bf16"] = "fp32"  # bf16 = fp32 weights with bf16 autocast
+    threads: int = 0  # torch threads; 0 = all cores
+    save_checkpoint: bool = True
+
+
+@dataclass
+class EvalConfig:
+    size: int = 400  # held-out problems, never trained on
+    max_new_tokens: int = 48
+    before: bool = True
+    after: bool = True
+
+
+@dataclass
+class TaskConfig:
+    system_prompt: str = "You are a calculator. Reply in the form 'The answer is <number>.'"
+    instruction: str = ""  # appended to each question on its own line
+    args: dict[str, Any] = field(default_factory=dict)  # passed to the task's generator
+
+
+@dataclass
+class Config:
+    model: str = "smollm2-135m-instruct"
+    task: str = "rg:chain_sum"
+    max_steps: int = 20
+    run_dir: str = ""  # empty: runs/<timestamp>
+    seed: int = 0
+    device: str = "cpu"
+    task_config: TaskConfig = field(default_factory=TaskConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _describe(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if dataclasses.is_dataclass(tp):
+        return "a section with keys " + ", ".join(_field_types(tp))
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Check `value` against type `tp` (converting lossless cases such as int -> float)."""
+    origin = typing.get_origin(tp)
+    bad = ConfigError(f"config key '{key}' expects {_describe(tp)}, got {value!r}")
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise bad
+        return value
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            try:
+                return _coerce(key, value, arg)
+            except ConfigError:
+                continue
+        raise bad
+    if tp is type(None):
+        if value is not None:
+            raise bad
+        return None
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise bad
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise bad
+        return value
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise bad
+        return tuple(_coerce(f"{key}[{i}]", v, a) for i, (v, a) in enumerate(zip(value, args)))
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise bad
+        return dict(value)
+    raise bad
+
+
+def _apply(obj: Any, key: str, value: Any, prefix: str = "") -> None:
+    """Set dotted `key` on dataclass `obj`; dict values update nested sections key by key."""
+    head, _, rest = key.partition(".")
+    fields = _field_types(type(obj))
+    full = f"{prefix}{head}"
+    if head not in fields:
+        hint = difflib.get_close_matches(head, fields, n=1)
+        where = f"section '{prefix[:-1]}'" if prefix else "the top level"
+        suggestion = f" (did you mean '{prefix}{hint[0]}'?)" if hint else ""
+        raise ConfigError(
+            f"unknown config key '{full}'{suggestion}; valid keys at {where}: {', '.join(fields)}"
+        )
+    tp = fields[head]
+    if dataclasses.is_dataclass(tp):
+        section = getattr(obj, head)
+        if rest:
+            _apply(section, rest, value, f"{full}.")
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                _apply(section, str(k), v, f"{full}.")
+        else:
+            raise ConfigError(f"config key '{full}' is {_describe(tp)}; set e.g. '{full}.<key>=value'")
+        return
+    if rest:
+        if typing.get_origin(tp) is dict or tp is dict:
+            getattr(obj, head)[rest] = value
+            return
+        raise ConfigError(f"config key '{full}' is not a section; use '{full}=value'")
+    setattr(obj, head, _coerce(full, value, tp))
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """'train.lr=1e-5' -> ('train.lr', 1e-05); values are parsed as YAML scalars/lists/dicts."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' must look like key=value (for example max_steps=10)")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    # YAML reads 1e-5 as a string (it wants 1.0e-5); accept the usual float spelling.
+    if isinstance(value, str):
+        try:
+            value = float(value) if any(c in value.lower() for c in ".e") else value
+        except ValueError:
+            pass
+    return key.strip(), value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Defaults <- YAML file <- overrides, then validate."""
+    cfg = Config()
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file '{path}' not found")
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file '{path}' must hold a mapping of keys to values")
+        for k, v in data.items():
+            _apply(cfg, str(k), v)
+    for item in overrides:
+        k, v = parse_override(item)
+        _apply(cfg, k, v)
+    validate(cfg)
+    return cfg
+
+
+def _positive(name: str, value: float) -> None:
+    if value <= 0:
+        raise ConfigError(f"config key '{name}' must be > 0, got {value}")
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field checks that types alone cannot express."""
+    from streamrl.algo import registry  # late import: algo imports nothing from config
+
+    _positive("max_steps", cfg.max_steps + 1)  # 0 steps is allowed (eval only)
+    _positive("rollout.prompts_per_step", cfg.rollout.prompts_per_step)
+    _positive("rollout.samples_per_prompt", cfg.rollout.samples_per_prompt)
+    _positive("rollout.max_new_tokens", cfg.rollout.max_new_tokens)
+    _positive("train.lr", cfg.train.lr)
+    _positive("train.token_budget", cfg.train.token_budget)
+    _positive("eval.max_new_tokens", cfg.eval.max_new_tokens)
+    _positive("rollout.max_batch", cfg.rollout.max_batch)
+    if cfg.rollout.temperature < 0:
+        raise ConfigError(f"config key 'rollout.temperature' must be >= 0, got {cfg.rollout.temperature}")
+    if not 0 < cfg.rollout.top_p <= 1:
+        raise ConfigError(f"config key 'rollout.top_p' must be in (0, 1], got {cfg.rollout.top_p}")
+    if cfg.eval.size < 0:
+        raise ConfigError(f"config key 'eval.size' must be >= 0, got {cfg.eval.size}")
+    for key, value, reg in (
+        ("loss.name", cfg.loss.name, registry.POLICY_LOSSES),
+        ("loss.aggregation", cfg.loss.aggregation, registry.AGGREGATIONS),
+        ("advantage.name", cfg.advantage.name, registry.ADVANTAGES),
+    ):
+        if value not in reg:
+            raise ConfigError(f"config key '{key}' must be one of {', '.join(sorted(reg))}, got {value!r}")
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    def plain(x: Any) -> Any:
+        if isinstance(x, tuple):
+            return list(x)
+        if isinstance(x, dict):
+            return {k: plain(v) for k, v in x.items()}
+        return x
+
+    return {k: plain(v) for k, v in dataclasses.asdict(cfg).items()}
+
+
+def dump_config(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))

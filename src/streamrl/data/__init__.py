@@ -1,0 +1,1 @@
+"""Problem sources, prompt building and the train/held-out split."""

@@ -1,0 +1,169 @@
+"""The default engine: batched sampling with a KV cache on plain PyTorch/transformers.
+
+A `DecodeBatch` advances all its rows one token per `step()`; finished rows are compacted out of the
+KV cache so a long tail does not pay for the whole batch. Steps are the points where new weights can
+be taken (in-flight) and where each token's policy version is stamped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from streamrl.engine.base import GenRequest, GenResult
+from streamrl.engine.sampling import sample_next
+
+
+class DecodeBatch:
+    """Rows that share (temperature, top_p). Prompts are left-padded; one forward per step."""
+
+    def __init__(self, engine: HFEngine, requests: list[GenRequest]) -> None:
+        self.engine = engine
+        self.results = [GenResult(request=r) for r in requests]
+        self.active = list(range(len(requests)))  # result index of each cache row
+        self.temperature = requests[0].temperature
+        self.top_p = requests[0].top_p
+        width = max(len(r.prompt_ids) for r in requests)
+        pad = engine.pad_id
+        ids = torch.tensor([[pad] * (width - len(r.prompt_ids)) + r.prompt_ids for r in requests])
+        self.attn = torch.tensor(
+            [[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in requests]
+        )
+        self.cache = DynamicCache()
+        positions = (self.attn.cumsum(-1) - 1).clamp(min=0)
+        self._logits = self._forward(ids, positions)
+        self.next_pos = positions[:, -1] + 1
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        dev = self.engine.device
+        out = self.engine.model(
+            input_ids=ids.to(dev),
+            attention_mask=self.attn.to(dev),
+            position_ids=positions.to(dev),
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1, :]
+
+    @property
+    def done(self) -> bool:
+        return not self.active
+
+    def step(self) -> None:
+        """Sample one token for every active row, then drop finished rows from the cache."""
+        tokens, logprobs = sample_next(self._logits, self.temperature, self.top_p, self.engine.generator)
+        version = self.engine.version
+        keep: list[int] = []
+        for row, res_idx in enumerate(self.active):
+            res = self.results[res_idx]
+            tok = int(tokens[row])
+            res.token_ids.append(tok)
+            res.logprobs.append(float(logprobs[row]))
+            res.versions.append(version)
+            if tok in self.engine.stop_ids:
+                res.finish_reason = "stop"
+            elif len(res.token_ids) >= res.request.max_new_tokens:
+                res.finish_reason = "length"
+            else:
+                keep.append(row)
+        if not keep:
+            self.active = []
+            return
+        if len(keep) < len(self.active):
+            idx = torch.tensor(keep)
+            self.cache.batch_select_indices(idx.to(self.engine.device))
+            self.attn, self.next_pos, tokens = self.attn[idx], self.next_pos[idx], tokens[idx]
+            self.active = [self.active[r] for r in keep]
+        self.attn = torch.cat([self.attn, torch.ones(len(keep), 1, dtype=self.attn.dtype)], dim=1)
+        self._logits = self._forward(tokens[:, None].cpu(), self.next_pos[:, None])
+        self.next_pos = self.next_pos + 1
+
+
+class HFEngine:
+    """Engine over a transformers causal LM. In the synchronous loop it shares the trainer's module."""
+
+    def __init__(
+        self, model: Any, tokenizer: Any, max_batch: int = 128, seed: int = 0, device: str = "cpu"
+    ) -> None:
+        self.model = model
+        self.device = device
+        self.max_batch = max_batch
+        self.version = 0
+        self.pad_id = int(tokenizer.pad_token_id)
+        self.stop_ids = stop_token_ids(model, tokenizer)
+        self.generator = torch.Generator().manual_seed(seed)
+        self._pending: dict[int, GenRequest] = {}
+        self._done: dict[int, GenResult] = {}
+        self._next_handle = 0
+        self._paused = False
+
+    def submit(self, request: GenRequest) -> int:
+        if not request.prompt_ids:
+            raise ValueError("GenRequest.prompt_ids is empty")
+        handle = self._next_handle
+        self._next_handle += 1
+        self._pending[handle] = request
+        return handle
+
+    def abort(self, handle: int) -> None:
+        req = self._pending.pop(handle, None)
+        if req is not None:
+            self._done[handle] = GenResult(request=req, finish_reason="abort")
+
+    def wait(self, handles: list[int]) -> list[GenResult]:
+        if self._paused:
+            raise RuntimeError("engine is paused; call resume() before wait()")
+        todo = [h for h in handles if h in self._pending]
+        by_params: dict[tuple[float, float], list[int]] = {}
+        for h in todo:
+            r = self._pending[h]
+            by_params.setdefault((r.temperature, r.top_p), []).append(h)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                for group in by_params.values():
+                    # similar prompt lengths together: less left padding per batch
+                    group.sort(key=lambda h: len(self._pending[h].prompt_ids))
+                    for i in range(0, len(group), self.max_batch):
+                        chunk = group[i : i + self.max_batch]
+                        batch = DecodeBatch(self, [self._pending[h] for h in chunk])
+                        while not batch.done:
+                            batch.step()
+                        for h, res in zip(chunk, batch.results):
+                            del self._pending[h]
+                            self._done[h] = res
+        finally:
+            self.model.train(was_training)
+        return [self._done.pop(h) for h in handles]
+
+    def generate(self, requests: list[GenRequest]) -> list[GenResult]:
+        return self.wait([self.submit(r) for r in requests])
+
+    def update_weights(self, state: dict[str, Any] | None, version: int) -> None:
+        if state is not None:
+            self.model.load_state_dict(state, strict=False)
+        self.version = version
+
+    def pause(self) -> None:
+        self._paused = True
+
+    def resume(self) -> None:
+        self._paused = False
+
+
+def stop_token_ids(model: Any, tokenizer: Any) -> set[int]:
+    """EOS of the tokenizer and the generation config, plus ChatML's end-of-turn token if present."""
+    ids = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.add(gen_eos)
+    elif gen_eos:
+        ids.update(int(i) for i in gen_eos)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+        ids.add(im_end)
+    return ids

@@ -1,0 +1,59 @@
+"""Greedy accuracy on the held-out problems."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamrl.data.prompts import render_prompt_ids
+from streamrl.data.tasks import Task
+from streamrl.engine.base import GenRequest
+from streamrl.eval.stats import wilson_interval
+from streamrl.types import Problem
+
+
+@dataclass
+class EvalResult:
+    correct: list[bool]
+    formatted: list[bool]
+    mean_length: float
+    seconds: float
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def accuracy(self) -> float:
+        return sum(self.correct) / max(len(self.correct), 1)
+
+    def summary(self) -> dict[str, Any]:
+        lo, hi = wilson_interval(sum(self.correct), len(self.correct))
+        return {
+            "accuracy": self.accuracy,
+            "n": len(self.correct),
+            "correct": sum(self.correct),
+            "ci95": [lo, hi],
+            "format_rate": sum(self.formatted) / max(len(self.formatted), 1),
+            "mean_length": self.mean_length,
+            "seconds": self.seconds,
+        }
+
+
+def evaluate(
+    engine: Any, tokenizer: Any, task: Task, problems: list[Problem], max_new_tokens: int
+) -> EvalResult:
+    start = time.perf_counter()
+    reqs = [
+        GenRequest(render_prompt_ids(tokenizer, p.messages), max_new_tokens, temperature=0.0)
+        for p in problems
+    ]
+    results = engine.generate(reqs)
+    correct, formatted, samples = [], [], []
+    for p, r in zip(problems, results):
+        text = tokenizer.decode(r.token_ids, skip_special_tokens=True)
+        s = task.score(p, text)
+        correct.append(s.correct)
+        formatted.append(s.formatted)
+        if len(samples) < 20:
+            samples.append({"id": p.id, "answer": p.answer, "response": text, "correct": s.correct})
+    mean_len = sum(len(r.token_ids) for r in results) / max(len(results), 1)
+    return EvalResult(correct, formatted, mean_len, time.perf_counter() - start, samples)

@@ -1,0 +1,1 @@
+"""Metrics stream (JSONL + TensorBoard) and the console progress bar."""

@@ -1,0 +1,37 @@
+"""One metrics stream: every step's dict goes to metrics.jsonl and to TensorBoard scalars."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+class MetricsWriter:
+    def __init__(self, run_dir: Path, tensorboard: bool = True) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        self._file = self.path.open("a", buffering=1)  # line-buffered: a crash loses at most one line
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            step = int(record["step"])
+            for k, v in record.items():
+                if (
+                    k != "step"
+                    and isinstance(v, (int, float))
+                    and not isinstance(v, bool)
+                    and math.isfinite(v)
+                ):
+                    self._tb.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()

@@ -1,0 +1,1 @@
+"""Rewards: answer extraction, verifiers (reasoning-gym, math-verify) and shaping."""

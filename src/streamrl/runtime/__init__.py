@@ -1,0 +1,1 @@
+"""Runtime: rollouts, the RL step loop, the train job."""

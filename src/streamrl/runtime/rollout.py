@@ -1,0 +1,53 @@
+"""Sample G responses per problem, score them and return groups of trajectories."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from streamrl.config import Config
+from streamrl.data.prompts import render_prompt_ids
+from streamrl.data.tasks import Task
+from streamrl.engine.base import GenRequest
+from streamrl.rewards.outcome import outcome_reward
+from streamrl.types import Group, Problem, Trajectory
+
+
+def rollout_groups(
+    engine: Any, tokenizer: Any, task: Task, problems: list[Problem], cfg: Config, step: int
+) -> tuple[list[Group], dict[str, float]]:
+    """-> (groups, timing). Every problem yields exactly cfg.rollout.samples_per_prompt trajectories."""
+    r = cfg.rollout
+    t0 = time.perf_counter()
+    prompts = [render_prompt_ids(tokenizer, p.messages) for p in problems]
+    requests = [
+        GenRequest(ids, r.max_new_tokens, r.temperature, r.top_p, tag=(pi, k))
+        for pi, ids in enumerate(prompts)
+        for k in range(r.samples_per_prompt)
+    ]
+    results = engine.generate(requests)
+    t1 = time.perf_counter()
+    groups = [Group(problem=p, trajectories=[]) for p in problems]
+    for res in results:
+        pi, k = res.request.tag
+        p = problems[pi]
+        text = tokenizer.decode(res.token_ids, skip_special_tokens=True)
+        reward, correct, info = outcome_reward(task, p, text, cfg.reward.format_weight)
+        groups[pi].trajectories.append(
+            Trajectory(
+                problem_id=p.id,
+                group_id=f"s{step}-{p.id}",
+                sample_id=f"s{step}-{p.id}-{k}",
+                prompt_ids=res.request.prompt_ids,
+                completion_ids=res.token_ids,
+                behaviour_logprobs=res.logprobs,
+                versions=res.versions,
+                finish_reason=res.finish_reason,
+                text=text,
+                reward=reward,
+                correct=correct,
+                reward_info=info,
+            )
+        )
+    t2 = time.perf_counter()
+    return groups, {"generate_time": t1 - t0, "reward_time": t2 - t1}

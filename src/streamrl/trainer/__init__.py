@@ -1,0 +1,1 @@
+"""Trainer: log-prob recompute, token-budget micro-batches, loss, optimizer step, checkpoints."""

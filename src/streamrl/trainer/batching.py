@@ -1,0 +1,80 @@
+"""Turn trajectories into padded tensors and split them into micro-batches under a token budget.
+
+Layout of one micro-batch: prompts left-padded to a common width P, completions right-padded to C,
+so every completion starts at column P and one `logits_to_keep = C + 1` covers all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from streamrl.types import Trajectory
+
+
+@dataclass
+class MicroBatch:
+    """input_ids, attention_mask, position_ids: [B, P + C]; the rest: [B, C]."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    completion_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    versions: torch.Tensor
+    prompt_width: int
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+
+def collate(trajs: list[Trajectory], advantages: list[float], pad_id: int) -> MicroBatch:
+    P = max(len(t.prompt_ids) for t in trajs)
+    C = max(max(len(t.completion_ids) for t in trajs), 1)
+    B = len(trajs)
+    ids = torch.full((B, P + C), pad_id, dtype=torch.long)
+    attn = torch.zeros(B, P + C, dtype=torch.long)
+    comp = torch.full((B, C), pad_id, dtype=torch.long)
+    lmask = torch.zeros(B, C)
+    old = torch.zeros(B, C)
+    vers = torch.zeros(B, C, dtype=torch.long)
+    for i, t in enumerate(trajs):
+        p, c = len(t.prompt_ids), len(t.completion_ids)
+        ids[i, P - p : P] = torch.tensor(t.prompt_ids)
+        attn[i, P - p : P + c] = 1
+        if c:
+            ids[i, P : P + c] = torch.tensor(t.completion_ids)
+            comp[i, :c] = torch.tensor(t.completion_ids)
+            lmask[i, :c] = torch.tensor(t.loss_mask, dtype=torch.float)
+            old[i, :c] = torch.tensor(t.behaviour_logprobs)
+            vers[i, :c] = torch.tensor(t.versions)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    adv = torch.tensor(advantages, dtype=torch.float)[:, None].expand(B, C).contiguous()
+    return MicroBatch(ids, attn, pos, comp, lmask, old, adv, vers, P)
+
+
+def split_by_token_budget(lengths: list[tuple[int, int]], budget: int) -> list[list[int]]:
+    """lengths: (prompt_len, completion_len) per sample -> index lists whose padded size fits `budget`.
+
+    Samples are sorted by total length so neighbours pad little; a micro-batch's padded size is
+    rows * (max prompt + max completion). A single sample longer than the budget gets its own batch.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i][0] + lengths[i][1], i))
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    max_p = max_c = 0
+    for i in order:
+        p, c = lengths[i]
+        np_, nc = max(max_p, p), max(max_c, c)
+        if cur and (len(cur) + 1) * (np_ + nc) > budget:
+            batches.append(cur)
+            cur, np_, nc = [], p, c
+        cur.append(i)
+        max_p, max_c = np_, nc
+    if cur:
+        batches.append(cur)
+    return batches

@@ -1,0 +1,41 @@
+"""Log-probs of the sampled completion tokens under a model, at the sampling temperature."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from streamrl.trainer.batching import MicroBatch
+
+
+def token_logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """logits: [B, C, V], tokens: [B, C] -> log softmax(logits)[tokens]: [B, C] (fp32)."""
+    logits = logits.float()
+    return logits.gather(-1, tokens[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def completion_logprobs(
+    model: Any, mb: MicroBatch, temperature: float = 1.0, return_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """-> (logprobs [B, C], entropy [B, C] or None). Only the C + 1 last positions go through the LM head."""
+    C = mb.completion_ids.shape[1]
+    dev = next(model.parameters()).device
+    out = model(
+        input_ids=mb.input_ids.to(dev),
+        attention_mask=mb.attention_mask.to(dev),
+        position_ids=mb.position_ids.to(dev),
+        use_cache=False,
+        logits_to_keep=C + 1,
+    )
+    logits = out.logits[:, :-1, :]  # position P-1+j predicts completion token j
+    if temperature > 0:
+        logits = logits / temperature
+    tokens = mb.completion_ids.to(dev)
+    lp = token_logprobs_from_logits(logits, tokens)
+    entropy = None
+    if return_entropy:
+        with torch.no_grad():
+            logp = torch.log_softmax(logits.float(), dim=-1)
+            entropy = -(logp.exp() * logp).sum(-1)
+    return lp, entropy

@@ -1,0 +1,119 @@
+"""One optimizer step over a batch of trajectories: micro-batches, loss, backward, clip, AdamW."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from typing import Any
+
+import torch
+
+from streamrl.algo import registry
+from streamrl.algo.aggregation import batch_normalizer
+from streamrl.algo.losses import LossInputs
+from streamrl.config import Config
+from streamrl.trainer.batching import MicroBatch, collate, split_by_token_budget
+from streamrl.trainer.logprobs import completion_logprobs
+from streamrl.types import TrainBatch
+
+
+class Trainer:
+    def __init__(self, model: Any, cfg: Config, pad_id: int) -> None:
+        self.model = model
+        self.cfg = cfg
+        self.pad_id = pad_id
+        self.version = 0
+        t = cfg.train
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=t.lr,
+            betas=t.betas,
+            weight_decay=t.weight_decay,
+        )
+        warm = max(t.warmup_steps, 0)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
+        )
+        self.policy_loss = registry.get(registry.POLICY_LOSSES, cfg.loss.name, "policy loss")
+        self.aggregate = registry.get(registry.AGGREGATIONS, cfg.loss.aggregation, "aggregation")
+        self.kl = registry.get(registry.KL_ESTIMATORS, "k3", "KL estimator")
+        self.ref_model = None
+        if cfg.loss.kl_coef > 0:
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.cfg.train.precision == "bf16":
+            dev = next(self.model.parameters()).device.type
+            return torch.autocast(device_type=dev, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def micro_batches(self, batch: TrainBatch) -> list[MicroBatch]:
+        lengths = [(len(t.prompt_ids), len(t.completion_ids)) for t in batch.trajectories]
+        groups = split_by_token_budget(lengths, self.cfg.train.token_budget)
+        return [
+            collate([batch.trajectories[i] for i in g], [batch.advantages[i] for i in g], self.pad_id)
+            for g in groups
+        ]
+
+    def step(self, batch: TrainBatch) -> dict[str, float]:
+        """Forward/backward every micro-batch, then one clipped AdamW step; bumps the policy version."""
+        start = time.perf_counter()
+        self.model.train()
+        mbs = self.micro_batches(batch)
+        norm = batch_normalizer(self.cfg.loss.aggregation, [mb.loss_mask for mb in mbs])
+        temp = self.cfg.rollout.temperature
+        totals: dict[str, float] = {}
+        n_tokens = 0.0
+        loss_sum = 0.0
+        for mb in mbs:
+            dev = next(self.model.parameters()).device
+            mask = mb.loss_mask.to(dev)
+            with self._autocast():
+                logprobs, entropy = completion_logprobs(self.model, mb, temp, return_entropy=True)
+            inp = LossInputs(
+                logprobs=logprobs,
+                old_logprobs=mb.old_logprobs.to(dev),
+                advantages=mb.advantages.to(dev),
+                mask=mask,
+                eps_low=self.cfg.loss.eps_low,
+                eps_high=self.cfg.loss.eps_high,
+            )
+            per_token, metrics = self.policy_loss(inp)
+            if self.ref_model is not None:
+                with torch.no_grad(), self._autocast():
+                    ref_lp, _ = completion_logprobs(self.ref_model, mb, temp)
+                kl = self.kl(logprobs, ref_lp)
+                per_token = per_token + self.cfg.loss.kl_coef * kl
+                metrics["kl_ref"] = float((kl * mask).sum() / mask.sum().clamp(min=1))
+            loss = self.aggregate(per_token, mask, norm)
+            loss.backward()
+            loss_sum += float(loss.detach())
+            w = float(mask.sum())
+            n_tokens += w
+            metrics["entropy"] = (
+                float((entropy * mask).sum() / mask.sum().clamp(min=1)) if entropy is not None else 0.0
+            )
+            for k, v in metrics.items():
+                totals[k] = totals.get(k, 0.0) + v * w
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+        out = {k: v / max(n_tokens, 1.0) for k, v in totals.items()}
+        out.update(
+            loss=loss_sum,
+            grad_norm=float(grad_norm),
+            lr=self.scheduler.get_last_lr()[0],
+            micro_batches=len(mbs),
+            tokens_trained=sum(len(t.prompt_ids) + len(t.completion_ids) for t in batch.trajectories),
+            padded_tokens=sum(mb.num_tokens for mb in mbs),
+            train_time=time.perf_counter() - start,
+        )
+        return out
+
+    def save(self, path: str, tokenizer: Any) -> None:
+        """An HF model directory loadable by transformers' from_pretrained."""
+        self.model.save_pretrained(path)
+        tokenizer.save_pretrained(path)

@@ -1,0 +1,75 @@
+"""The few types every layer shares: a problem, one sampled trajectory, a group of them, a batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Problem:
+    """One prompt with what is needed to score an answer to it.
+
+    `messages` is a chat (list of {role, content}); `answer` the reference; `meta` anything the
+    scorer needs (for reasoning-gym the full generated entry).
+    """
+
+    id: str
+    messages: list[dict[str, str]]
+    answer: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Trajectory:
+    """One sampled response to a prompt, token-in-token-out.
+
+    prompt_ids: [P] and completion_ids: [C] are exactly the tokens seen and produced; loss_mask: [C]
+    is 1 on tokens the policy produced; behaviour_logprobs: [C] are the log-probs under the sampling
+    distribution that produced each token; versions: [C] the policy version of each token.
+    """
+
+    problem_id: str
+    group_id: str
+    sample_id: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    behaviour_logprobs: list[float]
+    versions: list[int]
+    finish_reason: str  # "stop" | "length" | "abort"
+    loss_mask: list[int] = field(default_factory=list)
+    text: str = ""
+    reward: float = 0.0
+    correct: bool = False
+    reward_info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.loss_mask:
+            self.loss_mask = [1] * len(self.completion_ids)
+        n = len(self.completion_ids)
+        if not (len(self.behaviour_logprobs) == len(self.versions) == len(self.loss_mask) == n):
+            raise ValueError(
+                f"trajectory {self.sample_id}: completion_ids, behaviour_logprobs, versions and loss_mask "
+                f"must have equal lengths, got {n}, {len(self.behaviour_logprobs)}, {len(self.versions)}, "
+                f"{len(self.loss_mask)}"
+            )
+
+
+@dataclass
+class Group:
+    """All samples drawn for one problem in one step; advantages are computed within a group."""
+
+    problem: Problem
+    trajectories: list[Trajectory]
+
+    @property
+    def rewards(self) -> list[float]:
+        return [t.reward for t in self.trajectories]
+
+
+@dataclass
+class TrainBatch:
+    """Flattened trajectories with one advantage per trajectory (outcome reward on every token)."""
+
+    trajectories: list[Trajectory]
+    advantages: list[float]

@@ -55,7 +55,7 @@ class AdvantageConfig:
 
 @dataclass
 class TrainConfig:
-    lr: float = 1e-5
+    lr: float = 2e-5
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.99)
     grad_clip: float = 1.0

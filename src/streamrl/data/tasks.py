@@ -26,6 +26,27 @@ from streamrl.types import Problem
 
 HELDOUT_SEED = 1_000_003
 
+# Generator settings used when task_config.args is empty: sized for ~100M-parameter models, where
+# reasoning-gym's defaults (up to 6 terms of 4 digits) leave every sample wrong and nothing to learn.
+SMALL_MODEL_ARGS: dict[str, dict[str, Any]] = {
+    "chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2},
+    "basic_arithmetic": {
+        "min_terms": 2,
+        "max_terms": 2,
+        "min_digits": 1,
+        "max_digits": 1,
+        "allow_parentheses": False,
+        "allow_negation": False,
+        "operators": ["+", "-", "*"],
+    },
+    "products": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+}
+
+
+def default_task_args(spec: str) -> dict[str, Any]:
+    """The args a task runs with when none are configured (a copy; empty for non-rg tasks)."""
+    return dict(SMALL_MODEL_ARGS.get(spec[3:], {})) if spec.startswith("rg:") else {}
+
 
 @dataclass
 class Score:
@@ -72,14 +93,12 @@ class ReasoningGymTask(Task):
         self.name = f"rg:{dataset}"
         self.dataset = dataset
         self.args = dict(args)
+        names = sorted(reasoning_gym.factory.DATASETS)
+        if dataset not in names:
+            raise ValueError(f"unknown reasoning-gym task '{dataset}'; choose from: {', '.join(names)}")
         try:
             self._scorer = reasoning_gym.create_dataset(dataset, size=1, seed=0, **self.args)
-        except KeyError as e:
-            names = sorted(reasoning_gym.factory.DATASETS)
-            raise ValueError(
-                f"unknown reasoning-gym task '{dataset}'; choose from: {', '.join(names)}"
-            ) from e
-        except TypeError as e:
+        except (TypeError, AssertionError) as e:
             raise ValueError(f"bad task_config.args for rg:{dataset}: {e}") from e
 
     def _stream(self, seed: int, prefix: str) -> Iterator[Problem]:
@@ -96,6 +115,8 @@ class ReasoningGymTask(Task):
 
     def heldout(self, n: int) -> list[Problem]:
         out: list[Problem] = []
+        if n == 0:
+            return out
         seen: set[str] = set()
         misses = 0
         for p in self._stream(HELDOUT_SEED, "eval-"):

@@ -27,7 +27,8 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
     t = summary["timings"]
     table.add_row(
         "wall time",
-        f"{t['total']:.0f} s (model resolve {t['resolve_model']:.0f} s, eval {t['eval']:.0f} s, train {t['train']:.0f} s)",
+        f"{t['total']:.0f} s (model resolve {t['resolve_model']:.0f} s, "
+        f"eval {t['eval']:.0f} s, train {t['train']:.0f} s)",
     )
     table.add_row("steps", str(summary["steps"]) + (" (interrupted)" if summary["interrupted"] else ""))
     table.add_row("run dir", summary["run_dir"] + "  (metrics.jsonl, eval.json, tensorboard/)")

@@ -8,6 +8,8 @@ import os
 import random
 import signal
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ import torch
 from rich.console import Console
 
 from streamrl.config import Config, dump_config
-from streamrl.data.tasks import make_task
+from streamrl.data.tasks import Task, default_task_args, make_task
 from streamrl.engine.hf import HFEngine
 from streamrl.eval.heldout import EvalResult, evaluate
 from streamrl.eval.stats import paired_difference_interval
@@ -25,6 +27,37 @@ from streamrl.observe.progress import StepProgress
 from streamrl.observe.summary import print_summary
 from streamrl.runtime.rl_step import rl_step
 from streamrl.trainer.trainer import Trainer
+from streamrl.types import Problem
+
+
+@dataclass
+class Components:
+    model: Any
+    tokenizer: Any
+    task: Task
+    heldout: list[Problem]
+    stream: Iterator[Problem]
+    engine: HFEngine
+    trainer: Trainer
+    resolve_seconds: float
+
+
+def build_components(cfg: Config) -> Components:
+    """Model, tokenizer, task (held-out list + training stream), engine and trainer for `cfg`."""
+    if not cfg.task_config.args:
+        cfg.task_config.args = default_task_args(cfg.task)
+    t0 = time.perf_counter()
+    model_dir = resolve_model_dir(cfg.model, cfg.seed)
+    resolve_seconds = time.perf_counter() - t0
+    tokenizer = load_tokenizer(model_dir)
+    model = load_model(model_dir, cfg.device)
+    tc = cfg.task_config
+    task = make_task(cfg.task, tc.args, tc.system_prompt, tc.instruction, cfg.reward.extract)
+    heldout = task.heldout(cfg.eval.size)
+    stream = task.train_stream(cfg.seed, exclude={p.meta["question"] for p in heldout})
+    engine = HFEngine(model, tokenizer, max_batch=cfg.rollout.max_batch, seed=cfg.seed, device=cfg.device)
+    trainer = Trainer(model, cfg, pad_id=int(tokenizer.pad_token_id))
+    return Components(model, tokenizer, task, heldout, stream, engine, trainer, resolve_seconds)
 
 
 def _run_dir(cfg: Config) -> Path:
@@ -65,6 +98,8 @@ def run_train(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     torch.set_num_threads(threads)
     _seed_everything(cfg.seed)
     _sigterm_as_interrupt()
+    if not cfg.task_config.args:
+        cfg.task_config.args = default_task_args(cfg.task)  # recorded in config.yaml
     run_dir = _run_dir(cfg)
     dump_config(cfg, run_dir / "config.yaml")
     console.print(
@@ -72,22 +107,11 @@ def run_train(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     )
 
     t0 = time.perf_counter()
-    model_dir = resolve_model_dir(cfg.model, cfg.seed)
-    t_resolve = time.perf_counter() - t0
-    tokenizer = load_tokenizer(model_dir)
-    model = load_model(model_dir, cfg.device)
-    task = make_task(
-        cfg.task,
-        cfg.task_config.args,
-        cfg.task_config.system_prompt,
-        cfg.task_config.instruction,
-        cfg.reward.extract,
-    )
-    heldout = task.heldout(cfg.eval.size)
-    stream = task.train_stream(cfg.seed, exclude={p.meta["question"] for p in heldout})
-    engine = HFEngine(model, tokenizer, max_batch=cfg.rollout.max_batch, seed=cfg.seed, device=cfg.device)
-    trainer = Trainer(model, cfg, pad_id=int(tokenizer.pad_token_id))
-    timings = {"resolve_model": t_resolve, "setup": time.perf_counter() - t_start, "eval": 0.0, "train": 0.0}
+    parts = build_components(cfg)
+    t_resolve = parts.resolve_seconds
+    tokenizer, task, heldout, stream = parts.tokenizer, parts.task, parts.heldout, parts.stream
+    engine, trainer = parts.engine, parts.trainer
+    timings = {"resolve_model": t_resolve, "setup": time.perf_counter() - t0, "eval": 0.0, "train": 0.0}
 
     base = final = None
     if cfg.eval.before and heldout:

@@ -1,0 +1,74 @@
+import pytest
+
+from streamrl.cli import main
+from streamrl.config import ConfigError, load_config, parse_override
+
+
+def test_defaults_and_overrides_are_typed():
+    cfg = load_config(None, ["max_steps=3", "train.lr=2e-5", "rollout.temperature=1", "model=tiny-random"])
+    assert cfg.max_steps == 3
+    assert cfg.train.lr == 2e-5
+    assert isinstance(cfg.rollout.temperature, float) and cfg.rollout.temperature == 1.0
+    assert cfg.model == "tiny-random"
+
+
+def test_yaml_file_then_overrides(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("max_steps: 7\ntrain:\n  lr: 0.001\ntask_config:\n  args: {min_terms: 2}\n")
+    cfg = load_config(f, ["train.grad_clip=0.5"])
+    assert (cfg.max_steps, cfg.train.lr, cfg.train.grad_clip) == (7, 0.001, 0.5)
+    assert cfg.task_config.args == {"min_terms": 2}
+
+
+def test_unknown_key_names_key_and_valid_keys():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["rollout.temprature=0.5"])
+    msg = str(e.value)
+    assert "unknown config key 'rollout.temprature'" in msg
+    assert "did you mean 'rollout.temperature'" in msg
+    assert "prompts_per_step" in msg and "\n" not in msg
+
+
+def test_unknown_top_level_key():
+    with pytest.raises(ConfigError, match="unknown config key 'modle'.*did you mean 'model'"):
+        load_config(None, ["modle=x"])
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("max_steps=abc", "config key 'max_steps' expects int, got 'abc'"),
+        ("max_steps=1.5", "config key 'max_steps' expects int"),
+        ("train.precision=fp16", "config key 'train.precision' expects one of 'fp32', 'bf16', got 'fp16'"),
+        ("train.betas=[0.9]", "config key 'train.betas' expects"),
+        ("eval.before=maybe", "config key 'eval.before' expects bool"),
+        ("loss.name=nope", "config key 'loss.name' must be one of ppo_clip, got 'nope'"),
+        ("rollout.samples_per_prompt=0", "config key 'rollout.samples_per_prompt' must be > 0"),
+        ("rollout.top_p=1.5", "config key 'rollout.top_p' must be in (0, 1]"),
+        ("train=3", "config key 'train' is a section"),
+        ("max_steps", "must look like key=value"),
+    ],
+)
+def test_bad_values_fail_with_one_line(override, fragment):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert fragment in str(e.value)
+
+
+def test_parse_override_scalars():
+    assert parse_override("a=1e-5") == ("a", 1e-5)
+    assert parse_override("a=true") == ("a", True)
+    assert parse_override("a=[1, 2]") == ("a", [1, 2])
+    assert parse_override("a=rg:chain_sum") == ("a", "rg:chain_sum")
+
+
+def test_cli_bad_key_exits_2_before_any_work(capsys):
+    assert main(["train", "max_stepz=2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("streamrl: error: unknown config key 'max_stepz' (did you mean 'max_steps'?)")
+
+
+def test_cli_missing_config_file(capsys):
+    assert main(["train", "nope.yaml"]) == 2
+    assert "config file 'nope.yaml' not found" in capsys.readouterr().err

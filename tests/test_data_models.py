@@ -1,0 +1,86 @@
+import itertools
+import json
+
+import pytest
+import torch
+
+from streamrl.data.tasks import default_task_args, make_task
+from streamrl.models import resolve_model_dir
+from streamrl.models.tiny import build
+
+
+def _chain_sum():
+    return make_task("rg:chain_sum", default_task_args("rg:chain_sum"), "sys", "", "answer_is")
+
+
+def test_heldout_is_distinct_and_never_in_training_stream():
+    task = _chain_sum()
+    held = task.heldout(300)
+    questions = {p.meta["question"] for p in held}
+    assert len(questions) == 300
+    train = list(itertools.islice(task.train_stream(0, questions), 3000))
+    assert not questions & {p.meta["question"] for p in train}
+    assert [p.id for p in task.heldout(300)] == [p.id for p in held]  # deterministic
+
+
+def test_reasoning_gym_counts_only_full_score_as_correct():
+    task = _chain_sum()
+    p = task.heldout(1)[0]
+    right = task.score(p, f"The answer is {p.answer}.")
+    assert right.correct and right.formatted
+    wrong = task.score(p, f"The answer is {int(p.answer) + 1}.")
+    assert not wrong.correct and wrong.formatted
+    # reasoning-gym gives partial credit to answers with extra text; such a score must not count
+    assert 0 < task._scorer.score_answer(f"The answer is {p.answer}", p.meta["entry"]) < 1
+    assert not task.is_correct(f"The answer is {p.answer}", p)
+    assert not task.score(p, p.answer).formatted  # bare number: format not followed
+
+
+def test_prompt_has_system_and_question():
+    p = make_task("rg:chain_sum", {}, "Be brief.", "Say 'The answer is N'.", "answer_is").heldout(1)[0]
+    assert p.messages[0] == {"role": "system", "content": "Be brief."}
+    assert p.messages[1]["content"].endswith("\nSay 'The answer is N'.")
+
+
+def test_jsonl_task_scores_with_math_verify(tmp_path):
+    f = tmp_path / "t.jsonl"
+    f.write_text(
+        "\n".join(json.dumps({"prompt": f"half of {i}?", "answer": f"\\frac{{{i}}}{{2}}"}) for i in range(10))
+    )
+    task = make_task(str(f), {}, "", "", "boxed")
+    held = task.heldout(3)
+    train = list(itertools.islice(task.train_stream(0, {p.meta["question"] for p in held}), 14))
+    assert {p.meta["question"] for p in train}.isdisjoint({p.meta["question"] for p in held})
+    assert len({p.meta["question"] for p in train}) == 7
+    p = held[0]
+    n = int(p.answer[6:].split("}")[0])
+    assert task.score(p, f"so \\boxed{{{n / 2}}}").correct
+    assert not task.score(p, f"so \\boxed{{{n + 1}}}").correct
+
+
+def test_jsonl_bad_row_names_file_and_line(tmp_path):
+    f = tmp_path / "bad.jsonl"
+    f.write_text('{"prompt": "a", "answer": "1"}\n{"prompt": "b"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: expected a JSON object with 'prompt' and 'answer'"):
+        make_task(str(f), {}, "", "", "boxed")
+
+
+def test_unknown_task_and_model_errors():
+    with pytest.raises(ValueError, match="unknown reasoning-gym task 'nope'; choose from: .*chain_sum"):
+        make_task("rg:nope", {}, "", "", "answer_is")
+    with pytest.raises(ValueError, match="unknown task 'gsm8k'"):
+        make_task("gsm8k", {}, "", "", "answer_is")
+    with pytest.raises(
+        ValueError, match="unknown model 'gpt5': use one of smollm2-135m-instruct, tiny-random"
+    ):
+        resolve_model_dir("gpt5")
+
+
+def test_tiny_random_is_deterministic_per_seed(tmp_path):
+    from safetensors.torch import load_file
+
+    a = load_file(build(tmp_path / "a", seed=1) / "model.safetensors")
+    b = load_file(build(tmp_path / "b", seed=1) / "model.safetensors")
+    c = load_file(build(tmp_path / "c", seed=2) / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)

@@ -1,0 +1,91 @@
+import pytest
+import torch
+
+from streamrl.engine.base import GenRequest
+from streamrl.engine.hf import HFEngine
+from streamrl.engine.sampling import sample_next
+
+
+def _prompts(tok):
+    return [
+        tok(s).input_ids for s in ["<|im_start|>user\n1+1<|im_end|>\n", "hi", "a much longer prompt, 12345"]
+    ]
+
+
+def test_greedy_matches_transformers_generate(tiny):
+    model, tok = tiny
+    eng = HFEngine(model, tok, max_batch=8)
+    prompts = _prompts(tok)
+    res = eng.generate([GenRequest(p, max_new_tokens=12, temperature=0.0) for p in prompts])
+    for p, r in zip(prompts, res):
+        # one prompt at a time: no padding, the reference path of transformers
+        out = model.generate(
+            torch.tensor([p]),
+            max_new_tokens=12,
+            do_sample=False,
+            eos_token_id=sorted(eng.stop_ids),
+            pad_token_id=tok.pad_token_id,
+        )
+        assert r.token_ids == out[0, len(p) :].tolist()[: len(r.token_ids)]
+        assert len(r.token_ids) == 12 or r.finish_reason == "stop"
+
+
+def test_logprobs_and_versions_match_a_full_forward(tiny):
+    model, tok = tiny
+    eng = HFEngine(model, tok, max_batch=2, seed=3)  # batches of 2: exercises padding and compaction
+    eng.update_weights(None, version=7)
+    res = eng.generate([GenRequest(p, max_new_tokens=10, temperature=0.7) for p in _prompts(tok)])
+    for r in res:
+        ids = torch.tensor([r.request.prompt_ids + r.token_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(r.request.prompt_ids) - 1 : -1] / 0.7
+        ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(r.token_ids)[:, None]).squeeze(-1)
+        assert torch.allclose(ref, torch.tensor(r.logprobs), atol=1e-4)
+        assert r.versions == [7] * len(r.token_ids)
+        assert len(r.token_ids) <= 10
+
+
+def test_sampling_is_reproducible_per_seed(tiny):
+    model, tok = tiny
+    reqs = lambda: [GenRequest(p, max_new_tokens=8, temperature=1.0) for p in _prompts(tok)]  # noqa: E731
+    a = HFEngine(model, tok, seed=1).generate(reqs())
+    b = HFEngine(model, tok, seed=1).generate(reqs())
+    c = HFEngine(model, tok, seed=2).generate(reqs())
+    assert [r.token_ids for r in a] == [r.token_ids for r in b]
+    assert [r.token_ids for r in a] != [r.token_ids for r in c]
+
+
+def test_stop_token_ends_a_sequence(tiny):
+    model, tok = tiny
+    eng = HFEngine(model, tok)
+    eng.stop_ids = set(range(len(tok)))  # every token stops
+    (r,) = eng.generate([GenRequest(_prompts(tok)[0], max_new_tokens=5)])
+    assert len(r.token_ids) == 1 and r.finish_reason == "stop"
+
+
+def test_abort_and_pause(tiny):
+    model, tok = tiny
+    eng = HFEngine(model, tok)
+    h1 = eng.submit(GenRequest(_prompts(tok)[0], 4))
+    h2 = eng.submit(GenRequest(_prompts(tok)[1], 4))
+    eng.abort(h2)
+    eng.pause()
+    with pytest.raises(RuntimeError, match="paused"):
+        eng.wait([h1])
+    eng.resume()
+    r1, r2 = eng.wait([h1, h2])
+    assert len(r1.token_ids) == 4 and r2.finish_reason == "abort" and r2.token_ids == []
+    with pytest.raises(ValueError, match="prompt_ids is empty"):
+        eng.submit(GenRequest([], 4))
+
+
+def test_sample_next_greedy_and_top_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
+    tok, lp = sample_next(logits, 0.0, 1.0, None)
+    assert tok.item() == 0 and lp.item() == pytest.approx(torch.log(torch.tensor(0.5)).item())
+    g = torch.Generator().manual_seed(0)
+    # top_p 0.7 keeps {0.5, 0.3}: renormalised 0.625 / 0.375; token 2 never drawn
+    draws = [sample_next(logits, 1.0, 0.7, g) for _ in range(200)]
+    assert all(t.item() in (0, 1) for t, _ in draws)
+    for t, lp in draws[:5]:
+        assert lp.item() == pytest.approx(torch.log(torch.tensor([0.625, 0.375]))[t.item()].item(), abs=1e-6)

@@ -1,0 +1,59 @@
+import pytest
+
+from streamrl.eval.stats import paired_difference_interval, wilson_interval
+from streamrl.rewards.extract import extract_answer
+from streamrl.rewards.math import math_equal
+
+
+def test_wilson_hand_value():
+    # p = 0.5, n = 100, z = 1.96: centre 0.5, half = 1.96*sqrt(0.0025 + 0.000096)/1.038416 = 0.096170
+    lo, hi = wilson_interval(50, 100)
+    assert (lo, hi) == pytest.approx((0.403830, 0.596170), abs=1e-5)
+    assert wilson_interval(0, 10)[0] == 0.0
+    assert wilson_interval(10, 10)[1] == pytest.approx(1.0)
+
+
+def test_paired_difference_hand_value():
+    before = [False, False, True, True]
+    after = [True, False, True, False]  # d = 1, 0, 0, -1: mean 0, sd = sqrt(2/3)
+    mean, lo, hi = paired_difference_interval(before, after)
+    half = 1.959964 * (2 / 3) ** 0.5 / 2
+    assert (mean, lo, hi) == pytest.approx((0.0, -half, half), abs=1e-5)
+    with pytest.raises(ValueError, match="equal lengths"):
+        paired_difference_interval([True], [])
+
+
+@pytest.mark.parametrize(
+    "text, style, expected",
+    [
+        ("58 + 26 = 84. The answer is 84.", "answer_is", "84"),
+        ("The answer is -17", "answer_is", "-17"),
+        ("the answer is: 1,234.", "answer_is", "1234"),
+        ("The answer is $12.5$", "answer_is", "12.5"),
+        ("I think 84", "answer_is", None),
+        ("so \\boxed{\\frac{1}{2}} done", "boxed", "\\frac{1}{2}"),
+        ("\\boxed{1} then \\boxed{2}", "boxed", "2"),
+        ("\\boxed{unclosed", "boxed", None),
+        ("a 3 then 7.", "last_number", "7"),
+    ],
+)
+def test_extract(text, style, expected):
+    assert extract_answer(text, style) == expected
+
+
+def test_extract_unknown_style():
+    with pytest.raises(ValueError, match="unknown answer format 'xml'"):
+        extract_answer("x", "xml")
+
+
+@pytest.mark.parametrize(
+    "pred, ref, equal",
+    [
+        ("84", "84", True),
+        ("0.5", "\\frac{1}{2}", True),
+        ("85", "84", False),
+        ("\\{1,2\\}", "\\{2,1\\}", True),
+    ],
+)
+def test_math_verify_equivalence(pred, ref, equal):
+    assert math_equal(pred, ref) is equal

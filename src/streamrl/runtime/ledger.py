@@ -1,0 +1,73 @@
+"""Exactly-once accounting of groups: every admitted group ends trained, filtered or carried over.
+
+States: running (admitted, not returned) -> buffered (returned, kept) -> trained; or -> filtered
+(returned, dropped: all-equal rewards under dynamic sampling, too stale, ...). At shutdown, running and
+buffered groups are carried over into the checkpoint. `lost` counts ids admitted but in no final state
+and must be 0; a second transition of an id is an error, not a silent double count.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+class Ledger:
+    def __init__(self) -> None:
+        self.state: dict[str, str] = {}
+        self.generated = 0  # groups returned by rollout workers (each G samples)
+        self.filter_reasons: dict[str, int] = {}
+
+    def _move(self, gid: str, frm: tuple[str, ...], to: str) -> None:
+        cur = self.state.get(gid)
+        if cur not in frm:
+            raise RuntimeError(f"group {gid}: cannot go from {cur!r} to {to!r} (allowed from {frm})")
+        self.state[gid] = to
+
+    def admitted(self, gid: str) -> None:
+        self._move(gid, (None, "carried_over"), "running")
+
+    def returned(self, gid: str) -> None:
+        self.generated += 1
+        self._move(gid, ("running",), "buffered")
+
+    def trained(self, gid: str) -> None:
+        self._move(gid, ("buffered",), "trained")
+
+    def filtered(self, gid: str, reason: str) -> None:
+        self._move(gid, ("running", "buffered"), "filtered")
+        self.filter_reasons[reason] = self.filter_reasons.get(reason, 0) + 1
+
+    def carry_over(self) -> list[str]:
+        """At shutdown: everything not yet trained or filtered is carried over; returns those ids."""
+        ids = [g for g, s in self.state.items() if s in ("running", "buffered")]
+        for g in ids:
+            self.state[g] = "carried_over"
+        return ids
+
+    def counts(self) -> dict[str, int]:
+        by = {s: 0 for s in ("trained", "filtered", "carried_over", "running", "buffered")}
+        for s in self.state.values():
+            by[s] += 1
+        return {
+            "admitted": len(self.state),
+            "generated": self.generated,
+            "trained": by["trained"],
+            "filtered": by["filtered"],
+            "carried_over": by["carried_over"],
+            "in_flight": by["running"] + by["buffered"],
+            "lost": len(self.state) - by["trained"] - by["filtered"] - by["carried_over"]
+            - by["running"] - by["buffered"],
+            "filter_reasons": dict(self.filter_reasons),
+        }
+
+    def state_dict(self) -> dict:
+        return {"state": dict(self.state), "generated": self.generated, "filter_reasons": dict(self.filter_reasons)}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.state = dict(d["state"])
+        self.generated = int(d["generated"])
+        self.filter_reasons = dict(d["filter_reasons"])
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(self.counts(), indent=2))

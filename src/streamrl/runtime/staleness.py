@@ -1,0 +1,69 @@
+"""Bounded staleness by admission control (AReaL): one formula, one small thread-safe class.
+
+With trainer version v, batch size B (in groups) and bound eta, a new group is admitted only while
+
+    accepted + running < (eta + v + 1) * B
+
+where `running` counts admitted groups not yet returned and `accepted` counts every group returned and
+kept (trained or waiting in the buffer). eta = 0 admits exactly one batch per version: synchronous RL.
+A group that comes back rejected (filtered) frees its slot. On resume the counters are rebased on the
+restored version (AReaL issue #1388: resetting them to 0 lets a resumed run admit far too much).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class StalenessState:
+    version: int = 0
+    accepted: int = 0
+    running: int = 0
+
+
+class StalenessManager:
+    def __init__(self, batch_groups: int, max_staleness: int, state: StalenessState | None = None) -> None:
+        if batch_groups <= 0 or max_staleness < 0:
+            raise ValueError(f"need batch_groups > 0 and max_staleness >= 0, got {batch_groups}, {max_staleness}")
+        self.B = batch_groups
+        self.eta = max_staleness
+        self.state = state or StalenessState()
+        self._lock = threading.Lock()
+
+    def capacity(self) -> int:
+        """How many more groups may be admitted now."""
+        with self._lock:
+            s = self.state
+            return max(0, (self.eta + s.version + 1) * self.B - (s.accepted + s.running))
+
+    def try_admit(self) -> bool:
+        with self._lock:
+            s = self.state
+            if s.accepted + s.running >= (self.eta + s.version + 1) * self.B:
+                return False
+            s.running += 1
+            return True
+
+    def on_return(self, kept: bool) -> None:
+        with self._lock:
+            if self.state.running <= 0:
+                raise RuntimeError("a group returned that was never admitted")
+            self.state.running -= 1
+            self.state.accepted += int(kept)
+
+    def set_version(self, version: int) -> None:
+        with self._lock:
+            self.state.version = version
+
+    def state_dict(self) -> dict[str, int]:
+        with self._lock:
+            return asdict(self.state)
+
+    @classmethod
+    def resumed(cls, batch_groups: int, max_staleness: int, version: int, buffered: int, running: int) -> StalenessManager:
+        """Counters rebased on a restored run: version*B groups were trained, `buffered` wait in the
+        buffer and `running` carried-over groups are re-submitted."""
+        state = StalenessState(version=version, accepted=version * batch_groups + buffered, running=running)
+        return cls(batch_groups, max_staleness, state)

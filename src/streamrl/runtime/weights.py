@@ -1,0 +1,70 @@
+"""Weights from the trainer to rollout workers on one machine through shared memory.
+
+The trainer copies its parameters into one flat shared buffer per dtype (one copy per step, no
+pickling); workers copy out of it into their own model between decode steps. A seqlock-style
+version pair makes a torn read detectable: the writer bumps `begin`, copies, then sets `end`;
+a reader that sees begin != end, or a change of `begin` during its copy, reads again.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from typing import Any
+
+import torch
+
+
+class SharedWeights:
+    def __init__(self, model: torch.nn.Module, ctx: Any = None) -> None:
+        ctx = ctx or mp.get_context("spawn")
+        state = {k: v for k, v in model.state_dict().items()}
+        self.names = list(state)
+        self.shapes = [tuple(v.shape) for v in state.values()]
+        self.dtypes = [v.dtype for v in state.values()]
+        numel = sum(v.numel() for v in state.values())
+        dtype = state[self.names[0]].dtype
+        if any(d != dtype for d in self.dtypes):
+            raise ValueError("SharedWeights needs a single parameter dtype (load the model in one dtype)")
+        self.flat = torch.empty(numel, dtype=dtype).share_memory_()
+        self.begin = ctx.Value("q", -1, lock=False)
+        self.end = ctx.Value("q", -1, lock=False)
+        self.publish(model, version=0)
+
+    def _views(self) -> list[torch.Tensor]:
+        out, off = [], 0
+        for shape in self.shapes:
+            n = 1
+            for s in shape:
+                n *= s
+            out.append(self.flat[off : off + n].view(shape))
+            off += n
+        return out
+
+    def publish(self, model: torch.nn.Module, version: int) -> None:
+        self.begin.value = version
+        with torch.no_grad():
+            state = model.state_dict()
+            for name, view in zip(self.names, self._views()):
+                view.copy_(state[name].detach().to("cpu"))
+        self.end.value = version
+
+    @property
+    def version(self) -> int:
+        return int(self.end.value)
+
+    def load_into(self, model: torch.nn.Module, timeout: float = 60.0) -> int:
+        """Copy the newest complete weights into `model`; returns their version."""
+        deadline = time.monotonic() + timeout
+        state = model.state_dict()
+        while True:
+            v = self.begin.value
+            if v == self.end.value:
+                with torch.no_grad():
+                    for name, view in zip(self.names, self._views()):
+                        state[name].copy_(view)
+                if self.begin.value == v:  # no publish started during our copy
+                    return int(v)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"weights never settled within {timeout:.0f} s (writer stuck at {v})")
+            time.sleep(0.001)

@@ -56,13 +56,21 @@ class Ledger:
             "filtered": by["filtered"],
             "carried_over": by["carried_over"],
             "in_flight": by["running"] + by["buffered"],
-            "lost": len(self.state) - by["trained"] - by["filtered"] - by["carried_over"]
-            - by["running"] - by["buffered"],
+            "lost": len(self.state)
+            - by["trained"]
+            - by["filtered"]
+            - by["carried_over"]
+            - by["running"]
+            - by["buffered"],
             "filter_reasons": dict(self.filter_reasons),
         }
 
     def state_dict(self) -> dict:
-        return {"state": dict(self.state), "generated": self.generated, "filter_reasons": dict(self.filter_reasons)}
+        return {
+            "state": dict(self.state),
+            "generated": self.generated,
+            "filter_reasons": dict(self.filter_reasons),
+        }
 
     def load_state_dict(self, d: dict) -> None:
         self.state = dict(d["state"])

@@ -26,7 +26,9 @@ class StalenessState:
 class StalenessManager:
     def __init__(self, batch_groups: int, max_staleness: int, state: StalenessState | None = None) -> None:
         if batch_groups <= 0 or max_staleness < 0:
-            raise ValueError(f"need batch_groups > 0 and max_staleness >= 0, got {batch_groups}, {max_staleness}")
+            raise ValueError(
+                f"need batch_groups > 0 and max_staleness >= 0, got {batch_groups}, {max_staleness}"
+            )
         self.B = batch_groups
         self.eta = max_staleness
         self.state = state or StalenessState()
@@ -62,7 +64,9 @@ class StalenessManager:
             return asdict(self.state)
 
     @classmethod
-    def resumed(cls, batch_groups: int, max_staleness: int, version: int, buffered: int, running: int) -> StalenessManager:
+    def resumed(
+        cls, batch_groups: int, max_staleness: int, version: int, buffered: int, running: int
+    ) -> StalenessManager:
         """Counters rebased on a restored run: version*B groups were trained, `buffered` wait in the
         buffer and `running` carried-over groups are re-submitted."""
         state = StalenessState(version=version, accepted=version * batch_groups + buffered, running=running)

@@ -8,7 +8,7 @@ import torch
 from streamrl.algo.advantages import grpo
 from streamrl.algo.aggregation import batch_normalizer, token_mean
 from streamrl.algo.kl import k1, k2, k3
-from streamrl.algo.losses import LossInputs, ppo_clip
+from streamrl.algo.losses import LossInputs, decoupled_ppo, ppo_clip
 
 
 def test_grpo_hand_values():
@@ -72,3 +72,29 @@ def test_token_mean_is_invariant_to_micro_batch_split():
     split = sum(token_mean(lo, ma, norm) for lo, ma in parts)
     assert split.item() == pytest.approx(full.item(), abs=1e-6)
     assert full.item() == pytest.approx(((loss * mask).sum() / mask.sum()).item(), abs=1e-6)
+
+
+def test_decoupled_equals_ppo_clip_when_prox_is_behaviour():
+    torch.manual_seed(1)
+    logp = torch.randn(3, 4)
+    behav = logp + 0.3 * torch.randn(3, 4)
+    adv = torch.randn(3, 1).expand(3, 4)
+    mask = (torch.rand(3, 4) > 0.2).float()
+    plain, _ = ppo_clip(LossInputs(logp, behav, adv, mask))
+    dec, m = decoupled_ppo(LossInputs(logp, behav, adv, mask, prox_logprobs=behav.clone()))
+    assert torch.equal(plain, dec)  # exact: w = exp(0) = 1
+    assert m["behav_weight_mean"] == 1.0
+
+
+def test_decoupled_hand_values_with_cap():
+    # token 1: prox/behav = 2, r = theta/prox = 1.5, A = +1 -> w * max(-1.5, -1.28) = 2 * -1.28 = -2.56
+    # token 2: prox/behav = 4 capped at 3, r = 1, A = -1 -> 3 * max(1, 1) = 3
+    behav = torch.log(torch.tensor([[0.1, 0.1]]))
+    prox = torch.log(torch.tensor([[0.2, 0.4]]))
+    theta = torch.log(torch.tensor([[0.3, 0.4]]))
+    adv = torch.tensor([[1.0, -1.0]])
+    loss, m = decoupled_ppo(
+        LossInputs(theta, behav, adv, torch.ones(1, 2), prox_logprobs=prox, behav_weight_cap=3.0)
+    )
+    assert loss[0].tolist() == pytest.approx([-2.56, 3.0], abs=1e-5)
+    assert m["behav_weight_capped_frac"] == 0.5

@@ -42,7 +42,7 @@ def test_unknown_top_level_key():
         ("train.precision=fp16", "config key 'train.precision' expects one of 'fp32', 'bf16', got 'fp16'"),
         ("train.betas=[0.9]", "config key 'train.betas' expects"),
         ("eval.before=maybe", "config key 'eval.before' expects bool"),
-        ("loss.name=nope", "config key 'loss.name' must be one of ppo_clip, got 'nope'"),
+        ("loss.name=nope", "config key 'loss.name' must be one of decoupled_ppo, ppo_clip, got 'nope'"),
         ("rollout.samples_per_prompt=0", "config key 'rollout.samples_per_prompt' must be > 0"),
         ("rollout.top_p=1.5", "config key 'rollout.top_p' must be in (0, 1]"),
         ("train=3", "config key 'train' is a section"),

@@ -45,6 +45,10 @@ class LossConfig:
     eps_high: float = 0.28
     aggregation: str = "token-mean"
     kl_coef: float = 0.0  # > 0 loads a frozen reference model and adds the k3 KL to the loss
+    # decoupled_ppo's proximal policy: "recompute" = the trainer's weights before this step (free with
+    # train.mini_batches=1: the same forward, detached); "behav" = the sampling policy (no extra pass)
+    prox: Literal["recompute", "behav"] = "recompute"
+    behav_weight_cap: float = 0.0  # cap on pi_prox / pi_behav; 0 = no cap
 
 
 @dataclass
@@ -61,6 +65,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     warmup_steps: int = 0
     token_budget: int = 4096  # max padded tokens per micro-batch
+    mini_batches: int = 1  # optimizer steps per batch (PPO mini-batches); the policy version bumps once
     precision: Literal["fp32", "bf16"] = "fp32"  # bf16 = fp32 weights with bf16 autocast
     threads: int = 0  # torch threads; 0 = all cores
     save_checkpoint: bool = True
@@ -241,6 +246,7 @@ def validate(cfg: Config) -> None:
     _positive("rollout.max_new_tokens", cfg.rollout.max_new_tokens)
     _positive("train.lr", cfg.train.lr)
     _positive("train.token_budget", cfg.train.token_budget)
+    _positive("train.mini_batches", cfg.train.mini_batches)
     _positive("eval.max_new_tokens", cfg.eval.max_new_tokens)
     _positive("rollout.max_batch", cfg.rollout.max_batch)
     if cfg.rollout.temperature < 0:

@@ -19,6 +19,8 @@ class LossInputs:
     mask: torch.Tensor
     eps_low: float = 0.2
     eps_high: float = 0.28
+    prox_logprobs: torch.Tensor | None = None  # [B, T] decoupled PPO's proximal policy; None: = old
+    behav_weight_cap: float = 0.0  # cap on pi_prox / pi_behav; 0 = no cap
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
@@ -46,3 +48,26 @@ def ppo_clip(inp: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
             "approx_kl": _masked_mean(0.5 * log_ratio**2, m),
         }
     return loss, metrics
+
+
+@policy_loss("decoupled_ppo")
+def decoupled_ppo(inp: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    """Decoupled PPO (AReaL): the clip is around the proximal policy, staleness is corrected by weight.
+
+    r = pi_theta / pi_prox, w = pi_prox / pi_behav (detached, capped at behav_weight_cap if > 0),
+    loss = w * max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)). old_logprobs are pi_behav (what the
+    engine sampled with). With pi_prox = pi_behav, w = 1 and this is exactly ppo_clip.
+    """
+    prox = inp.old_logprobs if inp.prox_logprobs is None else inp.prox_logprobs.detach()
+    loss, metrics = ppo_clip(
+        LossInputs(inp.logprobs, prox, inp.advantages, inp.mask, inp.eps_low, inp.eps_high)
+    )
+    with torch.no_grad():
+        w = torch.exp(prox - inp.old_logprobs)
+        if inp.behav_weight_cap > 0:
+            capped = w > inp.behav_weight_cap
+            metrics["behav_weight_capped_frac"] = _masked_mean(capped.float(), inp.mask.float())
+            w = w.clamp(max=inp.behav_weight_cap)
+        metrics["behav_weight_mean"] = _masked_mean(w, inp.mask.float())
+        metrics["behav_weight_max"] = float((w * inp.mask).max()) if inp.mask.any() else 1.0
+    return w * loss, metrics

@@ -31,12 +31,29 @@ class DecodeBatch:
         self.attn = torch.tensor(
             [[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in requests]
         )
+        self._prefill(ids)
+
+    def _prefill(self, ids: torch.Tensor) -> None:
         self.cache = DynamicCache()
         positions = (self.attn.cumsum(-1) - 1).clamp(min=0)
         self._logits = self._forward(ids, positions)
         self.next_pos = positions[:, -1] + 1
 
+    def recompute(self) -> None:
+        """Interrupt mode: rebuild the KV cache of every active row (prompt + tokens so far) with the
+        engine's current weights, so the next token already comes from the new policy."""
+        if not self.active:
+            return
+        seqs = [self.results[i].request.prompt_ids + self.results[i].token_ids for i in self.active]
+        width = max(len(x) for x in seqs)
+        pad = self.engine.pad_id
+        ids = torch.tensor([[pad] * (width - len(x)) + x for x in seqs])
+        self.attn = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in seqs])
+        self._prefill(ids)
+
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # the version of the weights that computed these logits: the tokens sampled from them carry it
+        self._logits_version = self.engine.version
         dev = self.engine.device
         out = self.engine.model(
             input_ids=ids.to(dev),
@@ -52,11 +69,12 @@ class DecodeBatch:
     def done(self) -> bool:
         return not self.active
 
-    def step(self) -> None:
-        """Sample one token for every active row, then drop finished rows from the cache."""
+    def step(self) -> list[GenResult]:
+        """Sample one token for every active row, drop finished rows from the cache; returns those."""
         tokens, logprobs = sample_next(self._logits, self.temperature, self.top_p, self.engine.generator)
-        version = self.engine.version
+        version = self._logits_version
         keep: list[int] = []
+        finished: list[GenResult] = []
         for row, res_idx in enumerate(self.active):
             res = self.results[res_idx]
             tok = int(tokens[row])
@@ -65,13 +83,15 @@ class DecodeBatch:
             res.versions.append(version)
             if tok in self.engine.stop_ids:
                 res.finish_reason = "stop"
+                finished.append(res)
             elif len(res.token_ids) >= res.request.max_new_tokens:
                 res.finish_reason = "length"
+                finished.append(res)
             else:
                 keep.append(row)
         if not keep:
             self.active = []
-            return
+            return finished
         if len(keep) < len(self.active):
             idx = torch.tensor(keep)
             self.cache.batch_select_indices(idx.to(self.engine.device))
@@ -80,6 +100,7 @@ class DecodeBatch:
         self.attn = torch.cat([self.attn, torch.ones(len(keep), 1, dtype=self.attn.dtype)], dim=1)
         self._logits = self._forward(tokens[:, None].cpu(), self.next_pos[:, None])
         self.next_pos = self.next_pos + 1
+        return finished
 
 
 class HFEngine:

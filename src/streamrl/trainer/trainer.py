@@ -56,55 +56,82 @@ class Trainer:
             for g in groups
         ]
 
+    def _prox_logprobs(self, mbs: list[MicroBatch]) -> list[torch.Tensor | None]:
+        """pi_prox per micro-batch: only an extra pass when several optimizer steps share one batch."""
+        if self.cfg.loss.name != "decoupled_ppo" or self.cfg.loss.prox == "behav":
+            return [None] * len(mbs)
+        if self.cfg.train.mini_batches == 1:
+            return [None] * len(mbs)  # computed from the training forward itself (same weights)
+        with torch.no_grad(), self._autocast():
+            return [completion_logprobs(self.model, mb, self.cfg.rollout.temperature)[0] for mb in mbs]
+
+    def _micro_step(
+        self, mb: MicroBatch, norm: float, prox: torch.Tensor | None, totals: dict[str, float]
+    ) -> float:
+        """Forward + backward of one micro-batch; accumulates token-weighted metrics into totals."""
+        dev = next(self.model.parameters()).device
+        mask = mb.loss_mask.to(dev)
+        temp = self.cfg.rollout.temperature
+        with self._autocast():
+            logprobs, entropy = completion_logprobs(self.model, mb, temp, return_entropy=True)
+        behav = mb.old_logprobs.to(dev)
+        if prox is None and self.cfg.loss.name == "decoupled_ppo":
+            prox = behav if self.cfg.loss.prox == "behav" else logprobs.detach()
+        inp = LossInputs(
+            logprobs=logprobs,
+            old_logprobs=behav,
+            advantages=mb.advantages.to(dev),
+            mask=mask,
+            eps_low=self.cfg.loss.eps_low,
+            eps_high=self.cfg.loss.eps_high,
+            prox_logprobs=prox,
+            behav_weight_cap=self.cfg.loss.behav_weight_cap,
+        )
+        per_token, metrics = self.policy_loss(inp)
+        if self.ref_model is not None:
+            with torch.no_grad(), self._autocast():
+                ref_lp, _ = completion_logprobs(self.ref_model, mb, temp)
+            kl = self.kl(logprobs, ref_lp)
+            per_token = per_token + self.cfg.loss.kl_coef * kl
+            metrics["kl_ref"] = float((kl * mask).sum() / mask.sum().clamp(min=1))
+        loss = self.aggregate(per_token, mask, norm)
+        loss.backward()
+        n = float(mask.sum())
+        metrics["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
+        # log-prob gap between the engine and the trainer on the same weights (0 when fully on-policy)
+        metrics["behav_logprob_gap"] = float(((logprobs.detach() - behav).abs() * mask).sum() / max(n, 1.0))
+        for k, v in metrics.items():
+            totals[k] = totals.get(k, 0.0) + v * n
+        totals["_tokens"] = totals.get("_tokens", 0.0) + n
+        return float(loss.detach())
+
     def step(self, batch: TrainBatch) -> dict[str, float]:
-        """Forward/backward every micro-batch, then one clipped AdamW step; bumps the policy version."""
+        """One policy version: train.mini_batches clipped AdamW steps over the batch's micro-batches."""
         start = time.perf_counter()
         self.model.train()
         mbs = self.micro_batches(batch)
-        norm = batch_normalizer(self.cfg.loss.aggregation, [mb.loss_mask for mb in mbs])
-        temp = self.cfg.rollout.temperature
+        prox = self._prox_logprobs(mbs)
+        k = min(self.cfg.train.mini_batches, len(mbs))
         totals: dict[str, float] = {}
-        n_tokens = 0.0
         loss_sum = 0.0
-        for mb in mbs:
-            dev = next(self.model.parameters()).device
-            mask = mb.loss_mask.to(dev)
-            with self._autocast():
-                logprobs, entropy = completion_logprobs(self.model, mb, temp, return_entropy=True)
-            inp = LossInputs(
-                logprobs=logprobs,
-                old_logprobs=mb.old_logprobs.to(dev),
-                advantages=mb.advantages.to(dev),
-                mask=mask,
-                eps_low=self.cfg.loss.eps_low,
-                eps_high=self.cfg.loss.eps_high,
+        grad_norms = []
+        for j in range(k):
+            idx = list(range(j, len(mbs), k))  # interleaved: mini-batches are not sorted by length
+            norm = batch_normalizer(self.cfg.loss.aggregation, [mbs[i].loss_mask for i in idx])
+            for i in idx:
+                loss_sum += self._micro_step(mbs[i], norm, prox[i], totals)
+            grad_norms.append(
+                float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip))
             )
-            per_token, metrics = self.policy_loss(inp)
-            if self.ref_model is not None:
-                with torch.no_grad(), self._autocast():
-                    ref_lp, _ = completion_logprobs(self.ref_model, mb, temp)
-                kl = self.kl(logprobs, ref_lp)
-                per_token = per_token + self.cfg.loss.kl_coef * kl
-                metrics["kl_ref"] = float((kl * mask).sum() / mask.sum().clamp(min=1))
-            loss = self.aggregate(per_token, mask, norm)
-            loss.backward()
-            loss_sum += float(loss.detach())
-            w = float(mask.sum())
-            n_tokens += w
-            metrics["entropy"] = (
-                float((entropy * mask).sum() / mask.sum().clamp(min=1)) if entropy is not None else 0.0
-            )
-            for k, v in metrics.items():
-                totals[k] = totals.get(k, 0.0) + v * w
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
-        self.optimizer.step()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
-        out = {k: v / max(n_tokens, 1.0) for k, v in totals.items()}
+        n_tokens = totals.pop("_tokens", 0.0)
+        out = {key: v / max(n_tokens, 1.0) for key, v in totals.items()}
         out.update(
-            loss=loss_sum,
-            grad_norm=float(grad_norm),
+            loss=loss_sum / k,
+            grad_norm=sum(grad_norms) / len(grad_norms),
             lr=self.scheduler.get_last_lr()[0],
             micro_batches=len(mbs),
             tokens_trained=sum(len(t.prompt_ids) + len(t.completion_ids) for t in batch.trajectories),

@@ -1,0 +1,65 @@
+"""Keep the engine busy: several DecodeBatches stepped in turn, new requests joining as rows finish.
+
+A DecodeBatch only loses rows, so when a batch's long tail leaves it small, a fresh batch of waiting
+requests is started next to it instead of waiting for the tail. Weight updates happen between steps:
+`inflight` keeps every KV cache (PipelineRL); `interrupt` recomputes them with the new weights (AReaL).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from streamrl.engine.base import GenRequest, GenResult
+from streamrl.engine.hf import DecodeBatch, HFEngine
+
+WEIGHT_MODES = ("inflight", "interrupt")
+
+
+class ContinuousDecoder:
+    def __init__(self, engine: HFEngine, weight_mode: str = "inflight") -> None:
+        if weight_mode not in WEIGHT_MODES:
+            raise ValueError(
+                f"unknown weight update mode '{weight_mode}'; choose from {', '.join(WEIGHT_MODES)}"
+            )
+        self.engine = engine
+        self.weight_mode = weight_mode
+        self.waiting: list[GenRequest] = []
+        self.batches: list[DecodeBatch] = []
+
+    @property
+    def active_rows(self) -> int:
+        return sum(len(b.active) for b in self.batches)
+
+    @property
+    def idle(self) -> bool:
+        return not self.batches and not self.waiting
+
+    def add(self, requests: list[GenRequest]) -> None:
+        self.waiting.extend(requests)
+
+    def update_weights(self, state: dict[str, Any] | None, version: int, load: Any = None) -> None:
+        """Take new weights between steps. `load()` copies them into the model when given."""
+        if load is not None:
+            load()
+        self.engine.update_weights(state, version)
+        if self.weight_mode == "interrupt":
+            with torch.inference_mode():
+                for b in self.batches:
+                    b.recompute()
+
+    def step(self) -> list[GenResult]:
+        """Start a batch from waiting requests if there is room, then advance every batch one token."""
+        room = self.engine.max_batch - self.active_rows
+        with torch.inference_mode():
+            # a new batch only when it would be at least a quarter full: tiny batches waste forwards
+            if self.waiting and room >= min(len(self.waiting), max(1, self.engine.max_batch // 4)):
+                take, self.waiting = self.waiting[:room], self.waiting[room:]
+                take.sort(key=lambda r: len(r.prompt_ids))
+                self.batches.append(DecodeBatch(self.engine, take))
+            finished: list[GenResult] = []
+            for b in self.batches:
+                finished.extend(b.step())
+            self.batches = [b for b in self.batches if not b.done]
+        return finished

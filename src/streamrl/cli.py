@@ -32,11 +32,11 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(path, overrides)
         from streamrl.runtime.job import run_train  # heavy imports only after the config is valid
 
-        summary = run_train(cfg)
+        run_train(cfg)
     except (ConfigError, ValueError, FileNotFoundError) as e:
         print(f"streamrl: error: {e}", file=sys.stderr)
         return 2
-    return 0 if not summary.get("interrupted") else 130
+    return 0  # a stop by Ctrl-C/SIGTERM is a clean exit: the state is saved for resume=
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ class TrainConfig:
     token_budget: int = 4096  # max padded tokens per micro-batch
     mini_batches: int = 1  # optimizer steps per batch (PPO mini-batches); the policy version bumps once
     precision: Literal["fp32", "bf16"] = "fp32"  # bf16 = fp32 weights with bf16 autocast
-    threads: int = 0  # torch threads; 0 = all cores
+    threads: int = 0  # trainer torch threads; 0 = the cores not given to rollout workers (at least 1)
     save_checkpoint: bool = True
 
 
@@ -87,13 +87,29 @@ class TaskConfig:
 
 
 @dataclass
+class RuntimeConfig:
+    # async: rollout worker processes generate while the trainer trains; colocated: one process
+    # alternates generate and train with all cores (synchronous, needs max_staleness=0)
+    mode: Literal["async", "colocated"] = "async"
+    rollout_workers: int = 1
+    rollout_threads: int = 1  # torch threads per rollout worker
+    weight_update: Literal["inflight", "interrupt"] = "inflight"
+
+
+@dataclass
 class Config:
     model: str = "smollm2-135m-instruct"
     task: str = "rg:chain_sum"
     max_steps: int = 20
+    max_time: float = (
+        0.0  # stop training after this many seconds (0 = no limit); for equal-budget comparisons
+    )
+    max_staleness: int = 1  # eta: tokens at most this many policy versions old; 0 = synchronous
     run_dir: str = ""  # empty: runs/<timestamp>
+    resume: str = ""  # a run directory to continue from
     seed: int = 0
     device: str = "cpu"
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     task_config: TaskConfig = field(default_factory=TaskConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -212,9 +228,28 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+def from_dict(data: dict[str, Any]) -> Config:
+    """A Config from a plain dict (e.g. a run directory's config.yaml), validated."""
+    cfg = Config()
+    for k, v in data.items():
+        _apply(cfg, str(k), v)
+    validate(cfg)
+    return cfg
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Defaults <- YAML file <- overrides, then validate."""
     cfg = Config()
+    parsed = [parse_override(o) for o in overrides]
+    resume = next((str(v) for k, v in parsed if k == "resume"), "")
+    if resume:  # continue a run: its resolved config is the base, the overrides still apply
+        if path is not None:
+            raise ConfigError(
+                "resume=RUN_DIR takes its config from RUN_DIR/config.yaml; drop the config file"
+            )
+        path = Path(resume) / "config.yaml"
+        if not path.is_file():
+            raise ConfigError(f"resume: '{resume}' is not a run directory (no config.yaml)")
     if path is not None:
         path = Path(path)
         if not path.is_file():
@@ -224,9 +259,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             raise ConfigError(f"config file '{path}' must hold a mapping of keys to values")
         for k, v in data.items():
             _apply(cfg, str(k), v)
-    for item in overrides:
-        k, v = parse_override(item)
+    for k, v in parsed:
         _apply(cfg, k, v)
+    if resume:
+        cfg.run_dir = resume
     validate(cfg)
     return cfg
 
@@ -247,6 +283,14 @@ def validate(cfg: Config) -> None:
     _positive("train.lr", cfg.train.lr)
     _positive("train.token_budget", cfg.train.token_budget)
     _positive("train.mini_batches", cfg.train.mini_batches)
+    _positive("runtime.rollout_workers", cfg.runtime.rollout_workers)
+    _positive("runtime.rollout_threads", cfg.runtime.rollout_threads)
+    if cfg.max_staleness < 0:
+        raise ConfigError(f"config key 'max_staleness' must be >= 0, got {cfg.max_staleness}")
+    if cfg.runtime.mode == "colocated" and cfg.max_staleness != 0:
+        raise ConfigError(
+            "runtime.mode=colocated is synchronous: set max_staleness=0, or runtime.mode=async for eta > 0"
+        )
     _positive("eval.max_new_tokens", cfg.eval.max_new_tokens)
     _positive("rollout.max_batch", cfg.rollout.max_batch)
     if cfg.rollout.temperature < 0:

@@ -39,10 +39,8 @@ class ContinuousDecoder:
     def add(self, requests: list[GenRequest]) -> None:
         self.waiting.extend(requests)
 
-    def update_weights(self, state: dict[str, Any] | None, version: int, load: Any = None) -> None:
-        """Take new weights between steps. `load()` copies them into the model when given."""
-        if load is not None:
-            load()
+    def update_weights(self, state: dict[str, Any] | None, version: int) -> None:
+        """Take new weights between steps (state None: already copied into the engine's model)."""
         self.engine.update_weights(state, version)
         if self.weight_mode == "interrupt":
             with torch.inference_mode():

@@ -35,3 +35,32 @@ class MetricsWriter:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+
+
+class GroupLog:
+    """groups.jsonl: one line per trained group (id, problem, rewards, versions): the audit trail that
+    exactly-once accounting is checked against, and a place to read what the policy wrote."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = path.open("a", buffering=1)
+
+    def write(self, groups: list[Any], step: int) -> None:
+        for g in groups:
+            versions = [v for t in g.trajectories for v in t.versions] or [0]
+            self._file.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "group_id": g.trajectories[0].group_id,
+                        "problem_id": g.problem.id,
+                        "rewards": g.rewards,
+                        "version_min": min(versions),
+                        "version_max": max(versions),
+                        "sample": g.trajectories[0].text[:200],
+                    }
+                )
+                + "\n"
+            )
+
+    def close(self) -> None:
+        self._file.close()

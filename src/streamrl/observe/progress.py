@@ -16,7 +16,7 @@ from rich.progress import (
 
 
 class StepProgress:
-    def __init__(self, total: int, console: Console) -> None:
+    def __init__(self, total: int, console: Console, done: int = 0) -> None:
         self.progress = Progress(
             TextColumn("[bold]train[/]"),
             BarColumn(),
@@ -30,7 +30,7 @@ class StepProgress:
             console=console,
             transient=False,
         )
-        self.task = self.progress.add_task("train", total=total, reward=0.0, acc=0.0, tps=0.0)
+        self.task = self.progress.add_task("train", total=total, completed=done, reward=0.0, acc=0.0, tps=0.0)
 
     def __enter__(self) -> StepProgress:
         self.progress.start()

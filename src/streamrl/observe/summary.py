@@ -30,7 +30,16 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
         f"{t['total']:.0f} s (model resolve {t['resolve_model']:.0f} s, "
         f"eval {t['eval']:.0f} s, train {t['train']:.0f} s)",
     )
-    table.add_row("steps", str(summary["steps"]) + (" (interrupted)" if summary["interrupted"] else ""))
-    table.add_row("run dir", summary["run_dir"] + "  (metrics.jsonl, eval.json, tensorboard/)")
+    table.add_row("steps", str(summary["steps"]) + (" (stopped early)" if summary["interrupted"] else ""))
+    acc = summary.get("accounting")
+    if acc:
+        table.add_row(
+            "groups",
+            f"generated {acc['generated']}, trained {acc['trained']}, carried over {acc['carried_over']}, "
+            f"filtered {acc['filtered']}, lost {acc['lost']}",
+        )
+    table.add_row(
+        "run dir", summary["run_dir"] + "  (metrics.jsonl, eval.json, accounting.json, tensorboard/)"
+    )
     table.add_row("checkpoint", summary["checkpoint"] or "-")
     console.print(table)

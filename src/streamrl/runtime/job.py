@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import random
-import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,10 +20,13 @@ from streamrl.engine.hf import HFEngine
 from streamrl.eval.heldout import EvalResult, evaluate
 from streamrl.eval.stats import paired_difference_interval
 from streamrl.models import load_model, load_tokenizer, resolve_model_dir
-from streamrl.observe.metrics import MetricsWriter
+from streamrl.observe.metrics import GroupLog, MetricsWriter
 from streamrl.observe.progress import StepProgress
 from streamrl.observe.summary import print_summary
-from streamrl.runtime.rl_step import rl_step
+from streamrl.runtime.async_loop import AsyncRunner
+from streamrl.runtime.colocated_loop import ColocatedRunner
+from streamrl.runtime.resume_state import RunState, load_state, save_state
+from streamrl.runtime.signals import StopFlag
 from streamrl.trainer.trainer import Trainer
 from streamrl.types import Problem
 
@@ -71,13 +72,6 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _sigterm_as_interrupt() -> None:
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, handler)
-
-
 def _eval_record(base: EvalResult | None, final: EvalResult | None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "base": base.summary() if base else None,
@@ -87,73 +81,149 @@ def _eval_record(base: EvalResult | None, final: EvalResult | None) -> dict[str,
         mean, lo, hi = paired_difference_interval(base.correct, final.correct)
         out["difference"] = {"mean": mean, "ci95": [lo, hi]}
         out["samples"] = {"base": base.samples, "final": final.samples}
+    out["per_problem_correct"] = {
+        k: [int(c) for c in r.correct] for k, r in (("base", base), ("final", final)) if r is not None
+    }
     return out
+
+
+def _thread_split(cfg: Config) -> tuple[int, int]:
+    """(trainer threads, rollout threads per worker): async splits the cores, colocated takes all."""
+    cores = os.cpu_count() or 1
+    if cfg.runtime.mode == "colocated":
+        return cfg.train.threads or cores, 0
+    rollout = cfg.runtime.rollout_workers * cfg.runtime.rollout_threads
+    return cfg.train.threads or max(1, cores - rollout), cfg.runtime.rollout_threads
+
+
+def _restore(cfg: Config, parts: Components, run_dir: Path) -> RunState:
+    """Load weights, optimizer and position of a stopped run into fresh components."""
+    state, model_dir, tensors = load_state(run_dir)
+    from safetensors.torch import load_file
+
+    weights = load_file(str(model_dir / "model.safetensors"))
+    parts.model.load_state_dict(weights, strict=False)
+    parts.trainer.optimizer.load_state_dict(tensors["optimizer"])
+    parts.trainer.scheduler.load_state_dict(tensors["scheduler"])
+    torch.set_rng_state(tensors["torch_rng"])
+    random.setstate(tensors["py_rng"])
+    parts.trainer.version = state.version
+    parts.engine.update_weights(None, state.version)
+    for _ in range(state.problems_drawn):  # the stream is deterministic: skip what was drawn
+        next(parts.stream)
+    return state
 
 
 def run_train(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     """Run the whole job; returns the summary dict (also written to the run directory)."""
     console = console or Console(stderr=True)
     t_start = time.perf_counter()
-    threads = cfg.train.threads or os.cpu_count() or 1
-    torch.set_num_threads(threads)
+    train_threads, rollout_threads = _thread_split(cfg)
+    torch.set_num_threads(train_threads)
     _seed_everything(cfg.seed)
-    _sigterm_as_interrupt()
+    stop = StopFlag()
+    stop.install()
     if not cfg.task_config.args:
         cfg.task_config.args = default_task_args(cfg.task)  # recorded in config.yaml
     run_dir = _run_dir(cfg)
     dump_config(cfg, run_dir / "config.yaml")
-    console.print(
-        f"[bold]streamrl[/] run dir {run_dir} | model {cfg.model} | task {cfg.task} | threads {threads}"
+    split = (
+        f"{train_threads} threads (colocated: generate and train in turn)"
+        if cfg.runtime.mode == "colocated"
+        else f"trainer {train_threads} thread(s) + {cfg.runtime.rollout_workers} rollout worker(s) x "
+        f"{rollout_threads} thread(s), eta={cfg.max_staleness}, weights {cfg.runtime.weight_update}"
     )
+    console.print(f"[bold]streamrl[/] run dir {run_dir} | model {cfg.model} | task {cfg.task}")
+    console.print(f"cores {os.cpu_count()}: {split}")
 
     t0 = time.perf_counter()
     parts = build_components(cfg)
-    t_resolve = parts.resolve_seconds
-    tokenizer, task, heldout, stream = parts.tokenizer, parts.task, parts.heldout, parts.stream
-    engine, trainer = parts.engine, parts.trainer
-    timings = {"resolve_model": t_resolve, "setup": time.perf_counter() - t0, "eval": 0.0, "train": 0.0}
+    tokenizer, task, heldout, engine, trainer = (
+        parts.tokenizer,
+        parts.task,
+        parts.heldout,
+        parts.engine,
+        parts.trainer,
+    )
+    timings = {
+        "resolve_model": parts.resolve_seconds,
+        "setup": time.perf_counter() - t0,
+        "eval": 0.0,
+        "train": 0.0,
+    }
+    state = _restore(cfg, parts, run_dir) if cfg.resume else RunState()
+    if cfg.resume:
+        console.print(
+            f"resumed at step {state.step} (policy version {state.version}), "
+            f"{len(state.finished)} finished + {len(state.unfinished)} unfinished groups carried over"
+        )
 
     base = final = None
-    if cfg.eval.before and heldout:
+    old_eval = json.loads((run_dir / "eval.json").read_text()) if (run_dir / "eval.json").is_file() else {}
+    if cfg.eval.before and heldout and not cfg.resume:
         console.print(f"evaluating the base model on {len(heldout)} held-out problems (greedy)...")
+        torch.set_num_threads(os.cpu_count() or 1)  # nothing else runs yet: use every core
         base = evaluate(engine, tokenizer, task, heldout, cfg.eval.max_new_tokens)
+        torch.set_num_threads(train_threads)
         timings["eval"] += base.seconds
         console.print(f"base accuracy {base.accuracy:.3f} ({sum(base.correct)}/{len(base.correct)})")
 
+    if cfg.runtime.mode == "colocated":
+        runner: Any = ColocatedRunner(cfg, trainer, engine, tokenizer, task, parts.stream, state, stop)
+    else:
+        runner = AsyncRunner(cfg, trainer, tokenizer, parts.stream, state, stop)
     writer = MetricsWriter(run_dir)
-    interrupted = False
+    groups_log = GroupLog(run_dir / "groups.jsonl")
     t_train = time.perf_counter()
     try:
-        with StepProgress(cfg.max_steps, console) as progress:
-            for step in range(1, cfg.max_steps + 1):
-                problems = list(itertools.islice(stream, cfg.rollout.prompts_per_step))
-                record = rl_step(step, problems, engine, trainer, tokenizer, task, cfg)
+        with StepProgress(cfg.max_steps, console, done=state.step) as progress:
+
+            def on_step(record: dict[str, Any]) -> None:
                 record["time"] = time.perf_counter() - t_start
+                groups_log.write(record.pop("_groups"), record["step"])
                 writer.write(record)
                 progress.update(record)
-    except KeyboardInterrupt:
-        interrupted = True
-        console.print("[yellow]interrupted: saving what was trained so far[/]")
+
+            runner.run(on_step)
     finally:
         writer.close()
-    timings["train"] = time.perf_counter() - t_train
+        groups_log.close()
+        timings["train"] = time.perf_counter() - t_train
+        save_state(run_dir, state, trainer, tokenizer)  # weights, optimizer, position, carried groups
+        runner.ledger.write(run_dir / "accounting.json")
+    interrupted = bool(stop)
+    if interrupted:
+        console.print(
+            f"[yellow]stopped by {stop.reason} at step {state.step}: state saved; continue with "
+            f"`streamrl train resume={run_dir}`[/]"
+        )
 
+    torch.set_num_threads(os.cpu_count() or 1)
     if cfg.eval.after and heldout and not interrupted:
         console.print("evaluating the trained model on the same held-out problems...")
         final = evaluate(engine, tokenizer, task, heldout, cfg.eval.max_new_tokens)
         timings["eval"] += final.seconds
     evals = _eval_record(base, final)
+    old_base = old_eval.get("per_problem_correct", {}).get("base")
+    if base is None and old_base:  # resumed: the base model was evaluated by the first run
+        evals["base"] = old_eval["base"]
+        evals["per_problem_correct"]["base"] = old_base
+        if final is not None and len(old_base) == len(final.correct):
+            mean, lo, hi = paired_difference_interval([bool(c) for c in old_base], final.correct)
+            evals["difference"] = {"mean": mean, "ci95": [lo, hi]}
     (run_dir / "eval.json").write_text(json.dumps(evals, indent=2))
 
     ckpt = run_dir / "checkpoint"
     if cfg.train.save_checkpoint:
         trainer.save(str(ckpt), tokenizer)
     timings["total"] = time.perf_counter() - t_start
+    counts = runner.ledger.counts()
     summary = {
         "run_dir": str(run_dir),
-        "steps": trainer.version,
+        "steps": state.step,
         "interrupted": interrupted,
         "timings": timings,
+        "accounting": counts,
         "eval": {k: v for k, v in evals.items() if k != "samples"},
         "checkpoint": str(ckpt) if cfg.train.save_checkpoint else None,
     }

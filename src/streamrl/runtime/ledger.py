@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 
 class Ledger:
@@ -25,7 +26,11 @@ class Ledger:
         self.state[gid] = to
 
     def admitted(self, gid: str) -> None:
-        self._move(gid, (None, "carried_over"), "running")
+        self._move(gid, (None,), "running")
+
+    def requeue(self, gid: str, to: str) -> None:
+        """On resume: a carried-over group goes back to running (re-generated) or buffered (finished)."""
+        self._move(gid, ("carried_over",), to)
 
     def returned(self, gid: str) -> None:
         self.generated += 1
@@ -45,7 +50,8 @@ class Ledger:
             self.state[g] = "carried_over"
         return ids
 
-    def counts(self) -> dict[str, int]:
+    def counts(self) -> dict[str, Any]:
+        """Totals by final state. `lost` = groups still running or buffered: 0 after carry_over()."""
         by = {s: 0 for s in ("trained", "filtered", "carried_over", "running", "buffered")}
         for s in self.state.values():
             by[s] += 1
@@ -55,24 +61,18 @@ class Ledger:
             "trained": by["trained"],
             "filtered": by["filtered"],
             "carried_over": by["carried_over"],
-            "in_flight": by["running"] + by["buffered"],
-            "lost": len(self.state)
-            - by["trained"]
-            - by["filtered"]
-            - by["carried_over"]
-            - by["running"]
-            - by["buffered"],
+            "lost": by["running"] + by["buffered"],
             "filter_reasons": dict(self.filter_reasons),
         }
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {
             "state": dict(self.state),
             "generated": self.generated,
             "filter_reasons": dict(self.filter_reasons),
         }
 
-    def load_state_dict(self, d: dict) -> None:
+    def load_state_dict(self, d: dict[str, Any]) -> None:
         self.state = dict(d["state"])
         self.generated = int(d["generated"])
         self.filter_reasons = dict(d["filter_reasons"])

@@ -8,7 +8,7 @@ from typing import Any
 from streamrl.config import Config
 from streamrl.data.prompts import render_prompt_ids
 from streamrl.data.tasks import Task
-from streamrl.engine.base import GenRequest
+from streamrl.engine.base import GenRequest, GenResult
 from streamrl.rewards.outcome import outcome_reward
 from streamrl.types import Group, Problem, Trajectory
 
@@ -30,24 +30,29 @@ def rollout_groups(
     groups = [Group(problem=p, trajectories=[]) for p in problems]
     for res in results:
         pi, k = res.request.tag
-        p = problems[pi]
-        text = tokenizer.decode(res.token_ids, skip_special_tokens=True)
-        reward, correct, info = outcome_reward(task, p, text, cfg.reward.format_weight)
-        groups[pi].trajectories.append(
-            Trajectory(
-                problem_id=p.id,
-                group_id=f"s{step}-{p.id}",
-                sample_id=f"s{step}-{p.id}-{k}",
-                prompt_ids=res.request.prompt_ids,
-                completion_ids=res.token_ids,
-                behaviour_logprobs=res.logprobs,
-                versions=res.versions,
-                finish_reason=res.finish_reason,
-                text=text,
-                reward=reward,
-                correct=correct,
-                reward_info=info,
-            )
-        )
+        traj = build_trajectory(problems[pi], res, tokenizer, task, cfg, f"s{step}-{problems[pi].id}", k)
+        groups[pi].trajectories.append(traj)
     t2 = time.perf_counter()
     return groups, {"generate_time": t1 - t0, "reward_time": t2 - t1}
+
+
+def build_trajectory(
+    problem: Problem, res: GenResult, tokenizer: Any, task: Task, cfg: Config, group_id: str, k: int
+) -> Trajectory:
+    """A scored trajectory from one engine result (sample k of group `group_id`)."""
+    text = tokenizer.decode(res.token_ids, skip_special_tokens=True)
+    reward, correct, info = outcome_reward(task, problem, text, cfg.reward.format_weight)
+    return Trajectory(
+        problem_id=problem.id,
+        group_id=group_id,
+        sample_id=f"{group_id}-{k}",
+        prompt_ids=res.request.prompt_ids,
+        completion_ids=res.token_ids,
+        behaviour_logprobs=res.logprobs,
+        versions=res.versions,
+        finish_reason=res.finish_reason,
+        text=text,
+        reward=reward,
+        correct=correct,
+        reward_info=info,
+    )

@@ -55,6 +55,13 @@ class StalenessManager:
             self.state.running -= 1
             self.state.accepted += int(kept)
 
+    def release_accepted(self) -> None:
+        """A kept group was dropped later (e.g. too stale to train): free its slot."""
+        with self._lock:
+            if self.state.accepted <= 0:
+                raise RuntimeError("release_accepted with no accepted group")
+            self.state.accepted -= 1
+
     def set_version(self, version: int) -> None:
         with self._lock:
             self.state.version = version

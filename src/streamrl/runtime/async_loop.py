@@ -1,0 +1,232 @@
+"""The asynchronous RL loop: rollout workers generate while the trainer trains.
+
+Main process: an admission thread feeds rollout workers under the staleness bound and collects
+their finished groups into a FIFO buffer; the main thread takes a batch of B groups as soon as one
+is ready, trains, publishes the weights to shared memory and only then raises the version, so that
+eta = 0 is exactly synchronous. Groups that come back staler than eta (a slow tail) are filtered and
+counted, never trained. Unfinished requests keep generating across steps (partial rollouts) and are
+carried into the checkpoint on stop.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamrl.config import Config, to_dict
+from streamrl.data.prompts import render_prompt_ids
+from streamrl.runtime.ledger import Ledger
+from streamrl.runtime.resume_state import RunState
+from streamrl.runtime.rl_step import group_advantages
+from streamrl.runtime.signals import StopFlag
+from streamrl.runtime.staleness import StalenessManager
+from streamrl.runtime.step_metrics import step_record
+from streamrl.runtime.weights import SharedWeights
+from streamrl.runtime.worker import STOP, GroupRequest, GroupResult, run_worker
+from streamrl.trainer.trainer import Trainer
+from streamrl.types import Group, Problem
+
+
+def _over_budget(cfg: Config, t_run: float) -> bool:
+    return cfg.max_time > 0 and time.perf_counter() - t_run >= cfg.max_time
+
+
+@dataclass
+class _Shared:
+    """State shared by the admission thread and the trainer thread (guarded by `cond`)."""
+
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    buffer: deque[GroupResult] = field(default_factory=deque)
+    inflight: dict[str, GroupRequest] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    busy: float = 0.0
+    idle: float = 0.0
+
+
+class AsyncRunner:
+    def __init__(
+        self,
+        cfg: Config,
+        trainer: Trainer,
+        tokenizer: Any,
+        stream: Iterator[Problem],
+        state: RunState,
+        stop: StopFlag,
+    ) -> None:
+        self.cfg, self.trainer, self.tokenizer, self.stream = cfg, trainer, tokenizer, stream
+        self.state = state
+        self.stop = stop
+        self.B = cfg.rollout.prompts_per_step
+        self.eta = cfg.max_staleness
+        self.ledger = Ledger()
+        if state.ledger:
+            self.ledger.load_state_dict(state.ledger)
+        # rebase on resume: trained groups + carried finished ones count as accepted (AReaL #1388)
+        self.staleness = StalenessManager.resumed(self.B, self.eta, trainer.version, len(state.finished), 0)
+        self.sh = _Shared()
+        for res in state.finished:
+            self.ledger.requeue(res.group_id, "buffered")
+            self.sh.buffer.append(res)
+        self.readmit: deque[GroupRequest] = deque(state.unfinished)
+        self._threads_stop = threading.Event()
+
+    # ---- admission thread -------------------------------------------------------------------
+    def _next_request(self) -> GroupRequest:
+        if self.readmit:
+            req = self.readmit.popleft()
+            self.ledger.requeue(req.group_id, "running")
+        else:
+            problem = next(self.stream)
+            self.state.problems_drawn += 1
+            gid = f"g{self.state.groups_made}"
+            self.state.groups_made += 1
+            ids = render_prompt_ids(self.tokenizer, problem.messages)
+            req = GroupRequest(gid, problem, ids, self.cfg.rollout.samples_per_prompt, 0)
+            self.ledger.admitted(gid)
+        req.admitted_version = self.trainer.version
+        return req
+
+    def _admission_loop(self, requests: Any, results: Any) -> None:
+        while not self._threads_stop.is_set():
+            while not self._threads_stop.is_set() and self.staleness.try_admit():
+                with self.sh.cond:
+                    req = self._next_request()
+                    self.sh.inflight[req.group_id] = req
+                requests.put(req)
+            try:
+                res: GroupResult = results.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            self._accept(res)
+
+    def _accept(self, res: GroupResult) -> None:
+        with self.sh.cond:
+            if res.error:
+                self.sh.errors.append(f"rollout worker {res.worker} failed:\n{res.error}")
+            else:
+                del self.sh.inflight[res.group_id]
+                self.ledger.returned(res.group_id)
+                self.staleness.on_return(kept=True)
+                self.sh.buffer.append(res)
+                self.sh.busy += res.busy_s
+                self.sh.idle += res.idle_s
+            self.sh.cond.notify_all()
+
+    # ---- trainer side -----------------------------------------------------------------------
+    def _take_batch(self, procs: list[Any]) -> list[GroupResult] | None:
+        """B groups within the staleness bound, oldest first; None if a stop was requested."""
+        taken: list[GroupResult] = []
+        with self.sh.cond:
+            while len(taken) < self.B:
+                if self.sh.errors:
+                    raise RuntimeError(self.sh.errors[0])
+                if self.stop:
+                    self.sh.buffer.extendleft(reversed(taken))  # put back: nothing is lost
+                    return None
+                if not self.sh.buffer:
+                    if not all(p.is_alive() for p in procs):
+                        raise RuntimeError("a rollout worker died; see its error above")
+                    self.sh.cond.wait(timeout=0.5)
+                    continue
+                res = self.sh.buffer.popleft()
+                oldest = min((v for t in res.trajectories for v in t.versions), default=self.trainer.version)
+                if self.trainer.version - oldest > self.eta:
+                    self.ledger.filtered(res.group_id, "stale")
+                    self.staleness.release_accepted()
+                    continue
+                taken.append(res)
+        return taken
+
+    def run(self, on_step: Callable[[dict[str, Any]], None]) -> None:
+        cfg = self.cfg
+        ctx = mp.get_context("spawn")
+        weights = SharedWeights(self.trainer.model, ctx)
+        weights.publish(self.trainer.model, self.trainer.version)
+        requests, results = ctx.Queue(), ctx.Queue()
+        procs = [
+            ctx.Process(
+                target=run_worker,
+                args=(i, to_dict(cfg), requests, results, weights, cfg.runtime.rollout_threads),
+                daemon=True,
+            )
+            for i in range(cfg.runtime.rollout_workers)
+        ]
+        for p in procs:
+            p.start()
+        admitter = threading.Thread(target=self._admission_loop, args=(requests, results), daemon=True)
+        admitter.start()
+        t_run = time.perf_counter()
+        waited = 0.0
+        try:
+            while self.state.step < cfg.max_steps and not self.stop and not _over_budget(cfg, t_run):
+                t0 = time.perf_counter()
+                taken = self._take_batch(procs)
+                if taken is None:
+                    break
+                wait = time.perf_counter() - t0
+                waited += wait
+                groups = [Group(r.problem, r.trajectories) for r in taken]
+                version_before = self.trainer.version
+                with self.sh.cond:
+                    in_flight = len(self.sh.inflight)
+                train = self.trainer.step(group_advantages(groups, cfg))
+                t_sync = time.perf_counter()
+                weights.publish(self.trainer.model, self.trainer.version)
+                self.staleness.set_version(self.trainer.version)  # only after publishing
+                sync = time.perf_counter() - t_sync
+                with self.sh.cond:
+                    for r in taken:
+                        self.ledger.trained(r.group_id)
+                    busy, idle = self.sh.busy, self.sh.idle
+                self.state.step += 1
+                self.state.version = self.trainer.version
+                elapsed = time.perf_counter() - t_run
+                record = step_record(self.state.step, groups, train, version_before)
+                record["tokens_per_s"] = (record["tokens_generated"] + train["tokens_trained"]) / (
+                    wait + train["train_time"] + sync
+                )
+                record["_groups"] = groups
+                record.update(
+                    trainer_wait_time=wait,
+                    weight_sync_time=sync,
+                    trainer_wait_share=waited / elapsed,
+                    engine_idle_share=idle / max(busy + idle, 1e-9),
+                    groups_carried_over=in_flight,
+                    samples_per_s=self.state.step * self.B * cfg.rollout.samples_per_prompt / elapsed,
+                    train_tokens_per_s=train["tokens_trained"] / max(train["train_time"], 1e-9),
+                    filtered_stale=self.ledger.filter_reasons.get("stale", 0),
+                )
+                on_step(record)
+        finally:
+            self._shutdown(procs, requests, results, admitter)
+
+    def _shutdown(self, procs: list[Any], requests: Any, results: Any, admitter: threading.Thread) -> None:
+        """Stop workers; everything admitted and not trained is carried into the run state."""
+        self._threads_stop.set()
+        admitter.join(timeout=10)
+        for _ in procs:
+            requests.put(STOP)
+        deadline = time.monotonic() + 30
+        for p in procs:
+            p.join(timeout=max(0.1, deadline - time.monotonic()))
+            if p.is_alive():
+                p.terminate()
+        while True:  # results that arrived while stopping are finished groups: keep them
+            try:
+                self._accept(results.get(timeout=0.2))
+            except queue.Empty:
+                break
+        with self.sh.cond:
+            self.state.finished = list(self.sh.buffer)
+            self.state.unfinished = list(self.readmit) + list(self.sh.inflight.values())
+            self.ledger.carry_over()
+            self.state.ledger = self.ledger.state_dict()
+            self.state.staleness = self.staleness.state_dict()
+        requests.cancel_join_thread()
+        results.cancel_join_thread()

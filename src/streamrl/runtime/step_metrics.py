@@ -1,0 +1,39 @@
+"""The metrics record of one trained batch (shared by the colocated and the async loops)."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from typing import Any
+
+from streamrl.types import Group
+
+
+def step_record(
+    step: int, groups: list[Group], train: dict[str, float], version_before: int
+) -> dict[str, Any]:
+    """Reward, accuracy, lengths and staleness over the batch; `train` are the trainer's metrics.
+
+    Staleness of a token = the trainer's version when training it - the version that generated it.
+    """
+    trajs = [t for g in groups for t in g.trajectories]
+    rewards = [t.reward for t in trajs]
+    gen_tokens = sum(len(t.completion_ids) for t in trajs)
+    staleness = [version_before - v for t in trajs for v, m in zip(t.versions, t.loss_mask) if m]
+    hist = Counter(staleness)
+    return {
+        "step": step,
+        "policy_version": version_before + 1,
+        "reward_mean": statistics.fmean(rewards),
+        "reward_std": statistics.pstdev(rewards),
+        "accuracy": statistics.fmean(float(t.correct) for t in trajs),
+        "format_rate": statistics.fmean(float(t.reward_info.get("formatted", False)) for t in trajs),
+        "zero_adv_group_frac": sum(1 for g in groups if len(set(g.rewards)) == 1) / len(groups),
+        "response_length": gen_tokens / len(trajs),
+        "truncation_rate": statistics.fmean(float(t.finish_reason == "length") for t in trajs),
+        "tokens_generated": gen_tokens,
+        "staleness_max": max(staleness, default=0),
+        "staleness_mean": statistics.fmean(staleness) if staleness else 0.0,
+        "staleness_hist": {str(k): hist[k] for k in sorted(hist)},
+        **train,
+    }

@@ -1,0 +1,125 @@
+"""A rollout worker process: generates groups continuously with the newest published weights.
+
+Requests arrive on `requests` (GroupRequest), finished and scored groups leave on `results`
+(GroupResult). Between decode steps the worker checks the shared weights' version and takes new
+weights in flight or by interrupt-and-recompute (engine/continuous.py). It never waits for the
+trainer: it waits only when it has nothing to generate.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamrl.types import Problem, Trajectory
+
+
+@dataclass
+class GroupRequest:
+    group_id: str
+    problem: Problem
+    prompt_ids: list[int]
+    samples: int
+    admitted_version: int
+
+
+@dataclass
+class GroupResult:
+    group_id: str
+    problem: Problem
+    trajectories: list[Trajectory]
+    worker: int
+    busy_s: float = 0.0  # seconds spent generating since the worker's previous result
+    idle_s: float = 0.0  # seconds spent with nothing to generate since the previous result
+    error: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+STOP = "stop"
+
+
+def run_worker(
+    worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any, weights: Any, threads: int
+) -> None:
+    """Process entry point (spawned). Returns when it receives STOP."""
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        _loop(worker_id, cfg_dict, requests, results, weights)
+    except Exception:  # the controller sees the error instead of a silent hang
+        results.put(GroupResult("", None, [], worker_id, error=traceback.format_exc()))  # type: ignore[arg-type]
+
+
+def _loop(worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any, weights: Any) -> None:
+    import torch
+
+    from streamrl.config import from_dict
+    from streamrl.data.tasks import make_task
+    from streamrl.engine.base import GenRequest
+    from streamrl.engine.continuous import ContinuousDecoder
+    from streamrl.engine.hf import HFEngine
+    from streamrl.models import load_model, load_tokenizer, resolve_model_dir
+    from streamrl.runtime.rollout import build_trajectory
+
+    cfg = from_dict(cfg_dict)
+    model_dir = resolve_model_dir(cfg.model, cfg.seed)
+    tokenizer = load_tokenizer(model_dir)
+    model = load_model(model_dir, cfg.device).eval().requires_grad_(False)
+    tc = cfg.task_config
+    task = make_task(cfg.task, tc.args, tc.system_prompt, tc.instruction, cfg.reward.extract)
+    torch.manual_seed(cfg.seed * 1009 + worker_id)
+    engine = HFEngine(
+        model, tokenizer, cfg.rollout.max_batch, seed=cfg.seed * 1009 + worker_id, device=cfg.device
+    )
+    engine.version = weights.load_into(model)
+    decoder = ContinuousDecoder(engine, cfg.runtime.weight_update)
+    open_groups: dict[str, tuple[GroupRequest, list[Any]]] = {}
+    busy = idle = 0.0
+    r = cfg.rollout
+
+    def take(req: GroupRequest) -> None:
+        open_groups[req.group_id] = (req, [])
+        decoder.add(
+            [
+                GenRequest(req.prompt_ids, r.max_new_tokens, r.temperature, r.top_p, tag=(req.group_id, k))
+                for k in range(req.samples)
+            ]
+        )
+
+    while True:
+        t0 = time.perf_counter()
+        # intake: block only when there is nothing to decode
+        try:
+            while True:
+                item = requests.get(timeout=0.05) if decoder.idle else requests.get_nowait()
+                if item == STOP:
+                    return
+                take(item)
+                if decoder.idle:
+                    break
+        except queue.Empty:
+            pass
+        if decoder.idle:
+            idle += time.perf_counter() - t0
+            continue
+        # newest weights between decode steps; never start a request on weights older than those it
+        # was admitted under (publish happens before admission, so one load always suffices)
+        need = max((open_groups[g][0].admitted_version for g in open_groups), default=0)
+        if weights.version > engine.version or engine.version < need:
+            decoder.update_weights(None, weights.load_into(model))
+        for res in decoder.step():
+            gid, k = res.request.tag
+            req, done = open_groups[gid]
+            done.append((k, build_trajectory(req.problem, res, tokenizer, task, cfg, gid, k)))
+            if len(done) == req.samples:
+                del open_groups[gid]
+                trajs = [t for _, t in sorted(done, key=lambda kt: kt[0])]
+                busy += time.perf_counter() - t0
+                results.put(GroupResult(gid, req.problem, trajs, worker_id, busy_s=busy, idle_s=idle))
+                busy = idle = 0.0
+                t0 = time.perf_counter()
+        busy += time.perf_counter() - t0

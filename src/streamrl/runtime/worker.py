@@ -8,7 +8,9 @@ trainer: it waits only when it has nothing to generate.
 
 from __future__ import annotations
 
+import os
 import queue
+import signal
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -44,9 +46,12 @@ STOP = "stop"
 def run_worker(
     worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any, weights: Any, threads: int
 ) -> None:
-    """Process entry point (spawned). Returns when it receives STOP."""
+    """Process entry point (spawned). Returns when it receives STOP or its parent dies."""
     import torch
 
+    # Ctrl-C in a terminal reaches the whole process group: the controller decides when workers stop
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     torch.set_num_threads(threads)
     try:
         _loop(worker_id, cfg_dict, requests, results, weights)
@@ -90,7 +95,10 @@ def _loop(worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any,
             ]
         )
 
+    parent = os.getppid()
     while True:
+        if os.getppid() != parent:  # the controller was killed: do not linger as an orphan
+            return
         t0 = time.perf_counter()
         # intake: block only when there is nothing to decode
         try:

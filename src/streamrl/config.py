@@ -40,7 +40,7 @@ class RewardConfig:
 
 @dataclass
 class LossConfig:
-    name: str = "ppo_clip"
+    name: str = "decoupled_ppo"
     eps_low: float = 0.2
     eps_high: float = 0.28
     aggregation: str = "token-mean"

@@ -58,8 +58,10 @@ class AsyncRunner:
         stream: Iterator[Problem],
         state: RunState,
         stop: StopFlag,
+        worker_target: Callable[..., None] = run_worker,
     ) -> None:
         self.cfg, self.trainer, self.tokenizer, self.stream = cfg, trainer, tokenizer, stream
+        self.worker_target = worker_target  # tests swap in a scripted engine
         self.state = state
         self.stop = stop
         self.B = cfg.rollout.prompts_per_step
@@ -151,7 +153,7 @@ class AsyncRunner:
         requests, results = ctx.Queue(), ctx.Queue()
         procs = [
             ctx.Process(
-                target=run_worker,
+                target=self.worker_target,
                 args=(i, to_dict(cfg), requests, results, weights, cfg.runtime.rollout_threads),
                 daemon=True,
             )

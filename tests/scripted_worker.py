@@ -1,0 +1,55 @@
+"""A rollout worker without a model: random delays, random rewards, versions as a real engine stamps
+them. Importable by spawned processes (it lives in its own module)."""
+
+from __future__ import annotations
+
+import queue
+import random
+import time
+from typing import Any
+
+from streamrl.runtime.worker import STOP, GroupResult
+from streamrl.types import Trajectory
+
+
+def scripted_worker(
+    worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any, weights: Any, threads: int
+) -> None:
+    seed = cfg_dict["seed"] * 100 + worker_id
+    rng = random.Random(seed)
+    running: list[tuple[float, Any, list[int]]] = []  # (finish time, request, versions so far)
+    while True:
+        try:
+            item = requests.get(timeout=0.002)
+            if item == STOP:
+                return
+            delay = rng.expovariate(1 / 0.01) * (15 if rng.random() < 0.15 else 1)  # long tail
+            running.append((time.monotonic() + delay, item, []))
+        except queue.Empty:
+            pass
+        now = time.monotonic()
+        version = weights.version
+        for _, req, versions in running:
+            versions.append(max(version, req.admitted_version))  # one "token" per tick, in flight
+        done = [r for r in running if r[0] <= now]
+        running = [r for r in running if r[0] > now]
+        for _, req, versions in done:
+            n = min(len(versions), 6) or 1
+            vs = (versions[:1] + versions[-(n - 1) :]) if n > 1 else versions[:1] or [version]
+            trajs = []
+            for k in range(req.samples):
+                comp = [rng.randrange(3, 200) for _ in vs]
+                trajs.append(
+                    Trajectory(
+                        problem_id=req.problem.id,
+                        group_id=req.group_id,
+                        sample_id=f"{req.group_id}-{k}",
+                        prompt_ids=req.prompt_ids,
+                        completion_ids=comp,
+                        behaviour_logprobs=[-5.0] * len(vs),
+                        versions=list(vs),
+                        finish_reason="stop",
+                        reward=float(rng.random() < 0.5),
+                    )
+                )
+            results.put(GroupResult(req.group_id, req.problem, trajs, worker_id, busy_s=0.01))

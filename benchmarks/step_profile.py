@@ -37,9 +37,9 @@ def main(argv: list[str]) -> None:
     print(header)
     rows = []
     for step in range(0, cfg.max_steps + 1):  # step 0 warms up allocators and caches; not counted
-        problems = list(itertools.islice(parts.stream, cfg.rollout.prompts_per_step))
         t = time.perf_counter()
-        r, _ = rl_step(step, problems, parts.engine, parts.trainer, parts.tokenizer, parts.task, cfg)
+        draw = lambda n: list(itertools.islice(parts.stream, n))  # noqa: E731
+        r, _, _ = rl_step(step, draw, parts.engine, parts.trainer, parts.tokenizer, parts.task, cfg)
         r["total"] = time.perf_counter() - t
         pad = 1 - r["tokens_trained"] / r["padded_tokens"]
         print(

@@ -30,12 +30,18 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     max_batch: int = 128  # sequences decoded together by the engine
+    # DAPO dynamic sampling: drop groups whose rewards are all equal and sample more until the batch
+    # is full (colocated: up to dynamic_sampling_rounds extra rounds per step)
+    dynamic_sampling: bool = False
+    dynamic_sampling_rounds: int = 8
 
 
 @dataclass
 class RewardConfig:
     extract: Literal["answer_is", "boxed", "last_number"] = "answer_is"
     format_weight: float = 0.1  # added to the correctness reward (0/1) when the answer format is followed
+    overlong_buffer: int = 0  # DAPO overlong shaping: penalty ramps over the last N tokens; 0 = off
+    overlong_penalty: float = 1.0
 
 
 @dataclass
@@ -49,6 +55,9 @@ class LossConfig:
     # train.mini_batches=1: the same forward, detached); "behav" = the sampling policy (no extra pass)
     prox: Literal["recompute", "behav"] = "recompute"
     behav_weight_cap: float = 0.0  # cap on pi_prox / pi_behav; 0 = no cap
+    dual_clip: float = 0.0  # PPO dual clip c > 1 for A < 0 tokens (3.0 in the paper); 0 = off
+    m2_threshold: float = 0.04  # M2PO bound on the masked mean of (log r)^2
+    mask_truncated: bool = False  # DAPO: responses cut at max_new_tokens get no loss
 
 
 @dataclass
@@ -100,6 +109,7 @@ class RuntimeConfig:
 class Config:
     model: str = "smollm2-135m-instruct"
     task: str = "rg:chain_sum"
+    algo: str = ""  # a preset from streamrl/presets (grpo, dapo, ...) layered under these settings
     max_steps: int = 20
     max_time: float = (
         0.0  # stop training after this many seconds (0 = no limit); for equal-budget comparisons
@@ -250,6 +260,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         path = Path(resume) / "config.yaml"
         if not path.is_file():
             raise ConfigError(f"resume: '{resume}' is not a run directory (no config.yaml)")
+    data: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
         if not path.is_file():
@@ -257,8 +268,18 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         data = yaml.safe_load(path.read_text()) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"config file '{path}' must hold a mapping of keys to values")
-        for k, v in data.items():
+    algo = next((str(v) for k, v in reversed(parsed) if k == "algo"), str(data.get("algo", "")))
+    if algo and not resume:  # a resumed run's config.yaml already holds the resolved preset
+        from streamrl.presets import load_preset
+
+        try:
+            preset = load_preset(algo)
+        except ValueError as e:
+            raise ConfigError(f"config key 'algo': {e}") from e
+        for k, v in preset.items():
             _apply(cfg, str(k), v)
+    for k, v in data.items():
+        _apply(cfg, str(k), v)
     for k, v in parsed:
         _apply(cfg, k, v)
     if resume:
@@ -293,6 +314,8 @@ def validate(cfg: Config) -> None:
         )
     _positive("eval.max_new_tokens", cfg.eval.max_new_tokens)
     _positive("rollout.max_batch", cfg.rollout.max_batch)
+    if cfg.loss.dual_clip and cfg.loss.dual_clip <= 1:
+        raise ConfigError(f"config key 'loss.dual_clip' must be 0 (off) or > 1, got {cfg.loss.dual_clip}")
     if cfg.rollout.temperature < 0:
         raise ConfigError(f"config key 'rollout.temperature' must be >= 0, got {cfg.rollout.temperature}")
     if not 0 < cfg.rollout.top_p <= 1:

@@ -21,6 +21,8 @@ class LossInputs:
     eps_high: float = 0.28
     prox_logprobs: torch.Tensor | None = None  # [B, T] decoupled PPO's proximal policy; None: = old
     behav_weight_cap: float = 0.0  # cap on pi_prox / pi_behav; 0 = no cap
+    dual_clip: float = 0.0  # PPO dual clip c (> 1) bounds the loss of A < 0 tokens at -c A; 0 = off
+    m2_threshold: float = 0.04  # M2PO: bound on the masked mean of (log r)^2
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
@@ -39,6 +41,8 @@ def ppo_clip(inp: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
     unclipped = -inp.advantages * ratio
     clipped = -inp.advantages * ratio.clamp(1 - inp.eps_low, 1 + inp.eps_high)
     loss = torch.maximum(unclipped, clipped)
+    if inp.dual_clip > 0:  # Ye et al. 2020: for A < 0 the loss is at most -c A (c = dual_clip)
+        loss = torch.where(inp.advantages < 0, torch.minimum(loss, -inp.dual_clip * inp.advantages), loss)
     with torch.no_grad():
         m = inp.mask.float()
         metrics = {

@@ -142,6 +142,10 @@ class AsyncRunner:
                     self.ledger.filtered(res.group_id, "stale")
                     self.staleness.release_accepted()
                     continue
+                if self.cfg.rollout.dynamic_sampling and len({t.reward for t in res.trajectories}) == 1:
+                    self.ledger.filtered(res.group_id, "zero_variance")  # DAPO: teaches nothing
+                    self.staleness.release_accepted()  # its slot goes to a new group
+                    continue
                 taken.append(res)
         return taken
 
@@ -203,6 +207,7 @@ class AsyncRunner:
                     samples_per_s=self.state.step * self.B * cfg.rollout.samples_per_prompt / elapsed,
                     train_tokens_per_s=train["tokens_trained"] / max(train["train_time"], 1e-9),
                     filtered_stale=self.ledger.filter_reasons.get("stale", 0),
+                    filtered_zero_variance=self.ledger.filter_reasons.get("zero_variance", 0),
                 )
                 on_step(record)
         finally:

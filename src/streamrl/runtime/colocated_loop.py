@@ -42,22 +42,29 @@ class ColocatedRunner:
             self.ledger.load_state_dict(state.ledger)
         self.engine.update_weights(None, trainer.version)
 
+    def _draw(self, n: int) -> list[Problem]:
+        problems = list(itertools.islice(self.stream, n))
+        self.state.problems_drawn += len(problems)
+        return problems
+
     def run(self, on_step: Callable[[dict[str, Any]], None]) -> None:
         cfg = self.cfg
         t_run = time.perf_counter()
         while self.state.step < cfg.max_steps and not self.stop and not _over_budget(cfg, t_run):
-            problems = list(itertools.islice(self.stream, cfg.rollout.prompts_per_step))
-            self.state.problems_drawn += len(problems)
             step = self.state.step + 1
-            record, groups = rl_step(
-                step, problems, self.engine, self.trainer, self.tokenizer, self.task, cfg
+            record, groups, dropped = rl_step(
+                step, self._draw, self.engine, self.trainer, self.tokenizer, self.task, cfg
             )
             record["_groups"] = groups
-            for p in problems:  # group ids as rl_step names them
-                gid = f"s{step}-{p.id}"
-                self.ledger.admitted(gid)
-                self.ledger.returned(gid)
-                self.ledger.trained(gid)
+            for kept, gs in ((True, groups), (False, dropped)):
+                for g in gs:
+                    gid = g.trajectories[0].group_id
+                    self.ledger.admitted(gid)
+                    self.ledger.returned(gid)
+                    if kept:
+                        self.ledger.trained(gid)
+                    else:
+                        self.ledger.filtered(gid, "zero_variance")
             self.state.step = step
             self.state.version = self.trainer.version
             elapsed = time.perf_counter() - t_run

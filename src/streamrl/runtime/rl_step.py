@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,12 +26,41 @@ def group_advantages(groups: list[Group], cfg: Config) -> TrainBatch:
     return TrainBatch(trajectories=trajs, advantages=adv.flatten().tolist())
 
 
+def is_zero_variance(group: Group) -> bool:
+    return len(set(group.rewards)) <= 1
+
+
 def rl_step(
-    step: int, problems: list[Problem], engine: Any, trainer: Trainer, tokenizer: Any, task: Task, cfg: Config
-) -> tuple[dict[str, Any], list[Group]]:
-    """One step of synchronous on-policy RL; returns the step's metrics record and its groups."""
+    step: int,
+    draw: Callable[[int], list[Problem]],
+    engine: Any,
+    trainer: Trainer,
+    tokenizer: Any,
+    task: Task,
+    cfg: Config,
+) -> tuple[dict[str, Any], list[Group], list[Group]]:
+    """One step of synchronous on-policy RL on `draw(B)` new problems.
+
+    With DAPO dynamic sampling, groups whose rewards are all equal are dropped and more problems are
+    drawn until B groups are kept (at most rollout.dynamic_sampling_rounds extra rounds; then the
+    step trains on what it has). Returns (metrics record, trained groups, dropped groups).
+    """
     t0 = time.perf_counter()
-    groups, timing = rollout_groups(engine, tokenizer, task, problems, cfg, step)
+    B = cfg.rollout.prompts_per_step
+    groups, timing = rollout_groups(engine, tokenizer, task, draw(B), cfg, step)
+    dropped: list[Group] = []
+    if cfg.rollout.dynamic_sampling:
+        dropped = [g for g in groups if is_zero_variance(g)]
+        groups = [g for g in groups if not is_zero_variance(g)]
+        for _ in range(cfg.rollout.dynamic_sampling_rounds):
+            if len(groups) >= B:
+                break
+            more, t = rollout_groups(engine, tokenizer, task, draw(B - len(groups)), cfg, step)
+            timing = {k: timing[k] + t[k] for k in timing}
+            dropped += [g for g in more if is_zero_variance(g)]
+            groups += [g for g in more if not is_zero_variance(g)]
+        if not groups:  # nothing informative in any round: train on the last round (zero gradient)
+            groups, dropped = dropped[-B:], dropped[:-B]
     batch = group_advantages(groups, cfg)
     train = trainer.step(batch)
     engine.update_weights(None, trainer.version)  # the engine shares the trainer's module here
@@ -41,6 +71,7 @@ def rl_step(
         tokens_per_s=(record["tokens_generated"] + train["tokens_trained"]) / wall,
         generate_tokens_per_s=record["tokens_generated"] / max(timing["generate_time"], 1e-9),
         train_tokens_per_s=train["tokens_trained"] / max(train["train_time"], 1e-9),
+        groups_dropped_zero_variance=len(dropped),
         **timing,
     )
-    return record, groups
+    return record, groups, dropped

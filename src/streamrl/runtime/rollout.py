@@ -10,6 +10,7 @@ from streamrl.data.prompts import render_prompt_ids
 from streamrl.data.tasks import Task
 from streamrl.engine.base import GenRequest, GenResult
 from streamrl.rewards.outcome import outcome_reward
+from streamrl.rewards.shaping import overlong_penalty
 from streamrl.types import Group, Problem, Trajectory
 
 
@@ -42,6 +43,11 @@ def build_trajectory(
     """A scored trajectory from one engine result (sample k of group `group_id`)."""
     text = tokenizer.decode(res.token_ids, skip_special_tokens=True)
     reward, correct, info = outcome_reward(task, problem, text, cfg.reward.format_weight)
+    rc = cfg.reward
+    reward += overlong_penalty(
+        len(res.token_ids), cfg.rollout.max_new_tokens, rc.overlong_buffer, rc.overlong_penalty
+    )
+    masked = cfg.loss.mask_truncated and res.finish_reason == "length"
     return Trajectory(
         problem_id=problem.id,
         group_id=group_id,
@@ -55,4 +61,5 @@ def build_trajectory(
         reward=reward,
         correct=correct,
         reward_info=info,
+        loss_mask=[0] * len(res.token_ids) if masked else [],
     )

@@ -86,6 +86,8 @@ class Trainer:
             eps_high=self.cfg.loss.eps_high,
             prox_logprobs=prox,
             behav_weight_cap=self.cfg.loss.behav_weight_cap,
+            dual_clip=self.cfg.loss.dual_clip,
+            m2_threshold=self.cfg.loss.m2_threshold,
         )
         per_token, metrics = self.policy_loss(inp)
         if self.ref_model is not None:
@@ -117,7 +119,8 @@ class Trainer:
         grad_norms = []
         for j in range(k):
             idx = list(range(j, len(mbs), k))  # interleaved: mini-batches are not sorted by length
-            norm = batch_normalizer(self.cfg.loss.aggregation, [mbs[i].loss_mask for i in idx])
+            masks = [mbs[i].loss_mask for i in idx]
+            norm = batch_normalizer(self.cfg.loss.aggregation, masks, self.cfg.rollout.max_new_tokens)
             for i in idx:
                 loss_sum += self._micro_step(mbs[i], norm, prox[i], totals)
             grad_norms.append(

@@ -1,0 +1,30 @@
+"""Algorithm presets: `streamrl train algo=NAME` layers presets/NAME.yaml under the user's settings.
+
+Order of precedence: defaults < preset < config file < key=value overrides.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HERE = Path(__file__).parent
+
+
+def names() -> list[str]:
+    return sorted(p.stem for p in HERE.glob("*.yaml"))
+
+
+def load_preset(name: str) -> dict[str, Any]:
+    path = HERE / f"{name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"unknown algo preset '{name}'; choose from {', '.join(names())}")
+    data = yaml.safe_load(path.read_text()) or {}
+    data.pop("description", None)
+    return data
+
+
+def describe(name: str) -> str:
+    return str(yaml.safe_load((HERE / f"{name}.yaml").read_text()).get("description", ""))

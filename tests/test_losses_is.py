@@ -1,0 +1,111 @@
+"""GSPO, CISPO, truncated IS, REINFORCE, M2PO, PPO dual clip and the aggregations, by hand."""
+
+import math
+
+import pytest
+import torch
+
+from streamrl.algo.aggregation import (
+    batch_normalizer,
+    seq_mean_token_mean,
+    seq_mean_token_sum,
+    seq_mean_token_sum_norm,
+    token_mean,
+)
+from streamrl.algo.losses import LossInputs, ppo_clip
+from streamrl.algo.losses_is import cispo, gspo, m2_mask, m2po, reinforce, truncated_is
+
+LOG_HALF, LOG_QUARTER = math.log(0.5), math.log(0.25)
+
+
+def _two_tokens():
+    """logp = log(0.5), log(0.25); r = 1.5, 0.5; A = +1, -1."""
+    logp = torch.tensor([[LOG_HALF, LOG_QUARTER]], requires_grad=True)
+    old = torch.tensor([[LOG_HALF - math.log(1.5), LOG_QUARTER - math.log(0.5)]])
+    return logp, old, torch.tensor([[1.0, -1.0]]), torch.ones(1, 2)
+
+
+def test_gspo_sequence_ratio_and_clip():
+    # seq 0: mean log r over its 2 loss tokens = (0.2 - 0.1)/2 = 0.05, s = e^0.05 = 1.051271, A = 1: no clip
+    # seq 1: s = e^0.4 = 1.491825 > 1.28, A = 2: max(-2.983649, -2.56) = -2.56, no gradient
+    log_r = torch.tensor([[0.2, -0.1, 0.5], [0.4, 0.4, 0.4]])
+    logp = log_r.clone().requires_grad_(True)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    adv = torch.tensor([[1.0], [2.0]]).expand(2, 3)
+    loss, m = gspo(LossInputs(logp, torch.zeros(2, 3), adv, mask))
+    assert loss[0, :2].tolist() == pytest.approx([-1.051271] * 2, abs=1e-6)
+    assert loss[1].tolist() == pytest.approx([-2.56] * 3, abs=1e-6)
+    (loss * mask).sum().backward()
+    # d(-A s)/d logp_t = -A s / len = -1.051271 / 2 per valid token; summed over seq 0's 2 tokens
+    assert logp.grad[0].tolist() == pytest.approx([-1.051271, -1.051271, 0.0], abs=1e-6)
+    assert logp.grad[1].tolist() == [0.0, 0.0, 0.0]
+    assert m["seq_clip_frac"] == pytest.approx(3 / 5)
+
+
+def test_cispo_clips_the_weight_not_the_gradient():
+    logp, old, adv, mask = _two_tokens()
+    loss, _ = cispo(LossInputs(logp, old, adv, mask, eps_low=0.2, eps_high=0.28))
+    # w = clip(r) = 1.28, 0.8; loss = -w A logp = -1.28*0.693147... = 0.887228, -0.8*1.386294 = -1.109035
+    assert loss[0].tolist() == pytest.approx([0.887228, -1.109035], abs=1e-6)
+    loss.sum().backward()
+    assert logp.grad[0].tolist() == pytest.approx([-1.28, 0.8], abs=1e-6)  # every token has a gradient
+
+
+def test_truncated_is_and_reinforce():
+    logp, old, adv, mask = _two_tokens()
+    loss, _ = truncated_is(LossInputs(logp, old, adv, mask, eps_high=0.28))
+    # w = min(r, 1.28) = 1.28, 0.5: loss = 0.887228, -0.5 * 1.386294 = -0.693147
+    assert loss[0].tolist() == pytest.approx([0.887228, -0.693147], abs=1e-6)
+    plain, _ = reinforce(LossInputs(logp, old, adv, mask))
+    assert plain[0].tolist() == pytest.approx([0.693147, -1.386294], abs=1e-6)
+
+
+def test_m2_mask_drops_the_fewest_largest_tokens():
+    # (log r)^2 = 0.01, 0.25, 0.04, 1.0: means after dropping 0, 1, 2 largest: 0.325, 0.1, 0.025 <= 0.04
+    log_r = torch.tensor([[0.1, -0.5, 0.2, 1.0]])
+    assert m2_mask(log_r, torch.ones(1, 4), 0.04).tolist() == [[1.0, 0.0, 1.0, 0.0]]
+    # token 3 not a loss token: (0.01, 0.25, 0.04) -> means 0.1, 0.025: drop token 1 only
+    assert m2_mask(log_r, torch.tensor([[1.0, 1.0, 1.0, 0.0]]), 0.04).tolist() == [[1.0, 0.0, 1.0, 0.0]]
+    assert m2_mask(log_r, torch.ones(1, 4), 1.0).tolist() == [[1.0, 1.0, 1.0, 1.0]]  # 0.325 <= 1
+
+
+def test_m2po_loss_is_unclipped_ratio_on_kept_tokens():
+    log_r = torch.tensor([[0.1, -0.5, 0.2, 1.0]])
+    loss, m = m2po(
+        LossInputs(log_r, torch.zeros(1, 4), torch.ones(1, 4), torch.ones(1, 4), m2_threshold=0.04)
+    )
+    assert loss[0].tolist() == pytest.approx([-math.exp(0.1), 0.0, -math.exp(0.2), 0.0], abs=1e-6)
+    assert m["m2_masked_frac"] == pytest.approx(0.5)
+
+
+def test_ppo_dual_clip_bounds_negative_advantage_loss():
+    ratio = torch.tensor([[5.0, 2.0, 5.0]])
+    adv = torch.tensor([[-1.0, -1.0, 1.0]])
+    loss, _ = ppo_clip(LossInputs(ratio.log(), torch.zeros(1, 3), adv, torch.ones(1, 3), dual_clip=3.0))
+    # A<0, r=5: max(5, 1.28) = 5 -> min(5, 3) = 3 | A<0, r=2: 2 (< 3) | A>0, r=5: -1.28 unchanged
+    assert loss[0].tolist() == pytest.approx([3.0, 2.0, -1.28], abs=1e-6)
+
+
+LOSS = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+
+
+@pytest.mark.parametrize(
+    "name, fn, expected",
+    [
+        ("token-mean", token_mean, 7 / 3),  # (1 + 2 + 4) / 3 tokens
+        ("seq-mean-token-mean", seq_mean_token_mean, 2.75),  # mean(1.5, 4)
+        ("seq-mean-token-sum", seq_mean_token_sum, 3.5),  # mean(3, 4)
+        ("seq-mean-token-sum-norm", seq_mean_token_sum_norm, 0.875),  # 7 / (2 seqs * horizon 4)
+    ],
+)
+def test_aggregations_and_micro_batch_invariance(name, fn, expected):
+    assert fn(LOSS, MASK, batch_normalizer(name, [MASK], horizon=4)).item() == pytest.approx(expected)
+    torch.manual_seed(3)
+    loss, mask = torch.randn(7, 5), (torch.rand(7, 5) > 0.4).float()
+    mask[4] = 0  # a row with no loss token is not a sequence
+    full = fn(loss, mask, batch_normalizer(name, [mask], horizon=5))
+    parts = [slice(0, 3), slice(3, 4), slice(4, 7)]
+    norm = batch_normalizer(name, [mask[p] for p in parts], horizon=5)
+    split = sum(fn(loss[p], mask[p], norm) for p in parts)
+    assert split.item() == pytest.approx(full.item(), abs=1e-6)

@@ -322,6 +322,12 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config key 'rollout.top_p' must be in (0, 1], got {cfg.rollout.top_p}")
     if cfg.eval.size < 0:
         raise ConfigError(f"config key 'eval.size' must be >= 0, got {cfg.eval.size}")
+    not_wired = {
+        "gae": "advantage 'gae' needs a critic (value head), which the trainer does not train yet",
+        "remax": "advantage 'remax' needs greedy baseline rewards per prompt (rollouts do not make them yet)",
+    }
+    if cfg.advantage.name in not_wired:
+        raise ConfigError(f"config key 'advantage.name': {not_wired[cfg.advantage.name]}")
     for key, value, reg in (
         ("loss.name", cfg.loss.name, registry.POLICY_LOSSES),
         ("loss.aggregation", cfg.loss.aggregation, registry.AGGREGATIONS),

@@ -95,7 +95,7 @@ class Trainer:
                 ref_lp, _ = completion_logprobs(self.ref_model, mb, temp)
             kl = self.kl(logprobs, ref_lp)
             per_token = per_token + self.cfg.loss.kl_coef * kl
-            metrics["kl_ref"] = float((kl * mask).sum() / mask.sum().clamp(min=1))
+            metrics["kl_ref"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
         loss = self.aggregate(per_token, mask, norm)
         loss.backward()
         n = float(mask.sum())

@@ -23,7 +23,8 @@ def k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
 def k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, clamp: float = 10.0) -> torch.Tensor:
     """k3 = exp(-log r) + log r - 1 >= 0, unbiased for KL(pi || pi_ref) under samples of pi.
 
-    [B, T] -> [B, T]; clamped to [-clamp, clamp] like verl's low_var_kl.
+    [B, T] -> [B, T]; log r is clamped to [-20, 20] first (an overflowing exp would turn the
+    saturated clamp's zero gradient into NaN) and the result to [-clamp, clamp], as verl's low_var_kl.
     """
-    log_r = logprobs - ref_logprobs
+    log_r = (logprobs - ref_logprobs).clamp(min=-20.0, max=20.0)
     return (torch.exp(-log_r) + log_r - 1).clamp(min=-clamp, max=clamp)

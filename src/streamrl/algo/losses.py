@@ -36,7 +36,7 @@ def ppo_clip(inp: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
     r = exp(logprobs - old_logprobs); loss = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)).
     Returns per-token loss [B, T] (unmasked; aggregation applies the mask) and detached metrics.
     """
-    log_ratio = inp.logprobs - inp.old_logprobs
+    log_ratio = (inp.logprobs - inp.old_logprobs).clamp(min=-20.0, max=20.0)  # exp stays finite
     ratio = torch.exp(log_ratio)
     unclipped = -inp.advantages * ratio
     clipped = -inp.advantages * ratio.clamp(1 - inp.eps_low, 1 + inp.eps_high)

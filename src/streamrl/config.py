@@ -50,7 +50,13 @@ class LossConfig:
     eps_low: float = 0.2
     eps_high: float = 0.28
     aggregation: str = "token-mean"
-    kl_coef: float = 0.0  # > 0 loads a frozen reference model and adds the k3 KL to the loss
+    kl_coef: float = 0.0  # > 0 loads a frozen reference model and penalises the KL to it
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_in: Literal["loss", "reward"] = "loss"  # reward: subtract kl_coef * sum_t KL_t from each reward
+    entropy_coef: float = 0.0  # entropy bonus: loss -= entropy_coef * entropy
+    entropy_top_q: float = 1.0  # train on the top-q share of tokens by entropy only (0.2: "80/20")
+    pos_weight: float = 1.0  # multiplies positive advantages (W-REINFORCE ~0.1; 0 = NSR)
+    neg_weight: float = 1.0  # multiplies negative advantages
     # decoupled_ppo's proximal policy: "recompute" = the trainer's weights before this step (free with
     # train.mini_batches=1: the same forward, detached); "behav" = the sampling policy (no extra pass)
     prox: Literal["recompute", "behav"] = "recompute"
@@ -314,6 +320,8 @@ def validate(cfg: Config) -> None:
         )
     _positive("eval.max_new_tokens", cfg.eval.max_new_tokens)
     _positive("rollout.max_batch", cfg.rollout.max_batch)
+    if not 0 < cfg.loss.entropy_top_q <= 1:
+        raise ConfigError(f"config key 'loss.entropy_top_q' must be in (0, 1], got {cfg.loss.entropy_top_q}")
     if cfg.loss.dual_clip and cfg.loss.dual_clip <= 1:
         raise ConfigError(f"config key 'loss.dual_clip' must be 0 (off) or > 1, got {cfg.loss.dual_clip}")
     if cfg.rollout.temperature < 0:

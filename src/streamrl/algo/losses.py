@@ -49,6 +49,8 @@ def ppo_clip(inp: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
             "clip_frac_low": _masked_mean(((ratio < 1 - inp.eps_low) & (inp.advantages < 0)).float(), m),
             "clip_frac_high": _masked_mean(((ratio > 1 + inp.eps_high) & (inp.advantages > 0)).float(), m),
             "ratio_mean": _masked_mean(ratio, m),
+            "ratio_max": float(ratio[m > 0].max()) if m.any() else 1.0,
+            "ratio_min": float(ratio[m > 0].min()) if m.any() else 1.0,
             "approx_kl": _masked_mean(0.5 * log_ratio**2, m),
         }
     return loss, metrics

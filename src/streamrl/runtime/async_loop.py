@@ -181,7 +181,8 @@ class AsyncRunner:
                 version_before = self.trainer.version
                 with self.sh.cond:
                     in_flight = len(self.sh.inflight)
-                train = self.trainer.step(group_advantages(groups, cfg))
+                batch = group_advantages(groups, cfg, self.trainer)
+                train = self.trainer.step(batch)
                 t_sync = time.perf_counter()
                 weights.publish(self.trainer.model, self.trainer.version)
                 self.staleness.set_version(self.trainer.version)  # only after publishing
@@ -193,7 +194,7 @@ class AsyncRunner:
                 self.state.step += 1
                 self.state.version = self.trainer.version
                 elapsed = time.perf_counter() - t_run
-                record = step_record(self.state.step, groups, train, version_before)
+                record = step_record(self.state.step, groups, train, version_before, batch.advantages)
                 record["tokens_per_s"] = (record["tokens_generated"] + train["tokens_trained"]) / (
                     wait + train["train_time"] + sync
                 )

@@ -17,13 +17,20 @@ from streamrl.trainer.trainer import Trainer
 from streamrl.types import Group, Problem, TrainBatch
 
 
-def group_advantages(groups: list[Group], cfg: Config) -> TrainBatch:
-    """Flatten groups into a TrainBatch with one advantage per trajectory."""
+def group_advantages(groups: list[Group], cfg: Config, trainer: Trainer | None = None) -> TrainBatch:
+    """Flatten groups into a TrainBatch with one advantage per trajectory.
+
+    With loss.kl_in=reward the trainer's KL-to-reference penalty is subtracted from each reward
+    before the estimator sees it (the logged task rewards stay as they were).
+    """
     estimator = registry.get(registry.ADVANTAGES, cfg.advantage.name, "advantage estimator")
-    rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float)  # [num_groups, G]
-    adv = estimator(rewards, std_normalize=cfg.advantage.std_normalize)
     trajs = [t for g in groups for t in g.trajectories]
-    return TrainBatch(trajectories=trajs, advantages=adv.flatten().tolist())
+    rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float)  # [num_groups, G]
+    batch = TrainBatch(trajectories=trajs, advantages=[])
+    if trainer is not None:
+        rewards = rewards - torch.tensor(trainer.kl_reward_penalty(batch)).view_as(rewards)
+    batch.advantages = estimator(rewards, std_normalize=cfg.advantage.std_normalize).flatten().tolist()
+    return batch
 
 
 def is_zero_variance(group: Group) -> bool:
@@ -61,11 +68,11 @@ def rl_step(
             groups += [g for g in more if not is_zero_variance(g)]
         if not groups:  # nothing informative in any round: train on the last round (zero gradient)
             groups, dropped = dropped[-B:], dropped[:-B]
-    batch = group_advantages(groups, cfg)
+    batch = group_advantages(groups, cfg, trainer)
     train = trainer.step(batch)
     engine.update_weights(None, trainer.version)  # the engine shares the trainer's module here
     wall = time.perf_counter() - t0
-    record = step_record(step, groups, train, trainer.version - 1)
+    record = step_record(step, groups, train, trainer.version - 1, batch.advantages)
     record.update(
         step_time=wall,
         tokens_per_s=(record["tokens_generated"] + train["tokens_trained"]) / wall,

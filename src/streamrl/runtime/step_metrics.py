@@ -10,7 +10,11 @@ from streamrl.types import Group
 
 
 def step_record(
-    step: int, groups: list[Group], train: dict[str, float], version_before: int
+    step: int,
+    groups: list[Group],
+    train: dict[str, float],
+    version_before: int,
+    advantages: list[float] | None = None,
 ) -> dict[str, Any]:
     """Reward, accuracy, lengths and staleness over the batch; `train` are the trainer's metrics.
 
@@ -35,5 +39,18 @@ def step_record(
         "staleness_max": max(staleness, default=0),
         "staleness_mean": statistics.fmean(staleness) if staleness else 0.0,
         "staleness_hist": {str(k): hist[k] for k in sorted(hist)},
+        **_advantage_stats(advantages or []),
         **train,
+    }
+
+
+def _advantage_stats(adv: list[float]) -> dict[str, float]:
+    if not adv:
+        return {}
+    return {
+        "advantage_mean": statistics.fmean(adv),
+        "advantage_std": statistics.pstdev(adv),
+        "advantage_min": min(adv),
+        "advantage_max": max(adv),
+        "advantage_zero_frac": sum(1 for a in adv if a == 0) / len(adv),
     }

@@ -16,9 +16,14 @@ def token_logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor) -> to
 
 
 def completion_logprobs(
-    model: Any, mb: MicroBatch, temperature: float = 1.0, return_entropy: bool = False
+    model: Any,
+    mb: MicroBatch,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """-> (logprobs [B, C], entropy [B, C] or None). Only the C + 1 last positions go through the LM head."""
+    """-> (logprobs [B, C], entropy [B, C] or None). Only the C + 1 last positions go through the LM head.
+    The entropy carries a gradient only with entropy_grad (an entropy bonus needs it)."""
     C = mb.completion_ids.shape[1]
     dev = next(model.parameters()).device
     out = model(
@@ -35,7 +40,7 @@ def completion_logprobs(
     lp = token_logprobs_from_logits(logits, tokens)
     entropy = None
     if return_entropy:
-        with torch.no_grad():
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             logp = torch.log_softmax(logits.float(), dim=-1)
             entropy = -(logp.exp() * logp).sum(-1)
     return lp, entropy

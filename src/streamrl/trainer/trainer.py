@@ -12,6 +12,7 @@ import torch
 from streamrl.algo import registry
 from streamrl.algo.aggregation import batch_normalizer
 from streamrl.algo.losses import LossInputs
+from streamrl.algo.token_weights import entropy_top_q_mask, sign_weights
 from streamrl.config import Config
 from streamrl.trainer.batching import MicroBatch, collate, split_by_token_budget
 from streamrl.trainer.logprobs import completion_logprobs
@@ -37,7 +38,7 @@ class Trainer:
         )
         self.policy_loss = registry.get(registry.POLICY_LOSSES, cfg.loss.name, "policy loss")
         self.aggregate = registry.get(registry.AGGREGATIONS, cfg.loss.aggregation, "aggregation")
-        self.kl = registry.get(registry.KL_ESTIMATORS, "k3", "KL estimator")
+        self.kl = registry.get(registry.KL_ESTIMATORS, cfg.loss.kl_estimator, "KL estimator")
         self.ref_model = None
         if cfg.loss.kl_coef > 0:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
@@ -72,16 +73,22 @@ class Trainer:
         dev = next(self.model.parameters()).device
         mask = mb.loss_mask.to(dev)
         temp = self.cfg.rollout.temperature
+        lc = self.cfg.loss
         with self._autocast():
-            logprobs, entropy = completion_logprobs(self.model, mb, temp, return_entropy=True)
+            logprobs, entropy = completion_logprobs(
+                self.model, mb, temp, return_entropy=True, entropy_grad=lc.entropy_coef > 0
+            )
+        assert entropy is not None
         behav = mb.old_logprobs.to(dev)
+        loss_mask = entropy_top_q_mask(entropy, mask, lc.entropy_top_q)
+        advantages = sign_weights(mb.advantages.to(dev), lc.pos_weight, lc.neg_weight)
         if prox is None and self.cfg.loss.name == "decoupled_ppo":
             prox = behav if self.cfg.loss.prox == "behav" else logprobs.detach()
         inp = LossInputs(
             logprobs=logprobs,
             old_logprobs=behav,
-            advantages=mb.advantages.to(dev),
-            mask=mask,
+            advantages=advantages,
+            mask=loss_mask,
             eps_low=self.cfg.loss.eps_low,
             eps_high=self.cfg.loss.eps_high,
             prox_logprobs=prox,
@@ -90,22 +97,40 @@ class Trainer:
             m2_threshold=self.cfg.loss.m2_threshold,
         )
         per_token, metrics = self.policy_loss(inp)
-        if self.ref_model is not None:
+        if self.ref_model is not None and lc.kl_in == "loss":
             with torch.no_grad(), self._autocast():
                 ref_lp, _ = completion_logprobs(self.ref_model, mb, temp)
             kl = self.kl(logprobs, ref_lp)
-            per_token = per_token + self.cfg.loss.kl_coef * kl
+            per_token = per_token + lc.kl_coef * kl
             metrics["kl_ref"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
-        loss = self.aggregate(per_token, mask, norm)
+        if lc.entropy_coef > 0:
+            per_token = per_token - lc.entropy_coef * entropy
+        loss = self.aggregate(per_token, loss_mask, norm)
         loss.backward()
         n = float(mask.sum())
-        metrics["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
+        metrics["entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
+        metrics["entropy_mask_kept_frac"] = float(loss_mask.sum() / mask.sum().clamp(min=1))
         # log-prob gap between the engine and the trainer on the same weights (0 when fully on-policy)
         metrics["behav_logprob_gap"] = float(((logprobs.detach() - behav).abs() * mask).sum() / max(n, 1.0))
         for k, v in metrics.items():
             totals[k] = totals.get(k, 0.0) + v * n
         totals["_tokens"] = totals.get("_tokens", 0.0) + n
         return float(loss.detach())
+
+    def kl_reward_penalty(self, batch: TrainBatch) -> list[float]:
+        """kl_coef * sum over each trajectory's loss tokens of KL(behaviour || reference) (no grad)."""
+        if self.ref_model is None or self.cfg.loss.kl_in != "reward":
+            return [0.0] * len(batch.trajectories)
+        out = [0.0] * len(batch.trajectories)
+        lengths = [(len(t.prompt_ids), len(t.completion_ids)) for t in batch.trajectories]
+        for idx in split_by_token_budget(lengths, self.cfg.train.token_budget):
+            mb = collate([batch.trajectories[i] for i in idx], [0.0] * len(idx), self.pad_id)
+            with torch.no_grad(), self._autocast():
+                ref_lp, _ = completion_logprobs(self.ref_model, mb, self.cfg.rollout.temperature)
+            kl = self.kl(mb.old_logprobs, ref_lp.cpu()) * mb.loss_mask
+            for row, i in enumerate(idx):
+                out[i] = self.cfg.loss.kl_coef * float(kl[row].sum())
+        return out
 
     def step(self, batch: TrainBatch) -> dict[str, float]:
         """One policy version: train.mini_batches clipped AdamW steps over the batch's micro-batches."""

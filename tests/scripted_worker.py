@@ -3,6 +3,7 @@ them. Importable by spawned processes (it lives in its own module)."""
 
 from __future__ import annotations
 
+import os
 import queue
 import random
 import time
@@ -17,6 +18,7 @@ def scripted_worker(
 ) -> None:
     seed = cfg_dict["seed"] * 100 + worker_id
     rng = random.Random(seed)
+    constant = os.environ.get("SCRIPTED_CONSTANT_REWARD") == "1"  # a saturated task
     running: list[tuple[float, Any, list[int]]] = []  # (finish time, request, versions so far)
     while True:
         try:
@@ -49,7 +51,7 @@ def scripted_worker(
                         behaviour_logprobs=[-5.0] * len(vs),
                         versions=list(vs),
                         finish_reason="stop",
-                        reward=float(rng.random() < 0.5),
+                        reward=1.0 if constant else float(rng.random() < 0.5),
                     )
                 )
             results.put(GroupResult(req.group_id, req.problem, trajs, worker_id, busy_s=0.01))

@@ -51,3 +51,42 @@ def test_async_runner_bound_under_random_delays(tiny, eta):
             assert c["carried_over"] == 0 and c["filtered"] == 0
             assert all(set(r["staleness_hist"]) == {"0"} for r in records)
     assert worst == eta  # stale data really reaches the bound, so a broken bound would show
+
+
+def _run(tiny, overrides):
+    from streamrl.data.tasks import default_task_args, make_task
+    from streamrl.trainer.trainer import Trainer
+
+    cfg = load_config(None, ["rollout.prompts_per_step=3", "rollout.samples_per_prompt=2", *overrides])
+    task = make_task("rg:chain_sum", default_task_args("rg:chain_sum"), "", "", "answer_is")
+    trainer = Trainer(copy.deepcopy(tiny[0]), cfg, pad_id=0)
+    runner = AsyncRunner(
+        cfg, trainer, tiny[1], task.train_stream(0, set()), RunState(), StopFlag(), scripted_worker
+    )
+    records = []
+    runner.run(records.append)
+    return records, runner.ledger.counts()
+
+
+def test_async_dynamic_sampling_trains_only_informative_groups(tiny):
+    records, c = _run(tiny, ["max_steps=6", "max_staleness=1", "rollout.dynamic_sampling=true"])
+    assert all(r["zero_adv_group_frac"] == 0 for r in records)
+    assert c["filter_reasons"].get("zero_variance", 0) > 0  # G = 2 with p = 0.5: half the groups
+    assert c["trained"] == 18 and c["lost"] == 0
+    assert c["admitted"] == c["trained"] + c["filtered"] + c["carried_over"]
+
+
+def test_async_dynamic_sampling_cannot_stall_on_a_saturated_task(tiny, monkeypatch):
+    monkeypatch.setenv("SCRIPTED_CONSTANT_REWARD", "1")  # every group all-equal
+    records, c = _run(
+        tiny,
+        [
+            "max_steps=3",
+            "max_staleness=1",
+            "rollout.dynamic_sampling=true",
+            "rollout.dynamic_sampling_rounds=2",
+        ],
+    )
+    assert [r["step"] for r in records] == [1, 2, 3]  # trains on all-equal groups once the budget is spent
+    assert c["filter_reasons"]["zero_variance"] <= 3 * 2 * 3
+    assert c["trained"] == 9 and c["lost"] == 0

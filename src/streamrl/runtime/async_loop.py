@@ -45,6 +45,7 @@ class _Shared:
     buffer: deque[GroupResult] = field(default_factory=deque)
     inflight: dict[str, GroupRequest] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    zv: int = 0  # zero-variance groups filtered since the last optimizer step
     busy: float = 0.0
     idle: float = 0.0
 
@@ -114,10 +115,23 @@ class AsyncRunner:
             else:
                 del self.sh.inflight[res.group_id]
                 self.ledger.returned(res.group_id)
-                self.staleness.on_return(kept=True)
-                self.sh.buffer.append(res)
                 self.sh.busy += res.busy_s
                 self.sh.idle += res.idle_s
+                ds = self.cfg.rollout
+                budget = ds.dynamic_sampling_rounds * self.B  # a saturated task must not stall training
+                if (
+                    ds.dynamic_sampling
+                    and len({t.reward for t in res.trajectories}) == 1
+                    and self.sh.zv < budget
+                ):
+                    self.sh.zv += 1
+                    # DAPO: an all-equal group teaches nothing; its slot goes to a new group at once,
+                    # so the engine refills while the trainer trains
+                    self.ledger.filtered(res.group_id, "zero_variance")
+                    self.staleness.on_return(kept=False)
+                else:
+                    self.staleness.on_return(kept=True)
+                    self.sh.buffer.append(res)
             self.sh.cond.notify_all()
 
     # ---- trainer side -----------------------------------------------------------------------
@@ -141,10 +155,6 @@ class AsyncRunner:
                 if self.trainer.version - oldest > self.eta:
                     self.ledger.filtered(res.group_id, "stale")
                     self.staleness.release_accepted()
-                    continue
-                if self.cfg.rollout.dynamic_sampling and len({t.reward for t in res.trajectories}) == 1:
-                    self.ledger.filtered(res.group_id, "zero_variance")  # DAPO: teaches nothing
-                    self.staleness.release_accepted()  # its slot goes to a new group
                     continue
                 taken.append(res)
         return taken
@@ -188,6 +198,7 @@ class AsyncRunner:
                 self.staleness.set_version(self.trainer.version)  # only after publishing
                 sync = time.perf_counter() - t_sync
                 with self.sh.cond:
+                    self.sh.zv = 0
                     for r in taken:
                         self.ledger.trained(r.group_id)
                     busy, idle = self.sh.busy, self.sh.idle

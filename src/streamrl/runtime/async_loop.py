@@ -161,6 +161,10 @@ class AsyncRunner:
 
     def run(self, on_step: Callable[[dict[str, Any]], None]) -> None:
         cfg = self.cfg
+        if self.stop:  # stopped during the base evaluation: nothing to start
+            self.state.ledger = self.ledger.state_dict()
+            self.state.staleness = self.staleness.state_dict()
+            return
         ctx = mp.get_context("spawn")
         weights = SharedWeights(self.trainer.model, ctx)
         weights.publish(self.trainer.model, self.trainer.version)

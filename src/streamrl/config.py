@@ -31,8 +31,9 @@ class RolloutConfig:
     top_p: float = 1.0
     max_batch: int = 128  # sequences decoded together by the engine
     # DAPO dynamic sampling: drop groups whose rewards are all equal and sample more until the batch
-    # is full (colocated: up to dynamic_sampling_rounds extra rounds per step)
-    dynamic_sampling: bool = False
+    # is full (at most dynamic_sampling_rounds * B dropped per step). On by default: in async mode the
+    # extra rollouts use engine time that would otherwise idle while the trainer trains.
+    dynamic_sampling: bool = True
     dynamic_sampling_rounds: int = 8
 
 

@@ -199,7 +199,8 @@ class AsyncRunner:
                 train = self.trainer.step(batch)
                 t_sync = time.perf_counter()
                 weights.publish(self.trainer.model, self.trainer.version)
-                self.staleness.set_version(self.trainer.version)  # only after publishing
+                if self.state.step + 1 < cfg.max_steps:  # no admissions for a step that will not come
+                    self.staleness.set_version(self.trainer.version)  # only after publishing
                 sync = time.perf_counter() - t_sync
                 with self.sh.cond:
                     self.sh.zv = 0

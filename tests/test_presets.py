@@ -22,7 +22,7 @@ TINY = [
 
 
 def test_preset_names_and_descriptions():
-    assert names() == ["cispo", "dapo", "dr_grpo", "grpo", "gspo", "m2po", "reinforce_pp", "rloo"]
+    assert names() == ["cispo", "dapo", "dr_grpo", "grpo", "gspo", "m2po", "ppo_gae", "reinforce_pp", "rloo"]
     assert all(describe(n) for n in names())
 
 

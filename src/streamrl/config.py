@@ -65,12 +65,16 @@ class LossConfig:
     dual_clip: float = 0.0  # PPO dual clip c > 1 for A < 0 tokens (3.0 in the paper); 0 = off
     m2_threshold: float = 0.04  # M2PO bound on the masked mean of (log r)^2
     mask_truncated: bool = False  # DAPO: responses cut at max_new_tokens get no loss
+    vf_coef: float = 0.5  # advantage.name=gae: loss += vf_coef * value loss
+    value_clip: float = 0.2  # advantage.name=gae: values clipped to V_old +- value_clip in the value loss
 
 
 @dataclass
 class AdvantageConfig:
     name: str = "grpo"
     std_normalize: bool = True
+    gamma: float = 1.0  # gae: discount (Open-Reasoner-Zero: gamma = lam = 1)
+    lam: float = 1.0  # gae: GAE lambda
 
 
 @dataclass
@@ -331,8 +335,17 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config key 'rollout.top_p' must be in (0, 1], got {cfg.rollout.top_p}")
     if cfg.eval.size < 0:
         raise ConfigError(f"config key 'eval.size' must be >= 0, got {cfg.eval.size}")
+    if not (0 <= cfg.advantage.gamma <= 1 and 0 <= cfg.advantage.lam <= 1):
+        raise ConfigError(
+            f"config keys 'advantage.gamma' and 'advantage.lam' must be in [0, 1], got "
+            f"{cfg.advantage.gamma} and {cfg.advantage.lam}"
+        )
+    if cfg.loss.vf_coef < 0 or cfg.loss.value_clip <= 0:
+        raise ConfigError(
+            f"config keys 'loss.vf_coef' must be >= 0 and 'loss.value_clip' > 0, got "
+            f"{cfg.loss.vf_coef} and {cfg.loss.value_clip}"
+        )
     not_wired = {
-        "gae": "advantage 'gae' needs a critic (value head), which the trainer does not train yet",
         "remax": "advantage 'remax' needs greedy baseline rewards per prompt (rollouts do not make them yet)",
     }
     if cfg.advantage.name in not_wired:

@@ -69,7 +69,13 @@ class Group:
 
 @dataclass
 class TrainBatch:
-    """Flattened trajectories with one advantage per trajectory (outcome reward on every token)."""
+    """Flattened trajectories with one advantage per trajectory (outcome reward on every token).
+
+    rewards: the scalar reward each trajectory is trained on (after any KL-in-reward penalty); empty means
+    each trajectory's own `reward`. advantage.name=gae ignores `advantages` (the trainer computes
+    per-token ones from `rewards` and its value head).
+    """
 
     trajectories: list[Trajectory]
     advantages: list[float]
+    rewards: list[float] = field(default_factory=list)

@@ -21,14 +21,20 @@ def group_advantages(groups: list[Group], cfg: Config, trainer: Trainer | None =
     """Flatten groups into a TrainBatch with one advantage per trajectory.
 
     With loss.kl_in=reward the trainer's KL-to-reference penalty is subtracted from each reward
-    before the estimator sees it (the logged task rewards stay as they were).
+    before the estimator sees it (the logged task rewards stay as they were). The rewards used are
+    kept in batch.rewards. advantage.name=gae is token-level and needs the value head: the estimator is
+    not called here, the advantages are zeros and the trainer computes GAE from batch.rewards.
     """
-    estimator = registry.get(registry.ADVANTAGES, cfg.advantage.name, "advantage estimator")
     trajs = [t for g in groups for t in g.trajectories]
     rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float)  # [num_groups, G]
     batch = TrainBatch(trajectories=trajs, advantages=[])
     if trainer is not None:
         rewards = rewards - torch.tensor(trainer.kl_reward_penalty(batch)).view_as(rewards)
+    batch.rewards = rewards.flatten().tolist()
+    if cfg.advantage.name == "gae":
+        batch.advantages = [0.0] * len(trajs)
+        return batch
+    estimator = registry.get(registry.ADVANTAGES, cfg.advantage.name, "advantage estimator")
     batch.advantages = estimator(rewards, std_normalize=cfg.advantage.std_normalize).flatten().tolist()
     return batch
 

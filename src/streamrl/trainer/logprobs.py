@@ -15,15 +15,19 @@ def token_logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor) -> to
     return logits.gather(-1, tokens[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
-def completion_logprobs(
+def completion_forward(
     model: Any,
     mb: MicroBatch,
     temperature: float = 1.0,
     return_entropy: bool = False,
     entropy_grad: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """-> (logprobs [B, C], entropy [B, C] or None). Only the C + 1 last positions go through the LM head.
-    The entropy carries a gradient only with entropy_grad (an entropy bonus needs it)."""
+    return_hidden: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """One forward -> (logprobs [B, C], entropy [B, C] or None, hidden [B, C, H] or None).
+
+    hidden[:, j] is the last layer's hidden state at position P - 1 + j: the state before completion
+    token j is generated (what a value head reads). Only the C + 1 last positions go through the LM head.
+    """
     C = mb.completion_ids.shape[1]
     dev = next(model.parameters()).device
     out = model(
@@ -32,6 +36,7 @@ def completion_logprobs(
         position_ids=mb.position_ids.to(dev),
         use_cache=False,
         logits_to_keep=C + 1,
+        output_hidden_states=return_hidden,
     )
     logits = out.logits[:, :-1, :]  # position P-1+j predicts completion token j
     if temperature > 0:
@@ -43,4 +48,18 @@ def completion_logprobs(
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             logp = torch.log_softmax(logits.float(), dim=-1)
             entropy = -(logp.exp() * logp).sum(-1)
+    hidden = out.hidden_states[-1][:, -(C + 1) : -1, :] if return_hidden else None
+    return lp, entropy, hidden
+
+
+def completion_logprobs(
+    model: Any,
+    mb: MicroBatch,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """-> (logprobs [B, C], entropy [B, C] or None). Only the C + 1 last positions go through the LM head.
+    The entropy carries a gradient only with entropy_grad (an entropy bonus needs it)."""
+    lp, entropy, _ = completion_forward(model, mb, temperature, return_entropy, entropy_grad)
     return lp, entropy

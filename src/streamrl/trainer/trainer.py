@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,7 +16,8 @@ from streamrl.algo.losses import LossInputs
 from streamrl.algo.token_weights import entropy_top_q_mask, sign_weights
 from streamrl.config import Config
 from streamrl.trainer.batching import MicroBatch, collate, split_by_token_budget
-from streamrl.trainer.logprobs import completion_logprobs
+from streamrl.trainer.critic import CriticTargets, ValueHead, clipped_value_loss, gae_targets
+from streamrl.trainer.logprobs import completion_forward, completion_logprobs
 from streamrl.types import TrainBatch
 
 
@@ -26,8 +28,16 @@ class Trainer:
         self.pad_id = pad_id
         self.version = 0
         t = cfg.train
+        # advantage.name=gae: a value head on the policy's last hidden state, trained with the policy
+        self.value_head: ValueHead | None = None
+        if cfg.advantage.name == "gae":
+            dev = next(model.parameters()).device
+            self.value_head = ValueHead(model.config.hidden_size).to(dev)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if self.value_head is not None:
+            self.params += list(self.value_head.parameters())
         self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
+            self.params,
             lr=t.lr,
             betas=t.betas,
             weight_decay=t.weight_decay,
@@ -49,13 +59,39 @@ class Trainer:
             return torch.autocast(device_type=dev, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def micro_batches(self, batch: TrainBatch) -> list[MicroBatch]:
+    def _groups(self, batch: TrainBatch) -> list[list[int]]:
         lengths = [(len(t.prompt_ids), len(t.completion_ids)) for t in batch.trajectories]
-        groups = split_by_token_budget(lengths, self.cfg.train.token_budget)
+        return split_by_token_budget(lengths, self.cfg.train.token_budget)
+
+    def micro_batches(self, batch: TrainBatch) -> list[MicroBatch]:
         return [
+            collate([batch.trajectories[i] for i in g], [batch.advantages[i] for i in g], self.pad_id)
+            for g in self._groups(batch)
+        ]
+
+    def prepare(self, batch: TrainBatch) -> tuple[list[MicroBatch], list[CriticTargets | None]]:
+        """Micro-batches to train on and, with advantage.name=gae, their critic targets.
+
+        With gae, a no-grad pass computes V_old [B, C]; each trajectory's reward (batch.rewards, else
+        its own reward) goes on its last loss token; GAE gives per-token advantages, which overwrite
+        the micro-batch's advantages (batch.advantages are ignored), and returns for the value loss.
+        """
+        groups = self._groups(batch)
+        mbs = [
             collate([batch.trajectories[i] for i in g], [batch.advantages[i] for i in g], self.pad_id)
             for g in groups
         ]
+        if self.value_head is None:
+            return mbs, [None] * len(mbs)
+        rewards = batch.rewards or [t.reward for t in batch.trajectories]
+        a = self.cfg.advantage
+        targets: list[CriticTargets | None] = []
+        for g, mb in zip(groups, mbs):
+            with self._autocast():
+                tg = gae_targets(self.model, self.value_head, mb, [rewards[i] for i in g], a.gamma, a.lam)
+            mb.advantages = tg.advantages
+            targets.append(tg)
+        return mbs, targets
 
     def _prox_logprobs(self, mbs: list[MicroBatch]) -> list[torch.Tensor | None]:
         """pi_prox per micro-batch: only an extra pass when several optimizer steps share one batch."""
@@ -67,7 +103,12 @@ class Trainer:
             return [completion_logprobs(self.model, mb, self.cfg.rollout.temperature)[0] for mb in mbs]
 
     def _micro_step(
-        self, mb: MicroBatch, norm: float, prox: torch.Tensor | None, totals: dict[str, float]
+        self,
+        mb: MicroBatch,
+        norm: float,
+        prox: torch.Tensor | None,
+        totals: dict[str, float],
+        critic: CriticTargets | None = None,
     ) -> float:
         """Forward + backward of one micro-batch; accumulates token-weighted metrics into totals."""
         dev = next(self.model.parameters()).device
@@ -75,8 +116,13 @@ class Trainer:
         temp = self.cfg.rollout.temperature
         lc = self.cfg.loss
         with self._autocast():
-            logprobs, entropy = completion_logprobs(
-                self.model, mb, temp, return_entropy=True, entropy_grad=lc.entropy_coef > 0
+            logprobs, entropy, hidden = completion_forward(
+                self.model,
+                mb,
+                temp,
+                return_entropy=True,
+                entropy_grad=lc.entropy_coef > 0,
+                return_hidden=critic is not None,
             )
         assert entropy is not None
         behav = mb.old_logprobs.to(dev)
@@ -106,6 +152,21 @@ class Trainer:
         if lc.entropy_coef > 0:
             per_token = per_token - lc.entropy_coef * entropy
         loss = self.aggregate(per_token, loss_mask, norm)
+        if critic is not None:
+            assert self.value_head is not None and hidden is not None
+            with self._autocast():
+                values = self.value_head(hidden)  # [B, C], same forward as the policy's log-probs
+            ret = critic.returns.to(dev)
+            v_loss, clipped = clipped_value_loss(values, critic.old_values.to(dev), ret, lc.value_clip)
+            loss = loss + lc.vf_coef * self.aggregate(v_loss, mask, norm)
+            denom = mask.sum().clamp(min=1)
+            metrics.update(
+                value_loss=float((v_loss.detach() * mask).sum() / denom),
+                value_mean=float((values.detach() * mask).sum() / denom),
+                return_mean=float((ret * mask).sum() / denom),
+                value_clip_frac=float((clipped * mask).sum() / denom),
+                gae_advantage_mean=float((mb.advantages.to(dev) * mask).sum() / denom),
+            )
         loss.backward()
         n = float(mask.sum())
         metrics["entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
@@ -136,7 +197,7 @@ class Trainer:
         """One policy version: train.mini_batches clipped AdamW steps over the batch's micro-batches."""
         start = time.perf_counter()
         self.model.train()
-        mbs = self.micro_batches(batch)
+        mbs, critic = self.prepare(batch)
         prox = self._prox_logprobs(mbs)
         k = min(self.cfg.train.mini_batches, len(mbs))
         totals: dict[str, float] = {}
@@ -147,10 +208,8 @@ class Trainer:
             masks = [mbs[i].loss_mask for i in idx]
             norm = batch_normalizer(self.cfg.loss.aggregation, masks, self.cfg.rollout.max_new_tokens)
             for i in idx:
-                loss_sum += self._micro_step(mbs[i], norm, prox[i], totals)
-            grad_norms.append(
-                float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip))
-            )
+                loss_sum += self._micro_step(mbs[i], norm, prox[i], totals, critic[i])
+            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.train.grad_clip)))
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
@@ -169,6 +228,14 @@ class Trainer:
         return out
 
     def save(self, path: str, tokenizer: Any) -> None:
-        """An HF model directory loadable by transformers' from_pretrained."""
+        """An HF model directory loadable by transformers' from_pretrained (+ value_head.pt with gae)."""
         self.model.save_pretrained(path)
         tokenizer.save_pretrained(path)
+        if self.value_head is not None:
+            torch.save(self.value_head.state_dict(), Path(path) / "value_head.pt")
+
+    def load_value_head(self, path: str | Path) -> None:
+        """Restore the value head saved by `save` into `path` (no-op without gae or without the file)."""
+        f = Path(path) / "value_head.pt"
+        if self.value_head is not None and f.is_file():
+            self.value_head.load_state_dict(torch.load(f, weights_only=True))

@@ -55,3 +55,5 @@ def test_preset_trains_end_to_end(tmp_path, preset):
         assert all(
             r["zero_adv_group_frac"] == 0 for r in rows
         )  # dynamic sampling kept only informative groups
+    if preset == "ppo_gae":
+        assert all("value_loss" in r and "value_clip_frac" in r for r in rows)  # the value head trains

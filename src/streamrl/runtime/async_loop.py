@@ -210,7 +210,10 @@ class AsyncRunner:
                 self.state.step += 1
                 self.state.version = self.trainer.version
                 elapsed = time.perf_counter() - t_run
-                record = step_record(self.state.step, groups, train, version_before, batch.advantages)
+                adv = (
+                    None if cfg.advantage.name == "gae" else batch.advantages
+                )  # per-token: see gae_* metrics
+                record = step_record(self.state.step, groups, train, version_before, adv)
                 record["tokens_per_s"] = (record["tokens_generated"] + train["tokens_trained"]) / (
                     wait + train["train_time"] + sync
                 )

@@ -78,7 +78,8 @@ def rl_step(
     train = trainer.step(batch)
     engine.update_weights(None, trainer.version)  # the engine shares the trainer's module here
     wall = time.perf_counter() - t0
-    record = step_record(step, groups, train, trainer.version - 1, batch.advantages)
+    adv = None if cfg.advantage.name == "gae" else batch.advantages  # per-token: see gae_* metrics
+    record = step_record(step, groups, train, trainer.version - 1, adv)
     record.update(
         step_time=wall,
         tokens_per_s=(record["tokens_generated"] + train["tokens_trained"]) / wall,

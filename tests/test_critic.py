@@ -4,30 +4,20 @@ import copy
 
 import pytest
 import torch
+from trajectories import make_traj
 
 from streamrl.config import load_config
 from streamrl.trainer.batching import collate
 from streamrl.trainer.critic import ValueHead, clipped_value_loss, completion_values, terminal_rewards
 from streamrl.trainer.logprobs import completion_logprobs
 from streamrl.trainer.trainer import Trainer
-from streamrl.types import TrainBatch, Trajectory
+from streamrl.types import TrainBatch
 
 GAE = ["advantage.name=gae", "loss.name=ppo_clip", "loss.eps_high=0.2"]
 
 
 def _traj(i, prompt, completion, reward=0.0, loss_mask=None):
-    return Trajectory(
-        problem_id=f"p{i}",
-        group_id="g",
-        sample_id=f"s{i}",
-        prompt_ids=prompt,
-        completion_ids=completion,
-        behaviour_logprobs=[0.0] * len(completion),
-        versions=[0] * len(completion),
-        finish_reason="stop",
-        loss_mask=loss_mask or [],
-        reward=reward,
-    )
+    return make_traj(i, prompt, completion, reward=reward, loss_mask=loss_mask)
 
 
 def _on_policy(model, trajs):

@@ -2,13 +2,14 @@ import copy
 
 import pytest
 import torch
+from trajectories import make_traj
 
 from streamrl.algo.token_weights import entropy_top_q_mask, sign_weights
 from streamrl.config import load_config
 from streamrl.trainer.batching import collate
 from streamrl.trainer.logprobs import completion_logprobs
 from streamrl.trainer.trainer import Trainer
-from streamrl.types import TrainBatch, Trajectory
+from streamrl.types import TrainBatch
 
 
 def test_entropy_top_q_keeps_the_highest_entropy_loss_tokens():
@@ -28,16 +29,7 @@ def test_sign_weights():
 
 
 def _traj(i, completion):
-    return Trajectory(
-        problem_id="p",
-        group_id="g",
-        sample_id=f"s{i}",
-        prompt_ids=[5, 6, 7],
-        completion_ids=completion,
-        behaviour_logprobs=[-1.0] * len(completion),
-        versions=[0] * len(completion),
-        finish_reason="stop",
-    )
+    return make_traj(i, [5, 6, 7], completion, logprobs=[-1.0] * len(completion))
 
 
 def test_kl_in_reward_is_zero_at_the_reference_and_grows_away_from_it(tiny):

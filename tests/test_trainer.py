@@ -2,25 +2,17 @@ import copy
 
 import pytest
 import torch
+from trajectories import make_traj
 
 from streamrl.config import load_config
 from streamrl.trainer.batching import collate, split_by_token_budget
 from streamrl.trainer.logprobs import completion_logprobs
 from streamrl.trainer.trainer import Trainer
-from streamrl.types import TrainBatch, Trajectory
+from streamrl.types import TrainBatch
 
 
 def _traj(i, prompt, completion, logprobs=None):
-    return Trajectory(
-        problem_id=f"p{i}",
-        group_id="g",
-        sample_id=f"s{i}",
-        prompt_ids=prompt,
-        completion_ids=completion,
-        behaviour_logprobs=logprobs or [0.0] * len(completion),
-        versions=[0] * len(completion),
-        finish_reason="stop",
-    )
+    return make_traj(i, prompt, completion, logprobs=logprobs)
 
 
 def test_split_by_token_budget_covers_every_sample_once_within_budget():

@@ -46,7 +46,6 @@ def test_unknown_top_level_key():
             "loss.name=nope",
             "config key 'loss.name' must be one of cispo, decoupled_ppo, gspo, m2po, ppo_clip",
         ),
-        ("advantage.name=remax", "advantage 'remax' needs greedy baseline rewards"),
         ("loss.dual_clip=0.5", "config key 'loss.dual_clip' must be 0 (off) or > 1, got 0.5"),
         ("algo=ppo2", "config key 'algo': unknown algo preset 'ppo2'; choose from cispo, dapo, dr_grpo"),
         ("rollout.samples_per_prompt=0", "config key 'rollout.samples_per_prompt' must be > 0"),

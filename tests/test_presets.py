@@ -22,7 +22,18 @@ TINY = [
 
 
 def test_preset_names_and_descriptions():
-    assert names() == ["cispo", "dapo", "dr_grpo", "grpo", "gspo", "m2po", "ppo_gae", "reinforce_pp", "rloo"]
+    assert names() == [
+        "cispo",
+        "dapo",
+        "dr_grpo",
+        "grpo",
+        "gspo",
+        "m2po",
+        "ppo_gae",
+        "reinforce_pp",
+        "remax",
+        "rloo",
+    ]
     assert all(describe(n) for n in names())
 
 
@@ -40,7 +51,11 @@ def test_preset_layers_under_user_settings(tmp_path):
 @pytest.mark.parametrize("preset", names())
 def test_preset_trains_end_to_end(tmp_path, preset):
     run = tmp_path / preset
-    mode = ["runtime.mode=async"] if preset == "m2po" else ["runtime.mode=colocated", "max_staleness=0"]
+    mode = (
+        ["runtime.mode=async"]
+        if preset in ("m2po", "remax")
+        else ["runtime.mode=colocated", "max_staleness=0"]
+    )
     assert main(["train", f"algo={preset}", *TINY, *mode, "max_steps=2", f"run_dir={run}"]) == 0
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["policy_version"] for r in rows] == [1, 2]
@@ -55,5 +70,18 @@ def test_preset_trains_end_to_end(tmp_path, preset):
         assert all(
             r["zero_adv_group_frac"] == 0 for r in rows
         )  # dynamic sampling kept only informative groups
+    if preset == "remax":  # the worker decoded a greedy baseline per group and it was not trained on
+        assert all(0 <= r["greedy_reward_mean"] <= 1.1 for r in rows)
+        assert all(r["tokens_generated"] > r["response_length"] * 8 for r in rows)
     if preset == "ppo_gae":
         assert all("value_loss" in r and "value_clip_frac" in r for r in rows)  # the value head trains
+
+
+def test_remax_colocated_decodes_one_greedy_baseline_per_group(tmp_path):
+    run = tmp_path / "remax"
+    args = ["train", "algo=remax", *TINY, "runtime.mode=colocated", "max_staleness=0", "max_steps=1"]
+    assert main([*args, f"run_dir={run}", "rollout.dynamic_sampling=false"]) == 0
+    row = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    groups = [json.loads(x) for x in (run / "groups.jsonl").read_text().splitlines()]
+    assert len(groups) == 2 and all(len(g["rewards"]) == 4 for g in groups)  # greedy not among samples
+    assert row["greedy_reward_mean"] == sum(g["greedy_reward"] for g in groups) / 2

@@ -345,11 +345,6 @@ def validate(cfg: Config) -> None:
             f"config keys 'loss.vf_coef' must be >= 0 and 'loss.value_clip' > 0, got "
             f"{cfg.loss.vf_coef} and {cfg.loss.value_clip}"
         )
-    not_wired = {
-        "remax": "advantage 'remax' needs greedy baseline rewards per prompt (rollouts do not make them yet)",
-    }
-    if cfg.advantage.name in not_wired:
-        raise ConfigError(f"config key 'advantage.name': {not_wired[cfg.advantage.name]}")
     for key, value, reg in (
         ("loss.name", cfg.loss.name, registry.POLICY_LOSSES),
         ("loss.aggregation", cfg.loss.aggregation, registry.AGGREGATIONS),

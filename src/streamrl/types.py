@@ -57,14 +57,24 @@ class Trajectory:
 
 @dataclass
 class Group:
-    """All samples drawn for one problem in one step; advantages are computed within a group."""
+    """All samples drawn for one problem in one step; advantages are computed within a group.
+
+    `baseline` is the scored greedy (temperature 0) response that ReMax subtracts; it is never trained on.
+    """
 
     problem: Problem
     trajectories: list[Trajectory]
+    baseline: Trajectory | None = None
 
     @property
     def rewards(self) -> list[float]:
         return [t.reward for t in self.trajectories]
+
+    @property
+    def uninformative(self) -> bool:
+        """Every sample has the same reward (and the greedy baseline, if any, too): zero advantage."""
+        values = set(self.rewards) | ({self.baseline.reward} if self.baseline is not None else set())
+        return len(values) <= 1
 
 
 @dataclass

@@ -47,20 +47,18 @@ class GroupLog:
     def write(self, groups: list[Any], step: int) -> None:
         for g in groups:
             versions = [v for t in g.trajectories for v in t.versions] or [0]
-            self._file.write(
-                json.dumps(
-                    {
-                        "step": step,
-                        "group_id": g.trajectories[0].group_id,
-                        "problem_id": g.problem.id,
-                        "rewards": g.rewards,
-                        "version_min": min(versions),
-                        "version_max": max(versions),
-                        "sample": g.trajectories[0].text[:200],
-                    }
-                )
-                + "\n"
-            )
+            row = {
+                "step": step,
+                "group_id": g.trajectories[0].group_id,
+                "problem_id": g.problem.id,
+                "rewards": g.rewards,
+                "version_min": min(versions),
+                "version_max": max(versions),
+                "sample": g.trajectories[0].text[:200],
+            }
+            if getattr(g, "baseline", None) is not None:
+                row["greedy_reward"] = g.baseline.reward
+            self._file.write(json.dumps(row) + "\n")
 
     def close(self) -> None:
         self._file.close()

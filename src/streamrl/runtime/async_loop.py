@@ -24,6 +24,7 @@ from streamrl.data.prompts import render_prompt_ids
 from streamrl.runtime.ledger import Ledger
 from streamrl.runtime.resume_state import RunState
 from streamrl.runtime.rl_step import group_advantages
+from streamrl.runtime.rollout import needs_greedy_baseline
 from streamrl.runtime.signals import StopFlag
 from streamrl.runtime.staleness import StalenessManager
 from streamrl.runtime.step_metrics import step_record
@@ -90,7 +91,9 @@ class AsyncRunner:
             gid = f"g{self.state.groups_made}"
             self.state.groups_made += 1
             ids = render_prompt_ids(self.tokenizer, problem.messages)
-            req = GroupRequest(gid, problem, ids, self.cfg.rollout.samples_per_prompt, 0)
+            req = GroupRequest(
+                gid, problem, ids, self.cfg.rollout.samples_per_prompt, 0, needs_greedy_baseline(self.cfg)
+            )
             self.ledger.admitted(gid)
         req.admitted_version = self.trainer.version
         return req
@@ -121,7 +124,7 @@ class AsyncRunner:
                 budget = ds.dynamic_sampling_rounds * self.B  # a saturated task must not stall training
                 if (
                     ds.dynamic_sampling
-                    and len({t.reward for t in res.trajectories}) == 1
+                    and Group(res.problem, res.trajectories, res.baseline).uninformative
                     and self.sh.zv < budget
                 ):
                     self.sh.zv += 1
@@ -191,7 +194,7 @@ class AsyncRunner:
                     break
                 wait = time.perf_counter() - t0
                 waited += wait
-                groups = [Group(r.problem, r.trajectories) for r in taken]
+                groups = [Group(r.problem, r.trajectories, r.baseline) for r in taken]
                 version_before = self.trainer.version
                 with self.sh.cond:
                     in_flight = len(self.sh.inflight)

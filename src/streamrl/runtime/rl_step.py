@@ -14,7 +14,7 @@ from streamrl.data.tasks import Task
 from streamrl.runtime.rollout import rollout_groups
 from streamrl.runtime.step_metrics import step_record
 from streamrl.trainer.trainer import Trainer
-from streamrl.types import Group, Problem, TrainBatch
+from streamrl.types import Group, Problem, TrainBatch, Trajectory
 
 
 def group_advantages(groups: list[Group], cfg: Config, trainer: Trainer | None = None) -> TrainBatch:
@@ -35,12 +35,18 @@ def group_advantages(groups: list[Group], cfg: Config, trainer: Trainer | None =
         batch.advantages = [0.0] * len(trajs)
         return batch
     estimator = registry.get(registry.ADVANTAGES, cfg.advantage.name, "advantage estimator")
-    batch.advantages = estimator(rewards, std_normalize=cfg.advantage.std_normalize).flatten().tolist()
+    extra = {}
+    if cfg.advantage.name == "remax":  # the greedy response's task reward (no KL term: it is not trained)
+        extra["baseline_rewards"] = torch.tensor([_baseline(g).reward for g in groups], dtype=torch.float)
+    advantages = estimator(rewards, std_normalize=cfg.advantage.std_normalize, **extra)
+    batch.advantages = advantages.flatten().tolist()
     return batch
 
 
-def is_zero_variance(group: Group) -> bool:
-    return len(set(group.rewards)) <= 1
+def _baseline(group: Group) -> Trajectory:
+    if group.baseline is None:
+        raise ValueError(f"advantage 'remax' needs a greedy baseline for group of problem {group.problem.id}")
+    return group.baseline
 
 
 def rl_step(
@@ -63,15 +69,15 @@ def rl_step(
     groups, timing = rollout_groups(engine, tokenizer, task, draw(B), cfg, step)
     dropped: list[Group] = []
     if cfg.rollout.dynamic_sampling:
-        dropped = [g for g in groups if is_zero_variance(g)]
-        groups = [g for g in groups if not is_zero_variance(g)]
+        dropped = [g for g in groups if g.uninformative]
+        groups = [g for g in groups if not g.uninformative]
         for _ in range(cfg.rollout.dynamic_sampling_rounds):
             if len(groups) >= B:
                 break
             more, t = rollout_groups(engine, tokenizer, task, draw(B - len(groups)), cfg, step)
             timing = {k: timing[k] + t[k] for k in timing}
-            dropped += [g for g in more if is_zero_variance(g)]
-            groups += [g for g in more if not is_zero_variance(g)]
+            dropped += [g for g in more if g.uninformative]
+            groups += [g for g in more if not g.uninformative]
         if not groups:  # nothing informative in any round: train on the last round (zero gradient)
             groups, dropped = dropped[-B:], dropped[:-B]
     batch = group_advantages(groups, cfg, trainer)

@@ -17,7 +17,8 @@ from streamrl.types import Group, Problem, Trajectory
 def rollout_groups(
     engine: Any, tokenizer: Any, task: Task, problems: list[Problem], cfg: Config, step: int
 ) -> tuple[list[Group], dict[str, float]]:
-    """-> (groups, timing). Every problem yields exactly cfg.rollout.samples_per_prompt trajectories."""
+    """-> (groups, timing). Every problem yields exactly cfg.rollout.samples_per_prompt trajectories,
+    plus a greedy baseline response per group when the advantage estimator needs one (ReMax)."""
     r = cfg.rollout
     t0 = time.perf_counter()
     prompts = [render_prompt_ids(tokenizer, p.messages) for p in problems]
@@ -26,21 +27,39 @@ def rollout_groups(
         for pi, ids in enumerate(prompts)
         for k in range(r.samples_per_prompt)
     ]
+    if needs_greedy_baseline(cfg):
+        requests += [greedy_request(ids, cfg, (pi, GREEDY)) for pi, ids in enumerate(prompts)]
     results = engine.generate(requests)
     t1 = time.perf_counter()
     groups = [Group(problem=p, trajectories=[]) for p in problems]
     for res in results:
         pi, k = res.request.tag
         traj = build_trajectory(problems[pi], res, tokenizer, task, cfg, f"s{step}-{problems[pi].id}", k)
-        groups[pi].trajectories.append(traj)
+        if k == GREEDY:
+            groups[pi].baseline = traj
+        else:
+            groups[pi].trajectories.append(traj)
     t2 = time.perf_counter()
     return groups, {"generate_time": t1 - t0, "reward_time": t2 - t1}
+
+
+GREEDY = -1  # the sample index of a group's greedy baseline response
+
+
+def needs_greedy_baseline(cfg: Config) -> bool:
+    return cfg.advantage.name == "remax"
+
+
+def greedy_request(prompt_ids: list[int], cfg: Config, tag: Any) -> GenRequest:
+    """ReMax's baseline: the temperature-0 response to the prompt, scored like the samples."""
+    return GenRequest(prompt_ids, cfg.rollout.max_new_tokens, 0.0, 1.0, tag=tag)
 
 
 def build_trajectory(
     problem: Problem, res: GenResult, tokenizer: Any, task: Task, cfg: Config, group_id: str, k: int
 ) -> Trajectory:
-    """A scored trajectory from one engine result (sample k of group `group_id`)."""
+    """A scored trajectory from one engine result (sample k of group `group_id`; k = GREEDY for the
+    greedy baseline)."""
     text = tokenizer.decode(res.token_ids, skip_special_tokens=True)
     reward, correct, info = outcome_reward(task, problem, text, cfg.reward.format_weight)
     rc = cfg.reward
@@ -51,7 +70,7 @@ def build_trajectory(
     return Trajectory(
         problem_id=problem.id,
         group_id=group_id,
-        sample_id=f"{group_id}-{k}",
+        sample_id=f"{group_id}-{'greedy' if k == GREEDY else k}",
         prompt_ids=res.request.prompt_ids,
         completion_ids=res.token_ids,
         behaviour_logprobs=res.logprobs,

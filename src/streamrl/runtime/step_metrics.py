@@ -23,6 +23,7 @@ def step_record(
     trajs = [t for g in groups for t in g.trajectories]
     rewards = [t.reward for t in trajs]
     gen_tokens = sum(len(t.completion_ids) for t in trajs)
+    baseline_tokens = sum(len(g.baseline.completion_ids) for g in groups if g.baseline is not None)
     staleness = [version_before - v for t in trajs for v, m in zip(t.versions, t.loss_mask) if m]
     hist = Counter(staleness)
     return {
@@ -32,16 +33,22 @@ def step_record(
         "reward_std": statistics.pstdev(rewards),
         "accuracy": statistics.fmean(float(t.correct) for t in trajs),
         "format_rate": statistics.fmean(float(t.reward_info.get("formatted", False)) for t in trajs),
-        "zero_adv_group_frac": sum(1 for g in groups if len(set(g.rewards)) == 1) / len(groups),
+        "zero_adv_group_frac": sum(1 for g in groups if g.uninformative) / len(groups),
         "response_length": gen_tokens / len(trajs),
         "truncation_rate": statistics.fmean(float(t.finish_reason == "length") for t in trajs),
-        "tokens_generated": gen_tokens,
+        "tokens_generated": gen_tokens + baseline_tokens,
         "staleness_max": max(staleness, default=0),
         "staleness_mean": statistics.fmean(staleness) if staleness else 0.0,
         "staleness_hist": {str(k): hist[k] for k in sorted(hist)},
         **_advantage_stats(advantages or []),
+        **_baseline_stats(groups),
         **train,
     }
+
+
+def _baseline_stats(groups: list[Group]) -> dict[str, float]:
+    greedy = [g.baseline.reward for g in groups if g.baseline is not None]
+    return {"greedy_reward_mean": statistics.fmean(greedy)} if greedy else {}
 
 
 def _advantage_stats(adv: list[float]) -> dict[str, float]:

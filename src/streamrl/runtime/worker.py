@@ -26,6 +26,7 @@ class GroupRequest:
     prompt_ids: list[int]
     samples: int
     admitted_version: int
+    greedy_baseline: bool = False  # also decode the prompt greedily (ReMax's baseline)
 
 
 @dataclass
@@ -34,6 +35,7 @@ class GroupResult:
     problem: Problem
     trajectories: list[Trajectory]
     worker: int
+    baseline: Trajectory | None = None
     busy_s: float = 0.0  # seconds spent generating since the worker's previous result
     idle_s: float = 0.0  # seconds spent with nothing to generate since the previous result
     error: str = ""
@@ -68,7 +70,7 @@ def _loop(worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any,
     from streamrl.engine.continuous import ContinuousDecoder
     from streamrl.engine.hf import HFEngine
     from streamrl.models import load_model, load_tokenizer, resolve_model_dir
-    from streamrl.runtime.rollout import build_trajectory
+    from streamrl.runtime.rollout import GREEDY, build_trajectory, greedy_request
 
     cfg = from_dict(cfg_dict)
     model_dir = resolve_model_dir(cfg.model, cfg.seed)
@@ -88,12 +90,13 @@ def _loop(worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any,
 
     def take(req: GroupRequest) -> None:
         open_groups[req.group_id] = (req, [])
-        decoder.add(
-            [
-                GenRequest(req.prompt_ids, r.max_new_tokens, r.temperature, r.top_p, tag=(req.group_id, k))
-                for k in range(req.samples)
-            ]
-        )
+        gens = [
+            GenRequest(req.prompt_ids, r.max_new_tokens, r.temperature, r.top_p, tag=(req.group_id, k))
+            for k in range(req.samples)
+        ]
+        if req.greedy_baseline:
+            gens.append(greedy_request(req.prompt_ids, cfg, (req.group_id, GREEDY)))
+        decoder.add(gens)
 
     parent = os.getppid()
     while True:
@@ -123,11 +126,14 @@ def _loop(worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any,
             gid, k = res.request.tag
             req, done = open_groups[gid]
             done.append((k, build_trajectory(req.problem, res, tokenizer, task, cfg, gid, k)))
-            if len(done) == req.samples:
+            if len(done) == req.samples + req.greedy_baseline:
                 del open_groups[gid]
                 trajs = [t for _, t in sorted(done, key=lambda kt: kt[0])]
+                baseline = trajs.pop(0) if req.greedy_baseline else None  # GREEDY = -1 sorts first
                 busy += time.perf_counter() - t0
-                results.put(GroupResult(gid, req.problem, trajs, worker_id, busy_s=busy, idle_s=idle))
+                results.put(
+                    GroupResult(gid, req.problem, trajs, worker_id, baseline, busy_s=busy, idle_s=idle)
+                )
                 busy = idle = 0.0
                 t0 = time.perf_counter()
         busy += time.perf_counter() - t0

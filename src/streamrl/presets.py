@@ -1,4 +1,4 @@
-"""Algorithm presets: `streamrl train algo=NAME` layers presets/NAME.yaml under the user's settings.
+"""Algorithm presets: `streamrl train algo=NAME` layers configs/NAME.yaml under the user's settings.
 
 Order of precedence: defaults < preset < config file < key=value overrides.
 """
@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parent / "configs"  # also reachable as configs/ at the repository root
 
 
 def names() -> list[str]:

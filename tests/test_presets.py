@@ -85,3 +85,14 @@ def test_remax_colocated_decodes_one_greedy_baseline_per_group(tmp_path):
     groups = [json.loads(x) for x in (run / "groups.jsonl").read_text().splitlines()]
     assert len(groups) == 2 and all(len(g["rewards"]) == 4 for g in groups)  # greedy not among samples
     assert row["greedy_reward_mean"] == sum(g["greedy_reward"] for g in groups) / 2
+
+
+def test_ppo_gae_with_bf16_and_ppo_mini_batches(tmp_path):
+    run = tmp_path / "gae"
+    args = ["train", "algo=ppo_gae", *TINY, "runtime.mode=colocated", "max_staleness=0", "max_steps=2"]
+    extra = ["train.precision=bf16", "train.mini_batches=2", "train.token_budget=64"]
+    assert main([*args, *extra, f"run_dir={run}"]) == 0
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policy_version"] for r in rows] == [1, 2]  # two optimizer steps per batch, one version
+    assert all(r["optimizer_steps"] == 2 and r["micro_batches"] >= 2 for r in rows)
+    assert all(r["value_loss"] == r["value_loss"] and r["value_loss"] >= 0 for r in rows)  # not NaN

@@ -221,6 +221,7 @@ class Trainer:
             grad_norm=sum(grad_norms) / len(grad_norms),
             lr=self.scheduler.get_last_lr()[0],
             micro_batches=len(mbs),
+            optimizer_steps=k,
             tokens_trained=sum(len(t.prompt_ids) + len(t.completion_ids) for t in batch.trajectories),
             padded_tokens=sum(mb.num_tokens for mb in mbs),
             train_time=time.perf_counter() - start,

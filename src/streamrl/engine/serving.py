@@ -1,0 +1,75 @@
+"""A thread-safe front for an engine: many callers, one decode loop that batches whatever is waiting.
+
+Agents (threads, HTTP handlers) call `generate_one` concurrently; a single background thread takes every
+request pending at that moment and runs them through `engine.generate` as one batch, so concurrent
+agents share forward passes instead of queueing behind each other.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+from streamrl.engine.base import GenRequest, GenResult
+
+
+class BatchingEngine:
+    """engine: anything with `generate(list[GenRequest]) -> list[GenResult]` and a `version`."""
+
+    def __init__(self, engine: Any, max_batch: int = 64) -> None:
+        self.engine = engine
+        self.max_batch = max_batch
+        self._pending: list[tuple[GenRequest, Future[GenResult]]] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self._engine_lock = threading.Lock()  # weights never change in the middle of a batch
+        self.batches = 0  # decode loops run: fewer than requests when callers overlap
+        self._thread = threading.Thread(target=self._loop, name="batching-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def version(self) -> int:
+        return int(self.engine.version)
+
+    def submit(self, request: GenRequest) -> Future[GenResult]:
+        fut: Future[GenResult] = Future()
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("BatchingEngine is closed")
+            self._pending.append((request, fut))
+            self._cond.notify()
+        return fut
+
+    def generate_one(self, request: GenRequest, timeout: float | None = None) -> GenResult:
+        return self.submit(request).result(timeout=timeout)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._cond.wait()
+                if self._closed and not self._pending:
+                    return
+                batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
+            try:
+                with self._engine_lock:
+                    results = self.engine.generate([req for req, _ in batch])
+            except Exception as e:  # every caller of this batch sees the error; the loop keeps serving
+                for _, fut in batch:
+                    fut.set_exception(e)
+                continue
+            self.batches += 1
+            for (_, fut), res in zip(batch, results):
+                fut.set_result(res)
+
+    def update_weights(self, state: dict[str, Any] | None, version: int) -> None:
+        """Between batches: no response mixes two policy versions unless the engine itself does."""
+        with self._engine_lock:
+            self.engine.update_weights(state, version)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=30)

@@ -1,0 +1,1 @@
+"""Multi-turn environments and the OpenAI-compatible proxy that records agent calls."""

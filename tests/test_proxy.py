@@ -1,0 +1,115 @@
+"""The OpenAI-compatible proxy: a real `openai` client over HTTP against the tiny-random policy."""
+
+import threading
+
+import openai
+import pytest
+
+from streamrl.engine.hf import HFEngine
+from streamrl.engine.serving import BatchingEngine
+from streamrl.envs.agent_trajectory import assemble
+from streamrl.envs.proxy import CallRecord, ChatProxy
+
+
+@pytest.fixture()
+def proxy(tiny):
+    model, tok = tiny
+    engine = BatchingEngine(HFEngine(model, tok, seed=0))
+    engine.engine.version = 3
+    p = ChatProxy(engine, tok, max_tokens=12)
+    yield p, tok
+    p.close()
+    engine.close()
+
+
+def _client(p, episode):
+    return openai.OpenAI(base_url=p.url, api_key=episode, max_retries=0, timeout=60)
+
+
+def test_calls_are_recorded_with_token_ids_logprobs_and_versions(proxy):
+    p, tok = proxy
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"}]
+    r = _client(p, "ep-1").chat.completions.create(model="policy", messages=msgs, max_tokens=8, logprobs=True)
+    (call,) = p.calls("ep-1")
+    prompt_text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert call.prompt_ids == tok(prompt_text, add_special_tokens=False).input_ids
+    assert 1 <= len(call.completion_ids) <= 8 and call.versions == [3] * len(call.completion_ids)
+    assert r.choices[0].message.content == tok.decode(call.completion_ids, skip_special_tokens=True)
+    assert [c.logprob for c in r.choices[0].logprobs.content] == pytest.approx(call.logprobs)
+    assert all(lp <= 0 for lp in call.logprobs)
+    assert r.usage.prompt_tokens == len(call.prompt_ids)
+    assert r.usage.completion_tokens == len(call.completion_ids)
+    assert p.calls("ep-2") == []
+
+
+def test_a_multi_call_episode_trains_exactly_on_the_policy_tokens(proxy):
+    p, _ = proxy
+    client = _client(p, "ep-agent")
+    msgs = [{"role": "user", "content": "use the tool"}]
+    first = client.chat.completions.create(model="policy", messages=msgs).choices[0].message.content
+    msgs += [{"role": "assistant", "content": first}, {"role": "user", "content": "tool output: 4"}]
+    client.chat.completions.create(model="policy", messages=msgs)
+    calls = p.pop_episode("ep-agent")
+    assert len(calls) == 2 and p.calls("ep-agent") == []
+    trajs = assemble(calls, "p0", "g0", 0, reward=1.0, correct=True)
+    # whichever way the history was re-rendered, the policy tokens are exactly the calls' completions
+    policy = [t for tr in trajs for t, m in zip(tr.completion_ids, tr.loss_mask) if m]
+    assert policy == calls[0].completion_ids + calls[1].completion_ids
+    assert all(tr.reward == 1.0 for tr in trajs)
+
+
+def test_concurrent_agents_get_their_own_episodes(proxy):
+    p, _ = proxy
+    errors = []
+
+    def agent(i):
+        try:
+            _client(p, f"ep-{i}").chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": f"task {i}"}]
+            )
+        except Exception as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=agent, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors
+    assert [len(p.calls(f"ep-{i}")) for i in range(4)] == [1, 1, 1, 1]
+    assert 1 <= p.engine.batches <= 4
+
+
+@pytest.mark.parametrize(
+    "extra, fragment",
+    [({"stop": ["\n"]}, "'stop' is not supported"), ({"n": 2}, "'n' must be 1"), ({"top_p": 0}, "top_p")],
+)
+def test_unsupported_requests_are_refused_with_the_field_named(proxy, extra, fragment):
+    p, _ = proxy
+    with pytest.raises(openai.BadRequestError, match=fragment):
+        _client(p, "bad").chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "x"}], **extra
+        )
+    assert p.calls("bad") == []
+
+
+def _call(prompt, completion, version, text=""):
+    n = len(completion)
+    return CallRecord(prompt, completion, [-0.5] * n, [version] * n, "stop", text)
+
+
+def test_assemble_merges_calls_that_extend_the_context_and_splits_rewritten_ones():
+    calls = [
+        _call([1, 2], [10, 11], 0, "a"),
+        _call([1, 2, 10, 11, 7, 8], [12], 1, "b"),  # extends: obs [7, 8], then policy [12]
+        _call([1, 2, 99], [13, 14], 2, "c"),  # history rewritten: a new trajectory
+    ]
+    first, second = assemble(calls, "p", "g", 3, reward=0.5, correct=False)
+    assert first.sample_id == "g-3" and second.sample_id == "g-3.1"
+    assert first.prompt_ids == [1, 2] and first.completion_ids == [10, 11, 7, 8, 12]
+    assert first.loss_mask == [1, 1, 0, 0, 1]
+    assert first.behaviour_logprobs == [-0.5, -0.5, 0.0, 0.0, -0.5]
+    assert first.versions == [0, 0, 0, 0, 1]  # observation tokens take the version before them
+    assert first.text == "ab"
+    assert second.prompt_ids == [1, 2, 99] and second.loss_mask == [1, 1] and second.versions == [2, 2]
+    assert first.reward == second.reward == 0.5

@@ -26,9 +26,18 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument(
         "args", nargs="*", help="[config.yaml] [key=value ...], e.g. max_steps=5 train.lr=2e-5"
     )
+    ev = sub.add_parser("eval", help="evaluate a model or checkpoint: greedy, pass@k, avg@n, maj@k")
+    ev.add_argument(
+        "args", nargs="*", help="[config.yaml] [key=value ...], e.g. model=runs/x/checkpoint n=16 k=1,4,16"
+    )
     ns = parser.parse_args(argv)
     try:
         path, overrides = _split_args(ns.args)
+        if ns.command == "eval":
+            from streamrl.eval_cli import expand_shorthands, run_eval
+
+            run_eval(load_config(path, expand_shorthands(overrides)))
+            return 0
         cfg = load_config(path, overrides)
         from streamrl.runtime.job import run_train  # heavy imports only after the config is valid
 

@@ -97,6 +97,10 @@ class EvalConfig:
     max_new_tokens: int = 48
     before: bool = True
     after: bool = True
+    every: int = 0  # also evaluate the held-out set every N training steps (0: only before and after)
+    n: int = 0  # `streamrl eval`: samples per problem for pass@k / avg@n / maj@k (0: greedy only)
+    k: tuple[int, ...] = ()  # the k values reported; empty: 1, 2, 4, ... and n
+    temperature: float = 1.0  # sampling temperature of the n samples
 
 
 @dataclass
@@ -188,6 +192,15 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         if not isinstance(value, str):
             raise bad
         return value
+    if origin is tuple and typing.get_args(tp)[-1] is Ellipsis:  # any length: "1,2,4", [1, 2, 4] or 4
+        items = value.split(",") if isinstance(value, str) else value
+        items = items if isinstance(items, (list, tuple)) else [items]
+        elem = typing.get_args(tp)[0]
+        try:
+            items = [yaml.safe_load(v) if isinstance(v, str) else v for v in items]
+        except yaml.YAMLError:
+            raise bad from None
+        return tuple(_coerce(f"{key}[{i}]", v, elem) for i, v in enumerate(items))
     if origin is tuple:
         args = typing.get_args(tp)
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
@@ -335,6 +348,13 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config key 'rollout.top_p' must be in (0, 1], got {cfg.rollout.top_p}")
     if cfg.eval.size < 0:
         raise ConfigError(f"config key 'eval.size' must be >= 0, got {cfg.eval.size}")
+    if cfg.eval.n < 0 or cfg.eval.every < 0:
+        raise ConfigError(
+            f"config keys 'eval.n' and 'eval.every' must be >= 0, got {cfg.eval.n}, {cfg.eval.every}"
+        )
+    bad_k = [k for k in cfg.eval.k if not 1 <= k <= max(cfg.eval.n, 1)]
+    if bad_k:
+        raise ConfigError(f"config key 'eval.k' values must be in 1..eval.n={cfg.eval.n}, got {bad_k}")
     if not (0 <= cfg.advantage.gamma <= 1 and 0 <= cfg.advantage.lam <= 1):
         raise ConfigError(
             f"config keys 'advantage.gamma' and 'advantage.lam' must be in [0, 1], got "

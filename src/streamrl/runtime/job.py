@@ -18,6 +18,8 @@ from streamrl.config import Config, dump_config
 from streamrl.data.tasks import Task, default_task_args, make_task
 from streamrl.engine.hf import HFEngine
 from streamrl.eval.heldout import EvalResult, evaluate
+from streamrl.eval.sampled import evaluate_sampled
+from streamrl.eval.sampling_metrics import default_ks
 from streamrl.eval.stats import paired_difference_interval
 from streamrl.models import load_model, load_tokenizer, resolve_model_dir
 from streamrl.observe.metrics import GroupLog, MetricsWriter
@@ -115,6 +117,23 @@ def _restore(cfg: Config, parts: Components, run_dir: Path) -> RunState:
     return state
 
 
+def periodic_eval(
+    engine: Any, tokenizer: Any, task: Task, heldout: list[Problem], cfg: Config
+) -> dict[str, Any]:
+    """Held-out metrics during training (eval.every): greedy accuracy, and pass@k etc. with eval.n > 0."""
+    if cfg.eval.n > 0:
+        ks = sorted(set(cfg.eval.k)) or default_ks(cfg.eval.n)
+        e = cfg.eval
+        res = evaluate_sampled(
+            engine, tokenizer, task, heldout, e.n, ks, e.temperature, cfg.rollout.top_p, e.max_new_tokens
+        )
+        s = res.summary()
+        out = {f"heldout_{k}": v for k, v in s.items() if k.startswith(("pass@", "avg@", "maj@"))}
+        return {"heldout_accuracy": s["greedy_accuracy"], "heldout_eval_time": res.seconds, **out}
+    res_g = evaluate(engine, tokenizer, task, heldout, cfg.eval.max_new_tokens)
+    return {"heldout_accuracy": res_g.accuracy, "heldout_eval_time": res_g.seconds}
+
+
 def run_train(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     """Run the whole job; returns the summary dict (also written to the run directory)."""
     console = console or Console(stderr=True)
@@ -180,6 +199,8 @@ def run_train(cfg: Config, console: Console | None = None) -> dict[str, Any]:
         with StepProgress(cfg.max_steps, console, done=state.step) as progress:
 
             def on_step(record: dict[str, Any]) -> None:
+                if cfg.eval.every and heldout and record["step"] % cfg.eval.every == 0:
+                    record.update(periodic_eval(engine, tokenizer, task, heldout, cfg))
                 record["time"] = time.perf_counter() - t_start
                 groups_log.write(record.pop("_groups"), record["step"])
                 writer.write(record)

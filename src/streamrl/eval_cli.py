@@ -1,0 +1,94 @@
+"""`streamrl eval model=NAME_OR_CHECKPOINT task=... n=16 k=1,4,16 run_dir=...`: evaluate a model on the
+task's held-out problems and write eval.json (merged under the key "sampled" when the run directory
+already has one, so a training run's evaluation is never overwritten)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from streamrl.config import Config
+from streamrl.eval.sampling_metrics import default_ks
+
+SHORTHANDS = {"n": "eval.n", "k": "eval.k", "temperature": "eval.temperature", "size": "eval.size"}
+
+
+def expand_shorthands(overrides: list[str]) -> list[str]:
+    """n=8 -> eval.n=8 (likewise k, temperature, size): the eval command's own short keys."""
+    out = []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        out.append(f"{SHORTHANDS[key]}={value}" if sep and key in SHORTHANDS else item)
+    return out
+
+
+def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
+    import torch
+
+    from streamrl.data.tasks import default_task_args, make_task
+    from streamrl.engine.hf import HFEngine
+    from streamrl.eval.heldout import evaluate
+    from streamrl.eval.sampled import evaluate_sampled
+    from streamrl.models import load_model, load_tokenizer, resolve_model_dir
+
+    console = console or Console(stderr=True)
+    torch.set_num_threads(os.cpu_count() or 1)
+    torch.manual_seed(cfg.seed)
+    args = cfg.task_config.args or default_task_args(cfg.task)
+    tc = cfg.task_config
+    task = make_task(cfg.task, args, tc.system_prompt, tc.instruction, cfg.reward.extract)
+    problems = task.heldout(cfg.eval.size)
+    if not problems:
+        raise ValueError("config key 'eval.size' is 0: nothing to evaluate (set size=N)")
+    model_dir = resolve_model_dir(cfg.model, cfg.seed)
+    tokenizer = load_tokenizer(model_dir)
+    engine = HFEngine(
+        load_model(model_dir, cfg.device), tokenizer, cfg.rollout.max_batch, cfg.seed, cfg.device
+    )
+    e = cfg.eval
+    console.print(f"evaluating {cfg.model} on {len(problems)} held-out problems of {cfg.task} (n={e.n})...")
+    start = time.perf_counter()
+    if e.n > 0:
+        ks = sorted(set(e.k)) or default_ks(e.n)
+        res = evaluate_sampled(
+            engine, tokenizer, task, problems, e.n, ks, e.temperature, cfg.rollout.top_p, e.max_new_tokens
+        )
+        result = {**res.summary(), "examples": res.examples}
+    else:
+        greedy = evaluate(engine, tokenizer, task, problems, e.max_new_tokens)
+        s = greedy.summary()
+        result = {"problems": s["n"], "n": 0, "ks": [], "greedy_accuracy": s["accuracy"], **s}
+    result.update(
+        model=cfg.model, task=cfg.task, temperature=e.temperature, seconds=time.perf_counter() - start
+    )
+    run_dir = Path(cfg.run_dir) if cfg.run_dir else Path("runs") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "eval.json"
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    out = {**old, "sampled": result} if old and "greedy_accuracy" not in old else result
+    path.write_text(json.dumps(out, indent=2))
+    print_eval_table(result, console)
+    console.print(f"written {path}")
+    return result
+
+
+def print_eval_table(r: dict[str, Any], console: Console) -> None:
+    table = Table(title=f"streamrl eval: {r['model']} on {r['task']}", show_header=True)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    lo, hi = r.get("greedy_ci95", r.get("ci95", [0.0, 1.0]))
+    table.add_row("problems", str(r["problems"]))
+    table.add_row("greedy accuracy", f"{r['greedy_accuracy']:.1%} (95% CI {lo:.1%}-{hi:.1%})")
+    for key in [k for k in r if k.startswith(("pass@", "avg@", "maj@"))]:
+        table.add_row(key, f"{r[key]:.1%}")
+    table.add_row("mean length (tokens)", f"{r['mean_length']:.1f}")
+    if "truncation_rate" in r:
+        table.add_row("truncation rate", f"{r['truncation_rate']:.1%}")
+    table.add_row("time", f"{r['seconds']:.1f} s")
+    console.print(table)

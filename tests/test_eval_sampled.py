@@ -1,0 +1,116 @@
+"""Sampled evaluation end to end: scripted responses give hand-computed pass@k / avg@n / maj@k."""
+
+import json
+
+import pytest
+
+from streamrl.cli import main
+from streamrl.data.tasks import JsonlTask
+from streamrl.engine.base import GenResult
+from streamrl.eval.sampled import evaluate_sampled
+from streamrl.models.tiny import build_tokenizer
+
+SCRIPT = {  # question -> (samples in order, greedy response)
+    "alpha": (["The answer is 3.", "The answer is 4.", "The answer is 4.", "no idea"], "The answer is 3."),
+    "beta": (["The answer is 5."] * 4, "maybe 5"),
+}
+
+
+class ScriptedEngine:
+    def __init__(self, tok):
+        self.tok = tok
+
+    def generate(self, requests):
+        out = []
+        for r in requests:
+            prompt = self.tok.decode(r.prompt_ids)
+            samples, greedy = next(v for q, v in SCRIPT.items() if q in prompt)
+            pi, j = r.tag
+            text = greedy if j < 0 else samples[j]
+            ids = self.tok(text, add_special_tokens=False).input_ids
+            out.append(GenResult(r, ids, [-1.0] * len(ids), [0] * len(ids), "stop" if j != 1 else "length"))
+        return out
+
+
+def test_scripted_samples_give_hand_computed_metrics(tmp_path):
+    f = tmp_path / "t.jsonl"
+    rows = [
+        {"prompt": "alpha", "answer": "3"},
+        {"prompt": "beta", "answer": "5"},
+        {"prompt": "c", "answer": "1"},
+    ]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = JsonlTask(f, system_prompt="", instruction="", extract="answer_is")
+    problems = [task._make(i) for i, (q, _) in enumerate(task.rows) if q in SCRIPT]
+    tok = build_tokenizer()
+    res = evaluate_sampled(
+        ScriptedEngine(tok),
+        tok,
+        task,
+        problems,
+        n=4,
+        ks=[1, 2, 4],
+        temperature=1.0,
+        top_p=1.0,
+        max_new_tokens=32,
+    )
+    s = res.summary()
+    # alpha: c = 1 of 4, majority of first 2 is a 3-vs-4 tie -> "3" (first seen), of 4 -> "4"; beta: c = 4
+    assert s["pass@1"] == pytest.approx((0.25 + 1) / 2)
+    assert s["pass@2"] == pytest.approx((0.5 + 1) / 2)  # 1 - C(3,2)/C(4,2) = 0.5
+    assert s["pass@4"] == 1.0 and s["avg@4"] == pytest.approx(0.625)
+    assert (s["maj@1"], s["maj@2"], s["maj@4"]) == (1.0, 1.0, 0.5)
+    assert s["greedy_accuracy"] == 0.5 and s["truncation_rate"] == pytest.approx(2 / 8)
+    assert s["mean_length"] == pytest.approx(sum(len(t) for v in SCRIPT.values() for t in v[0]) / 8)
+
+
+def test_eval_command_writes_eval_json_and_keeps_a_training_record(tmp_path, capsys):
+    args = [
+        "eval",
+        "model=tiny-random",
+        "size=3",
+        "n=4",
+        "k=1,4",
+        "eval.max_new_tokens=4",
+        "reward.extract=last_number",
+        f"run_dir={tmp_path}",
+    ]
+    (tmp_path / "eval.json").write_text(json.dumps({"base": {"accuracy": 0.1}}))
+    assert main(args) == 0
+    out = json.loads((tmp_path / "eval.json").read_text())
+    assert out["base"] == {"accuracy": 0.1}  # the training run's record survives
+    s = out["sampled"]
+    assert (s["problems"], s["n"], s["ks"]) == (3, 4, [1, 4])
+    assert s["pass@1"] == pytest.approx(s["avg@4"]) and s["pass@1"] <= s["pass@4"]
+    assert {"maj@1", "maj@4", "greedy_accuracy", "mean_length", "truncation_rate"} <= set(s)
+
+
+def test_eval_command_rejects_k_above_n(capsys):
+    assert main(["eval", "model=tiny-random", "n=4", "k=8"]) == 2
+    assert "config key 'eval.k' values must be in 1..eval.n=4, got [8]" in capsys.readouterr().err
+
+
+def test_training_evaluates_the_heldout_set_every_n_steps(tmp_path):
+    run = tmp_path / "run"
+    args = [
+        "train",
+        "model=tiny-random",
+        "eval.size=3",
+        "eval.before=false",
+        "eval.after=false",
+        "rollout.prompts_per_step=2",
+        "rollout.samples_per_prompt=2",
+        "rollout.max_new_tokens=4",
+        "eval.max_new_tokens=4",
+        "reward.extract=last_number",
+        "train.save_checkpoint=false",
+        "runtime.mode=colocated",
+        "max_staleness=0",
+        "max_steps=4",
+        "eval.every=2",
+        "eval.n=2",
+    ]
+    assert main([*args, f"run_dir={run}"]) == 0
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert ["heldout_accuracy" in r for r in rows] == [False, True, False, True]
+    assert all(0 <= rows[i]["heldout_pass@1"] <= rows[i]["heldout_pass@2"] <= 1 for i in (1, 3))

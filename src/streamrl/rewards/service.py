@@ -12,15 +12,18 @@ Modes:
   and the nearest deadline. A worker that misses its deadline is SIGKILLed and replaced; a worker
   that dies is replaced. concurrent.futures.ProcessPoolExecutor is not used because it cannot kill a
   single hung task and declares the whole pool broken when one worker dies.
-  The scorer must be picklable (a top-level function or an instance of a top-level class).
+  The scorer must be picklable (a top-level function or an instance of a top-level class). The
+  worker loop lives in rewards/workers.py, which imports only the stdlib, so workers start fast.
 - "thread": the same monitor over threads, for I/O-bound scorers (an HTTP judge) and unpicklable
   ones. A timed-out thread cannot be killed: it is abandoned (its late result is dropped) and a fresh
   thread takes its place. A crash of the interpreter (os._exit, segfault) is not isolated.
 - "inline": the scorer runs in the caller's thread on submit. No timeout, no isolation: for debugging.
 
 Results are cached by (scorer name, args) in an LRU of ``cache_size`` entries (0 disables); only
-successes are cached. Identical requests in flight at the same time share one call. Args that are not
-hashable are not cached unless ``submit(..., cache_key=...)`` gives a key.
+successes are cached. Identical requests in flight at the same time share one call (and its outcome,
+failure included). Args that are not hashable are not cached unless ``submit(..., cache_key=...)``
+gives a key. In both pool modes args and results travel pickled through a pipe. Call ``close()`` or
+use the service as a context manager.
 
 Usage::
 
@@ -29,10 +32,11 @@ Usage::
     def exact_match(response: str, reference: str) -> float:  # top level: picklable
         return float(response.strip() == reference.strip())
 
-    with RewardService(exact_match, workers=2, timeout_s=10) as service:
-        handle = service.submit("42", "42")                 # a Future; .result() never raises
-        outcomes = service.score_many([("41", "42"), ("42", "42")])
-        print(handle.result().reward, [o.reward for o in outcomes], service.metrics())
+    if __name__ == "__main__":  # spawned workers re-import a script: guard its top level
+        with RewardService(exact_match, workers=2, timeout_s=10) as service:
+            handle = service.submit("42", "42")             # a Future; .result() never raises
+            outcomes = service.score_many([("41", "42"), ("42", "42")])
+            print(handle.result().reward, [o.reward for o in outcomes], service.metrics())
 """
 
 from __future__ import annotations
@@ -42,15 +46,16 @@ import logging
 import math
 import multiprocessing as mp
 import pickle
-import signal
 import threading
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from typing import Any
+
+from streamrl.rewards.workers import Task, Worker, call_scorer
 
 log = logging.getLogger(__name__)
 
@@ -67,89 +72,6 @@ class RewardOutcome:
     error: str | None = None
     latency_s: float = 0.0
     cached: bool = False
-
-
-def _call(scorer: Callable[..., Any], args: tuple) -> tuple:
-    """-> ("ok", reward, info) | ("err", reason, detail). Runs in the worker."""
-    try:
-        out = scorer(*args)
-        reward, info = out if isinstance(out, tuple) else (out, {})
-        reward = float(reward)
-        if not math.isfinite(reward):
-            raise ValueError(f"scorer returned a non-finite reward ({reward})")
-        return ("ok", reward, dict(info))
-    except (Exception, SystemExit) as e:  # SystemExit too: sys.exit() in a scorer is one bad reward
-        return ("err", type(e).__name__, str(e)[:500])
-
-
-def _serve(scorer: Callable[..., Any], conn: Connection) -> None:
-    """Worker loop (process or thread): announce readiness, then (task id, args) in, result out."""
-    try:
-        conn.send(("ready",))
-        while True:
-            msg = conn.recv()
-            if msg is None:
-                return
-            tid, args = msg
-            result = _call(scorer, args)
-            try:
-                conn.send((tid, *result))
-            except (pickle.PicklingError, TypeError, AttributeError) as e:  # pickled before any byte is sent
-                conn.send((tid, "err", "UnpicklableResult", f"scorer info could not be sent: {e}"))
-    except (EOFError, OSError):  # parent gone, or this thread was abandoned after a timeout
-        return
-    finally:
-        conn.close()
-
-
-def _process_main(scorer: Callable[..., Any], conn: Connection) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group: the parent decides
-    _serve(scorer, conn)
-
-
-@dataclass
-class _Task:
-    tid: int
-    args: tuple
-    key: Hashable | None
-    future: Future
-    submitted: float
-
-
-class _Worker:
-    """One process or thread with its pipe, its current task and that task's deadline."""
-
-    def __init__(self, ctx: Any, scorer: Callable[..., Any], mode: str, name: str) -> None:
-        self.conn, child = mp.Pipe()
-        self.proc: Any = None
-        if mode == "process":
-            self.proc = ctx.Process(target=_process_main, args=(scorer, child), name=name, daemon=True)
-            self.proc.start()
-            child.close()  # only the worker holds its end: the parent sees EOF when it dies
-        else:
-            threading.Thread(target=_serve, args=(scorer, child), name=name, daemon=True).start()
-        self.ready = False
-        self.task: _Task | None = None
-        self.deadline = math.inf
-        self.started = time.monotonic()
-
-    def waitables(self) -> list[Any]:
-        return [self.conn] if self.proc is None else [self.conn, self.proc.sentinel]
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.is_alive():
-            self.proc.kill()  # SIGKILL: a scorer stuck in C code or ignoring SIGTERM still stops
-            self.proc.join(5)
-        self.conn.close()
-
-    def stop(self) -> None:
-        try:
-            self.conn.send(None)
-        except OSError:
-            pass
-        if self.proc is not None:
-            self.proc.join(2)
-        self.kill()
 
 
 class RewardService:
@@ -196,7 +118,7 @@ class RewardService:
         self._lock = threading.Condition()
         self._cache: OrderedDict[Hashable, tuple[float, dict[str, Any]]] = OrderedDict()
         self._inflight: dict[Hashable, list[tuple[Future, float]]] = {}  # key -> followers
-        self._pending: deque[_Task] = deque()
+        self._pending: deque[Task] = deque()
         self._ids = itertools.count()
         self._closed = self._cancel = False
         self._broken: str | None = None
@@ -233,12 +155,12 @@ class RewardService:
                 return fut
             if key is not None:
                 self._inflight[key] = []
-            task = _Task(next(self._ids), args, key, fut, t0)
+            task = Task(next(self._ids), args, key, fut, t0)
             if self.mode != "inline":
                 self._pending.append(task)
                 self._wake()
                 return fut
-        status, a, b = _call(self.scorer_fn, args)
+        status, a, b = call_scorer(self.scorer_fn, args)
         outcome = RewardOutcome(a, b) if status == "ok" else self._failed(a, b, t0)
         outcome.latency_s = time.monotonic() - t0
         with self._lock:
@@ -344,7 +266,7 @@ class RewardService:
         if fut.running() or fut.set_running_or_notify_cancel():  # a future cancelled while queued stays so
             fut.set_result(outcome)
 
-    def _complete(self, task: _Task, outcome: RewardOutcome) -> None:
+    def _complete(self, task: Task, outcome: RewardOutcome) -> None:
         """Resolve a scored task, its in-flight followers and the cache. Caller holds the lock."""
         self._finish(task.future, outcome)
         followers = self._inflight.pop(task.key, []) if task.key is not None else []
@@ -366,10 +288,11 @@ class RewardService:
 
     # ---------------------------------------------------------------------------- monitor thread
 
-    def _spawn(self, i: int) -> _Worker:
-        return _Worker(self._ctx, self.scorer_fn, self.mode, f"reward-worker-{i}")
+    def _spawn(self, i: int) -> Worker:
+        return Worker(self._ctx, self.scorer_fn, self.mode, f"reward-worker-{i}")
 
     def _run(self) -> None:
+        """Hand out tasks, collect results, enforce deadlines, replace failed workers; until closed."""
         pool = [self._spawn(i) for i in range(self.workers)]
         start_failures = 0  # workers in a row that died before saying ready
         while True:
@@ -380,22 +303,9 @@ class RewardService:
                 idle = [w for w in pool if w.ready and w.task is None]
                 handed = [(w, self._pending.popleft()) for w in idle if self._pending]
             for w, task in handed:
-                if not task.future.set_running_or_notify_cancel():  # cancelled while queued
-                    with self._lock:
-                        self._inflight.pop(task.key, None)
-                    continue
-                w.task, w.deadline = task, time.monotonic() + self.timeout_s
-                try:
-                    w.conn.send((task.tid, task.args))
-                except (OSError, pickle.PicklingError, TypeError, AttributeError) as e:
-                    w.task, w.deadline = None, math.inf
-                    with self._lock:
-                        if isinstance(e, OSError):  # the worker just died: requeue; its sentinel says why
-                            self._pending.appendleft(task)
-                        else:
-                            self._complete(task, self._failed("UnpicklableArgs", str(e), task.submitted))
+                self._hand(w, task)
             now = time.monotonic()
-            soonest = min([w.deadline for w in pool] + [now + 1.0])
+            soonest = min([w.deadline for w in pool] + [now + 1.0])  # 1 s: start-up deadlines too
             ready = set(
                 wait([self._wake_r] + [x for w in pool for x in w.waitables()], max(0.0, soonest - now))
             )
@@ -404,36 +314,25 @@ class RewardService:
                     while self._wake_r.poll():
                         self._wake_r.recv_bytes()
                     self._woken = False
-            for i, w in enumerate(list(pool)):
-                reason = self._drain(w) if w.conn in ready else None
-                if w.proc is not None and w.proc.sentinel in ready and reason is None:
-                    self._drain(w)  # a result written just before exit still counts
-                    w.proc.join(1)  # the sentinel can fire a moment before the exit status is ready
-                    code = w.proc.exitcode
-                    reason = ("WorkerDied", f"worker process exited with code {code} while scoring")
-                now = time.monotonic()
-                if reason is None and w.task is not None and now >= w.deadline:
-                    reason = ("timeout", f"no result within {self.timeout_s:g}s; worker replaced")
-                if reason is None and not w.ready and now - w.started > self.start_timeout_s:
-                    reason = ("WorkerStartFailed", f"worker not ready after {self.start_timeout_s:g}s")
+            survivors = []
+            for i, w in enumerate(pool):
+                reason = self._check(w, ready)
                 if reason is None:
+                    survivors.append(w)
                     continue
                 start_failures = 0 if w.ready else start_failures + 1
                 w.kill()
                 with self._lock:
-                    if w.ready:
-                        self._n_ready -= 1
+                    self._n_ready -= w.ready
                     if w.task is not None:
                         self._complete(w.task, self._failed(*reason, w.task.submitted))
                     self._restarts += 1
                     if start_failures >= 3:
                         self._break(f"3 workers in a row died before becoming ready (last: {reason[1]})")
-                if self._broken is None:
+                if self._broken is None:  # once broken, respawning a scorer that cannot start would spin
                     log.warning("reward worker %d replaced: %s", i, reason[1])
-                    pool[i] = self._spawn(i)
-                else:  # respawning a scorer that cannot start would spin forever
-                    pool[i] = None  # type: ignore[call-overload]
-            pool = [w for w in pool if w is not None]
+                    survivors.append(self._spawn(i))
+            pool = survivors
         with self._lock:
             for task in list(self._pending) + [w.task for w in pool if w.task is not None]:
                 self._complete(task, self._failed("ServiceClosed", "closed before scoring", task.submitted))
@@ -441,7 +340,38 @@ class RewardService:
         for w in pool:
             w.stop()
 
-    def _drain(self, w: _Worker) -> tuple[str, str] | None:
+    def _hand(self, w: Worker, task: Task) -> None:
+        """Send one task to an idle worker and start its deadline."""
+        if not task.future.set_running_or_notify_cancel():  # cancelled while queued
+            with self._lock:
+                self._inflight.pop(task.key, None)
+            return
+        w.task, w.deadline = task, time.monotonic() + self.timeout_s
+        try:
+            w.conn.send((task.tid, task.args))
+        except (OSError, pickle.PicklingError, TypeError, AttributeError) as e:
+            w.task, w.deadline = None, math.inf
+            with self._lock:
+                if isinstance(e, OSError):  # the worker just died: requeue; its sentinel says why
+                    self._pending.appendleft(task)
+                else:
+                    self._complete(task, self._failed("UnpicklableArgs", str(e), task.submitted))
+
+    def _check(self, w: Worker, ready: set[Any]) -> tuple[str, str] | None:
+        """Collect a worker's results. -> (reason, detail) if it must be replaced, else None."""
+        reason = self._drain(w) if w.conn in ready else None
+        if reason is None and w.proc is not None and w.proc.sentinel in ready:
+            self._drain(w)  # a result written just before exit still counts
+            w.proc.join(1)  # the sentinel can fire a moment before the exit status is ready
+            return ("WorkerDied", f"worker process exited with code {w.proc.exitcode}")
+        now = time.monotonic()
+        if reason is None and w.task is not None and now >= w.deadline:
+            return ("timeout", f"no result within {self.timeout_s:g}s; worker replaced")
+        if reason is None and not w.ready and now - w.started > self.start_timeout_s:
+            return ("WorkerStartFailed", f"worker not ready after {self.start_timeout_s:g}s")
+        return reason
+
+    def _drain(self, w: Worker) -> tuple[str, str] | None:
         """Read every message a worker has sent. -> a failure reason if its pipe broke."""
         try:
             while w.conn.poll():
@@ -468,7 +398,7 @@ class RewardService:
             if w.proc is not None:
                 w.proc.join(1)  # the pipe closes as the process exits: give the exit code a moment
                 code = w.proc.exitcode
-            return ("WorkerDied", f"worker pipe closed (exit code {code}) while scoring")
+            return ("WorkerDied", f"worker pipe closed (exit code {code})")
         return None
 
     def _break(self, reason: str) -> None:

@@ -123,6 +123,21 @@ def test_identical_requests_in_flight_share_one_call(service, tmp_path: Path) ->
     assert sum(o.cached for o in out) == 4
 
 
+def test_unhashable_args_score_uncached_unless_keyed(service) -> None:
+    calls: list[int] = []
+
+    def score(row: dict) -> float:  # a dict argument cannot be a cache key
+        calls.append(row["x"])
+        return float(row["x"])
+
+    svc = service(score, mode="thread")
+    assert [o.reward for o in svc.score_many([({"x": 2},), ({"x": 2},)])] == [2.0, 2.0]
+    assert calls == [2, 2]
+    keyed = [svc.submit({"x": 3}, cache_key="row-3").result() for _ in range(2)]
+    assert [(o.reward, o.cached) for o in keyed] == [(3.0, False), (3.0, True)]
+    assert calls == [2, 2, 3]
+
+
 def test_errors_are_not_cached(service) -> None:
     svc = service(rs.raise_value_error)
     assert [o.cached for o in svc.score_many([("x",)]) + svc.score_many([("x",)])] == [False, False]

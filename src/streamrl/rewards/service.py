@@ -181,8 +181,9 @@ class RewardService:
             return self._n_ready >= self.workers
 
     def metrics(self, reset: bool = False) -> dict[str, float]:
-        """Flat snapshot for a per-step record. Latencies cover scored (non-cached) requests since the
-        last reset. reset=True zeroes counters and latencies after reading (per-step deltas)."""
+        """Flat snapshot for a per-step record. count covers every outcome (cached and failed ones too);
+        timeouts are counted apart from errors (errors/<reason> per reason); latencies cover scored,
+        non-cached requests. reset=True zeroes counters and latencies after reading (per-step deltas)."""
         with self._lock:
             lat = sorted(self._latencies)
             n = len(lat)

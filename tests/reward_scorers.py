@@ -57,3 +57,9 @@ def nan_reward() -> float:
 
 def not_a_number() -> str:
     return "high"
+
+
+def record_pid_then_sleep(path: str, seconds: float) -> float:
+    Path(path).write_text(str(os.getpid()))
+    time.sleep(seconds)
+    return 1.0

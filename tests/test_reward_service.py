@@ -3,6 +3,7 @@ metrics and real concurrency. Scorers sleep rather than burn CPU: the machine ha
 
 from __future__ import annotations
 
+import os
 import pickle
 import sys
 import time
@@ -58,6 +59,15 @@ def test_timeout_costs_one_reward_and_the_next_call_works(service, mode: str) ->
         1,
         2,
     )
+
+
+def test_hung_worker_process_is_killed_not_leaked(service, tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    svc = service(rs.record_pid_then_sleep, workers=1, timeout_s=1.0)
+    assert svc.submit(str(pid_file), 60.0).result().error == "timeout"
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), 0)  # killed and reaped, not left sleeping
+    assert svc.submit(str(pid_file), 0.0).result().reward == 1.0
 
 
 def test_raising_scorer(service) -> None:

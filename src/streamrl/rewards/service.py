@@ -1,0 +1,413 @@
+"""RewardService: score responses in a worker pool, concurrently with generation, never failing the run.
+
+A scorer is any callable ``scorer(*args) -> reward`` or ``-> (reward, info: dict)``. Each call costs
+at most one reward: a call that raises, returns a non-finite reward, runs past ``timeout_s`` or kills
+its worker process (``os._exit``, segfault, OOM kill) resolves to reward 0.0 with ``error`` set to a
+short reason ("timeout", "ValueError", "WorkerDied", ...), which is counted in ``metrics()`` and
+logged (the first of each kind at WARNING, later ones at DEBUG). The caller never sees an exception.
+
+Modes:
+- "process" (default): our own pool of spawn-context worker processes, one duplex pipe each. A monitor
+  thread hands one task at a time to each idle worker and waits on the pipes, the process sentinels
+  and the nearest deadline. A worker that misses its deadline is SIGKILLed and replaced; a worker
+  that dies is replaced. concurrent.futures.ProcessPoolExecutor is not used because it cannot kill a
+  single hung task and declares the whole pool broken when one worker dies.
+  The scorer must be picklable (a top-level function or an instance of a top-level class). The
+  worker loop lives in rewards/workers.py, which imports only the stdlib, so workers start fast.
+- "thread": the same monitor over threads, for I/O-bound scorers (an HTTP judge) and unpicklable
+  ones. A timed-out thread cannot be killed: it is abandoned (its late result is dropped) and a fresh
+  thread takes its place. A crash of the interpreter (os._exit, segfault) is not isolated.
+- "inline": the scorer runs in the caller's thread on submit. No timeout, no isolation: for debugging.
+
+Results are cached by (scorer name, args) in an LRU of ``cache_size`` entries (0 disables); only
+successes are cached. Identical requests in flight at the same time share one call (and its outcome,
+failure included). Args that are not hashable are not cached unless ``submit(..., cache_key=...)``
+gives a key. In both pool modes args and results travel pickled through a pipe. Call ``close()`` or
+use the service as a context manager.
+
+Usage::
+
+    from streamrl.rewards.service import RewardService
+
+    def exact_match(response: str, reference: str) -> float:  # top level: picklable
+        return float(response.strip() == reference.strip())
+
+    if __name__ == "__main__":  # spawned workers re-import a script: guard its top level
+        with RewardService(exact_match, workers=2, timeout_s=10) as service:
+            handle = service.submit("42", "42")             # a Future; .result() never raises
+            outcomes = service.score_many([("41", "42"), ("42", "42")])
+            print(handle.result().reward, [o.reward for o in outcomes], service.metrics())
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import multiprocessing as mp
+import pickle
+import threading
+import time
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from typing import Any
+
+from streamrl.rewards.workers import Task, Worker, call_scorer
+
+log = logging.getLogger(__name__)
+
+MODES = ("process", "thread", "inline")
+
+
+@dataclass
+class RewardOutcome:
+    """The result of one scoring request. error is None on success, else a short reason; info then
+    carries ``error_detail``. latency_s runs from submit to result (queueing included)."""
+
+    reward: float
+    info: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    latency_s: float = 0.0
+    cached: bool = False
+
+
+class RewardService:
+    """Concurrent, isolated, cached scoring. Thread-safe: submit from any thread.
+
+    scorer_fn(*args) -> float | (float, dict). timeout_s bounds one call from the moment a worker takes
+    it (queue time excluded). start_timeout_s bounds a worker's start-up; three start-up failures in a
+    row (e.g. the scorer cannot be unpickled in a fresh process) fail every request with
+    "WorkerStartFailed" instead of respawning forever.
+    """
+
+    def __init__(
+        self,
+        scorer_fn: Callable[..., Any],
+        workers: int = 2,
+        timeout_s: float = 10.0,
+        cache_size: int = 10_000,
+        mode: str = "process",
+        start_timeout_s: float = 60.0,
+        name: str | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"RewardService mode '{mode}' is unknown; choose from {', '.join(MODES)}")
+        if workers < 1 or timeout_s <= 0 or cache_size < 0:
+            raise ValueError(
+                f"RewardService needs workers >= 1, timeout_s > 0, cache_size >= 0 "
+                f"(got workers={workers}, timeout_s={timeout_s}, cache_size={cache_size})"
+            )
+        if mode == "process":
+            try:
+                pickle.dumps(scorer_fn)
+            except Exception as e:
+                raise ValueError(
+                    f"scorer_fn cannot be pickled for mode='process' ({e}); define it at module top level "
+                    "(or as a top-level class instance), or use mode='thread'"
+                ) from None
+        self.scorer_fn, self.workers, self.timeout_s, self.mode = scorer_fn, workers, timeout_s, mode
+        self.cache_size, self.start_timeout_s = cache_size, start_timeout_s
+        self.name = (
+            name
+            or getattr(scorer_fn, "name", None)
+            or getattr(scorer_fn, "__qualname__", type(scorer_fn).__name__)
+        )
+        self._lock = threading.Condition()
+        self._cache: OrderedDict[Hashable, tuple[float, dict[str, Any]]] = OrderedDict()
+        self._inflight: dict[Hashable, list[tuple[Future, float]]] = {}  # key -> followers
+        self._pending: deque[Task] = deque()
+        self._ids = itertools.count()
+        self._closed = self._cancel = False
+        self._broken: str | None = None
+        self._n_ready = 0
+        self._reset_metrics()
+        if mode == "inline":
+            return
+        self._ctx = mp.get_context("spawn")  # fork would copy the trainer's threads and torch state
+        self._wake_r, self._wake_w = mp.Pipe(duplex=False)
+        self._woken = False
+        self._monitor = threading.Thread(target=self._run, name="reward-service", daemon=True)
+        self._monitor.start()
+
+    # ------------------------------------------------------------------------------------ public API
+
+    def submit(self, *args: Any, cache_key: Hashable | None = None) -> Future:
+        """Queue scorer_fn(*args). -> Future[RewardOutcome]; its result() never raises."""
+        t0 = time.monotonic()
+        fut: Future = Future()
+        key = self._key(args, cache_key)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("RewardService is closed: submit before close(), or create a new service")
+            if key is not None and key in self._cache:
+                self._cache.move_to_end(key)
+                reward, info = self._cache[key]
+                self._finish(fut, RewardOutcome(reward, dict(info), None, time.monotonic() - t0, True))
+                return fut
+            if key is not None and key in self._inflight:  # the same request is being scored: share it
+                self._inflight[key].append((fut, t0))
+                return fut
+            if self._broken:
+                self._finish(fut, self._failed("WorkerStartFailed", self._broken, t0))
+                return fut
+            if key is not None:
+                self._inflight[key] = []
+            task = Task(next(self._ids), args, key, fut, t0)
+            if self.mode != "inline":
+                self._pending.append(task)
+                self._wake()
+                return fut
+        status, a, b = call_scorer(self.scorer_fn, args)
+        outcome = RewardOutcome(a, b) if status == "ok" else self._failed(a, b, t0)
+        outcome.latency_s = time.monotonic() - t0
+        with self._lock:
+            self._complete(task, outcome)
+        return fut
+
+    def score_many(self, items: Sequence[tuple]) -> list[RewardOutcome]:
+        """Score every args tuple concurrently; outcomes in input order. Never raises for scorer faults."""
+        futures = [self.submit(*args) for args in items]
+        return [f.result() for f in futures]
+
+    def wait_ready(self, timeout_s: float = 60.0) -> bool:
+        """Block until every worker has started (True) or timeout_s passes (False)."""
+        if self.mode == "inline":
+            return True
+        with self._lock:
+            self._lock.wait_for(lambda: self._n_ready >= self.workers or self._broken is not None, timeout_s)
+            return self._n_ready >= self.workers
+
+    def metrics(self, reset: bool = False) -> dict[str, float]:
+        """Flat snapshot for a per-step record. count covers every outcome (cached and failed ones too);
+        timeouts are counted apart from errors (errors/<reason> per reason); latencies cover scored,
+        non-cached requests. reset=True zeroes counters and latencies after reading (per-step deltas)."""
+        with self._lock:
+            lat = sorted(self._latencies)
+            n = len(lat)
+
+            def pct(q: float) -> float:
+                return lat[max(0, math.ceil(q * n) - 1)] if n else 0.0
+
+            m = {
+                "reward/count": float(self._count),
+                "reward/cache_hits": float(self._cache_hits),
+                "reward/cache_hit_rate": self._cache_hits / self._count if self._count else 0.0,
+                "reward/cache_size": float(len(self._cache)),
+                "reward/timeouts": float(self._errors["timeout"]),
+                "reward/errors": float(sum(v for k, v in self._errors.items() if k != "timeout")),
+                "reward/worker_restarts": float(self._restarts),
+                "reward/queued": float(len(self._pending)),
+                "reward/latency_mean_s": sum(lat) / n if n else 0.0,
+                "reward/latency_p50_s": pct(0.5),
+                "reward/latency_p95_s": pct(0.95),
+                "reward/latency_max_s": lat[-1] if n else 0.0,
+            }
+            m.update(
+                {f"reward/errors/{k}": float(v) for k, v in sorted(self._errors.items()) if k != "timeout"}
+            )
+            if reset:
+                self._reset_metrics()
+        return m
+
+    def close(self, wait: bool = True) -> None:
+        """Stop the workers. wait=True lets queued and running requests finish (each bounded by
+        timeout_s); wait=False resolves them at once with error "ServiceClosed". Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed, self._cancel = True, not wait
+            if self.mode != "inline":
+                self._wake()
+        if self.mode != "inline":
+            self._monitor.join()
+
+    def __enter__(self) -> RewardService:
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self.close(wait=exc_type is None)
+
+    # ------------------------------------------------------------------------- bookkeeping (locked)
+
+    def _key(self, args: tuple, cache_key: Hashable | None) -> Hashable | None:
+        if self.cache_size == 0:
+            return None
+        key = (self.name, cache_key if cache_key is not None else args)
+        try:
+            hash(key)
+        except TypeError:  # unhashable args and no explicit key: score without caching
+            return None
+        return key
+
+    def _reset_metrics(self) -> None:
+        self._count = self._cache_hits = self._restarts = 0
+        self._errors: Counter[str] = Counter()
+        self._latencies: deque[float] = deque(maxlen=100_000)
+
+    def _failed(self, reason: str, detail: str, t0: float) -> RewardOutcome:
+        return RewardOutcome(0.0, {"error_detail": detail}, reason, time.monotonic() - t0)
+
+    def _finish(self, fut: Future, outcome: RewardOutcome) -> None:
+        """Count one outcome and resolve its future. Caller holds the lock."""
+        self._count += 1
+        if outcome.cached:
+            self._cache_hits += 1
+        else:
+            self._latencies.append(outcome.latency_s)
+        if outcome.error is not None:
+            first = self._errors[outcome.error] == 0
+            self._errors[outcome.error] += 1
+            level = logging.WARNING if first else logging.DEBUG
+            log.log(
+                level, "reward %s -> 0.0 (%s: %s)", self.name, outcome.error, outcome.info.get("error_detail")
+            )
+        if fut.running() or fut.set_running_or_notify_cancel():  # a future cancelled while queued stays so
+            fut.set_result(outcome)
+
+    def _complete(self, task: Task, outcome: RewardOutcome) -> None:
+        """Resolve a scored task, its in-flight followers and the cache. Caller holds the lock."""
+        self._finish(task.future, outcome)
+        followers = self._inflight.pop(task.key, []) if task.key is not None else []
+        if outcome.error is None and task.key is not None:
+            self._cache[task.key] = (outcome.reward, outcome.info)
+            if len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        now = time.monotonic()
+        for fut, t0 in followers:
+            shared = RewardOutcome(
+                outcome.reward, dict(outcome.info), outcome.error, now - t0, outcome.error is None
+            )
+            self._finish(fut, shared)
+
+    def _wake(self) -> None:
+        if not self._woken:  # at most one byte in the pipe: submit never blocks on a slow monitor
+            self._woken = True
+            self._wake_w.send_bytes(b"!")
+
+    # ---------------------------------------------------------------------------- monitor thread
+
+    def _spawn(self, i: int) -> Worker:
+        return Worker(self._ctx, self.scorer_fn, self.mode, f"reward-worker-{i}")
+
+    def _run(self) -> None:
+        """Hand out tasks, collect results, enforce deadlines, replace failed workers; until closed."""
+        pool = [self._spawn(i) for i in range(self.workers)]
+        start_failures = 0  # workers in a row that died before saying ready
+        while True:
+            with self._lock:
+                busy = any(w.task for w in pool)
+                if self._closed and (self._cancel or (not self._pending and not busy)):
+                    break
+                idle = [w for w in pool if w.ready and w.task is None]
+                handed = [(w, self._pending.popleft()) for w in idle if self._pending]
+            for w, task in handed:
+                self._hand(w, task)
+            now = time.monotonic()
+            soonest = min([w.deadline for w in pool] + [now + 1.0])  # 1 s: start-up deadlines too
+            ready = set(
+                wait([self._wake_r] + [x for w in pool for x in w.waitables()], max(0.0, soonest - now))
+            )
+            if self._wake_r in ready:
+                with self._lock:
+                    while self._wake_r.poll():
+                        self._wake_r.recv_bytes()
+                    self._woken = False
+            survivors = []
+            for i, w in enumerate(pool):
+                reason = self._check(w, ready)
+                if reason is None:
+                    survivors.append(w)
+                    continue
+                start_failures = 0 if w.ready else start_failures + 1
+                w.kill()
+                with self._lock:
+                    self._n_ready -= w.ready
+                    if w.task is not None:
+                        self._complete(w.task, self._failed(*reason, w.task.submitted))
+                    self._restarts += 1
+                    if start_failures >= 3:
+                        self._break(f"3 workers in a row died before becoming ready (last: {reason[1]})")
+                if self._broken is None:  # once broken, respawning a scorer that cannot start would spin
+                    log.warning("reward worker %d replaced: %s", i, reason[1])
+                    survivors.append(self._spawn(i))
+            pool = survivors
+        with self._lock:
+            for task in list(self._pending) + [w.task for w in pool if w.task is not None]:
+                self._complete(task, self._failed("ServiceClosed", "closed before scoring", task.submitted))
+            self._pending.clear()
+        for w in pool:
+            w.stop()
+
+    def _hand(self, w: Worker, task: Task) -> None:
+        """Send one task to an idle worker and start its deadline."""
+        if not task.future.set_running_or_notify_cancel():  # cancelled while queued
+            with self._lock:
+                self._inflight.pop(task.key, None)
+            return
+        w.task, w.deadline = task, time.monotonic() + self.timeout_s
+        try:
+            w.conn.send((task.tid, task.args))
+        except (OSError, pickle.PicklingError, TypeError, AttributeError) as e:
+            w.task, w.deadline = None, math.inf
+            with self._lock:
+                if isinstance(e, OSError):  # the worker just died: requeue; its sentinel says why
+                    self._pending.appendleft(task)
+                else:
+                    self._complete(task, self._failed("UnpicklableArgs", str(e), task.submitted))
+
+    def _check(self, w: Worker, ready: set[Any]) -> tuple[str, str] | None:
+        """Collect a worker's results. -> (reason, detail) if it must be replaced, else None."""
+        reason = self._drain(w) if w.conn in ready else None
+        if reason is None and w.proc is not None and w.proc.sentinel in ready:
+            self._drain(w)  # a result written just before exit still counts
+            w.proc.join(1)  # the sentinel can fire a moment before the exit status is ready
+            return ("WorkerDied", f"worker process exited with code {w.proc.exitcode}")
+        now = time.monotonic()
+        if reason is None and w.task is not None and now >= w.deadline:
+            return ("timeout", f"no result within {self.timeout_s:g}s; worker replaced")
+        if reason is None and not w.ready and now - w.started > self.start_timeout_s:
+            return ("WorkerStartFailed", f"worker not ready after {self.start_timeout_s:g}s")
+        return reason
+
+    def _drain(self, w: Worker) -> tuple[str, str] | None:
+        """Read every message a worker has sent. -> a failure reason if its pipe broke."""
+        try:
+            while w.conn.poll():
+                msg = w.conn.recv()
+                if msg == ("ready",):
+                    w.ready = True
+                    with self._lock:
+                        self._n_ready += 1
+                        self._lock.notify_all()
+                    continue
+                tid, status, a, b = msg
+                task = w.task
+                if task is None or task.tid != tid:
+                    continue
+                w.task, w.deadline = None, math.inf
+                with self._lock:
+                    lat = time.monotonic() - task.submitted
+                    ok = status == "ok"
+                    self._complete(
+                        task, RewardOutcome(a, b, latency_s=lat) if ok else self._failed(a, b, task.submitted)
+                    )
+        except (EOFError, OSError):
+            code = None
+            if w.proc is not None:
+                w.proc.join(1)  # the pipe closes as the process exits: give the exit code a moment
+                code = w.proc.exitcode
+            return ("WorkerDied", f"worker pipe closed (exit code {code})")
+        return None
+
+    def _break(self, reason: str) -> None:
+        """Give up on starting workers: fail queued requests now and new ones on submit. Locked."""
+        if self._broken is None:
+            log.error("RewardService %s: %s; every request now scores 0", self.name, reason)
+        self._broken = reason
+        while self._pending:
+            task = self._pending.popleft()
+            self._complete(task, self._failed("WorkerStartFailed", reason, task.submitted))
+        self._lock.notify_all()

@@ -1,0 +1,103 @@
+"""The worker side of RewardService: the scoring loop, run in a spawned process or a thread.
+
+Protocol over one duplex pipe per worker: the worker sends ("ready",) once started; the parent sends
+(task id, args) one at a time, or None to stop; the worker answers (task id, "ok", reward, info) or
+(task id, "err", reason, detail). Scorer exceptions never leave the worker as exceptions.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import pickle
+import signal
+import threading
+import time
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+
+def call_scorer(scorer: Callable[..., Any], args: tuple) -> tuple:
+    """-> ("ok", reward, info) | ("err", reason, detail). Runs in the worker."""
+    try:
+        out = scorer(*args)
+        reward, info = out if isinstance(out, tuple) else (out, {})
+        reward = float(reward)
+        if not math.isfinite(reward):
+            raise ValueError(f"scorer returned a non-finite reward ({reward})")
+        return ("ok", reward, dict(info))
+    except (Exception, SystemExit) as e:  # SystemExit too: sys.exit() in a scorer is one bad reward
+        return ("err", type(e).__name__, str(e)[:500])
+
+
+def serve(scorer: Callable[..., Any], conn: Connection) -> None:
+    """Worker loop (process or thread): announce readiness, then (task id, args) in, result out."""
+    try:
+        conn.send(("ready",))
+        while True:
+            msg = conn.recv()
+            if msg is None:
+                return
+            tid, args = msg
+            result = call_scorer(scorer, args)
+            try:
+                conn.send((tid, *result))
+            except (pickle.PicklingError, TypeError, AttributeError) as e:  # pickled before any byte is sent
+                conn.send((tid, "err", "UnpicklableResult", f"scorer info could not be sent: {e}"))
+    except (EOFError, OSError):  # parent gone, or this thread was abandoned after a timeout
+        return
+    finally:
+        conn.close()
+
+
+def process_main(scorer: Callable[..., Any], conn: Connection) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group: the parent decides
+    serve(scorer, conn)
+
+
+@dataclass
+class Task:
+    tid: int
+    args: tuple
+    key: Hashable | None
+    future: Future
+    submitted: float
+
+
+class Worker:
+    """One process or thread with its pipe, its current task and that task's deadline."""
+
+    def __init__(self, ctx: Any, scorer: Callable[..., Any], mode: str, name: str) -> None:
+        self.conn, child = mp.Pipe()
+        self.proc: Any = None
+        if mode == "process":
+            self.proc = ctx.Process(target=process_main, args=(scorer, child), name=name, daemon=True)
+            self.proc.start()
+            child.close()  # only the worker holds its end: the parent sees EOF when it dies
+        else:
+            threading.Thread(target=serve, args=(scorer, child), name=name, daemon=True).start()
+        self.ready = False
+        self.task: Task | None = None
+        self.deadline = math.inf
+        self.started = time.monotonic()
+
+    def waitables(self) -> list[Any]:
+        return [self.conn] if self.proc is None else [self.conn, self.proc.sentinel]
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.is_alive():
+            self.proc.kill()  # SIGKILL: a scorer stuck in C code or ignoring SIGTERM still stops
+            self.proc.join(5)
+        self.conn.close()
+
+    def stop(self) -> None:
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+        if self.proc is not None:
+            self.proc.join(2)
+        self.kill()

@@ -1,0 +1,228 @@
+"""RewardService: exact rewards, timeouts, isolation of raising and dying scorers, recovery, caching,
+metrics and real concurrency. Scorers sleep rather than burn CPU: the machine has 2 shared cores."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+import reward_scorers as rs
+from openai_stub import StubServer
+
+from streamrl.rewards.judge import make_judge_scorer
+from streamrl.rewards.service import RewardService
+
+
+@pytest.fixture
+def service():
+    made: list[RewardService] = []
+
+    def make(scorer, **kw) -> RewardService:
+        made.append(RewardService(scorer, **{"workers": 2, "timeout_s": 10.0, **kw}))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.close(wait=False)
+
+
+@pytest.mark.parametrize("mode", ["process", "thread", "inline"])
+def test_exact_rewards(service, mode: str) -> None:
+    svc = service(rs.length_reward, mode=mode)
+    out = svc.score_many([("abc",), ("",), ("hello",)])
+    assert [o.reward for o in out] == [3.0, 0.0, 5.0]
+    assert [(o.error, o.cached) for o in out] == [(None, False)] * 3
+    svc2 = service(rs.sum_with_info, mode=mode)
+    (o,) = svc2.score_many([(2.0, 3.5)])
+    assert (o.reward, o.info) == (5.5, {"terms": [2.0, 3.5]})
+    assert svc2.submit(1.0, 1.0).result().reward == 2.0
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_timeout_costs_one_reward_and_the_next_call_works(service, mode: str) -> None:
+    svc = service(rs.sleepy, timeout_s=0.5, mode=mode)
+    assert svc.wait_ready(60)
+    t0 = time.monotonic()
+    o = svc.submit(5.0, 1.0).result()
+    assert (o.reward, o.error) == (0.0, "timeout")
+    assert time.monotonic() - t0 < 3.0  # 0.5 s deadline, not the scorer's 5 s
+    assert svc.submit(0.0, 2.0).result(timeout=60).reward == 2.0
+    m = svc.metrics()
+    assert (m["reward/timeouts"], m["reward/errors"], m["reward/worker_restarts"], m["reward/count"]) == (
+        1,
+        0,
+        1,
+        2,
+    )
+
+
+def test_hung_worker_process_is_killed_not_leaked(service, tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    svc = service(rs.record_pid_then_sleep, workers=1, timeout_s=1.0)
+    assert svc.submit(str(pid_file), 60.0).result().error == "timeout"
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), 0)  # killed and reaped, not left sleeping
+    assert svc.submit(str(pid_file), 0.0).result().reward == 1.0
+
+
+def test_raising_scorer(service) -> None:
+    svc = service(rs.raise_value_error)
+    o = svc.submit("bad input").result()
+    assert (o.reward, o.error, o.info["error_detail"]) == (0.0, "ValueError", "bad input")
+    svc.score_many([("again",), ("and again",)])
+    m = svc.metrics()
+    assert (m["reward/errors/ValueError"], m["reward/errors"], m["reward/worker_restarts"]) == (3, 3, 0)
+
+
+def test_bad_return_values(service) -> None:
+    for scorer, error in [
+        (rs.nan_reward, "ValueError"),
+        (rs.not_a_number, "ValueError"),
+        (rs.unpicklable_info, "UnpicklableResult"),
+    ]:
+        o = service(scorer, workers=1).submit().result()
+        assert (o.reward, o.error) == (0.0, error), scorer.__name__
+
+
+def test_dead_worker_costs_one_reward_and_is_replaced(service) -> None:
+    svc = service(rs.maybe_die)
+    out = svc.score_many([(0,), (1,), (0,), (3,)])
+    assert [o.reward for o in out] == [1.0, 0.0, 1.0, 0.0]
+    assert [o.error for o in out] == [None, "WorkerDied", None, "WorkerDied"]
+    assert "code 1" in out[1].info["error_detail"] and "code 3" in out[3].info["error_detail"]
+    assert [o.reward for o in svc.score_many([(0,)] * 4)] == [1.0] * 4  # the pool still serves
+    m = svc.metrics()
+    assert (m["reward/errors/WorkerDied"], m["reward/worker_restarts"]) == (2, 2)
+
+
+def test_segfault_is_isolated(service) -> None:
+    svc = service(rs.maybe_segfault, workers=1)
+    o = svc.submit(True).result()
+    assert (o.reward, o.error) == (0.0, "WorkerDied")
+    assert "code -11" in o.info["error_detail"]  # killed by SIGSEGV
+    assert svc.submit(False).result().reward == 1.0
+
+
+def test_cache_hits_make_no_call(service, tmp_path: Path) -> None:
+    calls = tmp_path / "calls.txt"
+    svc = service(rs.count_calls, cache_size=2)
+    first = svc.submit(str(calls), "abc").result()
+    again = svc.submit(str(calls), "abc").result()
+    assert (first.reward, first.cached, again.reward, again.cached) == (3.0, False, 3.0, True)
+    assert calls.read_text().split() == ["abc"]
+    # LRU of 2: after abc, b, c the oldest (abc) is evicted; c stays
+    for text in ["b", "c", "abc", "c", "b"]:
+        svc.submit(str(calls), text).result()
+    assert calls.read_text().split() == ["abc", "b", "c", "abc", "b"]
+    m = svc.metrics()
+    assert (m["reward/count"], m["reward/cache_hits"], m["reward/cache_size"]) == (7, 2, 2)
+    assert m["reward/cache_hit_rate"] == pytest.approx(2 / 7)
+
+
+def test_identical_requests_in_flight_share_one_call(service, tmp_path: Path) -> None:
+    calls = tmp_path / "calls.txt"
+    svc = service(rs.count_calls)
+    out = svc.score_many([(str(calls), "same")] * 5)
+    assert [o.reward for o in out] == [4.0] * 5
+    assert calls.read_text().split() == ["same"]
+    assert sum(o.cached for o in out) == 4
+
+
+def test_unhashable_args_score_uncached_unless_keyed(service) -> None:
+    calls: list[int] = []
+
+    def score(row: dict) -> float:  # a dict argument cannot be a cache key
+        calls.append(row["x"])
+        return float(row["x"])
+
+    svc = service(score, mode="thread")
+    assert [o.reward for o in svc.score_many([({"x": 2},), ({"x": 2},)])] == [2.0, 2.0]
+    assert calls == [2, 2]
+    keyed = [svc.submit({"x": 3}, cache_key="row-3").result() for _ in range(2)]
+    assert [(o.reward, o.cached) for o in keyed] == [(3.0, False), (3.0, True)]
+    assert calls == [2, 2, 3]
+
+
+def test_errors_are_not_cached(service) -> None:
+    svc = service(rs.raise_value_error)
+    assert [o.cached for o in svc.score_many([("x",)]) + svc.score_many([("x",)])] == [False, False]
+    assert svc.metrics()["reward/errors/ValueError"] == 2
+
+
+def test_two_workers_overlap(service) -> None:
+    svc = service(rs.sleepy, workers=2)
+    assert svc.wait_ready(60)
+    t0 = time.monotonic()
+    out = svc.score_many([(1.0, 1.0), (1.0, 2.0)])
+    elapsed = time.monotonic() - t0
+    assert [o.reward for o in out] == [1.0, 2.0]
+    assert elapsed < 1.6  # serial would be 2.0 s
+    m = svc.metrics(reset=True)
+    assert m["reward/latency_mean_s"] >= 1.0 and m["reward/latency_p95_s"] >= 1.0
+    assert svc.metrics()["reward/count"] == 0  # reset
+
+
+def test_unpicklable_scorer_needs_thread_mode() -> None:
+    with pytest.raises(ValueError, match="mode='thread'"):
+        RewardService(lambda text: 1.0, mode="process")
+    with RewardService(lambda text: float(len(text)), mode="thread") as svc:
+        assert svc.submit("four").result().reward == 4.0
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="mode 'gpu' is unknown"):
+        RewardService(rs.length_reward, mode="gpu")
+    with pytest.raises(ValueError, match="workers >= 1"):
+        RewardService(rs.length_reward, workers=0)
+
+
+def test_close(service) -> None:
+    svc = service(rs.sleepy, timeout_s=30.0)
+    fut = svc.submit(20.0, 1.0)
+    queued = svc.submit(20.0, 2.0)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    svc.close(wait=False)
+    assert time.monotonic() - t0 < 10.0
+    assert [fut.result().error, queued.result().error] == ["ServiceClosed", "ServiceClosed"]
+    with pytest.raises(RuntimeError, match="closed"):
+        svc.submit(0.0, 1.0)
+
+
+def test_scorer_that_cannot_start_fails_requests_instead_of_respawning(service) -> None:
+    ghost = types.ModuleType("ghost_scorers")  # exists only in this process: workers cannot import it
+
+    def score(text: str) -> float:
+        return 1.0
+
+    score.__module__, score.__qualname__ = "ghost_scorers", "score"
+    ghost.score = score
+    sys.modules["ghost_scorers"] = ghost
+    try:
+        pickle.dumps(score)
+        svc = service(score, workers=1, start_timeout_s=30.0)
+        assert not svc.wait_ready(60)
+        o = svc.submit("x").result(timeout=60)
+    finally:
+        del sys.modules["ghost_scorers"]
+    assert (o.reward, o.error) == (0.0, "WorkerStartFailed")
+    assert svc.metrics()["reward/worker_restarts"] == 3
+
+
+def test_judge_as_scorer(service) -> None:
+    server = StubServer([(200, "Same number.\nVERDICT: CORRECT", 0), (200, "Hmm, hard to say.", 0)])
+    try:
+        judge = make_judge_scorer(base_url=server.base_url, model="judge-model", retries=0, timeout_s=5)
+        svc = service(judge, workers=1)  # one worker: replies are consumed in submit order
+        ok, bad = svc.score_many([("1+1?", "2", "2"), ("1+1?", "2", "two-ish")])
+    finally:
+        server.close()
+    assert (ok.reward, ok.error, ok.info["judge_attempts"]) == (1.0, None, 1)
+    assert (bad.reward, bad.error) == (0.0, "JudgeError")
+    assert bad.info["error_detail"].startswith("unparseable verdict")
+    assert svc.metrics()["reward/errors/JudgeError"] == 1

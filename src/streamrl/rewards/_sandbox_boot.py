@@ -145,7 +145,15 @@ def main() -> None:
     sys.argv = ["program.py"]
     sys.path.insert(0, workdir)
     code = compile(source, "program.py", "exec")
-    exec(code, {"__name__": "__main__", "__file__": "program.py", "__builtins__": __builtins__})
+    try:
+        exec(code, {"__name__": "__main__", "__file__": "program.py", "__builtins__": __builtins__})
+    except SystemExit:
+        raise
+    except BaseException as e:  # report like `python program.py` would: no bootstrap frames
+        import traceback
+
+        traceback.print_exception(type(e), e, e.__traceback__.tb_next if e.__traceback__ else None)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

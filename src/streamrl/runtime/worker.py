@@ -75,7 +75,10 @@ def _loop(worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any,
     tokenizer = load_tokenizer(model_dir)
     model = load_model(model_dir, cfg.device).eval().requires_grad_(False)
     tc = cfg.task_config
-    task = make_task(cfg.task, tc.args, tc.system_prompt, tc.instruction, cfg.reward.extract)
+    task = make_task(
+        cfg.task, tc.args, tc.system_prompt, tc.instruction, cfg.reward.extract,
+        cfg.reward.code_partial_credit,
+    )
     torch.manual_seed(cfg.seed * 1009 + worker_id)
     engine = HFEngine(
         model, tokenizer, cfg.rollout.max_batch, seed=cfg.seed * 1009 + worker_id, device=cfg.device

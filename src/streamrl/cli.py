@@ -1,4 +1,4 @@
-"""streamrl command line: `streamrl train [config.yaml] [key=value ...]`."""
+"""streamrl command line: `streamrl train [config.yaml] [key=value ...]`, `streamrl score code|math`."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import argparse
 import sys
 
 from streamrl.config import ConfigError, load_config
+from streamrl.score_cli import add_parser as add_score_parser
+from streamrl.score_cli import run_score
 
 
 def _split_args(items: list[str]) -> tuple[str | None, list[str]]:
@@ -26,8 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument(
         "args", nargs="*", help="[config.yaml] [key=value ...], e.g. max_steps=5 train.lr=2e-5"
     )
+    add_score_parser(sub)
     ns = parser.parse_args(argv)
     try:
+        if ns.command == "score":
+            return run_score(ns)
         path, overrides = _split_args(ns.args)
         cfg = load_config(path, overrides)
         from streamrl.runtime.job import run_train  # heavy imports only after the config is valid

@@ -1,4 +1,4 @@
-"""streamrl command line: `streamrl train [config.yaml] [key=value ...]`."""
+"""streamrl command line: `streamrl train | eval | score` (see `streamrl COMMAND --help`)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import argparse
 import sys
 
 from streamrl.config import ConfigError, load_config
+from streamrl.score_cli import add_parser as add_score_parser
+from streamrl.score_cli import run_score
 
 
 def _split_args(items: list[str]) -> tuple[str | None, list[str]]:
@@ -30,8 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument(
         "args", nargs="*", help="[config.yaml] [key=value ...], e.g. model=runs/x/checkpoint n=16 k=1,4,16"
     )
+    add_score_parser(sub)
     ns = parser.parse_args(argv)
     try:
+        if ns.command == "score":
+            return run_score(ns)
         path, overrides = _split_args(ns.args)
         if ns.command == "eval":
             from streamrl.eval_cli import expand_shorthands, run_eval

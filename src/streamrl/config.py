@@ -43,6 +43,7 @@ class RewardConfig:
     format_weight: float = 0.1  # added to the correctness reward (0/1) when the answer format is followed
     overlong_buffer: int = 0  # DAPO overlong shaping: penalty ramps over the last N tokens; 0 = off
     overlong_penalty: float = 1.0
+    code_partial_credit: bool = True  # code task: reward = fraction of tests passed (False: all or nothing)
 
 
 @dataclass

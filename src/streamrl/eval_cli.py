@@ -31,7 +31,7 @@ def expand_shorthands(overrides: list[str]) -> list[str]:
 def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     import torch
 
-    from streamrl.data.tasks import default_task_args, make_task
+    from streamrl.data.tasks import task_from_config
     from streamrl.engine.hf import HFEngine
     from streamrl.eval.heldout import evaluate
     from streamrl.eval.sampled import evaluate_sampled
@@ -40,9 +40,7 @@ def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     console = console or Console(stderr=True)
     torch.set_num_threads(os.cpu_count() or 1)
     torch.manual_seed(cfg.seed)
-    args = cfg.task_config.args or default_task_args(cfg.task)
-    tc = cfg.task_config
-    task = make_task(cfg.task, args, tc.system_prompt, tc.instruction, cfg.reward.extract)
+    task = task_from_config(cfg)
     problems = task.heldout(cfg.eval.size)
     if not problems:
         raise ValueError("config key 'eval.size' is 0: nothing to evaluate (set size=N)")

@@ -4,6 +4,7 @@
   the dataset's own `score_answer`; a sample is correct only at full score (1.0), because reasoning-gym
   gives wrong answers small partial credit.
 - `path/to/file.jsonl` reads rows `{"prompt": ..., "answer": ...}` and scores with math-verify.
+- `code` / `code:path/to/file.jsonl`: programs run against stdin/stdout tests (data/code_task.py).
 
 The held-out set is drawn first (fixed seed) and every training problem whose question text equals a
 held-out one is skipped, so the model is never trained on an evaluation problem.
@@ -53,6 +54,7 @@ class Score:
     correct: bool
     formatted: bool
     extracted: str | None
+    value: float | None = None  # the task's own reward in [0, 1] (partial credit); None: float(correct)
 
 
 class Task:
@@ -184,8 +186,27 @@ class JsonlTask(Task):
         return math_equal(extracted, problem.answer)
 
 
-def make_task(spec: str, args: dict[str, Any], system_prompt: str, instruction: str, extract: str) -> Task:
+def make_task(
+    spec: str,
+    args: dict[str, Any],
+    system_prompt: str,
+    instruction: str,
+    extract: str,
+    code_partial_credit: bool = True,
+) -> Task:
     kw = {"system_prompt": system_prompt, "instruction": instruction, "extract": extract}
+    if spec == "code" or spec.startswith("code:"):
+        from streamrl.config import TaskConfig
+        from streamrl.data.code_task import CODE_SYSTEM_PROMPT, CodeTask
+
+        if system_prompt == TaskConfig.system_prompt:  # the calculator default makes no sense here
+            kw["system_prompt"] = CODE_SYSTEM_PROMPT
+        if spec == "code":
+            return CodeTask(None, code_partial_credit, **kw)
+        path = Path(spec[5:]).expanduser()
+        if not path.is_file():
+            raise ValueError(f"task file '{spec[5:]}' not found (task=code:<a .jsonl of {{prompt, tests}}>)")
+        return CodeTask(path, code_partial_credit, **kw)
     if spec.startswith("rg:"):
         return ReasoningGymTask(spec[3:], args, **kw)
     path = Path(spec).expanduser()
@@ -194,5 +215,19 @@ def make_task(spec: str, args: dict[str, Any], system_prompt: str, instruction: 
             raise ValueError(f"task file '{spec}' not found")
         return JsonlTask(path, **kw)
     raise ValueError(
-        f"unknown task '{spec}': use 'rg:<reasoning-gym dataset>' or a .jsonl file of {{prompt, answer}}"
+        f"unknown task '{spec}': use 'rg:<reasoning-gym dataset>', a .jsonl file of {{prompt, answer}}, "
+        "'code' or 'code:<file.jsonl>'"
+    )
+
+
+def task_from_config(cfg: Any) -> Task:
+    """The task a Config describes (task_config.args default to the small-model settings when empty)."""
+    tc = cfg.task_config
+    return make_task(
+        cfg.task,
+        tc.args or default_task_args(cfg.task),
+        tc.system_prompt,
+        tc.instruction,
+        cfg.reward.extract,
+        cfg.reward.code_partial_credit,
     )

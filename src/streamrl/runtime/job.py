@@ -15,7 +15,7 @@ import torch
 from rich.console import Console
 
 from streamrl.config import Config, dump_config
-from streamrl.data.tasks import Task, default_task_args, make_task
+from streamrl.data.tasks import Task, default_task_args, task_from_config
 from streamrl.engine.hf import HFEngine
 from streamrl.eval.heldout import EvalResult, evaluate
 from streamrl.eval.sampled import evaluate_sampled
@@ -54,8 +54,7 @@ def build_components(cfg: Config) -> Components:
     resolve_seconds = time.perf_counter() - t0
     tokenizer = load_tokenizer(model_dir)
     model = load_model(model_dir, cfg.device)
-    tc = cfg.task_config
-    task = make_task(cfg.task, tc.args, tc.system_prompt, tc.instruction, cfg.reward.extract)
+    task = task_from_config(cfg)
     heldout = task.heldout(cfg.eval.size)
     stream = task.train_stream(cfg.seed, exclude={p.meta["question"] for p in heldout})
     engine = HFEngine(model, tokenizer, max_batch=cfg.rollout.max_batch, seed=cfg.seed, device=cfg.device)

@@ -65,7 +65,7 @@ def _loop(worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any,
     import torch
 
     from streamrl.config import from_dict
-    from streamrl.data.tasks import make_task
+    from streamrl.data.tasks import task_from_config
     from streamrl.engine.base import GenRequest
     from streamrl.engine.continuous import ContinuousDecoder
     from streamrl.engine.hf import HFEngine
@@ -76,8 +76,7 @@ def _loop(worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any,
     model_dir = resolve_model_dir(cfg.model, cfg.seed)
     tokenizer = load_tokenizer(model_dir)
     model = load_model(model_dir, cfg.device).eval().requires_grad_(False)
-    tc = cfg.task_config
-    task = make_task(cfg.task, tc.args, tc.system_prompt, tc.instruction, cfg.reward.extract)
+    task = task_from_config(cfg)
     torch.manual_seed(cfg.seed * 1009 + worker_id)
     engine = HFEngine(
         model, tokenizer, cfg.rollout.max_batch, seed=cfg.seed * 1009 + worker_id, device=cfg.device

@@ -1,0 +1,99 @@
+"""The code task: write a Python program that passes stdin/stdout tests, run in the sandbox.
+
+- `code` uses the built-in set (streamrl/data/code_problems.jsonl, made by
+  scripts/make_code_problems.py: 64 simple problems with 4 tests each).
+- `code:path/to/file.jsonl` reads rows `{"prompt": str, "tests": [{"input": str, "output": str}, ...]}`.
+
+Score: formatted = the response has a fenced code block; correct = every test passes; value = the
+fraction of tests passed (partial credit) or 1/0 (all-or-nothing), used as the reward by outcome_reward.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from streamrl.data.tasks import Score, Task
+from streamrl.rewards.code import extract_program, score_program, validate_tests
+from streamrl.rewards.sandbox import Executor, Limits, get_executor
+from streamrl.types import Problem
+
+CODE_SYSTEM_PROMPT = (
+    "You are a Python programmer. Write a complete program that reads from standard input and writes "
+    "to standard output. Reply with the program in a single ```python code block."
+)
+LIMITS = Limits(cpu_s=2.0, wall_s=4.0, memory_mb=512)  # per test run; module default for now
+
+
+def _load_rows(text: str, where: str) -> list[dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = {}
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}:{lineno}: not valid JSON ({e})") from e
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise ValueError(f"{where}:{lineno}: expected a JSON object with a string 'prompt' and 'tests'")
+        tests = validate_tests(row.get("tests"), f"{where}:{lineno}")
+        rows.setdefault(
+            row["prompt"], {"prompt": row["prompt"], "tests": tests, "solution": str(row.get("solution", ""))}
+        )
+    if not rows:
+        raise ValueError(f"{where}: no usable rows (need JSON lines with 'prompt' and 'tests')")
+    return sorted(rows.values(), key=lambda r: hashlib.sha1(r["prompt"].encode()).hexdigest())
+
+
+def builtin_text() -> str:
+    return resources.files("streamrl.data").joinpath("code_problems.jsonl").read_text(encoding="utf-8")
+
+
+class CodeTask(Task):
+    """Held-out = the first n rows in a fixed hash order; training = the rest, reshuffled per epoch."""
+
+    def __init__(
+        self,
+        path: Path | None = None,
+        partial_credit: bool = True,
+        executor: Executor | None = None,
+        limits: Limits = LIMITS,
+        **kw: Any,
+    ) -> None:
+        super().__init__(**kw)
+        self.name = "code" if path is None else f"code:{path}"
+        self.rows = _load_rows(builtin_text() if path is None else path.read_text(), self.name)
+        self.partial_credit = partial_credit
+        self.executor = executor or get_executor("local")
+        self.limits = limits
+
+    def _make(self, i: int) -> Problem:
+        row = self.rows[i]
+        pid = f"code-{hashlib.sha1(row['prompt'].encode()).hexdigest()[:10]}"
+        return self._problem(pid, row["prompt"], row["solution"], {"tests": row["tests"]})
+
+    def heldout(self, n: int) -> list[Problem]:
+        if n >= len(self.rows):
+            raise ValueError(f"{self.name}: eval.size={n} leaves no training rows ({len(self.rows)} rows)")
+        return [self._make(i) for i in range(n)]
+
+    def train_stream(self, seed: int, exclude: set[str]) -> Iterator[Problem]:
+        order = [i for i, r in enumerate(self.rows) if r["prompt"] not in exclude]
+        rng = random.Random(seed)
+        while True:
+            rng.shuffle(order)
+            yield from (self._make(i) for i in order)
+
+    def score(self, problem: Problem, text: str) -> Score:
+        program = extract_program(text)
+        if program is None:
+            return Score(False, False, None, value=0.0)
+        value, info = score_program(
+            program, problem.meta["tests"], self.partial_credit, self.executor, self.limits
+        )
+        return Score(info["passed"] == info["total"], True, program, value=value)

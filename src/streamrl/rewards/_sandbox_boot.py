@@ -1,0 +1,168 @@
+"""Bootstrap that runs INSIDE the sandbox before the untrusted program (stdlib only, no streamrl imports).
+
+    python -I _sandbox_boot.py '<json config>'
+
+Config keys: workdir (str, holds program.py); cpu_s, memory_mb, file_size_mb, nproc (rlimits);
+fs ("ro": a fresh size-capped tmpfs on workdir, every other mount read-only; "none"); tmpfs_mb;
+drop ("uid:N": setuid to N, for a root host; "caps": drop all capabilities, for a user namespace;
+"none"); net_hook (bool: an audit hook refusing sockets, the fallback without a network namespace).
+The order matters: mounts need privileges, so they happen first; privileges are dropped
+before a single line of the program runs. Any setup failure exits with code 97 and one stderr line,
+which the parent reports as status "error" (the probe uses it to pick a weaker isolation level).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import sys
+
+SETUP_FAILED = 97
+_MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_MOVE, _MS_REC = 2, 4, 4096, 8192, 16384
+_AT_FDCWD, _AT_RECURSIVE = -100, 0x8000
+_MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV = 1, 2, 4
+_SYS_MOUNT_SETATTR = 442  # same number on every architecture (added in Linux 5.12)
+_PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS = 24, 38
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _read_only_root(libc: ctypes.CDLL, workdir: str, tmpfs_mb: int, expose: bool) -> None:
+    """A fresh size-capped tmpfs on workdir, the only writable mount; every other mount of this
+    (private) mount namespace read-only, nosuid, nodev. expose: see _expose_interpreter."""
+    opts = f"size={tmpfs_mb}m,mode=1777".encode()
+    _check(libc.mount(b"tmpfs", workdir.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts), "mount tmpfs")
+    if expose:
+        _expose_interpreter(libc, workdir)
+    # the tmpfs is made read-only too; then reopened writable (we own it, its flag is not locked)
+    attr = _MountAttr(_MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, 0, 0, 0)
+    rc = libc.syscall(
+        _SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)
+    )
+    _check(rc, "mount_setattr(/, read-only)")
+    rw = _MountAttr(0, _MOUNT_ATTR_RDONLY, 0, 0)
+    rc = libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, workdir.encode(), 0, ctypes.byref(rw), ctypes.sizeof(rw))
+    _check(rc, "mount_setattr(workdir, writable)")
+
+
+def _blocked_ancestor(path: str) -> str | None:
+    """The topmost directory above `path` that other users cannot enter (e.g. /root, mode 0700)."""
+    parts = path.strip("/").split("/")
+    for i in range(1, len(parts)):
+        d = "/" + "/".join(parts[:i])
+        if not os.stat(d).st_mode & 0o001:
+            return d
+    return None
+
+
+def _expose_interpreter(libc: ctypes.CDLL, workdir: str) -> None:
+    """Let an unprivileged uid run this interpreter when it lives under a private directory (pyenv in
+    /root): hide that directory behind an empty tmpfs and bind back only the interpreter's own dirs."""
+    dirs = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path)}
+    dirs.add(os.path.dirname(os.path.realpath(sys.executable)))
+    dirs = {d for d in dirs if os.path.isdir(d)}
+    dirs = sorted(d for d in dirs if not any(d.startswith(o + "/") for o in dirs))  # outermost only
+    plan = [(d, a) for d in dirs if (a := _blocked_ancestor(d)) is not None]
+    staged = []
+    for i, (d, _) in enumerate(plan):  # bind to staging first: the tmpfs will hide the originals
+        stage = os.path.join(workdir, f".stage{i}")
+        os.mkdir(stage)
+        _check(libc.mount(d.encode(), stage.encode(), None, _MS_BIND | _MS_REC, None), f"bind {d}")
+        staged.append(stage)
+    for a in sorted({a for _, a in plan}):
+        _check(
+            libc.mount(b"tmpfs", a.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"size=1m,mode=0755"),
+            f"mask {a}",
+        )
+    for (d, _), stage in zip(plan, staged):
+        os.makedirs(d, mode=0o755, exist_ok=True)
+        _check(libc.mount(stage.encode(), d.encode(), None, _MS_MOVE, None), f"move {d}")
+        os.rmdir(stage)
+
+
+def _drop_caps(libc: ctypes.CDLL) -> None:
+    """Empty the bounding set (exec cannot regain caps) and clear our own caps (no remount rw)."""
+    for cap in range(64):
+        if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            break  # EINVAL past the last capability this kernel knows
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    data = (ctypes.c_uint32 * 6)()  # effective/permitted/inheritable x 2 words, all zero
+    _check(libc.capset(header, data), "capset")
+
+
+def _set_limits(cfg: dict) -> None:
+    """Soft = hard, so the program cannot raise them; CPU hard is 1 s later so SIGXCPU comes first."""
+    cpu = max(1, int(cfg["cpu_s"] + 0.999))
+    mib = 1 << 20
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    resource.setrlimit(resource.RLIMIT_AS, (cfg["memory_mb"] * mib,) * 2)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (cfg["file_size_mb"] * mib,) * 2)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    # set here, after the namespaces exist, so only processes inside the sandbox count
+    resource.setrlimit(resource.RLIMIT_NPROC, (cfg["nproc"], cfg["nproc"]))
+
+
+def main() -> None:
+    cfg = json.loads(sys.argv[1])
+    workdir = cfg["workdir"]
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        with open(os.path.join(workdir, "program.py"), encoding="utf-8") as f:
+            source = f.read()
+        if cfg["fs"] == "ro":
+            _read_only_root(libc, workdir, cfg["tmpfs_mb"], cfg["drop"].startswith("uid:"))
+            with open(os.path.join(workdir, "program.py"), "w", encoding="utf-8") as f:
+                f.write(source)  # into the tmpfs, so tracebacks can show source lines
+        drop = cfg["drop"]
+        if drop.startswith("uid:"):
+            uid = int(drop[4:])
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)  # 0 -> non-zero clears every capability
+        elif drop == "caps":
+            _drop_caps(libc)
+        _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        _set_limits(cfg)
+        os.chdir(workdir)
+    except (OSError, ValueError) as e:
+        print(f"sandbox setup failed: {e}", file=sys.stderr)
+        sys.exit(SETUP_FAILED)
+    if cfg["net_hook"]:
+
+        def _no_network(event: str, args: tuple) -> None:
+            if event.startswith("socket."):
+                raise PermissionError(f"network access is disabled in the sandbox ({event})")
+
+        sys.addaudithook(_no_network)
+    del libc
+    sys.argv = ["program.py"]
+    sys.path.insert(0, workdir)
+    code = compile(source, "program.py", "exec")
+    try:
+        exec(code, {"__name__": "__main__", "__file__": "program.py", "__builtins__": __builtins__})
+    except SystemExit:
+        raise
+    except BaseException as e:  # report like `python program.py` would: no bootstrap frames
+        import traceback
+
+        traceback.print_exception(type(e), e, e.__traceback__.tb_next if e.__traceback__ else None)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""Code rewards: run a program on stdin/stdout test cases in a sandbox and count the passes.
+
+Tests are `[{"input": str, "output": str}, ...]`. A test passes when the program exits cleanly and its
+stdout equals the expected output after trailing whitespace is stripped from every line and from the
+end. reward = passed / total (partial credit) or 1.0 only when all pass (all-or-nothing, which stops
+at the first failure to save sandbox time).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from streamrl.rewards.sandbox import Executor, Limits, get_executor
+
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+STDERR_TAIL = 300  # characters of stderr kept in a failure reason
+
+
+def extract_program(text: str) -> str | None:
+    """The last fenced block tagged python/py/python3 or untagged; None when there is none.
+
+    'so:\\n```python\\nprint(1)\\n```' -> 'print(1)\\n'. Blocks tagged with another language are ignored.
+    """
+    blocks = [body for lang, body in _FENCE.findall(text) if lang.lower() in ("", "python", "py", "python3")]
+    return blocks[-1] if blocks else None
+
+
+def normalize_output(s: str) -> str:
+    """'1  \\n2\\n\\n' -> '1\\n2': trailing whitespace off every line and off the end."""
+    return "\n".join(line.rstrip() for line in s.rstrip().splitlines())
+
+
+def validate_tests(tests: Any, where: str) -> list[dict[str, str]]:
+    """Check `tests` is a non-empty list of {"input": str, "output": str}; errors name `where`."""
+    if not isinstance(tests, list) or not tests:
+        raise ValueError(f'{where}: tests must be a non-empty list of {{"input": str, "output": str}}')
+    for i, t in enumerate(tests):
+        if not (isinstance(t, dict) and isinstance(t.get("input"), str) and isinstance(t.get("output"), str)):
+            got = repr(t)[:80]
+            raise ValueError(f"{where}: test {i} must be an object with string 'input' and 'output': {got}")
+    return [{"input": t["input"], "output": t["output"]} for t in tests]
+
+
+def _tail(s: str) -> str:
+    s = s.strip()
+    return s if len(s) <= STDERR_TAIL else "..." + s[-STDERR_TAIL:]
+
+
+def _short(s: str, n: int = 60) -> str:
+    return repr(s if len(s) <= n else s[:n] + "...")
+
+
+def score_program(
+    program: str,
+    tests: list[dict[str, str]],
+    partial_credit: bool = True,
+    executor: Executor | None = None,
+    limits: Limits | None = None,
+) -> tuple[float, dict[str, Any]]:
+    """-> (reward in [0, 1], info). info: passed, total, tests (per-test status: "pass",
+    "wrong_answer" or the sandbox status such as "error"/"timeout"/"memory"), reason (the first
+    failure, None when all pass), isolation."""
+    ex = executor or get_executor("local")
+    statuses: list[str] = []
+    reason = None
+    isolation = ""
+    for i, t in enumerate(tests):
+        r = ex.run(program, t["input"], limits)
+        isolation = r.isolation
+        if r.status != "ok":
+            status = r.status
+            why = f"test {i}: {r.status}" + (f": {_tail(r.stderr)}" if r.stderr.strip() else "")
+        elif normalize_output(r.stdout) != normalize_output(t["output"]):
+            status = "wrong_answer"
+            got, want = normalize_output(r.stdout), normalize_output(t["output"])
+            why = f"test {i}: wrong answer: expected {_short(want)}, got {_short(got)}"
+        else:
+            status, why = "pass", None
+        statuses.append(status)
+        if why is not None:
+            reason = reason or why
+            if not partial_credit:
+                break  # all-or-nothing: the reward is 0 whatever the other tests do
+    passed = statuses.count("pass")
+    total = len(tests)
+    reward = passed / total if partial_credit else float(passed == total)
+    info = {"passed": passed, "total": total, "tests": statuses, "reason": reason, "isolation": isolation}
+    return reward, info
+
+
+def score_response(
+    text: str,
+    tests: list[dict[str, str]],
+    partial_credit: bool = True,
+    executor: Executor | None = None,
+    limits: Limits | None = None,
+) -> tuple[float, dict[str, Any]]:
+    """Score a model response: its last fenced code block against `tests`. No block -> 0, "no code block"."""
+    program = extract_program(text)
+    if program is None:
+        info = {"passed": 0, "total": len(tests), "tests": [], "reason": "no code block", "isolation": ""}
+        return 0.0, info
+    return score_program(program, tests, partial_credit, executor, limits)

@@ -1,0 +1,307 @@
+"""Run untrusted Python programs for code rewards: a small Executor protocol, a registry, LocalSandbox.
+
+`LocalSandbox.run(program, stdin, limits) -> ExecResult` runs `python -I` on the program in a fresh
+temporary directory (its cwd, deleted afterwards) with an empty environment (PATH, LANG, HOME=TMPDIR=
+workdir only), in a new session whose whole process group is SIGKILLed at the wall-time limit, with
+RLIMIT_CPU/AS/FSIZE/NPROC and RLIMIT_CORE=0, and stdout+stderr capped at `limits.output_bytes`.
+On top of that it uses the strongest isolation level that works on this machine, probed once:
+
+- "ns-root"  (running as root): `unshare --pid --fork --net --mount`; the bootstrap makes every mount
+  read-only, mounts a size-capped tmpfs on the workdir, then drops to an unprivileged uid.
+- "ns-user"  (not root; needs unprivileged user namespaces): the same inside `unshare --user
+  --map-root-user`, then drops every capability so the program cannot remount anything writable.
+- "rlimits"  (no namespaces): rlimits + an audit hook refusing socket creation, uid dropped if root.
+
+Protected (namespace levels): network (empty network namespace: no route even to the host's
+localhost), writes outside the workdir (read-only mounts; workdir is a private tmpfs), fork bombs
+(RLIMIT_NPROC counted inside the sandbox; the PID namespace dies with its init, so no process
+survives a kill, even one that called setsid), CPU/memory/disk/output exhaustion, inherited secrets in
+environment variables. NOT protected: reading the host filesystem (world-readable files are visible),
+kernel exploits (no seccomp filter), /proc and /sys information, CPU contention with the host (no
+cgroup), side channels. In the "rlimits" fallback writes outside the workdir are possible wherever the
+uid may write, the socket block is a Python-level speed bump (ctypes can bypass it) and a child that
+calls setsid can outlive the group kill until its CPU limit. For untrusted models on a shared cluster
+plug in a stronger Executor (gVisor/nsjail/firejail/Docker runner, or a remote sandbox HTTP service)
+with `register_executor`. See docs/sandbox.md.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+Status = Literal["ok", "error", "timeout", "memory", "output_limit", "killed"]
+_BOOT = str(Path(__file__).with_name("_sandbox_boot.py"))
+_SETUP_FAILED = 97  # the bootstrap's exit code when isolation could not be set up
+_UID_BASE = 200_000  # root host: each run gets its own unused uid, so RLIMIT_NPROC budgets are separate
+_uid_counter = itertools.count()
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-run resource limits. cpu_s/wall_s in seconds; *_mb in MiB; output_bytes = stdout+stderr."""
+
+    cpu_s: float = 2.0
+    wall_s: float = 4.0
+    memory_mb: int = 512  # address space (RLIMIT_AS): Python itself needs ~30 MiB
+    file_size_mb: int = 16  # largest file the program may write; also the workdir tmpfs size
+    max_processes: int = 16  # processes/threads inside the sandbox, the program included
+    output_bytes: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        for name in ("cpu_s", "wall_s", "memory_mb", "file_size_mb", "max_processes", "output_bytes"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"Limits.{name} must be > 0, got {getattr(self, name)!r}")
+
+
+@dataclass
+class ExecResult:
+    """What one run produced. exit_code is None when the sandbox killed it; wall_s includes setup."""
+
+    stdout: str
+    stderr: str
+    exit_code: int | None
+    status: Status
+    wall_s: float
+    isolation: str = ""  # the level it ran under ("ns-root", "ns-user", "rlimits", or another executor's)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+class Executor(Protocol):
+    """Anything that can run a Python program on stdin and report what happened."""
+
+    name: str
+
+    def run(self, program: str, stdin: str = "", limits: Limits | None = None) -> ExecResult: ...
+
+
+@dataclass(frozen=True)
+class Isolation:
+    name: str
+    prefix: tuple[str, ...]  # argv before the interpreter (an unshare command) or empty
+    fs: str  # "ro" | "none"
+    drop: str  # "uid" | "caps" | "none"
+    net_hook: bool
+
+
+def _others_can_run(python: str) -> bool:
+    """Whether a uid other than ours can enter every directory up to the interpreter's stdlib."""
+    import sysconfig
+
+    path = Path(sysconfig.get_paths()["stdlib"]).resolve()
+    return all(os.stat(p).st_mode & 0o001 for p in path.parents if p != Path("/"))
+
+
+def _candidates(python: str = sys.executable) -> list[Isolation]:
+    unshare = shutil.which("unshare", path="/usr/bin:/bin:/usr/sbin:/sbin")
+    ns = ("--pid", "--fork", "--net", "--mount", "--mount-proc", "--kill-child")
+    root = os.geteuid() == 0
+    out = []
+    if unshare and root:
+        out.append(Isolation("ns-root", (unshare, *ns), "ro", "uid", False))
+    if unshare:
+        out.append(Isolation("ns-user", (unshare, "--user", "--map-root-user", *ns), "ro", "caps", False))
+    # without a mount namespace an unprivileged uid can only be used if it can read the stdlib
+    out.append(Isolation("rlimits", (), "none", "uid" if root and _others_can_run(python) else "none", True))
+    return out
+
+
+_PROBE = "import os\nprint(os.getpid(), os.statvfs('/').f_flag & os.ST_RDONLY)\n"
+_detected: dict[str, Isolation] = {}
+_detect_lock = threading.Lock()
+
+
+def detect_isolation(python: str = sys.executable) -> Isolation:
+    """The strongest level that works here, found by running a probe once per interpreter."""
+    with _detect_lock:
+        if python not in _detected:
+            for iso in _candidates(python):
+                if iso.name == "rlimits":
+                    _detected[python] = iso
+                    break
+                r = _run(iso, python, _PROBE, "", Limits(wall_s=10.0))
+                if r.status == "ok" and r.stdout.split() == ["1", "1"]:  # pid 1 in its ns, / read-only
+                    _detected[python] = iso
+                    break
+        return _detected[python]
+
+
+def _user_process_count() -> int:
+    uid = os.getuid()
+    n = 0
+    for d in os.listdir("/proc"):
+        try:
+            n += d.isdigit() and os.stat(f"/proc/{d}").st_uid == uid
+        except OSError:
+            pass
+    return n
+
+
+def _boot_config(iso: Isolation, workdir: str, limits: Limits) -> dict[str, object]:
+    drop = "none"
+    nproc = limits.max_processes
+    if iso.drop == "uid":
+        drop = f"uid:{_UID_BASE + (os.getpid() % 65536) * 64 + next(_uid_counter) % 64}"
+    elif iso.drop == "caps":
+        drop = "caps"
+    elif iso.name == "rlimits":  # same uid as the host: its other processes count against the limit too
+        nproc += _user_process_count()
+    return {
+        "workdir": workdir,
+        "fs": iso.fs,
+        "drop": drop,
+        "nproc": nproc,
+        "tmpfs_mb": limits.file_size_mb,
+        "net_hook": iso.net_hook,
+        "cpu_s": limits.cpu_s,
+        "memory_mb": limits.memory_mb,
+        "file_size_mb": limits.file_size_mb,
+    }
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the session leader's pgid = its pid (start_new_session)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _read_capped(proc: subprocess.Popen[bytes], deadline: float, cap: int) -> tuple[bytes, bytes, str | None]:
+    """Drain stdout/stderr until EOF, the deadline or `cap` bytes in total -> (out, err, why_stopped)."""
+    bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+    sel = selectors.DefaultSelector()
+    for f in bufs:
+        sel.register(f, selectors.EVENT_READ)
+    why = None
+    try:
+        while sel.get_map() and why is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                why = "timeout"
+                break
+            for key, _ in sel.select(left):
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    continue
+                bufs[key.fileobj] += chunk  # type: ignore[index]
+                if sum(map(len, bufs.values())) > cap:
+                    why = "output_limit"
+                    break
+    finally:
+        sel.close()
+    return bytes(bufs[proc.stdout])[:cap], bytes(bufs[proc.stderr])[:cap], why
+
+
+def _status(rc: int | None, stopped: str | None, stderr: str) -> Status:
+    if stopped is not None:
+        return stopped  # type: ignore[return-value]
+    if rc == 0:
+        return "ok"
+    if rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
+        return "timeout"  # CPU limit
+    if "MemoryError" in stderr[-2000:] or "Cannot allocate memory" in stderr[-2000:]:
+        return "memory"
+    if rc is not None and (rc < 0 or rc > 128):
+        return "killed"
+    return "error"
+
+
+def _run(iso: Isolation, python: str, program: str, stdin: str, limits: Limits) -> ExecResult:
+    t0 = time.monotonic()
+    workdir = tempfile.mkdtemp(prefix="streamrl-sbx-")
+    try:
+        os.chmod(workdir, 0o777 if iso.fs == "none" else 0o755)  # fallback: the dropped uid writes here
+        Path(workdir, "program.py").write_text(program, encoding="utf-8")
+        cfg = json.dumps(_boot_config(iso, workdir, limits))
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
+        with tempfile.TemporaryFile() as fin:
+            fin.write(stdin.encode())
+            fin.seek(0)
+            proc = subprocess.Popen(
+                [*iso.prefix, python, "-I", _BOOT, cfg],
+                stdin=fin,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=workdir,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+            )
+        try:
+            out, err, stopped = _read_capped(proc, t0 + limits.wall_s, limits.output_bytes)
+            if stopped is None:
+                try:
+                    proc.wait(max(0.0, t0 + limits.wall_s - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    stopped = "timeout"
+        finally:
+            _kill_group(proc)  # also reaps leftovers: children still running after the program exited
+            proc.wait()
+            proc.stdout.close()  # type: ignore[union-attr]
+            proc.stderr.close()  # type: ignore[union-attr]
+        stderr = err.decode("utf-8", "replace")
+        rc = None if stopped is not None else proc.returncode
+        status = _status(rc, stopped, stderr)
+        if rc == _SETUP_FAILED and stderr.startswith("sandbox setup failed"):
+            status = "error"
+        return ExecResult(out.decode("utf-8", "replace"), stderr, rc, status, time.monotonic() - t0, iso.name)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+class LocalSandbox:
+    """Processes on this machine, isolated as well as the machine allows (see the module docstring).
+
+    isolation: None = detect the strongest level; or force "ns-root" / "ns-user" / "rlimits".
+    """
+
+    name = "local"
+
+    def __init__(self, python: str | None = None, isolation: str | None = None) -> None:
+        self.python = python or sys.executable
+        self._forced = None
+        if isolation is not None:
+            levels = {iso.name: iso for iso in _candidates(self.python)}
+            if isolation not in levels:
+                raise ValueError(
+                    f"sandbox isolation '{isolation}' is not available here; choose from {', '.join(levels)}"
+                )
+            self._forced = levels[isolation]
+
+    @property
+    def isolation(self) -> Isolation:
+        return self._forced or detect_isolation(self.python)
+
+    def run(self, program: str, stdin: str = "", limits: Limits | None = None) -> ExecResult:
+        return _run(self.isolation, self.python, program, stdin, limits or Limits())
+
+
+EXECUTORS: dict[str, Callable[[], Executor]] = {"local": LocalSandbox}
+
+
+def register_executor(name: str, factory: Callable[[], Executor]) -> None:
+    """Make `get_executor(name)` return `factory()`: e.g. a client of a container sandbox service."""
+    EXECUTORS[name] = factory
+
+
+def get_executor(name: str = "local") -> Executor:
+    if name not in EXECUTORS:
+        raise ValueError(f"unknown sandbox executor '{name}'; choose from {', '.join(sorted(EXECUTORS))}")
+    return EXECUTORS[name]()

@@ -8,18 +8,16 @@ names the key and what is accepted.
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
+from streamrl.config_parse import ConfigError, apply_key, parse_override
+from streamrl.config_validate import validate
 
-class ConfigError(ValueError):
-    """Bad configuration; the message is one line naming the key and the fix."""
+__all__ = ["Config", "ConfigError", "dump_config", "from_dict", "load_config", "parse_override", "to_dict"]
 
 
 @dataclass
@@ -145,129 +143,11 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
 
-def _field_types(cls: type) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
-
-
-def _describe(tp: Any) -> str:
-    if typing.get_origin(tp) is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
-    if dataclasses.is_dataclass(tp):
-        return "a section with keys " + ", ".join(_field_types(tp))
-    return getattr(tp, "__name__", str(tp))
-
-
-def _coerce(key: str, value: Any, tp: Any) -> Any:
-    """Check `value` against type `tp` (converting lossless cases such as int -> float)."""
-    origin = typing.get_origin(tp)
-    bad = ConfigError(f"config key '{key}' expects {_describe(tp)}, got {value!r}")
-    if origin is Literal:
-        if value not in typing.get_args(tp):
-            raise bad
-        return value
-    if origin in (typing.Union, types.UnionType):
-        for arg in typing.get_args(tp):
-            try:
-                return _coerce(key, value, arg)
-            except ConfigError:
-                continue
-        raise bad
-    if tp is type(None):
-        if value is not None:
-            raise bad
-        return None
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise bad
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise bad
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise bad
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise bad
-        return value
-    if origin is tuple and typing.get_args(tp)[-1] is Ellipsis:  # any length: "1,2,4", [1, 2, 4] or 4
-        items = value.split(",") if isinstance(value, str) else value
-        items = items if isinstance(items, (list, tuple)) else [items]
-        elem = typing.get_args(tp)[0]
-        try:
-            items = [yaml.safe_load(v) if isinstance(v, str) else v for v in items]
-        except yaml.YAMLError:
-            raise bad from None
-        return tuple(_coerce(f"{key}[{i}]", v, elem) for i, v in enumerate(items))
-    if origin is tuple:
-        args = typing.get_args(tp)
-        if not isinstance(value, (list, tuple)) or len(value) != len(args):
-            raise bad
-        return tuple(_coerce(f"{key}[{i}]", v, a) for i, (v, a) in enumerate(zip(value, args)))
-    if origin is dict or tp is dict:
-        if not isinstance(value, dict):
-            raise bad
-        return dict(value)
-    raise bad
-
-
-def _apply(obj: Any, key: str, value: Any, prefix: str = "") -> None:
-    """Set dotted `key` on dataclass `obj`; dict values update nested sections key by key."""
-    head, _, rest = key.partition(".")
-    fields = _field_types(type(obj))
-    full = f"{prefix}{head}"
-    if head not in fields:
-        hint = difflib.get_close_matches(head, fields, n=1)
-        where = f"section '{prefix[:-1]}'" if prefix else "the top level"
-        suggestion = f" (did you mean '{prefix}{hint[0]}'?)" if hint else ""
-        raise ConfigError(
-            f"unknown config key '{full}'{suggestion}; valid keys at {where}: {', '.join(fields)}"
-        )
-    tp = fields[head]
-    if dataclasses.is_dataclass(tp):
-        section = getattr(obj, head)
-        if rest:
-            _apply(section, rest, value, f"{full}.")
-        elif isinstance(value, dict):
-            for k, v in value.items():
-                _apply(section, str(k), v, f"{full}.")
-        else:
-            raise ConfigError(f"config key '{full}' is {_describe(tp)}; set e.g. '{full}.<key>=value'")
-        return
-    if rest:
-        if typing.get_origin(tp) is dict or tp is dict:
-            getattr(obj, head)[rest] = value
-            return
-        raise ConfigError(f"config key '{full}' is not a section; use '{full}=value'")
-    setattr(obj, head, _coerce(full, value, tp))
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """'train.lr=1e-5' -> ('train.lr', 1e-05); values are parsed as YAML scalars/lists/dicts."""
-    if "=" not in text:
-        raise ConfigError(f"override '{text}' must look like key=value (for example max_steps=10)")
-    key, raw = text.split("=", 1)
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    # YAML reads 1e-5 as a string (it wants 1.0e-5); accept the usual float spelling.
-    if isinstance(value, str):
-        try:
-            value = float(value) if any(c in value.lower() for c in ".e") else value
-        except ValueError:
-            pass
-    return key.strip(), value
-
-
 def from_dict(data: dict[str, Any]) -> Config:
     """A Config from a plain dict (e.g. a run directory's config.yaml), validated."""
     cfg = Config()
     for k, v in data.items():
-        _apply(cfg, str(k), v)
+        apply_key(cfg, str(k), v)
     validate(cfg)
     return cfg
 
@@ -302,77 +182,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         except ValueError as e:
             raise ConfigError(f"config key 'algo': {e}") from e
         for k, v in preset.items():
-            _apply(cfg, str(k), v)
+            apply_key(cfg, str(k), v)
     for k, v in data.items():
-        _apply(cfg, str(k), v)
+        apply_key(cfg, str(k), v)
     for k, v in parsed:
-        _apply(cfg, k, v)
+        apply_key(cfg, k, v)
     if resume:
         cfg.run_dir = resume
     validate(cfg)
     return cfg
-
-
-def _positive(name: str, value: float) -> None:
-    if value <= 0:
-        raise ConfigError(f"config key '{name}' must be > 0, got {value}")
-
-
-def validate(cfg: Config) -> None:
-    """Cross-field checks that types alone cannot express."""
-    from streamrl.algo import registry  # late import: algo imports nothing from config
-
-    _positive("max_steps", cfg.max_steps + 1)  # 0 steps is allowed (eval only)
-    _positive("rollout.prompts_per_step", cfg.rollout.prompts_per_step)
-    _positive("rollout.samples_per_prompt", cfg.rollout.samples_per_prompt)
-    _positive("rollout.max_new_tokens", cfg.rollout.max_new_tokens)
-    _positive("train.lr", cfg.train.lr)
-    _positive("train.token_budget", cfg.train.token_budget)
-    _positive("train.mini_batches", cfg.train.mini_batches)
-    _positive("runtime.rollout_workers", cfg.runtime.rollout_workers)
-    _positive("runtime.rollout_threads", cfg.runtime.rollout_threads)
-    if cfg.max_staleness < 0:
-        raise ConfigError(f"config key 'max_staleness' must be >= 0, got {cfg.max_staleness}")
-    if cfg.runtime.mode == "colocated" and cfg.max_staleness != 0:
-        raise ConfigError(
-            "runtime.mode=colocated is synchronous: set max_staleness=0, or runtime.mode=async for eta > 0"
-        )
-    _positive("eval.max_new_tokens", cfg.eval.max_new_tokens)
-    _positive("rollout.max_batch", cfg.rollout.max_batch)
-    if not 0 < cfg.loss.entropy_top_q <= 1:
-        raise ConfigError(f"config key 'loss.entropy_top_q' must be in (0, 1], got {cfg.loss.entropy_top_q}")
-    if cfg.loss.dual_clip and cfg.loss.dual_clip <= 1:
-        raise ConfigError(f"config key 'loss.dual_clip' must be 0 (off) or > 1, got {cfg.loss.dual_clip}")
-    if cfg.rollout.temperature < 0:
-        raise ConfigError(f"config key 'rollout.temperature' must be >= 0, got {cfg.rollout.temperature}")
-    if not 0 < cfg.rollout.top_p <= 1:
-        raise ConfigError(f"config key 'rollout.top_p' must be in (0, 1], got {cfg.rollout.top_p}")
-    if cfg.eval.size < 0:
-        raise ConfigError(f"config key 'eval.size' must be >= 0, got {cfg.eval.size}")
-    if cfg.eval.n < 0 or cfg.eval.every < 0:
-        raise ConfigError(
-            f"config keys 'eval.n' and 'eval.every' must be >= 0, got {cfg.eval.n}, {cfg.eval.every}"
-        )
-    bad_k = [k for k in cfg.eval.k if not 1 <= k <= max(cfg.eval.n, 1)]
-    if bad_k:
-        raise ConfigError(f"config key 'eval.k' values must be in 1..eval.n={cfg.eval.n}, got {bad_k}")
-    if not (0 <= cfg.advantage.gamma <= 1 and 0 <= cfg.advantage.lam <= 1):
-        raise ConfigError(
-            f"config keys 'advantage.gamma' and 'advantage.lam' must be in [0, 1], got "
-            f"{cfg.advantage.gamma} and {cfg.advantage.lam}"
-        )
-    if cfg.loss.vf_coef < 0 or cfg.loss.value_clip <= 0:
-        raise ConfigError(
-            f"config keys 'loss.vf_coef' must be >= 0 and 'loss.value_clip' > 0, got "
-            f"{cfg.loss.vf_coef} and {cfg.loss.value_clip}"
-        )
-    for key, value, reg in (
-        ("loss.name", cfg.loss.name, registry.POLICY_LOSSES),
-        ("loss.aggregation", cfg.loss.aggregation, registry.AGGREGATIONS),
-        ("advantage.name", cfg.advantage.name, registry.ADVANTAGES),
-    ):
-        if value not in reg:
-            raise ConfigError(f"config key '{key}' must be one of {', '.join(sorted(reg))}, got {value!r}")
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

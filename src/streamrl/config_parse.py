@@ -1,0 +1,133 @@
+"""Typed parsing of config values: dotted keys onto dataclass sections, YAML scalars, one-line errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """Bad configuration; the message is one line naming the key and the fix."""
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _describe(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if dataclasses.is_dataclass(tp):
+        return "a section with keys " + ", ".join(_field_types(tp))
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Check `value` against type `tp` (converting lossless cases such as int -> float)."""
+    origin = typing.get_origin(tp)
+    bad = ConfigError(f"config key '{key}' expects {_describe(tp)}, got {value!r}")
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise bad
+        return value
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            try:
+                return _coerce(key, value, arg)
+            except ConfigError:
+                continue
+        raise bad
+    if tp is type(None):
+        if value is not None:
+            raise bad
+        return None
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise bad
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise bad
+        return value
+    if origin is tuple and typing.get_args(tp)[-1] is Ellipsis:  # any length: "1,2,4", [1, 2, 4] or 4
+        items = value.split(",") if isinstance(value, str) else value
+        items = items if isinstance(items, (list, tuple)) else [items]
+        elem = typing.get_args(tp)[0]
+        try:
+            items = [yaml.safe_load(v) if isinstance(v, str) else v for v in items]
+        except yaml.YAMLError:
+            raise bad from None
+        return tuple(_coerce(f"{key}[{i}]", v, elem) for i, v in enumerate(items))
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise bad
+        return tuple(_coerce(f"{key}[{i}]", v, a) for i, (v, a) in enumerate(zip(value, args)))
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise bad
+        return dict(value)
+    raise bad
+
+
+def apply_key(obj: Any, key: str, value: Any, prefix: str = "") -> None:
+    """Set dotted `key` on dataclass `obj`; dict values update nested sections key by key."""
+    head, _, rest = key.partition(".")
+    fields = _field_types(type(obj))
+    full = f"{prefix}{head}"
+    if head not in fields:
+        hint = difflib.get_close_matches(head, fields, n=1)
+        where = f"section '{prefix[:-1]}'" if prefix else "the top level"
+        suggestion = f" (did you mean '{prefix}{hint[0]}'?)" if hint else ""
+        raise ConfigError(
+            f"unknown config key '{full}'{suggestion}; valid keys at {where}: {', '.join(fields)}"
+        )
+    tp = fields[head]
+    if dataclasses.is_dataclass(tp):
+        section = getattr(obj, head)
+        if rest:
+            apply_key(section, rest, value, f"{full}.")
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                apply_key(section, str(k), v, f"{full}.")
+        else:
+            raise ConfigError(f"config key '{full}' is {_describe(tp)}; set e.g. '{full}.<key>=value'")
+        return
+    if rest:
+        if typing.get_origin(tp) is dict or tp is dict:
+            getattr(obj, head)[rest] = value
+            return
+        raise ConfigError(f"config key '{full}' is not a section; use '{full}=value'")
+    setattr(obj, head, _coerce(full, value, tp))
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """'train.lr=1e-5' -> ('train.lr', 1e-05); values are parsed as YAML scalars/lists/dicts."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' must look like key=value (for example max_steps=10)")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    # YAML reads 1e-5 as a string (it wants 1.0e-5); accept the usual float spelling.
+    if isinstance(value, str):
+        try:
+            value = float(value) if any(c in value.lower() for c in ".e") else value
+        except ValueError:
+            pass
+    return key.strip(), value

@@ -1,0 +1,69 @@
+"""Cross-field checks of a Config that the field types alone cannot express."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streamrl.config_parse import ConfigError
+
+
+def _positive(name: str, value: float) -> None:
+    if value <= 0:
+        raise ConfigError(f"config key '{name}' must be > 0, got {value}")
+
+
+def validate(cfg: Any) -> None:
+    """Cross-field checks that types alone cannot express."""
+    from streamrl.algo import registry  # late import: algo imports nothing from config
+
+    _positive("max_steps", cfg.max_steps + 1)  # 0 steps is allowed (eval only)
+    _positive("rollout.prompts_per_step", cfg.rollout.prompts_per_step)
+    _positive("rollout.samples_per_prompt", cfg.rollout.samples_per_prompt)
+    _positive("rollout.max_new_tokens", cfg.rollout.max_new_tokens)
+    _positive("train.lr", cfg.train.lr)
+    _positive("train.token_budget", cfg.train.token_budget)
+    _positive("train.mini_batches", cfg.train.mini_batches)
+    _positive("runtime.rollout_workers", cfg.runtime.rollout_workers)
+    _positive("runtime.rollout_threads", cfg.runtime.rollout_threads)
+    if cfg.max_staleness < 0:
+        raise ConfigError(f"config key 'max_staleness' must be >= 0, got {cfg.max_staleness}")
+    if cfg.runtime.mode == "colocated" and cfg.max_staleness != 0:
+        raise ConfigError(
+            "runtime.mode=colocated is synchronous: set max_staleness=0, or runtime.mode=async for eta > 0"
+        )
+    _positive("eval.max_new_tokens", cfg.eval.max_new_tokens)
+    _positive("rollout.max_batch", cfg.rollout.max_batch)
+    if not 0 < cfg.loss.entropy_top_q <= 1:
+        raise ConfigError(f"config key 'loss.entropy_top_q' must be in (0, 1], got {cfg.loss.entropy_top_q}")
+    if cfg.loss.dual_clip and cfg.loss.dual_clip <= 1:
+        raise ConfigError(f"config key 'loss.dual_clip' must be 0 (off) or > 1, got {cfg.loss.dual_clip}")
+    if cfg.rollout.temperature < 0:
+        raise ConfigError(f"config key 'rollout.temperature' must be >= 0, got {cfg.rollout.temperature}")
+    if not 0 < cfg.rollout.top_p <= 1:
+        raise ConfigError(f"config key 'rollout.top_p' must be in (0, 1], got {cfg.rollout.top_p}")
+    if cfg.eval.size < 0:
+        raise ConfigError(f"config key 'eval.size' must be >= 0, got {cfg.eval.size}")
+    if cfg.eval.n < 0 or cfg.eval.every < 0:
+        raise ConfigError(
+            f"config keys 'eval.n' and 'eval.every' must be >= 0, got {cfg.eval.n}, {cfg.eval.every}"
+        )
+    bad_k = [k for k in cfg.eval.k if not 1 <= k <= max(cfg.eval.n, 1)]
+    if bad_k:
+        raise ConfigError(f"config key 'eval.k' values must be in 1..eval.n={cfg.eval.n}, got {bad_k}")
+    if not (0 <= cfg.advantage.gamma <= 1 and 0 <= cfg.advantage.lam <= 1):
+        raise ConfigError(
+            f"config keys 'advantage.gamma' and 'advantage.lam' must be in [0, 1], got "
+            f"{cfg.advantage.gamma} and {cfg.advantage.lam}"
+        )
+    if cfg.loss.vf_coef < 0 or cfg.loss.value_clip <= 0:
+        raise ConfigError(
+            f"config keys 'loss.vf_coef' must be >= 0 and 'loss.value_clip' > 0, got "
+            f"{cfg.loss.vf_coef} and {cfg.loss.value_clip}"
+        )
+    for key, value, reg in (
+        ("loss.name", cfg.loss.name, registry.POLICY_LOSSES),
+        ("loss.aggregation", cfg.loss.aggregation, registry.AGGREGATIONS),
+        ("advantage.name", cfg.advantage.name, registry.ADVANTAGES),
+    ):
+        if value not in reg:
+            raise ConfigError(f"config key '{key}' must be one of {', '.join(sorted(reg))}, got {value!r}")

@@ -1,3 +1,5 @@
+import threading
+
 import pytest
 
 from streamrl.eval.stats import paired_difference_interval, wilson_interval
@@ -53,7 +55,22 @@ def test_extract_unknown_style():
         ("0.5", "\\frac{1}{2}", True),
         ("85", "84", False),
         ("\\{1,2\\}", "\\{2,1\\}", True),
+        ("\\{1,3\\}", "\\{1,2\\}", False),
+        ("(1, 2]", "(1, 2]", True),
+        ("[1, 2]", "(1, 2]", False),
+        ("\\frac{2}{4}", "0.5", True),
+        ("\\sqrt{4}", "2", True),
+        ("2/3", "0.6667", False),
     ],
 )
 def test_math_verify_equivalence(pred, ref, equal):
     assert math_equal(pred, ref) is equal
+
+
+def test_math_verify_works_in_a_scoring_thread():
+    # math-verify's SIGALRM timeouts only work in the main thread; a thread pool must still score
+    out = []
+    t = threading.Thread(target=lambda: out.extend([math_equal("1/2", "0.5"), math_equal("1/3", "0.5")]))
+    t.start()
+    t.join()
+    assert out == [True, False]

@@ -42,6 +42,16 @@ class RewardConfig:
     overlong_buffer: int = 0  # DAPO overlong shaping: penalty ramps over the last N tokens; 0 = off
     overlong_penalty: float = 1.0
     code_partial_credit: bool = True  # code task: reward = fraction of tests passed (False: all or nothing)
+    # scoring runs in a RewardService: thread (I/O-bound scorers: sandbox, judge), process, or inline
+    service: Literal["thread", "process", "inline"] = "thread"
+    workers: int = 2
+    timeout_s: float = 60.0  # per response; a scorer past it yields reward 0 with reason "timeout"
+    cache_size: int = 10_000  # identical (problem, response) pairs are scored once
+    scorer: Literal["task", "judge"] = "task"  # judge: an OpenAI-compatible LLM grades the response
+    judge_url: str = ""  # or STREAMRL_JUDGE_URL / OPENAI_BASE_URL
+    judge_model: str = ""  # or STREAMRL_JUDGE_MODEL (the key: STREAMRL_JUDGE_API_KEY / OPENAI_API_KEY)
+    judge_timeout_s: float = 30.0
+    judge_pass_threshold: float = 0.5  # a judge score at or above it counts as correct
 
 
 @dataclass

@@ -14,6 +14,7 @@ from typing import Any
 from streamrl.config import Config
 from streamrl.data.tasks import Task
 from streamrl.engine.hf import HFEngine
+from streamrl.rewards.scoring import Scoring
 from streamrl.runtime.async_loop import _over_budget
 from streamrl.runtime.ledger import Ledger
 from streamrl.runtime.resume_state import RunState
@@ -41,6 +42,7 @@ class ColocatedRunner:
         if state.ledger:
             self.ledger.load_state_dict(state.ledger)
         self.engine.update_weights(None, trainer.version)
+        self.scoring = Scoring(cfg, task)
 
     def _draw(self, n: int) -> list[Problem]:
         problems = list(itertools.islice(self.stream, n))
@@ -48,12 +50,18 @@ class ColocatedRunner:
         return problems
 
     def run(self, on_step: Callable[[dict[str, Any]], None]) -> None:
+        try:
+            self._run(on_step)
+        finally:
+            self.scoring.close()
+
+    def _run(self, on_step: Callable[[dict[str, Any]], None]) -> None:
         cfg = self.cfg
         t_run = time.perf_counter()
         while self.state.step < cfg.max_steps and not self.stop and not _over_budget(cfg, t_run):
             step = self.state.step + 1
             record, groups, dropped = rl_step(
-                step, self._draw, self.engine, self.trainer, self.tokenizer, self.task, cfg
+                step, self._draw, self.engine, self.trainer, self.tokenizer, self.scoring, cfg
             )
             record["_groups"] = groups
             for kept, gs in ((True, groups), (False, dropped)):

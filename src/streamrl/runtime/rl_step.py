@@ -10,7 +10,7 @@ import torch
 
 from streamrl.algo import registry
 from streamrl.config import Config
-from streamrl.data.tasks import Task
+from streamrl.rewards.scoring import Scoring
 from streamrl.runtime.rollout import rollout_groups
 from streamrl.runtime.step_metrics import step_record
 from streamrl.trainer.trainer import Trainer
@@ -55,7 +55,7 @@ def rl_step(
     engine: Any,
     trainer: Trainer,
     tokenizer: Any,
-    task: Task,
+    scoring: Scoring,
     cfg: Config,
 ) -> tuple[dict[str, Any], list[Group], list[Group]]:
     """One step of synchronous on-policy RL on `draw(B)` new problems.
@@ -66,7 +66,7 @@ def rl_step(
     """
     t0 = time.perf_counter()
     B = cfg.rollout.prompts_per_step
-    groups, timing = rollout_groups(engine, tokenizer, task, draw(B), cfg, step)
+    groups, timing = rollout_groups(engine, tokenizer, scoring, draw(B), cfg, step)
     dropped: list[Group] = []
     if cfg.rollout.dynamic_sampling:
         dropped = [g for g in groups if g.uninformative]
@@ -74,7 +74,7 @@ def rl_step(
         for _ in range(cfg.rollout.dynamic_sampling_rounds):
             if len(groups) >= B:
                 break
-            more, t = rollout_groups(engine, tokenizer, task, draw(B - len(groups)), cfg, step)
+            more, t = rollout_groups(engine, tokenizer, scoring, draw(B - len(groups)), cfg, step)
             timing = {k: timing[k] + t[k] for k in timing}
             dropped += [g for g in more if g.uninformative]
             groups += [g for g in more if not g.uninformative]

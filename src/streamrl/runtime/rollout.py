@@ -7,15 +7,15 @@ from typing import Any
 
 from streamrl.config import Config
 from streamrl.data.prompts import render_prompt_ids
-from streamrl.data.tasks import Task
 from streamrl.engine.base import GenRequest, GenResult
-from streamrl.rewards.outcome import outcome_reward
-from streamrl.rewards.shaping import overlong_penalty
+from streamrl.rewards.scoring import Scoring
 from streamrl.types import Group, Problem, Trajectory
+
+GREEDY = -1  # the sample index of a group's greedy baseline response
 
 
 def rollout_groups(
-    engine: Any, tokenizer: Any, task: Task, problems: list[Problem], cfg: Config, step: int
+    engine: Any, tokenizer: Any, scoring: Scoring, problems: list[Problem], cfg: Config, step: int
 ) -> tuple[list[Group], dict[str, float]]:
     """-> (groups, timing). Every problem yields exactly cfg.rollout.samples_per_prompt trajectories,
     plus a greedy baseline response per group when the advantage estimator needs one (ReMax)."""
@@ -32,18 +32,18 @@ def rollout_groups(
     results = engine.generate(requests)
     t1 = time.perf_counter()
     groups = [Group(problem=p, trajectories=[]) for p in problems]
+    pairs = []
     for res in results:
         pi, k = res.request.tag
-        traj = build_trajectory(problems[pi], res, tokenizer, task, cfg, f"s{step}-{problems[pi].id}", k)
+        traj = make_trajectory(problems[pi], res, tokenizer, cfg, f"s{step}-{problems[pi].id}", k)
+        pairs.append((problems[pi], traj))
         if k == GREEDY:
             groups[pi].baseline = traj
         else:
             groups[pi].trajectories.append(traj)
+    scoring.score(pairs)
     t2 = time.perf_counter()
     return groups, {"generate_time": t1 - t0, "reward_time": t2 - t1}
-
-
-GREEDY = -1  # the sample index of a group's greedy baseline response
 
 
 def needs_greedy_baseline(cfg: Config) -> bool:
@@ -55,17 +55,11 @@ def greedy_request(prompt_ids: list[int], cfg: Config, tag: Any) -> GenRequest:
     return GenRequest(prompt_ids, cfg.rollout.max_new_tokens, 0.0, 1.0, tag=tag)
 
 
-def build_trajectory(
-    problem: Problem, res: GenResult, tokenizer: Any, task: Task, cfg: Config, group_id: str, k: int
+def make_trajectory(
+    problem: Problem, res: GenResult, tokenizer: Any, cfg: Config, group_id: str, k: int
 ) -> Trajectory:
-    """A scored trajectory from one engine result (sample k of group `group_id`; k = GREEDY for the
-    greedy baseline)."""
-    text = tokenizer.decode(res.token_ids, skip_special_tokens=True)
-    reward, correct, info = outcome_reward(task, problem, text, cfg.reward.format_weight)
-    rc = cfg.reward
-    reward += overlong_penalty(
-        len(res.token_ids), cfg.rollout.max_new_tokens, rc.overlong_buffer, rc.overlong_penalty
-    )
+    """An unscored trajectory from one engine result (sample k of group `group_id`; k = GREEDY for the
+    greedy baseline). Scoring (rewards/scoring.py) fills reward, correct and reward_info."""
     masked = cfg.loss.mask_truncated and res.finish_reason == "length"
     return Trajectory(
         problem_id=problem.id,
@@ -76,9 +70,6 @@ def build_trajectory(
         behaviour_logprobs=res.logprobs,
         versions=res.versions,
         finish_reason=res.finish_reason,
-        text=text,
-        reward=reward,
-        correct=correct,
-        reward_info=info,
+        text=tokenizer.decode(res.token_ids, skip_special_tokens=True),
         loss_mask=[0] * len(res.token_ids) if masked else [],
     )

@@ -42,7 +42,23 @@ def step_record(
         "staleness_hist": {str(k): hist[k] for k in sorted(hist)},
         **_advantage_stats(advantages or []),
         **_baseline_stats(groups),
+        **_scoring_stats(trajs),
         **train,
+    }
+
+
+def _scoring_stats(trajs: list[Any]) -> dict[str, Any]:
+    """How scoring went: failures by reason (reward 0 each), latency, cache hits."""
+    infos = [t.reward_info for t in trajs if "reward_latency_s" in t.reward_info]
+    if not infos:
+        return {}
+    errors = Counter(i["reward_error"] for i in infos if i["reward_error"])
+    return {
+        "reward_errors": sum(errors.values()),
+        "reward_timeouts": errors.get("timeout", 0),
+        "reward_error_reasons": dict(errors),
+        "reward_latency_mean_s": statistics.fmean(i["reward_latency_s"] for i in infos),
+        "reward_cache_hit_rate": statistics.fmean(float(i["reward_cached"]) for i in infos),
     }
 
 

@@ -70,7 +70,8 @@ def _loop(worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any,
     from streamrl.engine.continuous import ContinuousDecoder
     from streamrl.engine.hf import HFEngine
     from streamrl.models import load_model, load_tokenizer, resolve_model_dir
-    from streamrl.runtime.rollout import GREEDY, build_trajectory, greedy_request
+    from streamrl.rewards.scoring import Scoring
+    from streamrl.runtime.rollout import GREEDY, greedy_request, make_trajectory
 
     cfg = from_dict(cfg_dict)
     model_dir = resolve_model_dir(cfg.model, cfg.seed)
@@ -97,42 +98,57 @@ def _loop(worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any,
             gens.append(greedy_request(req.prompt_ids, cfg, (req.group_id, GREEDY)))
         decoder.add(gens)
 
-    parent = os.getppid()
-    while True:
-        if os.getppid() != parent:  # the controller was killed: do not linger as an orphan
-            return
-        t0 = time.perf_counter()
-        # intake: block only when there is nothing to decode
-        try:
-            while True:
-                item = requests.get(timeout=0.05) if decoder.idle else requests.get_nowait()
-                if item == STOP:
-                    return
-                take(item)
-                if decoder.idle:
-                    break
-        except queue.Empty:
-            pass
-        if decoder.idle:
-            idle += time.perf_counter() - t0
-            continue
-        # newest weights between decode steps; never start a request on weights older than those it
-        # was admitted under (publish happens before admission, so one load always suffices)
-        need = max((open_groups[g][0].admitted_version for g in open_groups), default=0)
-        if weights.version > engine.version or engine.version < need:
-            decoder.update_weights(None, weights.load_into(model))
-        for res in decoder.step():
-            gid, k = res.request.tag
+    scoring = Scoring(cfg, task)
+
+    def emit_scored() -> None:
+        """Send every group whose samples are all generated and scored (scoring runs in the reward
+        service's threads/processes while this loop keeps decoding)."""
+        nonlocal busy, idle
+        for gid in [
+            g for g, (req, done) in open_groups.items() if len(done) == req.samples + req.greedy_baseline
+        ]:
             req, done = open_groups[gid]
-            done.append((k, build_trajectory(req.problem, res, tokenizer, task, cfg, gid, k)))
-            if len(done) == req.samples + req.greedy_baseline:
-                del open_groups[gid]
-                trajs = [t for _, t in sorted(done, key=lambda kt: kt[0])]
-                baseline = trajs.pop(0) if req.greedy_baseline else None  # GREEDY = -1 sorts first
-                busy += time.perf_counter() - t0
-                results.put(
-                    GroupResult(gid, req.problem, trajs, worker_id, baseline, busy_s=busy, idle_s=idle)
-                )
-                busy = idle = 0.0
-                t0 = time.perf_counter()
-        busy += time.perf_counter() - t0
+            if not all(fut.done() for _, _, fut in done):
+                continue
+            del open_groups[gid]
+            for _, traj, fut in done:
+                scoring.apply(traj, fut.result())
+            trajs = [t for _, t, _ in sorted(done, key=lambda d: d[0])]
+            baseline = trajs.pop(0) if req.greedy_baseline else None  # GREEDY = -1 sorts first
+            results.put(GroupResult(gid, req.problem, trajs, worker_id, baseline, busy_s=busy, idle_s=idle))
+            busy = idle = 0.0
+
+    try:
+        parent = os.getppid()
+        while True:
+            if os.getppid() != parent:  # the controller was killed: do not linger as an orphan
+                return
+            emit_scored()
+            t0 = time.perf_counter()
+            # intake: block only when there is nothing to decode
+            try:
+                while True:
+                    item = requests.get(timeout=0.05) if decoder.idle else requests.get_nowait()
+                    if item == STOP:
+                        return
+                    take(item)
+                    if decoder.idle:
+                        break
+            except queue.Empty:
+                pass
+            if decoder.idle:
+                idle += time.perf_counter() - t0
+                continue
+            # newest weights between decode steps; never start a request on weights older than those it
+            # was admitted under (publish happens before admission, so one load always suffices)
+            need = max((open_groups[g][0].admitted_version for g in open_groups), default=0)
+            if weights.version > engine.version or engine.version < need:
+                decoder.update_weights(None, weights.load_into(model))
+            for res in decoder.step():
+                gid, k = res.request.tag
+                req, done = open_groups[gid]
+                traj = make_trajectory(req.problem, res, tokenizer, cfg, gid, k)
+                done.append((k, traj, scoring.submit(req.problem, traj)))
+            busy += time.perf_counter() - t0
+    finally:
+        scoring.close()

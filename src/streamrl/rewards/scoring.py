@@ -1,0 +1,101 @@
+"""Rollout-side scoring: every response goes through a RewardService, then shaping is applied.
+
+`TaskScorer` is the picklable scorer the service runs: the task's verifier (reasoning-gym, math-verify,
+the code sandbox) or an LLM judge, plus the format bonus. `Scoring` owns the service of one process
+(the colocated trainer or one rollout worker): `submit` starts scoring a trajectory the moment it is
+generated, `apply` writes the outcome into it (reward + overlong shaping, correctness, and the scoring
+facts the step metrics count: error reason, latency, cache hit). A scorer that fails, hangs or crashes
+costs that one reward (0.0 plus a counted reason), never the run.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import Any
+
+from streamrl.rewards.outcome import outcome_reward
+from streamrl.rewards.service import RewardOutcome, RewardService
+from streamrl.rewards.shaping import overlong_penalty
+from streamrl.types import Problem, Trajectory
+
+
+class TaskScorer:
+    """scorer(problem, text) -> (reward, info). Builds its task (or judge) lazily in whichever process
+    runs it, so only the config travels to a worker process."""
+
+    name = "task"
+
+    def __init__(self, cfg_dict: dict[str, Any], task: Any = None) -> None:
+        self.cfg_dict = cfg_dict
+        self._task = task
+        self._judge: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"cfg_dict": self.cfg_dict, "_task": None, "_judge": None}
+
+    def _setup(self) -> tuple[Any, Any]:
+        from streamrl.config import from_dict
+        from streamrl.data.tasks import task_from_config
+
+        cfg = from_dict(self.cfg_dict)
+        if self._task is None:
+            self._task = task_from_config(cfg)
+        if cfg.reward.scorer == "judge" and self._judge is None:
+            from streamrl.rewards.judge import make_judge_scorer
+
+            rc = cfg.reward
+            self._judge = make_judge_scorer(
+                base_url=rc.judge_url or None, model=rc.judge_model or None, timeout_s=rc.judge_timeout_s
+            )
+        return cfg, self._task
+
+    def __call__(self, problem: Problem, text: str) -> tuple[float, dict[str, Any]]:
+        cfg, task = self._setup()
+        if self._judge is not None:
+            score, info = self._judge(problem.meta.get("question", ""), problem.answer, text)
+            return float(score), {**info, "correct": score >= cfg.reward.judge_pass_threshold}
+        reward, correct, info = outcome_reward(task, problem, text, cfg.reward.format_weight)
+        return reward, {**info, "correct": correct}
+
+
+class Scoring:
+    """The scoring of one process. cfg.reward.service picks thread (default), process or inline."""
+
+    def __init__(self, cfg: Any, task: Any = None) -> None:
+        from streamrl.config import to_dict
+
+        rc = cfg.reward
+        self.cfg = cfg
+        scorer = TaskScorer(to_dict(cfg), task if rc.service != "process" else None)
+        self.service = RewardService(
+            scorer, workers=rc.workers, timeout_s=rc.timeout_s, cache_size=rc.cache_size, mode=rc.service
+        )
+
+    def submit(self, problem: Problem, traj: Trajectory) -> Future[RewardOutcome]:
+        # identical (problem, response) pairs are scored once; the problem id pins the reference
+        return self.service.submit(problem, traj.text, cache_key=(problem.id, problem.answer, traj.text))
+
+    def apply(self, traj: Trajectory, outcome: RewardOutcome) -> None:
+        """Reward = scorer reward (0 on failure) + overlong shaping; scoring facts into reward_info."""
+        info = dict(outcome.info)
+        correct = bool(info.pop("correct", False)) and outcome.error is None
+        info.pop("error_detail", None)
+        rc, cap = self.cfg.reward, self.cfg.rollout.max_new_tokens
+        shaping = overlong_penalty(len(traj.completion_ids), cap, rc.overlong_buffer, rc.overlong_penalty)
+        traj.reward = outcome.reward + shaping
+        traj.correct = correct
+        traj.reward_info = {
+            **info,
+            "reward_error": outcome.error,
+            "reward_latency_s": outcome.latency_s,
+            "reward_cached": outcome.cached,
+        }
+
+    def score(self, pairs: list[tuple[Problem, Trajectory]]) -> None:
+        """Score many trajectories concurrently (all submitted before any is awaited)."""
+        futures = [self.submit(p, t) for p, t in pairs]
+        for (_, traj), fut in zip(pairs, futures):
+            self.apply(traj, fut.result())
+
+    def close(self) -> None:
+        self.service.close(wait=False)

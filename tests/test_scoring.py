@@ -1,0 +1,87 @@
+"""Rollout-side scoring: a failing or hanging scorer costs one reward, counted in the step metrics."""
+
+import time
+
+import pytest
+from trajectories import make_traj
+
+from streamrl.config import load_config
+from streamrl.rewards import scoring as scoring_mod
+from streamrl.rewards.scoring import Scoring
+from streamrl.runtime.step_metrics import step_record
+from streamrl.types import Group, Problem
+
+
+class FlakyScorer:
+    """'ok' -> 1.0 correct; 'boom' raises; 'hang' sleeps past the timeout."""
+
+    name = "flaky"
+
+    def __init__(self, cfg_dict, task=None):
+        pass
+
+    def __call__(self, problem, text):
+        if text == "boom":
+            raise RuntimeError("scorer bug")
+        if text == "hang":
+            time.sleep(5)
+        return 1.0, {"correct": True, "formatted": True}
+
+
+@pytest.fixture()
+def scoring(monkeypatch):
+    monkeypatch.setattr(scoring_mod, "TaskScorer", FlakyScorer)
+    s = Scoring(
+        load_config(None, ["reward.timeout_s=0.5", "reward.overlong_buffer=4", "rollout.max_new_tokens=6"])
+    )
+    yield s
+    s.close()
+
+
+def test_failures_cost_one_reward_each_and_are_counted(scoring):
+    problem = Problem("p", [], "1")
+    trajs = [make_traj(i, [1], [2] * n) for i, n in enumerate([2, 2, 2, 5])]
+    for t, text in zip(trajs, ["ok", "boom", "hang", "ok"]):
+        t.text = text
+    start = time.perf_counter()
+    scoring.score([(problem, t) for t in trajs])
+    assert time.perf_counter() - start < 4  # the hang was cut at the 0.5 s timeout
+    # the last one is 5 tokens of 6 with a 4-token overlong buffer: penalty -(5 - 2) / 4
+    assert [t.reward for t in trajs] == pytest.approx([1.0, 0.0, 0.0, 0.25])
+    assert [t.correct for t in trajs] == [True, False, False, True]
+    assert [t.reward_info["reward_error"] for t in trajs] == [None, "RuntimeError", "timeout", None]
+    rec = step_record(1, [Group(problem, trajs)], {}, 0)
+    assert (rec["reward_errors"], rec["reward_timeouts"]) == (2, 1)
+    assert rec["reward_error_reasons"] == {"RuntimeError": 1, "timeout": 1}
+    assert rec["reward_cache_hit_rate"] == 0.25  # the second "ok" for the same problem came from the cache
+
+
+@pytest.mark.parametrize("mode", ["colocated", "async"])
+def test_code_task_trains_end_to_end_with_sandboxed_scoring(tmp_path, mode):
+    import json
+
+    from streamrl.cli import main
+
+    run = tmp_path / mode
+    args = [
+        "train",
+        "task=code",
+        "model=tiny-random",
+        "eval.size=2",
+        "eval.before=false",
+        "eval.after=false",
+        "rollout.prompts_per_step=2",
+        "rollout.samples_per_prompt=2",
+        "rollout.max_new_tokens=8",
+        "train.save_checkpoint=false",
+        "rollout.dynamic_sampling=false",
+        f"runtime.mode={mode}",
+        "max_staleness=0",
+        "max_steps=2",
+        f"run_dir={run}",
+    ]
+    assert main(args) == 0
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policy_version"] for r in rows] == [1, 2]
+    assert all(r["reward_errors"] == 0 and r["reward_latency_mean_s"] >= 0 for r in rows)
+    assert json.loads((run / "accounting.json").read_text())["lost"] == 0

@@ -44,7 +44,9 @@ SMALL_MODEL_ARGS: dict[str, dict[str, Any]] = {
 
 
 def default_task_args(spec: str) -> dict[str, Any]:
-    """The args a task runs with when none are configured (a copy; empty for non-rg tasks)."""
+    """The args a task runs with when none are configured (a copy; empty for other tasks)."""
+    if spec == "env:python_tool":  # its problems come from reasoning-gym too
+        return {"dataset": "basic_arithmetic", **SMALL_MODEL_ARGS["basic_arithmetic"]}
     return dict(SMALL_MODEL_ARGS.get(spec[3:], {})) if spec.startswith("rg:") else {}
 
 
@@ -184,8 +186,16 @@ class JsonlTask(Task):
         return math_equal(extracted, problem.answer)
 
 
-def make_task(spec: str, args: dict[str, Any], system_prompt: str, instruction: str, extract: str) -> Task:
+def make_task(
+    spec: str, args: dict[str, Any], system_prompt: str, instruction: str, extract: str, env: Any = None
+) -> Task:
+    """`env`: the EnvConfig that multi-turn tasks (`env:NAME`) take their limits from."""
     kw = {"system_prompt": system_prompt, "instruction": instruction, "extract": extract}
+    if spec.startswith("env:"):
+        from streamrl.config import EnvConfig
+        from streamrl.envs.base import make_env_task  # late: envs build on this module
+
+        return make_env_task(spec[4:], args, env_cfg=env if env is not None else EnvConfig(), **kw)
     if spec.startswith("rg:"):
         return ReasoningGymTask(spec[3:], args, **kw)
     path = Path(spec).expanduser()
@@ -194,5 +204,6 @@ def make_task(spec: str, args: dict[str, Any], system_prompt: str, instruction: 
             raise ValueError(f"task file '{spec}' not found")
         return JsonlTask(path, **kw)
     raise ValueError(
-        f"unknown task '{spec}': use 'rg:<reasoning-gym dataset>' or a .jsonl file of {{prompt, answer}}"
+        f"unknown task '{spec}': use 'rg:<reasoning-gym dataset>', 'env:python_tool', 'env:search' or a "
+        ".jsonl file of {prompt, answer}"
     )

@@ -53,7 +53,7 @@ def build_components(cfg: Config) -> Components:
     tokenizer = load_tokenizer(model_dir)
     model = load_model(model_dir, cfg.device)
     tc = cfg.task_config
-    task = make_task(cfg.task, tc.args, tc.system_prompt, tc.instruction, cfg.reward.extract)
+    task = make_task(cfg.task, tc.args, tc.system_prompt, tc.instruction, cfg.reward.extract, cfg.env)
     heldout = task.heldout(cfg.eval.size)
     stream = task.train_stream(cfg.seed, exclude={p.meta["question"] for p in heldout})
     engine = HFEngine(model, tokenizer, max_batch=cfg.rollout.max_batch, seed=cfg.seed, device=cfg.device)

@@ -9,6 +9,7 @@ from streamrl.config import Config
 from streamrl.data.prompts import render_prompt_ids
 from streamrl.data.tasks import Task
 from streamrl.engine.base import GenRequest, GenResult
+from streamrl.envs.base import EnvTask
 from streamrl.rewards.outcome import outcome_reward
 from streamrl.rewards.shaping import overlong_penalty
 from streamrl.types import Group, Problem, Trajectory
@@ -29,12 +30,23 @@ def rollout_groups(
     ]
     if needs_greedy_baseline(cfg):
         requests += [greedy_request(ids, cfg, (pi, GREEDY)) for pi, ids in enumerate(prompts)]
-    results = engine.generate(requests)
-    t1 = time.perf_counter()
+    gids = [f"s{step}-{p.id}" for p in problems]
+    if isinstance(task, EnvTask):  # multi-turn episodes: scored as they finish (runtime/episodes.py)
+        from streamrl.runtime.episodes import rollout_episodes
+
+        jobs = [(problems[q.tag[0]], q, gids[q.tag[0]]) for q in requests]
+        trajs = rollout_episodes(engine, tokenizer, task, cfg, jobs)
+        t1 = time.perf_counter()
+    else:
+        results = engine.generate(requests)  # in request order
+        t1 = time.perf_counter()
+        trajs = []
+        for res in results:
+            pi, k = res.request.tag
+            trajs.append(build_trajectory(problems[pi], res, tokenizer, task, cfg, gids[pi], k))
     groups = [Group(problem=p, trajectories=[]) for p in problems]
-    for res in results:
-        pi, k = res.request.tag
-        traj = build_trajectory(problems[pi], res, tokenizer, task, cfg, f"s{step}-{problems[pi].id}", k)
+    for traj, req in zip(trajs, requests, strict=True):
+        pi, k = req.tag
         if k == GREEDY:
             groups[pi].baseline = traj
         else:

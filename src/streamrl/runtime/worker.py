@@ -69,7 +69,9 @@ def _loop(worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any,
     from streamrl.engine.base import GenRequest
     from streamrl.engine.continuous import ContinuousDecoder
     from streamrl.engine.hf import HFEngine
+    from streamrl.envs.base import EnvTask
     from streamrl.models import load_model, load_tokenizer, resolve_model_dir
+    from streamrl.runtime.episodes import EpisodeTable
     from streamrl.runtime.rollout import GREEDY, build_trajectory, greedy_request
 
     cfg = from_dict(cfg_dict)
@@ -77,13 +79,14 @@ def _loop(worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any,
     tokenizer = load_tokenizer(model_dir)
     model = load_model(model_dir, cfg.device).eval().requires_grad_(False)
     tc = cfg.task_config
-    task = make_task(cfg.task, tc.args, tc.system_prompt, tc.instruction, cfg.reward.extract)
+    task = make_task(cfg.task, tc.args, tc.system_prompt, tc.instruction, cfg.reward.extract, cfg.env)
     torch.manual_seed(cfg.seed * 1009 + worker_id)
     engine = HFEngine(
         model, tokenizer, cfg.rollout.max_batch, seed=cfg.seed * 1009 + worker_id, device=cfg.device
     )
     engine.version = weights.load_into(model)
     decoder = ContinuousDecoder(engine, cfg.runtime.weight_update)
+    episodes = EpisodeTable(task, tokenizer, cfg) if isinstance(task, EnvTask) else None
     open_groups: dict[str, tuple[GroupRequest, list[Any]]] = {}
     busy = idle = 0.0
     r = cfg.rollout
@@ -96,6 +99,8 @@ def _loop(worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any,
         ]
         if req.greedy_baseline:
             gens.append(greedy_request(req.prompt_ids, cfg, (req.group_id, GREEDY)))
+        if episodes is not None:  # env task: each sample is an episode starting with this request
+            gens = [episodes.start(req.problem, g) for g in gens]
         decoder.add(gens)
 
     parent = os.getppid()
@@ -125,7 +130,15 @@ def _loop(worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any,
         for res in decoder.step():
             gid, k = res.request.tag
             req, done = open_groups[gid]
-            done.append((k, build_trajectory(req.problem, res, tokenizer, task, cfg, gid, k)))
+            if episodes is None:
+                traj = build_trajectory(req.problem, res, tokenizer, task, cfg, gid, k)
+            else:
+                nxt, traj = episodes.advance(res)
+                if nxt is not None:  # the env answered: the episode's next turn joins the decoder
+                    decoder.add([nxt])
+                    continue
+            assert traj is not None
+            done.append((k, traj))
             if len(done) == req.samples + req.greedy_baseline:
                 del open_groups[gid]
                 trajs = [t for _, t in sorted(done, key=lambda kt: kt[0])]

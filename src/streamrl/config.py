@@ -120,6 +120,18 @@ class TaskConfig:
 
 
 @dataclass
+class EnvConfig:
+    """Multi-turn environments (task=env:NAME). Token limits count completion tokens (model + observation)."""
+
+    max_turns: int = 4  # model turns per episode
+    max_total_tokens: int = 256  # completion tokens per episode; a longer episode ends with "length"
+    max_tokens_per_turn: int = 64  # new tokens per model turn (a cut turn is closed and the env steps)
+    top_k: int = 3  # env:search: passages per search
+    max_observation_chars: int = 400  # tool output / passages are truncated to this many characters
+    code_timeout: float = 5.0  # env:python_tool: seconds per program
+
+
+@dataclass
 class RuntimeConfig:
     # async: rollout worker processes generate while the trainer trains; colocated: one process
     # alternates generate and train with all cores (synchronous, needs max_staleness=0)
@@ -151,6 +163,7 @@ class Config:
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
 
 
 def from_dict(data: dict[str, Any]) -> Config:

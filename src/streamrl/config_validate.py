@@ -63,6 +63,9 @@ def validate(cfg: Any) -> None:
             f"config keys 'loss.vf_coef' must be >= 0 and 'loss.value_clip' > 0, got "
             f"{cfg.loss.vf_coef} and {cfg.loss.value_clip}"
         )
+    for key in ("max_turns", "max_total_tokens", "max_tokens_per_turn", "top_k", "max_observation_chars"):
+        _positive(f"env.{key}", getattr(cfg.env, key))
+    _positive("env.code_timeout", cfg.env.code_timeout)
     for key, value, reg in (
         ("loss.name", cfg.loss.name, registry.POLICY_LOSSES),
         ("loss.aggregation", cfg.loss.aggregation, registry.AGGREGATIONS),

@@ -45,7 +45,9 @@ SMALL_MODEL_ARGS: dict[str, dict[str, Any]] = {
 
 
 def default_task_args(spec: str) -> dict[str, Any]:
-    """The args a task runs with when none are configured (a copy; empty for non-rg tasks)."""
+    """The args a task runs with when none are configured (a copy; empty for other tasks)."""
+    if spec == "env:python_tool":  # its problems come from reasoning-gym too
+        return {"dataset": "basic_arithmetic", **SMALL_MODEL_ARGS["basic_arithmetic"]}
     return dict(SMALL_MODEL_ARGS.get(spec[3:], {})) if spec.startswith("rg:") else {}
 
 
@@ -192,9 +194,17 @@ def make_task(
     system_prompt: str,
     instruction: str,
     extract: str,
+    *,
     code_partial_credit: bool = True,
+    env: Any = None,
 ) -> Task:
+    """`env`: the EnvConfig that multi-turn tasks (`env:NAME`) take their limits from."""
     kw = {"system_prompt": system_prompt, "instruction": instruction, "extract": extract}
+    if spec.startswith("env:"):
+        from streamrl.config import EnvConfig
+        from streamrl.envs.base import make_env_task  # late: envs build on this module
+
+        return make_env_task(spec[4:], args, env_cfg=env if env is not None else EnvConfig(), **kw)
     if spec == "code" or spec.startswith("code:"):
         from streamrl.config import TaskConfig
         from streamrl.data.code_task import CODE_SYSTEM_PROMPT, CodeTask
@@ -216,7 +226,7 @@ def make_task(
         return JsonlTask(path, **kw)
     raise ValueError(
         f"unknown task '{spec}': use 'rg:<reasoning-gym dataset>', a .jsonl file of {{prompt, answer}}, "
-        "'code' or 'code:<file.jsonl>'"
+        "'code', 'code:<file.jsonl>', 'env:python_tool' or 'env:search'"
     )
 
 
@@ -229,5 +239,6 @@ def task_from_config(cfg: Any) -> Task:
         tc.system_prompt,
         tc.instruction,
         cfg.reward.extract,
-        cfg.reward.code_partial_credit,
+        code_partial_credit=cfg.reward.code_partial_credit,
+        env=cfg.env,
     )

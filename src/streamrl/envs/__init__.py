@@ -1,1 +1,1 @@
-"""Multi-turn environments and the OpenAI-compatible proxy that records agent calls."""
+"""Multi-turn environments (`task=env:NAME`) and the OpenAI-compatible proxy that records agent calls."""

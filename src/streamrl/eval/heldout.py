@@ -9,6 +9,7 @@ from typing import Any
 from streamrl.data.prompts import render_prompt_ids
 from streamrl.data.tasks import Task
 from streamrl.engine.base import GenRequest
+from streamrl.envs.base import EnvTask
 from streamrl.eval.stats import wilson_interval
 from streamrl.types import Problem
 
@@ -41,6 +42,10 @@ class EvalResult:
 def evaluate(
     engine: Any, tokenizer: Any, task: Task, problems: list[Problem], max_new_tokens: int
 ) -> EvalResult:
+    """Greedy decoding of every problem, scored by the task. Env tasks run greedy episodes (their
+    limits come from the env config; max_new_tokens is not used for them)."""
+    if isinstance(task, EnvTask):
+        return _evaluate_episodes(engine, tokenizer, task, problems)
     start = time.perf_counter()
     reqs = [
         GenRequest(render_prompt_ids(tokenizer, p.messages), max_new_tokens, temperature=0.0)
@@ -56,4 +61,26 @@ def evaluate(
         if len(samples) < 20:
             samples.append({"id": p.id, "answer": p.answer, "response": text, "correct": s.correct})
     mean_len = sum(len(r.token_ids) for r in results) / max(len(results), 1)
+    return EvalResult(correct, formatted, mean_len, time.perf_counter() - start, samples)
+
+
+def _evaluate_episodes(engine: Any, tokenizer: Any, task: EnvTask, problems: list[Problem]) -> EvalResult:
+    from streamrl.envs.episode import run_episodes
+    from streamrl.envs.render import TurnRenderer
+    from streamrl.runtime.episodes import new_episode
+
+    start = time.perf_counter()
+    renderer = TurnRenderer(tokenizer)
+    episodes = [
+        new_episode(task, renderer, p, GenRequest(render_prompt_ids(tokenizer, p.messages), 1, 0.0))
+        for p in problems
+    ]
+    run_episodes(engine, episodes)
+    correct = [bool(ep.info.get("correct", False)) for ep in episodes]
+    formatted = [bool(ep.info.get("formatted", False)) for ep in episodes]
+    samples = [
+        {"id": p.id, "answer": p.answer, "response": renderer.decode(ep.completion_ids), "correct": c}
+        for p, ep, c in list(zip(problems, episodes, correct))[:20]
+    ]
+    mean_len = sum(len(ep.completion_ids) for ep in episodes) / max(len(episodes), 1)
     return EvalResult(correct, formatted, mean_len, time.perf_counter() - start, samples)

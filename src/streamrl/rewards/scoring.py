@@ -65,7 +65,7 @@ class Scoring:
         from streamrl.config import to_dict
 
         rc = cfg.reward
-        self.cfg = cfg
+        self.cfg, self.task = cfg, task  # task: None unless the caller built it (env tasks need it)
         scorer = TaskScorer(to_dict(cfg), task if rc.service != "process" else None)
         self.service = RewardService(
             scorer, workers=rc.workers, timeout_s=rc.timeout_s, cache_size=rc.cache_size, mode=rc.service

@@ -8,6 +8,7 @@ from typing import Any
 from streamrl.config import Config
 from streamrl.data.prompts import render_prompt_ids
 from streamrl.engine.base import GenRequest, GenResult
+from streamrl.envs.base import EnvTask
 from streamrl.rewards.scoring import Scoring
 from streamrl.types import Group, Problem, Trajectory
 
@@ -29,19 +30,30 @@ def rollout_groups(
     ]
     if needs_greedy_baseline(cfg):
         requests += [greedy_request(ids, cfg, (pi, GREEDY)) for pi, ids in enumerate(prompts)]
-    results = engine.generate(requests)
-    t1 = time.perf_counter()
+    gids = [f"s{step}-{p.id}" for p in problems]
+    if isinstance(scoring.task, EnvTask):  # multi-turn: the env scores each episode (runtime/episodes.py)
+        from streamrl.runtime.episodes import rollout_episodes
+
+        jobs = [(problems[q.tag[0]], q, gids[q.tag[0]]) for q in requests]
+        trajs = rollout_episodes(engine, tokenizer, scoring.task, cfg, jobs)
+        t1 = time.perf_counter()
+    else:
+        results = engine.generate(requests)  # in request order
+        t1 = time.perf_counter()
+        trajs = [
+            make_trajectory(
+                problems[r.request.tag[0]], r, tokenizer, cfg, gids[r.request.tag[0]], r.request.tag[1]
+            )
+            for r in results
+        ]
+        scoring.score([(problems[q.tag[0]], t) for q, t in zip(requests, trajs)])
     groups = [Group(problem=p, trajectories=[]) for p in problems]
-    pairs = []
-    for res in results:
-        pi, k = res.request.tag
-        traj = make_trajectory(problems[pi], res, tokenizer, cfg, f"s{step}-{problems[pi].id}", k)
-        pairs.append((problems[pi], traj))
+    for traj, req in zip(trajs, requests, strict=True):
+        pi, k = req.tag
         if k == GREEDY:
             groups[pi].baseline = traj
         else:
             groups[pi].trajectories.append(traj)
-    scoring.score(pairs)
     t2 = time.perf_counter()
     return groups, {"generate_time": t1 - t0, "reward_time": t2 - t1}
 

@@ -69,8 +69,10 @@ def _loop(worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any,
     from streamrl.engine.base import GenRequest
     from streamrl.engine.continuous import ContinuousDecoder
     from streamrl.engine.hf import HFEngine
+    from streamrl.envs.base import EnvTask
     from streamrl.models import load_model, load_tokenizer, resolve_model_dir
     from streamrl.rewards.scoring import Scoring
+    from streamrl.runtime.episodes import EpisodeTable
     from streamrl.runtime.rollout import GREEDY, greedy_request, make_trajectory
 
     cfg = from_dict(cfg_dict)
@@ -84,6 +86,7 @@ def _loop(worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any,
     )
     engine.version = weights.load_into(model)
     decoder = ContinuousDecoder(engine, cfg.runtime.weight_update)
+    episodes = EpisodeTable(task, tokenizer, cfg) if isinstance(task, EnvTask) else None
     open_groups: dict[str, tuple[GroupRequest, list[Any]]] = {}
     busy = idle = 0.0
     r = cfg.rollout
@@ -96,6 +99,8 @@ def _loop(worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any,
         ]
         if req.greedy_baseline:
             gens.append(greedy_request(req.prompt_ids, cfg, (req.group_id, GREEDY)))
+        if episodes is not None:  # env task: each sample is an episode starting with this request
+            gens = [episodes.start(req.problem, g) for g in gens]
         decoder.add(gens)
 
     scoring = Scoring(cfg, task)
@@ -108,11 +113,12 @@ def _loop(worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any,
             g for g, (req, done) in open_groups.items() if len(done) == req.samples + req.greedy_baseline
         ]:
             req, done = open_groups[gid]
-            if not all(fut.done() for _, _, fut in done):
+            if not all(fut is None or fut.done() for _, _, fut in done):
                 continue
             del open_groups[gid]
             for _, traj, fut in done:
-                scoring.apply(traj, fut.result())
+                if fut is not None:  # None: an episode the env has scored already
+                    scoring.apply(traj, fut.result())
             trajs = [t for _, t, _ in sorted(done, key=lambda d: d[0])]
             baseline = trajs.pop(0) if req.greedy_baseline else None  # GREEDY = -1 sorts first
             results.put(GroupResult(gid, req.problem, trajs, worker_id, baseline, busy_s=busy, idle_s=idle))
@@ -147,8 +153,15 @@ def _loop(worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any,
             for res in decoder.step():
                 gid, k = res.request.tag
                 req, done = open_groups[gid]
-                traj = make_trajectory(req.problem, res, tokenizer, cfg, gid, k)
-                done.append((k, traj, scoring.submit(req.problem, traj)))
+                if episodes is None:
+                    traj = make_trajectory(req.problem, res, tokenizer, cfg, gid, k)
+                    done.append((k, traj, scoring.submit(req.problem, traj)))
+                    continue
+                nxt, ep_traj = episodes.advance(res)
+                if nxt is not None:  # the env answered: the episode's next turn joins the decoder
+                    decoder.add([nxt])
+                elif ep_traj is not None:
+                    done.append((k, ep_traj, None))
             busy += time.perf_counter() - t0
     finally:
         scoring.close()

@@ -113,3 +113,14 @@ def test_assemble_merges_calls_that_extend_the_context_and_splits_rewritten_ones
     assert first.text == "ab"
     assert second.prompt_ids == [1, 2, 99] and second.loss_mask == [1, 1] and second.versions == [2, 2]
     assert first.reward == second.reward == 0.5
+
+
+def test_the_llm_judge_talks_to_streamrls_own_proxy(proxy):
+    from streamrl.rewards.judge import JudgeError, LLMJudge, resolve_judge_config
+
+    p, _ = proxy
+    judge = LLMJudge(resolve_judge_config(p.url, "policy", "judge-episode", retries=0, timeout_s=60))
+    with pytest.raises(JudgeError, match="unparseable verdict|empty reply"):  # a random policy: no verdict
+        judge.judge("2+2?", "4", "The answer is 4.")
+    (call,) = p.calls("judge-episode")  # the rubric prompt reached the policy as a chat call
+    assert len(call.completion_ids) >= 1

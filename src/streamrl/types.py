@@ -60,11 +60,14 @@ class Group:
     """All samples drawn for one problem in one step; advantages are computed within a group.
 
     `baseline` is the scored greedy (temperature 0) response that ReMax subtracts; it is never trained on.
+    `episode_rewards` ([G], agent tasks): the reward of each episode, whose calls may make zero, one or
+    several trajectories (tagged reward_info["episode"]); advantages are then computed per episode.
     """
 
     problem: Problem
     trajectories: list[Trajectory]
     baseline: Trajectory | None = None
+    episode_rewards: list[float] | None = None
 
     @property
     def rewards(self) -> list[float]:
@@ -73,7 +76,8 @@ class Group:
     @property
     def uninformative(self) -> bool:
         """Every sample has the same reward (and the greedy baseline, if any, too): zero advantage."""
-        values = set(self.rewards) | ({self.baseline.reward} if self.baseline is not None else set())
+        values = set(self.rewards if self.episode_rewards is None else self.episode_rewards)
+        values |= {self.baseline.reward} if self.baseline is not None else set()
         return len(values) <= 1
 
 

@@ -200,6 +200,10 @@ def make_task(
 ) -> Task:
     """`env`: the EnvConfig that multi-turn tasks (`env:NAME`) take their limits from."""
     kw = {"system_prompt": system_prompt, "instruction": instruction, "extract": extract}
+    if spec.startswith("agent:"):
+        from streamrl.envs.agent_task import AgentTask
+
+        return AgentTask(spec[6:], args, make_task, **kw)
     if spec.startswith("env:"):
         from streamrl.config import EnvConfig
         from streamrl.envs.base import make_env_task  # late: envs build on this module

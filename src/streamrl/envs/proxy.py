@@ -59,11 +59,13 @@ class ChatProxy:
         port: int = 0,
         max_tokens: int = 256,
         model_name: str = "policy",
+        default_temperature: float = 1.0,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
         self.model_name = model_name
+        self.default_temperature = default_temperature  # for requests that do not set one
         self._episodes: dict[str, list[CallRecord]] = {}
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer((host, port), _handler_for(self))
@@ -95,7 +97,8 @@ class ChatProxy:
             raise BadRequest("'n' must be 1: sample several completions with several calls")
         cap = body.get("max_completion_tokens") or body.get("max_tokens") or self.max_tokens
         max_new = min(int(cap), self.max_tokens)
-        temperature = float(body.get("temperature", 1.0) if body.get("temperature") is not None else 1.0)
+        temp = body.get("temperature")
+        temperature = float(temp) if temp is not None else self.default_temperature
         top_p = float(body.get("top_p") if body.get("top_p") is not None else 1.0)
         if max_new <= 0 or temperature < 0 or not 0 < top_p <= 1:
             raise BadRequest("need max_tokens > 0, temperature >= 0 and 0 < top_p <= 1")

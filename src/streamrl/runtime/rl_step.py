@@ -25,6 +25,8 @@ def group_advantages(groups: list[Group], cfg: Config, trainer: Trainer | None =
     kept in batch.rewards. advantage.name=gae is token-level and needs the value head: the estimator is
     not called here, the advantages are zeros and the trainer computes GAE from batch.rewards.
     """
+    if any(g.episode_rewards is not None for g in groups):
+        return _episode_advantages(groups, cfg)
     trajs = [t for g in groups for t in g.trajectories]
     rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float)  # [num_groups, G]
     batch = TrainBatch(trajectories=trajs, advantages=[])
@@ -41,6 +43,19 @@ def group_advantages(groups: list[Group], cfg: Config, trainer: Trainer | None =
     advantages = estimator(rewards, std_normalize=cfg.advantage.std_normalize, **extra)
     batch.advantages = advantages.flatten().tolist()
     return batch
+
+
+def _episode_advantages(groups: list[Group], cfg: Config) -> TrainBatch:
+    """Agent tasks: the estimator sees the [num_groups, G] episode rewards; every trajectory of an
+    episode gets that episode's advantage (an episode may have made several trajectories, or none)."""
+    rewards = torch.tensor([g.episode_rewards for g in groups], dtype=torch.float)  # [num_groups, G]
+    estimator = registry.get(registry.ADVANTAGES, cfg.advantage.name, "advantage estimator")
+    adv = estimator(rewards, std_normalize=cfg.advantage.std_normalize)
+    trajs = [t for g in groups for t in g.trajectories]
+    per_traj = [
+        float(adv[gi, t.reward_info["episode"]]) for gi, g in enumerate(groups) for t in g.trajectories
+    ]
+    return TrainBatch(trajectories=trajs, advantages=per_traj, rewards=[t.reward for t in trajs])
 
 
 def _baseline(group: Group) -> Trajectory:

@@ -8,6 +8,7 @@ from typing import Any
 from streamrl.config import Config
 from streamrl.data.prompts import render_prompt_ids
 from streamrl.engine.base import GenRequest, GenResult
+from streamrl.envs.agent_task import AgentTask
 from streamrl.envs.base import EnvTask
 from streamrl.rewards.scoring import Scoring
 from streamrl.types import Group, Problem, Trajectory
@@ -31,6 +32,8 @@ def rollout_groups(
     if needs_greedy_baseline(cfg):
         requests += [greedy_request(ids, cfg, (pi, GREEDY)) for pi, ids in enumerate(prompts)]
     gids = [f"s{step}-{p.id}" for p in problems]
+    if isinstance(scoring.task, AgentTask):  # agents over the chat proxy (runtime/agent_rollout.py)
+        return _agent_groups(engine, tokenizer, scoring.task, problems, gids, cfg, t0)
     if isinstance(scoring.task, EnvTask):  # multi-turn: the env scores each episode (runtime/episodes.py)
         from streamrl.runtime.episodes import rollout_episodes
 
@@ -56,6 +59,24 @@ def rollout_groups(
             groups[pi].trajectories.append(traj)
     t2 = time.perf_counter()
     return groups, {"generate_time": t1 - t0, "reward_time": t2 - t1}
+
+
+def _agent_groups(
+    engine: Any, tokenizer: Any, task: Any, problems: list[Problem], gids: list[str], cfg: Config, t0: float
+) -> tuple[list[Group], dict[str, float]]:
+    from streamrl.runtime.agent_rollout import rollout_agent_episodes
+
+    G = cfg.rollout.samples_per_prompt
+    jobs = [(p, gids[pi], k) for pi, p in enumerate(problems) for k in range(G)]
+    episodes = rollout_agent_episodes(engine, tokenizer, task, cfg, jobs)
+    groups = []
+    for pi, p in enumerate(problems):
+        eps = episodes[pi * G : (pi + 1) * G]
+        trajs = [t for _, ep in eps for t in ep]
+        if trajs:  # agents that made no call leave nothing to train on
+            groups.append(Group(problem=p, trajectories=trajs, episode_rewards=[r for r, _ in eps]))
+    t1 = time.perf_counter()
+    return groups, {"generate_time": t1 - t0, "reward_time": 0.0}
 
 
 def needs_greedy_baseline(cfg: Config) -> bool:

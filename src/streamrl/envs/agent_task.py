@@ -1,0 +1,74 @@
+"""`task=agent:MODULE:FUNCTION`: train an agent written against the `openai` client, unchanged.
+
+The agent is a plain function `agent(client: openai.OpenAI, messages: list[dict]) -> str`: it gets a
+client whose base URL is streamrl's chat proxy (envs/proxy.py) and the problem's opening chat, makes as
+many chat calls as it likes (tools, retries, self-checks), and returns its final answer text. Problems
+and scoring come from a base task, `task_config.args.base` (default rg:chain_sum; the other args go
+to it). Every call the agent makes is recorded with token ids, log-probs and versions and assembled
+into trajectories (envs/agent_trajectory.py); reward = the base task's score of the returned text.
+
+    # my_agents.py
+    def two_tries(client, messages):
+        first = client.chat.completions.create(model="policy", messages=messages).choices[0].message
+        if "answer is" in (first.content or ""):
+            return first.content
+        messages = messages + [{"role": "assistant", "content": first.content},
+                               {"role": "user", "content": "Finish with 'The answer is <number>.'"}]
+        return client.chat.completions.create(model="policy", messages=messages).choices[0].message.content
+
+    streamrl train task=agent:my_agents:two_tries runtime.mode=colocated max_staleness=0
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from streamrl.data.tasks import Score, Task, default_task_args
+from streamrl.types import Problem
+
+AgentFn = Callable[[Any, list[dict[str, str]]], str]
+
+
+def load_agent(spec: str) -> AgentFn:
+    """'pkg.module:function' -> the function; one-line errors naming what is missing."""
+    module_name, _, fn_name = spec.partition(":")
+    if not module_name or not fn_name:
+        raise ValueError(
+            f"task=agent:{spec}: write task=agent:<module>:<function>, e.g. agent:my_agents:solve"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"task=agent:{spec}: cannot import module '{module_name}' ({e})") from None
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise ValueError(f"task=agent:{spec}: module '{module_name}' has no function '{fn_name}'")
+    return fn
+
+
+class AgentTask(Task):
+    """Problems and scores of a base task; samples are agent episodes over the chat proxy."""
+
+    def __init__(self, spec: str, args: dict[str, Any], base_factory: Callable[..., Task], **kw: Any) -> None:
+        super().__init__(**kw)
+        self.name = f"agent:{spec}"
+        self.agent = load_agent(spec)
+        args = dict(args)
+        base_spec = str(args.pop("base", "rg:chain_sum"))
+        if base_spec.startswith(("agent:", "env:")):
+            raise ValueError(f"task_config.args.base must be a single-turn task, got '{base_spec}'")
+        self.base = base_factory(base_spec, args or default_task_args(base_spec), **kw)
+
+    def heldout(self, n: int) -> list[Problem]:
+        return self.base.heldout(n)
+
+    def train_stream(self, seed: int, exclude: set[str]) -> Iterator[Problem]:
+        return self.base.train_stream(seed, exclude)
+
+    def is_correct(self, extracted: str, problem: Problem) -> bool:
+        return self.base.is_correct(extracted, problem)
+
+    def score(self, problem: Problem, text: str) -> Score:
+        return self.base.score(problem, text)

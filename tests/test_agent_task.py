@@ -1,0 +1,73 @@
+"""task=agent:...: an openai-client agent trains unchanged through the chat proxy."""
+
+import json
+
+import pytest
+from trajectories import make_traj
+
+from streamrl.cli import main
+from streamrl.config import load_config
+from streamrl.runtime.rl_step import group_advantages
+from streamrl.types import Group, Problem
+
+TINY = [
+    "model=tiny-random",
+    "eval.size=2",
+    "eval.before=false",
+    "eval.after=false",
+    "rollout.prompts_per_step=2",
+    "rollout.samples_per_prompt=2",
+    "rollout.max_new_tokens=6",
+    "train.save_checkpoint=false",
+    "runtime.mode=colocated",
+    "max_staleness=0",
+    "rollout.dynamic_sampling=false",
+    "max_steps=2",
+]
+
+
+def _seg(episode, reward):
+    t = make_traj(0, [1], [2, 3], reward=reward)
+    t.reward_info = {"episode": episode}
+    return t
+
+
+def test_advantages_are_per_episode_and_shared_by_its_trajectories():
+    # episode 0 (reward 1) made two trajectories, episode 1 (reward 0) one, episode 2 (reward 0) none
+    g = Group(
+        Problem("p", [], "1"), [_seg(0, 1.0), _seg(0, 1.0), _seg(1, 0.0)], episode_rewards=[1.0, 0.0, 0.0]
+    )
+    batch = group_advantages([g], load_config(None, ["algo=dr_grpo"]))
+    assert batch.advantages == pytest.approx([2 / 3, 2 / 3, -1 / 3])  # r - mean([1, 0, 0])
+    assert g.uninformative is False
+    assert Group(g.problem, g.trajectories, episode_rewards=[0.0, 0.0]).uninformative is True
+
+
+@pytest.mark.parametrize("agent", ["streamrl.envs.agents:two_tries", "agents_for_tests:call_then_fail"])
+def test_agent_task_trains_end_to_end(tmp_path, agent):
+    run = tmp_path / "run"
+    assert main(["train", f"task=agent:{agent}", *TINY, f"run_dir={run}"]) == 0
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policy_version"] for r in rows] == [1, 2]
+    assert all(r["tokens_trained"] > 0 for r in rows)
+    if agent.endswith("call_then_fail"):  # the failed episodes cost their reward, their calls still train
+        assert all(r["reward_mean"] == 0 for r in rows)
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("task=agent:nomodule_xyz:f", "cannot import module 'nomodule_xyz'"),
+        ("task=agent:streamrl.envs.agents:nope", "has no function 'nope'"),
+        ("task=agent:justmodule", "write task=agent:<module>:<function>"),
+    ],
+)
+def test_bad_agent_specs_fail_with_one_line(tmp_path, capsys, override, fragment):
+    assert main(["train", override, *TINY, f"run_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and err.count("\n") == 1
+
+
+def test_agent_tasks_refuse_async_mode(capsys):
+    assert main(["train", "task=agent:streamrl.envs.agents:one_call", "model=tiny-random"]) == 2
+    assert "runs colocated for now" in capsys.readouterr().err

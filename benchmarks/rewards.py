@@ -1,4 +1,4 @@
-"""Rewards per second of the math scorer and the code scorer with 1 and 2 worker processes.
+"""Rewards per second of the math scorer and the code scorer through a RewardService with 1 and 2 workers.
 
     python benchmarks/rewards.py [--n-math 400] [--n-code 64]
 
@@ -13,36 +13,47 @@ import argparse
 import json
 import statistics
 import time
-from concurrent.futures import ProcessPoolExecutor
 
 from streamrl.data.code_task import builtin_text
 from streamrl.rewards.code import score_program
 from streamrl.rewards.math import math_equal
 from streamrl.rewards.sandbox import LocalSandbox
-
-MATH = [("\\frac{1}{2}", "0.5"), ("2\\sqrt{2}", "\\sqrt{8}"), ("3", "4"), ("(1, 2]", "(1,2]"), ("x^2", "x*x")]
-
-
-def _math(pair: tuple[str, str]) -> float:
-    return float(math_equal(*pair))
+from streamrl.rewards.service import RewardService
 
 
-def _code(row: dict) -> float:
-    return score_program(row["solution"], row["tests"])[0]
+def math_items(n: int) -> list[tuple[str, str]]:
+    """n distinct (answer, reference) pairs, half equivalent: no scorer-side caching can help."""
+    out = []
+    for i in range(1, n + 1):
+        kinds = [
+            (f"\\frac{{{i}}}{{{2 * i}}}", "0.5"),
+            (f"{i}\\sqrt{{2}}", f"\\sqrt{{{2 * i * i}}}"),
+            (f"{i + 1}", f"{i}"),
+            (f"({i}, {i + 1}]", f"({i},{i + 1}]"),
+        ]
+        out.append(kinds[i % len(kinds)])
+    return out
 
 
-def _rate(fn, items: list, workers: int) -> float:
-    if workers == 1:
-        fn(items[0])  # warm-up: imports, sandbox probe
+def _math(answer: str, reference: str) -> float:
+    return float(math_equal(answer, reference))
+
+
+def _code(solution: str, tests: list[dict]) -> float:
+    return score_program(solution, tests)[0]
+
+
+def _rate(fn, items: list[tuple], workers: int, mode: str) -> tuple[float, dict[str, float]]:
+    """Rewards/s through a RewardService (no cache) after one warm-up call per worker."""
+    with RewardService(fn, workers=workers, timeout_s=60, cache_size=0, mode=mode) as service:
+        service.wait_ready()
+        service.score_many(items[:workers])  # warm-up: imports in each worker, sandbox probe
+        service.metrics(reset=True)
         t0 = time.perf_counter()
-        for x in items:
-            fn(x)
-        return len(items) / (time.perf_counter() - t0)
-    with ProcessPoolExecutor(workers) as pool:
-        list(pool.map(fn, items[:workers]))  # warm the workers
-        t0 = time.perf_counter()
-        list(pool.map(fn, items, chunksize=4))
-        return len(items) / (time.perf_counter() - t0)
+        outcomes = service.score_many(items)
+        rate = len(items) / (time.perf_counter() - t0)
+        errors = sum(o.error is not None for o in outcomes)
+        return rate, {"errors": errors, **service.metrics()}
 
 
 def main() -> None:
@@ -54,13 +65,18 @@ def main() -> None:
     walls = sorted(sb.run("print(1)").wall_s for _ in range(20))
     med, p90 = statistics.median(walls) * 1000, walls[17] * 1000
     print(f"sandbox isolation {sb.isolation.name}: print(1) wall median {med:.1f} ms, p90 {p90:.1f} ms")
-    math_items = [MATH[i % len(MATH)] for i in range(args.n_math)]
+    maths = math_items(args.n_math)
     rows = [json.loads(line) for line in builtin_text().splitlines()]
-    code_items = [rows[i % len(rows)] for i in range(args.n_code)]
+    codes = [(rows[i % len(rows)]["solution"], rows[i % len(rows)]["tests"]) for i in range(args.n_code)]
+    print("RewardService, cache off; math in worker processes, code in threads (each test a sandbox run)")
     for workers in (1, 2):
-        m = _rate(_math, math_items, workers)
-        c = _rate(_code, code_items, workers)
-        print(f"workers {workers}: math {m:8.1f} rewards/s | code {c:6.1f} rewards/s ({c * 4:6.1f} runs/s)")
+        m, mm = _rate(_math, maths, workers, "process")
+        c, cm = _rate(_code, codes, workers, "thread")
+        print(
+            f"workers {workers}: math {m:8.1f} rewards/s (p95 {mm['reward/latency_p95_s'] * 1e3:.1f} ms) | "
+            f"code {c:6.1f} rewards/s (p95 {cm['reward/latency_p95_s']:.2f} s) | "
+            f"errors {mm['errors'] + cm['errors']}"
+        )
 
 
 if __name__ == "__main__":

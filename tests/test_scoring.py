@@ -31,9 +31,13 @@ class FlakyScorer:
 @pytest.fixture()
 def scoring(monkeypatch):
     monkeypatch.setattr(scoring_mod, "TaskScorer", FlakyScorer)
-    s = Scoring(
-        load_config(None, ["reward.timeout_s=0.5", "reward.overlong_buffer=4", "rollout.max_new_tokens=6"])
-    )
+    keys = [
+        "reward.timeout_s=0.5",
+        "reward.overlong_buffer=4",
+        "rollout.max_new_tokens=6",
+        "reward.length_penalty=0.01",
+    ]
+    s = Scoring(load_config(None, keys))
     yield s
     s.close()
 
@@ -46,8 +50,8 @@ def test_failures_cost_one_reward_each_and_are_counted(scoring):
     start = time.perf_counter()
     scoring.score([(problem, t) for t in trajs])
     assert time.perf_counter() - start < 4  # the hang was cut at the 0.5 s timeout
-    # the last one is 5 tokens of 6 with a 4-token overlong buffer: penalty -(5 - 2) / 4
-    assert [t.reward for t in trajs] == pytest.approx([1.0, 0.0, 0.0, 0.25])
+    # the last one is 5 tokens of 6 with a 4-token overlong buffer: penalty -(5 - 2) / 4; and 0.01/token
+    assert [t.reward for t in trajs] == pytest.approx([0.98, -0.02, -0.02, 0.20])
     assert [t.correct for t in trajs] == [True, False, False, True]
     assert [t.reward_info["reward_error"] for t in trajs] == [None, "RuntimeError", "timeout", None]
     rec = step_record(1, [Group(problem, trajs)], {}, 0)

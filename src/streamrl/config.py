@@ -41,6 +41,7 @@ class RewardConfig:
     format_weight: float = 0.1  # added to the correctness reward (0/1) when the answer format is followed
     overlong_buffer: int = 0  # DAPO overlong shaping: penalty ramps over the last N tokens; 0 = off
     overlong_penalty: float = 1.0
+    length_penalty: float = 0.0  # subtracted per generated token (a linear length cost; 0 = off)
     code_partial_credit: bool = True  # code task: reward = fraction of tests passed (False: all or nothing)
     # scoring runs in a RewardService: thread (I/O-bound scorers: sandbox, judge), process, or inline
     service: Literal["thread", "process", "inline"] = "thread"

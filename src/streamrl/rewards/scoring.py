@@ -76,12 +76,14 @@ class Scoring:
         return self.service.submit(problem, traj.text, cache_key=(problem.id, problem.answer, traj.text))
 
     def apply(self, traj: Trajectory, outcome: RewardOutcome) -> None:
-        """Reward = scorer reward (0 on failure) + overlong shaping; scoring facts into reward_info."""
+        """Reward = scorer reward (correctness + format_weight * format; 0 on failure) + DAPO overlong
+        shaping - length_penalty * tokens; the scoring facts go into reward_info."""
         info = dict(outcome.info)
         correct = bool(info.pop("correct", False)) and outcome.error is None
         info.pop("error_detail", None)
         rc, cap = self.cfg.reward, self.cfg.rollout.max_new_tokens
-        shaping = overlong_penalty(len(traj.completion_ids), cap, rc.overlong_buffer, rc.overlong_penalty)
+        n = len(traj.completion_ids)
+        shaping = overlong_penalty(n, cap, rc.overlong_buffer, rc.overlong_penalty) - rc.length_penalty * n
         traj.reward = outcome.reward + shaping
         traj.correct = correct
         traj.reward_info = {

@@ -99,6 +99,17 @@ class TrainConfig:
     precision: Literal["fp32", "bf16"] = "fp32"  # bf16 = fp32 weights with bf16 autocast
     threads: int = 0  # trainer torch threads; 0 = the cores not given to rollout workers (at least 1)
     save_checkpoint: bool = True
+    lora_rank: int = 0  # > 0: train LoRA adapters of this rank only (PEFT); engines get merged weights
+    lora_alpha: float = 32.0
+    lora_targets: tuple[str, ...] = (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    )
 
 
 @dataclass

@@ -22,6 +22,8 @@ def validate(cfg: Any) -> None:
     _positive("rollout.max_new_tokens", cfg.rollout.max_new_tokens)
     _positive("train.lr", cfg.train.lr)
     _positive("reward.workers", cfg.reward.workers)
+    if cfg.train.lora_rank < 0 or (cfg.train.lora_rank and not cfg.train.lora_targets):
+        raise ConfigError("config key 'train.lora_rank' must be >= 0, with train.lora_targets non-empty")
     _positive("reward.timeout_s", cfg.reward.timeout_s)
     _positive("reward.judge_timeout_s", cfg.reward.judge_timeout_s)
     _positive("train.token_budget", cfg.train.token_budget)

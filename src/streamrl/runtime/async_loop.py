@@ -169,8 +169,8 @@ class AsyncRunner:
             self.state.staleness = self.staleness.state_dict()
             return
         ctx = mp.get_context("spawn")
-        weights = SharedWeights(self.trainer.model, ctx)
-        weights.publish(self.trainer.model, self.trainer.version)
+        weights = SharedWeights(self.trainer.policy_state(), ctx)
+        weights.publish(self.trainer.policy_state(), self.trainer.version)
         requests, results = ctx.Queue(), ctx.Queue()
         procs = [
             ctx.Process(
@@ -201,7 +201,7 @@ class AsyncRunner:
                 batch = group_advantages(groups, cfg, self.trainer)
                 train = self.trainer.step(batch)
                 t_sync = time.perf_counter()
-                weights.publish(self.trainer.model, self.trainer.version)
+                weights.publish(self.trainer.policy_state(), self.trainer.version)
                 if self.state.step + 1 < cfg.max_steps:  # no admissions for a step that will not come
                     self.staleness.set_version(self.trainer.version)  # only after publishing
                 sync = time.perf_counter() - t_sync

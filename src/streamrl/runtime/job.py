@@ -105,6 +105,7 @@ def _restore(cfg: Config, parts: Components, run_dir: Path) -> RunState:
     weights = load_file(str(model_dir / "model.safetensors"))
     parts.model.load_state_dict(weights, strict=False)
     parts.trainer.load_value_head(model_dir)
+    parts.trainer.load_adapter(model_dir)
     parts.trainer.optimizer.load_state_dict(tensors["optimizer"])
     parts.trainer.scheduler.load_state_dict(tensors["scheduler"])
     torch.set_rng_state(tensors["torch_rng"])

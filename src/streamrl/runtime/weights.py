@@ -15,10 +15,16 @@ from typing import Any
 import torch
 
 
+def _state(source: torch.nn.Module | dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return source.state_dict() if isinstance(source, torch.nn.Module) else source
+
+
 class SharedWeights:
-    def __init__(self, model: torch.nn.Module, ctx: Any = None) -> None:
+    """source: a module or its engine-facing state dict (Trainer.policy_state(): LoRA merged)."""
+
+    def __init__(self, source: torch.nn.Module | dict[str, torch.Tensor], ctx: Any = None) -> None:
         ctx = ctx or mp.get_context("spawn")
-        state = {k: v for k, v in model.state_dict().items()}
+        state = dict(_state(source))
         self.names = list(state)
         self.shapes = [tuple(v.shape) for v in state.values()]
         self.dtypes = [v.dtype for v in state.values()]
@@ -29,7 +35,7 @@ class SharedWeights:
         self.flat = torch.empty(numel, dtype=dtype).share_memory_()
         self.begin = ctx.Value("q", -1, lock=False)
         self.end = ctx.Value("q", -1, lock=False)
-        self.publish(model, version=0)
+        self.publish(state, version=0)
 
     def _views(self) -> list[torch.Tensor]:
         out, off = [], 0
@@ -41,10 +47,10 @@ class SharedWeights:
             off += n
         return out
 
-    def publish(self, model: torch.nn.Module, version: int) -> None:
+    def publish(self, source: torch.nn.Module | dict[str, torch.Tensor], version: int) -> None:
         self.begin.value = version
         with torch.no_grad():
-            state = model.state_dict()
+            state = _state(source)
             for name, view in zip(self.names, self._views()):
                 view.copy_(state[name].detach().to("cpu"))
         self.end.value = version

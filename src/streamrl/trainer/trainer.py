@@ -15,6 +15,7 @@ from streamrl.algo.aggregation import batch_normalizer
 from streamrl.algo.losses import LossInputs
 from streamrl.algo.token_weights import entropy_top_q_mask, sign_weights
 from streamrl.config import Config
+from streamrl.models.lora import ADAPTER_FILE, adapter_state, apply_lora, is_lora, merged_state
 from streamrl.trainer.batching import MicroBatch, collate, split_by_token_budget
 from streamrl.trainer.critic import CriticTargets, ValueHead, clipped_value_loss, gae_targets
 from streamrl.trainer.logprobs import completion_forward, completion_logprobs
@@ -28,6 +29,11 @@ class Trainer:
         self.pad_id = pad_id
         self.version = 0
         t = cfg.train
+        self.ref_model = None
+        if cfg.loss.kl_coef > 0:  # before any adapter: the reference is the initial policy
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        if t.lora_rank > 0:
+            apply_lora(model, t.lora_rank, t.lora_alpha, t.lora_targets)
         # advantage.name=gae: a value head on the policy's last hidden state, trained with the policy
         self.value_head: ValueHead | None = None
         if cfg.advantage.name == "gae":
@@ -49,9 +55,6 @@ class Trainer:
         self.policy_loss = registry.get(registry.POLICY_LOSSES, cfg.loss.name, "policy loss")
         self.aggregate = registry.get(registry.AGGREGATIONS, cfg.loss.aggregation, "aggregation")
         self.kl = registry.get(registry.KL_ESTIMATORS, cfg.loss.kl_estimator, "KL estimator")
-        self.ref_model = None
-        if cfg.loss.kl_coef > 0:
-            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.cfg.train.precision == "bf16":
@@ -228,12 +231,31 @@ class Trainer:
         )
         return out
 
+    def policy_state(self) -> dict[str, torch.Tensor]:
+        """The weights an engine or a plain transformers model loads (LoRA adapters merged in)."""
+        return merged_state(self.model) if is_lora(self.model) else self.model.state_dict()
+
     def save(self, path: str, tokenizer: Any) -> None:
-        """An HF model directory loadable by transformers' from_pretrained (+ value_head.pt with gae)."""
-        self.model.save_pretrained(path)
+        """An HF model directory loadable by transformers' from_pretrained (+ value_head.pt with gae,
+        + the adapter tensors with LoRA, for resume)."""
+        if is_lora(self.model):
+            self.model.save_pretrained(path, state_dict=merged_state(self.model))
+            torch.save(adapter_state(self.model), Path(path) / ADAPTER_FILE)
+        else:
+            self.model.save_pretrained(path)
         tokenizer.save_pretrained(path)
         if self.value_head is not None:
             torch.save(self.value_head.state_dict(), Path(path) / "value_head.pt")
+
+    def load_adapter(self, path: str | Path) -> None:
+        """Restore LoRA adapter tensors saved by `save` (no-op without LoRA or without the file)."""
+        f = Path(path) / ADAPTER_FILE
+        if is_lora(self.model) and f.is_file():
+            missing = self.model.load_state_dict(torch.load(f, weights_only=True), strict=False)
+            if missing.unexpected_keys:
+                raise ValueError(
+                    f"{f}: adapter tensors do not match this model ({missing.unexpected_keys[:3]})"
+                )
 
     def load_value_head(self, path: str | Path) -> None:
         """Restore the value head saved by `save` into `path` (no-op without gae or without the file)."""

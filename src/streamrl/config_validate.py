@@ -66,6 +66,13 @@ def validate(cfg: Any) -> None:
     for key in ("max_turns", "max_total_tokens", "max_tokens_per_turn", "top_k", "max_observation_chars"):
         _positive(f"env.{key}", getattr(cfg.env, key))
     _positive("env.code_timeout", cfg.env.code_timeout)
+    if cfg.observe.report_every < 0:
+        raise ConfigError(f"config key 'observe.report_every' must be >= 0, got {cfg.observe.report_every}")
+    if cfg.observe.wandb:
+        import importlib.util
+
+        if importlib.util.find_spec("wandb") is None:
+            raise ConfigError("observe.wandb=true needs the wandb package: pip install 'streamrl[wandb]'")
     for key, value, reg in (
         ("loss.name", cfg.loss.name, registry.POLICY_LOSSES),
         ("loss.aggregation", cfg.loss.aggregation, registry.AGGREGATIONS),

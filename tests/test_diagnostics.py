@@ -68,8 +68,9 @@ def test_reward_stuck_needs_consecutive_steps():
     assert diagnose(rows) == []
 
 
-def test_ratio_min_collapse_fires():
-    assert [f.rule for f in diagnose(with_tail("ratio_min", [0.01]))] == ["ratio_explosion"]
+def test_ratio_mean_drift_fires_but_a_small_token_min_does_not():
+    assert [f.rule for f in diagnose(with_tail("ratio_mean", [3.0]))] == ["ratio_explosion"]
+    assert diagnose(with_tail("ratio_min", [0.01])) == []
 
 
 def test_shares_ignored_in_the_first_steps():

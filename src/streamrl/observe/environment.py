@@ -21,7 +21,7 @@ def _version(pkg: str) -> str | None:
 
 
 def collect_environment(
-    model: str, train_threads: int, rollout_threads: int, rollout_workers: int
+    model: str, train_threads: int | str, rollout_threads: int | str, rollout_workers: int | str
 ) -> dict[str, Any]:
     """A flat dict of strings/numbers for the report's environment table."""
     env: dict[str, Any] = {

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrl.observe.diagnostics import RULES, diagnose
+from streamrl.observe.environment import collect_environment
 from streamrl.observe.plots import Series, line_chart, stacked_bars
 from streamrl.observe.run_data import RunData, flatten, load_run, unique_labels
 
@@ -250,19 +251,30 @@ def _config_env(runs: list[RunData]) -> str:
     full = _table(
         ["config key", *[r.label for r in runs]], [[k, *[f.get(k, "") for f in flat]] for k in keys]
     )
-    env_keys = sorted({k for r in runs for k in (r.environment or {})})
-    env = (
-        _table(
-            ["environment", *[r.label for r in runs]],
-            [[k, *[(r.environment or {}).get(k, "") for r in runs]] for k in env_keys],
-        )
-        if env_keys
-        else '<p class="meta">environment.json not recorded (a run from before it existed).</p>'
+    envs = [r.environment or _report_time_environment(r) for r in runs]
+    env_keys = sorted({k for e in envs for k in e})
+    env = _table(
+        ["environment", *[r.label for r in runs]], [[k, *[e.get(k, "") for e in envs]] for k in env_keys]
     )
     return (
         f'<div class="tables"><div>{shown}<details><summary>full config</summary>{full}</details></div>'
         f"<div>{env}</div></div>"
     )
+
+
+def _report_time_environment(run: RunData) -> dict[str, Any]:
+    """For runs from before environment.json: the config's thread settings and this machine's versions,
+    marked as such (they may differ from what the run used)."""
+    cfg = run.config
+    env = collect_environment(
+        str(cfg.get("model", "?")),
+        (cfg.get("train") or {}).get("threads", "?"),
+        (cfg.get("runtime") or {}).get("rollout_threads", "?"),
+        (cfg.get("runtime") or {}).get("rollout_workers", "?"),
+    )
+    if env.get("trainer_threads") == 0:
+        env["trainer_threads"] = "auto (cores minus rollout threads)"
+    return {"recorded": "no: versions at report time, threads from config.yaml", **env}
 
 
 def render_report(runs: list[RunData]) -> str:

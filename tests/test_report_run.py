@@ -55,6 +55,12 @@ def _chromium() -> str:
     pytest.skip(reason)
 
 
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    """Resolved before tiny_run in the browser tests, so a missing browser skips without training."""
+    return _chromium()
+
+
 def _run_chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     cmd = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0",
            f"--user-data-dir={tmp_path / 'profile'}", *args]  # fmt: skip
@@ -117,7 +123,7 @@ def test_run_dir_has_report_and_environment(tiny_run: Path):
     assert "streamrl run" in html and "finished" in html and not list(tiny_run.glob(".*.tmp"))
 
 
-def test_report_opens_in_headless_chromium(tiny_run: Path, tmp_path: Path):
+def test_report_opens_in_headless_chromium(chromium: str, tiny_run: Path, tmp_path: Path):
     page = (tiny_run / "report.html").resolve()
     html = page.read_text()
     # self-contained and script-free: nothing to fetch, nothing to execute
@@ -138,7 +144,7 @@ def test_report_opens_in_headless_chromium(tiny_run: Path, tmp_path: Path):
     assert shot.stat().st_size > 20_000  # a blank page compresses to a few KB
 
 
-def test_console_error_detection_works(tmp_path: Path):
+def test_console_error_detection_works(chromium: str, tmp_path: Path):
     bad = tmp_path / "bad.html"
     bad.write_text("<html><body><script>notDefined();</script></body></html>")
     res = _run_chromium(tmp_path, "--dump-dom", bad.as_uri())

@@ -1,4 +1,4 @@
-"""streamrl command line: `streamrl train | eval | score` (see `streamrl COMMAND --help`)."""
+"""streamrl command line: `streamrl train | eval | score | report` (see `streamrl COMMAND --help`)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import argparse
 import sys
 
 from streamrl.config import ConfigError, load_config
+from streamrl.report_cli import add_parser as add_report_parser
+from streamrl.report_cli import run_report
 from streamrl.score_cli import add_parser as add_score_parser
 from streamrl.score_cli import run_score
 
@@ -33,10 +35,13 @@ def main(argv: list[str] | None = None) -> int:
         "args", nargs="*", help="[config.yaml] [key=value ...], e.g. model=runs/x/checkpoint n=16 k=1,4,16"
     )
     add_score_parser(sub)
+    add_report_parser(sub)
     ns = parser.parse_args(argv)
     try:
         if ns.command == "score":
             return run_score(ns)
+        if ns.command == "report":
+            return run_report(ns)
         path, overrides = _split_args(ns.args)
         if ns.command == "eval":
             from streamrl.eval_cli import expand_shorthands, run_eval

@@ -154,6 +154,14 @@ class RuntimeConfig:
 
 
 @dataclass
+class ObserveConfig:
+    report_every: int = 5  # rewrite RUN_DIR/report.html every N steps (0: only at the end)
+    wandb: bool = False  # also log the metrics stream to Weights & Biases (pip install 'streamrl[wandb]')
+    wandb_project: str = "streamrl"
+    wandb_mode: Literal["offline", "online"] = "offline"  # offline: no network; `wandb sync` uploads later
+
+
+@dataclass
 class Config:
     model: str = "smollm2-135m-instruct"
     task: str = "rg:chain_sum"
@@ -176,6 +184,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
+    observe: ObserveConfig = field(default_factory=ObserveConfig)
 
 
 def from_dict(data: dict[str, Any]) -> Config:

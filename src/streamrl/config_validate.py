@@ -81,6 +81,13 @@ def validate(cfg: Any) -> None:
             )
         if cfg.advantage.name in ("gae", "remax") or cfg.loss.kl_in == "reward":
             raise ConfigError("task=agent:... needs an outcome advantage (not gae/remax) and loss.kl_in=loss")
+    if cfg.observe.report_every < 0:
+        raise ConfigError(f"config key 'observe.report_every' must be >= 0, got {cfg.observe.report_every}")
+    if cfg.observe.wandb:
+        import importlib.util
+
+        if importlib.util.find_spec("wandb") is None:
+            raise ConfigError("observe.wandb=true needs the wandb package: pip install 'streamrl[wandb]'")
     for key, value, reg in (
         ("loss.name", cfg.loss.name, registry.POLICY_LOSSES),
         ("loss.aggregation", cfg.loss.aggregation, registry.AGGREGATIONS),

@@ -1,15 +1,23 @@
-"""One metrics stream: every step's dict goes to metrics.jsonl and to TensorBoard scalars."""
+"""One metrics stream: every step's dict goes to metrics.jsonl (the source of truth the report and the
+diagnostics read), to TensorBoard scalars, and to any extra sinks (W&B)."""
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+
+class Sink(Protocol):
+    def write(self, record: dict[str, Any]) -> None: ...
+    def close(self) -> None: ...
 
 
 class MetricsWriter:
-    def __init__(self, run_dir: Path, tensorboard: bool = True) -> None:
+    def __init__(self, run_dir: Path, tensorboard: bool = True, sinks: Sequence[Sink] = ()) -> None:
+        self._sinks = list(sinks)
         self.path = run_dir / "metrics.jsonl"
         self._file = self.path.open("a", buffering=1)  # line-buffered: a crash loses at most one line
         self._tb = None
@@ -30,11 +38,15 @@ class MetricsWriter:
                     and math.isfinite(v)
                 ):
                     self._tb.add_scalar(k, v, step)
+        for sink in self._sinks:
+            sink.write(record)
 
     def close(self) -> None:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+        for sink in self._sinks:
+            sink.close()
 
 
 class GroupLog:

@@ -22,7 +22,9 @@ from streamrl.eval.sampled import evaluate_sampled
 from streamrl.eval.sampling_metrics import default_ks
 from streamrl.eval.stats import paired_difference_interval
 from streamrl.models import load_model, load_tokenizer, resolve_model_dir
-from streamrl.observe.metrics import GroupLog, MetricsWriter
+from streamrl.observe.environment import collect_environment, write_environment
+from streamrl.observe.live import RunObserver
+from streamrl.observe.metrics import GroupLog
 from streamrl.observe.progress import StepProgress
 from streamrl.observe.summary import print_summary
 from streamrl.runtime.async_loop import AsyncRunner
@@ -147,6 +149,10 @@ def run_train(cfg: Config, console: Console | None = None) -> dict[str, Any]:
         cfg.task_config.args = default_task_args(cfg.task)  # recorded in config.yaml
     run_dir = _run_dir(cfg)
     dump_config(cfg, run_dir / "config.yaml")
+    workers = 0 if cfg.runtime.mode == "colocated" else cfg.runtime.rollout_workers
+    write_environment(
+        run_dir / "environment.json", collect_environment(cfg.model, train_threads, rollout_threads, workers)
+    )
     split = (
         f"{train_threads} threads (colocated: generate and train in turn)"
         if cfg.runtime.mode == "colocated"
@@ -192,7 +198,7 @@ def run_train(cfg: Config, console: Console | None = None) -> dict[str, Any]:
         runner: Any = ColocatedRunner(cfg, trainer, engine, tokenizer, task, parts.stream, state, stop)
     else:
         runner = AsyncRunner(cfg, trainer, tokenizer, parts.stream, state, stop)
-    writer = MetricsWriter(run_dir)
+    observer = RunObserver(cfg, run_dir, console)
     groups_log = GroupLog(run_dir / "groups.jsonl")
     t_train = time.perf_counter()
     try:
@@ -203,12 +209,12 @@ def run_train(cfg: Config, console: Console | None = None) -> dict[str, Any]:
                     record.update(periodic_eval(engine, tokenizer, task, heldout, cfg))
                 record["time"] = time.perf_counter() - t_start
                 groups_log.write(record.pop("_groups"), record["step"])
-                writer.write(record)
+                observer.on_step(record)
                 progress.update(record)
 
             runner.run(on_step)
     finally:
-        writer.close()
+        observer.close()
         groups_log.close()
         timings["train"] = time.perf_counter() - t_train
         save_state(run_dir, state, trainer, tokenizer)  # weights, optimizer, position, carried groups
@@ -251,4 +257,7 @@ def run_train(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print_summary(summary, console)
+    report = observer.report()
+    if report is not None:
+        console.print(f"report: {report}  (regenerate or compare: streamrl report RUN_DIR [RUN_DIR ...])")
     return summary

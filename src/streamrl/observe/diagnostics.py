@@ -1,0 +1,197 @@
+"""Training diagnostics: named rules with thresholds, pure functions over the metrics stream.
+
+A rule looks at the records so far (oldest first) and returns a one-line message when it fires at the
+latest record, else None. `diagnose` replays a whole stream (for the report); `DiagnosticsMonitor`
+follows a live run and reports each rule once, at the step where it starts firing (for the console).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+Record = dict[str, Any]
+
+
+def _num(r: Record, key: str) -> float | None:
+    v = r.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def _series(history: Sequence[Record], key: str) -> list[float]:
+    return [v for v in (_num(r, key) for r in history) if v is not None]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A named check. `check(history, threshold)` -> message or None; `threshold` is documented per rule."""
+
+    name: str
+    description: str
+    threshold: float
+    check: Callable[[Sequence[Record], float], str | None]
+
+    def __call__(self, history: Sequence[Record]) -> str | None:
+        return self.check(history, self.threshold) if history else None
+
+
+def _entropy_collapse(history: Sequence[Record], frac: float) -> str | None:
+    ent = _series(history, "entropy")
+    if len(ent) < 2 or _num(history[-1], "entropy") is None or ent[0] <= 0:
+        return None
+    if ent[-1] < frac * ent[0]:
+        return f"entropy {ent[-1]:.3g} fell below {frac:g} x its first value {ent[0]:.3g}: policy collapsing"
+    return None
+
+
+def _entropy_explosion(history: Sequence[Record], factor: float) -> str | None:
+    ent = _series(history, "entropy")
+    if len(ent) < 2 or _num(history[-1], "entropy") is None or ent[0] <= 0:
+        return None
+    if ent[-1] > factor * ent[0]:
+        return f"entropy {ent[-1]:.3g} rose above {factor:g} x its first value {ent[0]:.3g}: policy diverging"
+    return None
+
+
+def _reward_stuck(history: Sequence[Record], steps: float) -> str | None:
+    n = int(steps)
+    recent = history[-n:]
+    if len(recent) < n:
+        return None
+    if all((_num(r, "zero_adv_group_frac") or 0.0) >= 1.0 for r in recent):
+        reward = _num(recent[-1], "reward_mean")
+        return (
+            f"every group had equal rewards (zero advantage) for {n} steps, reward {reward:.3g}: "
+            "nothing to learn from; the task is too hard or too easy"
+        )
+    return None
+
+
+def _ratio_explosion(history: Sequence[Record], limit: float) -> str | None:
+    # Only the upper tail and the mean: a tiny per-token min ratio over thousands of tokens is ordinary
+    # (one unlikely token), while a huge max or a drifting mean means the update left the trust region.
+    hi, mean = _num(history[-1], "ratio_max"), _num(history[-1], "ratio_mean")
+    if hi is not None and hi > limit:
+        return f"importance ratio max {hi:.3g} > {limit:g}: policy and sampler disagree (staleness, lr)"
+    if mean is not None and not 0.5 <= mean <= 2.0:
+        return f"importance ratio mean {mean:.3g} is outside [0.5, 2]: the policy moved far in one step"
+    return None
+
+
+def _kl_spike(history: Sequence[Record], factor: float) -> str | None:
+    floor = 0.01  # KL below this is noise, whatever the ratio to the median
+    for key in ("kl_ref", "approx_kl"):
+        now = _num(history[-1], key)
+        before = _series(history[:-1], key)
+        if now is None or len(before) < 3 or now < floor:
+            continue
+        med = statistics.median(before)
+        if now > factor * max(med, floor / factor):
+            return f"{key} {now:.3g} jumped above {factor:g} x its median so far {med:.3g}"
+    return None
+
+
+def _truncation(history: Sequence[Record], limit: float) -> str | None:
+    rate = _num(history[-1], "truncation_rate")
+    if rate is not None and rate > limit:
+        return f"{rate:.0%} of responses hit max_new_tokens (> {limit:.0%}): raise the limit or shape length"
+    return None
+
+
+MIN_STEPS_FOR_SHARES = 3  # the first batch always waits for rollouts: judge shares only after a few steps
+
+
+def _trainer_starved(history: Sequence[Record], limit: float) -> str | None:
+    share = _num(history[-1], "trainer_wait_share")
+    if len(history) >= MIN_STEPS_FOR_SHARES and share is not None and share > limit:
+        return (
+            f"the trainer waited for rollouts {share:.0%} of the time (> {limit:.0%}): add rollout capacity"
+        )
+    return None
+
+
+def _engine_idle(history: Sequence[Record], limit: float) -> str | None:
+    share = _num(history[-1], "engine_idle_share")
+    if len(history) >= MIN_STEPS_FOR_SHARES and share is not None and share > limit:
+        return (
+            f"rollout engines idled {share:.0%} of the time (> {limit:.0%}): the trainer or the staleness "
+            "bound is the bottleneck (raise max_staleness or trainer threads)"
+        )
+    return None
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("entropy_collapse", "entropy below threshold x its first value", 0.1, _entropy_collapse),
+    Rule("entropy_explosion", "entropy above threshold x its first value", 2.0, _entropy_explosion),
+    Rule("reward_stuck", "all groups zero-advantage for threshold steps in a row", 3, _reward_stuck),
+    Rule(
+        "ratio_explosion",
+        "importance ratio max above threshold, or ratio mean outside [0.5, 2]",
+        10.0,
+        _ratio_explosion,
+    ),
+    Rule("kl_spike", "kl_ref or approx_kl above threshold x its running median", 5.0, _kl_spike),
+    Rule("truncation_high", "truncation rate above threshold", 0.5, _truncation),
+    Rule("trainer_starved", "trainer_wait_share above threshold", 0.5, _trainer_starved),
+    Rule("engine_idle", "engine_idle_share above threshold", 0.5, _engine_idle),
+)
+
+
+@dataclass
+class Finding:
+    """A rule that fired somewhere in a stream: the steps it fired at and its first and last message."""
+
+    rule: str
+    description: str
+    steps: list[int]
+    first_message: str
+    last_message: str
+
+
+def diagnose(records: Sequence[Record], rules: Sequence[Rule] = RULES) -> list[Finding]:
+    """Replay `records` through every rule; one Finding per rule that fired at least once."""
+    found: dict[str, Finding] = {}
+    for i in range(len(records)):
+        prefix = records[: i + 1]
+        for rule in rules:
+            msg = rule(prefix)
+            if msg is None:
+                continue
+            step = int(records[i].get("step", i + 1))
+            f = found.get(rule.name)
+            if f is None:
+                found[rule.name] = Finding(rule.name, rule.description, [step], msg, msg)
+            else:
+                f.steps.append(step)
+                f.last_message = msg
+    return [found[r.name] for r in rules if r.name in found]
+
+
+class DiagnosticsMonitor:
+    """Live diagnostics: `update(record)` returns the warnings of rules firing for the first time."""
+
+    def __init__(self, rules: Sequence[Rule] = RULES, emit: Callable[[str], None] | None = None) -> None:
+        self.rules = rules
+        self.emit = emit
+        self.history: list[Record] = []
+        self.warned: set[str] = set()
+
+    def update(self, record: Record) -> list[str]:
+        self.history.append({k: v for k, v in record.items() if not k.startswith("_")})
+        out = []
+        for rule in self.rules:
+            if rule.name in self.warned:
+                continue
+            msg = rule(self.history)
+            if msg is not None:
+                self.warned.add(rule.name)
+                line = f"warning [{rule.name}] step {record.get('step')}: {msg}"
+                out.append(line)
+                if self.emit is not None:
+                    self.emit(line)
+        return out

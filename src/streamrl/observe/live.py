@@ -1,0 +1,48 @@
+"""What the train job does with each step's record: write the metrics stream (JSONL, TensorBoard,
+optionally W&B), print diagnostics warnings once per rule, and refresh report.html every N steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from streamrl.config import Config, to_dict
+from streamrl.observe.diagnostics import DiagnosticsMonitor
+from streamrl.observe.metrics import MetricsWriter, Sink
+from streamrl.observe.report import write_report
+
+
+class RunObserver:
+    def __init__(self, cfg: Config, run_dir: Path, console: Console) -> None:
+        self.cfg, self.run_dir, self.console = cfg, run_dir, console
+        sinks: list[Sink] = []
+        if cfg.observe.wandb:
+            from streamrl.observe.wandb_sink import WandbSink
+
+            sinks.append(WandbSink(run_dir, cfg.observe.wandb_project, cfg.observe.wandb_mode, to_dict(cfg)))
+        self.writer = MetricsWriter(run_dir, sinks=sinks)
+        self.monitor = DiagnosticsMonitor(emit=lambda line: console.print(f"[yellow]{escape(line)}[/]"))
+        self._report_failed = False
+
+    def on_step(self, record: dict[str, Any]) -> None:
+        self.writer.write(record)
+        self.monitor.update(record)
+        every = self.cfg.observe.report_every
+        if every and record["step"] % every == 0:
+            self.report()
+
+    def report(self) -> Path | None:
+        """Rewrite report.html; a failure is reported once and never stops training (it is a view)."""
+        try:
+            return write_report([self.run_dir])
+        except Exception as e:  # a broken report must not kill a long run
+            if not self._report_failed:
+                self.console.print(f"[yellow]warning: could not write report.html: {escape(str(e))}[/]")
+            self._report_failed = True
+            return None
+
+    def close(self) -> None:
+        self.writer.close()

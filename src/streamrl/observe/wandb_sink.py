@@ -1,0 +1,40 @@
+"""Optional Weights & Biases sink for the metrics stream (observe.wandb=true).
+
+Offline mode by default: wandb writes RUN_DIR/wandb/ without any network; `wandb sync` uploads later.
+wandb is an optional extra (`pip install 'streamrl[wandb]'`); config validation rejects
+observe.wandb=true without it, so the import here only fails if it vanished since.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+
+class WandbSink:
+    def __init__(self, run_dir: Path, project: str, mode: str, config: dict[str, Any]) -> None:
+        try:
+            import wandb
+        except ImportError as e:
+            raise RuntimeError(
+                "observe.wandb=true needs the wandb package: pip install 'streamrl[wandb]'"
+            ) from e
+        self._run = wandb.init(
+            project=project, mode=mode, dir=str(run_dir), name=run_dir.resolve().name, config=config
+        )
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Log the numeric scalars of one step; the staleness histogram as flat staleness_hist/N keys."""
+        data: dict[str, float] = {}
+        for k, v in record.items():
+            if k == "step" or k.startswith("_"):
+                continue
+            if isinstance(v, dict):
+                data.update({f"{k}/{n}": x for n, x in v.items() if isinstance(x, (int, float))})
+            elif isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                data[k] = v
+        self._run.log(data, step=int(record["step"]))
+
+    def close(self) -> None:
+        self._run.finish()

@@ -1,0 +1,93 @@
+"""Diagnostics rules fire on synthetic streams built to trigger each one and stay silent on a healthy one."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamrl.observe.diagnostics import RULES, DiagnosticsMonitor, diagnose
+
+
+def healthy(n: int = 12) -> list[dict]:
+    """A plausible, uneventful run: entropy drifting down slowly, moderate KL, balanced waiting."""
+    return [
+        {
+            "step": i,
+            "reward_mean": 0.2 + 0.02 * i,
+            "zero_adv_group_frac": 0.25,
+            "entropy": 1.5 - 0.02 * i,
+            "ratio_max": 1.6,
+            "ratio_min": 0.7,
+            "kl_ref": 0.02 + 0.001 * i,
+            "approx_kl": 0.01,
+            "truncation_rate": 0.1,
+            "trainer_wait_share": 0.3,
+            "engine_idle_share": 0.2,
+        }
+        for i in range(1, n + 1)
+    ]
+
+
+def with_tail(key: str, values: list[float], n: int = 12) -> list[dict]:
+    """The healthy stream with `key` overwritten on the last len(values) steps."""
+    rows = healthy(n)
+    for r, v in zip(rows[-len(values) :], values):
+        r[key] = v
+    return rows
+
+
+TRIGGERS = {
+    "entropy_collapse": with_tail("entropy", [0.05]),
+    "entropy_explosion": with_tail("entropy", [4.0]),
+    "reward_stuck": with_tail("zero_adv_group_frac", [1.0, 1.0, 1.0]),
+    "ratio_explosion": with_tail("ratio_max", [25.0]),
+    "kl_spike": with_tail("kl_ref", [0.5]),
+    "truncation_high": with_tail("truncation_rate", [0.8]),
+    "trainer_starved": with_tail("trainer_wait_share", [0.9]),
+    "engine_idle": with_tail("engine_idle_share", [0.75]),
+}
+
+
+def test_every_rule_has_a_trigger():
+    assert set(TRIGGERS) == {r.name for r in RULES}
+
+
+@pytest.mark.parametrize("rule", sorted(TRIGGERS))
+def test_rule_fires_alone_on_its_trigger(rule):
+    found = diagnose(TRIGGERS[rule])
+    assert [f.rule for f in found] == [rule]
+    assert found[0].steps == [12]  # every trigger completes at the last step
+
+
+def test_healthy_stream_is_silent():
+    assert diagnose(healthy()) == []
+    assert diagnose([]) == []
+
+
+def test_reward_stuck_needs_consecutive_steps():
+    rows = with_tail("zero_adv_group_frac", [1.0, 0.5, 1.0, 1.0])
+    assert diagnose(rows) == []
+
+
+def test_ratio_mean_drift_fires_but_a_small_token_min_does_not():
+    assert [f.rule for f in diagnose(with_tail("ratio_mean", [3.0]))] == ["ratio_explosion"]
+    assert diagnose(with_tail("ratio_min", [0.01])) == []
+
+
+def test_shares_ignored_in_the_first_steps():
+    rows = healthy(2)
+    rows[0]["trainer_wait_share"] = rows[1]["trainer_wait_share"] = 0.95  # the first batch always waits
+    assert diagnose(rows) == []
+
+
+def test_monitor_warns_once_per_rule_when_it_starts_firing():
+    lines: list[str] = []
+    mon = DiagnosticsMonitor(emit=lines.append)
+    stream = with_tail("truncation_rate", [0.9, 0.9, 0.9, 0.1, 0.9])
+    fired_at = [r["step"] for r in stream if mon.update(r)]
+    assert fired_at == [8]
+    assert len(lines) == 1 and lines[0].startswith("warning [truncation_high] step 8:")
+
+
+def test_missing_and_non_finite_values_are_ignored():
+    rows = [{"step": i, "entropy": float("nan"), "ratio_max": None, "truncation_rate": "x"} for i in range(5)]
+    assert diagnose(rows) == []

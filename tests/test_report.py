@@ -1,0 +1,185 @@
+"""The HTML report from synthetic run directories: plots, overlays, atomic writes, CLI errors, W&B sink."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import types
+
+import pytest
+import yaml
+
+from streamrl.cli import main
+from streamrl.observe.plots import Series, line_chart, nice_ticks, stacked_bars
+from streamrl.observe.report import write_report
+from streamrl.observe.run_data import read_metrics, unique_labels
+
+
+def make_run(path, steps=5, mode="async", truncation=0.1):
+    path.mkdir(parents=True)
+    rows = []
+    for s in range(1, steps + 1):
+        rows.append(
+            {
+                "step": s,
+                "time": 2.0 * s,
+                "reward_mean": 0.1 * s,
+                "accuracy": 0.05 * s,
+                "response_length": 20 + s,
+                "truncation_rate": truncation,
+                "format_rate": 0.5,
+                "entropy": 1.0,
+                "kl_ref": 0.01,
+                "approx_kl": 0.001,
+                "clip_frac_low": 0.01,
+                "clip_frac_high": 0.02,
+                "zero_adv_group_frac": 0.1,
+                "ratio_min": 0.8,
+                "ratio_mean": 1.0,
+                "ratio_max": 1.3,
+                "tokens_per_s": 100.0,
+                "train_tokens_per_s": 150.0,
+                "trainer_wait_share": 0.2,
+                "engine_idle_share": 0.1,
+                "staleness_mean": 0.5,
+                "staleness_max": 1,
+                "staleness_hist": {"0": 10, "1": 10 * (s > 1)},
+                "train_time": 1.0,
+                "trainer_wait_time": 0.3,
+                "weight_sync_time": 0.01,
+                **({"heldout_accuracy": 0.3} if s == 2 else {}),
+            }
+        )
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (path / "config.yaml").write_text(yaml.safe_dump({"model": "tiny-random", "runtime": {"mode": mode}}))
+    (path / "accounting.json").write_text(
+        json.dumps(
+            {"admitted": 12, "generated": 12, "trained": 10, "filtered": 1, "carried_over": 1, "lost": 0}
+        )
+    )
+    ev = {"accuracy": 0.25, "n": 8, "correct": 2, "ci95": [0.1, 0.5]}
+    (path / "eval.json").write_text(json.dumps({"base": ev, "final": {**ev, "accuracy": 0.5, "correct": 4}}))
+    return path
+
+
+def plots(html: str) -> dict[str, str]:
+    return dict(re.findall(r'<svg class="plot" data-plot="([^"]+)".*?>(.*?)</svg>', html, re.S))
+
+
+def test_nice_ticks_cover_the_range():
+    assert nice_ticks(0, 1) == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    t = nice_ticks(3.2, 3.2)  # a flat line still gets an axis
+    assert t[0] <= 3.2 <= t[-1]
+
+
+def test_line_chart_draws_every_point_and_gaps():
+    svg = line_chart("x", "X", [Series("a", [1, 2, 3, 4], [1.0, None, 3.0, float("nan")])])
+    assert 'data-points="2"' in svg and svg.count("<circle") == 2
+    assert "no data" in line_chart("x", "X", [Series("a", [1], [None])])
+    assert "no data" in stacked_bars("s", "S", [], {}, "step")
+
+
+def test_single_run_report_has_every_plot_non_empty(tmp_path):
+    run = make_run(tmp_path / "run")
+    out = write_report([run])
+    assert out == run / "report.html" and not list(run.glob(".*.tmp"))  # temp file renamed away
+    html = out.read_text()
+    assert "<script" not in html and "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    found = plots(html)
+    assert set(found) == {
+        "reward_step",
+        "reward_time",
+        "length",
+        "truncation",
+        "entropy",
+        "kl",
+        "clip",
+        "ratio",
+        "staleness",
+        "phases",
+        "throughput",
+        "waiting",
+        "accounting",
+    }
+    for name, body in found.items():
+        assert "<path" in body or "<rect x=" in body.replace('class="frame"', ""), name
+    # held-out accuracy: base at step 0, the periodic eval at step 2, final at the last step
+    assert re.search(r'data-series="heldout_accuracy" data-points="3"', found["reward_step"])
+    assert found["staleness"].count('data-stack="1 behind"') == 4  # step 1 has no stale tokens
+    assert "no diagnostic rule fired" in html
+
+
+def test_report_shows_diagnostics(tmp_path):
+    html = write_report([make_run(tmp_path / "run", truncation=0.9)]).read_text()
+    assert 'data-rule="truncation_high"' in html and "at steps 1-5" in html
+
+
+def test_compare_overlays_runs_and_defaults_to_compare_html(tmp_path):
+    a = make_run(tmp_path / "a" / "run", mode="async")
+    b = make_run(tmp_path / "b" / "run", mode="colocated", steps=3)
+    assert main(["report", str(a), str(b)]) == 0
+    html = (a / "compare.html").read_text()
+    assert "a/run: reward_mean" in html and "b/run: reward_mean" in html
+    assert "runtime.mode" in html  # the config keys that differ are listed
+    assert main(["report", str(a), str(b), "--out", str(tmp_path / "c.html")]) == 0
+    assert (tmp_path / "c.html").is_file()
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "not a run directory" in err
+    run = make_run(tmp_path / "bad")
+    (run / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 3}\n')
+    assert main(["report", str(run)]) == 2
+    assert "metrics.jsonl:2: not a JSON line" in capsys.readouterr().err
+
+
+def test_torn_last_line_is_skipped(tmp_path):
+    p = tmp_path / "metrics.jsonl"
+    p.write_text('{"step": 1}\n{"step": 2, "rew')  # the writer is mid-line
+    assert read_metrics(p) == [{"step": 1}]
+
+
+def test_unique_labels(tmp_path):
+    assert unique_labels([tmp_path / "a" / "run", tmp_path / "b" / "run"]) == ["a/run", "b/run"]
+    assert unique_labels([tmp_path / "x", tmp_path / "y"]) == ["x", "y"]
+
+
+def test_wandb_sink_logs_offline_through_the_api(tmp_path, monkeypatch):
+    calls: dict = {"log": []}
+
+    class FakeRun:
+        def log(self, data, step):
+            calls["log"].append((step, data))
+
+        def finish(self):
+            calls["finished"] = True
+
+    def init(**kw):
+        calls["init"] = kw
+        return FakeRun()
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
+    from streamrl.observe.metrics import MetricsWriter
+    from streamrl.observe.wandb_sink import WandbSink
+
+    sink = WandbSink(tmp_path, "proj", "offline", {"model": "m"})
+    w = MetricsWriter(tmp_path, tensorboard=False, sinks=[sink])
+    w.write({"step": 3, "reward_mean": 0.5, "staleness_hist": {"0": 4}, "ok": True, "_groups": []})
+    w.close()
+    assert calls["init"]["mode"] == "offline" and calls["init"]["dir"] == str(tmp_path)
+    assert calls["log"] == [(3, {"reward_mean": 0.5, "staleness_hist/0": 4})]
+    assert calls["finished"]
+
+
+def test_wandb_missing_is_a_config_error(monkeypatch):
+    import importlib.util
+
+    from streamrl.config import ConfigError, load_config
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "wandb" else real(n, *a))
+    with pytest.raises(ConfigError, match=r"pip install 'streamrl\[wandb\]'"):
+        load_config(None, ["observe.wandb=true"])

@@ -1,4 +1,4 @@
-"""streamrl command line: `streamrl train | eval | score` (see `streamrl COMMAND --help`)."""
+"""streamrl command line: `streamrl train | eval | score | simulate` (see `streamrl COMMAND --help`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 from streamrl.config import ConfigError, load_config
 from streamrl.score_cli import add_parser as add_score_parser
 from streamrl.score_cli import run_score
+from streamrl.sim.cli import add_parser as add_simulate_parser
 
 
 def _split_args(items: list[str]) -> tuple[str | None, list[str]]:
@@ -33,10 +34,15 @@ def main(argv: list[str] | None = None) -> int:
         "args", nargs="*", help="[config.yaml] [key=value ...], e.g. model=runs/x/checkpoint n=16 k=1,4,16"
     )
     add_score_parser(sub)
+    add_simulate_parser(sub)
     ns = parser.parse_args(argv)
     try:
         if ns.command == "score":
             return run_score(ns)
+        if ns.command == "simulate":
+            from streamrl.sim.cli import run_simulate
+
+            return run_simulate(ns)
         path, overrides = _split_args(ns.args)
         if ns.command == "eval":
             from streamrl.eval_cli import expand_shorthands, run_eval

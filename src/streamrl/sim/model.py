@@ -32,10 +32,11 @@ with their tokens, into the next round. A group is filtered at completion with p
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from streamrl.runtime.staleness import StalenessManager
@@ -171,7 +172,8 @@ def validate(work: Workload, setup: Setup) -> None:
 
 class _Sim:
     def __init__(self, costs: Costs, work: Workload, setup: Setup, trace: bool) -> None:
-        self.c, self.w, self.s = costs, work, setup
+        # a private copy: a length model may keep state (Cycle), and every run starts from its beginning
+        self.c, self.w, self.s = costs, replace(work, lengths=copy.deepcopy(work.lengths)), setup
         self.rng = random.Random(setup.seed)
         self.t = 0.0
         self.version = 0

@@ -1,4 +1,4 @@
-"""streamrl command line: `streamrl train | eval | score | report` (see `streamrl COMMAND --help`)."""
+"""streamrl command line: `streamrl train | eval | score | report | simulate` (see `streamrl CMD --help`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from streamrl.report_cli import add_parser as add_report_parser
 from streamrl.report_cli import run_report
 from streamrl.score_cli import add_parser as add_score_parser
 from streamrl.score_cli import run_score
+from streamrl.sim.cli import add_parser as add_simulate_parser
 
 
 def _split_args(items: list[str]) -> tuple[str | None, list[str]]:
@@ -36,12 +37,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_score_parser(sub)
     add_report_parser(sub)
+    add_simulate_parser(sub)
     ns = parser.parse_args(argv)
     try:
         if ns.command == "score":
             return run_score(ns)
         if ns.command == "report":
             return run_report(ns)
+        if ns.command == "simulate":
+            from streamrl.sim.cli import run_simulate
+
+            return run_simulate(ns)
         path, overrides = _split_args(ns.args)
         if ns.command == "eval":
             from streamrl.eval_cli import expand_shorthands, run_eval

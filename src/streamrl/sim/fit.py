@@ -1,0 +1,197 @@
+"""Fit the simulator's costs and workload from a run directory (config.yaml + metrics.jsonl).
+
+Costs are expressed per unit of compute: on CPU one core, with k threads running k ** alpha times
+faster (alpha = thread_scaling, 1 by default: the README measured both phases near-linear in threads).
+
+- train_token_s = sum(train_time) * k_train ** alpha / sum(tokens_trained)   (prompt + response tokens)
+- weight_sync_s = mean(weight_sync_time) (async runs; 0 for colocated, where the engine shares the module)
+- decode: colocated rows log generate_time per step. A row generated n = (B + dropped) groups in
+  r = 1 + ceil(dropped / B) rounds; each round takes S decode steps (max_new_tokens if any sample was
+  truncated, else 3 x the mean length), so with prefill_token_s = decode_token_s (assumed: on CPU a
+  prompt token costs about what one row of a decode step costs)
+
+      generate_time * k ** alpha = a * r * S + c * (generated tokens + prompt tokens)
+
+  solved for (a, c) >= 0 by least squares over the rows. Async rows log no generate time: the engine's
+  busy time (1 - engine_idle_share) * elapsed covers every token it generated, so a = 0 and
+  c = busy * k ** alpha / (generated + prompt tokens), generated tokens scaled up by the groups it
+  also generated but did not train (zero-variance filtered, carried over).
+- startup_s (async): the measured first trainer wait minus the simulated one with startup 0
+  (process spawn and model load of the rollout worker).
+- filter_rate: zero-variance groups filtered / (filtered + trained).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from streamrl.sim.lengths import StepStats
+from streamrl.sim.model import Costs, Setup, Workload, simulate
+
+PREFILL = 1.0  # prefill_token_s / decode_token_s (assumed; see the module docstring)
+
+
+@dataclass
+class Run:
+    path: Path
+    config: dict[str, Any]
+    rows: list[dict[str, Any]]
+    cores: int
+
+    @property
+    def colocated(self) -> bool:
+        return self.config.get("runtime", {}).get("mode") == "colocated"
+
+    @property
+    def B(self) -> int:
+        return int(self.config["rollout"]["prompts_per_step"])
+
+    @property
+    def G(self) -> int:
+        return int(self.config["rollout"]["samples_per_prompt"])
+
+    def threads(self) -> tuple[int, int]:
+        """(trainer threads, engine threads per worker), as runtime/job.py splits the cores."""
+        rt, tr = self.config.get("runtime", {}), self.config.get("train", {})
+        if self.colocated:
+            return int(tr.get("threads") or self.cores), int(tr.get("threads") or self.cores)
+        rollout = int(rt.get("rollout_workers", 1)) * int(rt.get("rollout_threads", 1))
+        return int(tr.get("threads") or max(1, self.cores - rollout)), int(rt.get("rollout_threads", 1))
+
+
+def load_run(path: str | Path, cores: int | None = None) -> Run:
+    p = Path(path)
+    cfg_path, met_path = p / "config.yaml", p / "metrics.jsonl"
+    for f in (cfg_path, met_path):
+        if not f.is_file():
+            raise FileNotFoundError(f"{f} not found: a run directory needs config.yaml and metrics.jsonl")
+    config = yaml.safe_load(cfg_path.read_text()) or {}
+    rows = [json.loads(line) for line in met_path.read_text().splitlines() if line.strip()]
+    if not rows:
+        raise ValueError(f"{met_path} has no steps to fit")
+    return Run(p, config, rows, cores or os.cpu_count() or 1)
+
+
+def _filtered(run: Run) -> int:
+    if run.colocated:
+        return sum(int(r.get("groups_dropped_zero_variance", 0)) for r in run.rows)
+    return int(run.rows[-1].get("filtered_zero_variance", 0))
+
+
+def _prompt_len(run: Run) -> float:
+    per = [(r["tokens_trained"] - r["tokens_generated"]) / (run.B * run.G) for r in run.rows]
+    return max(1.0, sum(per) / len(per))
+
+
+def fit_decode(run: Run, alpha: float = 1.0) -> tuple[float, float, str]:
+    """(decode_step_s, decode_token_s, how) in one-thread seconds; see the module docstring."""
+    tt, et = run.threads()
+    prompt, max_new = _prompt_len(run), int(run.config["rollout"]["max_new_tokens"])
+    if run.colocated and all("generate_time" in r for r in run.rows):
+        xs: list[tuple[float, float, float]] = []
+        for r in run.rows:
+            dropped = int(r.get("groups_dropped_zero_variance", 0))
+            n_groups = run.B + dropped
+            rounds = 1 + math.ceil(dropped / run.B)
+            s_len = max_new if r.get("truncation_rate", 0) > 0 else min(max_new, 3 * r["response_length"])
+            tokens = r["tokens_generated"] * n_groups / run.B + PREFILL * prompt * n_groups * run.G
+            xs.append((rounds * s_len, tokens, r["generate_time"] * et**alpha))
+        a, c = _nonneg_lstsq(xs)
+        return a, c, f"least squares over {len(xs)} colocated steps' generate_time"
+    elapsed = run.B * run.G * len(run.rows) / run.rows[-1]["samples_per_s"]
+    busy = (1.0 - run.rows[-1].get("engine_idle_share", 0.0)) * elapsed
+    trained = run.B * len(run.rows)
+    carried = int(run.rows[-1].get("groups_carried_over", 0))
+    scale = (trained + _filtered(run) + carried) / trained
+    tokens = (sum(r["tokens_generated"] for r in run.rows) + PREFILL * prompt * trained * run.G) * scale
+    return 0.0, busy * et**alpha / tokens, "engine busy time / tokens (a = 0 assumed)"
+
+
+def _nonneg_lstsq(xs: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """min sum (a x + c y - z)^2 over a, c >= 0 (2 x 2 normal equations, then the boundaries)."""
+    sxx = sum(x * x for x, _, _ in xs)
+    syy = sum(y * y for _, y, _ in xs)
+    sxy = sum(x * y for x, y, _ in xs)
+    sxz = sum(x * z for x, _, z in xs)
+    syz = sum(y * z for _, y, z in xs)
+    det = sxx * syy - sxy * sxy
+    if det > 1e-12 * sxx * syy:
+        a, c = (sxz * syy - syz * sxy) / det, (syz * sxx - sxz * sxy) / det
+        if a >= 0 and c >= 0:
+            return a, c
+    return 0.0, max(0.0, syz / syy) if syy else 0.0
+
+
+def workload(run: Run) -> Workload:
+    ro = run.config["rollout"]
+    lengths = StepStats(
+        tuple(float(r["response_length"]) for r in run.rows),
+        tuple(float(r.get("truncation_rate", 0.0)) for r in run.rows),
+        int(ro["max_new_tokens"]),
+    )
+    trained = run.B * len(run.rows)
+    filtered = _filtered(run)
+    return Workload(
+        lengths,
+        batch_groups=run.B,
+        group_size=run.G,
+        prompt_len=round(_prompt_len(run)),
+        max_batch=int(ro.get("max_batch", 128)),
+        filter_rate=min(0.95, filtered / (filtered + trained)),
+    )
+
+
+def setup(run: Run, alpha: float = 1.0) -> Setup:
+    tt, et = run.threads()
+    rt = run.config.get("runtime", {})
+    return Setup(
+        mode="sync" if run.colocated else "async",
+        eta=int(run.config.get("max_staleness", 0)),
+        weight_update=str(rt.get("weight_update", "inflight")),
+        engines=1 if run.colocated else int(rt.get("rollout_workers", 1)),
+        steps=len(run.rows),
+        shared_cores=run.cores,
+        engine_threads=et,
+        trainer_threads=tt,
+        thread_scaling=alpha,
+    )
+
+
+def fit_costs(run: Run, alpha: float = 1.0, decode_from: Run | None = None) -> tuple[Costs, list[str]]:
+    """Costs of `run` (decode costs from `decode_from` if given: a cross-fit). Returns notes too."""
+    tt, _ = run.threads()
+    a, c, how = fit_decode(decode_from or run, alpha)
+    notes = [f"decode: {how}" + (f" of {decode_from.path}" if decode_from else "")]
+    train = sum(r["train_time"] for r in run.rows) * tt**alpha / sum(r["tokens_trained"] for r in run.rows)
+    syncs = [r["weight_sync_time"] for r in run.rows if "weight_sync_time" in r]
+    costs = Costs(
+        decode_step_s=a,
+        decode_token_s=c,
+        prefill_token_s=PREFILL * c,
+        train_token_s=train,
+        weight_sync_s=sum(syncs) / len(syncs) if syncs else 0.0,
+    )
+    if not run.colocated and "trainer_wait_time" in run.rows[0]:
+        sim = simulate(costs, workload(run), replace(setup(run, alpha), steps=1))
+        first = sim.first_batch_s
+        costs = replace(costs, startup_s=max(0.0, run.rows[0]["trainer_wait_time"] - first))
+        notes.append(f"startup_s = measured first wait - simulated {first:.1f} s")
+    return costs, notes
+
+
+def measured(run: Run) -> dict[str, float]:
+    last = run.rows[-1]
+    return {
+        "samples_per_s": float(last["samples_per_s"]),
+        "trainer_idle": float(last.get("trainer_wait_share", 0.0)),
+        "engine_idle": float(last.get("engine_idle_share", 0.0)),
+        "staleness_mean": sum(r.get("staleness_mean", 0.0) for r in run.rows) / len(run.rows),
+        "staleness_max": max(int(r.get("staleness_max", 0)) for r in run.rows),
+    }

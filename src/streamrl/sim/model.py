@@ -1,0 +1,399 @@
+"""A discrete-event model of the RL pipeline: rollout engines, a trainer, weight sync, admission.
+
+Time advances from event to event (a decode step or a trainer job ends, an engine becomes ready).
+Work is measured in seconds on one unit of compute (one device, or one core in shared-core mode);
+a running job progresses at `rate` units per wall second (processor sharing, see `_rates`).
+
+Engine (continuous batching). A decode step over b running sequences costs
+
+    chunk * (decode_step_s + decode_token_s * b)  +  prefill_token_s * (prompt tokens joining now)
+
+and gives every running sequence `chunk` tokens (chunk = 1 is exact token-level decoding; larger
+chunks trade resolution for speed on long sequences). At most `max_batch` sequences run; the rest
+wait. Between steps an engine takes the newest published weights: `inflight` keeps the KV caches
+(free), `interrupt` recomputes them (prefill_token_s * (prompt + generated) per running sequence).
+Every token records the version of the weights that produced it.
+
+Trainer. A step on a batch of T tokens (prompt + response) with R ranks costs
+
+    train_token_s * T / R + train_step_s + allreduce_s * 2 (R - 1) / R
+
+then `weight_sync_s` (wall seconds) to publish; the version rises when the publish ends.
+
+Admission. mode=async uses the project's StalenessManager: a group is admitted only while
+accepted + running < (eta + v + 1) * B, and a group whose oldest token is more than eta versions old
+at training time is filtered (its slot freed). mode=sync and mode=partial run in rounds: engines
+generate until B groups are finished, pause at the next step boundary while the trainer trains, and
+resume under the new weights. sync keeps B groups in flight (generate-then-train); partial
+(APRIL) keeps ceil(overprovision * B) in flight, trains the first B to finish and carries the rest,
+with their tokens, into the next round. A group is filtered at completion with probability
+`filter_rate` (DAPO dynamic sampling) and its slot goes to a new group.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from streamrl.runtime.staleness import StalenessManager
+
+MODES = ("sync", "async", "partial")
+WEIGHT_UPDATES = ("inflight", "interrupt")
+EPS = 1e-9
+
+
+class LengthModel(Protocol):
+    def sample(self, version: int, rng: random.Random) -> int:
+        """Response length (tokens) of a sample admitted under policy `version`."""
+        ...
+
+
+@dataclass(frozen=True)
+class Costs:
+    decode_step_s: float = 0.0  # a: fixed cost of one decode step (weights read once per step)
+    decode_token_s: float = 0.01  # c: cost per running sequence per decode step
+    prefill_token_s: float = 0.0  # p: per prompt token on joining, per cached token on recompute
+    train_token_s: float = 0.01  # per trained token (prompt + response) on one rank
+    train_step_s: float = 0.0  # fixed optimizer / bookkeeping cost per trainer step
+    allreduce_s: float = 0.0  # gradient allreduce bandwidth term, scaled by 2 (R - 1) / R
+    weight_sync_s: float = 0.0  # wall seconds to publish weights after a step
+    startup_s: float = 0.0  # engines start generating at this time (process spawn, model load)
+
+
+@dataclass(frozen=True)
+class Workload:
+    lengths: LengthModel
+    batch_groups: int = 8  # B: groups per trainer step
+    group_size: int = 8  # G: samples per prompt
+    prompt_len: int = 50
+    max_batch: int = 128  # sequences one engine decodes at once
+    filter_rate: float = 0.0
+
+
+@dataclass(frozen=True)
+class Setup:
+    mode: str = "async"
+    eta: int = 1
+    overprovision: float = 2.0  # partial: groups in flight per round, in units of B
+    weight_update: str = "inflight"
+    engines: int = 1
+    ranks: int = 1
+    steps: int = 10
+    shared_cores: int = 0  # 0: engines and ranks on their own devices; > 0: they share these cores
+    engine_threads: int = 1
+    trainer_threads: int = 1
+    thread_scaling: float = 1.0  # alpha: k threads run k ** alpha times faster than one
+    contention: float = 0.0  # shared cores: each extra active component slows all by this fraction
+    chunk: int = 1
+    seed: int = 0
+
+
+@dataclass
+class SimResult:
+    time: float
+    samples: int
+    samples_per_s: float
+    trained_tokens_per_s: float
+    gen_tokens_per_s: float  # tokens generated per second of wall time with any engine decoding
+    trainer_idle: float
+    engine_idle: float
+    staleness_hist: dict[int, int]
+    groups_admitted: int
+    groups_trained: int
+    filtered_stale: int
+    filtered_other: int
+    groups_in_flight: int  # admitted, not trained, not filtered at the end (carried over)
+    first_batch_s: float  # when the trainer started its first step
+    trace: list[tuple[float, str]] = field(default_factory=list)
+
+    @property
+    def staleness_mean(self) -> float:
+        n = sum(self.staleness_hist.values())
+        return sum(k * v for k, v in self.staleness_hist.items()) / n if n else 0.0
+
+    @property
+    def staleness_max(self) -> int:
+        return max(self.staleness_hist, default=0)
+
+
+@dataclass
+class _Group:
+    gid: int
+    size: int
+    filtered: bool
+    done: int = 0
+    tokens: int = 0  # prompt + response tokens over all samples (what the trainer trains)
+    versions: dict[int, int] = field(default_factory=dict)  # policy version -> response tokens
+
+
+@dataclass
+class _Seq:
+    group: _Group
+    length: int
+    made: int = 0
+
+
+@dataclass
+class _Engine:
+    idx: int
+    waiting: deque[_Seq] = field(default_factory=deque)
+    running: list[_Seq] = field(default_factory=list)
+    version: int = 0
+    work: float = 0.0  # remaining work of the step in progress
+    stepping: bool = False
+    busy: float = 0.0
+
+
+def validate(work: Workload, setup: Setup) -> None:
+    """Raise ValueError with one clear line on an impossible setting."""
+    checks = [
+        (setup.mode in MODES, f"mode must be one of {', '.join(MODES)}, got '{setup.mode}'"),
+        (setup.weight_update in WEIGHT_UPDATES, f"weight_update must be inflight|interrupt, got "
+         f"'{setup.weight_update}'"),
+        (setup.eta >= 0, f"eta must be >= 0, got {setup.eta}"),
+        (setup.overprovision >= 1.0, f"overprovision must be >= 1, got {setup.overprovision}"),
+        (setup.engines >= 1 and setup.ranks >= 1, "engines and ranks must be >= 1"),
+        (setup.steps >= 1, f"steps must be >= 1, got {setup.steps}"),
+        (setup.chunk >= 1, f"chunk must be >= 1, got {setup.chunk}"),
+        (setup.shared_cores >= 0, "shared_cores must be >= 0"),
+        (min(setup.engine_threads, setup.trainer_threads) >= 1, "engine/trainer threads must be >= 1"),
+        (work.batch_groups >= 1 and work.group_size >= 1, "batch_groups and group_size must be >= 1"),
+        (work.max_batch >= 1, f"max_batch must be >= 1, got {work.max_batch}"),
+        (0.0 <= work.filter_rate < 1.0, f"filter_rate must be in [0, 1), got {work.filter_rate}"),
+    ]
+    for ok, msg in checks:
+        if not ok:
+            raise ValueError(msg)
+
+
+class _Sim:
+    def __init__(self, costs: Costs, work: Workload, setup: Setup, trace: bool) -> None:
+        # a private copy: a length model may keep state (Cycle), and every run starts from its beginning
+        self.c, self.w, self.s = costs, replace(work, lengths=copy.deepcopy(work.lengths)), setup
+        self.rng = random.Random(setup.seed)
+        self.t = 0.0
+        self.version = 0
+        self.engines = [_Engine(i) for i in range(setup.engines)]
+        self.buffer: deque[_Group] = deque()
+        self.running_groups = 0
+        self.admitted = 0
+        self.staleness = StalenessManager(work.batch_groups, setup.eta)
+        B = work.batch_groups
+        self.round_limit = B if setup.mode == "sync" else math.ceil(setup.overprovision * B)
+        self.job: str = ""  # trainer job in progress: "" | "train" | "sync"
+        self.job_work = 0.0
+        self.batch: list[_Group] = []
+        self.trainer_busy = 0.0
+        self.steps = 0
+        self.hist: dict[int, int] = {}
+        self.trained_tokens = 0
+        self.generated = 0
+        self.gen_wall = 0.0
+        self.first_batch = -1.0
+        self.filtered_stale = self.filtered_other = self.trained_groups = 0
+        self.trace: list[tuple[float, str]] | None = [] if trace else None
+
+    def log(self, what: str) -> None:
+        if self.trace is not None:
+            self.trace.append((round(self.t, 9), what))
+
+    # ---- admission ----------------------------------------------------------------------------
+    def _can_admit(self) -> bool:
+        if self.s.mode == "async":
+            return self.staleness.try_admit()
+        return not self.job and self.ready() + self.running_groups < self.round_limit
+
+    def admit(self) -> None:
+        while self._can_admit():
+            g = _Group(self.admitted, self.w.group_size, self.rng.random() < self.w.filter_rate)
+            self.admitted += 1
+            self.running_groups += 1
+            eng = min(self.engines, key=lambda e: (len(e.running) + len(e.waiting), e.idx))
+            for _ in range(g.size):
+                n = max(1, int(self.w.lengths.sample(self.version, self.rng)))
+                eng.waiting.append(_Seq(g, n))
+            self.log(f"admit g{g.gid} e{eng.idx} v{self.version}")
+
+    # ---- engines ------------------------------------------------------------------------------
+    def ready(self) -> int:
+        """Finished groups waiting to be trained (in the buffer or already taken for the next batch)."""
+        return len(self.buffer) + (0 if self.job else len(self.batch))
+
+    def paused(self) -> bool:
+        """Rounds: engines stop at a step boundary while a batch is ready or being trained."""
+        return self.s.mode != "async" and (bool(self.job) or self.ready() >= self.w.batch_groups)
+
+    def start_engines(self) -> None:
+        if self.t < self.c.startup_s - EPS or self.paused():
+            return
+        c, w = self.c, self.w
+        for e in self.engines:
+            if e.stepping or not (e.running or e.waiting):
+                continue
+            work = 0.0
+            if e.version < self.version:
+                if self.s.weight_update == "interrupt":
+                    work += c.prefill_token_s * sum(w.prompt_len + q.made for q in e.running)
+                e.version = self.version
+            while e.waiting and len(e.running) < w.max_batch:
+                e.running.append(e.waiting.popleft())
+                work += c.prefill_token_s * w.prompt_len
+            work += self.s.chunk * (c.decode_step_s + c.decode_token_s * len(e.running))
+            e.work, e.stepping = work, True
+
+    def finish_step(self, e: _Engine) -> None:
+        e.stepping = False
+        still: list[_Seq] = []
+        for q in e.running:
+            n = min(self.s.chunk, q.length - q.made)
+            q.made += n
+            self.generated += n
+            q.group.versions[e.version] = q.group.versions.get(e.version, 0) + n
+            if q.made < q.length:
+                still.append(q)
+                continue
+            g = q.group
+            g.done += 1
+            g.tokens += self.w.prompt_len + q.length
+            if g.done == g.size:
+                self.group_done(g)
+        e.running = still
+
+    def group_done(self, g: _Group) -> None:
+        self.running_groups -= 1
+        if self.s.mode == "async":
+            self.staleness.on_return(kept=not g.filtered)
+        if g.filtered:
+            self.filtered_other += 1
+            self.log(f"filtered g{g.gid}")
+        else:
+            self.buffer.append(g)
+            self.log(f"done g{g.gid}")
+
+    # ---- trainer ------------------------------------------------------------------------------
+    def start_trainer(self) -> None:
+        if self.job:
+            return
+        if self.s.mode != "async" and any(e.stepping for e in self.engines):
+            return  # rounds: wait for the engines to reach a step boundary
+        B = self.w.batch_groups
+        while self.buffer and len(self.batch) < B:
+            g = self.buffer.popleft()
+            if self.s.mode == "async" and self.version - min(g.versions) > self.s.eta:
+                self.filtered_stale += 1
+                self.staleness.release_accepted()
+                self.log(f"stale g{g.gid}")
+                continue
+            self.batch.append(g)
+        if len(self.batch) < B:
+            return
+        c, R = self.c, self.s.ranks
+        tokens = sum(g.tokens for g in self.batch)
+        self.job_work = c.train_token_s * tokens / R + c.train_step_s + c.allreduce_s * 2 * (R - 1) / R
+        self.job = "train"
+        for g in self.batch:
+            for v, n in g.versions.items():
+                self.hist[self.version - v] = self.hist.get(self.version - v, 0) + n
+        self.trained_tokens += tokens
+        if self.first_batch < 0:
+            self.first_batch = self.t
+        self.log(f"train v{self.version} [{' '.join(f'g{g.gid}' for g in self.batch)}]")
+
+    def finish_job(self) -> None:
+        if self.job == "train":
+            self.job, self.job_work = "sync", self.c.weight_sync_s
+            return
+        self.job = ""
+        self.trained_groups += len(self.batch)
+        self.batch = []
+        self.version += 1
+        self.steps += 1
+        self.staleness.set_version(self.version)
+        self.log(f"published v{self.version}")
+
+    # ---- time ---------------------------------------------------------------------------------
+    def rates(self) -> tuple[list[float], float]:
+        """Progress per wall second of each stepping engine and of the trainer job.
+
+        Devices: 1. Shared cores C: a component with k threads runs at k ** alpha * min(1, C / D),
+        D = threads demanded by every active component, divided by 1 + contention * (active - 1).
+        Weight sync is a fixed wall time (rate 1)."""
+        active_e = [e for e in self.engines if e.stepping]
+        n_train = int(self.job == "train")
+        C = self.s.shared_cores
+        if C == 0:
+            return [1.0] * len(active_e), 1.0
+        demand = len(active_e) * self.s.engine_threads + n_train * self.s.trainer_threads
+        share = min(1.0, C / demand) if demand else 1.0
+        slow = 1.0 + self.s.contention * max(0, len(active_e) + n_train - 1)
+        a = self.s.thread_scaling
+        er = self.s.engine_threads**a * share / slow
+        tr = self.s.trainer_threads**a * share / slow if n_train else 1.0
+        return [er] * len(active_e), tr
+
+    def advance(self) -> None:
+        active_e = [e for e in self.engines if e.stepping]
+        erates, trate = self.rates()
+        cands = [e.work / r for e, r in zip(active_e, erates)]
+        if self.job:
+            cands.append(self.job_work / trate)
+        if self.t < self.c.startup_s - EPS:
+            cands.append(self.c.startup_s - self.t)
+        if not cands:
+            raise RuntimeError(f"simulation stalled at t={self.t:.3f}: nothing can run (step {self.steps})")
+        dt = max(0.0, min(cands))
+        self.t += dt
+        if active_e:
+            self.gen_wall += dt
+        for e, r in zip(active_e, erates):
+            e.work -= dt * r
+            e.busy += dt
+        if self.job:
+            self.job_work -= dt * trate
+            self.trainer_busy += dt
+        for e in active_e:
+            if e.work <= EPS:
+                self.finish_step(e)
+        if self.job and self.job_work <= EPS:
+            self.finish_job()
+
+    def run(self) -> SimResult:
+        limit = 10_000_000
+        while self.steps < self.s.steps:
+            self.admit()
+            self.start_trainer()
+            self.start_engines()
+            self.advance()
+            limit -= 1
+            if limit == 0:
+                raise RuntimeError("simulation exceeded 10M events; use a larger chunk")
+        T = max(self.t, EPS)
+        samples = self.steps * self.w.batch_groups * self.w.group_size
+        carried = self.running_groups + len(self.buffer) + len(self.batch)
+        return SimResult(
+            time=self.t,
+            samples=samples,
+            samples_per_s=samples / T,
+            trained_tokens_per_s=self.trained_tokens / T,
+            gen_tokens_per_s=self.generated / max(self.gen_wall, EPS),
+            trainer_idle=max(0.0, 1.0 - self.trainer_busy / T),
+            engine_idle=max(0.0, 1.0 - sum(e.busy for e in self.engines) / (T * len(self.engines))),
+            staleness_hist=dict(sorted(self.hist.items())),
+            groups_admitted=self.admitted,
+            groups_trained=self.trained_groups,
+            filtered_stale=self.filtered_stale,
+            filtered_other=self.filtered_other,
+            groups_in_flight=carried,
+            first_batch_s=self.first_batch,
+            trace=self.trace or [],
+        )
+
+
+def simulate(costs: Costs, work: Workload, setup: Setup, trace: bool = False) -> SimResult:
+    """Run the model until `setup.steps` trainer steps have published; deterministic in setup.seed."""
+    validate(work, setup)
+    return _Sim(costs, work, setup, trace).run()

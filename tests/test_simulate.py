@@ -1,0 +1,179 @@
+"""The pipeline simulator: hand-computed timelines, the staleness bound, partial-rollout accounting,
+cost fitting on a synthetic run, the command line."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+
+import pytest
+
+from streamrl.cli import main
+from streamrl.sim import fit
+from streamrl.sim.lengths import Cycle, Fixed, LogNormal, parse_lengths
+from streamrl.sim.model import Costs, Setup, Workload, simulate
+
+# one decode step = 1 s whatever the batch, a sample of 2 tokens trains in 3 s
+UNIT = Costs(decode_step_s=1.0, decode_token_s=0.0, train_token_s=1.5)
+TINY = Workload(Fixed(2), batch_groups=1, group_size=1, prompt_len=0)
+
+
+def test_sync_timeline_by_hand() -> None:
+    # generate 0-2, train 2-5; generate 5-7, train 7-10; generate 10-12, train 12-15
+    r = simulate(UNIT, TINY, Setup(mode="sync", steps=3), trace=True)
+    assert r.time == pytest.approx(15.0)
+    trains = [t for t, what in r.trace if what.startswith("train")]
+    assert trains == [2.0, 7.0, 12.0]
+    assert r.staleness_hist == {0: 6}
+    assert r.trainer_idle == pytest.approx(6 / 15) and r.engine_idle == pytest.approx(9 / 15)
+
+
+def test_async_eta1_timeline_by_hand() -> None:
+    # v0 admits g0, g1 (bound 2): both done at 2. train g0 2-5 -> v1 admits g2 (5-7);
+    # train g1 5-8 (tokens of v0: staleness 1) -> v2 admits g3 (8-10); train g2 8-11 (v1 tokens at v2)
+    r = simulate(UNIT, TINY, Setup(mode="async", eta=1, steps=3), trace=True)
+    assert r.time == pytest.approx(11.0)
+    assert [(t, w) for t, w in r.trace if w.startswith(("admit", "train"))] == [
+        (0.0, "admit g0 e0 v0"), (0.0, "admit g1 e0 v0"), (2.0, "train v0 [g0]"),
+        (5.0, "admit g2 e0 v1"), (5.0, "train v1 [g1]"), (8.0, "admit g3 e0 v2"), (8.0, "train v2 [g2]"),
+    ]
+    assert r.staleness_hist == {0: 2, 1: 4}
+    assert r.groups_in_flight == 1  # g3 finished, never trained: carried
+
+
+def test_async_eta0_equals_sync_on_the_same_resources() -> None:
+    work = Workload(Cycle((3, 1, 7, 2, 5)), batch_groups=2, group_size=3, prompt_len=4)
+    costs = Costs(decode_step_s=0.3, decode_token_s=0.05, prefill_token_s=0.01, train_token_s=0.02,
+                  weight_sync_s=0.1)
+    a = simulate(costs, work, Setup(mode="async", eta=0, engines=2, steps=4))
+    s = simulate(costs, work, Setup(mode="sync", engines=2, steps=4))
+    assert a.time == pytest.approx(s.time)
+    assert a.staleness_hist == s.staleness_hist and list(s.staleness_hist) == [0]
+
+
+def test_decode_cost_and_interrupt_recompute_by_hand() -> None:
+    # 1 group of 2 samples (lengths 1 and 3), prompt 2: step 1 = prefill 2*2*0.5 + 1 + 2*0.25 = 3.5,
+    # steps 2-3 = 1 + 0.25 = 1.25 each -> group done at 6.0, train 1 s (tokens 3+5, 0.125/token)
+    costs = Costs(decode_step_s=1.0, decode_token_s=0.25, prefill_token_s=0.5, train_token_s=0.125)
+    work = Workload(Cycle((1, 3)), batch_groups=1, group_size=2, prompt_len=2)
+    r = simulate(costs, work, Setup(mode="sync", steps=1), trace=True)
+    assert r.time == pytest.approx(7.0)
+    # async eta=1: g0 and g1 (lengths 1, 3 each) start together: step 1 = 4 * 2 * 0.5 + 1 + 4 * 0.25 = 6,
+    # steps 2-3 = 1.5 each -> both done at 9; train g0 9-10, g1 10-11 (no group runs at v1: no recompute)
+    r2 = simulate(costs, work, Setup(mode="async", eta=1, steps=2, weight_update="interrupt"), trace=True)
+    assert [t for t, w in r2.trace if w.startswith("done")] == [9.0, 9.0]
+    assert r2.time == pytest.approx(11.0)
+
+
+def test_interrupt_costs_a_recompute_inflight_does_not() -> None:
+    work = Workload(Cycle((1, 9)), batch_groups=1, group_size=1, prompt_len=4)
+    costs = Costs(decode_step_s=1.0, decode_token_s=0.0, prefill_token_s=0.25, train_token_s=0.0,
+                  train_step_s=0.5)
+    inflight = simulate(costs, work, Setup(mode="async", eta=1, steps=2, weight_update="inflight"))
+    interrupt = simulate(costs, work, Setup(mode="async", eta=1, steps=2, weight_update="interrupt"))
+    # step 1 (0-3) = prefill 2 * 4 * 0.25 + 1: g0 done, g1 (9 tokens) has 1; train g0 3-3.5 -> v1 admits
+    # g2; step 2 (3-4) started under v0; step 3 at 4: g2 joins (prefill 1) + 1 and, with interrupt, g1
+    # recomputes prompt 4 + 2 tokens at 0.25 = 1.5 -> g2 done at 6 (inflight) or 7.5; train 0.5
+    assert inflight.time == pytest.approx(6.5)
+    assert interrupt.time == pytest.approx(8.0)
+
+
+@pytest.mark.parametrize("eta", [0, 1, 2, 3])
+@pytest.mark.parametrize("update", ["inflight", "interrupt"])
+def test_staleness_bound_never_exceeded(eta: int, update: str) -> None:
+    work = Workload(LogNormal(20, 1.2, 400), batch_groups=3, group_size=2, prompt_len=5, max_batch=4,
+                    filter_rate=0.2)
+    costs = Costs(decode_step_s=0.01, decode_token_s=0.002, prefill_token_s=0.001, train_token_s=0.004)
+    for engines in (1, 3):
+        r = simulate(costs, work, Setup(mode="async", eta=eta, engines=engines, steps=15, seed=eta,
+                                        weight_update=update))
+        assert r.staleness_max <= eta
+        assert r.groups_trained == 15 * 3
+        accounted = r.groups_trained + r.filtered_stale + r.filtered_other + r.groups_in_flight
+        assert r.groups_admitted == accounted
+
+
+@pytest.mark.parametrize("over", [1.0, 1.5, 2.0, 3.0])
+def test_partial_rollouts_never_lose_or_duplicate(over: float) -> None:
+    work = Workload(LogNormal(10, 1.5, 200), batch_groups=4, group_size=2, prompt_len=3, filter_rate=0.1)
+    r = simulate(Costs(decode_step_s=0.1, decode_token_s=0.01), work,
+                 Setup(mode="partial", overprovision=over, engines=2, steps=12), trace=True)
+    trained = [g for _, w in r.trace if w.startswith("train") for g in re.findall(r"g\d+", w)]
+    admitted = [w.split()[1] for _, w in r.trace if w.startswith("admit")]
+    filtered = [w.split()[1] for _, w in r.trace if w.startswith("filtered")]
+    assert len(trained) == len(set(trained)) == 12 * 4
+    assert not set(trained) & set(filtered)
+    assert len(admitted) == len(set(admitted)) == len(trained) + len(filtered) + r.groups_in_flight
+    assert r.groups_in_flight <= len(admitted)
+
+
+def test_partial_beats_sync_under_long_tail_and_carries_over() -> None:
+    work = Workload(LogNormal(50, 1.0, 2000), batch_groups=8, group_size=4, prompt_len=10, max_batch=64)
+    costs = Costs(decode_step_s=0.02, decode_token_s=1e-4, train_token_s=1e-4)
+    sync = simulate(costs, work, Setup(mode="sync", steps=10, chunk=4))
+    part = simulate(costs, work, Setup(mode="partial", steps=10, chunk=4, overprovision=2.0))
+    assert part.samples_per_s > sync.samples_per_s and part.staleness_max >= 1
+
+
+def test_shared_cores_split_and_contention() -> None:
+    # colocated sync on 2 shared cores, alpha = 1: every phase twice as fast as on 1 core
+    one = simulate(UNIT, TINY, Setup(mode="sync", steps=3, shared_cores=1))
+    two = simulate(UNIT, TINY, Setup(mode="sync", steps=3, shared_cores=2, engine_threads=2,
+                                     trainer_threads=2))
+    assert one.time == pytest.approx(15.0) and two.time == pytest.approx(7.5)
+    # async on 2 cores split 1 + 1 overlaps without loss; contention 0.5 slows the overlap by 1.5x:
+    # 0-2 generate (alone), 2-5 train g0 (alone): no overlap in the first step; g2 (5-8) overlaps
+    # train g1 (5-9.5 at rate 1/1.5 while g2 runs: 3 s of g2, then 1.5 s of work left alone... )
+    base = Setup(mode="async", eta=1, steps=2, shared_cores=2)
+    assert simulate(UNIT, TINY, base).time == pytest.approx(8.0)
+    slow = simulate(UNIT, TINY, replace(base, contention=0.5))
+    # 5-8: both at 1/1.5 -> g2 has 2 s of work: done at 5 + 3 = 8; trainer did 2 of 3 s, last 1 s alone
+    assert slow.time == pytest.approx(9.0)
+
+
+def test_fit_recovers_costs_from_a_synthetic_run(tmp_path) -> None:
+    a, c, train = 0.05, 0.002, 0.01
+    B, G, prompt, max_new = 2, 4, 10, 20
+    rows = []
+    for step, (mean, trunc) in enumerate([(20.0, 1.0), (10.0, 0.5), (5.0, 0.0), (8.0, 0.25)], 1):
+        gen = int(mean * B * G)
+        s_len = max_new if trunc > 0 else 3 * mean
+        gen_time = (a * s_len + c * (gen + prompt * B * G)) / 2  # 2 threads, alpha = 1
+        rows.append({"step": step, "response_length": mean, "truncation_rate": trunc,
+                     "tokens_generated": gen, "tokens_trained": gen + prompt * B * G,
+                     "generate_time": gen_time, "train_time": train * (gen + prompt * B * G) / 2,
+                     "groups_dropped_zero_variance": 0, "samples_per_s": 1.0})
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    (tmp_path / "config.yaml").write_text(
+        "max_staleness: 0\nruntime: {mode: colocated}\ntrain: {threads: 0}\n"
+        f"rollout: {{prompts_per_step: {B}, samples_per_prompt: {G}, max_new_tokens: {max_new}}}\n"
+    )
+    run = fit.load_run(tmp_path, cores=2)
+    costs, _ = fit.fit_costs(run)
+    assert costs.decode_step_s == pytest.approx(a, rel=1e-6)
+    assert costs.decode_token_s == pytest.approx(c, rel=1e-6)
+    assert costs.train_token_s == pytest.approx(train, rel=1e-6)
+    assert fit.setup(run).mode == "sync" and fit.workload(run).prompt_len == prompt
+
+
+def test_bad_input_is_one_clear_line(capsys) -> None:
+    assert main(["simulate", "steps=0"]) == 2
+    assert main(["simulate", "lengths=zipf:3"]) == 2
+    assert main(["simulate", "nonsense=1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(e.startswith("streamrl: error: ") for e in err)
+    with pytest.raises(ValueError, match="bad lengths spec"):
+        parse_lengths("lognormal:1,2")
+
+
+def test_cli_table_and_json(capsys) -> None:
+    assert main(["simulate", "lengths=fixed:2", "decode_step_s=1", "decode_token_s=0", "train_token_s=1.5",
+                 "prompt_len=0", "batch_groups=1", "group_size=1", "steps=3", "modes=sync,async",
+                 "etas=1", "colocated_sync=false"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"sync\s+1\s+1\s+-\s+0\.2\s+1\.00x", out)
+    assert re.search(r"async\s+1\s+1\s+1\s+0\.2727\s+1\.36x", out)  # 3 samples / 11 s vs 3 / 15 s
+    assert main(["simulate", "scenario=april", "steps=2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [r["mode"] for r in data["rows"]] == ["sync", "partial"]

@@ -115,7 +115,7 @@ def _restore(cfg: Config, parts: Components, run_dir: Path) -> RunState:
     if state.sampler:
         parts.stream.load_state_dict(state.sampler)  # positions, posteriors, levels: data/samplers.py
     else:  # a run saved before samplers: the uniform stream is deterministic, skip what was drawn
-        parts.stream.load_state_dict({"base_drawn": state.problems_drawn})
+        Sampler.load_state_dict(parts.stream, {"base_drawn": state.problems_drawn})
     return state
 
 

@@ -54,4 +54,5 @@ def scripted_worker(
                         reward=1.0 if constant else float(rng.random() < 0.5),
                     )
                 )
+                trajs[-1].correct = trajs[-1].reward == 1.0
             results.put(GroupResult(req.group_id, req.problem, trajs, worker_id, busy_s=0.01))

@@ -58,10 +58,22 @@ def test_jsonl_task_scores_with_math_verify(tmp_path):
     assert not task.score(p, f"so \\boxed{{{n + 1}}}").correct
 
 
-def test_jsonl_bad_row_names_file_and_line(tmp_path):
+def test_jsonl_bad_rows_are_skipped_counted_and_named(tmp_path, caplog):
+    """A malformed row is skipped with a warning naming file:line; only no usable rows is an error."""
     f = tmp_path / "bad.jsonl"
-    f.write_text('{"prompt": "a", "answer": "1"}\n{"prompt": "b"}\n')
-    with pytest.raises(ValueError, match=r"bad.jsonl:2: expected a JSON object with 'prompt' and 'answer'"):
+    f.write_text(
+        '{"prompt": "a", "answer": "1"}\n{"prompt": "b"}\nnot json\n{"prompt": "c", "answer": "3"}\n'
+    )
+    task = make_task(str(f), {}, "", "", "boxed")
+    assert [r["question"] for r in task.rows] == sorted(
+        ["a", "c"], key=lambda q: __import__("hashlib").sha1(q.encode()).hexdigest()
+    )
+    assert task.skipped == [f"{f}:2: missing column 'answer'", f"{f}:3: not valid JSON (Expecting value)"]
+    assert f"bad.jsonl: skipped 2 malformed row(s): {f}:2: missing column 'answer'" in caplog.text
+    f.write_text('{"prompt": "b"}\n')
+    with pytest.raises(
+        ValueError, match=r"bad.jsonl: no usable rows .*first problem: .*bad.jsonl:1: missing column"
+    ):
         make_task(str(f), {}, "", "", "boxed")
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from streamrl.cli import main
-from streamrl.data.tasks import JsonlTask
+from streamrl.data.sources import JsonlTask
 from streamrl.engine.base import GenResult
 from streamrl.eval.sampled import evaluate_sampled
 from streamrl.models.tiny import build_tokenizer
@@ -41,7 +41,7 @@ def test_scripted_samples_give_hand_computed_metrics(tmp_path):
     ]
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     task = JsonlTask(f, system_prompt="", instruction="", extract="answer_is")
-    problems = [task._make(i) for i, (q, _) in enumerate(task.rows) if q in SCRIPT]
+    problems = [task._make(r) for r in task.rows if r["question"] in SCRIPT]
     tok = build_tokenizer()
     res = evaluate_sampled(
         ScriptedEngine(tok),

@@ -33,6 +33,18 @@ class RolloutConfig:
     # extra rollouts use engine time that would otherwise idle while the trainer trains.
     dynamic_sampling: bool = True
     dynamic_sampling_rounds: int = 8
+    # which problem comes next (data/samplers.py): uniform = the stream's order; mopps = Thompson
+    # sampling of a Beta posterior per prompt toward sampler_target; online_filter = skip prompts whose
+    # last pass rate was 0 or 1; curriculum = reasoning-gym difficulty raised by the rolling accuracy
+    sampler: Literal["uniform", "mopps", "online_filter", "curriculum"] = "uniform"
+    sampler_pool: int = 64  # mopps: candidate prompts kept with their posteriors
+    sampler_target: float = 0.5  # mopps: the success rate aimed at
+    curriculum_threshold: float = 0.7  # curriculum: raise the level when the rolling accuracy passes it
+    curriculum_window: int = 64  # curriculum: samples in the rolling accuracy
+    # rollout replay: this share of each batch's samples are recent successes replayed with their stored
+    # behaviour log-probs and advantage (0 = off); drawn from the last replay_capacity successes
+    replay_share: float = 0.0
+    replay_capacity: int = 256
 
 
 @dataclass
@@ -129,6 +141,12 @@ class TaskConfig:
     system_prompt: str = "You are a calculator. Reply in the form 'The answer is <number>.'"
     instruction: str = ""  # appended to each question on its own line
     args: dict[str, Any] = field(default_factory=dict)  # passed to the task's generator
+    # data:PATH sources: column mapping {prompt|messages, answer, id, task, tests} and a held-out file
+    columns: dict[str, Any] = field(default_factory=dict)
+    eval_data: str = ""
+    sources: tuple[dict[str, Any], ...] = ()  # task=mix: [{task, weight, args, columns, eval_data}, ...]
+    few_shot: tuple[dict[str, Any], ...] = ()  # [{question, answer} or {question, response}, ...]
+    few_shot_n: int = 0  # also draw this many examples from the training split (fixed seed)
 
 
 @dataclass

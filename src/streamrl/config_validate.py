@@ -30,6 +30,30 @@ def validate(cfg: Any) -> None:
     _positive("train.mini_batches", cfg.train.mini_batches)
     _positive("runtime.rollout_workers", cfg.runtime.rollout_workers)
     _positive("runtime.rollout_threads", cfg.runtime.rollout_threads)
+    r = cfg.rollout
+    _positive("rollout.sampler_pool", r.sampler_pool)
+    _positive("rollout.curriculum_window", r.curriculum_window)
+    _positive("rollout.replay_capacity", r.replay_capacity)
+    for key, value in (
+        ("sampler_target", r.sampler_target),
+        ("curriculum_threshold", r.curriculum_threshold),
+    ):
+        if not 0 < value < 1:
+            raise ConfigError(f"config key 'rollout.{key}' must be in (0, 1), got {value}")
+    if not 0 <= r.replay_share < 1:
+        raise ConfigError(f"config key 'rollout.replay_share' must be in [0, 1), got {r.replay_share}")
+    if r.replay_share and cfg.advantage.name == "gae":
+        raise ConfigError(
+            "rollout.replay_share needs a group advantage estimator; advantage.name=gae has none"
+        )
+    if r.sampler == "curriculum" and not cfg.task.startswith("rg:"):
+        raise ConfigError(
+            f"rollout.sampler=curriculum needs a reasoning-gym task (task=rg:NAME), got {cfg.task!r}"
+        )
+    if cfg.task_config.few_shot_n < 0:
+        raise ConfigError(
+            f"config key 'task_config.few_shot_n' must be >= 0, got {cfg.task_config.few_shot_n}"
+        )
     if cfg.max_staleness < 0:
         raise ConfigError(f"config key 'max_staleness' must be >= 0, got {cfg.max_staleness}")
     if cfg.runtime.mode == "colocated" and cfg.max_staleness != 0:

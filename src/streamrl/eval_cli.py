@@ -31,7 +31,7 @@ def expand_shorthands(overrides: list[str]) -> list[str]:
 def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     import torch
 
-    from streamrl.data.tasks import task_from_config
+    from streamrl.data.tasks import prepare_split, task_from_config
     from streamrl.engine.hf import HFEngine
     from streamrl.eval.heldout import evaluate
     from streamrl.eval.sampled import evaluate_sampled
@@ -41,7 +41,7 @@ def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     torch.set_num_threads(os.cpu_count() or 1)
     torch.manual_seed(cfg.seed)
     task = task_from_config(cfg)
-    problems = task.heldout(cfg.eval.size)
+    problems, _ = prepare_split(task, cfg)  # the same held-out set and few-shot turns as training
     if not problems:
         raise ValueError("config key 'eval.size' is 0: nothing to evaluate (set size=N)")
     model_dir = resolve_model_dir(cfg.model, cfg.seed)

@@ -1,15 +1,64 @@
-"""Chat prompts: optional system prompt, the question, and an instruction about the answer format."""
+"""Chat prompts: optional system prompt, few-shot turns, the question, and an answer-format instruction.
+
+    [system] + [user: q_1 + instr, assistant: r_1] + ... + [user: q_k + instr, assistant: r_k]
+             + [user: q + instr]
+
+A row that brings its own chat (`chat`) keeps its turns; the instruction is appended to its last user
+turn, and the configured system prompt is used only when the chat has none.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+# how a few-shot example's reference answer is written as an assistant turn, by reward.extract
+SHOT_TEMPLATES = {
+    "answer_is": "The answer is {answer}.",
+    "boxed": "\\boxed{{{answer}}}",
+    "last_number": "{answer}",
+}
 
-def build_messages(question: str, system_prompt: str = "", instruction: str = "") -> list[dict[str, str]]:
-    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    content = f"{question}\n{instruction}" if instruction else question
-    messages.append({"role": "user", "content": content})
-    return messages
+
+def _with_instruction(text: str, instruction: str) -> str:
+    return f"{text}\n{instruction}" if instruction else text
+
+
+def build_messages(
+    question: str,
+    system_prompt: str = "",
+    instruction: str = "",
+    shots: Sequence[tuple[str, str]] = (),
+    chat: list[dict[str, str]] | None = None,
+) -> list[dict[str, str]]:
+    """The chat for one problem; `shots` are (question, assistant response) pairs shown first."""
+    turns = [dict(m) for m in chat] if chat else [{"role": "user", "content": question}]
+    system = [m for m in turns if m["role"] == "system"][:1]
+    turns = [m for m in turns if m["role"] != "system"]
+    if not system and system_prompt:
+        system = [{"role": "system", "content": system_prompt}]
+    last_user = max(i for i, m in enumerate(turns) if m["role"] == "user")
+    turns[last_user]["content"] = _with_instruction(turns[last_user]["content"], instruction)
+    examples: list[dict[str, str]] = []
+    for q, r in shots:
+        examples += [
+            {"role": "user", "content": _with_instruction(q, instruction)},
+            {"role": "assistant", "content": r},
+        ]
+    return system + examples + turns
+
+
+def shot_response(shot: dict[str, Any], extract: str, where: str) -> tuple[str, str]:
+    """A configured example {question, response} (verbatim) or {question, answer} (templated)."""
+    if not isinstance(shot, dict) or not isinstance(shot.get("question"), str):
+        raise ValueError(
+            f"{where} must be {{question: str, answer: str}} or {{question, response}}, got {shot!r}"
+        )
+    if "response" in shot:
+        return shot["question"], str(shot["response"])
+    if "answer" not in shot:
+        raise ValueError(f"{where} needs an 'answer' (templated) or a 'response' (verbatim)")
+    return shot["question"], SHOT_TEMPLATES.get(extract, "{answer}").format(answer=shot["answer"])
 
 
 def render_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:

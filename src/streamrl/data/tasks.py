@@ -3,7 +3,9 @@
 - `rg:NAME` generates reasoning-gym problems (lazy, deterministic by index and seed) and scores with
   the dataset's own `score_answer`; a sample is correct only at full score (1.0), because reasoning-gym
   gives wrong answers small partial credit.
-- `path/to/file.jsonl` reads rows `{"prompt": ..., "answer": ...}` and scores with math-verify.
+- `rg:composite` mixes reasoning-gym datasets: task_config.args.datasets=[{name, weight, config}, ...].
+- `data:PATH`, `PATH.jsonl`, `PATH.parquet`: rows with a column mapping (data/sources.py).
+- `mix`: weighted sources, task_config.sources=[{task, weight, ...}, ...] (data/mixture.py).
 - `code` / `code:path/to/file.jsonl`: programs run against stdin/stdout tests (data/code_task.py).
 
 The held-out set is drawn first (fixed seed) and every training problem whose question text equals a
@@ -12,17 +14,13 @@ held-out one is skipped, so the model is never trained on an evaluation problem.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from streamrl.data.prompts import build_messages
+from streamrl.data.prompts import SHOT_TEMPLATES, build_messages, shot_response
 from streamrl.rewards.extract import extract_answer
-from streamrl.rewards.math import math_equal
 from streamrl.types import Problem
 
 HELDOUT_SEED = 1_000_003
@@ -68,10 +66,25 @@ class Task:
         self.system_prompt = system_prompt
         self.instruction = instruction
         self.extract = extract
+        self.few_shot: list[tuple[str, str]] = []  # (question, assistant response) shown before each
 
     def _problem(self, pid: str, question: str, answer: str, meta: dict[str, Any]) -> Problem:
-        messages = build_messages(question, self.system_prompt, self.instruction)
-        return Problem(id=pid, messages=messages, answer=answer, meta={"question": question, **meta})
+        problem = Problem(id=pid, messages=[], answer=answer, meta={"question": question, **meta})
+        problem.messages = self.render(problem)
+        return problem
+
+    def render(self, problem: Problem) -> list[dict[str, str]]:
+        """The problem's chat with the current system prompt, few-shot turns and instruction."""
+        return build_messages(
+            problem.meta["question"],
+            self.system_prompt,
+            self.instruction,
+            self.few_shot,
+            problem.meta.get("chat"),
+        )
+
+    def set_few_shot(self, shots: list[tuple[str, str]]) -> None:
+        self.few_shot = list(shots)
 
     def heldout(self, n: int) -> list[Problem]:
         raise NotImplementedError
@@ -101,14 +114,29 @@ class ReasoningGymTask(Task):
         if dataset not in names:
             raise ValueError(f"unknown reasoning-gym task '{dataset}'; choose from: {', '.join(names)}")
         try:
-            self._scorer = reasoning_gym.create_dataset(dataset, size=1, seed=0, **self.args)
-        except (TypeError, AssertionError) as e:
+            self._scorer = self._create(1, 0)
+        except (TypeError, AssertionError, KeyError, ValueError) as e:
             raise ValueError(f"bad task_config.args for rg:{dataset}: {e}") from e
 
-    def _stream(self, seed: int, prefix: str) -> Iterator[Problem]:
+    def _create(self, size: int, seed: int) -> Any:
+        """The generator; composite's `datasets` list of dicts becomes reasoning-gym DatasetSpecs."""
         import reasoning_gym
 
-        ds = reasoning_gym.create_dataset(self.dataset, size=2**62, seed=seed, **self.args)
+        args = dict(self.args)
+        if self.dataset == "composite":
+            from reasoning_gym.composite import DatasetSpec
+
+            specs = args.get("datasets")
+            if not isinstance(specs, list) or not specs:
+                raise ValueError("rg:composite needs task_config.args.datasets=[{name, weight, config}, ...]")
+            args["datasets"] = [
+                DatasetSpec(str(d["name"]), float(d.get("weight", 1.0)), dict(d.get("config") or {}))
+                for d in specs
+            ]
+        return reasoning_gym.create_dataset(self.dataset, size=size, seed=seed, **args)
+
+    def _stream(self, seed: int, prefix: str) -> Iterator[Problem]:
+        ds = self._create(2**62, seed)
         idx = 0
         while True:
             entry = ds[idx]
@@ -146,48 +174,6 @@ class ReasoningGymTask(Task):
         return self._scorer.score_answer(extracted, problem.meta["entry"]) == 1.0
 
 
-class JsonlTask(Task):
-    """Rows `{"prompt": str, "answer": str}`; held-out = a seeded split of distinct prompts."""
-
-    def __init__(self, path: Path, **kw: Any) -> None:
-        super().__init__(**kw)
-        self.name = str(path)
-        rows: dict[str, str] = {}
-        for lineno, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                prompt, answer = str(row["prompt"]), str(row["answer"])
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise ValueError(
-                    f"{path}:{lineno}: expected a JSON object with 'prompt' and 'answer' ({e})"
-                ) from e
-            rows.setdefault(prompt, answer)
-        if not rows:
-            raise ValueError(f"{path}: no usable rows (need JSON lines with 'prompt' and 'answer')")
-        self.rows = sorted(rows.items(), key=lambda kv: hashlib.sha1(kv[0].encode()).hexdigest())
-
-    def _make(self, i: int) -> Problem:
-        q, a = self.rows[i]
-        return self._problem(f"row-{hashlib.sha1(q.encode()).hexdigest()[:10]}", q, a, {})
-
-    def heldout(self, n: int) -> list[Problem]:
-        if n >= len(self.rows):
-            raise ValueError(f"{self.name}: eval.size={n} leaves no training rows ({len(self.rows)} rows)")
-        return [self._make(i) for i in range(n)]
-
-    def train_stream(self, seed: int, exclude: set[str]) -> Iterator[Problem]:
-        order = [i for i, (q, _) in enumerate(self.rows) if q not in exclude]
-        rng = random.Random(seed)
-        while True:  # epochs over the training rows, reshuffled each time
-            rng.shuffle(order)
-            yield from (self._make(i) for i in order)
-
-    def is_correct(self, extracted: str, problem: Problem) -> bool:
-        return math_equal(extracted, problem.answer)
-
-
 def make_task(
     spec: str,
     args: dict[str, Any],
@@ -197,13 +183,21 @@ def make_task(
     *,
     code_partial_credit: bool = True,
     env: Any = None,
+    columns: dict[str, Any] | None = None,
+    eval_data: str = "",
+    sources: Any = (),
 ) -> Task:
-    """`env`: the EnvConfig that multi-turn tasks (`env:NAME`) take their limits from."""
+    """`env`: the EnvConfig that multi-turn tasks (`env:NAME`) take their limits from; `columns`,
+    `eval_data`: the data:PATH column mapping and held-out file; `sources`: the `mix` task's list."""
     kw = {"system_prompt": system_prompt, "instruction": instruction, "extract": extract}
     if spec.startswith("agent:"):
         from streamrl.envs.agent_task import AgentTask
 
         return AgentTask(spec[6:], args, make_task, **kw)
+    if spec == "mix":
+        from streamrl.data.mixture import MixtureTask
+
+        return MixtureTask(sources, code_partial_credit=code_partial_credit, env=env, **kw)
     if spec.startswith("env:"):
         from streamrl.config import EnvConfig
         from streamrl.envs.base import make_env_task  # late: envs build on this module
@@ -223,14 +217,17 @@ def make_task(
         return CodeTask(path, code_partial_credit, **kw)
     if spec.startswith("rg:"):
         return ReasoningGymTask(spec[3:], args, **kw)
-    path = Path(spec).expanduser()
-    if spec.endswith(".jsonl"):
-        if not path.is_file():
-            raise ValueError(f"task file '{spec}' not found")
-        return JsonlTask(path, **kw)
+    if spec.startswith("data:") or spec.endswith((".jsonl", ".parquet")):
+        from streamrl.data.sources import DataTask
+
+        path = Path(spec.removeprefix("data:")).expanduser()
+        if not path.exists():
+            raise ValueError(f"task file '{path}' not found")
+        held = Path(eval_data).expanduser() if eval_data else None
+        return DataTask(path, columns, held, code_partial_credit, **kw)
     raise ValueError(
-        f"unknown task '{spec}': use 'rg:<reasoning-gym dataset>', a .jsonl file of {{prompt, answer}}, "
-        "'code', 'code:<file.jsonl>', 'env:python_tool' or 'env:search'"
+        f"unknown task '{spec}': use 'rg:<reasoning-gym dataset>', 'data:<.jsonl/.parquet/HF dir>', a .jsonl "
+        "file of {prompt, answer}, 'mix', 'code', 'code:<file.jsonl>', 'env:python_tool' or 'env:search'"
     )
 
 
@@ -245,4 +242,39 @@ def task_from_config(cfg: Any) -> Task:
         cfg.reward.extract,
         code_partial_credit=cfg.reward.code_partial_credit,
         env=cfg.env,
+        columns=tc.columns,
+        eval_data=tc.eval_data,
+        sources=tc.sources,
     )
+
+
+FEW_SHOT_SEED = 1_000_033
+
+
+def prepare_split(task: Task, cfg: Any) -> tuple[list[Problem], set[str]]:
+    """(held-out problems, prompts never to train on), with task_config.few_shot examples set on the task.
+
+    Drawn few-shot examples (few_shot_n) are the first distinct training problems of a fixed seed;
+    neither they nor the held-out problems are ever trained on.
+    """
+    tc = cfg.task_config
+    shots = [
+        shot_response(s, cfg.reward.extract, f"task_config.few_shot[{i}]") for i, s in enumerate(tc.few_shot)
+    ]
+    heldout = task.heldout(cfg.eval.size)
+    exclude = {p.meta["question"] for p in heldout}
+    if tc.few_shot_n:
+        template = SHOT_TEMPLATES.get(cfg.reward.extract, "{answer}")
+        seen: set[str] = set()
+        for p in task.train_stream(FEW_SHOT_SEED, exclude):
+            if p.meta["question"] not in seen:
+                seen.add(p.meta["question"])
+                shots.append((p.meta["question"], template.format(answer=p.answer)))
+            if len(seen) == tc.few_shot_n:
+                break
+    if shots:
+        task.set_few_shot(shots)
+        for p in heldout:
+            p.messages = task.render(p)
+        exclude |= {q for q, _ in shots}
+    return heldout, exclude

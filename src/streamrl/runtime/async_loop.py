@@ -21,6 +21,7 @@ from typing import Any
 
 from streamrl.config import Config, to_dict
 from streamrl.data.prompts import render_prompt_ids
+from streamrl.data.replay import ReplayBuffer, train_step
 from streamrl.runtime.ledger import Ledger
 from streamrl.runtime.resume_state import RunState
 from streamrl.runtime.rl_step import group_advantages
@@ -61,8 +62,11 @@ class AsyncRunner:
         state: RunState,
         stop: StopFlag,
         worker_target: Callable[..., None] = run_worker,
+        on_group_scored: Callable[[Group], None] | None = None,
+        replay: ReplayBuffer | None = None,
     ) -> None:
         self.cfg, self.trainer, self.tokenizer, self.stream = cfg, trainer, tokenizer, stream
+        self.on_group_scored, self.replay = on_group_scored, replay  # sampler feedback; rollout replay
         self.worker_target = worker_target  # tests swap in a scripted engine
         self.state = state
         self.stop = stop
@@ -120,13 +124,12 @@ class AsyncRunner:
                 self.ledger.returned(res.group_id)
                 self.sh.busy += res.busy_s
                 self.sh.idle += res.idle_s
+                group = Group(res.problem, res.trajectories, res.baseline)
+                if self.on_group_scored is not None:
+                    self.on_group_scored(group)
                 ds = self.cfg.rollout
                 budget = ds.dynamic_sampling_rounds * self.B  # a saturated task must not stall training
-                if (
-                    ds.dynamic_sampling
-                    and Group(res.problem, res.trajectories, res.baseline).uninformative
-                    and self.sh.zv < budget
-                ):
+                if ds.dynamic_sampling and group.uninformative and self.sh.zv < budget:
                     self.sh.zv += 1
                     # DAPO: an all-equal group teaches nothing; its slot goes to a new group at once,
                     # so the engine refills while the trainer trains
@@ -199,7 +202,7 @@ class AsyncRunner:
                 with self.sh.cond:
                     in_flight = len(self.sh.inflight)
                 batch = group_advantages(groups, cfg, self.trainer)
-                train = self.trainer.step(batch)
+                train = train_step(self.trainer, batch, self.replay, self.state.step + 1)
                 t_sync = time.perf_counter()
                 weights.publish(self.trainer.policy_state(), self.trainer.version)
                 if self.state.step + 1 < cfg.max_steps:  # no admissions for a step that will not come
@@ -209,6 +212,7 @@ class AsyncRunner:
                     self.sh.zv = 0
                     for r in taken:
                         self.ledger.trained(r.group_id)
+                    self.ledger.replayed(int(train.get("replay_samples", 0)))
                     busy, idle = self.sh.busy, self.sh.idle
                 self.state.step += 1
                 self.state.version = self.trainer.version

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from streamrl.config import Config
+from streamrl.data.replay import ReplayBuffer
 from streamrl.data.tasks import Task
 from streamrl.engine.hf import HFEngine
 from streamrl.rewards.scoring import Scoring
@@ -21,7 +22,7 @@ from streamrl.runtime.resume_state import RunState
 from streamrl.runtime.rl_step import rl_step
 from streamrl.runtime.signals import StopFlag
 from streamrl.trainer.trainer import Trainer
-from streamrl.types import Problem
+from streamrl.types import Group, Problem
 
 
 class ColocatedRunner:
@@ -35,9 +36,12 @@ class ColocatedRunner:
         stream: Iterator[Problem],
         state: RunState,
         stop: StopFlag,
+        on_group_scored: Callable[[Group], None] | None = None,
+        replay: ReplayBuffer | None = None,
     ) -> None:
         self.cfg, self.trainer, self.engine, self.tokenizer, self.task = cfg, trainer, engine, tokenizer, task
         self.stream, self.state, self.stop = stream, state, stop
+        self.on_group_scored, self.replay = on_group_scored, replay  # sampler feedback; rollout replay
         self.ledger = Ledger()
         if state.ledger:
             self.ledger.load_state_dict(state.ledger)
@@ -61,14 +65,17 @@ class ColocatedRunner:
         while self.state.step < cfg.max_steps and not self.stop and not _over_budget(cfg, t_run):
             step = self.state.step + 1
             record, groups, dropped = rl_step(
-                step, self._draw, self.engine, self.trainer, self.tokenizer, self.scoring, cfg
+                step, self._draw, self.engine, self.trainer, self.tokenizer, self.scoring, cfg, self.replay
             )
             record["_groups"] = groups
+            self.ledger.replayed(int(record.get("replay_samples", 0)))
             for kept, gs in ((True, groups), (False, dropped)):
                 for g in gs:
                     gid = g.trajectories[0].group_id
                     self.ledger.admitted(gid)
                     self.ledger.returned(gid)
+                    if self.on_group_scored is not None:
+                        self.on_group_scored(g)
                     if kept:
                         self.ledger.trained(gid)
                     else:

@@ -6,7 +6,6 @@ import json
 import os
 import random
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,9 @@ import torch
 from rich.console import Console
 
 from streamrl.config import Config, dump_config
-from streamrl.data.tasks import Task, default_task_args, task_from_config
+from streamrl.data.replay import make_replay
+from streamrl.data.samplers import Sampler, make_sampler
+from streamrl.data.tasks import Task, default_task_args, prepare_split, task_from_config
 from streamrl.engine.hf import HFEngine
 from streamrl.eval.heldout import EvalResult, evaluate
 from streamrl.eval.sampled import evaluate_sampled
@@ -41,7 +42,7 @@ class Components:
     tokenizer: Any
     task: Task
     heldout: list[Problem]
-    stream: Iterator[Problem]
+    stream: Sampler  # rollout.sampler over the training split; feedback through stream.observe
     engine: HFEngine
     trainer: Trainer
     resolve_seconds: float
@@ -57,8 +58,8 @@ def build_components(cfg: Config) -> Components:
     tokenizer = load_tokenizer(model_dir)
     model = load_model(model_dir, cfg.device)
     task = task_from_config(cfg)
-    heldout = task.heldout(cfg.eval.size)
-    stream = task.train_stream(cfg.seed, exclude={p.meta["question"] for p in heldout})
+    heldout, exclude = prepare_split(task, cfg)
+    stream = make_sampler(cfg, task, cfg.seed, exclude)
     engine = HFEngine(model, tokenizer, max_batch=cfg.rollout.max_batch, seed=cfg.seed, device=cfg.device)
     trainer = Trainer(model, cfg, pad_id=int(tokenizer.pad_token_id))
     return Components(model, tokenizer, task, heldout, stream, engine, trainer, resolve_seconds)
@@ -114,8 +115,10 @@ def _restore(cfg: Config, parts: Components, run_dir: Path) -> RunState:
     random.setstate(tensors["py_rng"])
     parts.trainer.version = state.version
     parts.engine.update_weights(None, state.version)
-    for _ in range(state.problems_drawn):  # the stream is deterministic: skip what was drawn
-        next(parts.stream)
+    if state.sampler:
+        parts.stream.load_state_dict(state.sampler)  # positions, posteriors, levels: data/samplers.py
+    else:  # a run saved before samplers: the uniform stream is deterministic, skip what was drawn
+        Sampler.load_state_dict(parts.stream, {"base_drawn": state.problems_drawn})
     return state
 
 
@@ -194,10 +197,15 @@ def run_train(cfg: Config, console: Console | None = None) -> dict[str, Any]:
         timings["eval"] += base.seconds
         console.print(f"base accuracy {base.accuracy:.3f} ({sum(base.correct)}/{len(base.correct)})")
 
+    sampler = parts.stream
+    replay = make_replay(cfg)
+    if replay is not None and state.replay:
+        replay.load(state.replay)
+    hooks = {"on_group_scored": sampler.observe, "replay": replay}
     if cfg.runtime.mode == "colocated":
-        runner: Any = ColocatedRunner(cfg, trainer, engine, tokenizer, task, parts.stream, state, stop)
+        runner: Any = ColocatedRunner(cfg, trainer, engine, tokenizer, task, sampler, state, stop, **hooks)
     else:
-        runner = AsyncRunner(cfg, trainer, tokenizer, parts.stream, state, stop)
+        runner = AsyncRunner(cfg, trainer, tokenizer, sampler, state, stop, **hooks)
     observer = RunObserver(cfg, run_dir, console)
     groups_log = GroupLog(run_dir / "groups.jsonl")
     t_train = time.perf_counter()
@@ -207,6 +215,7 @@ def run_train(cfg: Config, console: Console | None = None) -> dict[str, Any]:
             def on_step(record: dict[str, Any]) -> None:
                 if cfg.eval.every and heldout and record["step"] % cfg.eval.every == 0:
                     record.update(periodic_eval(engine, tokenizer, task, heldout, cfg))
+                record.update(sampler.metrics())
                 record["time"] = time.perf_counter() - t_start
                 groups_log.write(record.pop("_groups"), record["step"])
                 observer.on_step(record)
@@ -217,6 +226,8 @@ def run_train(cfg: Config, console: Console | None = None) -> dict[str, Any]:
         observer.close()
         groups_log.close()
         timings["train"] = time.perf_counter() - t_train
+        state.sampler = sampler.state_dict()
+        state.replay = replay.state() if replay is not None else []
         save_state(run_dir, state, trainer, tokenizer)  # weights, optimizer, position, carried groups
         runner.ledger.write(run_dir / "accounting.json")
     interrupted = bool(stop)

@@ -18,6 +18,7 @@ class Ledger:
         self.state: dict[str, str] = {}
         self.generated = 0  # groups returned by rollout workers (each G samples)
         self.filter_reasons: dict[str, int] = {}
+        self.replayed_samples = 0  # rollout replay: samples trained again (not groups: no state change)
 
     def _move(self, gid: str, frm: tuple[str, ...], to: str) -> None:
         cur = self.state.get(gid)
@@ -43,6 +44,9 @@ class Ledger:
         self._move(gid, ("running", "buffered"), "filtered")
         self.filter_reasons[reason] = self.filter_reasons.get(reason, 0) + 1
 
+    def replayed(self, n: int) -> None:
+        self.replayed_samples += n
+
     def carry_over(self) -> list[str]:
         """At shutdown: everything not yet trained or filtered is carried over; returns those ids."""
         ids = [g for g, s in self.state.items() if s in ("running", "buffered")]
@@ -63,6 +67,7 @@ class Ledger:
             "carried_over": by["carried_over"],
             "lost": by["running"] + by["buffered"],
             "filter_reasons": dict(self.filter_reasons),
+            "replayed_samples": self.replayed_samples,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -70,12 +75,14 @@ class Ledger:
             "state": dict(self.state),
             "generated": self.generated,
             "filter_reasons": dict(self.filter_reasons),
+            "replayed_samples": self.replayed_samples,
         }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.state = dict(d["state"])
         self.generated = int(d["generated"])
         self.filter_reasons = dict(d["filter_reasons"])
+        self.replayed_samples = int(d.get("replayed_samples", 0))
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(self.counts(), indent=2))

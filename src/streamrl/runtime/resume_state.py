@@ -26,6 +26,8 @@ class RunState:
     ledger: dict[str, Any] = field(default_factory=dict)
     unfinished: list[Any] = field(default_factory=list)  # GroupRequest
     finished: list[Any] = field(default_factory=list)  # GroupResult, not yet trained
+    sampler: dict[str, Any] = field(default_factory=dict)  # data/samplers.py state_dict (JSON)
+    replay: list[Any] = field(default_factory=list)  # data/replay.py ReplayBuffer.state()
 
 
 def save_state(run_dir: Path, state: RunState, trainer: Any, tokenizer: Any) -> Path:
@@ -44,10 +46,11 @@ def save_state(run_dir: Path, state: RunState, trainer: Any, tokenizer: Any) -> 
         },
         tmp / "trainer.pt",
     )
-    meta = {k: v for k, v in state.__dict__.items() if k not in ("unfinished", "finished")}
+    carried = ("unfinished", "finished", "replay")
+    meta = {k: v for k, v in state.__dict__.items() if k not in carried}
     (tmp / "run_state.json").write_text(json.dumps(meta, indent=1))
     with (tmp / "carried.pkl").open("wb") as f:
-        pickle.dump({"unfinished": state.unfinished, "finished": state.finished}, f)
+        pickle.dump({k: getattr(state, k) for k in carried}, f)
     if final.exists():
         old = run_dir / f".{STATE_DIR}-old"
         shutil.rmtree(old, ignore_errors=True)
@@ -67,5 +70,10 @@ def load_state(run_dir: Path) -> tuple[RunState, Path, dict[str, Any]]:
     meta = json.loads((d / "run_state.json").read_text())
     with (d / "carried.pkl").open("rb") as f:
         carried = pickle.load(f)
-    state = RunState(**meta, unfinished=carried["unfinished"], finished=carried["finished"])
+    state = RunState(
+        **meta,
+        unfinished=carried["unfinished"],
+        finished=carried["finished"],
+        replay=carried.get("replay", []),
+    )
     return state, d / "model", torch.load(d / "trainer.pt", weights_only=False)

@@ -10,6 +10,7 @@ import torch
 
 from streamrl.algo import registry
 from streamrl.config import Config
+from streamrl.data.replay import ReplayBuffer, train_step
 from streamrl.rewards.scoring import Scoring
 from streamrl.runtime.rollout import rollout_groups
 from streamrl.runtime.step_metrics import step_record
@@ -72,6 +73,7 @@ def rl_step(
     tokenizer: Any,
     scoring: Scoring,
     cfg: Config,
+    replay: ReplayBuffer | None = None,
 ) -> tuple[dict[str, Any], list[Group], list[Group]]:
     """One step of synchronous on-policy RL on `draw(B)` new problems.
 
@@ -96,7 +98,7 @@ def rl_step(
         if not groups:  # nothing informative in any round: train on the last round (zero gradient)
             groups, dropped = dropped[-B:], dropped[:-B]
     batch = group_advantages(groups, cfg, trainer)
-    train = trainer.step(batch)
+    train = train_step(trainer, batch, replay, step)  # + replayed successes (rollout.replay_share)
     engine.update_weights(None, trainer.version)  # the engine shares the trainer's module here
     wall = time.perf_counter() - t0
     adv = None if cfg.advantage.name == "gae" else batch.advantages  # per-token: see gae_* metrics

@@ -1,0 +1,115 @@
+"""`task=mix`: several sources drawn with weights, each scored by its own task.
+
+    task_config.sources = [
+        {task: rg:chain_sum, weight: 2},
+        {task: data:gsm8k.parquet, weight: 1, columns: {prompt: question, answer: final}},
+    ]
+
+Per source the keys are `task` (any task spec except mix and env:), `weight` (> 0, default 1), `args`
+(generator args; reasoning-gym defaults when empty), `columns` and `eval_data` (data sources).
+
+Training: each problem comes from source i with probability p_i = w_i / sum_j w_j (a seeded draw), so
+the empirical shares converge to p_i. Held-out: n is split by the same weights with largest remainders,
+n_i = floor(n p_i) plus one for the largest fractional parts. A prompt held out by any source is never
+trained on by any source.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+from streamrl.data.tasks import Score, Task, default_task_args
+from streamrl.types import Problem
+
+SOURCE_KEYS = ("task", "weight", "args", "columns", "eval_data")
+
+
+def split_by_weight(n: int, weights: list[float]) -> list[int]:
+    """Largest-remainder apportionment of n by weights (sums to n exactly)."""
+    total = sum(weights)
+    exact = [n * w / total for w in weights]
+    counts = [math.floor(x) for x in exact]
+    by_remainder = sorted(range(len(weights)), key=lambda i: (counts[i] - exact[i], i))
+    for i in by_remainder[: n - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+class MixtureTask(Task):
+    def __init__(self, sources: Any, code_partial_credit: bool = True, env: Any = None, **kw: Any) -> None:
+        from streamrl.data.tasks import make_task
+
+        super().__init__(**kw)
+        if not isinstance(sources, (list, tuple)) or not sources:
+            raise ValueError(
+                "task=mix needs task_config.sources=[{task: rg:chain_sum, weight: 2}, {task: data:x.jsonl}]"
+            )
+        self.tasks: list[Task] = []
+        self.weights: list[float] = []
+        for i, src in enumerate(sources):
+            where = f"task_config.sources[{i}]"
+            if not isinstance(src, dict) or not isinstance(src.get("task"), str):
+                raise ValueError(f"{where} must be a mapping with a 'task' spec, got {src!r}")
+            unknown = set(src) - set(SOURCE_KEYS)
+            if unknown:
+                raise ValueError(
+                    f"{where}: unknown key(s) {sorted(unknown)}; valid: {', '.join(SOURCE_KEYS)}"
+                )
+            spec = src["task"]
+            if spec == "mix" or spec.startswith("env:"):
+                raise ValueError(
+                    f"{where}: '{spec}' cannot be mixed (use rg:, data:, .jsonl or code sources)"
+                )
+            weight = src.get("weight", 1.0)
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight <= 0:
+                raise ValueError(f"{where}.weight must be a number > 0, got {weight!r}")
+            try:
+                task = make_task(
+                    spec,
+                    src.get("args") or default_task_args(spec),
+                    kw["system_prompt"],
+                    kw["instruction"],
+                    kw["extract"],
+                    code_partial_credit=code_partial_credit,
+                    env=env,
+                    columns=src.get("columns"),
+                    eval_data=src.get("eval_data", ""),
+                )
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from e
+            self.tasks.append(task)
+            self.weights.append(float(weight))
+        self.name = "mix(" + ", ".join(f"{t.name}:{w:g}" for t, w in zip(self.tasks, self.weights)) + ")"
+
+    def set_few_shot(self, shots: list[tuple[str, str]]) -> None:
+        super().set_few_shot(shots)
+        for t in self.tasks:
+            t.set_few_shot(shots)
+
+    def render(self, problem: Problem) -> list[dict[str, str]]:
+        return self.tasks[problem.meta["source"]].render(problem)
+
+    @staticmethod
+    def _tag(problem: Problem, i: int) -> Problem:
+        return replace(problem, id=f"m{i}-{problem.id}", meta={**problem.meta, "source": i})
+
+    def heldout(self, n: int) -> list[Problem]:
+        out: list[Problem] = []
+        for i, (task, k) in enumerate(zip(self.tasks, split_by_weight(n, self.weights))):
+            out += [self._tag(p, i) for p in task.heldout(k)]
+        return out
+
+    def train_stream(self, seed: int, exclude: set[str]) -> Iterator[Problem]:
+        streams = [t.train_stream(seed + 7919 * i, exclude) for i, t in enumerate(self.tasks)]
+        rng = random.Random(seed)
+        indices = range(len(streams))
+        while True:
+            i = rng.choices(indices, weights=self.weights)[0]
+            yield self._tag(next(streams[i]), i)
+
+    def score(self, problem: Problem, text: str) -> Score:
+        return self.tasks[problem.meta["source"]].score(problem, text)

@@ -1,0 +1,208 @@
+"""Data sources: JSONL / Parquet / HF directories with a column mapping, mixtures, composite, few-shot."""
+
+import itertools
+import json
+from collections import Counter
+
+import pytest
+
+from streamrl.config import load_config
+from streamrl.data.mixture import split_by_weight
+from streamrl.data.tasks import make_task, prepare_split, task_from_config
+
+
+def _parquet(path, rows):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def test_parquet_with_column_mapping_nested_columns_and_ids(tmp_path):
+    f = tmp_path / "q.parquet"
+    rows = [{"uid": f"u{i}", "question": f"{i} + {i}?", "meta": {"final": str(2 * i)}} for i in range(8)]
+    _parquet(f, rows)
+    cols = {"prompt": "question", "answer": "meta.final", "id": "uid"}
+    task = make_task(f"data:{f}", {}, "sys", "", "answer_is", columns=cols)
+    held = task.heldout(2)
+    train = list(itertools.islice(task.train_stream(0, {p.meta["question"] for p in held}), 12))
+    assert len({p.id for p in train}) == 6 and not {p.id for p in train} & {p.id for p in held}
+    p = held[0]
+    assert p.id == f"u{p.meta['question'].split(' ')[0]}" and p.answer == str(2 * int(p.id[1:]))
+    assert p.messages == [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": p.meta["question"]},
+    ]
+    assert task.score(p, f"The answer is {p.answer}.").correct
+    assert make_task(str(f), {}, "", "", "answer_is", columns=cols).name == str(f)  # bare .parquet works
+
+
+def test_parquet_malformed_rows_are_counted_with_file_and_row(tmp_path, caplog):
+    f = tmp_path / "m.parquet"
+    _parquet(f, [{"q": "a", "a": "1"}, {"q": None, "a": "2"}, {"q": "c", "a": None}, {"q": "d", "a": "4"}])
+    task = make_task(f"data:{f}", {}, "", "", "answer_is", columns={"prompt": "q", "answer": "a"})
+    assert len(task.rows) == 2
+    assert task.skipped == [
+        f"{f}:row 2: column 'q' must be a non-empty string",
+        f"{f}:row 3: column 'a' is empty",
+    ]
+    assert "m.parquet: skipped 2 malformed row(s)" in caplog.text
+    with pytest.raises(ValueError, match="task_config.columns: unknown key 'question'; valid keys: prompt"):
+        make_task(f"data:{f}", {}, "", "", "answer_is", columns={"question": "q"})
+
+
+def test_hf_saved_dataset_dir_with_messages_column(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = {
+        "chat": [
+            [{"role": "system", "content": "own system"}, {"role": "user", "content": f"what is {i}?"}]
+            for i in range(6)
+        ],
+        "label": [str(i) for i in range(6)],
+    }
+    d = tmp_path / "hf"
+    datasets.Dataset.from_dict(rows).save_to_disk(str(d))
+    task = make_task(
+        f"data:{d}",
+        {},
+        "default sys",
+        "Be brief.",
+        "answer_is",
+        columns={"messages": "chat", "answer": "label"},
+    )
+    p = task.heldout(1)[0]
+    i = p.answer
+    assert p.meta["question"] == f"what is {i}?"
+    assert p.messages == [
+        {"role": "system", "content": "own system"},  # the row's own system turn wins
+        {"role": "user", "content": f"what is {i}?\nBe brief."},
+    ]
+    dd = tmp_path / "dd"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows)}).save_to_disk(str(dd))
+    with pytest.raises(
+        ValueError, match=r"is a DatasetDict: point the task at one split, e.g. data:.*dd/train"
+    ):
+        make_task(f"data:{dd}", {}, "", "", "answer_is")
+    assert (
+        len(
+            make_task(
+                f"data:{dd}/train", {}, "", "", "answer_is", columns={"messages": "chat", "answer": "label"}
+            ).rows
+        )
+        == 6
+    )
+
+
+def test_eval_file_overlap_is_reported_and_never_trained(tmp_path, caplog):
+    train, held = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+    train.write_text("".join(json.dumps({"prompt": f"p{i}", "answer": str(i)}) + "\n" for i in range(10)))
+    held.write_text("".join(json.dumps({"prompt": f"p{i}", "answer": str(i)}) + "\n" for i in (1, 2, 20)))
+    task = make_task(f"data:{train}", {}, "", "", "answer_is", eval_data=str(held))
+    assert task.overlap == 2 and "2 training prompt(s) also appear in the held-out file" in caplog.text
+    hq = {p.meta["question"] for p in task.heldout(3)}
+    assert hq == {"p1", "p2", "p20"}
+    seen = {p.meta["question"] for p in itertools.islice(task.train_stream(0, hq), 40)}
+    assert seen == {f"p{i}" for i in range(10)} - {"p1", "p2"}
+
+
+def test_code_rows_from_a_tests_column(tmp_path):
+    f = tmp_path / "c.jsonl"
+    tests = [{"input": "2\n", "output": "4\n"}, {"input": "5\n", "output": "10\n"}]
+    f.write_text(json.dumps({"prompt": "double n", "cases": json.dumps(tests)}) + "\n")
+    task = make_task(f"data:{f}", {}, "", "", "answer_is", columns={"tests": "cases"})
+    p = task.rows[0]
+    assert p["kind"] == "code"
+    prob = task._make(p)
+    assert task.score(prob, "```python\nprint(int(input()) * 2)\n```").correct
+    assert task.score(prob, "```python\nprint(int(input()) + 2)\n```").value == 0.5
+
+
+def test_split_by_weight_is_exact():
+    assert split_by_weight(10, [2, 1]) == [7, 3]
+    assert split_by_weight(7, [1, 1, 1]) == [3, 2, 2]
+    assert sum(split_by_weight(401, [0.3, 0.3, 0.4])) == 401
+
+
+def test_mixture_draws_sources_by_weight_and_scores_with_each(tmp_path):
+    f = tmp_path / "x.jsonl"
+    f.write_text(
+        "".join(json.dumps({"prompt": f"half of {2 * i}?", "answer": str(i)}) + "\n" for i in range(50))
+    )
+    cfg = load_config(
+        None,
+        [
+            "task=mix",
+            f"task_config.sources=[{{task: 'rg:chain_sum', weight: 2}}, {{task: 'data:{f}', weight: 1}}]",
+            "eval.size=9",
+        ],
+    )
+    task = task_from_config(cfg)
+    held, exclude = prepare_split(task, cfg)
+    assert Counter(p.meta["source"] for p in held) == {0: 6, 1: 3}
+    draws = list(itertools.islice(task.train_stream(0, exclude), 3000))
+    share = sum(p.meta["source"] == 0 for p in draws) / len(draws)
+    assert abs(share - 2 / 3) < 0.03  # binomial sd ~0.009
+    assert not exclude & {p.meta["question"] for p in draws}
+    rg, data = (
+        next(p for p in draws if p.meta["source"] == 0),
+        next(p for p in draws if p.meta["source"] == 1),
+    )
+    assert rg.id.startswith("m0-") and data.id.startswith("m1-")
+    assert task.score(rg, f"The answer is {rg.answer}.").correct  # reasoning-gym's scorer
+    assert task.score(data, f"The answer is {float(data.answer)}.").correct  # math-verify: 3.0 == 3
+    with pytest.raises(ValueError, match=r"task_config.sources\[0\].weight must be a number > 0"):
+        make_task("mix", {}, "", "", "answer_is", sources=[{"task": "rg:chain_sum", "weight": 0}])
+    with pytest.raises(ValueError, match=r"task=mix needs task_config.sources="):
+        make_task("mix", {}, "", "", "answer_is")
+
+
+def test_reasoning_gym_composite():
+    spec = {
+        "datasets": [{"name": "chain_sum", "weight": 3, "config": {"max_terms": 2}}, {"name": "products"}]
+    }
+    task = make_task("rg:composite", spec, "", "", "answer_is")
+    probs = list(itertools.islice(task.train_stream(0, set()), 400))
+    share = Counter(p.meta["entry"]["metadata"]["source_dataset"] for p in probs)["chain_sum"] / 400
+    assert abs(share - 0.75) < 0.07
+    assert all(task.score(p, f"The answer is {p.answer}.").correct for p in probs[:20])
+    with pytest.raises(ValueError, match="rg:composite needs task_config.args.datasets"):
+        make_task("rg:composite", {}, "", "", "answer_is")
+
+
+def test_few_shot_turns_render_exactly_and_drawn_shots_are_not_trained(tmp_path):
+    f = tmp_path / "x.jsonl"
+    f.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": str(i)}) + "\n" for i in range(20)))
+    cfg = load_config(
+        None,
+        [
+            f"task={f}",
+            "task_config.system_prompt=S",
+            "task_config.instruction=I",
+            "task_config.few_shot=[{question: 'one plus one', answer: 2},"
+            " {question: 'hi', response: 'verbatim'}]",
+            "task_config.few_shot_n=2",
+            "eval.size=3",
+        ],
+    )
+    task = task_from_config(cfg)
+    held, exclude = prepare_split(task, cfg)
+    drawn = [q for q, _ in task.few_shot[2:]]
+    assert len(drawn) == 2 and not set(drawn) & {p.meta["question"] for p in held}
+    assert task.few_shot[2][1] == f"The answer is {drawn[0][1:]}."
+    p = held[0]
+    assert p.messages == [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "one plus one\nI"},
+        {"role": "assistant", "content": "The answer is 2."},
+        {"role": "user", "content": "hi\nI"},
+        {"role": "assistant", "content": "verbatim"},
+        {"role": "user", "content": f"{drawn[0]}\nI"},
+        {"role": "assistant", "content": task.few_shot[2][1]},
+        {"role": "user", "content": f"{drawn[1]}\nI"},
+        {"role": "assistant", "content": task.few_shot[3][1]},
+        {"role": "user", "content": f"{p.meta['question']}\nI"},
+    ]
+    train = {p.meta["question"] for p in itertools.islice(task.train_stream(0, exclude), 60)}
+    assert len(train) == 15 and not train & set(drawn)  # 20 - 3 held out - 2 shots
+    again, _ = prepare_split(task_from_config(cfg), cfg)
+    assert [x.messages for x in again] == [x.messages for x in held]  # deterministic

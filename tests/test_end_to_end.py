@@ -86,3 +86,24 @@ def test_smollm2_resolves_and_loads():
     d = resolve_model_dir("smollm2-135m-instruct")
     tok, model = load_tokenizer(d), load_model(d)
     assert tok.eos_token == "<|im_end|>" and model.config.hidden_size == 576
+
+
+def test_a_small_dataset_may_repeat_a_problem_within_one_step(tmp_path):
+    # 2 training rows, 4 prompts per step (and dynamic-sampling refills): each draw must be its own group
+    data = tmp_path / "tiny.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": str(i)}) + "\n" for i in range(3)))
+    run = tmp_path / "run"
+    args = [
+        *TINY,
+        f"task={data}",
+        "eval.size=1",
+        "rollout.prompts_per_step=4",
+        "runtime.mode=colocated",
+        "max_staleness=0",
+        "max_steps=2",
+        "train.save_checkpoint=false",
+        f"run_dir={run}",
+    ]
+    assert main(["train", *args]) == 0
+    acc = json.loads((run / "accounting.json").read_text())
+    assert acc["lost"] == 0 and acc["trained"] == 8

@@ -91,7 +91,8 @@ def rl_step(
         for _ in range(cfg.rollout.dynamic_sampling_rounds):
             if len(groups) >= B:
                 break
-            more, t = rollout_groups(engine, tokenizer, scoring, draw(B - len(groups)), cfg, step)
+            made = len(groups) + len(dropped)
+            more, t = rollout_groups(engine, tokenizer, scoring, draw(B - len(groups)), cfg, step, made)
             timing = {k: timing[k] + t[k] for k in timing}
             dropped += [g for g in more if g.uninformative]
             groups += [g for g in more if not g.uninformative]

@@ -17,10 +17,19 @@ GREEDY = -1  # the sample index of a group's greedy baseline response
 
 
 def rollout_groups(
-    engine: Any, tokenizer: Any, scoring: Scoring, problems: list[Problem], cfg: Config, step: int
+    engine: Any,
+    tokenizer: Any,
+    scoring: Scoring,
+    problems: list[Problem],
+    cfg: Config,
+    step: int,
+    first: int = 0,
 ) -> tuple[list[Group], dict[str, float]]:
     """-> (groups, timing). Every problem yields exactly cfg.rollout.samples_per_prompt trajectories,
-    plus a greedy baseline response per group when the advantage estimator needs one (ReMax)."""
+    plus a greedy baseline response per group when the advantage estimator needs one (ReMax).
+
+    Group ids are "s{step}-{n}-{problem id}" with n counting the step's groups from `first`: a small
+    dataset may hand the same problem out twice in one step, and each draw is its own group."""
     r = cfg.rollout
     t0 = time.perf_counter()
     prompts = [render_prompt_ids(tokenizer, p.messages) for p in problems]
@@ -31,7 +40,7 @@ def rollout_groups(
     ]
     if needs_greedy_baseline(cfg):
         requests += [greedy_request(ids, cfg, (pi, GREEDY)) for pi, ids in enumerate(prompts)]
-    gids = [f"s{step}-{p.id}" for p in problems]
+    gids = [f"s{step}-{first + i}-{p.id}" for i, p in enumerate(problems)]
     if isinstance(scoring.task, AgentTask):  # agents over the chat proxy (runtime/agent_rollout.py)
         return _agent_groups(engine, tokenizer, scoring.task, problems, gids, cfg, t0)
     if isinstance(scoring.task, EnvTask):  # multi-turn: the env scores each episode (runtime/episodes.py)

@@ -4,6 +4,7 @@ import copy
 import json
 
 from scripted_worker import scripted_worker  # tests/ is on sys.path (rootdir conftest)
+from tiny_args import TINY
 
 from streamrl.cli import main
 from streamrl.config import load_config
@@ -12,18 +13,6 @@ from streamrl.data.samplers import MoPPSSampler
 from streamrl.runtime.async_loop import AsyncRunner
 from streamrl.runtime.resume_state import RunState
 from streamrl.runtime.signals import StopFlag
-
-TINY = [
-    "model=tiny-random",
-    "eval.size=4",
-    "eval.before=false",
-    "rollout.prompts_per_step=2",
-    "rollout.samples_per_prompt=4",
-    "rollout.max_new_tokens=8",
-    "eval.max_new_tokens=8",
-    "reward.extract=last_number",
-    "train.save_checkpoint=false",
-]
 
 
 def test_async_runner_feeds_the_sampler_and_replays_distinct_samples(tiny):

@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from tiny_args import TINY
 from trajectories import make_traj
 
 from streamrl.cli import main
@@ -64,21 +65,8 @@ def test_lora_trains_async_end_to_end_and_saves_a_plain_checkpoint(tmp_path):
     from transformers import AutoModelForCausalLM
 
     run = tmp_path / "run"
-    args = [
-        "train",
-        "model=tiny-random",
-        "eval.size=4",
-        "eval.before=false",
-        "rollout.prompts_per_step=2",
-        "rollout.samples_per_prompt=4",
-        "rollout.max_new_tokens=8",
-        "eval.max_new_tokens=8",
-        "reward.extract=last_number",
-        "train.lr=1e-2",
-        "train.lora_rank=4",
-        "max_steps=2",
-        f"run_dir={run}",
-    ]
+    args = ["train", *TINY, "train.save_checkpoint=true", "train.lr=1e-2", "train.lora_rank=4", "max_steps=2"]
+    args.append(f"run_dir={run}")
     assert main(args) == 0
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["policy_version"] for r in rows] == [1, 2]

@@ -3,22 +3,11 @@
 import json
 
 import pytest
+from tiny_args import TINY
 
 from streamrl.cli import main
 from streamrl.config import load_config
 from streamrl.presets import describe, names
-
-TINY = [
-    "model=tiny-random",
-    "eval.size=4",
-    "eval.before=false",
-    "rollout.prompts_per_step=2",
-    "rollout.samples_per_prompt=4",
-    "rollout.max_new_tokens=8",
-    "eval.max_new_tokens=8",
-    "reward.extract=last_number",
-    "train.save_checkpoint=false",
-]
 
 
 def test_preset_names_and_descriptions():

@@ -18,7 +18,9 @@ def test_async_runner_bound_under_random_delays(tiny, eta):
 
     model, tok = tiny
     worst = 0
-    for seed in range(3):
+    for seed in range(6):
+        if seed >= 3 and worst == eta:  # 3 seeds normally reach the bound; a loaded machine may need more
+            break
         cfg = load_config(
             None,
             [

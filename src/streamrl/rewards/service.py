@@ -48,13 +48,14 @@ import multiprocessing as mp
 import pickle
 import threading
 import time
-from collections import Counter, OrderedDict, deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any
 
+from streamrl.rewards.service_stats import ServiceStats
 from streamrl.rewards.workers import Task, Worker, call_scorer
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,7 @@ class RewardService:
         self._closed = self._cancel = False
         self._broken: str | None = None
         self._n_ready = 0
-        self._reset_metrics()
+        self._stats = ServiceStats()
         if mode == "inline":
             return
         self._ctx = mp.get_context("spawn")  # fork would copy the trainer's threads and torch state
@@ -185,31 +186,9 @@ class RewardService:
         timeouts are counted apart from errors (errors/<reason> per reason); latencies cover scored,
         non-cached requests. reset=True zeroes counters and latencies after reading (per-step deltas)."""
         with self._lock:
-            lat = sorted(self._latencies)
-            n = len(lat)
-
-            def pct(q: float) -> float:
-                return lat[max(0, math.ceil(q * n) - 1)] if n else 0.0
-
-            m = {
-                "reward/count": float(self._count),
-                "reward/cache_hits": float(self._cache_hits),
-                "reward/cache_hit_rate": self._cache_hits / self._count if self._count else 0.0,
-                "reward/cache_size": float(len(self._cache)),
-                "reward/timeouts": float(self._errors["timeout"]),
-                "reward/errors": float(sum(v for k, v in self._errors.items() if k != "timeout")),
-                "reward/worker_restarts": float(self._restarts),
-                "reward/queued": float(len(self._pending)),
-                "reward/latency_mean_s": sum(lat) / n if n else 0.0,
-                "reward/latency_p50_s": pct(0.5),
-                "reward/latency_p95_s": pct(0.95),
-                "reward/latency_max_s": lat[-1] if n else 0.0,
-            }
-            m.update(
-                {f"reward/errors/{k}": float(v) for k, v in sorted(self._errors.items()) if k != "timeout"}
-            )
+            m = self._stats.snapshot(len(self._cache), len(self._pending))
             if reset:
-                self._reset_metrics()
+                self._stats.reset()
         return m
 
     def close(self, wait: bool = True) -> None:
@@ -242,24 +221,13 @@ class RewardService:
             return None
         return key
 
-    def _reset_metrics(self) -> None:
-        self._count = self._cache_hits = self._restarts = 0
-        self._errors: Counter[str] = Counter()
-        self._latencies: deque[float] = deque(maxlen=100_000)
-
     def _failed(self, reason: str, detail: str, t0: float) -> RewardOutcome:
         return RewardOutcome(0.0, {"error_detail": detail}, reason, time.monotonic() - t0)
 
     def _finish(self, fut: Future, outcome: RewardOutcome) -> None:
         """Count one outcome and resolve its future. Caller holds the lock."""
-        self._count += 1
-        if outcome.cached:
-            self._cache_hits += 1
-        else:
-            self._latencies.append(outcome.latency_s)
+        first = self._stats.record(outcome.cached, outcome.latency_s, outcome.error)
         if outcome.error is not None:
-            first = self._errors[outcome.error] == 0
-            self._errors[outcome.error] += 1
             level = logging.WARNING if first else logging.DEBUG
             log.log(
                 level, "reward %s -> 0.0 (%s: %s)", self.name, outcome.error, outcome.info.get("error_detail")
@@ -327,7 +295,7 @@ class RewardService:
                     self._n_ready -= w.ready
                     if w.task is not None:
                         self._complete(w.task, self._failed(*reason, w.task.submitted))
-                    self._restarts += 1
+                    self._stats.restarts += 1
                     if start_failures >= 3:
                         self._break(f"3 workers in a row died before becoming ready (last: {reason[1]})")
                 if self._broken is None:  # once broken, respawning a scorer that cannot start would spin

@@ -10,6 +10,7 @@ costs that one reward (0.0 plus a counted reason), never the run.
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import Future
 from typing import Any
 
@@ -28,26 +29,37 @@ class TaskScorer:
     def __init__(self, cfg_dict: dict[str, Any], task: Any = None) -> None:
         self.cfg_dict = cfg_dict
         self._task = task
+        self._cfg: Any = None
         self._judge: Any = None
+        self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"cfg_dict": self.cfg_dict, "_task": None, "_judge": None}
+        return {"cfg_dict": self.cfg_dict}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["cfg_dict"])  # type: ignore[misc]
 
     def _setup(self) -> tuple[Any, Any]:
-        from streamrl.config import from_dict
-        from streamrl.data.tasks import task_from_config
+        """Config, task and judge, built once per process (scoring threads share them)."""
+        with self._lock:
+            if self._cfg is None:
+                from streamrl.config import from_dict
+                from streamrl.data.tasks import task_from_config
 
-        cfg = from_dict(self.cfg_dict)
-        if self._task is None:
-            self._task = task_from_config(cfg)
-        if cfg.reward.scorer == "judge" and self._judge is None:
-            from streamrl.rewards.judge import make_judge_scorer
+                cfg = from_dict(self.cfg_dict)
+                if self._task is None:
+                    self._task = task_from_config(cfg)
+                if cfg.reward.scorer == "judge":
+                    from streamrl.rewards.judge import make_judge_scorer
 
-            rc = cfg.reward
-            self._judge = make_judge_scorer(
-                base_url=rc.judge_url or None, model=rc.judge_model or None, timeout_s=rc.judge_timeout_s
-            )
-        return cfg, self._task
+                    rc = cfg.reward
+                    self._judge = make_judge_scorer(
+                        base_url=rc.judge_url or None,
+                        model=rc.judge_model or None,
+                        timeout_s=rc.judge_timeout_s,
+                    )
+                self._cfg = cfg
+            return self._cfg, self._task
 
     def __call__(self, problem: Problem, text: str) -> tuple[float, dict[str, Any]]:
         cfg, task = self._setup()

@@ -44,6 +44,20 @@ class Environment(Protocol):
         ...
 
 
+class ProblemEnv:
+    """One problem per episode: `reset` stores it; `current()` returns it or names the missing reset."""
+
+    problem: Problem | None = None
+
+    def reset(self, problem: Problem) -> None:
+        self.problem = problem
+
+    def current(self) -> Problem:
+        if self.problem is None:
+            raise RuntimeError(f"{type(self).__name__}.step before reset(problem)")
+        return self.problem
+
+
 class EnvTask(Task):
     """A Task whose samples are multi-turn episodes: problems as usual plus a fresh env per episode."""
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from streamrl.config import EnvConfig, TaskConfig
 from streamrl.data.tasks import SMALL_MODEL_ARGS, ReasoningGymTask
-from streamrl.envs.base import EnvStep, EnvTask, register, truncate_middle
+from streamrl.envs.base import EnvStep, EnvTask, ProblemEnv, register, truncate_middle
 from streamrl.envs.executor import RunCode, SandboxRunner
 from streamrl.types import Problem
 
@@ -44,19 +44,14 @@ def make_runner(env_cfg: EnvConfig) -> RunCode:
     return SandboxRunner(timeout=env_cfg.code_timeout)
 
 
-class PythonToolEnv:
+class PythonToolEnv(ProblemEnv):
     def __init__(self, task: PythonToolTask, run_code: RunCode, max_chars: int) -> None:
         self.task, self.run_code, self.max_chars = task, run_code, max_chars
-        self.problem: Problem | None = None
-
-    def reset(self, problem: Problem) -> None:
-        self.problem = problem
 
     def step(self, text: str) -> EnvStep:
-        if self.problem is None:
-            raise RuntimeError("PythonToolEnv.step before reset(problem)")
+        problem = self.current()
         blocks = _CODE.findall(text)
-        score = self.task.score(self.problem, _CODE.sub("", text))
+        score = self.task.score(problem, _CODE.sub("", text))
         if score.formatted or not blocks:
             info = {"correct": score.correct, "formatted": score.formatted, "extracted": score.extracted}
             return EnvStep("", float(score.correct), True, info)

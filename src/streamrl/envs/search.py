@@ -24,7 +24,7 @@ from typing import Any
 
 from streamrl.config import EnvConfig, TaskConfig
 from streamrl.data.tasks import Score
-from streamrl.envs.base import EnvStep, EnvTask, register, truncate_middle
+from streamrl.envs.base import EnvStep, EnvTask, ProblemEnv, register, truncate_middle
 from streamrl.types import Problem
 
 DATA = Path(__file__).parent / "data"
@@ -81,23 +81,18 @@ def load_retriever(corpus: Path = DATA / "search_corpus.jsonl") -> Bm25Retriever
     return Bm25Retriever(_read_jsonl(corpus))
 
 
-class SearchEnv:
+class SearchEnv(ProblemEnv):
     def __init__(self, task: SearchTask, retriever: Bm25Retriever, top_k: int, max_chars: int) -> None:
         self.task, self.retriever, self.top_k, self.max_chars = task, retriever, top_k, max_chars
-        self.problem: Problem | None = None
-
-    def reset(self, problem: Problem) -> None:
-        self.problem = problem
 
     def step(self, text: str) -> EnvStep:
-        if self.problem is None:
-            raise RuntimeError("SearchEnv.step before reset(problem)")
+        problem = self.current()
         answer = extract_tag_answer(text)
         queries = _SEARCH.findall(text)
         if not queries and answer is None:  # Search-R1: say how to act and let the model try again
             return EnvStep(INVALID, 0.0, False, {"formatted": False})
         if answer is not None:
-            s = self.task.score(self.problem, text)
+            s = self.task.score(problem, text)
             info = {"correct": s.correct, "formatted": s.formatted, "extracted": s.extracted}
             return EnvStep("", float(s.correct), True, info)
         hits = self.retriever.search(queries[-1].strip(), self.top_k)

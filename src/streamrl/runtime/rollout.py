@@ -32,6 +32,9 @@ def rollout_groups(
     dataset may hand the same problem out twice in one step, and each draw is its own group."""
     r = cfg.rollout
     t0 = time.perf_counter()
+    gids = [f"s{step}-{first + i}-{p.id}" for i, p in enumerate(problems)]
+    if isinstance(scoring.task, AgentTask):  # agents render their own chats (runtime/agent_rollout.py)
+        return _agent_groups(engine, tokenizer, scoring.task, problems, gids, cfg, t0)
     prompts = [render_prompt_ids(tokenizer, p.messages) for p in problems]
     requests = [
         GenRequest(ids, r.max_new_tokens, r.temperature, r.top_p, tag=(pi, k))
@@ -40,9 +43,6 @@ def rollout_groups(
     ]
     if needs_greedy_baseline(cfg):
         requests += [greedy_request(ids, cfg, (pi, GREEDY)) for pi, ids in enumerate(prompts)]
-    gids = [f"s{step}-{first + i}-{p.id}" for i, p in enumerate(problems)]
-    if isinstance(scoring.task, AgentTask):  # agents over the chat proxy (runtime/agent_rollout.py)
-        return _agent_groups(engine, tokenizer, scoring.task, problems, gids, cfg, t0)
     if isinstance(scoring.task, EnvTask):  # multi-turn: the env scores each episode (runtime/episodes.py)
         from streamrl.runtime.episodes import rollout_episodes
 
@@ -52,12 +52,10 @@ def rollout_groups(
     else:
         results = engine.generate(requests)  # in request order
         t1 = time.perf_counter()
-        trajs = [
-            make_trajectory(
-                problems[r.request.tag[0]], r, tokenizer, cfg, gids[r.request.tag[0]], r.request.tag[1]
-            )
-            for r in results
-        ]
+        trajs = []
+        for res in results:
+            pi, k = res.request.tag
+            trajs.append(make_trajectory(problems[pi], res, tokenizer, cfg, gids[pi], k))
         scoring.score([(problems[q.tag[0]], t) for q, t in zip(requests, trajs)])
     groups = [Group(problem=p, trajectories=[]) for p in problems]
     for traj, req in zip(trajs, requests, strict=True):

@@ -24,9 +24,12 @@ TINY = [
 
 
 @pytest.mark.parametrize(
-    "mode, eta", [("colocated", 0), ("async", 0), ("async", 2)], ids=["colocated", "async-eta0", "async-eta2"]
+    "mode, eta, precision",
+    [("colocated", 0, "fp32"), ("async", 0, "fp32"), ("async", 2, "fp32"), ("colocated", 0, "bf16"),
+     ("async", 1, "bf16")],
+    ids=["colocated", "async-eta0", "async-eta2", "colocated-bf16", "async-bf16"],
 )
-def test_train_writes_a_complete_run_dir(tmp_path, mode, eta):
+def test_train_writes_a_complete_run_dir(tmp_path, mode, eta, precision):
     from transformers import AutoModelForCausalLM
 
     from streamrl.models import resolve_model_dir
@@ -34,6 +37,7 @@ def test_train_writes_a_complete_run_dir(tmp_path, mode, eta):
     run = tmp_path / "run"
     steps = 2 if mode == "colocated" else 4
     args = [*TINY, f"max_steps={steps}", f"run_dir={run}", f"runtime.mode={mode}", f"max_staleness={eta}"]
+    args += [f"rollout.precision={precision}", f"train.precision={precision}"]
     assert main(["train", *args]) == 0
 
     cfg = yaml.safe_load((run / "config.yaml").read_text())

@@ -32,7 +32,7 @@ def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     import torch
 
     from streamrl.data.tasks import prepare_split, task_from_config
-    from streamrl.engine.hf import HFEngine
+    from streamrl.engine.hf import PRECISIONS, HFEngine
     from streamrl.eval.heldout import evaluate
     from streamrl.eval.sampled import evaluate_sampled
     from streamrl.models import load_model, load_tokenizer, resolve_model_dir
@@ -46,9 +46,8 @@ def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
         raise ValueError("config key 'eval.size' is 0: nothing to evaluate (set size=N)")
     model_dir = resolve_model_dir(cfg.model, cfg.seed)
     tokenizer = load_tokenizer(model_dir)
-    engine = HFEngine(
-        load_model(model_dir, cfg.device), tokenizer, cfg.rollout.max_batch, cfg.seed, cfg.device
-    )
+    model = load_model(model_dir, cfg.device).to(PRECISIONS[cfg.rollout.precision])
+    engine = HFEngine(model, tokenizer, cfg.rollout.max_batch, cfg.seed, cfg.device)
     e = cfg.eval
     console.print(f"evaluating {cfg.model} on {len(problems)} held-out problems of {cfg.task} (n={e.n})...")
     start = time.perf_counter()

@@ -7,6 +7,7 @@ be taken (in-flight) and where each token's policy version is stamped.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -14,6 +15,15 @@ from transformers import DynamicCache
 
 from streamrl.engine.base import GenRequest, GenResult
 from streamrl.engine.sampling import sample_next
+
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def push_policy(engine: Any, trainer: Any) -> None:
+    """Bring an engine to the trainer's current policy: an engine that shares the trainer's module only
+    takes the version; one with its own weights (another dtype) gets the merged policy state."""
+    state = trainer.policy_state() if getattr(engine, "owns_weights", False) else None
+    engine.update_weights(state, trainer.version)
 
 
 class DecodeBatch:
@@ -104,11 +114,25 @@ class DecodeBatch:
 
 
 class HFEngine:
-    """Engine over a transformers causal LM. In the synchronous loop it shares the trainer's module."""
+    """Engine over a transformers causal LM.
+
+    dtype None (or the model's own dtype): the engine decodes with `model` itself (in the colocated
+    loop, the trainer's module). Another dtype (bf16: ~2x fp32 decode on CPU): the engine keeps its own
+    copy in that dtype, `owns_weights` is True and new weights must be passed to `update_weights`.
+    """
 
     def __init__(
-        self, model: Any, tokenizer: Any, max_batch: int = 128, seed: int = 0, device: str = "cpu"
+        self,
+        model: Any,
+        tokenizer: Any,
+        max_batch: int = 128,
+        seed: int = 0,
+        device: str = "cpu",
+        dtype: torch.dtype | None = None,
     ) -> None:
+        self.owns_weights = dtype is not None and dtype != next(model.parameters()).dtype
+        if self.owns_weights:
+            model = copy.deepcopy(model).to(dtype).eval().requires_grad_(False)
         self.model = model
         self.device = device
         self.max_batch = max_batch
@@ -165,8 +189,14 @@ class HFEngine:
         return self.wait([self.submit(r) for r in requests])
 
     def update_weights(self, state: dict[str, Any] | None, version: int) -> None:
+        """state None: the weights are already in `model` (shared module or copied in by the caller)."""
         if state is not None:
-            self.model.load_state_dict(state, strict=False)
+            self.model.load_state_dict(state, strict=False)  # casts to the engine's dtype
+        elif self.owns_weights and version != self.version:
+            raise RuntimeError(
+                "this engine keeps its own weights (rollout.precision differs from the trainer's model): "
+                "pass the new state to update_weights"
+            )
         self.version = version
 
     def pause(self) -> None:

@@ -63,6 +63,10 @@ class BatchingEngine:
             for (_, fut), res in zip(batch, results):
                 fut.set_result(res)
 
+    @property
+    def owns_weights(self) -> bool:
+        return bool(getattr(self.engine, "owns_weights", False))
+
     def update_weights(self, state: dict[str, Any] | None, version: int) -> None:
         """Between batches: no response mixes two policy versions unless the engine itself does."""
         with self._engine_lock:

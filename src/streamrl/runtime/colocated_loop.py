@@ -14,7 +14,7 @@ from typing import Any
 from streamrl.config import Config
 from streamrl.data.replay import ReplayBuffer
 from streamrl.data.tasks import Task
-from streamrl.engine.hf import HFEngine
+from streamrl.engine.hf import HFEngine, push_policy
 from streamrl.rewards.scoring import Scoring
 from streamrl.runtime.async_loop import _over_budget
 from streamrl.runtime.ledger import Ledger
@@ -45,7 +45,7 @@ class ColocatedRunner:
         self.ledger = Ledger()
         if state.ledger:
             self.ledger.load_state_dict(state.ledger)
-        self.engine.update_weights(None, trainer.version)
+        push_policy(self.engine, trainer)
         self.scoring = Scoring(cfg, task)
 
     def _draw(self, n: int) -> list[Problem]:

@@ -17,7 +17,7 @@ from streamrl.config import Config, dump_config
 from streamrl.data.replay import make_replay
 from streamrl.data.samplers import Sampler, make_sampler
 from streamrl.data.tasks import Task, default_task_args, prepare_split, task_from_config
-from streamrl.engine.hf import HFEngine
+from streamrl.engine.hf import PRECISIONS, HFEngine, push_policy
 from streamrl.eval.heldout import EvalResult, evaluate
 from streamrl.eval.sampled import evaluate_sampled
 from streamrl.eval.sampling_metrics import default_ks
@@ -60,7 +60,8 @@ def build_components(cfg: Config) -> Components:
     task = task_from_config(cfg)
     heldout, exclude = prepare_split(task, cfg)
     stream = make_sampler(cfg, task, cfg.seed, exclude)
-    engine = HFEngine(model, tokenizer, max_batch=cfg.rollout.max_batch, seed=cfg.seed, device=cfg.device)
+    dtype = PRECISIONS[cfg.rollout.precision]
+    engine = HFEngine(model, tokenizer, cfg.rollout.max_batch, cfg.seed, cfg.device, dtype)
     trainer = Trainer(model, cfg, pad_id=int(tokenizer.pad_token_id))
     return Components(model, tokenizer, task, heldout, stream, engine, trainer, resolve_seconds)
 
@@ -114,7 +115,7 @@ def _restore(cfg: Config, parts: Components, run_dir: Path) -> RunState:
     torch.set_rng_state(tensors["torch_rng"])
     random.setstate(tensors["py_rng"])
     parts.trainer.version = state.version
-    parts.engine.update_weights(None, state.version)
+    push_policy(parts.engine, parts.trainer)
     if state.sampler:
         parts.stream.load_state_dict(state.sampler)  # positions, posteriors, levels: data/samplers.py
     else:  # a run saved before samplers: the uniform stream is deterministic, skip what was drawn
@@ -214,6 +215,7 @@ def run_train(cfg: Config, console: Console | None = None) -> dict[str, Any]:
 
             def on_step(record: dict[str, Any]) -> None:
                 if cfg.eval.every and heldout and record["step"] % cfg.eval.every == 0:
+                    push_policy(engine, trainer)
                     record.update(periodic_eval(engine, tokenizer, task, heldout, cfg))
                 record.update(sampler.metrics())
                 record["time"] = time.perf_counter() - t_start
@@ -240,6 +242,7 @@ def run_train(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     torch.set_num_threads(os.cpu_count() or 1)
     if cfg.eval.after and heldout and not interrupted:
         console.print("evaluating the trained model on the same held-out problems...")
+        push_policy(engine, trainer)
         final = evaluate(engine, tokenizer, task, heldout, cfg.eval.max_new_tokens)
         timings["eval"] += final.seconds
     evals = _eval_record(base, final)

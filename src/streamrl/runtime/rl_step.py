@@ -11,6 +11,7 @@ import torch
 from streamrl.algo import registry
 from streamrl.config import Config
 from streamrl.data.replay import ReplayBuffer, train_step
+from streamrl.engine.hf import push_policy
 from streamrl.rewards.scoring import Scoring
 from streamrl.runtime.rollout import rollout_groups
 from streamrl.runtime.step_metrics import step_record
@@ -100,7 +101,7 @@ def rl_step(
             groups, dropped = dropped[-B:], dropped[:-B]
     batch = group_advantages(groups, cfg, trainer)
     train = train_step(trainer, batch, replay, step)  # + replayed successes (rollout.replay_share)
-    engine.update_weights(None, trainer.version)  # the engine shares the trainer's module here
+    push_policy(engine, trainer)
     wall = time.perf_counter() - t0
     adv = None if cfg.advantage.name == "gae" else batch.advantages  # per-token: see gae_* metrics
     record = step_record(step, groups, train, trainer.version - 1, adv)

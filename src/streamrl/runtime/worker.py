@@ -68,7 +68,7 @@ def _loop(worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any,
     from streamrl.data.tasks import task_from_config
     from streamrl.engine.base import GenRequest
     from streamrl.engine.continuous import ContinuousDecoder
-    from streamrl.engine.hf import HFEngine
+    from streamrl.engine.hf import PRECISIONS, HFEngine
     from streamrl.envs.base import EnvTask
     from streamrl.models import load_model, load_tokenizer, resolve_model_dir
     from streamrl.rewards.scoring import Scoring
@@ -78,7 +78,9 @@ def _loop(worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any,
     cfg = from_dict(cfg_dict)
     model_dir = resolve_model_dir(cfg.model, cfg.seed)
     tokenizer = load_tokenizer(model_dir)
-    model = load_model(model_dir, cfg.device).eval().requires_grad_(False)
+    # the shared fp32 weights are cast into this dtype on every load (copy_ casts)
+    model = load_model(model_dir, cfg.device).to(PRECISIONS[cfg.rollout.precision])
+    model = model.eval().requires_grad_(False)
     task = task_from_config(cfg)
     torch.manual_seed(cfg.seed * 1009 + worker_id)
     engine = HFEngine(

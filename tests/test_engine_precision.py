@@ -1,0 +1,50 @@
+"""rollout.precision=bf16: the engine decodes with its own bf16 copy and takes the trainer's weights."""
+
+import pytest
+import torch
+
+from streamrl.config import load_config
+from streamrl.engine.base import GenRequest
+from streamrl.engine.hf import HFEngine, push_policy
+from streamrl.trainer.trainer import Trainer
+
+
+def test_bf16_engine_keeps_its_own_copy_and_takes_pushed_weights(tiny):
+    model, tok = tiny
+    cfg = load_config(overrides=["train.lr=0.1"])
+    trainer = Trainer(model, cfg, pad_id=int(tok.pad_token_id))
+    eng = HFEngine(model, tok, max_batch=4, dtype=torch.bfloat16)
+    assert eng.owns_weights and eng.model is not model
+    assert next(eng.model.parameters()).dtype == torch.bfloat16
+    assert next(model.parameters()).dtype == torch.float32  # the trainer's module is untouched
+    with torch.no_grad():  # a new policy: every trainer weight moves
+        for p in model.parameters():
+            p.add_(0.05)
+    trainer.version = 3
+    with pytest.raises(RuntimeError, match="pass the new state"):
+        eng.update_weights(None, 3)  # a bf16 copy cannot silently keep the old weights
+    push_policy(eng, trainer)
+    assert eng.version == 3
+    for name, p in eng.model.state_dict().items():
+        torch.testing.assert_close(p, model.state_dict()[name].to(torch.bfloat16), rtol=0, atol=0)
+
+
+def test_same_dtype_engine_shares_the_module(tiny):
+    model, tok = tiny
+    eng = HFEngine(model, tok, dtype=torch.float32)
+    assert not eng.owns_weights and eng.model is model
+
+
+def test_bf16_logprobs_are_close_to_fp32(tiny):
+    """Greedy decode in bf16 and fp32: the bf16 log-probs of the same tokens differ only by rounding."""
+    model, tok = tiny
+    prompt = tok("<|im_start|>user\n12+7<|im_end|>\n").input_ids
+    r32 = HFEngine(model, tok).generate([GenRequest(prompt, 6, temperature=0.0)])[0]
+    r16 = HFEngine(model, tok, dtype=torch.bfloat16).generate([GenRequest(prompt, 6, temperature=0.0)])[0]
+    n = 0
+    for a, b, la, lb in zip(r32.token_ids, r16.token_ids, r32.logprobs, r16.logprobs):
+        if a != b:
+            break
+        assert abs(la - lb) < 0.05
+        n += 1
+    assert n >= 1

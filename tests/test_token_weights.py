@@ -34,7 +34,8 @@ def _traj(i, completion):
 
 def test_kl_in_reward_is_zero_at_the_reference_and_grows_away_from_it(tiny):
     model = copy.deepcopy(tiny[0])
-    cfg = load_config(None, ["loss.kl_coef=0.5", "loss.kl_in=reward", "loss.kl_estimator=k1"])
+    overrides = ["loss.kl_coef=0.5", "loss.kl_in=reward", "loss.kl_estimator=k1", "train.precision=fp32"]
+    cfg = load_config(None, overrides)
     trainer = Trainer(model, cfg, pad_id=0)
     batch = TrainBatch([_traj(0, [8, 9]), _traj(1, [10, 11, 12])], [])
     with torch.no_grad():  # behaviour log-probs = the reference's: k1 sums to exactly 0

@@ -30,7 +30,7 @@ class RolloutConfig:
     max_batch: int = 128  # sequences decoded together by the engine
     # dtype of the engine's weights: bf16 decodes ~2x faster than fp32 on CPUs with bf16 matmul units;
     # the trainer's decoupled-PPO behaviour weights correct the small engine/trainer log-prob gap
-    precision: Literal["fp32", "bf16"] = "fp32"
+    precision: Literal["fp32", "bf16"] = "bf16"
     # DAPO dynamic sampling: drop groups whose rewards are all equal and sample more until the batch
     # is full (at most dynamic_sampling_rounds * B dropped per step). On by default: in async mode the
     # extra rollouts use engine time that would otherwise idle while the trainer trains.
@@ -111,7 +111,7 @@ class TrainConfig:
     warmup_steps: int = 0
     token_budget: int = 4096  # max padded tokens per micro-batch
     mini_batches: int = 1  # optimizer steps per batch (PPO mini-batches); the policy version bumps once
-    precision: Literal["fp32", "bf16"] = "fp32"  # bf16 = fp32 weights with bf16 autocast
+    precision: Literal["fp32", "bf16"] = "bf16"  # bf16 = fp32 master weights, bf16 autocast compute
     threads: int = 0  # trainer torch threads; 0 = the cores not given to rollout workers (at least 1)
     save_checkpoint: bool = True
     lora_rank: int = 0  # > 0: train LoRA adapters of this rank only (PEFT); engines get merged weights

@@ -1,0 +1,252 @@
+"""The two sides of benchmarks/vs_trl.py, each run in its own fresh process: train, evaluate, write a JSON.
+
+Both sides report the same quantities, measured over the training loop only (after setup and the base
+evaluation, before the final evaluation):
+  steps, train_s, samples (trained), gen_tokens (completion tokens of the trained samples),
+  trained_tokens (prompt + completion tokens trained), accuracy before/after on the same held-out set,
+  evaluated greedily by streamrl's eval/heldout.py on each side's final weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from streamrl.config import Config, load_config
+
+
+def job_config(overrides: list[str], steps: int, budget_s: float, eval_size: int | None) -> Config:
+    """The streamrl Config of the compared job (defaults <- overrides <- the benchmark's own keys)."""
+    from streamrl.data.tasks import default_task_args
+
+    extra = [f"max_steps={steps}", f"max_time={budget_s}", "eval.before=true", "eval.after=true"]
+    extra.append("eval.every=0")
+    if eval_size is not None:
+        extra.append(f"eval.size={eval_size}")
+    cfg = load_config(None, [*overrides, *extra])
+    if not cfg.task_config.args:
+        cfg.task_config.args = default_task_args(cfg.task)
+    return cfg
+
+
+def _accuracy(summary: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not summary:
+        return None
+    return {k: summary[k] for k in ("accuracy", "n", "correct", "ci95", "format_rate")}
+
+
+def run_streamrl(cfg: Config, work: Path) -> dict[str, Any]:
+    """streamrl's own entry point, run_train, as `streamrl train` runs it."""
+    from streamrl.runtime.job import run_train
+
+    cfg.run_dir = str(work / "streamrl-run")
+    cfg.train.save_checkpoint = False
+    summary = run_train(cfg)
+    run_dir = Path(cfg.run_dir)
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    samples_per_step = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
+    return {
+        "steps": len(rows),
+        "train_s": summary["timings"]["train"],
+        "setup_s": summary["timings"]["setup"],
+        "eval_s": summary["timings"]["eval"],
+        "samples": len(rows) * samples_per_step,
+        # every sample generated, incl. groups dropped by dynamic sampling or carried over at the end
+        "rollout_samples": summary["accounting"]["generated"] * cfg.rollout.samples_per_prompt,
+        "gen_tokens": sum(r["tokens_generated"] for r in rows),
+        "trained_tokens": sum(r["tokens_trained"] for r in rows),
+        "reward_first": rows[0]["reward_mean"] if rows else None,
+        "reward_last": rows[-1]["reward_mean"] if rows else None,
+        "train_accuracy_last": rows[-1]["accuracy"] if rows else None,
+        "groups": summary["accounting"],
+        "before": _accuracy(summary["eval"].get("base")),
+        "after": _accuracy(summary["eval"].get("final")),
+        "run_dir": str(run_dir),
+    }
+
+
+class RewardFromTask:
+    """A TRL reward function that scores with streamrl's task and reward config (rewards/outcome.py and
+    the shaping of rewards/scoring.py), and counts what it scored."""
+
+    __name__ = "streamrl_task_reward"
+
+    def __init__(self, cfg: Config, task: Any, problems: list[Any]) -> None:
+        self.cfg, self.task, self.problems = cfg, task, problems
+        self.gen_tokens = 0
+        self.samples = 0
+        self.correct = 0
+        self.last_accuracy: float | None = None  # of the latest generation batch (one optimizer step)
+
+    def __call__(
+        self,
+        prompts: list[Any],
+        completions: list[Any],
+        completion_ids: list[list[int]],
+        problem_index: list[int],
+        **_: Any,
+    ) -> list[float]:
+        from streamrl.rewards.outcome import outcome_reward
+        from streamrl.rewards.shaping import overlong_penalty
+
+        rc, cap = self.cfg.reward, self.cfg.rollout.max_new_tokens
+        out, batch_correct = [], 0
+        for completion, ids, idx in zip(completions, completion_ids, problem_index):
+            text = completion[-1]["content"] if isinstance(completion, list) else str(completion)
+            reward, correct, _ = outcome_reward(self.task, self.problems[idx], text, rc.format_weight)
+            n = len(ids)
+            reward += overlong_penalty(n, cap, rc.overlong_buffer, rc.overlong_penalty)
+            reward -= rc.length_penalty * n
+            out.append(float(reward))
+            self.gen_tokens += n
+            self.samples += 1
+            batch_correct += int(correct)
+        self.correct += batch_correct
+        self.last_accuracy = batch_correct / max(len(out), 1)
+        return out
+
+
+def prompt_ids_identical(tokenizer: Any, chats: list[list[dict[str, str]]]) -> int:
+    """How many chats tokenize to the same ids in streamrl (render the text, then tokenize) and in TRL
+    (apply_chat_template with tokenize=True, as GRPOTrainer does for conversational prompts)."""
+    from streamrl.data.prompts import render_prompt_ids
+
+    same = 0
+    for chat in chats:
+        trl_ids = tokenizer.apply_chat_template(
+            chat, tokenize=True, add_generation_prompt=True, return_dict=True
+        )
+        same += int(list(trl_ids["input_ids"]) == render_prompt_ids(tokenizer, chat))
+    return same
+
+
+def _progress_callback(budget_s: float, steps: int, reward: RewardFromTask) -> Any:
+    from transformers import TrainerCallback
+
+    class Progress(TrainerCallback):
+        """One line per optimizer step; stops training once the wall-clock budget is spent."""
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.t0 = time.perf_counter()
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+            if logs and "reward" in logs:
+                el = time.perf_counter() - self.t0
+                print(
+                    f"[trl] step {state.global_step}/{steps}  reward {logs['reward']:.3f}  "
+                    f"train acc {reward.last_accuracy or 0.0:.3f}  {el:.0f} s "
+                    f"({el / max(state.global_step, 1):.1f} s/step)",
+                    flush=True,
+                )
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if budget_s > 0 and time.perf_counter() - self.t0 >= budget_s:
+                control.should_training_stop = True
+
+    return Progress()
+
+
+def run_trl(cfg: Config, work: Path) -> dict[str, Any]:
+    """TRL's GRPOTrainer on the same model, prompts, reward and hyper-parameters (trl_settings.py)."""
+    import torch
+    from datasets import Dataset
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+    from trl import GRPOConfig, GRPOTrainer
+    from trl_settings import grpo_config_kwargs, micro_batch_size
+
+    from streamrl.data.prompts import render_prompt_ids
+    from streamrl.data.tasks import prepare_split, task_from_config
+    from streamrl.engine.hf import HFEngine
+    from streamrl.eval.heldout import evaluate
+    from streamrl.models import load_model, load_tokenizer, resolve_model_dir
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    torch.manual_seed(cfg.seed)
+    t_setup = time.perf_counter()
+    model_dir = resolve_model_dir(cfg.model, cfg.seed)
+    tokenizer = load_tokenizer(model_dir)
+    model = load_model(model_dir, cfg.device)
+    task = task_from_config(cfg)
+    heldout, exclude = prepare_split(task, cfg)
+    r = cfg.rollout
+    # the training stream streamrl's uniform sampler draws, in its order (dynamic sampling aside)
+    problems = list(islice(task.train_stream(cfg.seed, exclude), cfg.max_steps * r.prompts_per_step))
+    dataset = Dataset.from_dict(
+        {"prompt": [p.messages for p in problems], "problem_index": list(range(len(problems)))}
+    )
+    prompt_tokens = max(len(render_prompt_ids(tokenizer, p.messages)) for p in problems)
+    identical = prompt_ids_identical(tokenizer, [p.messages for p in problems[:64]])
+    print(f"[trl] prompt token ids identical to streamrl's: {identical}/{min(len(problems), 64)}", flush=True)
+    samples = r.prompts_per_step * r.samples_per_prompt
+    micro = micro_batch_size(samples, cfg.train.token_budget, prompt_tokens + r.max_new_tokens)
+    kwargs = grpo_config_kwargs(cfg, cfg.max_steps, micro, str(work / "trl-out"))
+    if "activation_checkpointing" not in {f.name for f in dataclasses.fields(GRPOConfig)}:
+        kwargs.pop("activation_checkpointing")  # transformers < 5: only gradient_checkpointing exists
+    shown = {k: v for k, v in kwargs.items() if k != "output_dir"}
+    print(f"[trl] GRPOConfig: {json.dumps(shown)}", flush=True)
+    setup_s = time.perf_counter() - t_setup
+
+    print(f"[trl] evaluating the base model on {len(heldout)} held-out problems (greedy)...", flush=True)
+    base = evaluate(
+        HFEngine(model, tokenizer, cfg.rollout.max_batch, cfg.seed, cfg.device),
+        tokenizer,
+        task,
+        heldout,
+        cfg.eval.max_new_tokens,
+    )
+    print(f"[trl] base accuracy {base.accuracy:.3f}", flush=True)
+
+    reward = RewardFromTask(cfg, task, problems)
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[reward],
+        args=GRPOConfig(**kwargs),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+    )
+    for cb in (PrinterCallback, ProgressCallback):
+        trainer.remove_callback(cb)
+    trainer.add_callback(_progress_callback(cfg.max_time, cfg.max_steps, reward))
+    t0 = time.perf_counter()
+    trainer.train()
+    train_s = time.perf_counter() - t0
+    steps = int(trainer.state.global_step)
+    trained_tokens = int(trainer.state.num_input_tokens_seen)
+    rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+    final_dir = work / "trl-final"
+    trainer.save_model(str(final_dir))
+    tokenizer.save_pretrained(str(final_dir))
+    del trainer, model  # the final evaluation runs on the saved weights, as a user would load them
+
+    final_model = load_model(final_dir, cfg.device)
+    final = evaluate(
+        HFEngine(final_model, tokenizer, cfg.rollout.max_batch, cfg.seed, cfg.device),
+        tokenizer,
+        task,
+        heldout,
+        cfg.eval.max_new_tokens,
+    )
+    print(f"[trl] final accuracy {final.accuracy:.3f}", flush=True)
+    return {
+        "steps": steps,
+        "train_s": train_s,
+        "setup_s": setup_s,
+        "eval_s": base.seconds + final.seconds,
+        "samples": reward.samples,
+        "rollout_samples": reward.samples,  # synchronous: every generated sample is trained
+        "gen_tokens": reward.gen_tokens,
+        "trained_tokens": trained_tokens,
+        "reward_first": rewards[0] if rewards else None,
+        "reward_last": rewards[-1] if rewards else None,
+        "train_accuracy_last": reward.last_accuracy,
+        "micro_batch": micro,
+        "prompt_ids_identical": [identical, min(len(problems), 64)],
+        "before": _accuracy(base.summary()),
+        "after": _accuracy(final.summary()),
+        "run_dir": str(final_dir),
+    }

@@ -21,7 +21,7 @@ from typing import Any
 FIXED_FIELDS: dict[str, Any] = {
     "use_cpu": True,  # no GPU here; the benchmark compares the CPU stacks
     "use_vllm": False,  # TRL generates with transformers `generate`
-    "bf16": False,  # GRPOConfig defaults bf16=True; streamrl's default precision is fp32 (set below)
+    "bf16": False,  # set from streamrl's train.precision below (GRPOConfig's own default is True)
     "fp16": False,
     # GRPOConfig defaults gradient_checkpointing=True; streamrl's trainer does not checkpoint. transformers 5
     # renamed it activation_checkpointing (the old name only warns); run_trl drops the new one if unknown
@@ -154,6 +154,12 @@ def unmatched_settings(cfg: Any) -> list[str]:
         if cfg.runtime.mode == "async"
         else "startup: both training times start with the model loaded"
     )
+    if cfg.rollout.precision != cfg.train.precision or cfg.rollout.precision == "bf16":
+        out.append(
+            f"precision: streamrl decodes with a {cfg.rollout.precision} copy of the weights "
+            f"(rollout.precision) and trains with train.precision={cfg.train.precision}; TRL generates and "
+            f"trains the one model under {'bf16 autocast' if cfg.train.precision == 'bf16' else 'fp32'}"
+        )
     if cfg.train.warmup_steps:
         out.append(
             "warm-up: streamrl's lr ramps (s + 1) / warmup_steps, TRL's s / warmup_steps (one step later)"

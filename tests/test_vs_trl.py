@@ -44,7 +44,7 @@ def test_default_job_maps_to_the_grpo_fields_of_the_same_job():
         "epsilon_high": 0.28,
         "beta": 0.0,
         "scale_rewards": "group",
-        "bf16": False,
+        "bf16": True,  # streamrl's default train.precision=bf16 (fp32 master weights + bf16 autocast)
         "gradient_checkpointing": False,
         "use_cpu": True,
         "use_vllm": False,
@@ -116,7 +116,7 @@ def test_trl_accepts_the_mapping_and_aligns_generation_with_the_optimizer_step()
         4,
         4,
     )
-    assert args.gradient_checkpointing is False and args.bf16 is False and args.epsilon_high == 0.28
+    assert args.gradient_checkpointing is False and args.bf16 is True and args.epsilon_high == 0.28
 
 
 def test_reward_function_scores_like_streamrl():

@@ -45,7 +45,7 @@ class ColocatedRunner:
         self.ledger = Ledger()
         if state.ledger:
             self.ledger.load_state_dict(state.ledger)
-        self.engine.update_weights(None, trainer.version)
+        self.engine.update_weights(trainer.engine_state(), trainer.version)
         self.scoring = Scoring(cfg, task)
 
     def _draw(self, n: int) -> list[Problem]:

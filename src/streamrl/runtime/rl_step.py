@@ -100,7 +100,8 @@ def rl_step(
             groups, dropped = dropped[-B:], dropped[:-B]
     batch = group_advantages(groups, cfg, trainer)
     train = train_step(trainer, batch, replay, step)  # + replayed successes (rollout.replay_share)
-    engine.update_weights(None, trainer.version)  # the engine shares the trainer's module here
+    # the engine shares the trainer's module here (None), or takes fsdp2's gathered full weights
+    engine.update_weights(trainer.engine_state(), trainer.version)
     wall = time.perf_counter() - t0
     adv = None if cfg.advantage.name == "gae" else batch.advantages  # per-token: see gae_* metrics
     record = step_record(step, groups, train, trainer.version - 1, adv)

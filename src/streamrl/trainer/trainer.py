@@ -39,6 +39,8 @@ class Trainer:
         if cfg.advantage.name == "gae":
             dev = next(model.parameters()).device
             self.value_head = ValueHead(model.config.hidden_size).to(dev)
+        self.forward_model: Any = model  # what trains: the model, or its DDP wrapper
+        self._distribute()  # hook: data-parallel wrapping/sharding, before the optimizer sees the params
         self.params = [p for p in model.parameters() if p.requires_grad]
         if self.value_head is not None:
             self.params += list(self.value_head.parameters())
@@ -55,6 +57,37 @@ class Trainer:
         self.policy_loss = registry.get(registry.POLICY_LOSSES, cfg.loss.name, "policy loss")
         self.aggregate = registry.get(registry.AGGREGATIONS, cfg.loss.aggregation, "aggregation")
         self.kl = registry.get(registry.KL_ESTIMATORS, cfg.loss.kl_estimator, "KL estimator")
+
+    # ---- data-parallel hooks (trainer/distributed.py overrides them; one process: no-ops) ----------
+    def _distribute(self) -> None:
+        """Wrap or shard self.model for data parallelism (sets self.forward_model)."""
+
+    def _my_share(self, idx: list[int]) -> list[tuple[int, float]]:
+        """(micro-batch index, loss weight) this process runs for one mini-batch; weight 0 = a pass
+        that only joins the collectives."""
+        return [(i, 1.0) for i in idx]
+
+    def _grad_sync(self, last: bool) -> contextlib.AbstractContextManager[Any]:
+        """Context of one backward; `last`: the mini-batch's final backward (where gradients sync)."""
+        return contextlib.nullcontext()
+
+    def _clip_grads(self) -> float:
+        """Clip to train.grad_clip; -> the total grad norm before clipping."""
+        return float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.train.grad_clip))
+
+    def _reduce_metrics(self, loss_sum: float, totals: dict[str, float]) -> tuple[float, dict[str, float]]:
+        """Sum the loss and token-weighted metric totals over all processes."""
+        return loss_sum, totals
+
+    def _after_step(self) -> None:
+        """Runs on every process after the optimizer steps of one batch."""
+
+    def engine_state(self) -> dict[str, torch.Tensor] | None:
+        """Weights for a colocated engine; None: it shares self.model (nothing to copy)."""
+        return None
+
+    def close(self) -> None:
+        """Stop helper processes (distributed followers); idempotent."""
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.cfg.train.precision == "bf16":
@@ -112,15 +145,19 @@ class Trainer:
         prox: torch.Tensor | None,
         totals: dict[str, float],
         critic: CriticTargets | None = None,
+        weight: float = 1.0,
     ) -> float:
-        """Forward + backward of one micro-batch; accumulates token-weighted metrics into totals."""
+        """Forward + backward of one micro-batch; accumulates token-weighted metrics into totals.
+
+        The backward uses loss * weight (data parallel: world size, or 0 for a collective-only pass,
+        whose metrics are not counted); returns the unweighted loss."""
         dev = next(self.model.parameters()).device
         mask = mb.loss_mask.to(dev)
         temp = self.cfg.rollout.temperature
         lc = self.cfg.loss
         with self._autocast():
             logprobs, entropy, hidden = completion_forward(
-                self.model,
+                self.forward_model,
                 mb,
                 temp,
                 return_entropy=True,
@@ -170,7 +207,9 @@ class Trainer:
                 value_clip_frac=float((clipped * mask).sum() / denom),
                 gae_advantage_mean=float((mb.advantages.to(dev) * mask).sum() / denom),
             )
-        loss.backward()
+        (loss * weight).backward()
+        if weight == 0:
+            return 0.0
         n = float(mask.sum())
         metrics["entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
         metrics["entropy_mask_kept_frac"] = float(loss_mask.sum() / mask.sum().clamp(min=1))
@@ -210,13 +249,17 @@ class Trainer:
             idx = list(range(j, len(mbs), k))  # interleaved: mini-batches are not sorted by length
             masks = [mbs[i].loss_mask for i in idx]
             norm = batch_normalizer(self.cfg.loss.aggregation, masks, self.cfg.rollout.max_new_tokens)
-            for i in idx:
-                loss_sum += self._micro_step(mbs[i], norm, prox[i], totals, critic[i])
-            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.train.grad_clip)))
+            mine = self._my_share(idx)
+            for n, (i, w) in enumerate(mine):
+                with self._grad_sync(last=n == len(mine) - 1):
+                    loss_sum += self._micro_step(mbs[i], norm, prox[i], totals, critic[i], w)
+            grad_norms.append(self._clip_grads())
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.version += 1
+        loss_sum, totals = self._reduce_metrics(loss_sum, totals)
+        self._after_step()
         n_tokens = totals.pop("_tokens", 0.0)
         out = {key: v / max(n_tokens, 1.0) for key, v in totals.items()}
         out.update(

@@ -35,6 +35,12 @@ def backend_for(cfg: Config) -> str:
 def init_group(cfg: Config, rank: int, world: int, init_method: str) -> None:
     """Join the process group; a rank missing for train.dist_timeout_s becomes a clear error."""
     timeout = cfg.train.dist_timeout_s
+    if not dist.is_initialized():
+        # torch names the default group by a counter that a failed init_process_group leaves raised
+        # (only destroy_process_group resets it); fresh followers start at 0, so must this process
+        from torch.distributed import distributed_c10d
+
+        distributed_c10d._world.group_count = 0
     try:
         dist.init_process_group(
             backend_for(cfg),

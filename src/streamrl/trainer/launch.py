@@ -37,8 +37,9 @@ def free_port() -> int:
 class FollowerLinks:
     """Rank 0's handles on its followers: processes, one command queue each, a shared error queue."""
 
-    def __init__(self, procs: list[Any], commands: list[Any], errors: Any) -> None:
+    def __init__(self, procs: list[Any], commands: list[Any], errors: Any, timeout_s: float) -> None:
         self.procs, self.commands, self.errors = procs, commands, errors
+        self.timeout_s = timeout_s
 
     def send(self, command: tuple[str, Any]) -> None:
         dead = [i + 1 for i, p in enumerate(self.procs) if not p.is_alive()]
@@ -57,7 +58,11 @@ class FollowerLinks:
             except queue.Empty:
                 if reports or all(not p.is_alive() for p in self.procs):
                     break
-        head = what or f"distributed trainer step failed on rank 0 ({type(err).__name__}: {err})"
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        head = what or (
+            f"distributed trainer failed on rank 0 ({type(err).__name__}: {first}); a rank died, failed "
+            f"or hung longer than train.dist_timeout_s={self.timeout_s:g}s"
+        )
         tail = "\n".join(reports) if reports else "no follower reported an error (hung or killed?)"
         return f"{head}; followers: {tail}"
 
@@ -103,13 +108,13 @@ def make_trainer(
     ]
     for p in procs:
         p.start()
-    links = FollowerLinks(procs, commands, errors)
+    links = FollowerLinks(procs, commands, errors, cfg.train.dist_timeout_s)
     try:
         init_group(cfg, 0, world, init_method)
         return DistributedTrainer(model, cfg, pad_id, links)
     except BaseException as e:
         msg = links.failure(e) if not isinstance(e, KeyboardInterrupt) else ""
-        links.close(timeout=5)
+        links.close(timeout=1)
         import torch.distributed as dist
 
         if dist.is_initialized():

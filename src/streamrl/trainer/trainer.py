@@ -19,6 +19,7 @@ from streamrl.models.lora import ADAPTER_FILE, adapter_state, apply_lora, is_lor
 from streamrl.trainer.batching import MicroBatch, collate, split_by_token_budget
 from streamrl.trainer.critic import CriticTargets, ValueHead, clipped_value_loss, gae_targets
 from streamrl.trainer.logprobs import completion_forward, completion_logprobs
+from streamrl.trainer.packing import collate_packed, pack_by_token_budget
 from streamrl.types import TrainBatch
 
 
@@ -97,13 +98,20 @@ class Trainer:
 
     def _groups(self, batch: TrainBatch) -> list[list[int]]:
         lengths = [(len(t.prompt_ids), len(t.completion_ids)) for t in batch.trajectories]
+        if self.cfg.train.packing:
+            return pack_by_token_budget([p + c for p, c in lengths], self.cfg.train.token_budget)
         return split_by_token_budget(lengths, self.cfg.train.token_budget)
 
+    def _collate(self, batch: TrainBatch, group: list[int]) -> MicroBatch:
+        trajs, adv = [batch.trajectories[i] for i in group], [batch.advantages[i] for i in group]
+        return (
+            collate_packed(trajs, adv, self.pad_id)
+            if self.cfg.train.packing
+            else collate(trajs, adv, self.pad_id)
+        )
+
     def micro_batches(self, batch: TrainBatch) -> list[MicroBatch]:
-        return [
-            collate([batch.trajectories[i] for i in g], [batch.advantages[i] for i in g], self.pad_id)
-            for g in self._groups(batch)
-        ]
+        return [self._collate(batch, g) for g in self._groups(batch)]
 
     def prepare(self, batch: TrainBatch) -> tuple[list[MicroBatch], list[CriticTargets | None]]:
         """Micro-batches to train on and, with advantage.name=gae, their critic targets.
@@ -113,10 +121,7 @@ class Trainer:
         the micro-batch's advantages (batch.advantages are ignored), and returns for the value loss.
         """
         groups = self._groups(batch)
-        mbs = [
-            collate([batch.trajectories[i] for i in g], [batch.advantages[i] for i in g], self.pad_id)
-            for g in groups
-        ]
+        mbs = [self._collate(batch, g) for g in groups]
         if self.value_head is None:
             return mbs, [None] * len(mbs)
         rewards = batch.rewards or [t.reward for t in batch.trajectories]
@@ -262,14 +267,17 @@ class Trainer:
         self._after_step()
         n_tokens = totals.pop("_tokens", 0.0)
         out = {key: v / max(n_tokens, 1.0) for key, v in totals.items()}
+        real = sum(len(t.prompt_ids) + len(t.completion_ids) for t in batch.trajectories)
+        padded = sum(mb.num_tokens for mb in mbs)
         out.update(
             loss=loss_sum / k,
             grad_norm=sum(grad_norms) / len(grad_norms),
             lr=self.scheduler.get_last_lr()[0],
             micro_batches=len(mbs),
             optimizer_steps=k,
-            tokens_trained=sum(len(t.prompt_ids) + len(t.completion_ids) for t in batch.trajectories),
-            padded_tokens=sum(mb.num_tokens for mb in mbs),
+            tokens_trained=real,
+            padded_tokens=padded,
+            padding_frac=1.0 - real / max(padded, 1),  # train.packing makes it 0
             train_time=time.perf_counter() - start,
         )
         return out

@@ -116,6 +116,11 @@ class TrainConfig:
     save_checkpoint: bool = True
     lora_rank: int = 0  # > 0: train LoRA adapters of this rank only (PEFT); engines get merged weights
     lora_alpha: float = 32.0
+    strategy: Literal["single", "ddp", "fsdp2"] = "single"  # data-parallel trainer ranks
+    world_size: int = 1  # trainer ranks: rank 0 runs the RL loop, ranks 1.. are spawned followers
+    dist_backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl with CUDA, else gloo
+    dist_timeout_s: float = 300.0  # a collective (or a rank joining) slower than this fails the run
+    packing: bool = False  # pack trajectories into rows of <= token_budget tokens (no padding)
     lora_targets: tuple[str, ...] = (
         "q_proj",
         "k_proj",

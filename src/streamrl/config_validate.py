@@ -12,6 +12,29 @@ def _positive(name: str, value: float) -> None:
         raise ConfigError(f"config key '{name}' must be > 0, got {value}")
 
 
+def _validate_distributed(cfg: Any) -> None:
+    t = cfg.train
+    _positive("train.world_size", t.world_size)
+    _positive("train.dist_timeout_s", t.dist_timeout_s)
+    if t.strategy == "single" and t.world_size != 1:
+        raise ConfigError(
+            f"config key 'train.world_size'={t.world_size} needs train.strategy=ddp or fsdp2 "
+            "(single is 1 rank)"
+        )
+    if t.strategy == "single":
+        return
+    if cfg.advantage.name == "gae":
+        raise ConfigError(
+            f"train.strategy={t.strategy} does not train a value head yet: use train.strategy=single"
+        )
+    if t.strategy == "fsdp2" and t.lora_rank:
+        raise ConfigError("train.strategy=fsdp2 with train.lora_rank > 0 is not supported: use ddp")
+    if t.strategy == "fsdp2" and cfg.resume:
+        raise ConfigError("resume with train.strategy=fsdp2 is not supported (sharded optimizer): use ddp")
+    if t.dist_backend == "nccl" and not cfg.device.startswith("cuda"):
+        raise ConfigError(f"train.dist_backend=nccl needs device=cuda, got {cfg.device}: use gloo or auto")
+
+
 def validate(cfg: Any) -> None:
     """Cross-field checks that types alone cannot express."""
     from streamrl.algo import registry  # late import: algo imports nothing from config
@@ -27,6 +50,7 @@ def validate(cfg: Any) -> None:
     _positive("reward.timeout_s", cfg.reward.timeout_s)
     _positive("reward.judge_timeout_s", cfg.reward.judge_timeout_s)
     _positive("train.token_budget", cfg.train.token_budget)
+    _validate_distributed(cfg)
     _positive("train.mini_batches", cfg.train.mini_batches)
     _positive("runtime.rollout_workers", cfg.runtime.rollout_workers)
     _positive("runtime.rollout_threads", cfg.runtime.rollout_threads)

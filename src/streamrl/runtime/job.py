@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
@@ -32,6 +33,7 @@ from streamrl.runtime.async_loop import AsyncRunner
 from streamrl.runtime.colocated_loop import ColocatedRunner
 from streamrl.runtime.resume_state import RunState, load_state, save_state
 from streamrl.runtime.signals import StopFlag
+from streamrl.trainer.launch import make_trainer
 from streamrl.trainer.trainer import Trainer
 from streamrl.types import Problem
 
@@ -60,9 +62,12 @@ def build_components(cfg: Config) -> Components:
     task = task_from_config(cfg)
     heldout, exclude = prepare_split(task, cfg)
     stream = make_sampler(cfg, task, cfg.seed, exclude)
+    # fsdp2 shards the trainer's model in place: the engine generates with its own full copy
+    engine_model = copy.deepcopy(model) if cfg.train.strategy == "fsdp2" else model
     dtype = PRECISIONS[cfg.rollout.precision]
-    engine = HFEngine(model, tokenizer, cfg.rollout.max_batch, cfg.seed, cfg.device, dtype)
-    trainer = Trainer(model, cfg, pad_id=int(tokenizer.pad_token_id))
+    engine = HFEngine(engine_model, tokenizer, cfg.rollout.max_batch, cfg.seed, cfg.device, dtype)
+    # train.strategy=ddp|fsdp2: this process becomes rank 0 and starts the follower ranks (trainer.close)
+    trainer = make_trainer(model, cfg, pad_id=int(tokenizer.pad_token_id))
     return Components(model, tokenizer, task, heldout, stream, engine, trainer, resolve_seconds)
 
 
@@ -115,6 +120,8 @@ def _restore(cfg: Config, parts: Components, run_dir: Path) -> RunState:
     torch.set_rng_state(tensors["torch_rng"])
     random.setstate(tensors["py_rng"])
     parts.trainer.version = state.version
+    if hasattr(parts.trainer, "sync_followers"):  # ddp: the follower ranks take the restored state
+        parts.trainer.sync_followers()
     push_policy(parts.engine, parts.trainer)
     if state.sampler:
         parts.stream.load_state_dict(state.sampler)  # positions, posteriors, levels: data/samplers.py
@@ -142,6 +149,15 @@ def periodic_eval(
 
 def run_train(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     """Run the whole job; returns the summary dict (also written to the run directory)."""
+    closers: list[Any] = []
+    try:
+        return _run_train(cfg, console, closers)
+    finally:
+        for close in closers:  # the trainer's follower ranks (train.strategy=ddp|fsdp2)
+            close()
+
+
+def _run_train(cfg: Config, console: Console | None, closers: list[Any]) -> dict[str, Any]:
     console = console or Console(stderr=True)
     t_start = time.perf_counter()
     train_threads, rollout_threads = _thread_split(cfg)
@@ -168,6 +184,7 @@ def run_train(cfg: Config, console: Console | None = None) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     parts = build_components(cfg)
+    closers.append(parts.trainer.close)
     tokenizer, task, heldout, engine, trainer = (
         parts.tokenizer,
         parts.task,

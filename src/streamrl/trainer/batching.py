@@ -15,10 +15,13 @@ from streamrl.types import Trajectory
 
 @dataclass
 class MicroBatch:
-    """input_ids, attention_mask, position_ids: [B, P + C]; the rest: [B, C]."""
+    """input_ids, attention_mask, position_ids: [B, P + C]; the rest: [B, C].
+
+    Packed (trainer/packing.py): input_ids, position_ids [1, T], attention_mask None, and
+    packed_index [B, C]: the row position whose logit predicts each completion token."""
 
     input_ids: torch.Tensor
-    attention_mask: torch.Tensor
+    attention_mask: torch.Tensor | None
     position_ids: torch.Tensor
     completion_ids: torch.Tensor
     loss_mask: torch.Tensor
@@ -26,6 +29,7 @@ class MicroBatch:
     advantages: torch.Tensor
     versions: torch.Tensor
     prompt_width: int
+    packed_index: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -28,17 +28,22 @@ def completion_forward(
     hidden[:, j] is the last layer's hidden state at position P - 1 + j: the state before completion
     token j is generated (what a value head reads). Only the C + 1 last positions go through the LM head.
     """
-    C = mb.completion_ids.shape[1]
+    B, C = mb.completion_ids.shape
     dev = next(model.parameters()).device
+    index = mb.packed_index.to(dev) if mb.packed_index is not None else None
     out = model(
         input_ids=mb.input_ids.to(dev),
-        attention_mask=mb.attention_mask.to(dev),
+        # packed: None, so transformers derives the block-diagonal mask from the position_ids restarts
+        attention_mask=mb.attention_mask.to(dev) if mb.attention_mask is not None else None,
         position_ids=mb.position_ids.to(dev),
         use_cache=False,
-        logits_to_keep=C + 1,
+        logits_to_keep=index.flatten() if index is not None else C + 1,
         output_hidden_states=return_hidden,
     )
-    logits = out.logits[:, :-1, :]  # position P-1+j predicts completion token j
+    if index is not None:
+        logits = out.logits.view(B, C, -1)  # the LM head ran on the B*C predicting positions only
+    else:
+        logits = out.logits[:, :-1, :]  # position P-1+j predicts completion token j
     if temperature > 0:
         logits = logits / temperature
     tokens = mb.completion_ids.to(dev)
@@ -48,7 +53,10 @@ def completion_forward(
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             logp = torch.log_softmax(logits.float(), dim=-1)
             entropy = -(logp.exp() * logp).sum(-1)
-    hidden = out.hidden_states[-1][:, -(C + 1) : -1, :] if return_hidden else None
+    hidden = None
+    if return_hidden:
+        last = out.hidden_states[-1]
+        hidden = last[0, index] if index is not None else last[:, -(C + 1) : -1, :]
     return lp, entropy, hidden
 
 

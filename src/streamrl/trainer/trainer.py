@@ -19,6 +19,7 @@ from streamrl.models.lora import ADAPTER_FILE, adapter_state, apply_lora, is_lor
 from streamrl.trainer.batching import MicroBatch, collate, split_by_token_budget
 from streamrl.trainer.critic import CriticTargets, ValueHead, clipped_value_loss, gae_targets
 from streamrl.trainer.logprobs import completion_forward, completion_logprobs
+from streamrl.trainer.packing import collate_packed, pack_by_token_budget
 from streamrl.types import TrainBatch
 
 
@@ -39,6 +40,8 @@ class Trainer:
         if cfg.advantage.name == "gae":
             dev = next(model.parameters()).device
             self.value_head = ValueHead(model.config.hidden_size).to(dev)
+        self.forward_model: Any = model  # what trains: the model, or its DDP wrapper
+        self._distribute()  # hook: data-parallel wrapping/sharding, before the optimizer sees the params
         self.params = [p for p in model.parameters() if p.requires_grad]
         if self.value_head is not None:
             self.params += list(self.value_head.parameters())
@@ -56,6 +59,37 @@ class Trainer:
         self.aggregate = registry.get(registry.AGGREGATIONS, cfg.loss.aggregation, "aggregation")
         self.kl = registry.get(registry.KL_ESTIMATORS, cfg.loss.kl_estimator, "KL estimator")
 
+    # ---- data-parallel hooks (trainer/distributed.py overrides them; one process: no-ops) ----------
+    def _distribute(self) -> None:
+        """Wrap or shard self.model for data parallelism (sets self.forward_model)."""
+
+    def _my_share(self, idx: list[int]) -> list[tuple[int, float]]:
+        """(micro-batch index, loss weight) this process runs for one mini-batch; weight 0 = a pass
+        that only joins the collectives."""
+        return [(i, 1.0) for i in idx]
+
+    def _grad_sync(self, last: bool) -> contextlib.AbstractContextManager[Any]:
+        """Context of one backward; `last`: the mini-batch's final backward (where gradients sync)."""
+        return contextlib.nullcontext()
+
+    def _clip_grads(self) -> float:
+        """Clip to train.grad_clip; -> the total grad norm before clipping."""
+        return float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.train.grad_clip))
+
+    def _reduce_metrics(self, loss_sum: float, totals: dict[str, float]) -> tuple[float, dict[str, float]]:
+        """Sum the loss and token-weighted metric totals over all processes."""
+        return loss_sum, totals
+
+    def _after_step(self) -> None:
+        """Runs on every process after the optimizer steps of one batch."""
+
+    def engine_state(self) -> dict[str, torch.Tensor] | None:
+        """Weights for a colocated engine; None: it shares self.model (nothing to copy)."""
+        return None
+
+    def close(self) -> None:
+        """Stop helper processes (distributed followers); idempotent."""
+
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.cfg.train.precision == "bf16":
             dev = next(self.model.parameters()).device.type
@@ -64,13 +98,20 @@ class Trainer:
 
     def _groups(self, batch: TrainBatch) -> list[list[int]]:
         lengths = [(len(t.prompt_ids), len(t.completion_ids)) for t in batch.trajectories]
+        if self.cfg.train.packing:
+            return pack_by_token_budget([p + c for p, c in lengths], self.cfg.train.token_budget)
         return split_by_token_budget(lengths, self.cfg.train.token_budget)
 
+    def _collate(self, batch: TrainBatch, group: list[int]) -> MicroBatch:
+        trajs, adv = [batch.trajectories[i] for i in group], [batch.advantages[i] for i in group]
+        return (
+            collate_packed(trajs, adv, self.pad_id)
+            if self.cfg.train.packing
+            else collate(trajs, adv, self.pad_id)
+        )
+
     def micro_batches(self, batch: TrainBatch) -> list[MicroBatch]:
-        return [
-            collate([batch.trajectories[i] for i in g], [batch.advantages[i] for i in g], self.pad_id)
-            for g in self._groups(batch)
-        ]
+        return [self._collate(batch, g) for g in self._groups(batch)]
 
     def prepare(self, batch: TrainBatch) -> tuple[list[MicroBatch], list[CriticTargets | None]]:
         """Micro-batches to train on and, with advantage.name=gae, their critic targets.
@@ -80,10 +121,7 @@ class Trainer:
         the micro-batch's advantages (batch.advantages are ignored), and returns for the value loss.
         """
         groups = self._groups(batch)
-        mbs = [
-            collate([batch.trajectories[i] for i in g], [batch.advantages[i] for i in g], self.pad_id)
-            for g in groups
-        ]
+        mbs = [self._collate(batch, g) for g in groups]
         if self.value_head is None:
             return mbs, [None] * len(mbs)
         rewards = batch.rewards or [t.reward for t in batch.trajectories]
@@ -112,15 +150,19 @@ class Trainer:
         prox: torch.Tensor | None,
         totals: dict[str, float],
         critic: CriticTargets | None = None,
+        weight: float = 1.0,
     ) -> float:
-        """Forward + backward of one micro-batch; accumulates token-weighted metrics into totals."""
+        """Forward + backward of one micro-batch; accumulates token-weighted metrics into totals.
+
+        The backward uses loss * weight (data parallel: world size, or 0 for a collective-only pass,
+        whose metrics are not counted); returns the unweighted loss."""
         dev = next(self.model.parameters()).device
         mask = mb.loss_mask.to(dev)
         temp = self.cfg.rollout.temperature
         lc = self.cfg.loss
         with self._autocast():
             logprobs, entropy, hidden = completion_forward(
-                self.model,
+                self.forward_model,
                 mb,
                 temp,
                 return_entropy=True,
@@ -170,7 +212,9 @@ class Trainer:
                 value_clip_frac=float((clipped * mask).sum() / denom),
                 gae_advantage_mean=float((mb.advantages.to(dev) * mask).sum() / denom),
             )
-        loss.backward()
+        (loss * weight).backward()
+        if weight == 0:
+            return 0.0
         n = float(mask.sum())
         metrics["entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
         metrics["entropy_mask_kept_frac"] = float(loss_mask.sum() / mask.sum().clamp(min=1))
@@ -210,23 +254,30 @@ class Trainer:
             idx = list(range(j, len(mbs), k))  # interleaved: mini-batches are not sorted by length
             masks = [mbs[i].loss_mask for i in idx]
             norm = batch_normalizer(self.cfg.loss.aggregation, masks, self.cfg.rollout.max_new_tokens)
-            for i in idx:
-                loss_sum += self._micro_step(mbs[i], norm, prox[i], totals, critic[i])
-            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.train.grad_clip)))
+            mine = self._my_share(idx)
+            for n, (i, w) in enumerate(mine):
+                with self._grad_sync(last=n == len(mine) - 1):
+                    loss_sum += self._micro_step(mbs[i], norm, prox[i], totals, critic[i], w)
+            grad_norms.append(self._clip_grads())
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.version += 1
+        loss_sum, totals = self._reduce_metrics(loss_sum, totals)
+        self._after_step()
         n_tokens = totals.pop("_tokens", 0.0)
         out = {key: v / max(n_tokens, 1.0) for key, v in totals.items()}
+        real = sum(len(t.prompt_ids) + len(t.completion_ids) for t in batch.trajectories)
+        padded = sum(mb.num_tokens for mb in mbs)
         out.update(
             loss=loss_sum / k,
             grad_norm=sum(grad_norms) / len(grad_norms),
             lr=self.scheduler.get_last_lr()[0],
             micro_batches=len(mbs),
             optimizer_steps=k,
-            tokens_trained=sum(len(t.prompt_ids) + len(t.completion_ids) for t in batch.trajectories),
-            padded_tokens=sum(mb.num_tokens for mb in mbs),
+            tokens_trained=real,
+            padded_tokens=padded,
+            padding_frac=1.0 - real / max(padded, 1),  # train.packing makes it 0
             train_time=time.perf_counter() - start,
         )
         return out

@@ -1,0 +1,214 @@
+"""Data-parallel trainer ranks (train.strategy=ddp|fsdp2): same step() results as one process.
+
+Every rank holds the whole TrainBatch and builds the same micro-batches; within a mini-batch the
+micro-batch at position p goes to rank p % world. All ranks run the same number of forward/backward
+passes (a rank short of work runs a zero-weight pass on a real micro-batch), so DDP's all-reduce and
+FSDP2's all-gathers/reduce-scatters always pair up. The loss normaliser comes from all masks of the
+global mini-batch (every rank sees them); DDP/FSDP2 average gradients over ranks, so each rank's loss
+is scaled by world size: the synced gradient is the single-process sum. Metrics are summed over ranks.
+How the ranks are started and fed: trainer/launch.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from streamrl.config import Config
+from streamrl.trainer.trainer import Trainer
+from streamrl.types import TrainBatch
+
+
+def backend_for(cfg: Config) -> str:
+    """train.dist_backend with auto resolved: nccl on CUDA, else gloo."""
+    b = cfg.train.dist_backend
+    if b == "auto":
+        return "nccl" if cfg.device.startswith("cuda") and torch.cuda.is_available() else "gloo"
+    return b
+
+
+def init_group(cfg: Config, rank: int, world: int, init_method: str) -> None:
+    """Join the process group; a rank missing for train.dist_timeout_s becomes a clear error."""
+    timeout = cfg.train.dist_timeout_s
+    if not dist.is_initialized():
+        # torch names the default group by a counter that a failed init_process_group leaves raised
+        # (only destroy_process_group resets it); fresh followers start at 0, so must this process
+        from torch.distributed import distributed_c10d
+
+        distributed_c10d._world.group_count = 0
+    try:
+        dist.init_process_group(
+            backend_for(cfg),
+            init_method=init_method,
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=timeout),
+        )
+    except Exception as e:  # DistStoreError / RuntimeError, depending on where the wait stopped
+        raise RuntimeError(
+            f"trainer rank {rank}: not all {world} ranks joined within train.dist_timeout_s={timeout:g}s "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        ) from e
+
+
+def rank_share(idx: list[int], rank: int, world: int) -> list[tuple[int, float]]:
+    """(micro-batch index, loss weight) for `rank`: positions rank, rank + world, ...; every rank gets
+    ceil(len / world) entries, padded with zero-weight passes on idx[0]. Real entries weigh `world`."""
+    slots = math.ceil(len(idx) / world)
+    out = []
+    for s in range(slots):
+        pos = s * world + rank
+        out.append((idx[pos], float(world)) if pos < len(idx) else (idx[0], 0.0))
+    return out
+
+
+def clip_grad_norm_sharded(params: list[torch.Tensor], max_norm: float) -> float:
+    """Global grad norm over DTensor (sharded) and plain (replicated) grads, then clip in place like
+    torch.nn.utils.clip_grad_norm_ (coef = max_norm / (norm + 1e-6), at most 1). -> the norm."""
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in params if p.grad is not None]
+    sharded = torch.zeros((), dtype=torch.float64)
+    replicated = torch.zeros((), dtype=torch.float64)
+    for g in grads:
+        if isinstance(g, DTensor):
+            sharded += g.to_local().double().pow(2).sum().cpu()
+        else:
+            replicated += g.double().pow(2).sum().cpu()
+    dist.all_reduce(sharded)  # each rank holds a disjoint shard
+    norm = float((sharded + replicated).sqrt())
+    coef = min(max_norm / (norm + 1e-6), 1.0)
+    if coef < 1.0:
+        for g in grads:
+            g.mul_(coef)
+    return norm
+
+
+class DistributedTrainer(Trainer):
+    """A Trainer on one data-parallel rank; the process group must be initialised (init_group).
+
+    Rank 0 is the controller: its step(batch) first sends the batch to the followers (`links`, see
+    trainer/launch.py), then trains; followers call step() with the batch they received.
+    """
+
+    def __init__(self, model: Any, cfg: Config, pad_id: int, links: Any = None) -> None:
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.strategy = cfg.train.strategy
+        self.links = links  # rank 0 only: the follower processes and their command queues
+        self._full_state: dict[str, torch.Tensor] = {}
+        super().__init__(model, cfg, pad_id)
+        self._after_step()  # fsdp2: rank 0's full state for the first policy_state()
+
+    # ---- hooks -----------------------------------------------------------------------------
+    def _distribute(self) -> None:
+        if self.strategy == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            # constructing DDP broadcasts rank 0's parameters and buffers; buffers (rotary tables)
+            # are not re-broadcast each forward, so ranks may run different no-grad passes
+            self.forward_model = DistributedDataParallel(self.model, forward_sync_buffers=False)
+            return
+        from torch.distributed.fsdp import fully_shard
+
+        with torch.no_grad():  # same start on every rank whatever each loaded
+            for t in list(self.model.parameters()) + list(self.model.buffers()):
+                dist.broadcast(t.data, 0)
+        layers = self.model.get_decoder().layers
+        for layer in layers:
+            fully_shard(layer)
+        fully_shard(self.model)
+        self.forward_model = self.model
+
+    def _my_share(self, idx: list[int]) -> list[tuple[int, float]]:
+        return rank_share(idx, self.rank, self.world)
+
+    def _grad_sync(self, last: bool) -> contextlib.AbstractContextManager[Any]:
+        if self.strategy == "ddp" and not last:
+            return self.forward_model.no_sync()  # accumulate locally; sync on the last backward
+        if self.strategy == "fsdp2":
+            self.model.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
+
+    def _clip_grads(self) -> float:
+        if self.strategy == "fsdp2":
+            return clip_grad_norm_sharded(self.params, self.cfg.train.grad_clip)
+        return super()._clip_grads()  # DDP: every rank holds the same synced gradients
+
+    def _reduce_metrics(self, loss_sum: float, totals: dict[str, float]) -> tuple[float, dict[str, float]]:
+        parts: list[Any] = [None] * self.world
+        dist.all_gather_object(parts, (loss_sum, totals))
+        merged: dict[str, float] = {}
+        for _, tot in parts:  # rank order: the same float sums on every rank
+            for k, v in tot.items():
+                merged[k] = merged.get(k, 0.0) + v
+        return sum(p[0] for p in parts), merged
+
+    def _after_step(self) -> None:
+        if self.strategy != "fsdp2":
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        # a collective: every rank calls it here, so rank 0 can hand out weights without the others
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        self._full_state = get_model_state_dict(self.model, options=opts)
+
+    # ---- controller side -------------------------------------------------------------------
+    def step(self, batch: TrainBatch) -> dict[str, float]:
+        if self.links is not None:
+            self.links.send(("step", batch))
+        try:
+            return super().step(batch)
+        except Exception as e:
+            if self.links is None:
+                raise
+            raise RuntimeError(self.links.failure(e)) from e
+
+    def sync_followers(self) -> None:
+        """After rank 0 loaded a checkpoint (resume): followers take its weights, optimizer,
+        scheduler and version. ddp only (validated)."""
+        if self.links is not None:
+            extra = {
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "version": self.version,
+            }
+            self.links.send(("sync", extra))
+        self.broadcast_parameters()
+
+    def load_sync(self, extra: dict[str, Any]) -> None:
+        """Follower side of sync_followers."""
+        self.optimizer.load_state_dict(extra["optimizer"])
+        self.scheduler.load_state_dict(extra["scheduler"])
+        self.version = extra["version"]
+        self.broadcast_parameters()
+
+    def broadcast_parameters(self) -> None:
+        with torch.no_grad():
+            for p in self.model.parameters():
+                dist.broadcast(p.data, 0)
+
+    def policy_state(self) -> dict[str, torch.Tensor]:
+        if self.strategy == "fsdp2":
+            return self._full_state
+        return super().policy_state()
+
+    def engine_state(self) -> dict[str, torch.Tensor] | None:
+        return self._full_state if self.strategy == "fsdp2" else None
+
+    def save(self, path: str, tokenizer: Any) -> None:
+        if self.strategy != "fsdp2":
+            return super().save(path, tokenizer)
+        self.model.save_pretrained(path, state_dict=self._full_state)
+        tokenizer.save_pretrained(path)
+
+    def close(self) -> None:
+        if self.links is not None:
+            self.links.close()
+            self.links = None
+        if dist.is_initialized():
+            dist.destroy_process_group()

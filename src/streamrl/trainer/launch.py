@@ -1,0 +1,183 @@
+"""Start the trainer ranks of train.strategy=ddp|fsdp2 on this machine.
+
+Rank 0 is the calling process (it runs the RL loop); ranks 1..world-1 are spawned followers that run
+`run_follower`: load the same model, join the process group, then loop on commands from rank 0
+("step", batch) / ("sync", state) / ("stop", None). Commands travel on a plain queue, not a
+collective, so a follower may wait for minutes while rank 0 generates; train.dist_timeout_s bounds
+only the collectives inside a step. Followers ignore Ctrl-C (rank 0 decides), stop on "stop", and
+exit on their own if rank 0 dies. run_follower takes only picklable arguments (a Ray actor can run it).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.multiprocessing as tmp
+
+from streamrl.config import Config, to_dict
+from streamrl.trainer.trainer import Trainer
+
+STOP = ("stop", None)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class FollowerLinks:
+    """Rank 0's handles on its followers: processes, one command queue each, a shared error queue."""
+
+    def __init__(self, procs: list[Any], commands: list[Any], errors: Any, timeout_s: float) -> None:
+        self.procs, self.commands, self.errors = procs, commands, errors
+        self.timeout_s = timeout_s
+
+    def send(self, command: tuple[str, Any]) -> None:
+        dead = [i + 1 for i, p in enumerate(self.procs) if not p.is_alive()]
+        if dead:
+            raise RuntimeError(self.failure(None, f"trainer rank(s) {dead} exited"))
+        for q in self.commands:
+            q.put(command)
+
+    def failure(self, err: BaseException | None, what: str = "") -> str:
+        """One message for a failed collective: rank 0's error plus whatever the followers reported."""
+        reports = []
+        deadline = time.monotonic() + 2.0  # a follower's report may still be in flight
+        while time.monotonic() < deadline:
+            try:
+                reports.append(self.errors.get(timeout=0.2))
+            except queue.Empty:
+                if reports or all(not p.is_alive() for p in self.procs):
+                    break
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        head = what or (
+            f"distributed trainer failed on rank 0 ({type(err).__name__}: {first}); a rank died, failed "
+            f"or hung longer than train.dist_timeout_s={self.timeout_s:g}s"
+        )
+        tail = "\n".join(reports) if reports else "no follower reported an error (hung or killed?)"
+        return f"{head}; followers: {tail}"
+
+    def close(self, timeout: float = 30.0) -> None:
+        for q in self.commands:
+            try:
+                q.put(STOP)
+            except (ValueError, OSError):
+                pass
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            p.join(timeout=max(0.1, deadline - time.monotonic()))
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+        for q in [*self.commands, self.errors]:
+            q.cancel_join_thread()
+
+
+def make_trainer(
+    model: Any, cfg: Config, pad_id: int, follower_target: Callable[..., None] | None = None
+) -> Trainer:
+    """Trainer for train.strategy: one process, or rank 0 of `train.world_size` local ranks (whose
+    followers are started here; trainer.close() stops them). Tests swap follower_target."""
+    if cfg.train.strategy == "single":
+        return Trainer(model, cfg, pad_id)
+    from streamrl.trainer.distributed import DistributedTrainer, init_group
+
+    world = cfg.train.world_size
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    ctx = tmp.get_context("spawn")
+    errors = ctx.Queue()
+    commands = [ctx.Queue() for _ in range(1, world)]
+    target = follower_target or run_follower
+    procs = [
+        ctx.Process(
+            target=target,
+            args=(r, world, init_method, to_dict(cfg), commands[r - 1], errors, os.getpid()),
+            daemon=True,
+            name=f"streamrl-trainer-rank{r}",
+        )
+        for r in range(1, world)
+    ]
+    for p in procs:
+        p.start()
+    links = FollowerLinks(procs, commands, errors, cfg.train.dist_timeout_s)
+    try:
+        init_group(cfg, 0, world, init_method)
+        return DistributedTrainer(model, cfg, pad_id, links)
+    except BaseException as e:
+        msg = links.failure(e) if not isinstance(e, KeyboardInterrupt) else ""
+        links.close(timeout=1)
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        if msg:
+            raise RuntimeError(msg) from e
+        raise
+
+
+def run_follower(
+    rank: int,
+    world: int,
+    init_method: str,
+    cfg_dict: dict[str, Any],
+    commands: Any,
+    errors: Any,
+    parent_pid: int = 0,
+) -> None:
+    """A follower rank: same model and config as rank 0, trains the batches rank 0 sends."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle
+    try:
+        _follow(rank, world, init_method, cfg_dict, commands, parent_pid)
+    except BaseException:
+        errors.put(f"rank {rank}: {traceback.format_exc()}")
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _follow(
+    rank: int, world: int, init_method: str, cfg_dict: dict[str, Any], commands: Any, parent: int
+) -> None:
+    from streamrl.config import from_dict
+    from streamrl.models import load_model, load_tokenizer, resolve_model_dir
+    from streamrl.trainer.distributed import DistributedTrainer, init_group
+
+    cfg = from_dict(cfg_dict)
+    torch.set_num_threads(cfg.train.threads or 1)
+    torch.manual_seed(cfg.seed)
+    device = cfg.device
+    if device.startswith("cuda"):
+        device = f"cuda:{rank}"
+        torch.cuda.set_device(rank)
+        cfg.device = device
+    model_dir = resolve_model_dir(cfg.model, cfg.seed)
+    model = load_model(model_dir, device)
+    pad_id = int(load_tokenizer(model_dir).pad_token_id)
+    init_group(cfg, rank, world, init_method)
+    trainer = DistributedTrainer(model, cfg, pad_id)
+    while True:
+        try:
+            kind, payload = commands.get(timeout=1.0)
+        except queue.Empty:
+            if parent and os.getppid() != parent:  # rank 0 is gone: do not linger as an orphan
+                return
+            continue
+        if kind == "stop":
+            return
+        if kind == "step":
+            trainer.step(payload)
+        elif kind == "sync":
+            trainer.load_sync(payload)
+        else:
+            raise ValueError(f"unknown trainer command {kind!r}")

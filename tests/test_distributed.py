@@ -66,7 +66,7 @@ def _grads(trainer, store):
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
 def test_two_ranks_match_one_process(tiny, strategy, capsys):
-    base = ["model=tiny-random", "train.lr=1e-3", "train.token_budget=40"]
+    base = ["model=tiny-random", "train.lr=1e-3", "train.token_budget=40", "train.precision=fp32"]
     single = make_trainer(copy.deepcopy(tiny[0]), load_config(None, base), pad_id=0)
     cfg2 = load_config(
         None, base + [f"train.strategy={strategy}", "train.world_size=2", "train.dist_timeout_s=60"]

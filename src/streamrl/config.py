@@ -177,6 +177,26 @@ class RuntimeConfig:
     rollout_workers: int = 1
     rollout_threads: int = 1  # torch threads per rollout worker
     weight_update: Literal["inflight", "interrupt"] = "inflight"
+    # local: rollout workers are spawned processes on this machine; ray: Ray actors (see the ray section)
+    backend: Literal["local", "ray"] = "local"
+    # how new weights reach rollout workers: shm (shared memory, local only), object_store (ray.put, ray
+    # only), broadcast (a torch.distributed group, ray only); auto = shm for local, object_store for ray
+    weight_sync: Literal["auto", "shm", "object_store", "broadcast"] = "auto"
+    sync_timeout_s: float = 120.0  # a weight sync that takes longer fails with an error naming the mode
+
+
+@dataclass
+class RayConfig:
+    """runtime.backend=ray: where the actors run and what each one reserves."""
+
+    address: str = ""  # "" = start a local Ray instance; otherwise join this cluster ("auto", "ray://h:p")
+    num_cpus: int = 0  # CPUs of a local instance (0 = all of this machine's)
+    rollout_cpus: float = 1.0  # resources reserved per rollout actor
+    rollout_gpus: float = 0.0
+    # reserved for trainer ranks > 0 as actors (DDP/FSDP): the single trainer rank runs in the driver
+    trainer_cpus: float = 1.0
+    trainer_gpus: float = 0.0
+    max_restarts: int = 1  # per rollout actor; its unfinished groups go back to live actors either way
 
 
 @dataclass
@@ -202,6 +222,7 @@ class Config:
     seed: int = 0
     device: str = "cpu"
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
     task_config: TaskConfig = field(default_factory=TaskConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)

@@ -129,6 +129,7 @@ def validate(cfg: Any) -> None:
             )
         if cfg.advantage.name in ("gae", "remax") or cfg.loss.kl_in == "reward":
             raise ConfigError("task=agent:... needs an outcome advantage (not gae/remax) and loss.kl_in=loss")
+    _validate_backend(cfg)
     if cfg.observe.report_every < 0:
         raise ConfigError(f"config key 'observe.report_every' must be >= 0, got {cfg.observe.report_every}")
     if cfg.observe.wandb:
@@ -143,3 +144,45 @@ def validate(cfg: Any) -> None:
     ):
         if value not in reg:
             raise ConfigError(f"config key '{key}' must be one of {', '.join(sorted(reg))}, got {value!r}")
+
+
+def resolved_weight_sync(cfg: Any) -> str:
+    """runtime.weight_sync with `auto` resolved: shm for the local backend, object_store for ray."""
+    ws = cfg.runtime.weight_sync
+    if ws != "auto":
+        return ws
+    return "object_store" if cfg.runtime.backend == "ray" else "shm"
+
+
+def _validate_backend(cfg: Any) -> None:
+    rt, ray = cfg.runtime, cfg.ray
+    _positive("runtime.sync_timeout_s", rt.sync_timeout_s)
+    for key in ("num_cpus", "rollout_cpus", "rollout_gpus", "trainer_cpus", "trainer_gpus", "max_restarts"):
+        if getattr(ray, key) < 0:
+            raise ConfigError(f"config key 'ray.{key}' must be >= 0, got {getattr(ray, key)}")
+    ws = resolved_weight_sync(cfg)
+    if rt.backend == "local":
+        if ws != "shm":
+            raise ConfigError(
+                f"runtime.weight_sync={ws} needs runtime.backend=ray; local workers share memory "
+                "(runtime.weight_sync=shm or auto)"
+            )
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError("runtime.backend=ray needs the ray package: pip install 'streamrl[ray]'")
+    if rt.mode == "colocated":
+        raise ConfigError(
+            "runtime.backend=ray runs rollout actors beside the trainer: set runtime.mode=async"
+        )
+    if ws == "shm":
+        raise ConfigError(
+            "runtime.weight_sync=shm cannot reach Ray actors (they may run on other nodes, and shared "
+            "memory is one machine's): use runtime.weight_sync=object_store or broadcast"
+        )
+    if ws == "broadcast" and ray.max_restarts > 0:
+        raise ConfigError(
+            "runtime.weight_sync=broadcast cannot admit a restarted actor into its torch.distributed group: "
+            "set ray.max_restarts=0 (a dead actor then stops the run) or runtime.weight_sync=object_store"
+        )

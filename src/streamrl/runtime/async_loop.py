@@ -10,8 +10,6 @@ carried into the checkpoint on stop.
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import queue
 import threading
 import time
 from collections import deque
@@ -19,18 +17,18 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamrl.config import Config, to_dict
+from streamrl.config import Config
 from streamrl.data.prompts import render_prompt_ids
 from streamrl.data.replay import ReplayBuffer, train_step
 from streamrl.runtime.ledger import Ledger
 from streamrl.runtime.resume_state import RunState
 from streamrl.runtime.rl_step import group_advantages
 from streamrl.runtime.rollout import needs_greedy_baseline
+from streamrl.runtime.rollout_backend import RolloutBackend, make_backend
 from streamrl.runtime.signals import StopFlag
 from streamrl.runtime.staleness import StalenessManager
 from streamrl.runtime.step_metrics import step_record
-from streamrl.runtime.weights import SharedWeights
-from streamrl.runtime.worker import STOP, GroupRequest, GroupResult, run_worker
+from streamrl.runtime.worker import GroupRequest, GroupResult, run_worker
 from streamrl.trainer.trainer import Trainer
 from streamrl.types import Group, Problem
 
@@ -48,6 +46,7 @@ class _Shared:
     inflight: dict[str, GroupRequest] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     zv: int = 0  # zero-variance groups filtered since the last optimizer step
+    duplicates: int = 0  # results of a group already returned (e.g. re-generated after an actor died)
     busy: float = 0.0
     idle: float = 0.0
 
@@ -64,10 +63,12 @@ class AsyncRunner:
         worker_target: Callable[..., None] = run_worker,
         on_group_scored: Callable[[Group], None] | None = None,
         replay: ReplayBuffer | None = None,
+        backend: RolloutBackend | None = None,
     ) -> None:
         self.cfg, self.trainer, self.tokenizer, self.stream = cfg, trainer, tokenizer, stream
         self.on_group_scored, self.replay = on_group_scored, replay  # sampler feedback; rollout replay
-        self.worker_target = worker_target  # tests swap in a scripted engine
+        self.worker_target = worker_target  # tests swap in a scripted engine (local backend)
+        self.backend = backend or make_backend(cfg, worker_target)  # runtime.backend: local | ray
         self.state = state
         self.stop = stop
         self.B = cfg.rollout.prompts_per_step
@@ -102,23 +103,29 @@ class AsyncRunner:
         req.admitted_version = self.trainer.version
         return req
 
-    def _admission_loop(self, requests: Any, results: Any) -> None:
-        while not self._threads_stop.is_set():
-            while not self._threads_stop.is_set() and self.staleness.try_admit():
-                with self.sh.cond:
-                    req = self._next_request()
-                    self.sh.inflight[req.group_id] = req
-                requests.put(req)
-            try:
-                res: GroupResult = results.get(timeout=0.05)
-            except queue.Empty:
-                continue
-            self._accept(res)
+    def _admission_loop(self) -> None:
+        try:
+            while not self._threads_stop.is_set():
+                while not self._threads_stop.is_set() and self.staleness.try_admit():
+                    with self.sh.cond:
+                        req = self._next_request()
+                        self.sh.inflight[req.group_id] = req
+                    self.backend.submit(req)
+                for res in self.backend.poll(0.05):
+                    self._accept(res)
+        except Exception as e:  # a backend failure must reach the trainer thread, not die silently
+            with self.sh.cond:
+                self.sh.errors.append(f"rollout admission failed: {type(e).__name__}: {e}")
+                self.sh.cond.notify_all()
 
     def _accept(self, res: GroupResult) -> None:
         with self.sh.cond:
             if res.error:
                 self.sh.errors.append(f"rollout worker {res.worker} failed:\n{res.error}")
+            elif res.group_id not in self.sh.inflight:
+                # already returned (a dead actor's group was re-generated and both copies arrived):
+                # the first copy counts, this one is dropped, so no group is trained twice
+                self.sh.duplicates += 1
             else:
                 del self.sh.inflight[res.group_id]
                 self.ledger.returned(res.group_id)
@@ -141,7 +148,7 @@ class AsyncRunner:
             self.sh.cond.notify_all()
 
     # ---- trainer side -----------------------------------------------------------------------
-    def _take_batch(self, procs: list[Any]) -> list[GroupResult] | None:
+    def _take_batch(self) -> list[GroupResult] | None:
         """B groups within the staleness bound, oldest first; None if a stop was requested."""
         taken: list[GroupResult] = []
         with self.sh.cond:
@@ -152,8 +159,9 @@ class AsyncRunner:
                     self.sh.buffer.extendleft(reversed(taken))  # put back: nothing is lost
                     return None
                 if not self.sh.buffer:
-                    if not all(p.is_alive() for p in procs):
-                        raise RuntimeError("a rollout worker died; see its error above")
+                    failure = self.backend.failure()
+                    if failure:
+                        raise RuntimeError(failure)
                     self.sh.cond.wait(timeout=0.5)
                     continue
                 res = self.sh.buffer.popleft()
@@ -171,28 +179,20 @@ class AsyncRunner:
             self.state.ledger = self.ledger.state_dict()
             self.state.staleness = self.staleness.state_dict()
             return
-        ctx = mp.get_context("spawn")
-        weights = SharedWeights(self.trainer.policy_state(), ctx)
-        weights.publish(self.trainer.policy_state(), self.trainer.version)
-        requests, results = ctx.Queue(), ctx.Queue()
-        procs = [
-            ctx.Process(
-                target=self.worker_target,
-                args=(i, to_dict(cfg), requests, results, weights, cfg.runtime.rollout_threads),
-                daemon=True,
-            )
-            for i in range(cfg.runtime.rollout_workers)
-        ]
-        for p in procs:
-            p.start()
-        admitter = threading.Thread(target=self._admission_loop, args=(requests, results), daemon=True)
+        backend = self.backend
+        try:
+            backend.start(self.trainer.policy_state(), self.trainer.version)
+        except BaseException:
+            self._carry_over(backend.stop())  # nothing started generating: all admitted work carries over
+            raise
+        admitter = threading.Thread(target=self._admission_loop, daemon=True)
         admitter.start()
         t_run = time.perf_counter()
         waited = 0.0
         try:
             while self.state.step < cfg.max_steps and not self.stop and not _over_budget(cfg, t_run):
                 t0 = time.perf_counter()
-                taken = self._take_batch(procs)
+                taken = self._take_batch()
                 if taken is None:
                     break
                 wait = time.perf_counter() - t0
@@ -204,7 +204,7 @@ class AsyncRunner:
                 batch = group_advantages(groups, cfg, self.trainer)
                 train = train_step(self.trainer, batch, self.replay, self.state.step + 1)
                 t_sync = time.perf_counter()
-                weights.publish(self.trainer.policy_state(), self.trainer.version)
+                backend.publish(self.trainer.policy_state(), self.trainer.version)
                 if self.state.step + 1 < cfg.max_steps:  # no admissions for a step that will not come
                     self.staleness.set_version(self.trainer.version)  # only after publishing
                 sync = time.perf_counter() - t_sync
@@ -235,32 +235,22 @@ class AsyncRunner:
                     train_tokens_per_s=train["tokens_trained"] / max(train["train_time"], 1e-9),
                     filtered_stale=self.ledger.filter_reasons.get("stale", 0),
                     filtered_zero_variance=self.ledger.filter_reasons.get("zero_variance", 0),
+                    duplicate_results=self.sh.duplicates,
+                    **backend.stats(),
                 )
                 on_step(record)
         finally:
-            self._shutdown(procs, requests, results, admitter)
+            self._threads_stop.set()
+            admitter.join(timeout=10)
+            self._carry_over(backend.stop())
 
-    def _shutdown(self, procs: list[Any], requests: Any, results: Any, admitter: threading.Thread) -> None:
-        """Stop workers; everything admitted and not trained is carried into the run state."""
-        self._threads_stop.set()
-        admitter.join(timeout=10)
-        for _ in procs:
-            requests.put(STOP)
-        deadline = time.monotonic() + 30
-        for p in procs:
-            p.join(timeout=max(0.1, deadline - time.monotonic()))
-            if p.is_alive():
-                p.terminate()
-        while True:  # results that arrived while stopping are finished groups: keep them
-            try:
-                self._accept(results.get(timeout=0.2))
-            except queue.Empty:
-                break
+    def _carry_over(self, late: list[GroupResult]) -> None:
+        """After the workers stopped: everything admitted and not trained goes into the run state."""
+        for res in late:  # finished while stopping: keep them
+            self._accept(res)
         with self.sh.cond:
             self.state.finished = list(self.sh.buffer)
             self.state.unfinished = list(self.readmit) + list(self.sh.inflight.values())
             self.ledger.carry_over()
             self.state.ledger = self.ledger.state_dict()
             self.state.staleness = self.staleness.state_dict()
-        requests.cancel_join_thread()
-        results.cancel_join_thread()

@@ -15,6 +15,7 @@ import torch
 from rich.console import Console
 
 from streamrl.config import Config, dump_config
+from streamrl.config_validate import resolved_weight_sync
 from streamrl.data.replay import make_replay
 from streamrl.data.samplers import Sampler, make_sampler
 from streamrl.data.tasks import Task, default_task_args, prepare_split, task_from_config
@@ -177,7 +178,8 @@ def _run_train(cfg: Config, console: Console | None, closers: list[Any]) -> dict
         f"{train_threads} threads (colocated: generate and train in turn)"
         if cfg.runtime.mode == "colocated"
         else f"trainer {train_threads} thread(s) + {cfg.runtime.rollout_workers} rollout worker(s) x "
-        f"{rollout_threads} thread(s), eta={cfg.max_staleness}, weights {cfg.runtime.weight_update}"
+        f"{rollout_threads} thread(s), eta={cfg.max_staleness}, weights {cfg.runtime.weight_update}, "
+        f"backend {cfg.runtime.backend} (weight sync {resolved_weight_sync(cfg)})"
     )
     console.print(f"[bold]streamrl[/] run dir {run_dir} | model {cfg.model} | task {cfg.task}")
     console.print(f"cores {os.cpu_count()}: {split}")

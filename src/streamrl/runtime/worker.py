@@ -1,9 +1,11 @@
-"""A rollout worker process: generates groups continuously with the newest published weights.
+"""A rollout worker: generates groups continuously with the newest published weights.
 
-Requests arrive on `requests` (GroupRequest), finished and scored groups leave on `results`
-(GroupResult). Between decode steps the worker checks the shared weights' version and takes new
-weights in flight or by interrupt-and-recompute (engine/continuous.py). It never waits for the
-trainer: it waits only when it has nothing to generate.
+Requests arrive from a RequestSource (GroupRequest), finished and scored groups leave through a
+ResultSink (GroupResult). Between decode steps the worker checks its WeightSource's version and takes
+new weights in flight or by interrupt-and-recompute (engine/continuous.py). It never waits for the
+trainer: it waits only when it has nothing to generate. The local backend plugs in mp queues and
+SharedWeights (a spawned process); the ray backend a thread queue, an outbox and an object-store or
+broadcast receiver (runtime/ray_actor.py).
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import queue
 import signal
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from streamrl.types import Problem, Trajectory
 
@@ -45,6 +48,27 @@ class GroupResult:
 STOP = "stop"
 
 
+class RequestSource(Protocol):
+    """GroupRequest or STOP; raises queue.Empty (mp.Queue and queue.Queue both fit)."""
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any: ...
+
+    def get_nowait(self) -> Any: ...
+
+
+class ResultSink(Protocol):
+    def put(self, item: GroupResult) -> None: ...
+
+
+class WeightSource(Protocol):
+    """The newest published weights: `version` is cheap; `load_into` copies them and returns theirs."""
+
+    @property
+    def version(self) -> int: ...
+
+    def load_into(self, model: Any) -> int: ...
+
+
 def run_worker(
     worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any, weights: Any, threads: int
 ) -> None:
@@ -55,13 +79,33 @@ def run_worker(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     torch.set_num_threads(threads)
+    parent = os.getppid()
+    serve(worker_id, cfg_dict, requests, results, weights, lambda: os.getppid() != parent)
+
+
+def serve(
+    worker_id: int,
+    cfg_dict: dict[str, Any],
+    requests: RequestSource,
+    results: ResultSink,
+    weights: WeightSource,
+    orphaned: Callable[[], bool],
+) -> None:
+    """Generate until STOP or `orphaned()` (the controller is gone); errors go to `results`."""
     try:
-        _loop(worker_id, cfg_dict, requests, results, weights)
+        _loop(worker_id, cfg_dict, requests, results, weights, orphaned)
     except Exception:  # the controller sees the error instead of a silent hang
         results.put(GroupResult("", None, [], worker_id, error=traceback.format_exc()))  # type: ignore[arg-type]
 
 
-def _loop(worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any, weights: Any) -> None:
+def _loop(
+    worker_id: int,
+    cfg_dict: dict[str, Any],
+    requests: RequestSource,
+    results: ResultSink,
+    weights: WeightSource,
+    orphaned: Callable[[], bool],
+) -> None:
     import torch
 
     from streamrl.config import from_dict
@@ -127,9 +171,8 @@ def _loop(worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any,
             busy = idle = 0.0
 
     try:
-        parent = os.getppid()
         while True:
-            if os.getppid() != parent:  # the controller was killed: do not linger as an orphan
+            if orphaned():  # the controller was killed: do not linger as an orphan
                 return
             emit_scored()
             t0 = time.perf_counter()

@@ -1,0 +1,96 @@
+"""A rollout worker as a Ray actor: the same generation loop as a local worker (worker.serve), fed by a
+thread queue, emptied through an outbox, with weights from the object store or a broadcast group.
+
+The loop runs in a thread of the actor; the controller talks to the actor by method calls that run in
+the actor's main thread: `exchange` (hand over requests, take finished groups), `announce` (new weights
+exist), `stop`. Ray wraps this plain class with ray.remote in runtime/ray_backend.py.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any
+
+from streamrl.runtime.worker import STOP, GroupRequest, GroupResult, serve
+
+
+def make_receiver(sync: dict[str, Any], timeout: float) -> Any:
+    """sync: {"mode": "object_store"} or
+    {"mode": "broadcast", host, port, rank, world, layout, backend, epoch}."""
+    from streamrl.runtime.weight_sync import BroadcastReceiver, ObjectStoreReceiver
+
+    if sync["mode"] == "object_store":
+        return ObjectStoreReceiver(timeout)
+    return BroadcastReceiver(
+        sync["layout"],
+        sync["host"],
+        sync["port"],
+        sync["rank"],
+        sync["world"],
+        timeout,
+        sync["backend"],
+        sync["epoch"],
+    )
+
+
+class RolloutActor:
+    def __init__(self, worker_id: int, cfg_dict: dict[str, Any], sync: dict[str, Any]) -> None:
+        import uuid
+
+        import torch
+
+        self.incarnation = uuid.uuid4().hex  # new after every restart: the controller sees the death
+        torch.set_num_threads(int(cfg_dict["runtime"]["rollout_threads"]))
+        self.worker_id = worker_id
+        self.requests: queue.Queue[Any] = queue.Queue()
+        self.outbox: queue.Queue[GroupResult] = queue.Queue()
+        self.stopped = threading.Event()
+        self.weights = make_receiver(sync, float(cfg_dict["runtime"]["sync_timeout_s"]))
+        self.loop = threading.Thread(
+            target=serve,
+            args=(worker_id, cfg_dict, self.requests, self.outbox, self.weights, self.stopped.is_set),
+            daemon=True,
+            name=f"rollout-{worker_id}",
+        )
+        self.loop.start()
+
+    def announce(self, version: int, box: list[Any] | None = None) -> None:
+        self.weights.announce(version, box)
+
+    def exchange(self, requests: list[GroupRequest], wait_s: float) -> tuple[str, list[GroupResult]]:
+        """Queue `requests`; return (incarnation, finished groups), waiting up to wait_s for the first
+        one (so the controller's polling is not a busy loop)."""
+        for r in requests:
+            self.requests.put(r)
+        try:
+            first = self.outbox.get(timeout=wait_s)
+        except queue.Empty:
+            return self.incarnation, []
+        return self.incarnation, [first, *self._drain()]
+
+    def _drain(self) -> list[GroupResult]:
+        out = []
+        while True:
+            try:
+                out.append(self.outbox.get_nowait())
+            except queue.Empty:
+                return out
+
+    def stop(self, timeout: float = 30.0) -> list[GroupResult]:
+        """Finish the loop; groups it completed meanwhile are returned, unfinished ones stay with the
+        controller (carried over)."""
+        self.requests.put(STOP)
+        self.loop.join(timeout=timeout)
+        self.stopped.set()
+        return self._drain()
+
+    def received_weights(self) -> tuple[int, dict[str, Any]]:
+        """(version, {name: numpy array}) exactly as this actor's engine would load them (tests, checks)."""
+        version, tensors = self.weights.snapshot()
+        return version, {k: v.float().numpy() for k, v in tensors.items()}
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()

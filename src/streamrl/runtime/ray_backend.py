@@ -1,0 +1,262 @@
+"""runtime.backend=ray: rollout workers as Ray actors, exactly-once when an actor dies.
+
+The controller (the admission thread of AsyncRunner) keeps one `exchange` call in flight per actor:
+it carries the requests assigned to that actor and returns its finished groups and its incarnation
+(a fresh id per actor start). It knows which group ids each actor holds; when a call fails with
+RayActorError, or a reply comes from a new incarnation (the actor died between two calls and Ray ran
+the next call on its restart), the groups the old incarnation held go back to
+the least-loaded live actors (Ray restarts the actor up to ray.max_restarts times; after that its slot
+is retired). The runner drops a result whose group already returned (runtime/async_loop.py), so a
+group is trained at most once and none is lost. Actor restarts and re-dispatched groups are counted
+in the step records (actor_restarts, groups_redispatched).
+
+Weights: object_store or broadcast (runtime/weight_sync.py). Broadcast refuses restarts (config
+validation): a torch.distributed group cannot admit a new member, so a dead actor stops the run with
+that reason instead of a hang.
+
+Seam for data-parallel trainers: the single trainer rank runs in the driver. Trainer ranks > 0 would
+be Ray actors reserving ray.trainer_cpus / ray.trainer_gpus, and rank 0 stays the weight publisher.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Set
+from typing import Any
+
+import torch
+
+from streamrl.config import Config, to_dict
+from streamrl.config_validate import resolved_weight_sync
+from streamrl.runtime.ray_actor import RolloutActor
+from streamrl.runtime.weight_sync import BroadcastPublisher, FlatLayout, ObjectStorePublisher
+from streamrl.runtime.worker import GroupRequest, GroupResult
+
+POLL_WAIT_S = 0.05  # an actor holds an exchange call this long when it has nothing finished
+
+
+def ensure_ray(cfg: Config) -> bool:
+    """Connect to ray.address or start a local instance; True if this call started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if cfg.ray.address:
+        ray.init(address=cfg.ray.address, logging_level="warning")
+    else:  # temp and log files under /tmp/ray (Ray's default root), no dashboard
+        ray.init(
+            num_cpus=cfg.ray.num_cpus or None,
+            include_dashboard=False,
+            logging_level="warning",
+            _temp_dir="/tmp/ray",
+        )
+    return True
+
+
+def check_resources(cfg: Config, cluster: dict[str, float]) -> None:
+    """Actors that do not fit would wait for resources forever: say so before creating them."""
+    n, r = cfg.runtime.rollout_workers, cfg.ray
+    for key, per, have in (
+        ("rollout_cpus", r.rollout_cpus, cluster.get("CPU", 0.0)),
+        ("rollout_gpus", r.rollout_gpus, cluster.get("GPU", 0.0)),
+    ):
+        if n * per > have:
+            raise RuntimeError(
+                f"ray: {n} rollout actors x ray.{key}={per:g} need {n * per:g} but the cluster has "
+                f"{have:g}: lower ray.{key} (fractions are fine) or runtime.rollout_workers, or add nodes"
+            )
+
+
+class RayRollouts:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg, self.n = cfg, cfg.runtime.rollout_workers
+        self.mode = resolved_weight_sync(cfg)
+        self.timeout = cfg.runtime.sync_timeout_s
+        self.started_ray = False
+        self.actors: list[Any] = []
+        self.pending: dict[Any, tuple[int, set[str]]] = {}  # exchange ref -> (slot, group ids it carries)
+        self.incarnation: list[str | None] = [None] * self.n  # None: the next reply sets it (start, death)
+        self.held: list[dict[str, GroupRequest]] = [{} for _ in range(self.n)]  # sent, not returned
+        self.outbox: list[list[GroupRequest]] = [[] for _ in range(self.n)]  # assigned, not yet sent
+        self.orphans: list[GroupRequest] = []  # no live actor to take them
+        self.deaths = [0] * self.n
+        self.retired: set[int] = set()
+        self.restarts = self.redispatched = 0
+        self.fatal: str | None = None
+        self.events: list[str] = []  # deaths and re-dispatches, for the log and for tests
+        self.publisher: Any = None
+        self._lock = threading.Lock()  # announcements: trainer thread (publish) vs admission (restart)
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    def start(self, state: dict[str, torch.Tensor], version: int) -> None:
+        import ray
+
+        self.started_ray = ensure_ray(self.cfg)
+        check_resources(self.cfg, ray.cluster_resources())
+        r = self.cfg.ray
+        options: dict[str, Any] = dict(
+            num_cpus=r.rollout_cpus, num_gpus=r.rollout_gpus, max_restarts=r.max_restarts, max_task_retries=0
+        )
+        if r.address and "STREAMRL_CACHE" in os.environ:  # a joined cluster does not inherit our env
+            options["runtime_env"] = {"env_vars": {"STREAMRL_CACHE": os.environ["STREAMRL_CACHE"]}}
+        actor_cls = ray.remote(RolloutActor).options(**options)
+        cfg_dict = to_dict(self.cfg)
+        if self.mode == "broadcast":
+            backend = "nccl" if self.cfg.device.startswith("cuda") else "gloo"
+            self.publisher = BroadcastPublisher(self.n, self.timeout, backend)
+            host, port = self.publisher.address()
+            base = dict(mode="broadcast", host=host, port=port, world=self.n + 1, backend=backend, epoch=0)
+            base["layout"] = FlatLayout.of(state)
+            self.actors = [actor_cls.remote(i, cfg_dict, {**base, "rank": i + 1}) for i in range(self.n)]
+            self.publisher.connect()  # blocks until every actor joined, or raises after the timeout
+        else:
+            self.publisher = ObjectStorePublisher()
+            self.actors = [actor_cls.remote(i, cfg_dict, {"mode": "object_store"}) for i in range(self.n)]
+        self.publish(state, version)
+        for slot in range(self.n):
+            self._exchange(slot)
+
+    def stop(self) -> list[GroupResult]:
+        """Collect what the actors finished, stop them, and end Ray if this run started it."""
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        out: list[GroupResult] = []
+        live = [s for s in range(self.n) if s not in self.retired and s < len(self.actors)]
+        exchanges = list(self.pending)
+        stops = [self.actors[s].stop.remote() for s in live]
+        self.pending.clear()
+        for ref in exchanges + stops:  # a dead actor's groups stay in the runner's in-flight set: carried
+            try:
+                got = ray.get(ref, timeout=60)
+            except (RayActorError, GetTimeoutError):
+                continue
+            out.extend(got[1] if ref in exchanges else got)
+        for a in self.actors:
+            ray.kill(a, no_restart=True)
+        self.actors = []
+        if self.started_ray:
+            ray.shutdown()
+        return out
+
+    # ---- requests and results (admission thread) ------------------------------------------------
+    def _live(self) -> list[int]:
+        return [s for s in range(self.n) if s not in self.retired]
+
+    def submit(self, req: GroupRequest) -> None:
+        live = self._live()
+        if not live:
+            self.orphans.append(req)
+            return
+        slot = min(live, key=lambda s: len(self.held[s]) + len(self.outbox[s]))
+        self.outbox[slot].append(req)
+
+    def _exchange(self, slot: int) -> None:
+        reqs, self.outbox[slot] = self.outbox[slot], []
+        for r in reqs:
+            self.held[slot][r.group_id] = r
+        ref = self.actors[slot].exchange.remote(reqs, POLL_WAIT_S)
+        self.pending[ref] = (slot, {r.group_id for r in reqs})
+
+    def poll(self, timeout: float) -> list[GroupResult]:
+        import ray
+        from ray.exceptions import ActorUnavailableError, RayActorError
+
+        if not self.pending:
+            time.sleep(timeout)
+            return []
+        ready, _ = ray.wait(list(self.pending), num_returns=len(self.pending), timeout=timeout)
+        results: list[GroupResult] = []
+        for ref in ready:
+            slot, sent = self.pending.pop(ref)
+            try:
+                incarnation, got = ray.get(ref)
+            except ActorUnavailableError as e:  # unreachable for now, perhaps alive: re-dispatch, no death
+                n = len(self.held[slot]) + len(self.outbox[slot])
+                self.events.append(f"actor {slot} unavailable ({str(e)[:80]}); {n} groups re-dispatched")
+                self._redispatch(slot)
+                self._exchange(slot)
+                continue
+            except RayActorError as e:
+                self._on_death(slot, e)
+                continue
+            if self.incarnation[slot] is None:
+                self.incarnation[slot] = incarnation
+            elif incarnation != self.incarnation[slot]:  # died between calls; this call ran on its restart
+                self.incarnation[slot] = incarnation
+                self._on_death(slot, RuntimeError("restarted between two calls"), keep=sent)
+            for res in got:  # returned: no slot needs to regenerate it any more
+                for held in self.held:
+                    held.pop(res.group_id, None)
+            results.extend(got)
+            self._exchange(slot)
+        return results
+
+    def _redispatch(self, slot: int, keep: Set[str] = frozenset()) -> None:
+        """The slot's groups (but `keep`: delivered to its new incarnation) go to the least-loaded live
+        actors; a late copy of a group is dropped by the runner."""
+        lost = [r for g, r in self.held[slot].items() if g not in keep] + self.outbox[slot]
+        self.held[slot] = {g: r for g, r in self.held[slot].items() if g in keep}
+        self.outbox[slot] = []
+        self.redispatched += len(lost)
+        for req in lost:
+            self.submit(req)
+
+    def _on_death(self, slot: int, err: Exception, keep: Set[str] = frozenset()) -> None:
+        """`keep`: group ids the restarted actor already has (they are not re-dispatched)."""
+        self.deaths[slot] += 1
+        n_lost = len([g for g in self.held[slot] if g not in keep]) + len(self.outbox[slot])
+        self.events.append(f"actor {slot} died ({type(err).__name__}: {err}); {n_lost} groups re-dispatched")
+        cause = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        if self.mode == "broadcast":
+            self.fatal = (
+                f"rollout actor {slot} died ({cause}); runtime.weight_sync=broadcast cannot admit a "
+                "restarted actor into its group: use runtime.weight_sync=object_store to survive actor deaths"
+            )
+        if self.deaths[slot] > self.cfg.ray.max_restarts:
+            self.retired.add(slot)  # Ray will not restart it again
+        if not self._live():
+            self.fatal = self.fatal or (
+                f"all {self.n} rollout actors died (ray.max_restarts={self.cfg.ray.max_restarts} each); "
+                f"last: {cause}"
+            )
+        self._redispatch(slot, keep)
+        if slot not in self.retired:
+            self.restarts += 1
+            with self._lock:  # the restarted actor starts without weights: announce the newest
+                if self.mode == "object_store":
+                    self.actors[slot].announce.remote(*self.publisher.announcement())
+            if not keep:  # a death seen by a failed call: the next call finds the new incarnation
+                self.incarnation[slot] = None
+                self._exchange(slot)
+
+    def failure(self) -> str | None:
+        return self.fatal
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "actor_restarts": self.restarts,
+            "groups_redispatched": self.redispatched,
+            "rollout_actors_live": len(self._live()),
+        }
+
+    def held_by(self, slot: int) -> list[str]:
+        """Group ids the actor in `slot` is generating (sent, not returned)."""
+        return list(self.held[slot])
+
+    # ---- weights (trainer thread) ---------------------------------------------------------------
+    def publish(self, state: dict[str, torch.Tensor], version: int) -> None:
+        if self.fatal:
+            raise RuntimeError(self.fatal)
+        with self._lock:
+            if self.mode == "object_store":
+                self.publisher.publish(state, version)
+                for s in self._live():  # fire and forget: a dead actor is re-announced when it restarts
+                    self.actors[s].announce.remote(*self.publisher.announcement())
+                return
+            for s in self._live():  # every member joins this version's collectives
+                self.actors[s].announce.remote(version)
+        self.publisher.publish(state, version)

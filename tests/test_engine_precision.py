@@ -1,5 +1,7 @@
 """rollout.precision=bf16: the engine decodes with its own bf16 copy and takes the trainer's weights."""
 
+import copy
+
 import pytest
 import torch
 
@@ -10,7 +12,7 @@ from streamrl.trainer.trainer import Trainer
 
 
 def test_bf16_engine_keeps_its_own_copy_and_takes_pushed_weights(tiny):
-    model, tok = tiny
+    model, tok = copy.deepcopy(tiny[0]), tiny[1]  # the weights are changed below: not the shared fixture
     cfg = load_config(overrides=["train.lr=0.1"])
     trainer = Trainer(model, cfg, pad_id=int(tok.pad_token_id))
     eng = HFEngine(model, tok, max_batch=4, dtype=torch.bfloat16)

@@ -172,6 +172,19 @@ class RuntimeConfig:
 
 
 @dataclass
+class VLLMConfig:
+    """engine=vllm (pip install 'streamrl[vllm]'): vLLM generates in each rollout worker, in-process."""
+
+    kv_cache_gib: int = 2  # CPU: KV cache GiB per engine (VLLM_CPU_KVCACHE_SPACE, whole GiB)
+    dtype: Literal["auto", "float32", "bfloat16"] = "float32"  # auto = the checkpoint's dtype
+    enforce_eager: bool = True  # no torch.compile / graphs: starts in seconds, ~5-8% slower decode
+    # CPU: the cores vLLM's OpenMP threads are pinned to (VLLM_CPU_OMP_THREADS_BIND, e.g. "0-1", "auto",
+    # "nobind"); empty = worker i gets runtime.rollout_threads cores starting at i * rollout_threads
+    threads_bind: str = ""
+    gpu_memory_utilization: float = 0.5  # GPU: its memory share for weights + KV (the trainer may share it)
+
+
+@dataclass
 class ObserveConfig:
     report_every: int = 5  # rewrite RUN_DIR/report.html every N steps (0: only at the end)
     wandb: bool = False  # also log the metrics stream to Weights & Biases (pip install 'streamrl[wandb]')
@@ -193,6 +206,7 @@ class Config:
     resume: str = ""  # a run directory to continue from
     seed: int = 0
     device: str = "cpu"
+    engine: Literal["hf", "vllm"] = "hf"  # rollout engine: hf = streamrl's own (HFEngine); vllm = vLLM
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     task_config: TaskConfig = field(default_factory=TaskConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -203,6 +217,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     observe: ObserveConfig = field(default_factory=ObserveConfig)
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
 
 def from_dict(data: dict[str, Any]) -> Config:

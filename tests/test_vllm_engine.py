@@ -26,6 +26,7 @@ pytestmark = [
 
 TOL = 1e-4  # fp32 end to end; measured ~1e-6 (vLLM's CPU kernels vs torch sdpa / matmul)
 PROMPTS = [[1, 50 + 7 * i, 60, 70 + i, 80, 90 + 3 * i][: 3 + i % 4] for i in range(6)]
+LONG = [[1] + [3 + (7 * j + 11 * i) % 250 for j in range(150 + 20 * i)] for i in range(3)]  # > 1 block
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +77,8 @@ def _max_diff(model, results: list[GenResult], temperature: float, start: int = 
     )
 
 
-def _requests(n_new: int, temperature: float) -> list[GenRequest]:
-    return [GenRequest(p, n_new, temperature, 1.0, tag=i) for i, p in enumerate(PROMPTS)]
+def _requests(n_new: int, temperature: float, prompts: list[list[int]] = PROMPTS) -> list[GenRequest]:
+    return [GenRequest(p, n_new, temperature, 1.0, tag=i) for i, p in enumerate(prompts)]
 
 
 @pytest.mark.parametrize("temperature", [0.7, 1.0, 0.0])
@@ -98,17 +99,36 @@ def test_logprobs_match_trainer_recompute(decoder, hf_model, temperature):
 
 
 def test_update_weights_reaches_vllm(decoder, hf_model, perturbed):
-    """Same prompts as before (their prefix blocks are cached under the old weights), new weights:
-    the log-probs follow the new model, so reload, tied LM-head re-pack and prefix reset all worked."""
+    """Prompts longer than a KV block (128 on CPU) whose blocks are cached under the old weights, then
+    new weights: the log-probs follow the new model (reload worked, cached prefixes were dropped)."""
     decoder.update_weights(hf_model.state_dict(), 0)
-    decoder.generate(_requests(4, 1.0))  # fill the prefix cache with the old weights' KV
+    decoder.generate(_requests(4, 1.0, LONG))  # fill the prefix cache with the old weights' KV
     decoder.update_weights(perturbed.state_dict(), 5)
-    results = decoder.generate(_requests(12, 1.0))
+    results = decoder.generate(_requests(12, 1.0, LONG))
     assert all(r.versions == [5] * 12 for r in results)
     new, old = _max_diff(perturbed, results, 1.0), _max_diff(hf_model, results, 1.0)
     print(f"\nafter update_weights: max |diff| vs new weights {new:.2e}, vs old weights {old:.2e}")
     assert new < TOL
     assert old > 100 * TOL  # the perturbation is visible, so the check above can fail
+
+
+def test_requests_after_an_inflight_update_never_reuse_old_kv(decoder, hf_model, perturbed):
+    """In flight, running requests keep their blocks (the prefix cache cannot be cleared): a request
+    admitted after the update with the same long prompt must still be computed by the new weights."""
+    decoder.update_weights(hf_model.state_dict(), 0)
+    decoder.add(_requests(16, 1.0, LONG)[:2])
+    for _ in range(3):
+        decoder.step()
+    decoder.update_weights(perturbed.state_dict(), 1)
+    decoder.add(_requests(8, 1.0, LONG)[:2])
+    results = []
+    while not decoder.idle:
+        results.extend(decoder.step())
+    late = [r for r in results if r.request.max_new_tokens == 8]
+    assert len(late) == 2 and all(r.versions == [1] * 8 for r in late)
+    diff = _max_diff(perturbed, late, 1.0)
+    print(f"\nrequests admitted after an in-flight update vs new weights: max |diff| = {diff:.2e}")
+    assert diff < TOL
 
 
 def _run_with_update(decoder, old_model, new_model, mode: str, before: int):

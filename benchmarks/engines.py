@@ -121,7 +121,7 @@ def run_hf(name: str, batches: list[int], new: int, dtype: str) -> dict[str, dic
     return out
 
 
-def vllm_child(name: str, batches: list[int], new: int, dtype: str, threads: int) -> None:
+def vllm_child(name: str, batches: list[int], new: int, dtype: str, threads: int, bind: str) -> None:
     """Subprocess body: prints one JSON line {batch: tokens/s}."""
     from streamrl.engine.base import GenRequest
     from streamrl.engine.vllm import VLLMDecoder
@@ -129,14 +129,15 @@ def vllm_child(name: str, batches: list[int], new: int, dtype: str, threads: int
 
     d = model_dir(name)
     tokenizer = load_tokenizer(d)
-    bind = ",".join(str(i) for i in range(threads))
+    if bind == "nobind":  # vLLM then takes its thread count from torch
+        torch.set_num_threads(threads)
     dec = VLLMDecoder(
         d,
         stop_ids=set(),
         max_batch=max(batches),
         dtype={"fp32": "float32", "bf16": "bfloat16"}[dtype],
         kv_cache_gib=2,
-        threads_bind=bind,
+        threads_bind=bind or ",".join(str(i) for i in range(threads)),
     )
     dec.generate([GenRequest(p, 4, 1.0) for p in prompts(tokenizer, 2)])  # warm-up: compiles the sampler
     res = {}
@@ -149,9 +150,11 @@ def vllm_child(name: str, batches: list[int], new: int, dtype: str, threads: int
     print("VLLM_RESULT " + json.dumps(res))
 
 
-def run_vllm(name: str, batches: list[int], new: int, dtype: str, threads: int) -> dict[int, float]:
+def run_vllm(
+    name: str, batches: list[int], new: int, dtype: str, threads: int, bind: str
+) -> dict[int, float]:
     cmd = [sys.executable, __file__, "--vllm-child", name, "--batches", ",".join(map(str, batches))]
-    cmd += ["--new-tokens", str(new), "--dtype", dtype, "--threads", str(threads)]
+    cmd += ["--new-tokens", str(new), "--dtype", dtype, "--threads", str(threads), "--vllm-bind", bind]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
     line = next((x for x in proc.stdout.splitlines() if x.startswith("VLLM_RESULT ")), None)
     if proc.returncode != 0 or line is None:
@@ -170,11 +173,17 @@ def main() -> None:
     ap.add_argument("--batches", default="1,16,64")
     ap.add_argument("--models", default="tiny,smollm2")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="cores for every engine")
+    ap.add_argument(
+        "--vllm-bind",
+        default="",
+        help="VLLM_CPU_OMP_THREADS_BIND (default: cores 0..threads-1; 'nobind': unpinned, steadier when "
+        "other processes share the cores)",
+    )
     ap.add_argument("--vllm-child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     if args.vllm_child:
-        vllm_child(args.vllm_child, batches, args.new_tokens, args.dtype, args.threads)
+        vllm_child(args.vllm_child, batches, args.new_tokens, args.dtype, args.threads, args.vllm_bind)
         return
     models = args.models.split(",")
     if args.quick:
@@ -191,7 +200,9 @@ def main() -> None:
     table = []
     for name in models:
         hf = run_hf(name, batches, args.new_tokens, args.dtype)
-        vl = run_vllm(name, batches, args.new_tokens, args.dtype, args.threads) if has_vllm else {}
+        vl = {}
+        if has_vllm:
+            vl = run_vllm(name, batches, args.new_tokens, args.dtype, args.threads, args.vllm_bind)
         for b in batches:
             table.append((name, b, hf["streamrl"][b], hf["generate"][b], vl.get(b)))
     print("\n| model | batch | streamrl (HFEngine) | transformers generate | vLLM | streamrl/vLLM |")

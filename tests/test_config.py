@@ -77,3 +77,20 @@ def test_cli_bad_key_exits_2_before_any_work(capsys):
 def test_cli_missing_config_file(capsys):
     assert main(["train", "nope.yaml"]) == 2
     assert "config file 'nope.yaml' not found" in capsys.readouterr().err
+
+
+def test_engine_vllm_config_errors(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    no_vllm = lambda name, *a: None if name == "vllm" else real(name, *a)  # noqa: E731
+    monkeypatch.setattr(importlib.util, "find_spec", no_vllm)
+    with pytest.raises(ConfigError, match=r"engine=vllm needs vLLM: pip install 'streamrl\[vllm\]'"):
+        load_config(None, ["engine=vllm"])
+    with pytest.raises(ConfigError, match="engine=vllm runs in the async rollout workers only"):
+        load_config(None, ["engine=vllm", "runtime.mode=colocated", "max_staleness=0"])
+    with pytest.raises(ConfigError, match="'vllm.kv_cache_gib' must be > 0"):
+        load_config(None, ["engine=vllm", "vllm.kv_cache_gib=0"])
+    with pytest.raises(ConfigError, match="engine"):
+        load_config(None, ["engine=sglang"])
+    assert load_config(None, ["vllm.dtype=bfloat16"]).vllm.dtype == "bfloat16"  # engine=hf ignores it

@@ -200,6 +200,20 @@ class RayConfig:
 
 
 @dataclass
+class VLLMConfig:
+    """engine=vllm (pip install 'streamrl[vllm]'): vLLM generates in each rollout worker, in-process."""
+
+    kv_cache_gib: int = 2  # CPU: KV cache GiB per engine (VLLM_CPU_KVCACHE_SPACE, whole GiB)
+    dtype: Literal["auto", "float32", "bfloat16"] = "float32"  # auto = the checkpoint's dtype
+    enforce_eager: bool = True  # no torch.compile / graphs: starts in seconds, ~5-8% slower decode
+    # CPU: VLLM_CPU_OMP_THREADS_BIND. nobind = runtime.rollout_threads unpinned threads; "0-1" / "1" pins
+    # them (faster on cores nothing else uses, but pinned spin-waiting threads collapse when the trainer
+    # or another process runs there: 4-5x slower measured on a shared 2-core machine); auto = vLLM's own
+    threads_bind: str = "nobind"
+    gpu_memory_utilization: float = 0.5  # GPU: its memory share for weights + KV (the trainer may share it)
+
+
+@dataclass
 class ObserveConfig:
     report_every: int = 5  # rewrite RUN_DIR/report.html every N steps (0: only at the end)
     wandb: bool = False  # also log the metrics stream to Weights & Biases (pip install 'streamrl[wandb]')
@@ -221,6 +235,7 @@ class Config:
     resume: str = ""  # a run directory to continue from
     seed: int = 0
     device: str = "cpu"
+    engine: Literal["hf", "vllm"] = "hf"  # rollout engine: hf = streamrl's own (HFEngine); vllm = vLLM
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     task_config: TaskConfig = field(default_factory=TaskConfig)
@@ -232,6 +247,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     observe: ObserveConfig = field(default_factory=ObserveConfig)
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
 
 def from_dict(data: dict[str, Any]) -> Config:

@@ -35,6 +35,24 @@ def _validate_distributed(cfg: Any) -> None:
         raise ConfigError(f"train.dist_backend=nccl needs device=cuda, got {cfg.device}: use gloo or auto")
 
 
+def _validate_vllm(cfg: Any) -> None:
+    import importlib.util
+
+    _positive("vllm.kv_cache_gib", cfg.vllm.kv_cache_gib)
+    if not 0 < cfg.vllm.gpu_memory_utilization <= 1:
+        raise ConfigError(
+            "config key 'vllm.gpu_memory_utilization' must be in (0, 1], got "
+            f"{cfg.vllm.gpu_memory_utilization}"
+        )
+    if cfg.runtime.mode == "colocated":
+        raise ConfigError(
+            "engine=vllm runs in the async rollout workers only: set runtime.mode=async (colocated shares "
+            "the trainer's module with the engine; vLLM holds its own weights and pins its OpenMP threads)"
+        )
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError("engine=vllm needs vLLM: pip install 'streamrl[vllm]' (GPU: pip install vllm)")
+
+
 def validate(cfg: Any) -> None:
     """Cross-field checks that types alone cannot express."""
     from streamrl.algo import registry  # late import: algo imports nothing from config
@@ -130,6 +148,8 @@ def validate(cfg: Any) -> None:
         if cfg.advantage.name in ("gae", "remax") or cfg.loss.kl_in == "reward":
             raise ConfigError("task=agent:... needs an outcome advantage (not gae/remax) and loss.kl_in=loss")
     _validate_backend(cfg)
+    if cfg.engine == "vllm":
+        _validate_vllm(cfg)
     if cfg.observe.report_every < 0:
         raise ConfigError(f"config key 'observe.report_every' must be >= 0, got {cfg.observe.report_every}")
     if cfg.observe.wandb:

@@ -29,6 +29,11 @@ class ContinuousDecoder:
         self.batches: list[DecodeBatch] = []
 
     @property
+    def version(self) -> int:
+        """The policy version of the weights the next tokens come from."""
+        return self.engine.version
+
+    @property
     def active_rows(self) -> int:
         return sum(len(b.active) for b in self.batches)
 

@@ -222,3 +222,16 @@ def stop_token_ids(model: Any, tokenizer: Any) -> set[int]:
     if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
         ids.add(im_end)
     return ids
+
+
+def stop_ids_from_dir(model_dir: Any, tokenizer: Any) -> set[int]:
+    """stop_token_ids without loading the weights (engines that load the checkpoint themselves)."""
+    from types import SimpleNamespace
+
+    from transformers import GenerationConfig
+
+    try:
+        gen = GenerationConfig.from_pretrained(model_dir)
+    except OSError:  # no generation_config.json: the tokenizer's EOS and <|im_end|> only
+        gen = None
+    return stop_token_ids(SimpleNamespace(generation_config=gen), tokenizer)

@@ -18,6 +18,7 @@ import datetime
 import queue
 import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,6 +158,12 @@ class ObjectStoreReceiver:
     def load_into(self, model: torch.nn.Module) -> int:
         version, tensors = self.snapshot()
         copy_into(model, tensors)
+        return version
+
+    def read(self, consume: Callable[[dict[str, torch.Tensor], int], None]) -> int:
+        """Hand the newest weights to `consume` (an engine that holds its own copy, e.g. vLLM)."""
+        version, tensors = self.snapshot()
+        consume(tensors, version)
         return version
 
 
@@ -335,3 +342,9 @@ class BroadcastReceiver:
                 raise self._error
             copy_into(model, self.layout.unflatten(self._staging))
             return self._version
+
+    def read(self, consume: Callable[[dict[str, torch.Tensor], int], None]) -> int:
+        """Hand the newest weights to `consume` (an engine that holds its own copy, e.g. vLLM)."""
+        version, tensors = self.snapshot()
+        consume(tensors, version)
+        return version

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -61,14 +62,24 @@ class SharedWeights:
 
     def load_into(self, model: torch.nn.Module, timeout: float = 60.0) -> int:
         """Copy the newest complete weights into `model`; returns their version."""
-        deadline = time.monotonic() + timeout
         state = model.state_dict()
+
+        def copy(views: dict[str, torch.Tensor], version: int) -> None:
+            with torch.no_grad():
+                for name, view in views.items():
+                    state[name].copy_(view)
+
+        return self.read(copy, timeout)
+
+    def read(self, consume: Callable[[dict[str, torch.Tensor], int], None], timeout: float = 60.0) -> int:
+        """Hand the newest complete weights and their version to `consume`, as views into the shared
+        buffer (valid only during the call; consume copies what it keeps); returns that version. If a
+        publish overlapped the call, `consume` runs again with the newer weights."""
+        deadline = time.monotonic() + timeout
         while True:
             v = self.begin.value
             if v == self.end.value:
-                with torch.no_grad():
-                    for name, view in zip(self.names, self._views()):
-                        state[name].copy_(view)
+                consume(dict(zip(self.names, self._views())), int(v))
                 if self.begin.value == v:  # no publish started during our copy
                     return int(v)
             if time.monotonic() > deadline:

@@ -68,6 +68,10 @@ class WeightSource(Protocol):
 
     def load_into(self, model: Any) -> int: ...
 
+    def read(self, consume: Any) -> int:
+        """consume(tensors, version) with the newest weights (engines that hold their own copy)."""
+        ...
+
 
 def run_worker(
     worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any, weights: Any, threads: int
@@ -122,16 +126,30 @@ def _loop(
     cfg = from_dict(cfg_dict)
     model_dir = resolve_model_dir(cfg.model, cfg.seed)
     tokenizer = load_tokenizer(model_dir)
-    # the shared fp32 weights are cast into this dtype on every load (copy_ casts)
-    model = load_model(model_dir, cfg.device).to(PRECISIONS[cfg.rollout.precision])
-    model = model.eval().requires_grad_(False)
     task = task_from_config(cfg)
     torch.manual_seed(cfg.seed * 1009 + worker_id)
-    engine = HFEngine(
-        model, tokenizer, cfg.rollout.max_batch, seed=cfg.seed * 1009 + worker_id, device=cfg.device
-    )
-    engine.version = weights.load_into(model)
-    decoder = ContinuousDecoder(engine, cfg.runtime.weight_update)
+    if cfg.engine == "vllm":
+        from streamrl.engine.hf import stop_ids_from_dir
+        from streamrl.engine.vllm import decoder_from_config
+
+        decoder: Any = decoder_from_config(cfg, model_dir, stop_ids_from_dir(model_dir, tokenizer), worker_id)
+
+        def refresh() -> None:  # vLLM holds its own weights: it reloads them from the shared buffer
+            weights.read(decoder.update_weights)
+
+    else:
+        # the shared fp32 weights are cast into this dtype on every load (copy_ casts)
+        model = load_model(model_dir, cfg.device).to(PRECISIONS[cfg.rollout.precision])
+        model = model.eval().requires_grad_(False)
+        engine = HFEngine(
+            model, tokenizer, cfg.rollout.max_batch, seed=cfg.seed * 1009 + worker_id, device=cfg.device
+        )
+        decoder = ContinuousDecoder(engine, cfg.runtime.weight_update)
+
+        def refresh() -> None:  # copy into the engine's module, then recompute KV in interrupt mode
+            decoder.update_weights(None, weights.load_into(model))
+
+    refresh()
     episodes = EpisodeTable(task, tokenizer, cfg) if isinstance(task, EnvTask) else None
     open_groups: dict[str, tuple[GroupRequest, list[Any]]] = {}
     busy = idle = 0.0
@@ -193,8 +211,8 @@ def _loop(
             # newest weights between decode steps; never start a request on weights older than those it
             # was admitted under (publish happens before admission, so one load always suffices)
             need = max((open_groups[g][0].admitted_version for g in open_groups), default=0)
-            if weights.version > engine.version or engine.version < need:
-                decoder.update_weights(None, weights.load_into(model))
+            if weights.version > decoder.version or decoder.version < need:
+                refresh()
             for res in decoder.step():
                 gid, k = res.request.tag
                 req, done = open_groups[gid]

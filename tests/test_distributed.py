@@ -64,15 +64,26 @@ def _grads(trainer, store):
     trainer.optimizer.register_step_pre_hook(hook)
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
-def test_two_ranks_match_one_process(tiny, strategy, capsys):
+@pytest.mark.parametrize(
+    "strategy, backend",
+    [("ddp", "local"), ("fsdp2", "local"), ("ddp", "ray")],
+    ids=["ddp", "fsdp2", "ddp-ray"],
+)
+def test_two_ranks_match_one_process(tiny, strategy, backend, capsys):
     base = ["model=tiny-random", "train.lr=1e-3", "train.token_budget=40", "train.precision=fp32"]
     single = make_trainer(copy.deepcopy(tiny[0]), load_config(None, base), pad_id=0)
-    cfg2 = load_config(
-        None, base + [f"train.strategy={strategy}", "train.world_size=2", "train.dist_timeout_s=60"]
-    )
+    extra = [f"train.strategy={strategy}", "train.world_size=2", "train.dist_timeout_s=60"]
+    if backend == "ray":  # rank 1 is a Ray actor (1 CPU) beside one rollout actor slot
+        pytest.importorskip("ray")
+        extra += ["runtime.backend=ray", "ray.num_cpus=2"]
+    cfg2 = load_config(None, base + extra)
     dist_trainer = make_trainer(copy.deepcopy(tiny[0]), cfg2, pad_id=0)
     try:
+        if backend == "ray":
+            from streamrl.trainer.ray_ranks import RankHandle
+
+            assert [type(p) for p in dist_trainer.links.procs] == [RankHandle]
+            assert dist_trainer.links.procs[0].is_alive()
         g1, g2 = [], []
         _grads(single, g1)
         _grads(dist_trainer, g2)
@@ -95,9 +106,13 @@ def test_two_ranks_match_one_process(tiny, strategy, capsys):
         diffs["params_after_2_adamw_steps"] = max(float((s1[k] - s2[k]).abs().max()) for k in s1)
         assert diffs["params_after_2_adamw_steps"] <= ATOL
         with capsys.disabled():
-            print(f"\n{strategy} 2 ranks vs 1 process, max abs diff: {diffs}")
+            print(f"\n{strategy} ({backend}) 2 ranks vs 1 process, max abs diff: {diffs}")
     finally:
         dist_trainer.close()
+    if backend == "ray":  # the ranks stopped and the Ray instance make_trainer started is gone
+        import ray
+
+        assert not ray.is_initialized()
 
 
 def test_follower_that_never_joins_is_an_error_within_the_timeout(tiny):

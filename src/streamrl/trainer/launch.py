@@ -5,7 +5,8 @@ Rank 0 is the calling process (it runs the RL loop); ranks 1..world-1 are spawne
 ("step", batch) / ("sync", state) / ("stop", None). Commands travel on a plain queue, not a
 collective, so a follower may wait for minutes while rank 0 generates; train.dist_timeout_s bounds
 only the collectives inside a step. Followers ignore Ctrl-C (rank 0 decides), stop on "stop", and
-exit on their own if rank 0 dies. run_follower takes only picklable arguments (a Ray actor can run it).
+exit on their own if rank 0 dies. With runtime.backend=ray the followers are Ray actors running the
+same run_follower (trainer/ray_ranks.py).
 """
 
 from __future__ import annotations
@@ -37,9 +38,17 @@ def free_port() -> int:
 class FollowerLinks:
     """Rank 0's handles on its followers: processes, one command queue each, a shared error queue."""
 
-    def __init__(self, procs: list[Any], commands: list[Any], errors: Any, timeout_s: float) -> None:
+    def __init__(
+        self,
+        procs: list[Any],
+        commands: list[Any],
+        errors: Any,
+        timeout_s: float,
+        after_close: Callable[[], None] | None = None,
+    ) -> None:
         self.procs, self.commands, self.errors = procs, commands, errors
         self.timeout_s = timeout_s
+        self.after_close = after_close  # Ray ranks: end the Ray instance this run started
 
     def send(self, command: tuple[str, Any]) -> None:
         dead = [i + 1 for i, p in enumerate(self.procs) if not p.is_alive()]
@@ -80,6 +89,15 @@ class FollowerLinks:
                 p.join(timeout=5)
         for q in [*self.commands, self.errors]:
             q.cancel_join_thread()
+        if self.after_close is not None:
+            self.after_close()
+            self.after_close = None
+
+
+def _ray_shutdown() -> None:
+    import ray
+
+    ray.shutdown()
 
 
 def make_trainer(
@@ -92,23 +110,31 @@ def make_trainer(
     from streamrl.trainer.distributed import DistributedTrainer, init_group
 
     world = cfg.train.world_size
-    init_method = f"tcp://127.0.0.1:{free_port()}"
-    ctx = tmp.get_context("spawn")
-    errors = ctx.Queue()
-    commands = [ctx.Queue() for _ in range(1, world)]
     target = follower_target or run_follower
-    procs = [
-        ctx.Process(
-            target=target,
-            args=(r, world, init_method, to_dict(cfg), commands[r - 1], errors, os.getpid()),
-            daemon=True,
-            name=f"streamrl-trainer-rank{r}",
-        )
-        for r in range(1, world)
-    ]
-    for p in procs:
-        p.start()
-    links = FollowerLinks(procs, commands, errors, cfg.train.dist_timeout_s)
+    procs: list[Any]
+    if cfg.runtime.backend == "ray":  # ranks 1.. as Ray actors with ray.trainer_cpus/gpus each
+        from streamrl.trainer.ray_ranks import start_rank_actors
+
+        procs, commands, errors, init_method, started = start_rank_actors(cfg, target, free_port())
+        after_close = _ray_shutdown if started else None
+    else:
+        after_close = None
+        init_method = f"tcp://127.0.0.1:{free_port()}"
+        ctx = tmp.get_context("spawn")
+        errors = ctx.Queue()
+        commands = [ctx.Queue() for _ in range(1, world)]
+        procs = [
+            ctx.Process(
+                target=target,
+                args=(r, world, init_method, to_dict(cfg), commands[r - 1], errors, os.getpid()),
+                daemon=True,
+                name=f"streamrl-trainer-rank{r}",
+            )
+            for r in range(1, world)
+        ]
+        for p in procs:
+            p.start()
+    links = FollowerLinks(procs, commands, errors, cfg.train.dist_timeout_s, after_close)
     try:
         init_group(cfg, 0, world, init_method)
         return DistributedTrainer(model, cfg, pad_id, links)
@@ -132,11 +158,13 @@ def run_follower(
     commands: Any,
     errors: Any,
     parent_pid: int = 0,
+    device_index: int = -1,
 ) -> None:
-    """A follower rank: same model and config as rank 0, trains the batches rank 0 sends."""
+    """A follower rank: same model and config as rank 0, trains the batches rank 0 sends.
+    device_index: the CUDA device (-1: the rank's own index; a Ray actor sees only its GPU: 0)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle
     try:
-        _follow(rank, world, init_method, cfg_dict, commands, parent_pid)
+        _follow(rank, world, init_method, cfg_dict, commands, parent_pid, device_index)
     except BaseException:
         errors.put(f"rank {rank}: {traceback.format_exc()}")
     finally:
@@ -147,7 +175,13 @@ def run_follower(
 
 
 def _follow(
-    rank: int, world: int, init_method: str, cfg_dict: dict[str, Any], commands: Any, parent: int
+    rank: int,
+    world: int,
+    init_method: str,
+    cfg_dict: dict[str, Any],
+    commands: Any,
+    parent: int,
+    device_index: int = -1,
 ) -> None:
     from streamrl.config import from_dict
     from streamrl.models import load_model, load_tokenizer, resolve_model_dir
@@ -158,8 +192,9 @@ def _follow(
     torch.manual_seed(cfg.seed)
     device = cfg.device
     if device.startswith("cuda"):
-        device = f"cuda:{rank}"
-        torch.cuda.set_device(rank)
+        index = rank if device_index < 0 else device_index
+        device = f"cuda:{index}"
+        torch.cuda.set_device(index)
         cfg.device = device
     model_dir = resolve_model_dir(cfg.model, cfg.seed)
     model = load_model(model_dir, device)

@@ -121,6 +121,9 @@ class TrainConfig:
     dist_backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl with CUDA, else gloo
     dist_timeout_s: float = 300.0  # a collective (or a rank joining) slower than this fails the run
     packing: bool = False  # pack trajectories into rows of <= token_budget tokens (no padding)
+    # a group's samples share one forward of their common prompt (its KV cache feeds every completion):
+    # the same function, ~(G-1)/G of the prompt tokens fewer (one rank, not with packing)
+    shared_prompt: bool = True
     lora_targets: tuple[str, ...] = (
         "q_proj",
         "k_proj",

@@ -18,7 +18,9 @@ class MicroBatch:
     """input_ids, attention_mask, position_ids: [B, P + C]; the rest: [B, C].
 
     Packed (trainer/packing.py): input_ids, position_ids [1, T], attention_mask None, and
-    packed_index [B, C]: the row position whose logit predicts each completion token."""
+    packed_index [B, C]: the row position whose logit predicts each completion token.
+    Shared prompt (trainer/shared_prompt.py): prefix_ids/prefix_mask [U, P'], prompt_rows [B],
+    input_ids/position_ids [B, C], attention_mask [B, P' + C]."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor | None
@@ -30,10 +32,15 @@ class MicroBatch:
     versions: torch.Tensor
     prompt_width: int
     packed_index: torch.Tensor | None = None
+    prefix_ids: torch.Tensor | None = None
+    prefix_mask: torch.Tensor | None = None
+    prompt_rows: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
-        return int(self.input_ids.numel())
+        """Token positions the forward runs over, padding included."""
+        extra = int(self.prefix_ids.numel()) if self.prefix_ids is not None else 0
+        return int(self.input_ids.numel()) + extra
 
 
 def collate(trajs: list[Trajectory], advantages: list[float], pad_id: int) -> MicroBatch:

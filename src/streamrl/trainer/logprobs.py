@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from streamrl.trainer.batching import MicroBatch
+from streamrl.trainer.shared_prompt import shared_forward
 
 
 def token_logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -30,6 +31,9 @@ def completion_forward(
     """
     B, C = mb.completion_ids.shape
     dev = next(model.parameters()).device
+    if mb.prefix_ids is not None:  # shared prompt: one prefix forward per distinct prompt
+        logits, out = shared_forward(model, mb, return_hidden)
+        return _finish(logits, mb, temperature, return_entropy, entropy_grad, out, return_hidden, None)
     index = mb.packed_index.to(dev) if mb.packed_index is not None else None
     out = model(
         input_ids=mb.input_ids.to(dev),
@@ -44,6 +48,22 @@ def completion_forward(
         logits = out.logits.view(B, C, -1)  # the LM head ran on the B*C predicting positions only
     else:
         logits = out.logits[:, :-1, :]  # position P-1+j predicts completion token j
+    return _finish(logits, mb, temperature, return_entropy, entropy_grad, out, return_hidden, index)
+
+
+def _finish(
+    logits: torch.Tensor,
+    mb: MicroBatch,
+    temperature: float,
+    return_entropy: bool,
+    entropy_grad: bool,
+    out: Any,
+    return_hidden: bool,
+    index: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """logits [B, C, V] (position j predicts completion token j) -> (logprobs, entropy, hidden)."""
+    C = mb.completion_ids.shape[1]
+    dev = logits.device
     if temperature > 0:
         logits = logits / temperature
     tokens = mb.completion_ids.to(dev)
@@ -56,7 +76,10 @@ def completion_forward(
     hidden = None
     if return_hidden:
         last = out.hidden_states[-1]
-        hidden = last[0, index] if index is not None else last[:, -(C + 1) : -1, :]
+        if mb.prefix_ids is not None:
+            hidden = last  # [B, C, H]: row position j is the state before completion token j
+        else:
+            hidden = last[0, index] if index is not None else last[:, -(C + 1) : -1, :]
     return lp, entropy, hidden
 
 

@@ -20,6 +20,7 @@ from streamrl.trainer.batching import MicroBatch, collate, split_by_token_budget
 from streamrl.trainer.critic import CriticTargets, ValueHead, clipped_value_loss, gae_targets
 from streamrl.trainer.logprobs import completion_forward, completion_logprobs
 from streamrl.trainer.packing import collate_packed, pack_by_token_budget
+from streamrl.trainer.shared_prompt import collate_shared, shareable, split_shared
 from streamrl.types import TrainBatch
 
 
@@ -96,19 +97,28 @@ class Trainer:
             return torch.autocast(device_type=dev, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    def _shares_prompts(self, batch: TrainBatch) -> bool:
+        """train.shared_prompt on a batch whose groups repeat prompts (one trainer rank, no packing:
+        DDP/FSDP2 expect one forward per backward)."""
+        t = self.cfg.train
+        return t.shared_prompt and not t.packing and t.strategy == "single" and shareable(batch.trajectories)
+
     def _groups(self, batch: TrainBatch) -> list[list[int]]:
-        lengths = [(len(t.prompt_ids), len(t.completion_ids)) for t in batch.trajectories]
+        trajs, budget = batch.trajectories, self.cfg.train.token_budget
+        lengths = [(len(t.prompt_ids), len(t.completion_ids)) for t in trajs]
         if self.cfg.train.packing:
-            return pack_by_token_budget([p + c for p, c in lengths], self.cfg.train.token_budget)
-        return split_by_token_budget(lengths, self.cfg.train.token_budget)
+            return pack_by_token_budget([p + c for p, c in lengths], budget)
+        if self._shares_prompts(batch):
+            return split_shared([tuple(t.prompt_ids) for t in trajs], [c for _, c in lengths], budget)
+        return split_by_token_budget(lengths, budget)
 
     def _collate(self, batch: TrainBatch, group: list[int]) -> MicroBatch:
         trajs, adv = [batch.trajectories[i] for i in group], [batch.advantages[i] for i in group]
-        return (
-            collate_packed(trajs, adv, self.pad_id)
-            if self.cfg.train.packing
-            else collate(trajs, adv, self.pad_id)
-        )
+        if self.cfg.train.packing:
+            return collate_packed(trajs, adv, self.pad_id)
+        if self._shares_prompts(batch):
+            return collate_shared(trajs, adv, self.pad_id)
+        return collate(trajs, adv, self.pad_id)
 
     def micro_batches(self, batch: TrainBatch) -> list[MicroBatch]:
         return [self._collate(batch, g) for g in self._groups(batch)]

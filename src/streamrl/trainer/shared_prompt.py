@@ -1,0 +1,131 @@
+"""Shared-prompt micro-batches (train.shared_prompt): a group's G samples share one prompt forward.
+
+GRPO-style batches hold G completions of each prompt; the padded layout runs the prompt G times.
+Here each distinct prompt (minus its last token) runs once with use_cache=True; its KV cache is
+index-selected per row and the completions run on top of it, each row's input being
+[last prompt token, completion[:-1]], so position j predicts completion token j. Gradients flow
+through the selected cache back into the single prompt forward: the function computed is the same as
+the padded path's (tests/test_shared_prompt.py checks log-probs and gradients), with
+~(G - 1) / G of the prompt tokens removed from the forward and backward.
+
+Layout: prefix_ids / prefix_mask [U, P'] (U distinct prompts, left-padded, P' = longest prompt - 1),
+prompt_rows [B] (each row's prefix), input_ids / position_ids [B, C] (right-padded),
+attention_mask [B, P' + C]; the per-token tensors [B, C] as in batching.MicroBatch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from streamrl.trainer.batching import MicroBatch
+from streamrl.types import Trajectory
+
+
+def shareable(trajs: list[Trajectory]) -> bool:
+    """Every prompt has >= 2 tokens (a prefix to cache) and some prompt repeats (else nothing to share)."""
+    prompts = {tuple(t.prompt_ids) for t in trajs}
+    return all(len(t.prompt_ids) >= 2 for t in trajs) and len(prompts) < len(trajs)
+
+
+def split_shared(prompts: list[tuple[int, ...]], completions: list[int], budget: int) -> list[list[int]]:
+    """Index lists whose cost U * P' + B * C (distinct prefixes + completion rows, padded) fits `budget`.
+
+    Samples are ordered by (prompt length, prompt, completion length) so a group's samples sit together
+    and share their prefix; a sample over the budget gets a micro-batch of its own."""
+    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), prompts[i], completions[i], i))
+    out: list[list[int]] = []
+    cur: list[int] = []
+    seen: set[tuple[int, ...]] = set()
+    max_p = max_c = 0
+    for i in order:
+        p, c = prompts[i], max(completions[i], 1)
+        new_seen = len(seen) + (p not in seen)
+        np_, nc = max(max_p, len(p) - 1), max(max_c, c)
+        if cur and new_seen * np_ + (len(cur) + 1) * nc > budget:
+            out.append(cur)
+            cur, seen, np_, nc = [], set(), len(p) - 1, c
+        cur.append(i)
+        seen.add(p)
+        max_p, max_c = np_, nc
+    if cur:
+        out.append(cur)
+    return out
+
+
+def collate_shared(trajs: list[Trajectory], advantages: list[float], pad_id: int) -> MicroBatch:
+    """-> a MicroBatch with prefix_ids / prefix_mask / prompt_rows set (see the module docstring)."""
+    keys: dict[tuple[int, ...], int] = {}
+    for t in trajs:
+        keys.setdefault(tuple(t.prompt_ids), len(keys))
+    U, B = len(keys), len(trajs)
+    Pp = max(len(k) for k in keys) - 1
+    C = max(max(len(t.completion_ids) for t in trajs), 1)
+    prefix = torch.full((U, Pp), pad_id, dtype=torch.long)
+    pmask = torch.zeros(U, Pp, dtype=torch.long)
+    for k, u in keys.items():
+        n = len(k) - 1
+        prefix[u, Pp - n :] = torch.tensor(k[:-1])
+        pmask[u, Pp - n :] = 1
+    rows = torch.tensor([keys[tuple(t.prompt_ids)] for t in trajs])
+    ids = torch.full((B, C), pad_id, dtype=torch.long)
+    cmask = torch.zeros(B, C, dtype=torch.long)
+    pos = torch.zeros(B, C, dtype=torch.long)
+    comp = torch.full((B, C), pad_id, dtype=torch.long)
+    lmask = torch.zeros(B, C)
+    old = torch.zeros(B, C)
+    vers = torch.zeros(B, C, dtype=torch.long)
+    for i, t in enumerate(trajs):
+        p, c = len(t.prompt_ids), len(t.completion_ids)
+        n = max(c, 1)  # a row with no completion still feeds its last prompt token (mask 0)
+        ids[i, :n] = torch.tensor([t.prompt_ids[-1], *t.completion_ids[: n - 1]])
+        cmask[i, :n] = 1
+        pos[i] = torch.arange(p - 1, p - 1 + C)
+        if c:
+            comp[i, :c] = torch.tensor(t.completion_ids)
+            lmask[i, :c] = torch.tensor(t.loss_mask, dtype=torch.float)
+            old[i, :c] = torch.tensor(t.behaviour_logprobs)
+            vers[i, :c] = torch.tensor(t.versions)
+    adv = torch.tensor(advantages, dtype=torch.float)[:, None].expand(B, C).contiguous()
+    return MicroBatch(
+        input_ids=ids,
+        attention_mask=torch.cat([pmask[rows], cmask], dim=1),
+        position_ids=pos,
+        completion_ids=comp,
+        loss_mask=lmask,
+        old_logprobs=old,
+        advantages=adv,
+        versions=vers,
+        prompt_width=Pp,
+        prefix_ids=prefix,
+        prefix_mask=pmask,
+        prompt_rows=rows,
+    )
+
+
+def shared_forward(model: Any, mb: MicroBatch, return_hidden: bool) -> tuple[torch.Tensor, Any]:
+    """-> (logits [B, C, V] where position j predicts completion token j, the completion forward's
+    output (hidden states when return_hidden))."""
+    assert mb.prefix_ids is not None and mb.prefix_mask is not None and mb.prompt_rows is not None
+    dev = next(model.parameters()).device
+    pmask = mb.prefix_mask.to(dev)
+    pre = model(
+        input_ids=mb.prefix_ids.to(dev),
+        attention_mask=pmask,
+        position_ids=(pmask.cumsum(-1) - 1).clamp(min=0),
+        use_cache=True,
+        logits_to_keep=1,  # only the cache is used
+    )
+    cache = pre.past_key_values
+    cache.batch_select_indices(mb.prompt_rows.to(dev))  # [U, ...] -> [B, ...], differentiable indexing
+    assert mb.attention_mask is not None
+    out = model(
+        input_ids=mb.input_ids.to(dev),
+        attention_mask=mb.attention_mask.to(dev),
+        position_ids=mb.position_ids.to(dev),
+        past_key_values=cache,
+        use_cache=True,
+        output_hidden_states=return_hidden,
+    )
+    return out.logits, out

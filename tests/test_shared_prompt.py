@@ -1,0 +1,94 @@
+"""train.shared_prompt: one prompt forward per group gives the padded path's numbers with fewer tokens."""
+
+import copy
+
+import pytest
+import torch
+from trajectories import make_traj
+
+from streamrl.config import load_config
+from streamrl.trainer.batching import collate
+from streamrl.trainer.logprobs import completion_forward
+from streamrl.trainer.shared_prompt import collate_shared, shareable, split_shared
+from streamrl.trainer.trainer import Trainer
+from streamrl.types import TrainBatch
+
+
+def _groups(n_groups: int, g_size: int, seed: int) -> TrainBatch:
+    """n_groups prompts of 2..15 tokens, g_size ragged completions (1..12 tokens) each."""
+    g = torch.Generator().manual_seed(seed)
+    trajs = []
+    for _ in range(n_groups):
+        p = torch.randint(3, 200, (int(torch.randint(2, 16, (1,), generator=g)),), generator=g).tolist()
+        for _j in range(g_size):
+            c = torch.randint(3, 200, (int(torch.randint(1, 13, (1,), generator=g)),), generator=g).tolist()
+            trajs.append(make_traj(len(trajs), p, c, logprobs=(-torch.rand(len(c), generator=g)).tolist()))
+    n = len(trajs)
+    return TrainBatch(trajectories=trajs, advantages=torch.randn(n, generator=g).tolist())
+
+
+def test_split_shared_keeps_groups_together_under_the_budget():
+    a, b = (1, 2, 3, 4), (5, 6)
+    prompts = [a, b, a, b, a]
+    # order: b(c=1), b(c=2), a(c=3), a(c=3), a(c=5); cost = distinct prefixes x P' + rows x C
+    assert split_shared(prompts, [3, 1, 3, 2, 5], budget=100) == [[1, 3, 0, 2, 4]]
+    # budget 12: [b, b] costs 1*1 + 2*2 = 5; adding a (P'=3, C=3): 2*3 + 3*3 = 15 > 12 -> new batch;
+    # [a, a] = 1*3 + 2*3 = 9; + a(c=5): 1*3 + 3*5 = 18 > 12 -> new batch
+    assert split_shared(prompts, [3, 1, 3, 2, 5], budget=12) == [[1, 3], [0, 2], [4]]
+    assert not shareable([make_traj(0, [1, 2], [3]), make_traj(1, [1, 3], [3])])  # nothing repeats
+    assert not shareable([make_traj(0, [1], [3]), make_traj(1, [1], [3])])  # no prefix to cache
+
+
+def test_collate_shared_layout():
+    mb = collate_shared(
+        [make_traj(0, [5, 6, 7], [8, 9]), make_traj(1, [4, 3], [2]), make_traj(2, [5, 6, 7], [1])],
+        [1.0, -1.0, 0.5],
+        pad_id=0,
+    )
+    assert mb.prefix_ids.tolist() == [[5, 6], [0, 4]] and mb.prefix_mask.tolist() == [[1, 1], [0, 1]]
+    assert mb.prompt_rows.tolist() == [0, 1, 0]
+    assert mb.input_ids.tolist() == [[7, 8], [3, 0], [7, 0]]  # last prompt token, completion[:-1]
+    assert mb.position_ids.tolist() == [[2, 3], [1, 2], [2, 3]]
+    assert mb.attention_mask.tolist() == [[1, 1, 1, 1], [0, 1, 1, 0], [1, 1, 1, 0]]
+    assert mb.completion_ids.tolist() == [[8, 9], [2, 0], [1, 0]]
+    assert mb.num_tokens == 2 * 2 + 3 * 2  # prefixes + completion rows
+
+
+def test_shared_logprobs_entropy_and_hidden_equal_the_padded_path(tiny):
+    model = tiny[0]
+    batch = _groups(3, 4, seed=0)
+    trajs, adv = batch.trajectories, batch.advantages
+    with torch.no_grad():
+        padded, shared = collate(trajs, adv, 0), collate_shared(trajs, adv, 0)
+        lp1, ent1, h1 = completion_forward(model, padded, 0.7, True, return_hidden=True)
+        lp2, ent2, h2 = completion_forward(model, shared, 0.7, True, return_hidden=True)
+    mask = collate(trajs, adv, 0).loss_mask.bool()
+    for a, b in ((lp1, lp2), (ent1, ent2)):
+        assert float((a - b)[mask].abs().max()) < 1e-5
+    assert float((h1 - h2)[mask].abs().max()) < 1e-5
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-sum-norm"])
+def test_shared_step_equals_padded_step_with_fewer_tokens(tiny, aggregation, capsys):
+    batch = _groups(4, 8, seed=1)  # 4 groups x 8 samples: the GRPO shape
+    base = ["train.lr=1e-3", "train.token_budget=200", f"loss.aggregation={aggregation}"]
+    base.append("train.precision=fp32")  # exact equivalence: fp32 (bf16 autocast rounds differently)
+    padded = Trainer(copy.deepcopy(tiny[0]), load_config(None, base + ["train.shared_prompt=false"]), 0)
+    shared = Trainer(copy.deepcopy(tiny[0]), load_config(None, base), 0)
+    grads: list[list[torch.Tensor]] = []
+    for t in (padded, shared):
+        t.optimizer.register_step_pre_hook(
+            lambda opt, a, kw, t=t: grads.append([p.grad.clone() for p in t.params])
+        )
+    m1, m2 = padded.step(batch), shared.step(batch)
+    assert m2["loss"] == pytest.approx(m1["loss"], rel=1e-5, abs=1e-7)
+    assert m2["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-5)
+    assert m2["entropy"] == pytest.approx(m1["entropy"], rel=1e-5)
+    gd = max(float((a - b).abs().max()) for a, b in zip(*grads))
+    assert gd < 1e-6
+    assert m2["padded_tokens"] < 0.75 * m1["padded_tokens"]  # prompts run once per group
+    with capsys.disabled():
+        print(
+            f"\n{aggregation}: forward tokens padded {m1['padded_tokens']} -> shared "
+            f"{m2['padded_tokens']}, max grad diff {gd:.2e}, loss {m1['loss']:.8f} vs {m2['loss']:.8f}"
+        )

@@ -44,7 +44,8 @@ def test_only_adapters_train(tiny):
     assert trainer.params and all(
         any(t in n for t in ("lora_A", "lora_B")) for n, p in model.named_parameters() if p.requires_grad
     )
-    trajs = [make_traj(i, [1, 2, 3], [4, 5, 6], reward=float(i % 2)) for i in range(4)]
+    # distinct completions: identical ones with advantages +1, -1, +1, -1 would have an exactly zero gradient
+    trajs = [make_traj(i, [1, 2, 3], [4 + i, 5, 6], reward=float(i % 2)) for i in range(4)]
     trainer.step(TrainBatch(trajs, [1.0, -1.0, 1.0, -1.0]))
     after = model.state_dict()
     for k, v in base_before.items():

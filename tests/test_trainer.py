@@ -54,7 +54,8 @@ def test_padded_logprobs_equal_unpadded_forward(tiny):
 @pytest.mark.parametrize("advantage", [1.0, -1.0])
 def test_step_moves_logprob_in_the_sign_of_the_advantage(tiny, advantage):
     model = copy.deepcopy(tiny[0])
-    cfg = load_config(None, ["train.lr=1e-3", "rollout.temperature=1.0", "train.token_budget=8"])
+    overrides = ["train.lr=1e-3", "rollout.temperature=1.0", "train.token_budget=8"]
+    cfg = load_config(None, [*overrides, "train.shared_prompt=false"])  # the padded budget split
     trainer = Trainer(model, cfg, pad_id=0)
     trajs = [_traj(0, [5, 6, 7], [8, 9, 10]), _traj(1, [5, 6, 7], [8, 9, 10])]
     with torch.no_grad():  # on-policy: behaviour log-probs are the current ones

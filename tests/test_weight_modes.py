@@ -54,3 +54,20 @@ def test_interrupt_recomputes_so_the_next_token_is_new(tiny):
 def test_unknown_mode():
     with pytest.raises(ValueError, match="unknown weight update mode 'lazy'"):
         ContinuousDecoder(None, "lazy")  # type: ignore[arg-type]
+
+
+def test_requests_arriving_while_a_batch_runs_wait_for_a_quarter_batch(tiny):
+    """One forward per batch per token: a group arriving alone must not start its own small batch."""
+    model, tok = tiny
+    engine = HFEngine(model, tok, max_batch=16, seed=0)  # a quarter = 4 rows
+    dec = ContinuousDecoder(engine, "inflight")
+    prompt = tok("<|im_start|>user\n1+1<|im_end|>\n").input_ids
+    dec.add([GenRequest(prompt, 6) for _ in range(2)])
+    dec.step()
+    assert len(dec.batches) == 1  # nothing ran: the first requests start at once
+    dec.add([GenRequest(prompt, 6) for _ in range(3)])
+    dec.step()
+    assert len(dec.batches) == 1 and len(dec.waiting) == 3  # 3 < a quarter: they wait
+    dec.add([GenRequest(prompt, 6)])
+    dec.step()
+    assert len(dec.batches) == 2 and not dec.waiting  # 4 waiting: a quarter, a batch of their own

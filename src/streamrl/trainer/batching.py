@@ -20,7 +20,7 @@ class MicroBatch:
     Packed (trainer/packing.py): input_ids, position_ids [1, T], attention_mask None, and
     packed_index [B, C]: the row position whose logit predicts each completion token.
     Shared prompt (trainer/shared_prompt.py): prefix_ids/prefix_mask [U, P'], prompt_rows [B],
-    input_ids/position_ids [B, C], attention_mask [B, P' + C]."""
+    input_ids/position_ids [B, C], attention_mask [B, P' + C], completion_lengths [B]."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor | None
@@ -35,6 +35,7 @@ class MicroBatch:
     prefix_ids: torch.Tensor | None = None
     prefix_mask: torch.Tensor | None = None
     prompt_rows: torch.Tensor | None = None
+    completion_lengths: torch.Tensor | None = None  # [B]; shared prompt: the LM head runs on these only
 
     @property
     def num_tokens(self) -> int:

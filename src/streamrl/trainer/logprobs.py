@@ -32,8 +32,7 @@ def completion_forward(
     B, C = mb.completion_ids.shape
     dev = next(model.parameters()).device
     if mb.prefix_ids is not None:  # shared prompt: one prefix forward per distinct prompt
-        logits, out = shared_forward(model, mb, return_hidden)
-        return _finish(logits, mb, temperature, return_entropy, entropy_grad, out, return_hidden, None)
+        return shared_forward(model, mb, temperature, return_entropy, entropy_grad, return_hidden)
     index = mb.packed_index.to(dev) if mb.packed_index is not None else None
     out = model(
         input_ids=mb.input_ids.to(dev),
@@ -76,10 +75,7 @@ def _finish(
     hidden = None
     if return_hidden:
         last = out.hidden_states[-1]
-        if mb.prefix_ids is not None:
-            hidden = last  # [B, C, H]: row position j is the state before completion token j
-        else:
-            hidden = last[0, index] if index is not None else last[:, -(C + 1) : -1, :]
+        hidden = last[0, index] if index is not None else last[:, -(C + 1) : -1, :]
     return lp, entropy, hidden
 
 

@@ -101,31 +101,57 @@ def collate_shared(trajs: list[Trajectory], advantages: list[float], pad_id: int
         prefix_ids=prefix,
         prefix_mask=pmask,
         prompt_rows=rows,
+        completion_lengths=torch.tensor([len(t.completion_ids) for t in trajs]),
     )
 
 
-def shared_forward(model: Any, mb: MicroBatch, return_hidden: bool) -> tuple[torch.Tensor, Any]:
-    """-> (logits [B, C, V] where position j predicts completion token j, the completion forward's
-    output (hidden states when return_hidden))."""
+def shared_forward(
+    model: Any,
+    mb: MicroBatch,
+    temperature: float,
+    return_entropy: bool,
+    entropy_grad: bool,
+    return_hidden: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """-> (logprobs [B, C], entropy [B, C] or None, hidden [B, C, H] or None), as completion_forward.
+
+    The decoder runs the prefixes (no LM head), then the completion rows on their selected caches; the
+    LM head and the log-softmax run on the real completion tokens only (not on the padding of ragged
+    completions, which at a 48-token cap and ~15-token answers is most of [B, C]). Zeros elsewhere."""
     assert mb.prefix_ids is not None and mb.prefix_mask is not None and mb.prompt_rows is not None
+    assert mb.attention_mask is not None
     dev = next(model.parameters()).device
+    body, head = model.get_decoder(), model.get_output_embeddings()
     pmask = mb.prefix_mask.to(dev)
-    pre = model(
+    pre = body(
         input_ids=mb.prefix_ids.to(dev),
         attention_mask=pmask,
         position_ids=(pmask.cumsum(-1) - 1).clamp(min=0),
         use_cache=True,
-        logits_to_keep=1,  # only the cache is used
     )
     cache = pre.past_key_values
     cache.batch_select_indices(mb.prompt_rows.to(dev))  # [U, ...] -> [B, ...], differentiable indexing
-    assert mb.attention_mask is not None
-    out = model(
+    B, C = mb.completion_ids.shape
+    out = body(
         input_ids=mb.input_ids.to(dev),
         attention_mask=mb.attention_mask.to(dev),
         position_ids=mb.position_ids.to(dev),
         past_key_values=cache,
         use_cache=True,
-        output_hidden_states=return_hidden,
     )
-    return out.logits, out
+    hidden = out.last_hidden_state  # [B, C, H]: row position j is the state before completion token j
+    assert mb.completion_lengths is not None
+    real = (torch.arange(C)[None, :] < mb.completion_lengths[:, None]).to(dev)  # [B, C]
+    logits = head(hidden[real]).float()  # [N, V], N = real completion tokens
+    if temperature > 0:
+        logits = logits / temperature
+    tokens = mb.completion_ids.to(dev)[real]
+    logp = torch.log_softmax(logits, dim=-1)  # one pass serves the log-probs and the entropy
+    lp = torch.zeros(B, C, device=dev)
+    lp[real] = logp.gather(-1, tokens[:, None]).squeeze(-1)
+    entropy = None
+    if return_entropy:
+        entropy = torch.zeros(B, C, device=dev)
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy[real] = -(logp.exp() * logp).sum(-1)
+    return lp, entropy, hidden if return_hidden else None

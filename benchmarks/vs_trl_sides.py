@@ -161,7 +161,7 @@ def run_trl(cfg: Config, work: Path) -> dict[str, Any]:
 
     from streamrl.data.prompts import render_prompt_ids
     from streamrl.data.tasks import prepare_split, task_from_config
-    from streamrl.engine.hf import HFEngine
+    from streamrl.engine.hf import PRECISIONS, HFEngine
     from streamrl.eval.heldout import evaluate
     from streamrl.models import load_model, load_tokenizer, resolve_model_dir
 
@@ -191,14 +191,15 @@ def run_trl(cfg: Config, work: Path) -> dict[str, Any]:
     print(f"[trl] GRPOConfig: {json.dumps(shown)}", flush=True)
     setup_s = time.perf_counter() - t_setup
 
+    def heldout_accuracy(m: Any) -> Any:
+        """Greedy held-out evaluation as streamrl's side does it: its evaluator on an engine in
+        rollout.precision (bf16 by default: a bf16 weight copy): the sides compare like for like."""
+        dtype = PRECISIONS[cfg.rollout.precision]
+        engine = HFEngine(m, tokenizer, cfg.rollout.max_batch, cfg.seed, cfg.device, dtype)
+        return evaluate(engine, tokenizer, task, heldout, cfg.eval.max_new_tokens)
+
     print(f"[trl] evaluating the base model on {len(heldout)} held-out problems (greedy)...", flush=True)
-    base = evaluate(
-        HFEngine(model, tokenizer, cfg.rollout.max_batch, cfg.seed, cfg.device),
-        tokenizer,
-        task,
-        heldout,
-        cfg.eval.max_new_tokens,
-    )
+    base = heldout_accuracy(model)
     print(f"[trl] base accuracy {base.accuracy:.3f}", flush=True)
 
     reward = RewardFromTask(cfg, task, problems)
@@ -224,13 +225,7 @@ def run_trl(cfg: Config, work: Path) -> dict[str, Any]:
     del trainer, model  # the final evaluation runs on the saved weights, as a user would load them
 
     final_model = load_model(final_dir, cfg.device)
-    final = evaluate(
-        HFEngine(final_model, tokenizer, cfg.rollout.max_batch, cfg.seed, cfg.device),
-        tokenizer,
-        task,
-        heldout,
-        cfg.eval.max_new_tokens,
-    )
+    final = heldout_accuracy(final_model)
     print(f"[trl] final accuracy {final.accuracy:.3f}", flush=True)
     return {
         "steps": steps,

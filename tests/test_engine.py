@@ -3,7 +3,7 @@ import torch
 
 from streamrl.engine.base import GenRequest
 from streamrl.engine.hf import HFEngine
-from streamrl.engine.sampling import sample_next
+from streamrl.engine.sampling import sample_inverse_cdf, sample_next
 
 
 def _prompts(tok):
@@ -89,3 +89,46 @@ def test_sample_next_greedy_and_top_p():
     assert all(t.item() in (0, 1) for t, _ in draws)
     for t, lp in draws[:5]:
         assert lp.item() == pytest.approx(torch.log(torch.tensor([0.625, 0.375]))[t.item()].item(), abs=1e-6)
+
+
+def test_inverse_cdf_sampling_matches_the_distribution_and_never_draws_zero_weight():
+    probs = torch.tensor([0.1, 0.0, 0.6, 0.3])
+    g = torch.Generator().manual_seed(1)
+    n = 200_000
+    tokens = sample_inverse_cdf(probs.expand(n, 4).contiguous() * 7.0, g)  # unnormalised weights
+    freq = torch.bincount(tokens, minlength=4).double() / n
+    assert freq[1].item() == 0.0
+    # 4.5 standard errors of a binomial proportion at n = 200k: fails for a biased sampler
+    assert torch.allclose(freq, probs.double(), atol=4.5 * (0.25 / n) ** 0.5)
+
+
+def test_inverse_cdf_sampling_stays_in_range_at_u_close_to_one():
+    w = torch.tensor([[0.5, 0.5, 0.0, 0.0]])
+    # the largest float32 below 1: u x total may round to total; the draw must still be a positive token
+    orig = torch.rand
+    try:
+        torch.rand = lambda *a, **k: torch.full((1, 1), 1.0 - 2**-24)  # type: ignore[assignment]
+        tok = sample_inverse_cdf(w, None)
+    finally:
+        torch.rand = orig
+    assert tok.item() == 1
+
+
+def test_sampled_logprobs_equal_log_softmax_at_temperature():
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0)) * 3
+    tok, lp = sample_next(logits, 0.7, 1.0, torch.Generator().manual_seed(2))
+    ref = torch.log_softmax(logits / 0.7, dim=-1).gather(-1, tok[:, None]).squeeze(-1)
+    assert torch.allclose(lp, ref, atol=1e-6)
+
+
+def test_two_level_sampling_over_a_ragged_vocabulary():
+    # 700 tokens = 2 full blocks of 256 + a padded one; mass only in a few tokens across blocks
+    w = torch.zeros(700)
+    w[3], w[300], w[699] = 1.0, 2.0, 1.0
+    g = torch.Generator().manual_seed(3)
+    n = 100_000
+    tokens = sample_inverse_cdf(w.expand(n, 700).contiguous(), g)
+    freq = torch.bincount(tokens, minlength=700).double() / n
+    assert set(tokens.unique().tolist()) == {3, 300, 699}
+    expected = torch.tensor([0.25, 0.5, 0.25], dtype=torch.float64)
+    assert torch.allclose(freq[[3, 300, 699]], expected, atol=4.5 * (0.25 / n) ** 0.5)

@@ -60,8 +60,10 @@ class ContinuousDecoder:
             # one forward per token, so requests arriving one group at a time must not each start their
             # own (8 batches of 8 rows cost ~8x the per-step overhead of one batch of 64)
             quarter = max(1, self.engine.max_batch // 4)
-            if self.waiting and (not self.batches or len(self.waiting) >= quarter) and room >= min(
-                len(self.waiting), quarter
+            if (
+                self.waiting
+                and (not self.batches or len(self.waiting) >= quarter)
+                and room >= min(len(self.waiting), quarter)
             ):
                 take, self.waiting = self.waiting[:room], self.waiting[room:]
                 take.sort(key=lambda r: len(r.prompt_ids))

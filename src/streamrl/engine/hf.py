@@ -11,12 +11,13 @@ import copy
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from streamrl.engine.base import GenRequest, GenResult
+from streamrl.engine.kv_cache import growing_cache
 from streamrl.engine.sampling import sample_next
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
+FIRST_COLUMNS = 256  # KV columns reserved past the prompt before the first doubling
 
 
 def push_policy(engine: Any, trainer: Any) -> None:
@@ -48,7 +49,11 @@ class DecodeBatch:
         self._prefill(ids)
 
     def _prefill(self, ids: torch.Tensor) -> None:
-        self.cache = DynamicCache()
+        width = ids.shape[1]
+        room = max(
+            self.results[i].request.max_new_tokens - len(self.results[i].token_ids) for i in self.active
+        )
+        self.cache = growing_cache(initial=width + min(room, FIRST_COLUMNS), limit=width + room)
         positions = (self.attn.cumsum(-1) - 1).clamp(min=0)
         self._logits = self._forward(ids, positions)
         self.next_pos = positions[:, -1] + 1

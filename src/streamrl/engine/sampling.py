@@ -17,12 +17,51 @@ def sample_next(
     if temperature == 0:
         tokens = logits.argmax(dim=-1)
         return tokens, torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
-    logp = torch.log_softmax(logits / temperature, dim=-1)
+    scaled = logits if temperature == 1.0 else logits / temperature
     if top_p < 1.0:
+        logp = torch.log_softmax(scaled, dim=-1)
         sorted_logp, order = logp.sort(dim=-1, descending=True)
         cum = sorted_logp.exp().cumsum(-1)
         drop_sorted = cum - sorted_logp.exp() >= top_p  # keep the smallest prefix reaching top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logp = torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
-    tokens = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
-    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+        scaled = logp.masked_fill(drop, float("-inf"))
+    # one fused softmax (dropped tokens exactly 0); the log of a sampled token's probability is exact to
+    # fp32 rounding (a token below 1e-38, where it would underflow, is never sampled in practice)
+    probs = torch.softmax(scaled, dim=-1)
+    tokens = sample_inverse_cdf(probs, generator)
+    return tokens, probs.gather(-1, tokens[:, None]).squeeze(-1).log()
+
+
+def sample_inverse_cdf(
+    weights: torch.Tensor, generator: torch.Generator | None, block: int = 256
+) -> torch.Tensor:
+    """weights: [B, V] >= 0, each row with a positive sum -> tokens [B], token i drawn with probability
+    weights[i] / sum(weights).
+
+    One uniform per row against the running sum, in two levels: the sums of blocks of `block` tokens
+    pick a block, the running sum inside that block picks the token. torch.multinomial draws V
+    exponentials per row instead (~55 ms of a 156 ms decode step at batch 64 over a 49k vocabulary on
+    this CPU), and one cumsum over the whole vocabulary costs ~4 ms more than the block sums.
+    A zero-weight token (or block) is never drawn: the first index whose running sum exceeds the target
+    has a positive increment, and each target is kept strictly below its running total.
+    """
+    rows, vocab = weights.shape
+    nblocks = -(-vocab // block)
+    if nblocks * block != vocab:
+        weights = torch.nn.functional.pad(weights, (0, nblocks * block - vocab))
+    blocks = weights.view(rows, nblocks, block)
+    block_cdf = blocks.sum(-1).cumsum(-1)  # [B, nblocks]
+    u = torch.rand(rows, 1, generator=generator, dtype=weights.dtype).to(weights.device)
+    target = _below(u * block_cdf[:, -1:], block_cdf[:, -1:])
+    chosen = torch.searchsorted(block_cdf, target, right=True)  # [B, 1]
+    before = torch.where(chosen > 0, block_cdf.gather(-1, (chosen - 1).clamp(min=0)), 0.0)
+    inner_cdf = blocks[torch.arange(rows, device=weights.device), chosen.squeeze(-1)].cumsum(-1)
+    # the block sum and the in-block running sum round differently: clamp into this block's total
+    inner_target = _below((target - before).clamp(min=0.0), inner_cdf[:, -1:])
+    inner = torch.searchsorted(inner_cdf, inner_target, right=True)
+    return (chosen * block + inner).squeeze(-1)
+
+
+def _below(x: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """x clamped strictly below total (total > 0): a right-searchsorted index stays in range."""
+    return torch.minimum(x, torch.nextafter(total, torch.zeros_like(total)))

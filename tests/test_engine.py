@@ -132,3 +132,24 @@ def test_two_level_sampling_over_a_ragged_vocabulary():
     assert set(tokens.unique().tolist()) == {3, 300, 699}
     expected = torch.tensor([0.25, 0.5, 0.25], dtype=torch.float64)
     assert torch.allclose(freq[[3, 300, 699]], expected, atol=4.5 * (0.25 / n) ** 0.5)
+
+
+def test_shared_prompts_are_prefilled_once_and_decode_as_if_alone(tiny):
+    model, tok = tiny
+    prompts = _prompts(tok)
+    # 3 distinct prompts x 3 samples, interleaved: one prefill forward over 3 rows instead of 9
+    reqs = [GenRequest(prompts[i % 3], max_new_tokens=6, temperature=0.0) for i in range(9)]
+    eng = HFEngine(model, tok, max_batch=16)
+    rows: list[int] = []
+    hook = model.register_forward_pre_hook(
+        lambda m, a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        res = eng.generate(reqs)
+    finally:
+        hook.remove()
+    assert rows[0] == 3 and all(r <= 9 for r in rows[1:])
+    alone = HFEngine(model, tok, max_batch=1).generate([GenRequest(p, 6, temperature=0.0) for p in prompts])
+    for i, r in enumerate(res):
+        assert r.token_ids == alone[i % 3].token_ids
+        assert r.logprobs == pytest.approx(alone[i % 3].logprobs, abs=1e-5)

@@ -49,13 +49,23 @@ class DecodeBatch:
         self._prefill(ids)
 
     def _prefill(self, ids: torch.Tensor) -> None:
+        """ids, self.attn: [R, W]. Distinct rows are prefilled once (a GRPO group's G samples share one
+        prompt): their KV and last logits are then copied to every row that repeats them."""
         width = ids.shape[1]
         room = max(
             self.results[i].request.max_new_tokens - len(self.results[i].token_ids) for i in self.active
         )
         self.cache = growing_cache(initial=width + min(room, FIRST_COLUMNS), limit=width + room)
         positions = (self.attn.cumsum(-1) - 1).clamp(min=0)
-        self._logits = self._forward(ids, positions)
+        rows = len(ids)
+        distinct, inverse = torch.unique(torch.cat([ids, self.attn], dim=1), dim=0, return_inverse=True)
+        if len(distinct) < rows:
+            first = torch.full((len(distinct),), rows).scatter_reduce(0, inverse, torch.arange(rows), "amin")
+            logits = self._forward(ids[first], positions[first], self.attn[first])
+            self.cache.batch_select_indices(inverse.to(self.engine.device))
+            self._logits = logits[inverse.to(logits.device)]
+        else:
+            self._logits = self._forward(ids, positions, self.attn)
         self.next_pos = positions[:, -1] + 1
 
     def recompute(self) -> None:
@@ -70,13 +80,13 @@ class DecodeBatch:
         self.attn = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in seqs])
         self._prefill(ids)
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         # the version of the weights that computed these logits: the tokens sampled from them carry it
         self._logits_version = self.engine.version
         dev = self.engine.device
         out = self.engine.model(
             input_ids=ids.to(dev),
-            attention_mask=self.attn.to(dev),
+            attention_mask=attn.to(dev),
             position_ids=positions.to(dev),
             past_key_values=self.cache,
             use_cache=True,
@@ -117,7 +127,7 @@ class DecodeBatch:
             self.attn, self.next_pos, tokens = self.attn[idx], self.next_pos[idx], tokens[idx]
             self.active = [self.active[r] for r in keep]
         self.attn = torch.cat([self.attn, torch.ones(len(keep), 1, dtype=self.attn.dtype)], dim=1)
-        self._logits = self._forward(tokens[:, None].cpu(), self.next_pos[:, None])
+        self._logits = self._forward(tokens[:, None].cpu(), self.next_pos[:, None], self.attn)
         self.next_pos = self.next_pos + 1
         return finished
 

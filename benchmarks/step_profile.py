@@ -16,6 +16,8 @@ import time
 import torch
 
 from streamrl.config import load_config
+from streamrl.engine.hf import push_policy
+from streamrl.rewards.scoring import Scoring
 from streamrl.runtime.job import build_components
 from streamrl.runtime.rl_step import rl_step
 
@@ -25,6 +27,8 @@ def main(argv: list[str]) -> None:
     torch.set_num_threads(cfg.train.threads or os.cpu_count() or 1)
     torch.manual_seed(cfg.seed)
     parts = build_components(cfg)
+    push_policy(parts.engine, parts.trainer)  # the engine may keep its own (bf16) copy
+    scoring = Scoring(cfg, parts.task)
     print(
         f"model {cfg.model} | task {cfg.task} | {cfg.rollout.prompts_per_step} prompts x "
         f"{cfg.rollout.samples_per_prompt} samples | max_new_tokens {cfg.rollout.max_new_tokens} | "
@@ -39,7 +43,7 @@ def main(argv: list[str]) -> None:
     for step in range(0, cfg.max_steps + 1):  # step 0 warms up allocators and caches; not counted
         t = time.perf_counter()
         draw = lambda n: list(itertools.islice(parts.stream, n))  # noqa: E731
-        r, _, _ = rl_step(step, draw, parts.engine, parts.trainer, parts.tokenizer, parts.task, cfg)
+        r, _, _ = rl_step(step, draw, parts.engine, parts.trainer, parts.tokenizer, scoring, cfg)
         r["total"] = time.perf_counter() - t
         pad = 1 - r["tokens_trained"] / r["padded_tokens"]
         print(
@@ -50,6 +54,7 @@ def main(argv: list[str]) -> None:
         )
         if step:
             rows.append(r)
+    scoring.close()
     mean = {
         k: statistics.fmean(r[k] for r in rows)
         for k in (

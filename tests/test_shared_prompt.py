@@ -92,3 +92,24 @@ def test_shared_step_equals_padded_step_with_fewer_tokens(tiny, aggregation, cap
             f"\n{aggregation}: forward tokens padded {m1['padded_tokens']} -> shared "
             f"{m2['padded_tokens']}, max grad diff {gd:.2e}, loss {m1['loss']:.8f} vs {m2['loss']:.8f}"
         )
+
+
+def test_split_shared_separates_long_tails_when_padding_costs_more_than_a_micro_batch():
+    a, b = tuple(range(10)), tuple(range(20, 30))  # P' = 9
+    prompts = [a] * 4 + [b] * 4
+    completions = [1, 2, 1, 40, 2, 1, 2, 40]
+    # one batch: 2 * 9 + 8 * 40 = 338 (+ 64); split [six short] [two long]: (18 + 6 * 2) + (18 + 2 * 40)
+    # = 128 (+ 128): 256 < 402
+    got = split_shared(prompts, completions, budget=4096, overhead=64)
+    assert sorted(map(sorted, got)) == [[0, 1, 2, 4, 5, 6], [3, 7]]
+    # a large overhead keeps one batch: 338 + 1000 < 128 + 2000
+    assert len(split_shared(prompts, completions, budget=4096, overhead=1000)) == 1
+    # every index exactly once, whatever the split
+    many = split_shared([a, b] * 50, [(7 * i) % 45 + 1 for i in range(100)], budget=300)
+    flat = sorted(i for mb in many for i in mb)
+    assert flat == list(range(100))
+    assert all(
+        len({[a, b][i % 2] for i in mb}) * 9 + len(mb) * max((7 * i) % 45 + 1 for i in mb) <= 300
+        for mb in many
+        if len(mb) > 1
+    )

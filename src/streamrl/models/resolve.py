@@ -42,5 +42,9 @@ def load_model(model_dir: Path, device: str = "cpu") -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    from streamrl.models.attention import register
+
+    # CPU: the trainer's backward avoids the CPU flash-attention kernel (models/attention.py)
+    attn = register() if str(device).startswith("cpu") else "sdpa"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attn)
     return model.to(device)

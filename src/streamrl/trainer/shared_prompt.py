@@ -29,29 +29,47 @@ def shareable(trajs: list[Trajectory]) -> bool:
     return all(len(t.prompt_ids) >= 2 for t in trajs) and len(prompts) < len(trajs)
 
 
-def split_shared(prompts: list[tuple[int, ...]], completions: list[int], budget: int) -> list[list[int]]:
-    """Index lists whose cost U * P' + B * C (distinct prefixes + completion rows, padded) fits `budget`.
+# a micro-batch's fixed cost (Python and per-layer calls of one forward + backward), in tokens: on
+# SmolLM2 with 1 thread ~0.1 s, the time of ~64 trained tokens
+MICRO_BATCH_OVERHEAD = 64
 
-    Samples are ordered by (prompt length, prompt, completion length) so a group's samples sit together
-    and share their prefix; a sample over the budget gets a micro-batch of its own."""
-    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), prompts[i], completions[i], i))
+
+def split_shared(
+    prompts: list[tuple[int, ...]],
+    completions: list[int],
+    budget: int,
+    overhead: int = MICRO_BATCH_OVERHEAD,
+) -> list[list[int]]:
+    """Index lists, each costing U * P' + rows * C <= `budget` (U distinct prefixes of longest P', rows
+    completion rows padded to the longest C), with the least total cost + `overhead` per micro-batch.
+
+    Samples are ordered by completion length (then prompt) and cut optimally by dynamic programming:
+    one batch of ragged completions pads every row to the longest (a 48-token truncated sample among
+    ~12-token answers makes 3/4 of [B, C] padding), while each extra micro-batch repeats its prefixes
+    and pays `overhead`. A sample over the budget gets a micro-batch of its own."""
+    n = len(prompts)
+    order = sorted(range(n), key=lambda i: (max(completions[i], 1), len(prompts[i]), prompts[i], i))
+    best = [0.0] + [float("inf")] * n  # best[j]: least cost of order[:j]
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        c = max(completions[order[j - 1]], 1)  # the longest completion of any segment ending at j
+        seen: set[tuple[int, ...]] = set()
+        max_p = 0
+        for i in range(j - 1, -1, -1):
+            p = prompts[order[i]]
+            seen.add(p)
+            max_p = max(max_p, len(p) - 1)
+            cost = len(seen) * max_p + (j - i) * c
+            if cost > budget and i < j - 1:
+                break  # longer segments only cost more
+            if best[i] + overhead + cost < best[j]:
+                best[j], cut[j] = best[i] + overhead + cost, i
     out: list[list[int]] = []
-    cur: list[int] = []
-    seen: set[tuple[int, ...]] = set()
-    max_p = max_c = 0
-    for i in order:
-        p, c = prompts[i], max(completions[i], 1)
-        new_seen = len(seen) + (p not in seen)
-        np_, nc = max(max_p, len(p) - 1), max(max_c, c)
-        if cur and new_seen * np_ + (len(cur) + 1) * nc > budget:
-            out.append(cur)
-            cur, seen, np_, nc = [], set(), len(p) - 1, c
-        cur.append(i)
-        seen.add(p)
-        max_p, max_c = np_, nc
-    if cur:
-        out.append(cur)
-    return out
+    j = n
+    while j > 0:
+        out.append(order[cut[j] : j])
+        j = cut[j]
+    return out[::-1]
 
 
 def collate_shared(trajs: list[Trajectory], advantages: list[float], pad_id: int) -> MicroBatch:

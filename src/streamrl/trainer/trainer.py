@@ -51,6 +51,9 @@ class Trainer:
             lr=t.lr,
             betas=t.betas,
             weight_decay=t.weight_decay,
+            # one pass over each tensor instead of ~10 elementwise kernels: 0.46 -> 0.14 s per step for
+            # SmolLM2 on one CPU thread (FSDP2's sharded DTensor parameters keep the default path)
+            fused=t.strategy != "fsdp2",
         )
         warm = max(t.warmup_steps, 0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(

@@ -246,10 +246,12 @@ def _run_train(cfg: Config, console: Console | None, closers: list[Any]) -> dict
     finally:
         observer.close()
         groups_log.close()
-        timings["train"] = time.perf_counter() - t_train
+        timings["train"] = time.perf_counter() - t_train  # the loop; the state save is timed apart
+        t_save = time.perf_counter()
         state.sampler = sampler.state_dict()
         state.replay = replay.state() if replay is not None else []
         save_state(run_dir, state, trainer, tokenizer)  # weights, optimizer, position, carried groups
+        timings["save"] = time.perf_counter() - t_save
         runner.ledger.write(run_dir / "accounting.json")
     interrupted = bool(stop)
     if interrupted:

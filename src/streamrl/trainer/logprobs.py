@@ -63,7 +63,7 @@ def _finish(
     """logits [B, C, V] (position j predicts completion token j) -> (logprobs, entropy, hidden)."""
     C = mb.completion_ids.shape[1]
     dev = logits.device
-    if temperature > 0:
+    if temperature > 0 and temperature != 1.0:  # skip a pass over [N, V] and its backward at T = 1
         logits = logits / temperature
     tokens = mb.completion_ids.to(dev)
     lp = token_logprobs_from_logits(logits, tokens)

@@ -148,7 +148,7 @@ def shared_forward(
     assert mb.completion_lengths is not None
     real = (torch.arange(C)[None, :] < mb.completion_lengths[:, None]).to(dev)  # [B, C]
     logits = head(hidden[real]).float()  # [N, V], N = real completion tokens
-    if temperature > 0:
+    if temperature > 0 and temperature != 1.0:  # skip a pass over [N, V] and its backward at T = 1
         logits = logits / temperature
     tokens = mb.completion_ids.to(dev)[real]
     logp = torch.log_softmax(logits, dim=-1)  # one pass serves the log-probs and the entropy

@@ -12,7 +12,9 @@
                 train.mini_batches > 1
    MFU(loop) = (generate + train) / wall time / peak(all cores, the run's precision);
    MFU(train) = train FLOPs / train_time / peak(trainer threads). Padding and recomputed-but-discarded
-   work are NOT counted as useful: they are what the ratio exposes.
+   work are NOT counted as useful: they are what the ratio exposes. Printed twice: "credited" counts
+   every sample's prompt (what the padded layout computes); "computed" counts what ran when prompts
+   are shared (one prefill per group in the engine, the trainer's forward tokens incl. its padding).
 Not a test: figures, not assertions.
 """
 
@@ -90,25 +92,36 @@ def main() -> None:
     padded = sum(r["padded_tokens"] for r in steady)
     train_time = sum(r["train_time"] for r in steady)
     extra = (cfg["loss"]["kl_coef"] > 0) + (cfg["train"]["mini_batches"] > 1)
-    gen_flops = 2 * n * trained  # every trained sample was prefilled and decoded once
-    train_flops = (6 + 2 * extra) * n * trained
+    generated = sum(r["tokens_generated"] for r in steady)
+    group = cfg["rollout"]["samples_per_prompt"]
+    # credited: every sample's prompt counted, as the padded layout computes it. computed: what ran when
+    # prompts are shared (the engine prefills a group's prompt once; the trainer's shared-prompt layout
+    # forwards U prefixes + rows x C: padded_tokens < trained), padding of the shared layout included
+    shared = padded < trained
+    counts = {
+        "credited": (2 * n * trained, (6 + 2 * extra) * n * trained),
+        "computed": (
+            2 * n * ((trained - generated) / group + generated),
+            (6 + 2 * extra) * n * (padded if shared else trained),
+        ),
+    }
     prec = cfg["train"]["precision"]
     mode = cfg["runtime"]["mode"]
     rollout = cfg["runtime"]["rollout_workers"] * cfg["runtime"]["rollout_threads"]
     t_threads = cfg["train"]["threads"] or (max(1, cores - rollout) if mode == "async" else cores)
-    loop, train = (gen_flops + train_flops) / wall, train_flops / train_time
     print(f"run {run_dir}: {cfg['model']} N={n / 1e6:.1f}M, {len(steady)} steady steps, {mode}, {prec}")
     print(
-        f"  trained tokens {trained}, padded to {padded} ({1 - trained / padded:.0%} padding), {wall:.0f} s"
+        f"  trained tokens {trained}, forward tokens {padded}"
+        + (" (shared prompts)" if shared else f" ({1 - trained / padded:.0%} padding)")
+        + f", {wall:.0f} s; the trainer was busy {train_time / wall:.0%} of the loop's wall time"
     )
-    print(
-        f"  loop : {loop / 1e9:6.2f} GFLOP/s = {loop / peaks[(prec, cores)]:.1%} of the {prec} peak, "
-        f"{cores} threads"
-    )
-    print(
-        f"  train: {train / 1e9:6.2f} GFLOP/s = {train / peaks[(prec, t_threads)]:.1%} of the {prec} peak at "
-        f"{t_threads} thread(s); the trainer was busy {train_time / wall:.0%} of the loop's wall time"
-    )
+    for how, (gen_flops, train_flops) in counts.items():
+        loop, train = (gen_flops + train_flops) / wall, train_flops / train_time
+        print(
+            f"  {how:<8} loop {loop / 1e9:6.1f} GFLOP/s = {loop / peaks[(prec, cores)]:.1%} of the {prec} "
+            f"peak ({cores} threads); train {train / 1e9:6.1f} GFLOP/s = "
+            f"{train / peaks[(prec, t_threads)]:.1%} of the peak at {t_threads} thread(s)"
+        )
 
 
 if __name__ == "__main__":

@@ -104,12 +104,13 @@ def bench_generate(model, tokenizer, batch: int, new: int) -> float:
 
 def run_hf(name: str, batches: list[int], new: int, dtype: str) -> dict[str, dict[int, float]]:
     from streamrl.models import load_model, load_tokenizer
+    from streamrl.models.precision import cast_params
 
     d = model_dir(name)
     tokenizer = load_tokenizer(d)
     model = load_model(d).eval()
     if dtype == "bf16":
-        model = model.to(torch.bfloat16)
+        model = cast_params(model, torch.bfloat16)  # as the engine: RoPE's inv_freq stays fp32
     bench_streamrl(model, tokenizer, 2, 4)  # warm-up (allocator, kernels)
     bench_generate(model, tokenizer, 2, 4)
     out: dict[str, dict[int, float]] = {"streamrl": {}, "generate": {}}

@@ -79,6 +79,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="override for the streamrl side only",
     )
     p.add_argument("--sides", default="streamrl,trl", help="comma list of the sides to run")
+    p.add_argument(
+        "--seeds",
+        default="",
+        help="comma list of seeds: both sides once per seed (--set seed=S), then a pooled summary",
+    )
     p.add_argument("--out", default="", help="results JSON (default: WORKDIR/results.json)")
     p.add_argument("--workdir", default="", help="run directories (default: a new temp dir)")
     p.add_argument("--side", choices=["streamrl", "trl"], help=argparse.SUPPRESS)  # internal: child mode
@@ -215,6 +220,53 @@ def print_table(results: dict[str, dict[str, Any]], ratio: dict[str, float | Non
         print(header.ljust(width) + "".join(c.rjust(14) for c in cells))
 
 
+def _pair_ratio(results: dict[str, dict[str, Any]]) -> dict[str, float | None] | None:
+    return ratios(results["streamrl"], results["trl"]) if {"streamrl", "trl"} <= set(results) else None
+
+
+def pooled(side_runs: list[dict[str, Any]]) -> tuple[int, int]:
+    """(correct, n) of the held-out evaluations after training, summed over seeds."""
+    after = [r.get("after") or {} for r in side_runs]
+    return sum(int(a.get("correct", 0)) for a in after), sum(int(a.get("n", 0)) for a in after)
+
+
+def accuracy_diff_ci(c1: int, n1: int, c2: int, n2: int, z: float = 1.96) -> tuple[float, float, float]:
+    """p1 - p2 and its normal-approximation 95% interval (two independent binomial samples)."""
+    p1, p2 = c1 / max(n1, 1), c2 / max(n2, 1)
+    se = (p1 * (1 - p1) / max(n1, 1) + p2 * (1 - p2) / max(n2, 1)) ** 0.5
+    return p1 - p2, p1 - p2 - z * se, p1 - p2 + z * se
+
+
+def seed_summary(runs: dict[int, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """Print and return the per-seed samples/s ratios, the ratio of mean samples/s and the pooled
+    held-out accuracies of both sides with the 95% interval of their difference."""
+    seeds = list(runs)
+    per_seed = {s: runs[s]["streamrl"]["samples_per_s"] / runs[s]["trl"]["samples_per_s"] for s in seeds}
+    mean = {
+        side: sum(runs[s][side]["samples_per_s"] for s in seeds) / len(seeds) for side in ("streamrl", "trl")
+    }
+    (c1, n1), (c2, n2) = pooled([runs[s]["streamrl"] for s in seeds]), pooled([runs[s]["trl"] for s in seeds])
+    diff, lo, hi = accuracy_diff_ci(c1, n1, c2, n2)
+    print(f"\n[vs_trl] over {len(seeds)} seeds ({', '.join(map(str, seeds))}):")
+    print("  samples/s ratio per seed: " + ", ".join(f"{s}: {r:.2f}x" for s, r in per_seed.items()))
+    print(
+        f"  mean samples/s: streamrl {mean['streamrl']:.2f}, TRL {mean['trl']:.2f} "
+        f"({mean['streamrl'] / mean['trl']:.2f}x; min per seed {min(per_seed.values()):.2f}x)"
+    )
+    print(
+        f"  held-out accuracy after the budget, pooled: streamrl {c1}/{n1} = {c1 / max(n1, 1):.1%}, "
+        f"TRL {c2}/{n2} = {c2 / max(n2, 1):.1%}; difference {diff:+.1%} (95% CI {lo:+.1%} .. {hi:+.1%})"
+    )
+    return {
+        "per_seed_samples_ratio": per_seed,
+        "mean_samples_per_s": mean,
+        "samples_ratio_of_means": mean["streamrl"] / mean["trl"],
+        "pooled_accuracy": {"streamrl": [c1, n1], "trl": [c2, n2]},
+        "accuracy_diff": diff,
+        "accuracy_diff_ci95": [lo, hi],
+    }
+
+
 def settings_report(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
     """(GRPOConfig fields for the job, unmatched settings) without importing torch or trl."""
     sys.path.insert(0, str(HERE))
@@ -252,9 +304,25 @@ def main(argv: list[str]) -> None:
     print("[vs_trl] not matched exactly:")
     for line in unmatched:
         print(f"  - {line}")
-    results = {side: run_side(side, args, work, argv) for side in sides}  # the child's --workdir comes last
-    ratio = ratios(results["streamrl"], results["trl"]) if {"streamrl", "trl"} <= set(results) else None
-    print_table(results, ratio)
+    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    if seeds:
+        runs = {}
+        for seed in seeds:
+            seed_work = work / f"seed{seed}"
+            seed_work.mkdir(parents=True, exist_ok=True)
+            seed_argv = [*argv, "--set", f"seed={seed}"]
+            runs[seed] = {side: run_side(side, args, seed_work, seed_argv) for side in sides}
+            print(f"\n[vs_trl] seed {seed}:")
+            print_table(runs[seed], _pair_ratio(runs[seed]))
+        results = {side: {str(s): runs[s][side] for s in seeds} for side in sides}
+        ratio = None
+        if {"streamrl", "trl"} <= set(sides):
+            ratio = seed_summary(runs)
+    else:
+        # the child's --workdir comes last
+        results = {side: run_side(side, args, work, argv) for side in sides}
+        ratio = _pair_ratio(results)
+        print_table(results, ratio)
     out = Path(args.out) if args.out else work / "results.json"
     payload = {
         "model": MODELS[args.model],

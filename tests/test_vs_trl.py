@@ -154,3 +154,26 @@ def test_missing_trl_prints_the_install_hint(monkeypatch):
     )
     with pytest.raises(SystemExit, match=r"pip install 'streamrl\[bench\]'"):
         vs_trl.main(["--model", "tiny", "--steps", "1"])
+
+
+def test_accuracy_diff_ci_matches_hand_computation() -> None:
+    # p1 = 0.5, p2 = 0.4: se = sqrt(0.25 / 200 + 0.24 / 200) = 0.0494975, half-width 1.96 se = 0.0970151
+    diff, lo, hi = vs_trl.accuracy_diff_ci(100, 200, 80, 200)
+    assert diff == pytest.approx(0.1)
+    assert lo == pytest.approx(0.1 - 0.0970151, abs=1e-6)
+    assert hi == pytest.approx(0.1 + 0.0970151, abs=1e-6)
+
+
+def test_seed_summary_pools_seeds() -> None:
+    def side(sps: float, correct: int) -> dict:
+        return {"samples_per_s": sps, "after": {"correct": correct, "n": 100, "accuracy": correct / 100}}
+
+    runs = {
+        0: {"streamrl": side(6.0, 50), "trl": side(2.0, 45)},
+        1: {"streamrl": side(9.0, 40), "trl": side(2.5, 47)},
+    }
+    out = vs_trl.seed_summary(runs)
+    assert out["per_seed_samples_ratio"] == {0: pytest.approx(3.0), 1: pytest.approx(3.6)}
+    assert out["samples_ratio_of_means"] == pytest.approx(7.5 / 2.25)
+    assert out["pooled_accuracy"] == {"streamrl": [90, 200], "trl": [92, 200]}
+    assert out["accuracy_diff"] == pytest.approx(-0.01)

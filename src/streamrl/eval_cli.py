@@ -36,6 +36,7 @@ def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     from streamrl.eval.heldout import evaluate
     from streamrl.eval.sampled import evaluate_sampled
     from streamrl.models import load_model, load_tokenizer, resolve_model_dir
+    from streamrl.models.precision import cast_params
 
     console = console or Console(stderr=True)
     torch.set_num_threads(os.cpu_count() or 1)
@@ -46,7 +47,7 @@ def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
         raise ValueError("config key 'eval.size' is 0: nothing to evaluate (set size=N)")
     model_dir = resolve_model_dir(cfg.model, cfg.seed)
     tokenizer = load_tokenizer(model_dir)
-    model = load_model(model_dir, cfg.device).to(PRECISIONS[cfg.rollout.precision])
+    model = cast_params(load_model(model_dir, cfg.device), PRECISIONS[cfg.rollout.precision])
     engine = HFEngine(model, tokenizer, cfg.rollout.max_batch, cfg.seed, cfg.device)
     e = cfg.eval
     console.print(f"evaluating {cfg.model} on {len(problems)} held-out problems of {cfg.task} (n={e.n})...")

@@ -15,6 +15,7 @@ import torch
 from streamrl.engine.base import GenRequest, GenResult
 from streamrl.engine.kv_cache import growing_cache
 from streamrl.engine.sampling import sample_next
+from streamrl.models.precision import cast_params
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 FIRST_COLUMNS = 256  # KV columns reserved past the prompt before the first doubling
@@ -151,7 +152,7 @@ class HFEngine:
     ) -> None:
         self.owns_weights = dtype is not None and dtype != next(model.parameters()).dtype
         if self.owns_weights:
-            model = copy.deepcopy(model).to(dtype).eval().requires_grad_(False)
+            model = cast_params(copy.deepcopy(model), dtype).eval().requires_grad_(False)
         self.model = model
         self.device = device
         self.max_batch = max_batch

@@ -119,6 +119,7 @@ def _loop(
     from streamrl.engine.hf import PRECISIONS, HFEngine
     from streamrl.envs.base import EnvTask
     from streamrl.models import load_model, load_tokenizer, resolve_model_dir
+    from streamrl.models.precision import cast_params
     from streamrl.rewards.scoring import Scoring
     from streamrl.runtime.episodes import EpisodeTable
     from streamrl.runtime.rollout import GREEDY, greedy_request, make_trajectory
@@ -139,7 +140,7 @@ def _loop(
 
     else:
         # the shared fp32 weights are cast into this dtype on every load (copy_ casts)
-        model = load_model(model_dir, cfg.device).to(PRECISIONS[cfg.rollout.precision])
+        model = cast_params(load_model(model_dir, cfg.device), PRECISIONS[cfg.rollout.precision])
         model = model.eval().requires_grad_(False)
         engine = HFEngine(
             model, tokenizer, cfg.rollout.max_batch, seed=cfg.seed * 1009 + worker_id, device=cfg.device

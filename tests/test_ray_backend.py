@@ -121,7 +121,10 @@ def test_killed_actor_loses_and_duplicates_nothing(ray_instance, tiny):
     last = records[-1]
     assert last["actor_restarts"] == 1, runner.backend.events
     assert last["rollout_actors_live"] == 2
-    assert last["groups_redispatched"] >= len(killed["held"])
+    # held_by(0) is read just before ray.kill, which acts asynchronously: a group can still come back
+    # from actor 0 in between (seen once in CI: 3 held, 2 re-dispatched). The ones it was generating
+    # when it died are re-dispatched; the ledger checks below prove none of the 3 was lost or doubled.
+    assert 1 <= last["groups_redispatched"], runner.backend.events
     c = _balanced(runner, state, records)
     assert c["trained"] == 4 * cfg.rollout.prompts_per_step
     # each group counted as returned once, however many copies arrived

@@ -305,19 +305,22 @@ def main(argv: list[str]) -> None:
     for line in unmatched:
         print(f"  - {line}")
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    summary = None
     if seeds:
-        runs = {}
+        runs: dict[int, dict[str, dict[str, Any]]] = {}
+        ratio: Any = {}
         for seed in seeds:
             seed_work = work / f"seed{seed}"
             seed_work.mkdir(parents=True, exist_ok=True)
-            seed_argv = [*argv, "--set", f"seed={seed}"]
-            runs[seed] = {side: run_side(side, args, seed_work, seed_argv) for side in sides}
+            runs[seed] = {
+                side: run_side(side, args, seed_work, [*argv, "--set", f"seed={seed}"]) for side in sides
+            }
+            ratio[str(seed)] = _pair_ratio(runs[seed])
             print(f"\n[vs_trl] seed {seed}:")
-            print_table(runs[seed], _pair_ratio(runs[seed]))
+            print_table(runs[seed], ratio[str(seed)])
         results = {side: {str(s): runs[s][side] for s in seeds} for side in sides}
-        ratio = None
         if {"streamrl", "trl"} <= set(sides):
-            ratio = seed_summary(runs)
+            summary = seed_summary(runs)
     else:
         # the child's --workdir comes last
         results = {side: run_side(side, args, work, argv) for side in sides}
@@ -333,7 +336,8 @@ def main(argv: list[str]) -> None:
         "grpo_config": fields,
         "unmatched": unmatched,
         "results": results,
-        "ratio_streamrl_over_trl": ratio,
+        "ratio_streamrl_over_trl": ratio,  # with --seeds: one per seed
+        "seed_summary": summary,
     }
     out.write_text(json.dumps(payload, indent=2, default=str))
     print(f"\n[vs_trl] results: {out}")

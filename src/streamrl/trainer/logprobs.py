@@ -7,13 +7,8 @@ from typing import Any
 import torch
 
 from streamrl.trainer.batching import MicroBatch
+from streamrl.trainer.fused_logprobs import token_logprobs_entropy
 from streamrl.trainer.shared_prompt import shared_forward
-
-
-def token_logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """logits: [B, C, V], tokens: [B, C] -> log softmax(logits)[tokens]: [B, C] (fp32)."""
-    logits = logits.float()
-    return logits.gather(-1, tokens[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
 def completion_forward(
@@ -62,16 +57,11 @@ def _finish(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """logits [B, C, V] (position j predicts completion token j) -> (logprobs, entropy, hidden)."""
     C = mb.completion_ids.shape[1]
-    dev = logits.device
-    if temperature > 0 and temperature != 1.0:  # skip a pass over [N, V] and its backward at T = 1
-        logits = logits / temperature
-    tokens = mb.completion_ids.to(dev)
-    lp = token_logprobs_from_logits(logits, tokens)
-    entropy = None
-    if return_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            logp = torch.log_softmax(logits.float(), dim=-1)
-            entropy = -(logp.exp() * logp).sum(-1)
+    lp, entropy = token_logprobs_entropy(
+        logits, mb.completion_ids.to(logits.device), temperature, return_entropy
+    )
+    if entropy is not None and not entropy_grad:
+        entropy = entropy.detach()
     hidden = None
     if return_hidden:
         last = out.hidden_states[-1]

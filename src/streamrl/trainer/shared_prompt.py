@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from streamrl.trainer.batching import MicroBatch, per_token
+from streamrl.trainer.fused_logprobs import token_logprobs_entropy
 from streamrl.types import Trajectory
 
 
@@ -147,16 +148,13 @@ def shared_forward(
     hidden = out.last_hidden_state  # [B, C, H]: row position j is the state before completion token j
     assert mb.completion_lengths is not None
     real = (torch.arange(C)[None, :] < mb.completion_lengths[:, None]).to(dev)  # [B, C]
-    logits = head(hidden[real]).float()  # [N, V], N = real completion tokens
-    if temperature > 0 and temperature != 1.0:  # skip a pass over [N, V] and its backward at T = 1
-        logits = logits / temperature
-    tokens = mb.completion_ids.to(dev)[real]
-    logp = torch.log_softmax(logits, dim=-1)  # one pass serves the log-probs and the entropy
-    lp = torch.zeros(B, C, device=dev)
-    lp[real] = logp.gather(-1, tokens[:, None]).squeeze(-1)
+    logits = head(hidden[real])  # [N, V], N = real completion tokens
+    lp_real, ent_real = token_logprobs_entropy(
+        logits, mb.completion_ids.to(dev)[real], temperature, return_entropy
+    )
+    lp = torch.zeros(B, C, device=dev).masked_scatter(real, lp_real)
     entropy = None
-    if return_entropy:
-        entropy = torch.zeros(B, C, device=dev)
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy[real] = -(logp.exp() * logp).sum(-1)
+    if ent_real is not None:
+        ent_real = ent_real if entropy_grad else ent_real.detach()
+        entropy = torch.zeros(B, C, device=dev).masked_scatter(real, ent_real)
     return lp, entropy, hidden if return_hidden else None

@@ -24,6 +24,31 @@ def test_matmul_attention_equals_sdpa_values_and_gradients():
         assert max((a - b).abs().max().item() for a, b in zip(go, gr)) < 1e-5
 
 
+@pytest.mark.parametrize("per_head_mask", [False, True])
+def test_grouped_query_heads_equal_sdpa_on_repeated_kv_heads(per_head_mask):
+    # 6 query heads over 2 kv heads: heads 0-2 read kv head 0, heads 3-5 kv head 1 (repeat_kv's layout)
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 6, 4, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 2, 7, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 2, 7, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    keep = torch.ones(2, 6 if per_head_mask else 1, 4, 7, dtype=torch.bool).tril(3)
+    keep[1, :, :, :2] = False
+    if per_head_mask:
+        keep[0, 4, :, 0] = False  # a mask that differs between heads of one kv group
+    ours = matmul_attention(q, k, v, keep, 0.3)
+    rk, rv = k.repeat_interleave(3, dim=1), v.repeat_interleave(3, dim=1)
+    ref = F.scaled_dot_product_attention(q, rk, rv, attn_mask=keep, scale=0.3)
+    torch.testing.assert_close(ours, ref, rtol=0, atol=1e-6)  # the softmax runs in fp32
+    go, gr = torch.autograd.grad(ours.sum(), (q, k, v)), torch.autograd.grad(ref.sum(), (q, k, v))
+    for a, b in zip(go, gr):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_query_heads_not_a_multiple_of_kv_heads_is_an_error():
+    with pytest.raises(ValueError, match="5 query heads are not a multiple of 2 key/value heads"):
+        matmul_attention(torch.zeros(1, 5, 2, 4), torch.zeros(1, 2, 2, 4), torch.zeros(1, 2, 2, 4), None, 1.0)
+
+
 def test_a_fully_masked_query_row_stays_finite():
     q, k, v = (torch.randn(1, 1, 2, 4, requires_grad=True) for _ in range(3))
     mask = torch.tensor([[[[False, False], [True, True]]]])  # query 0 sees nothing (a pad)

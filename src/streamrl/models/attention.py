@@ -1,9 +1,9 @@
 """Attention for training on CPU: SDPA's fused kernel where it is fast, plain matmuls where it is not.
 
 PyTorch's CPU flash-attention backward runs one small oneDNN GEMM per (row, head, block), each
-creating its own primitive: on the trainer's shapes (64 rows x 9 heads, ~20 queries over ~70 keys, bf16)
-forward + backward costs 78 ms per layer against 28 ms for matmul -> softmax -> matmul under autograd
-(benchmarks/attention.py). Its forward alone is the fastest, so only grad-enabled multi-token calls
+creating its own primitive: on the trainer's shapes (64 rows x 9 heads, 48 queries over 147 keys, bf16,
+one thread) forward + backward costs 151 ms per layer against 53 ms for grouped matmul -> softmax ->
+matmul under autograd (benchmarks/attention.py; 68 vs 10 ms at 20 queries over 70 keys). Its forward alone is the fastest, so only grad-enabled multi-token calls
 (the trainer's) take the matmul path; decoding and no-grad passes keep SDPA. On a GPU SDPA's kernels are
 the right choice everywhere: `streamrl` attention is selected on CPU only (models/resolve.py).
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "streamrl"
@@ -28,20 +28,33 @@ def matmul_attention(
     scaling: float,
     dropout: float = 0.0,
 ) -> torch.Tensor:
-    """query [B, H, Q, D], key / value [B, H, K, D] (heads already repeated), mask [B or 1, 1 or H, Q, K]
-    bool (True = attend) or None (causal, the Q queries being the last Q of the K positions)
-    -> [B, H, Q, D]. Softmax in fp32, like transformers' eager attention."""
-    q_len, k_len = query.shape[-2], key.shape[-2]
+    """query [B, H, Q, D], key / value [B, Hkv, K, D] with H a multiple of Hkv (grouped-query attention:
+    query head h reads kv head h // (H / Hkv), as transformers' repeat_kv lays them out), mask
+    [B or 1, 1 or H, Q, K] bool (True = attend) or None (causal, the Q queries being the last Q of the K
+    positions) -> [B, H, Q, D]. Softmax in fp32, like transformers' eager attention.
+
+    The kv heads are never repeated: each kv head's g = H / Hkv query heads are stacked into one
+    [g * Q, D] matrix, so the matmuls read K and V once (repeat_kv's copies and their backward reductions
+    were ~1/4 of a SmolLM2 attention layer's fwd + bwd on the trainer's shapes: benchmarks/attention.py)."""
+    B, H, Q, D = query.shape
+    Hkv, K = key.shape[1], key.shape[2]
+    if H % Hkv:
+        raise ValueError(f"{H} query heads are not a multiple of {Hkv} key/value heads")
+    g = H // Hkv
     if mask is None:
-        mask = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril(k_len - q_len)
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
+        mask = torch.ones(Q, K, dtype=torch.bool, device=query.device).tril(K - Q)
+    mask = mask.view(*([1] * (4 - mask.dim())), *mask.shape)  # [b, h, Q, K]
+    per_head = mask.shape[1] == H and H > 1
+    mask = mask.reshape(mask.shape[0], Hkv if per_head else 1, g if per_head else 1, Q, K)
+    q = (query * scaling).reshape(B, Hkv, g * Q, D)
+    scores = torch.matmul(q, key.transpose(-1, -2)).view(B, Hkv, g, Q, K)
     # the dtype's lowest value, not -inf: a fully masked row (a left-pad query, never read) stays finite
     # instead of NaN, which would reach the gradients through softmax's backward
     scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
     if dropout > 0.0:
         probs = torch.nn.functional.dropout(probs, p=dropout, training=True)
-    return torch.matmul(probs, value)
+    return torch.matmul(probs.view(B, Hkv, g * Q, K), value).view(B, H, Q, D)
 
 
 def streamrl_attention(
@@ -60,8 +73,6 @@ def streamrl_attention(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    groups = getattr(module, "num_key_value_groups", 1)
-    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     if attention_mask is not None and attention_mask.dtype != torch.bool:
         attention_mask = attention_mask == 0  # an additive float mask: 0 = attend
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5

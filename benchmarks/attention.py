@@ -1,0 +1,76 @@
+"""Attention forward + backward on the trainer's shapes: SDPA vs matmul attention, same run.
+
+    python benchmarks/attention.py [--rows 64] [--queries 48] [--keys 147] [--threads 1] [--repeats 5]
+
+SmolLM2-135M's heads (9 query heads, 3 key/value heads, head dim 64), bf16, a causal mask over a
+left-padded prompt, fwd + bwd of one layer's attention, best of `repeats`:
+  sdpa             torch's scaled_dot_product_attention on repeated kv heads (CPU flash backward)
+  matmul+repeat    matmul -> fp32 softmax -> matmul on kv heads repeated by transformers' repeat_kv
+  matmul grouped   streamrl.models.attention.matmul_attention: each kv head's query heads stacked
+The default shape is the shared-prompt trainer's completion pass: 64 rows of 48 queries over a 99-token
+prompt cache + 48 keys. Not a test: figures (tests/test_attention.py checks values and gradients).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from transformers.integrations.sdpa_attention import repeat_kv
+
+from streamrl.models.attention import matmul_attention
+
+Attn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def best_time(
+    f: Attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad: torch.Tensor, n: int
+) -> float:
+    best = float("inf")
+    for _ in range(n + 1):  # + 1 warm-up
+        leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+        t0 = time.perf_counter()
+        (f(*leaves).float() * grad).sum().backward()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rows", type=int, default=64)
+    p.add_argument("--queries", type=int, default=48)
+    p.add_argument("--keys", type=int, default=147)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=5)
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    B, H, Hkv, Q, K, D = a.rows, 9, 3, a.queries, a.keys, 64
+    g = H // Hkv
+    q = torch.randn(B, Q, H, D).transpose(1, 2).to(torch.bfloat16)  # [B, H, Q, D] as a q_proj view
+    k, v = (torch.randn(B, Hkv, K, D).to(torch.bfloat16) for _ in range(2))
+    mask = torch.ones(Q, K, dtype=torch.bool).tril(K - Q).expand(B, 1, Q, K).clone()
+    mask[: B // 2, :, :, :5] = False  # half the rows left-padded by 5 keys
+    grad = torch.randn(B, H, Q, D)
+    impls: dict[str, Attn] = {
+        "sdpa": lambda q, k, v: F.scaled_dot_product_attention(
+            q, repeat_kv(k, g), repeat_kv(v, g), attn_mask=mask, scale=D**-0.5
+        ),
+        "matmul+repeat": lambda q, k, v: matmul_attention(q, repeat_kv(k, g), repeat_kv(v, g), mask, D**-0.5),
+        "matmul grouped": lambda q, k, v: matmul_attention(q, k, v, mask, D**-0.5),
+    }
+    print(
+        f"one layer fwd + bwd: [{B} rows, {H}/{Hkv} heads, {Q} queries, {K} keys, dim {D}], bf16, "
+        f"{a.threads} thread(s)"
+    )
+    times = {name: best_time(f, q, k, v, grad, a.repeats) for name, f in impls.items()}
+    base = times["matmul grouped"]
+    for name, t in times.items():
+        print(f"  {name:<15} {t * 1e3:7.1f} ms   {t / base:5.2f}x the grouped time")
+
+
+if __name__ == "__main__":
+    main()

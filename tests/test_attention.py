@@ -38,10 +38,10 @@ def test_grouped_query_heads_equal_sdpa_on_repeated_kv_heads(per_head_mask):
     ours = matmul_attention(q, k, v, keep, 0.3)
     rk, rv = k.repeat_interleave(3, dim=1), v.repeat_interleave(3, dim=1)
     ref = F.scaled_dot_product_attention(q, rk, rv, attn_mask=keep, scale=0.3)
-    torch.testing.assert_close(ours, ref, rtol=0, atol=1e-6)  # the softmax runs in fp32
+    torch.testing.assert_close(ours, ref, rtol=0, atol=1e-12)
     go, gr = torch.autograd.grad(ours.sum(), (q, k, v)), torch.autograd.grad(ref.sum(), (q, k, v))
     for a, b in zip(go, gr):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
 def test_query_heads_not_a_multiple_of_kv_heads_is_an_error():

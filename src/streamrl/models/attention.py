@@ -2,10 +2,11 @@
 
 PyTorch's CPU flash-attention backward runs one small oneDNN GEMM per (row, head, block), each
 creating its own primitive: on the trainer's shapes (64 rows x 9 heads, 48 queries over 147 keys, bf16,
-one thread) forward + backward costs 151 ms per layer against 53 ms for grouped matmul -> softmax ->
-matmul under autograd (benchmarks/attention.py; 68 vs 10 ms at 20 queries over 70 keys). Its forward alone is the fastest, so only grad-enabled multi-token calls
-(the trainer's) take the matmul path; decoding and no-grad passes keep SDPA. On a GPU SDPA's kernels are
-the right choice everywhere: `streamrl` attention is selected on CPU only (models/resolve.py).
+one thread) forward + backward costs 151 ms per layer against 33 ms for grouped matmul -> softmax ->
+matmul under autograd (benchmarks/attention.py; 67 vs 9 ms at 20 queries over 70 keys). Its forward
+alone is the fastest, so only grad-enabled multi-token calls (the trainer's) take the matmul path;
+decoding and no-grad passes keep SDPA. On a GPU SDPA's kernels are the right choice everywhere:
+`streamrl` attention is selected on CPU only (models/resolve.py).
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ def matmul_attention(
     """query [B, H, Q, D], key / value [B, Hkv, K, D] with H a multiple of Hkv (grouped-query attention:
     query head h reads kv head h // (H / Hkv), as transformers' repeat_kv lays them out), mask
     [B or 1, 1 or H, Q, K] bool (True = attend) or None (causal, the Q queries being the last Q of the K
-    positions) -> [B, H, Q, D]. Softmax in fp32, like transformers' eager attention.
+    positions) -> [B, H, Q, D].
 
     The kv heads are never repeated: each kv head's g = H / Hkv query heads are stacked into one
     [g * Q, D] matrix, so the matmuls read K and V once (repeat_kv's copies and their backward reductions
-    were ~1/4 of a SmolLM2 attention layer's fwd + bwd on the trainer's shapes: benchmarks/attention.py)."""
+    were ~1/3 of a SmolLM2 attention layer's fwd + bwd on the trainer's shapes: benchmarks/attention.py)."""
     B, H, Q, D = query.shape
     Hkv, K = key.shape[1], key.shape[2]
     if H % Hkv:
@@ -51,7 +52,10 @@ def matmul_attention(
     # the dtype's lowest value, not -inf: a fully masked row (a left-pad query, never read) stays finite
     # instead of NaN, which would reach the gradients through softmax's backward
     scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    # in the scores' dtype: torch's CPU softmax accumulates bf16 in fp32 and rounds once (~1e-5 of the
+    # probabilities differ by one bf16 ulp from an fp32 softmax + cast), without the two [B, H, Q, K]
+    # casts and their backward (33 vs 49 ms per layer)
+    probs = torch.softmax(scores, dim=-1).to(value.dtype)
     if dropout > 0.0:
         probs = torch.nn.functional.dropout(probs, p=dropout, training=True)
     return torch.matmul(probs.view(B, Hkv, g * Q, K), value).view(B, H, Q, D)

@@ -122,6 +122,22 @@ def test_shared_cores_split_and_contention() -> None:
     two = simulate(UNIT, TINY, Setup(mode="sync", steps=3, shared_cores=2, engine_threads=2,
                                      trainer_threads=2))
     assert one.time == pytest.approx(15.0) and two.time == pytest.approx(7.5)
+    # decoding that does not scale with threads (decode alpha 0): generation 2 s per step as on one
+    # core, training 3 / 2 ** 0.5 s (train alpha 0.5); 3 steps
+    mixed = simulate(
+        UNIT,
+        TINY,
+        Setup(
+            mode="sync",
+            steps=3,
+            shared_cores=2,
+            engine_threads=2,
+            trainer_threads=2,
+            thread_scaling=0.5,
+            decode_thread_scaling=0.0,
+        ),
+    )
+    assert mixed.time == pytest.approx(3 * (2.0 + 3.0 / 2**0.5))
     # async on 2 cores split 1 + 1 overlaps without loss; contention 0.5 slows the overlap by 1.5x:
     # 0-2 generate (alone), 2-5 train g0 (alone): no overlap in the first step; g2 (5-8) overlaps
     # train g1 (5-9.5 at rate 1/1.5 while g2 runs: 3 s of g2, then 1.5 s of work left alone... )
@@ -132,14 +148,16 @@ def test_shared_cores_split_and_contention() -> None:
     assert slow.time == pytest.approx(9.0)
 
 
-def test_fit_recovers_costs_from_a_synthetic_run(tmp_path) -> None:
+@pytest.mark.parametrize("decode_alpha", [None, 0.3])
+def test_fit_recovers_costs_from_a_synthetic_run(tmp_path, decode_alpha) -> None:
     a, c, train = 0.05, 0.002, 0.01
+    speedup = 2 ** (1.0 if decode_alpha is None else decode_alpha)  # decoding on 2 threads
     B, G, prompt, max_new = 2, 4, 10, 20
     rows = []
     for step, (mean, trunc) in enumerate([(20.0, 1.0), (10.0, 0.5), (5.0, 0.0), (8.0, 0.25)], 1):
         gen = int(mean * B * G)
         s_len = max_new if trunc > 0 else 3 * mean
-        gen_time = (a * s_len + c * (gen + prompt * B * G)) / 2  # 2 threads, alpha = 1
+        gen_time = (a * s_len + c * (gen + prompt * B * G)) / speedup  # 2 threads
         rows.append({"step": step, "response_length": mean, "truncation_rate": trunc,
                      "tokens_generated": gen, "tokens_trained": gen + prompt * B * G,
                      "generate_time": gen_time, "train_time": train * (gen + prompt * B * G) / 2,
@@ -150,7 +168,7 @@ def test_fit_recovers_costs_from_a_synthetic_run(tmp_path) -> None:
         f"rollout: {{prompts_per_step: {B}, samples_per_prompt: {G}, max_new_tokens: {max_new}}}\n"
     )
     run = fit.load_run(tmp_path, cores=2)
-    costs, _ = fit.fit_costs(run)
+    costs, _ = fit.fit_costs(run, decode_alpha=decode_alpha)  # training: alpha 1
     assert costs.decode_step_s == pytest.approx(a, rel=1e-6)
     assert costs.decode_token_s == pytest.approx(c, rel=1e-6)
     assert costs.train_token_s == pytest.approx(train, rel=1e-6)
@@ -177,3 +195,11 @@ def test_cli_table_and_json(capsys) -> None:
     assert main(["simulate", "scenario=april", "steps=2", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [r["mode"] for r in data["rows"]] == ["sync", "partial"]
+
+
+def test_cli_reads_the_optional_decode_exponent() -> None:
+    from streamrl.sim.cli import build
+
+    assert build([])[3].decode_thread_scaling is None  # engines follow thread_scaling
+    setup = build(["decode_thread_scaling=0.25", "thread_scaling=0.9"])[3]
+    assert setup.decode_thread_scaling == 0.25 and setup.thread_scaling == 0.9

@@ -5,8 +5,8 @@ own mode first. params.yaml / key=value: any field of Costs (decode_step_s, deco
 prefill_token_s, train_token_s, train_step_s, allreduce_s, weight_sync_s, startup_s), Workload
 (batch_groups, group_size, prompt_len, max_batch, filter_rate, lengths=fixed:N|list:..|lognormal:..)
 and Setup (steps, weight_update, overprovision, shared_cores, engine_threads, trainer_threads,
-thread_scaling, contention, chunk, seed), plus the grid: modes=sync,async,partial etas=0,1,2
-engines=1,2 ranks=1 and colocated_sync=true|false.
+thread_scaling, decode_thread_scaling, contention, chunk, seed), plus the grid:
+modes=sync,async,partial etas=0,1,2 engines=1,2 ranks=1 and colocated_sync=true|false.
 """
 
 from __future__ import annotations
@@ -44,7 +44,10 @@ def _apply(obj: Any, params: dict[str, Any]) -> Any:
         if f.name in params:
             raw = params.pop(f.name)
             cur = getattr(obj, f.name)
-            changes[f.name] = str(raw) if isinstance(cur, str) else type(cur)(raw)
+            if cur is None:  # the only optional fields are floats (decode_thread_scaling)
+                changes[f.name] = float(raw)
+            else:
+                changes[f.name] = str(raw) if isinstance(cur, str) else type(cur)(raw)
     return dataclasses.replace(obj, **changes)
 
 
@@ -68,8 +71,10 @@ def build(args: list[str]) -> tuple[str, Costs, Workload, Setup, dict[str, list[
     elif source and Path(source).is_dir():
         run = fit.load_run(source, int(params.pop("cores", 0)) or None)
         alpha = float(params.get("thread_scaling", 1.0))
-        costs, notes = fit.fit_costs(run, alpha)
-        work, setup = fit.workload(run), fit.setup(run, alpha)
+        raw = params.get("decode_thread_scaling")
+        decode_alpha = float(raw) if raw is not None else None
+        costs, notes = fit.fit_costs(run, alpha, decode_alpha=decode_alpha)
+        work, setup = fit.workload(run), fit.setup(run, alpha, decode_alpha)
         g.update(engines=[setup.engines], ranks=[setup.ranks])
         title = f"fitted from {source} ({len(run.rows)} steps, measured {run.rows[-1]['samples_per_s']:.3f}" \
                 " samples/s)"

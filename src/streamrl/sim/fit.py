@@ -1,14 +1,17 @@
 """Fit the simulator's costs and workload from a run directory (config.yaml + metrics.jsonl).
 
 Costs are expressed per unit of compute: on CPU one core, with k threads running k ** alpha times
-faster (alpha = thread_scaling, 1 by default: the README measured both phases near-linear in threads).
+faster: alpha = thread_scaling for training, decode_alpha = decode_thread_scaling for generation (both 1
+by default; benchmarks/thread_scaling.py measures them: decoding is memory-bound and scales less, so a
+decode cost fitted at 2 threads and used at 1 needs its own exponent).
 
 - train_token_s = sum(train_time) * k_train ** alpha / sum(tokens_trained)   (prompt + response tokens)
 - weight_sync_s = mean(weight_sync_time) (async runs; 0 for colocated, where the engine shares the module)
-- decode: colocated rows log generate_time per step. A row generated n = (B + dropped) groups in
-  r = 1 + ceil(dropped / B) rounds; each round takes S decode steps (max_new_tokens if any sample was
-  truncated, else 3 x the mean length), so with prefill_token_s = decode_token_s (assumed: on CPU a
-  prompt token costs about what one row of a decode step costs)
+- decode (with decode_alpha in place of alpha): colocated rows log generate_time per step. A row
+  generated n = (B + dropped) groups in r = 1 + ceil(dropped / B) rounds; each round takes S decode
+  steps (max_new_tokens if any sample was truncated, else 3 x the mean length), so with
+  prefill_token_s = decode_token_s (assumed: on CPU a prompt token costs about what one row of a
+  decode step costs)
 
       generate_time * k ** alpha = a * r * S + c * (generated tokens + prompt tokens)
 
@@ -148,7 +151,7 @@ def workload(run: Run) -> Workload:
     )
 
 
-def setup(run: Run, alpha: float = 1.0) -> Setup:
+def setup(run: Run, alpha: float = 1.0, decode_alpha: float | None = None) -> Setup:
     tt, et = run.threads()
     rt = run.config.get("runtime", {})
     return Setup(
@@ -161,13 +164,17 @@ def setup(run: Run, alpha: float = 1.0) -> Setup:
         engine_threads=et,
         trainer_threads=tt,
         thread_scaling=alpha,
+        decode_thread_scaling=decode_alpha,
     )
 
 
-def fit_costs(run: Run, alpha: float = 1.0, decode_from: Run | None = None) -> tuple[Costs, list[str]]:
-    """Costs of `run` (decode costs from `decode_from` if given: a cross-fit). Returns notes too."""
+def fit_costs(
+    run: Run, alpha: float = 1.0, decode_from: Run | None = None, decode_alpha: float | None = None
+) -> tuple[Costs, list[str]]:
+    """Costs of `run` (decode costs from `decode_from` if given: a cross-fit). Returns notes too.
+    alpha: the trainer's thread-scaling exponent; decode_alpha: the engines' (None: alpha)."""
     tt, _ = run.threads()
-    a, c, how = fit_decode(decode_from or run, alpha)
+    a, c, how = fit_decode(decode_from or run, alpha if decode_alpha is None else decode_alpha)
     notes = [f"decode: {how}" + (f" of {decode_from.path}" if decode_from else "")]
     train = sum(r["train_time"] for r in run.rows) * tt**alpha / sum(r["tokens_trained"] for r in run.rows)
     syncs = [r["weight_sync_time"] for r in run.rows if "weight_sync_time" in r]
@@ -179,7 +186,7 @@ def fit_costs(run: Run, alpha: float = 1.0, decode_from: Run | None = None) -> t
         weight_sync_s=sum(syncs) / len(syncs) if syncs else 0.0,
     )
     if not run.colocated and "trainer_wait_time" in run.rows[0]:
-        sim = simulate(costs, workload(run), replace(setup(run, alpha), steps=1))
+        sim = simulate(costs, workload(run), replace(setup(run, alpha, decode_alpha), steps=1))
         first = sim.first_batch_s
         costs = replace(costs, startup_s=max(0.0, run.rows[0]["trainer_wait_time"] - first))
         notes.append(f"startup_s = measured first wait - simulated {first:.1f} s")

@@ -86,7 +86,9 @@ class Setup:
     shared_cores: int = 0  # 0: engines and ranks on their own devices; > 0: they share these cores
     engine_threads: int = 1
     trainer_threads: int = 1
-    thread_scaling: float = 1.0  # alpha: k threads run k ** alpha times faster than one
+    thread_scaling: float = 1.0  # alpha: k trainer threads run k ** alpha times faster than one
+    decode_thread_scaling: float | None = None  # the engines' alpha (None: thread_scaling); decoding
+    # is memory-bound on CPU and scales less (benchmarks/thread_scaling.py measures both)
     contention: float = 0.0  # shared cores: each extra active component slows all by this fraction
     chunk: int = 1
     seed: int = 0
@@ -319,7 +321,8 @@ class _Sim:
     def rates(self) -> tuple[list[float], float]:
         """Progress per wall second of each stepping engine and of the trainer job.
 
-        Devices: 1. Shared cores C: a component with k threads runs at k ** alpha * min(1, C / D),
+        Devices: 1. Shared cores C: a component with k threads runs at k ** alpha * min(1, C / D) (alpha:
+        decode_thread_scaling for engines, thread_scaling for the trainer),
         D = threads demanded by every active component, divided by 1 + contention * (active - 1).
         Weight sync is a fixed wall time (rate 1)."""
         active_e = [e for e in self.engines if e.stepping]
@@ -331,7 +334,8 @@ class _Sim:
         share = min(1.0, C / demand) if demand else 1.0
         slow = 1.0 + self.s.contention * max(0, len(active_e) + n_train - 1)
         a = self.s.thread_scaling
-        er = self.s.engine_threads**a * share / slow
+        ad = a if self.s.decode_thread_scaling is None else self.s.decode_thread_scaling
+        er = self.s.engine_threads**ad * share / slow
         tr = self.s.trainer_threads**a * share / slow if n_train else 1.0
         return [er] * len(active_e), tr
 

@@ -1,0 +1,101 @@
+"""How each phase speeds up with torch threads: the simulator's decode and train thread-scaling exponents.
+
+    python benchmarks/thread_scaling.py [--model smollm2|tiny] [--threads 1,2] [--batch 64] [--new-tokens 48]
+                                        [--prompt-len 100] [--steps 2] [--out alphas.json]
+
+decode: streamrl's engine as the rollout worker drives it (HFEngine through ContinuousDecoder, bf16 weights),
+        `batch` chat prompts x `new-tokens` tokens each (EOS ignored), tokens/s incl. prefill.
+train:  Trainer.step on a synthetic batch of the default job's shape (benchmarks/logprob_kernel.py), median
+        of `steps` after one warm-up, trained tokens/s.
+alpha = log(rate at k threads / rate at 1 thread) / log(k) for the largest k: k threads run k ** alpha times
+faster than one (1 = linear; memory-bound decoding is well below). `streamrl simulate` and
+benchmarks/simulate_validation.py take them as decode_thread_scaling / thread_scaling (`--alphas FILE`).
+Not a test: figures, not assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from engines import bench_streamrl  # noqa: E402
+from logprob_kernel import MODELS, synthetic_batch  # noqa: E402
+
+
+def alpha(rates: dict[int, float]) -> float:
+    """Exponent between 1 thread and the most threads measured."""
+    k = max(rates)
+    return math.log(rates[k] / rates[1]) / math.log(k) if k > 1 else 1.0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", choices=sorted(MODELS), default="smollm2")
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--new-tokens", type=int, default=48)
+    p.add_argument("--prompt-len", type=int, default=100)
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--out", default="")
+    a = p.parse_args()
+    threads = sorted({int(t) for t in a.threads.split(",")} | {1})
+    from streamrl.config import load_config
+    from streamrl.engine.hf import PRECISIONS
+    from streamrl.models import load_model, load_tokenizer, resolve_model_dir
+    from streamrl.models.precision import cast_params
+    from streamrl.trainer.trainer import Trainer
+
+    cfg = load_config(None, [f"model={MODELS[a.model]}", "eval.size=0"])
+    model_dir = resolve_model_dir(cfg.model, cfg.seed)
+    tokenizer = load_tokenizer(model_dir)
+    engine_model = cast_params(load_model(model_dir, cfg.device), PRECISIONS[cfg.rollout.precision])
+    decode: dict[int, float] = {}
+    for k in threads:
+        torch.set_num_threads(k)
+        decode[k] = bench_streamrl(engine_model, tokenizer, a.batch, a.new_tokens)
+        print(f"decode {k} thread(s): {decode[k]:.1f} tok/s", flush=True)
+    del engine_model
+    model = load_model(model_dir, cfg.device)
+    trainer = Trainer(model, cfg, pad_id=int(tokenizer.pad_token_id))
+    batch = synthetic_batch(model.config.vocab_size, a.prompt_len, cfg.rollout.max_new_tokens, cfg.seed)
+    ntok = sum(len(t.prompt_ids) + len(t.completion_ids) for t in batch.trajectories)
+    train: dict[int, float] = {}
+    for k in threads:
+        torch.set_num_threads(k)
+        times = []
+        for i in range(a.steps + 1):
+            t0 = time.perf_counter()
+            trainer.step(batch)
+            if i:
+                times.append(time.perf_counter() - t0)
+        train[k] = ntok / statistics.median(times)
+        print(f"train {k} thread(s): {train[k]:.1f} tok/s", flush=True)
+    out = {
+        "model": cfg.model,
+        "decode_tokens_per_s": decode,
+        "train_tokens_per_s": train,
+        "decode_thread_scaling": alpha(decode),
+        "thread_scaling": alpha(train),
+    }
+    k = max(threads)
+    print(f"\n| phase | 1 thread | {k} threads | speed-up | alpha |\n|---|---|---|---|---|")
+    for name, rates, key in (("decode", decode, "decode_thread_scaling"), ("train", train, "thread_scaling")):
+        speedup = rates[k] / rates[1]
+        print(f"| {name} | {rates[1]:.1f} tok/s | {rates[k]:.1f} tok/s | {speedup:.2f}x | {out[key]:.2f} |")
+    if a.out:
+        Path(a.out).write_text(json.dumps(out, indent=1))
+        print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()

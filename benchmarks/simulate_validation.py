@@ -1,14 +1,17 @@
 """Predicted vs measured samples/s of real runs (the simulator against metrics.jsonl).
 
     python benchmarks/simulate_validation.py RUN_DIR [RUN_DIR ...] [--decode-from RUN_DIR] [--cores N]
-                                             [--alphas ALPHAS.json]
+                                             [--measured THREAD_SCALING.json] [--shared-prefill]
 
 self: costs fitted on the run itself (in-sample: only the schedule - overlap, staleness admission,
 thread split - is predicted). cross (with --decode-from, e.g. a colocated sync run): decode costs come
 from that other run, so async runs are predicted from a synchronous one's generation speed.
---alphas: the thread-scaling exponents measured by benchmarks/thread_scaling.py (decode_thread_scaling,
-thread_scaling; default 1 for both), which carry a cost fitted at one thread count to another (a
-colocated run's 2-thread decoding to an async worker's 1 thread).
+--measured: the JSON of benchmarks/thread_scaling.py. Its thread-scaling exponents (decode_thread_scaling,
+thread_scaling; default 1 for both) carry a cost fitted at one thread count to another (a colocated run's
+2-thread decoding to an async worker's 1 thread) in every fit, and it adds a "bench" row per run: decode
+costs measured by that benchmark on an idle machine (per-step, per-row and prefill costs at 1 thread),
+training costs fitted on the run. --shared-prefill: the self/cross fits count a group's prompt once (as
+the engine computes it) instead of once per sample.
 """
 
 from __future__ import annotations
@@ -23,38 +26,54 @@ from streamrl.sim.model import simulate
 
 def main(argv: list[str]) -> None:
     dirs, decode_from, cores = [], None, 2
-    alpha, decode_alpha = 1.0, None
+    alpha, decode_alpha, engine, shared = 1.0, None, None, False
     it = iter(argv)
     for a in it:
         if a == "--decode-from":
             decode_from = fit.load_run(next(it), cores)
         elif a == "--cores":
             cores = int(next(it))
-        elif a == "--alphas":
-            measured_alphas = json.loads(Path(next(it)).read_text())
-            alpha, decode_alpha = measured_alphas["thread_scaling"], measured_alphas["decode_thread_scaling"]
-            print(f"thread scaling: train alpha {alpha:.2f}, decode alpha {decode_alpha:.2f}")
+        elif a == "--shared-prefill":
+            shared = True
+        elif a == "--measured":
+            m = json.loads(Path(next(it)).read_text())
+            alpha, decode_alpha = m["thread_scaling"], m["decode_thread_scaling"]
+            engine = fit.EngineCosts(**m["engine_costs"]["1"])
+            print(
+                f"measured: train alpha {alpha:.2f}, decode alpha {decode_alpha:.2f}; 1-thread engine: step "
+                f"{engine.decode_step_s * 1e3:.1f} ms + {engine.decode_token_s * 1e3:.2f} ms x rows, prefill "
+                f"{engine.prefill_token_s * 1e3:.3f} ms/token"
+            )
         else:
             dirs.append(a)
-    print(f"{'run':<44} {'mode':<6} {'eta':>3} {'fit':<5} {'measured':>9} {'predicted':>9} {'error':>7} "
-          f"{'trainer idle m/p':>16} {'engine idle m/p':>15}")
-    errs: list[float] = []
+    print(
+        f"{'run':<44} {'mode':<6} {'eta':>3} {'fit':<5} {'measured':>9} {'predicted':>9} {'error':>7} "
+        f"{'trainer idle m/p':>16} {'engine idle m/p':>15}"
+    )
+    errs: dict[str, list[float]] = {}
     for d in dirs:
         run = fit.load_run(d, cores)
         m = fit.measured(run)
         st = fit.setup(run, alpha, decode_alpha)
-        for how, src in (("self", None), ("cross", decode_from)):
-            if how == "cross" and (src is None or src.path == run.path):
+        for how in ("self", "cross", "bench"):
+            if how == "cross" and (decode_from is None or decode_from.path == run.path):
                 continue
-            costs, _ = fit.fit_costs(run, alpha, src, decode_alpha)
-            r = simulate(costs, fit.workload(run), st)
+            if how == "bench" and engine is None:
+                continue
+            src = decode_from if how == "cross" else None
+            costs, _ = fit.fit_costs(
+                run, alpha, src, decode_alpha, shared, engine if how == "bench" else None
+            )
+            r = simulate(costs, fit.workload(run, shared or how == "bench"), st)
             err = r.samples_per_s / m["samples_per_s"] - 1
-            errs.append(abs(err))
-            print(f"{d[-44:]:<44} {st.mode:<6} {st.eta:>3} {how:<5} {m['samples_per_s']:>9.3f} "
-                  f"{r.samples_per_s:>9.3f} {err:>+7.1%} {m['trainer_idle']:>7.2f}/{r.trainer_idle:<8.2f} "
-                  f"{m['engine_idle']:>7.2f}/{r.engine_idle:<7.2f}")
-    if errs:
-        print(f"mean |error| {sum(errs) / len(errs):.1%} over {len(errs)} predictions")
+            errs.setdefault(how, []).append(abs(err))
+            print(
+                f"{d[-44:]:<44} {st.mode:<6} {st.eta:>3} {how:<5} {m['samples_per_s']:>9.3f} "
+                f"{r.samples_per_s:>9.3f} {err:>+7.1%} {m['trainer_idle']:>7.2f}/{r.trainer_idle:<8.2f} "
+                f"{m['engine_idle']:>7.2f}/{r.engine_idle:<7.2f}"
+            )
+    for how, e in errs.items():
+        print(f"{how}: mean |error| {sum(e) / len(e):.1%}, max {max(e):.1%} over {len(e)} runs")
 
 
 if __name__ == "__main__":

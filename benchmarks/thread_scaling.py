@@ -5,11 +5,15 @@
 
 decode: streamrl's engine as the rollout worker drives it (HFEngine through ContinuousDecoder, bf16 weights),
         `batch` chat prompts x `new-tokens` tokens each (EOS ignored), tokens/s incl. prefill.
+engine step costs (the simulator's decode_step_s a, decode_token_s c, prefill_token_s p): the median decode
+        step at 1 row and at `batch` rows (8 distinct random prompts of `prompt-len` tokens x batch / 8) gives
+        step(b) = a + c b; the first step's extra time over a decode step is the prefill of the distinct
+        prompts (a group's samples share one prefill), p = that / (distinct prompt tokens).
 train:  Trainer.step on a synthetic batch of the default job's shape (benchmarks/logprob_kernel.py), median
         of `steps` after one warm-up, trained tokens/s.
 alpha = log(rate at k threads / rate at 1 thread) / log(k) for the largest k: k threads run k ** alpha times
-faster than one (1 = linear; memory-bound decoding is well below). `streamrl simulate` and
-benchmarks/simulate_validation.py take them as decode_thread_scaling / thread_scaling (`--alphas FILE`).
+faster than one (1 = linear; memory-bound decoding is well below). `streamrl simulate` takes them as
+decode_thread_scaling / thread_scaling; benchmarks/simulate_validation.py reads the JSON (`--measured FILE`).
 Not a test: figures, not assertions.
 """
 
@@ -38,6 +42,43 @@ def alpha(rates: dict[int, float]) -> float:
     return math.log(rates[k] / rates[1]) / math.log(k) if k > 1 else 1.0
 
 
+def engine_costs(model, tokenizer, batch: int, prompt_len: int, new: int) -> dict[str, float]:
+    """One-process step timings of streamrl's engine -> a, c, p in seconds at the current threads."""
+    import random
+
+    from streamrl.engine.base import GenRequest
+    from streamrl.engine.continuous import ContinuousDecoder
+    from streamrl.engine.hf import HFEngine
+
+    rng = random.Random(0)
+    vocab = model.config.vocab_size
+    distinct = [[rng.randrange(vocab) for _ in range(prompt_len)] for _ in range(8)]
+    engine = HFEngine(model, tokenizer, max_batch=batch, seed=0)
+    engine.stop_ids = set()  # every request decodes exactly `new` tokens
+
+    def step_times(prompts: list[list[int]]) -> list[float]:
+        decoder = ContinuousDecoder(engine)
+        decoder.add([GenRequest(p, new, 1.0) for p in prompts])
+        times = []
+        while not decoder.idle:
+            t0 = time.perf_counter()
+            decoder.step()
+            times.append(time.perf_counter() - t0)
+        return times
+
+    step_times(distinct[:1])  # warm-up
+    one = step_times(distinct[:1])
+    big = step_times([p for p in distinct for _ in range(max(1, batch // len(distinct)))])
+    rows = max(1, batch // len(distinct)) * len(distinct)
+    d1, db = statistics.median(one[1:]), statistics.median(big[1:])
+    c = max(0.0, (db - d1) / (rows - 1))
+    return {
+        "decode_step_s": max(0.0, d1 - c),
+        "decode_token_s": c,
+        "prefill_token_s": max(0.0, big[0] - db) / (len(distinct) * prompt_len),
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", choices=sorted(MODELS), default="smollm2")
@@ -60,10 +101,17 @@ def main() -> None:
     tokenizer = load_tokenizer(model_dir)
     engine_model = cast_params(load_model(model_dir, cfg.device), PRECISIONS[cfg.rollout.precision])
     decode: dict[int, float] = {}
+    steps: dict[int, dict[str, float]] = {}
     for k in threads:
         torch.set_num_threads(k)
         decode[k] = bench_streamrl(engine_model, tokenizer, a.batch, a.new_tokens)
-        print(f"decode {k} thread(s): {decode[k]:.1f} tok/s", flush=True)
+        steps[k] = engine_costs(engine_model, tokenizer, a.batch, a.prompt_len, a.new_tokens)
+        st = steps[k]
+        print(
+            f"decode {k} thread(s): {decode[k]:.1f} tok/s; step = {st['decode_step_s'] * 1e3:.1f} ms + "
+            f"{st['decode_token_s'] * 1e3:.2f} ms x rows; prefill {st['prefill_token_s'] * 1e3:.3f} ms/token",
+            flush=True,
+        )
     del engine_model
     model = load_model(model_dir, cfg.device)
     trainer = Trainer(model, cfg, pad_id=int(tokenizer.pad_token_id))
@@ -86,6 +134,7 @@ def main() -> None:
         "train_tokens_per_s": train,
         "decode_thread_scaling": alpha(decode),
         "thread_scaling": alpha(train),
+        "engine_costs": steps,  # seconds at each thread count
     }
     k = max(threads)
     print(f"\n| phase | 1 thread | {k} threads | speed-up | alpha |\n|---|---|---|---|---|")

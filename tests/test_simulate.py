@@ -35,8 +35,13 @@ def test_async_eta1_timeline_by_hand() -> None:
     r = simulate(UNIT, TINY, Setup(mode="async", eta=1, steps=3), trace=True)
     assert r.time == pytest.approx(11.0)
     assert [(t, w) for t, w in r.trace if w.startswith(("admit", "train"))] == [
-        (0.0, "admit g0 e0 v0"), (0.0, "admit g1 e0 v0"), (2.0, "train v0 [g0]"),
-        (5.0, "admit g2 e0 v1"), (5.0, "train v1 [g1]"), (8.0, "admit g3 e0 v2"), (8.0, "train v2 [g2]"),
+        (0.0, "admit g0 e0 v0"),
+        (0.0, "admit g1 e0 v0"),
+        (2.0, "train v0 [g0]"),
+        (5.0, "admit g2 e0 v1"),
+        (5.0, "train v1 [g1]"),
+        (8.0, "admit g3 e0 v2"),
+        (8.0, "train v2 [g2]"),
     ]
     assert r.staleness_hist == {0: 2, 1: 4}
     assert r.groups_in_flight == 1  # g3 finished, never trained: carried
@@ -44,8 +49,9 @@ def test_async_eta1_timeline_by_hand() -> None:
 
 def test_async_eta0_equals_sync_on_the_same_resources() -> None:
     work = Workload(Cycle((3, 1, 7, 2, 5)), batch_groups=2, group_size=3, prompt_len=4)
-    costs = Costs(decode_step_s=0.3, decode_token_s=0.05, prefill_token_s=0.01, train_token_s=0.02,
-                  weight_sync_s=0.1)
+    costs = Costs(
+        decode_step_s=0.3, decode_token_s=0.05, prefill_token_s=0.01, train_token_s=0.02, weight_sync_s=0.1
+    )
     a = simulate(costs, work, Setup(mode="async", eta=0, engines=2, steps=4))
     s = simulate(costs, work, Setup(mode="sync", engines=2, steps=4))
     assert a.time == pytest.approx(s.time)
@@ -68,8 +74,9 @@ def test_decode_cost_and_interrupt_recompute_by_hand() -> None:
 
 def test_interrupt_costs_a_recompute_inflight_does_not() -> None:
     work = Workload(Cycle((1, 9)), batch_groups=1, group_size=1, prompt_len=4)
-    costs = Costs(decode_step_s=1.0, decode_token_s=0.0, prefill_token_s=0.25, train_token_s=0.0,
-                  train_step_s=0.5)
+    costs = Costs(
+        decode_step_s=1.0, decode_token_s=0.0, prefill_token_s=0.25, train_token_s=0.0, train_step_s=0.5
+    )
     inflight = simulate(costs, work, Setup(mode="async", eta=1, steps=2, weight_update="inflight"))
     interrupt = simulate(costs, work, Setup(mode="async", eta=1, steps=2, weight_update="interrupt"))
     # step 1 (0-3) = prefill 2 * 4 * 0.25 + 1: g0 done, g1 (9 tokens) has 1; train g0 3-3.5 -> v1 admits
@@ -82,12 +89,16 @@ def test_interrupt_costs_a_recompute_inflight_does_not() -> None:
 @pytest.mark.parametrize("eta", [0, 1, 2, 3])
 @pytest.mark.parametrize("update", ["inflight", "interrupt"])
 def test_staleness_bound_never_exceeded(eta: int, update: str) -> None:
-    work = Workload(LogNormal(20, 1.2, 400), batch_groups=3, group_size=2, prompt_len=5, max_batch=4,
-                    filter_rate=0.2)
+    work = Workload(
+        LogNormal(20, 1.2, 400), batch_groups=3, group_size=2, prompt_len=5, max_batch=4, filter_rate=0.2
+    )
     costs = Costs(decode_step_s=0.01, decode_token_s=0.002, prefill_token_s=0.001, train_token_s=0.004)
     for engines in (1, 3):
-        r = simulate(costs, work, Setup(mode="async", eta=eta, engines=engines, steps=15, seed=eta,
-                                        weight_update=update))
+        r = simulate(
+            costs,
+            work,
+            Setup(mode="async", eta=eta, engines=engines, steps=15, seed=eta, weight_update=update),
+        )
         assert r.staleness_max <= eta
         assert r.groups_trained == 15 * 3
         accounted = r.groups_trained + r.filtered_stale + r.filtered_other + r.groups_in_flight
@@ -97,8 +108,12 @@ def test_staleness_bound_never_exceeded(eta: int, update: str) -> None:
 @pytest.mark.parametrize("over", [1.0, 1.5, 2.0, 3.0])
 def test_partial_rollouts_never_lose_or_duplicate(over: float) -> None:
     work = Workload(LogNormal(10, 1.5, 200), batch_groups=4, group_size=2, prompt_len=3, filter_rate=0.1)
-    r = simulate(Costs(decode_step_s=0.1, decode_token_s=0.01), work,
-                 Setup(mode="partial", overprovision=over, engines=2, steps=12), trace=True)
+    r = simulate(
+        Costs(decode_step_s=0.1, decode_token_s=0.01),
+        work,
+        Setup(mode="partial", overprovision=over, engines=2, steps=12),
+        trace=True,
+    )
     trained = [g for _, w in r.trace if w.startswith("train") for g in re.findall(r"g\d+", w)]
     admitted = [w.split()[1] for _, w in r.trace if w.startswith("admit")]
     filtered = [w.split()[1] for _, w in r.trace if w.startswith("filtered")]
@@ -116,11 +131,22 @@ def test_partial_beats_sync_under_long_tail_and_carries_over() -> None:
     assert part.samples_per_s > sync.samples_per_s and part.staleness_max >= 1
 
 
+def test_shared_prefill_charges_a_groups_prompt_once() -> None:
+    # 1 group of 3 samples of 2 tokens, prompt 4 tokens at 0.5 s each, decode steps 1 s: the first step
+    # costs 1 + 3 * 4 * 0.5 = 7 s per sample prefill, 1 + 4 * 0.5 = 3 s shared; then 1 s; train 0
+    costs = Costs(decode_step_s=1.0, decode_token_s=0.0, prefill_token_s=0.5, train_token_s=0.0)
+    work = Workload(Fixed(2), batch_groups=1, group_size=3, prompt_len=4)
+    each = simulate(costs, work, Setup(mode="sync", steps=1))
+    shared = simulate(costs, replace(work, shared_prefill=True), Setup(mode="sync", steps=1))
+    assert each.time == pytest.approx(8.0) and shared.time == pytest.approx(4.0)
+
+
 def test_shared_cores_split_and_contention() -> None:
     # colocated sync on 2 shared cores, alpha = 1: every phase twice as fast as on 1 core
     one = simulate(UNIT, TINY, Setup(mode="sync", steps=3, shared_cores=1))
-    two = simulate(UNIT, TINY, Setup(mode="sync", steps=3, shared_cores=2, engine_threads=2,
-                                     trainer_threads=2))
+    two = simulate(
+        UNIT, TINY, Setup(mode="sync", steps=3, shared_cores=2, engine_threads=2, trainer_threads=2)
+    )
     assert one.time == pytest.approx(15.0) and two.time == pytest.approx(7.5)
     # decoding that does not scale with threads (decode alpha 0): generation 2 s per step as on one
     # core, training 3 / 2 ** 0.5 s (train alpha 0.5); 3 steps
@@ -148,8 +174,8 @@ def test_shared_cores_split_and_contention() -> None:
     assert slow.time == pytest.approx(9.0)
 
 
-@pytest.mark.parametrize("decode_alpha", [None, 0.3])
-def test_fit_recovers_costs_from_a_synthetic_run(tmp_path, decode_alpha) -> None:
+@pytest.mark.parametrize("decode_alpha, shared", [(None, False), (0.3, True)])
+def test_fit_recovers_costs_from_a_synthetic_run(tmp_path, decode_alpha, shared) -> None:
     a, c, train = 0.05, 0.002, 0.01
     speedup = 2 ** (1.0 if decode_alpha is None else decode_alpha)  # decoding on 2 threads
     B, G, prompt, max_new = 2, 4, 10, 20
@@ -157,22 +183,38 @@ def test_fit_recovers_costs_from_a_synthetic_run(tmp_path, decode_alpha) -> None
     for step, (mean, trunc) in enumerate([(20.0, 1.0), (10.0, 0.5), (5.0, 0.0), (8.0, 0.25)], 1):
         gen = int(mean * B * G)
         s_len = max_new if trunc > 0 else 3 * mean
-        gen_time = (a * s_len + c * (gen + prompt * B * G)) / speedup  # 2 threads
-        rows.append({"step": step, "response_length": mean, "truncation_rate": trunc,
-                     "tokens_generated": gen, "tokens_trained": gen + prompt * B * G,
-                     "generate_time": gen_time, "train_time": train * (gen + prompt * B * G) / 2,
-                     "groups_dropped_zero_variance": 0, "samples_per_s": 1.0})
+        # 2 threads; shared: a group's G samples share one prefill of the prompt
+        gen_time = (a * s_len + c * (gen + prompt * B * (1 if shared else G))) / speedup
+        rows.append(
+            {
+                "step": step,
+                "response_length": mean,
+                "truncation_rate": trunc,
+                "tokens_generated": gen,
+                "tokens_trained": gen + prompt * B * G,
+                "generate_time": gen_time,
+                "train_time": train * (gen + prompt * B * G) / 2,
+                "groups_dropped_zero_variance": 0,
+                "samples_per_s": 1.0,
+            }
+        )
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     (tmp_path / "config.yaml").write_text(
         "max_staleness: 0\nruntime: {mode: colocated}\ntrain: {threads: 0}\n"
         f"rollout: {{prompts_per_step: {B}, samples_per_prompt: {G}, max_new_tokens: {max_new}}}\n"
     )
     run = fit.load_run(tmp_path, cores=2)
-    costs, _ = fit.fit_costs(run, decode_alpha=decode_alpha)  # training: alpha 1
+    costs, _ = fit.fit_costs(run, decode_alpha=decode_alpha, shared_prefill=shared)  # training: alpha 1
     assert costs.decode_step_s == pytest.approx(a, rel=1e-6)
     assert costs.decode_token_s == pytest.approx(c, rel=1e-6)
     assert costs.train_token_s == pytest.approx(train, rel=1e-6)
     assert fit.setup(run).mode == "sync" and fit.workload(run).prompt_len == prompt
+    assert fit.workload(run, shared).shared_prefill == shared
+    bench, notes = fit.fit_costs(run, engine=fit.EngineCosts(0.1, 0.2, 0.3))  # measured apart from the run
+    assert (bench.decode_step_s, bench.decode_token_s, bench.prefill_token_s) == (0.1, 0.2, 0.3)
+    assert bench.train_token_s == pytest.approx(train, rel=1e-6) and notes == [
+        "decode: measured engine costs"
+    ]
 
 
 def test_bad_input_is_one_clear_line(capsys) -> None:
@@ -186,9 +228,25 @@ def test_bad_input_is_one_clear_line(capsys) -> None:
 
 
 def test_cli_table_and_json(capsys) -> None:
-    assert main(["simulate", "lengths=fixed:2", "decode_step_s=1", "decode_token_s=0", "train_token_s=1.5",
-                 "prompt_len=0", "batch_groups=1", "group_size=1", "steps=3", "modes=sync,async",
-                 "etas=1", "colocated_sync=false"]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "lengths=fixed:2",
+                "decode_step_s=1",
+                "decode_token_s=0",
+                "train_token_s=1.5",
+                "prompt_len=0",
+                "batch_groups=1",
+                "group_size=1",
+                "steps=3",
+                "modes=sync,async",
+                "etas=1",
+                "colocated_sync=false",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert re.search(r"sync\s+1\s+1\s+-\s+0\.2\s+1\.00x", out)
     assert re.search(r"async\s+1\s+1\s+1\s+0\.2727\s+1\.36x", out)  # 3 samples / 11 s vs 3 / 15 s

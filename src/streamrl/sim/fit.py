@@ -15,6 +15,8 @@ decode cost fitted at 2 threads and used at 1 needs its own exponent).
 
       generate_time * k ** alpha = a * r * S + c * (generated tokens + prompt tokens)
 
+  (prompt tokens: G per group, or 1 with shared_prefill, as streamrl's engine computes them: it
+  prefills a group's G identical prompts once; with G the fitted c absorbs the prefill cost)
   solved for (a, c) >= 0 by least squares over the rows. Async rows log no generate time: the engine's
   busy time (1 - engine_idle_share) * elapsed covers every token it generated, so a = 0 and
   c = busy * k ** alpha / (generated + prompt tokens), generated tokens scaled up by the groups it
@@ -93,7 +95,7 @@ def _prompt_len(run: Run) -> float:
     return max(1.0, sum(per) / len(per))
 
 
-def fit_decode(run: Run, alpha: float = 1.0) -> tuple[float, float, str]:
+def fit_decode(run: Run, alpha: float = 1.0, shared_prefill: bool = False) -> tuple[float, float, str]:
     """(decode_step_s, decode_token_s, how) in one-thread seconds; see the module docstring."""
     tt, et = run.threads()
     prompt, max_new = _prompt_len(run), int(run.config["rollout"]["max_new_tokens"])
@@ -104,7 +106,9 @@ def fit_decode(run: Run, alpha: float = 1.0) -> tuple[float, float, str]:
             n_groups = run.B + dropped
             rounds = 1 + math.ceil(dropped / run.B)
             s_len = max_new if r.get("truncation_rate", 0) > 0 else min(max_new, 3 * r["response_length"])
-            tokens = r["tokens_generated"] * n_groups / run.B + PREFILL * prompt * n_groups * run.G
+            tokens = r["tokens_generated"] * n_groups / run.B + PREFILL * prompt * n_groups * _per_group(
+                run, shared_prefill
+            )
             xs.append((rounds * s_len, tokens, r["generate_time"] * et**alpha))
         a, c = _nonneg_lstsq(xs)
         return a, c, f"least squares over {len(xs)} colocated steps' generate_time"
@@ -113,8 +117,16 @@ def fit_decode(run: Run, alpha: float = 1.0) -> tuple[float, float, str]:
     trained = run.B * len(run.rows)
     carried = int(run.rows[-1].get("groups_carried_over", 0))
     scale = (trained + _filtered(run) + carried) / trained
-    tokens = (sum(r["tokens_generated"] for r in run.rows) + PREFILL * prompt * trained * run.G) * scale
+    tokens = (
+        sum(r["tokens_generated"] for r in run.rows)
+        + PREFILL * prompt * trained * _per_group(run, shared_prefill)
+    ) * scale
     return 0.0, busy * et**alpha / tokens, "engine busy time / tokens (a = 0 assumed)"
+
+
+def _per_group(run: Run, shared_prefill: bool) -> int:
+    """Prompts prefilled per group: 1 when its samples share one prefill, else G."""
+    return 1 if shared_prefill else run.G
 
 
 def _nonneg_lstsq(xs: list[tuple[float, float, float]]) -> tuple[float, float]:
@@ -132,7 +144,7 @@ def _nonneg_lstsq(xs: list[tuple[float, float, float]]) -> tuple[float, float]:
     return 0.0, max(0.0, syz / syy) if syy else 0.0
 
 
-def workload(run: Run) -> Workload:
+def workload(run: Run, shared_prefill: bool = False) -> Workload:
     ro = run.config["rollout"]
     lengths = StepStats(
         tuple(float(r["response_length"]) for r in run.rows),
@@ -148,6 +160,7 @@ def workload(run: Run) -> Workload:
         prompt_len=round(_prompt_len(run)),
         max_batch=int(ro.get("max_batch", 128)),
         filter_rate=min(0.95, filtered / (filtered + trained)),
+        shared_prefill=shared_prefill,
     )
 
 
@@ -168,25 +181,50 @@ def setup(run: Run, alpha: float = 1.0, decode_alpha: float | None = None) -> Se
     )
 
 
+@dataclass(frozen=True)
+class EngineCosts:
+    """Decode costs measured apart from any run (benchmarks/thread_scaling.py), in one-thread seconds:
+    a decode step's fixed cost, its cost per running row, a prefill's cost per distinct prompt token."""
+
+    decode_step_s: float
+    decode_token_s: float
+    prefill_token_s: float
+
+
 def fit_costs(
-    run: Run, alpha: float = 1.0, decode_from: Run | None = None, decode_alpha: float | None = None
+    run: Run,
+    alpha: float = 1.0,
+    decode_from: Run | None = None,
+    decode_alpha: float | None = None,
+    shared_prefill: bool = False,
+    engine: EngineCosts | None = None,
 ) -> tuple[Costs, list[str]]:
-    """Costs of `run` (decode costs from `decode_from` if given: a cross-fit). Returns notes too.
+    """Costs of `run`: decode costs fitted on the run, on `decode_from` (a cross-fit) or taken from
+    measured `engine` costs (prefill then counted once per group). Returns notes too.
     alpha: the trainer's thread-scaling exponent; decode_alpha: the engines' (None: alpha)."""
     tt, _ = run.threads()
-    a, c, how = fit_decode(decode_from or run, alpha if decode_alpha is None else decode_alpha)
-    notes = [f"decode: {how}" + (f" of {decode_from.path}" if decode_from else "")]
+    if engine is not None:
+        a, c, p = engine.decode_step_s, engine.decode_token_s, engine.prefill_token_s
+        shared_prefill = True
+        notes = ["decode: measured engine costs"]
+    else:
+        d_alpha = alpha if decode_alpha is None else decode_alpha
+        a, c, how = fit_decode(decode_from or run, d_alpha, shared_prefill)
+        p = PREFILL * c
+        notes = [f"decode: {how}" + (f" of {decode_from.path}" if decode_from else "")]
     train = sum(r["train_time"] for r in run.rows) * tt**alpha / sum(r["tokens_trained"] for r in run.rows)
     syncs = [r["weight_sync_time"] for r in run.rows if "weight_sync_time" in r]
     costs = Costs(
         decode_step_s=a,
         decode_token_s=c,
-        prefill_token_s=PREFILL * c,
+        prefill_token_s=p,
         train_token_s=train,
         weight_sync_s=sum(syncs) / len(syncs) if syncs else 0.0,
     )
     if not run.colocated and "trainer_wait_time" in run.rows[0]:
-        sim = simulate(costs, workload(run), replace(setup(run, alpha, decode_alpha), steps=1))
+        sim = simulate(
+            costs, workload(run, shared_prefill), replace(setup(run, alpha, decode_alpha), steps=1)
+        )
         first = sim.first_batch_s
         costs = replace(costs, startup_s=max(0.0, run.rows[0]["trainer_wait_time"] - first))
         notes.append(f"startup_s = measured first wait - simulated {first:.1f} s")

@@ -8,6 +8,8 @@ Engine (continuous batching). A decode step over b running sequences costs
 
     chunk * (decode_step_s + decode_token_s * b)  +  prefill_token_s * (prompt tokens joining now)
 
+(with shared_prefill, a group's prompt counts once: its G samples share one prefill, as streamrl's
+engine and vLLM's prefix cache do)
 and gives every running sequence `chunk` tokens (chunk = 1 is exact token-level decoding; larger
 chunks trade resolution for speed on long sequences). At most `max_batch` sequences run; the rest
 wait. Between steps an engine takes the newest published weights: `inflight` keeps the KV caches
@@ -72,6 +74,7 @@ class Workload:
     prompt_len: int = 50
     max_batch: int = 128  # sequences one engine decodes at once
     filter_rate: float = 0.0
+    shared_prefill: bool = False  # a group's G samples share one prompt prefill
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,7 @@ class _Group:
     size: int
     filtered: bool
     done: int = 0
+    prefilled: bool = False  # shared_prefill: its prompt is already in the engine's cache
     tokens: int = 0  # prompt + response tokens over all samples (what the trainer trains)
     versions: dict[int, int] = field(default_factory=dict)  # policy version -> response tokens
 
@@ -242,8 +246,11 @@ class _Sim:
                     work += c.prefill_token_s * sum(w.prompt_len + q.made for q in e.running)
                 e.version = self.version
             while e.waiting and len(e.running) < w.max_batch:
-                e.running.append(e.waiting.popleft())
-                work += c.prefill_token_s * w.prompt_len
+                q = e.waiting.popleft()
+                e.running.append(q)
+                if not (w.shared_prefill and q.group.prefilled):
+                    work += c.prefill_token_s * w.prompt_len
+                    q.group.prefilled = True
             work += self.s.chunk * (c.decode_step_s + c.decode_token_s * len(e.running))
             e.work, e.stepping = work, True
 

@@ -25,12 +25,12 @@ from streamrl.sim.model import simulate
 
 
 def main(argv: list[str]) -> None:
-    dirs, decode_from, cores = [], None, 2
+    dirs, source, decode_from, cores = [], "", None, 2
     alpha, decode_alpha, engine, shared = 1.0, None, None, False
     it = iter(argv)
     for a in it:
         if a == "--decode-from":
-            decode_from = fit.load_run(next(it), cores)
+            source = next(it)
         elif a == "--cores":
             cores = int(next(it))
         elif a == "--shared-prefill":
@@ -46,6 +46,8 @@ def main(argv: list[str]) -> None:
             )
         else:
             dirs.append(a)
+    if source:  # after the loop: --cores may come later on the command line
+        decode_from = fit.load_run(source, cores)
     print(
         f"{'run':<44} {'mode':<6} {'eta':>3} {'fit':<5} {'measured':>9} {'predicted':>9} {'error':>7} "
         f"{'trainer idle m/p':>16} {'engine idle m/p':>15}"

@@ -89,6 +89,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--out", default="")
     a = p.parse_args()
+    if a.batch < 8 or a.batch % 8 or a.new_tokens < 2:
+        p.error("--batch must be a multiple of 8 (8 distinct prompts) and --new-tokens at least 2")
     threads = sorted({int(t) for t in a.threads.split(",")} | {1})
     from streamrl.config import load_config
     from streamrl.engine.hf import PRECISIONS

@@ -44,6 +44,41 @@ def test_grouped_query_heads_equal_sdpa_on_repeated_kv_heads(per_head_mask):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("shape", [(2, 1, 1, 7), (2, 1, 4, 1), (4, 7)])
+def test_masks_that_broadcast_over_queries_or_keys(shape):
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 6, 4, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, 7, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    keep = torch.rand(shape, generator=g) > 0.3
+    keep[..., 0] = True  # every query sees at least one key
+    ref = F.scaled_dot_product_attention(
+        q, k.repeat_interleave(3, dim=1), v.repeat_interleave(3, dim=1), attn_mask=keep, scale=0.5
+    )
+    torch.testing.assert_close(matmul_attention(q, k, v, keep, 0.5), ref, rtol=0, atol=1e-12)
+
+
+def test_a_mask_over_a_different_number_of_keys_is_an_error():
+    q, k = torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 5, 4)
+    with pytest.raises(ValueError, match="attention mask covers 6 keys, the keys are 5"):
+        matmul_attention(q, k, k, torch.ones(1, 1, 3, 6, dtype=torch.bool), 1.0)
+
+
+def test_bf16_gradients_stay_close_to_fp32():
+    # the bf16 softmax's backward reads bf16 probabilities: gradients within bf16 rounding of fp32 ones
+    g = torch.Generator().manual_seed(3)
+    q32 = torch.randn(4, 9, 16, 64, generator=g)
+    k32, v32 = (torch.randn(4, 3, 40, 64, generator=g) for _ in range(2))
+    keep = torch.ones(16, 40, dtype=torch.bool).tril(24)[None, None]
+    grads = []
+    for dtype in (torch.float32, torch.bfloat16):
+        leaves = [t.to(dtype, copy=True).requires_grad_(True) for t in (q32, k32, v32)]
+        out = matmul_attention(*leaves, keep, 64**-0.5)
+        (out.float() * torch.linspace(-1, 1, 64)).sum().backward()
+        grads.append([t.grad.float() for t in leaves])
+    for g32, g16 in zip(*grads):
+        assert float((g16 - g32).norm() / g32.norm()) < 2e-2
+
+
 def test_query_heads_not_a_multiple_of_kv_heads_is_an_error():
     with pytest.raises(ValueError, match="5 query heads are not a multiple of 2 key/value heads"):
         matmul_attention(torch.zeros(1, 5, 2, 4), torch.zeros(1, 2, 2, 4), torch.zeros(1, 2, 2, 4), None, 1.0)

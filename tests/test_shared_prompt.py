@@ -54,8 +54,9 @@ def test_collate_shared_layout():
     assert mb.num_tokens == 2 * 2 + 3 * 2  # prefixes + completion rows
 
 
-def test_shared_logprobs_entropy_and_hidden_equal_the_padded_path(tiny):
-    model = tiny[0]
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_shared_logprobs_entropy_and_hidden_equal_the_padded_path(tiny, dtype):
+    model = copy.deepcopy(tiny[0]).to(dtype)
     batch = _groups(3, 4, seed=0)
     trajs, adv = batch.trajectories, batch.advantages
     with torch.no_grad():
@@ -63,6 +64,7 @@ def test_shared_logprobs_entropy_and_hidden_equal_the_padded_path(tiny):
         lp1, ent1, h1 = completion_forward(model, padded, 0.7, True, return_hidden=True)
         lp2, ent2, h2 = completion_forward(model, shared, 0.7, True, return_hidden=True)
     mask = collate(trajs, adv, 0).loss_mask.bool()
+    assert lp2.dtype == ent2.dtype == dtype  # fp64 logits keep fp64 log-probs
     for a, b in ((lp1, lp2), (ent1, ent2)):
         assert float((a - b)[mask].abs().max()) < 1e-5
     assert float((h1 - h2)[mask].abs().max()) < 1e-5

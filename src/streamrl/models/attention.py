@@ -44,9 +44,11 @@ def matmul_attention(
     g = H // Hkv
     if mask is None:
         mask = torch.ones(Q, K, dtype=torch.bool, device=query.device).tril(K - Q)
-    mask = mask.view(*([1] * (4 - mask.dim())), *mask.shape)  # [b, h, Q, K]
+    mask = mask.view(*([1] * (4 - mask.dim())), *mask.shape)  # [b, h, q, k], q / k: Q / K or 1 (broadcast)
+    if mask.shape[-1] not in (1, K):
+        raise ValueError(f"attention mask covers {mask.shape[-1]} keys, the keys are {K}")
     per_head = mask.shape[1] == H and H > 1
-    mask = mask.reshape(mask.shape[0], Hkv if per_head else 1, g if per_head else 1, Q, K)
+    mask = mask.reshape(mask.shape[0], Hkv if per_head else 1, g if per_head else 1, *mask.shape[-2:])
     q = (query * scaling).reshape(B, Hkv, g * Q, D)
     scores = torch.matmul(q, key.transpose(-1, -2)).view(B, Hkv, g, Q, K)
     # the dtype's lowest value, not -inf: a fully masked row (a left-pad query, never read) stays finite

@@ -3,7 +3,8 @@
 RUN_DIR: costs and lengths fitted from its config.yaml + metrics.jsonl (see sim/fit.py), the run's
 own mode first. params.yaml / key=value: any field of Costs (decode_step_s, decode_token_s,
 prefill_token_s, train_token_s, train_step_s, allreduce_s, weight_sync_s, startup_s), Workload
-(batch_groups, group_size, prompt_len, max_batch, filter_rate, lengths=fixed:N|list:..|lognormal:..)
+(batch_groups, group_size, prompt_len, max_batch, filter_rate, shared_prefill,
+lengths=fixed:N|list:..|lognormal:..)
 and Setup (steps, weight_update, overprovision, shared_cores, engine_threads, trainer_threads,
 thread_scaling, decode_thread_scaling, contention, chunk, seed), plus the grid:
 modes=sync,async,partial etas=0,1,2 engines=1,2 ranks=1 and colocated_sync=true|false.
@@ -73,8 +74,9 @@ def build(args: list[str]) -> tuple[str, Costs, Workload, Setup, dict[str, list[
         alpha = float(params.get("thread_scaling", 1.0))
         raw = params.get("decode_thread_scaling")
         decode_alpha = float(raw) if raw is not None else None
-        costs, notes = fit.fit_costs(run, alpha, decode_alpha=decode_alpha)
-        work, setup = fit.workload(run), fit.setup(run, alpha, decode_alpha)
+        shared = str(params.get("shared_prefill", False)).lower() in ("true", "1", "yes")
+        costs, notes = fit.fit_costs(run, alpha, decode_alpha=decode_alpha, shared_prefill=shared)
+        work, setup = fit.workload(run, shared), fit.setup(run, alpha, decode_alpha)
         g.update(engines=[setup.engines], ranks=[setup.ranks])
         title = f"fitted from {source} ({len(run.rows)} steps, measured {run.rows[-1]['samples_per_s']:.3f}" \
                 " samples/s)"

@@ -9,7 +9,9 @@ Engine (continuous batching). A decode step over b running sequences costs
     chunk * (decode_step_s + decode_token_s * b)  +  prefill_token_s * (prompt tokens joining now)
 
 (with shared_prefill, a group's prompt counts once: its G samples share one prefill, as streamrl's
-engine and vLLM's prefix cache do)
+engine does within one decode batch and vLLM's prefix cache does across them; approximations: a group
+whose samples join in different steps is still charged once, and an `interrupt` recompute charges
+prompt + generated tokens per sequence, as streamrl's engine recomputes them)
 and gives every running sequence `chunk` tokens (chunk = 1 is exact token-level decoding; larger
 chunks trade resolution for speed on long sequences). At most `max_batch` sequences run; the rest
 wait. Between steps an engine takes the newest published weights: `inflight` keeps the KV caches

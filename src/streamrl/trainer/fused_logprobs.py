@@ -76,6 +76,7 @@ class _LogprobEntropy(torch.autograd.Function):
         return lp.view(B, C), ent.view(B, C)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # in-place ops below: no double backward
     def backward(  # type: ignore[override]
         ctx: torch.autograd.function.FunctionCtx, g_lp: torch.Tensor | None, g_ent: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, None, None, None]:

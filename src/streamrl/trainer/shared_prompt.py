@@ -152,9 +152,9 @@ def shared_forward(
     lp_real, ent_real = token_logprobs_entropy(
         logits, mb.completion_ids.to(dev)[real], temperature, return_entropy
     )
-    lp = torch.zeros(B, C, device=dev).masked_scatter(real, lp_real)
+    lp = torch.zeros(B, C, dtype=lp_real.dtype, device=dev).masked_scatter(real, lp_real)
     entropy = None
     if ent_real is not None:
         ent_real = ent_real if entropy_grad else ent_real.detach()
-        entropy = torch.zeros(B, C, device=dev).masked_scatter(real, ent_real)
+        entropy = torch.zeros(B, C, dtype=ent_real.dtype, device=dev).masked_scatter(real, ent_real)
     return lp, entropy, hidden if return_hidden else None

@@ -8,10 +8,12 @@ thread split - is predicted). cross (with --decode-from, e.g. a colocated sync r
 from that other run, so async runs are predicted from a synchronous one's generation speed.
 --measured: the JSON of benchmarks/thread_scaling.py. Its thread-scaling exponents (decode_thread_scaling,
 thread_scaling; default 1 for both) carry a cost fitted at one thread count to another (a colocated run's
-2-thread decoding to an async worker's 1 thread) in every fit, and it adds a "bench" row per run: decode
+2-thread decoding to an async worker's 1 thread) in every fit, and it adds two rows per run. bench: decode
 costs measured by that benchmark on an idle machine (per-step, per-row and prefill costs at 1 thread),
-training costs fitted on the run. --shared-prefill: the self/cross fits count a group's prompt once (as
-the engine computes it) instead of once per sample.
+training costs fitted on the run. scaled: the same costs' proportions, scaled so the simulated engine is
+busy as long as the run's was (what contention on a loaded machine adds; sim/fit.py).
+--shared-prefill: the self/cross fits count a group's prompt once (as the engine computes it) instead of
+once per sample.
 """
 
 from __future__ import annotations
@@ -57,16 +59,15 @@ def main(argv: list[str]) -> None:
         run = fit.load_run(d, cores)
         m = fit.measured(run)
         st = fit.setup(run, alpha, decode_alpha)
-        for how in ("self", "cross", "bench"):
+        for how in ("self", "cross", "bench", "scaled"):
             if how == "cross" and (decode_from is None or decode_from.path == run.path):
                 continue
-            if how == "bench" and engine is None:
+            if how in ("bench", "scaled") and engine is None:
                 continue
             src = decode_from if how == "cross" else None
-            costs, _ = fit.fit_costs(
-                run, alpha, src, decode_alpha, shared, engine if how == "bench" else None
-            )
-            r = simulate(costs, fit.workload(run, shared or how == "bench"), st)
+            eng = engine if how in ("bench", "scaled") else None
+            costs, _ = fit.fit_costs(run, alpha, src, decode_alpha, shared, eng, how == "scaled")
+            r = simulate(costs, fit.workload(run, shared or eng is not None), st)
             err = r.samples_per_s / m["samples_per_s"] - 1
             errs.setdefault(how, []).append(abs(err))
             print(

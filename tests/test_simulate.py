@@ -215,6 +215,15 @@ def test_fit_recovers_costs_from_a_synthetic_run(tmp_path, decode_alpha, shared)
     assert bench.train_token_s == pytest.approx(train, rel=1e-6) and notes == [
         "decode: measured engine costs"
     ]
+    # scaled: the measured proportions, scaled until the simulated engine is busy as long as the run's
+    scaled, notes = fit.fit_costs(run, engine=fit.EngineCosts(0.1, 0.2, 0.3), scale_engine=True)
+    factor = scaled.decode_step_s / 0.1
+    assert scaled.decode_token_s == pytest.approx(0.2 * factor)
+    assert scaled.prefill_token_s == pytest.approx(0.3 * factor)
+    r = simulate(scaled, fit.workload(run, True), fit.setup(run))
+    assert fit.engine_busy(run) == pytest.approx(sum(row["generate_time"] for row in rows))
+    assert (1 - r.engine_idle) * r.time == pytest.approx(fit.engine_busy(run), rel=0.02)
+    assert notes[0].startswith("decode: measured engine costs x ")
 
 
 def test_bad_input_is_one_clear_line(capsys) -> None:

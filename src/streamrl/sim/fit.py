@@ -112,8 +112,7 @@ def fit_decode(run: Run, alpha: float = 1.0, shared_prefill: bool = False) -> tu
             xs.append((rounds * s_len, tokens, r["generate_time"] * et**alpha))
         a, c = _nonneg_lstsq(xs)
         return a, c, f"least squares over {len(xs)} colocated steps' generate_time"
-    elapsed = run.B * run.G * len(run.rows) / run.rows[-1]["samples_per_s"]
-    busy = (1.0 - run.rows[-1].get("engine_idle_share", 0.0)) * elapsed
+    busy = engine_busy(run)
     trained = run.B * len(run.rows)
     carried = int(run.rows[-1].get("groups_carried_over", 0))
     scale = (trained + _filtered(run) + carried) / trained
@@ -122,6 +121,15 @@ def fit_decode(run: Run, alpha: float = 1.0, shared_prefill: bool = False) -> tu
         + PREFILL * prompt * trained * _per_group(run, shared_prefill)
     ) * scale
     return 0.0, busy * et**alpha / tokens, "engine busy time / tokens (a = 0 assumed)"
+
+
+def engine_busy(run: Run) -> float:
+    """Measured wall seconds the engines spent generating: colocated, the sum of generate_time; async,
+    (1 - engine idle share) x the loop's elapsed time."""
+    if run.colocated and all("generate_time" in r for r in run.rows):
+        return float(sum(r["generate_time"] for r in run.rows))
+    elapsed = run.B * run.G * len(run.rows) / run.rows[-1]["samples_per_s"]
+    return (1.0 - run.rows[-1].get("engine_idle_share", 0.0)) * elapsed
 
 
 def _per_group(run: Run, shared_prefill: bool) -> int:
@@ -198,10 +206,14 @@ def fit_costs(
     decode_alpha: float | None = None,
     shared_prefill: bool = False,
     engine: EngineCosts | None = None,
+    scale_engine: bool = False,
 ) -> tuple[Costs, list[str]]:
     """Costs of `run`: decode costs fitted on the run, on `decode_from` (a cross-fit) or taken from
     measured `engine` costs (prefill then counted once per group). Returns notes too.
-    alpha: the trainer's thread-scaling exponent; decode_alpha: the engines' (None: alpha)."""
+    alpha: the trainer's thread-scaling exponent; decode_alpha: the engines' (None: alpha).
+    scale_engine (with `engine`): keep the measured costs' proportions (per step, per row, prefill) but
+    scale them so the simulated engines are busy as long as the run's were: an idle-machine benchmark
+    misses what a loaded one adds (memory-bandwidth contention with the trainer, worker overhead)."""
     tt, _ = run.threads()
     if engine is not None:
         a, c, p = engine.decode_step_s, engine.decode_token_s, engine.prefill_token_s
@@ -221,6 +233,9 @@ def fit_costs(
         train_token_s=train,
         weight_sync_s=sum(syncs) / len(syncs) if syncs else 0.0,
     )
+    if engine is not None and scale_engine:
+        costs, factor = _scale_to_busy(costs, run, setup(run, alpha, decode_alpha))
+        notes[0] += f" x {factor:.2f} (scaled to the run's engine busy time)"
     if not run.colocated and "trainer_wait_time" in run.rows[0]:
         sim = simulate(
             costs, workload(run, shared_prefill), replace(setup(run, alpha, decode_alpha), steps=1)
@@ -229,6 +244,26 @@ def fit_costs(
         costs = replace(costs, startup_s=max(0.0, run.rows[0]["trainer_wait_time"] - first))
         notes.append(f"startup_s = measured first wait - simulated {first:.1f} s")
     return costs, notes
+
+
+def _scale_to_busy(costs: Costs, run: Run, st: Setup, rounds: int = 4) -> tuple[Costs, float]:
+    """Scale the decode costs until the simulated engine busy time matches the measured one (the
+    schedule moves with the costs, so a few fixed-point rounds) -> (costs, total factor)."""
+    target, total = engine_busy(run), 1.0
+    for _ in range(rounds):
+        r = simulate(costs, workload(run, True), st)
+        busy = (1.0 - r.engine_idle) * r.time * st.engines
+        if busy <= 0:
+            break
+        f = target / busy
+        total *= f
+        costs = replace(
+            costs,
+            decode_step_s=costs.decode_step_s * f,
+            decode_token_s=costs.decode_token_s * f,
+            prefill_token_s=costs.prefill_token_s * f,
+        )
+    return costs, total
 
 
 def measured(run: Run) -> dict[str, float]:

@@ -15,6 +15,8 @@
    work are NOT counted as useful: they are what the ratio exposes. Printed twice: "credited" counts
    every sample's prompt (what the padded layout computes); "computed" counts what ran when prompts
    are shared (one prefill per group in the engine, the trainer's forward tokens incl. its padding).
+3. The model's own forward GEMM shapes (q/o, k/v, MLP, LM head) at --gemm-tokens rows, 1 thread: how fast
+   its matmuls run when nothing else does (a bound on what GEMM efficiency alone can explain).
 Not a test: figures, not assertions.
 """
 
@@ -48,6 +50,44 @@ def gemm_peak(size: int, repeats: int, dtype: torch.dtype, threads: int) -> floa
         torch.set_num_threads(old)
 
 
+def model_gemms(
+    model_name: str, dtype: torch.dtype, tokens: int, repeats: int
+) -> list[tuple[str, float, float]]:
+    """(name, FLOPs per token, FLOP/s at 1 thread) of the model's forward GEMMs at `tokens` rows: where the
+    step's GEMM time could go if nothing else ran (the backward runs the same shapes transposed, twice)."""
+    from transformers import AutoConfig
+
+    from streamrl.models import resolve_model_dir
+
+    c = AutoConfig.from_pretrained(resolve_model_dir(model_name, 0))
+    h, inter, heads = c.hidden_size, c.intermediate_size, c.num_attention_heads
+    kv = h // heads * getattr(c, "num_key_value_heads", heads)
+    shapes = {  # (k, n, matmuls per layer); the LM head once
+        "q/o proj": (h, h, 2),
+        "k/v proj": (h, kv, 2),
+        "mlp gate/up": (h, inter, 2),
+        "mlp down": (inter, h, 1),
+        "lm head": (h, c.vocab_size, 0),
+    }
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    out = []
+    try:
+        for name, (k, n, per_layer) in shapes.items():
+            a, b = torch.randn(tokens, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+            torch.mm(a, b)
+            best = float("inf")
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                torch.mm(a, b)
+                best = min(best, time.perf_counter() - t0)
+            count = per_layer * c.num_hidden_layers if per_layer else 1
+            out.append((name, 2.0 * k * n * count, 2.0 * tokens * k * n / best))
+    finally:
+        torch.set_num_threads(old)
+    return out
+
+
 def param_count(model_name: str) -> int:
     from streamrl.models import load_model, resolve_model_dir
 
@@ -71,6 +111,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--size", type=int, default=2048)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--gemm-tokens", type=int, default=2048, help="rows of the model-shape GEMMs")
     args = ap.parse_args()
     cores = os.cpu_count() or 1
     peaks = {
@@ -85,6 +126,15 @@ def main() -> None:
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     n = param_count(cfg["model"])
+    dt = torch.bfloat16 if cfg["train"]["precision"] == "bf16" else torch.float32
+    gemms = model_gemms(cfg["model"], dt, args.gemm_tokens, args.repeats)
+    per_token = sum(f for _, f, _ in gemms)
+    print(f"the model's forward GEMMs at {args.gemm_tokens} rows, 1 thread ({cfg['train']['precision']}):")
+    for name, f, rate in gemms:
+        print(f"  {name:<12} {f / per_token:5.1%} of the GEMM FLOPs  {rate / 1e9:7.1f} GFLOP/s")
+    mixed = per_token / sum(f / rate for _, f, rate in gemms)
+    square = peaks[(cfg["train"]["precision"], 1)]
+    print(f"  FLOP-weighted {mixed / 1e9:.1f} GFLOP/s = {mixed / square:.0%} of the square peak at 1 thread")
     # steady state: the steps after the first, timed between consecutive step records (no set-up or eval)
     steady = rows[1:] if len(rows) > 1 else rows
     wall = rows[-1]["time"] - rows[0]["time"] if len(rows) > 1 else rows[0]["time"]

@@ -118,8 +118,9 @@ def scenario(name: str) -> tuple[str, Costs, Workload, Setup, dict[str, list[Any
         work = Workload(long_tail, batch_groups=32, group_size=8, prompt_len=300, max_batch=128)
         base = Setup(steps=12, chunk=32, overprovision=2.0, weight_update="interrupt")
         desc = (
-            "APRIL-like: 8 colocated devices generate then train (synchronous framework); partial "
-            "over-provisions 2x the batch, trains the first 32 groups to finish and carries the rest; "
+            "APRIL-like: 8 devices, 4 engines + 4 trainer ranks, generating then training in rounds "
+            "(a synchronous framework); partial over-provisions 2x the batch, trains the first 32 groups "
+            "to finish and carries the rest; "
             f"lengths log-normal (median 1500, sigma 1, cap 16384, mean {long_tail.mean():.0f})"
         )
         return desc, GPU_COSTS, work, base, {

@@ -8,15 +8,12 @@ Engine (continuous batching). A decode step over b running sequences costs
 
     chunk * (decode_step_s + decode_token_s * b)  +  prefill_token_s * (prompt tokens joining now)
 
-(with shared_prefill, a group's prompt counts once: its G samples share one prefill, as streamrl's
-engine does within one decode batch and vLLM's prefix cache does across them; approximations: a group
-whose samples join in different steps is still charged once, and an `interrupt` recompute charges
-prompt + generated tokens per sequence, as streamrl's engine recomputes them)
 and gives every running sequence `chunk` tokens (chunk = 1 is exact token-level decoding; larger
 chunks trade resolution for speed on long sequences). At most `max_batch` sequences run; the rest
 wait. Between steps an engine takes the newest published weights: `inflight` keeps the KV caches
 (free), `interrupt` recomputes them (prefill_token_s * (prompt + generated) per running sequence).
-Every token records the version of the weights that produced it.
+Every token records the version of the weights that produced it. With shared_prefill a group's
+prompt is charged once, also when its samples join in different steps.
 
 Trainer. A step on a batch of T tokens (prompt + response) with R ranks costs
 
@@ -92,8 +89,7 @@ class Setup:
     engine_threads: int = 1
     trainer_threads: int = 1
     thread_scaling: float = 1.0  # alpha: k trainer threads run k ** alpha times faster than one
-    decode_thread_scaling: float | None = None  # the engines' alpha (None: thread_scaling); decoding
-    # is memory-bound on CPU and scales less (benchmarks/thread_scaling.py measures both)
+    decode_thread_scaling: float | None = None  # the engines' alpha (None: thread_scaling)
     contention: float = 0.0  # shared cores: each extra active component slows all by this fraction
     chunk: int = 1
     seed: int = 0
@@ -330,9 +326,8 @@ class _Sim:
     def rates(self) -> tuple[list[float], float]:
         """Progress per wall second of each stepping engine and of the trainer job.
 
-        Devices: 1. Shared cores C: a component with k threads runs at k ** alpha * min(1, C / D) (alpha:
-        decode_thread_scaling for engines, thread_scaling for the trainer),
-        D = threads demanded by every active component, divided by 1 + contention * (active - 1).
+        Devices: 1. Shared cores C: k threads run at k ** alpha * min(1, C / D) (alpha: decode_ or
+        thread_scaling), D = threads demanded by every active component, / (1 + contention * (active - 1)).
         Weight sync is a fixed wall time (rate 1)."""
         active_e = [e for e in self.engines if e.stepping]
         n_train = int(self.job == "train")

@@ -12,7 +12,8 @@ import pytest
 from streamrl.cli import main
 from streamrl.sim import fit
 from streamrl.sim.lengths import Cycle, Fixed, LogNormal, parse_lengths
-from streamrl.sim.model import Costs, Setup, Workload, simulate
+from streamrl.sim.model import simulate
+from streamrl.sim.params import Costs, Setup, Workload
 
 # one decode step = 1 s whatever the batch, a sample of 2 tokens trains in 3 s
 UNIT = Costs(decode_step_s=1.0, decode_token_s=0.0, train_token_s=1.5)

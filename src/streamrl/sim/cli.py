@@ -21,7 +21,7 @@ import yaml
 
 from streamrl.sim import fit
 from streamrl.sim.lengths import Fixed, parse_lengths
-from streamrl.sim.model import Costs, Setup, Workload
+from streamrl.sim.params import Costs, Setup, Workload
 from streamrl.sim.report import grid, scenario, table, to_json
 
 GRID_KEYS = ("modes", "etas", "engines", "ranks")

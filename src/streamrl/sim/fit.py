@@ -38,7 +38,8 @@ from typing import Any
 import yaml
 
 from streamrl.sim.lengths import StepStats
-from streamrl.sim.model import Costs, Setup, Workload, simulate
+from streamrl.sim.model import simulate
+from streamrl.sim.params import Costs, Setup, Workload
 
 PREFILL = 1.0  # prefill_token_s / decode_token_s (assumed; see the module docstring)
 

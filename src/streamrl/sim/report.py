@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from streamrl.sim.lengths import LogNormal
-from streamrl.sim.model import Costs, Setup, SimResult, Workload, simulate
+from streamrl.sim.model import simulate
+from streamrl.sim.params import Costs, Setup, SimResult, Workload
 
 
 @dataclass(frozen=True)

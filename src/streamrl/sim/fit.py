@@ -235,7 +235,9 @@ def fit_costs(
         weight_sync_s=sum(syncs) / len(syncs) if syncs else 0.0,
     )
     if engine is not None and scale_engine:
-        costs, factor = _scale_to_busy(costs, run, setup(run, alpha, decode_alpha))
+        costs, factor = _scale_to_busy(
+            costs, run, workload(run, shared_prefill), setup(run, alpha, decode_alpha)
+        )
         notes[0] += f" x {factor:.2f} (scaled to the run's engine busy time)"
     if not run.colocated and "trainer_wait_time" in run.rows[0]:
         sim = simulate(
@@ -247,12 +249,12 @@ def fit_costs(
     return costs, notes
 
 
-def _scale_to_busy(costs: Costs, run: Run, st: Setup, rounds: int = 4) -> tuple[Costs, float]:
+def _scale_to_busy(costs: Costs, run: Run, work: Workload, st: Setup, rounds: int = 4) -> tuple[Costs, float]:
     """Scale the decode costs until the simulated engine busy time matches the measured one (the
     schedule moves with the costs, so a few fixed-point rounds) -> (costs, total factor)."""
     target, total = engine_busy(run), 1.0
     for _ in range(rounds):
-        r = simulate(costs, workload(run, True), st)
+        r = simulate(costs, work, st)
         busy = (1.0 - r.engine_idle) * r.time * st.engines
         if busy <= 0:
             break

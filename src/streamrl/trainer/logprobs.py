@@ -57,11 +57,8 @@ def _finish(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """logits [B, C, V] (position j predicts completion token j) -> (logprobs, entropy, hidden)."""
     C = mb.completion_ids.shape[1]
-    lp, entropy = token_logprobs_entropy(
-        logits, mb.completion_ids.to(logits.device), temperature, return_entropy
-    )
-    if entropy is not None and not entropy_grad:
-        entropy = entropy.detach()
+    tokens = mb.completion_ids.to(logits.device)
+    lp, entropy = token_logprobs_entropy(logits, tokens, temperature, return_entropy, entropy_grad)
     hidden = None
     if return_hidden:
         last = out.hidden_states[-1]

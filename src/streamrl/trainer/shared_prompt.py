@@ -149,12 +149,10 @@ def shared_forward(
     assert mb.completion_lengths is not None
     real = (torch.arange(C)[None, :] < mb.completion_lengths[:, None]).to(dev)  # [B, C]
     logits = head(hidden[real])  # [N, V], N = real completion tokens
-    lp_real, ent_real = token_logprobs_entropy(
-        logits, mb.completion_ids.to(dev)[real], temperature, return_entropy
-    )
+    tokens = mb.completion_ids.to(dev)[real]
+    lp_real, ent_real = token_logprobs_entropy(logits, tokens, temperature, return_entropy, entropy_grad)
     lp = torch.zeros(B, C, dtype=lp_real.dtype, device=dev).masked_scatter(real, lp_real)
     entropy = None
     if ent_real is not None:
-        ent_real = ent_real if entropy_grad else ent_real.detach()
         entropy = torch.zeros(B, C, dtype=ent_real.dtype, device=dev).masked_scatter(real, ent_real)
     return lp, entropy, hidden if return_hidden else None

@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-vllm setup-vllm lint setup clean chromium
+.PHONY: demo test test-vllm setup-vllm lint setup clean chromium mutation
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ demo: $(STAMP)
 
 test: $(STAMP) chromium
 	$(PY) -m pytest -q
+
+# Plant each deliberate bug of tests/mutations.yaml in a copy of the repository and run the tests that
+# guard it; fails unless every one is caught. Not part of `make test` (about half an hour on 2 cores).
+mutation: $(STAMP)
+	$(PY) scripts/mutation.py $(MUTATION_ARGS)
 
 # Headless Chromium opens report.html in tests/test_report_browser.py. Idempotent: a no-op (~10 ms) when
 # installed; otherwise apt (root) installs Debian's chromium (~1 min). Without apt/root the test is
@@ -65,7 +70,7 @@ test-vllm: $(STAMP_VLLM)
 	$(VLLM_ENV) $(PY_VLLM) -m pytest -q -m vllm tests/test_vllm_engine.py $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks scripts
 
 clean:
 	rm -rf $(VENV) $(VENV_VLLM) runs

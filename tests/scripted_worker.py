@@ -19,6 +19,7 @@ def scripted_worker(
     seed = cfg_dict["seed"] * 100 + worker_id
     rng = random.Random(seed)
     constant = os.environ.get("SCRIPTED_CONSTANT_REWARD") == "1"  # a saturated task
+    hold_from = int(os.environ.get("SCRIPTED_HOLD_FROM", "-1"))  # groups g<N>, N >= this, never finish
     running: list[tuple[float, Any, list[int]]] = []  # (finish time, request, versions so far)
     while True:
         try:
@@ -26,6 +27,8 @@ def scripted_worker(
             if item == STOP:
                 return
             delay = rng.expovariate(1 / 0.01) * (15 if rng.random() < 0.15 else 1)  # long tail
+            if 0 <= hold_from <= int(item.group_id.lstrip("g")):
+                delay = float("inf")  # in flight until the worker is stopped
             running.append((time.monotonic() + delay, item, []))
         except queue.Empty:
             pass

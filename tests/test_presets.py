@@ -1,6 +1,7 @@
 """Every algorithm preset runs end to end on tiny-random, and each changes what it says it changes."""
 
 import json
+import statistics
 
 import pytest
 from tiny_args import TINY
@@ -52,6 +53,9 @@ def test_preset_trains_end_to_end(tmp_path, preset):
     assert cfg.algo == preset
     acc = json.loads((run / "accounting.json").read_text())
     assert acc["lost"] == 0 and acc["trained"] == 4
+    groups = [json.loads(x) for x in (run / "groups.jsonl").read_text().splitlines()]
+    _assert_loss_metrics(preset, rows)
+    _assert_advantages(preset, groups)
     if preset == "grpo":
         assert all("kl_ref" in r for r in rows)  # the reference model is loaded and the KL logged
     if preset == "dapo":
@@ -85,3 +89,58 @@ def test_ppo_gae_with_bf16_and_ppo_mini_batches(tmp_path):
     assert [r["policy_version"] for r in rows] == [1, 2]  # two optimizer steps per batch, one version
     assert all(r["optimizer_steps"] == 2 and r["micro_batches"] >= 2 for r in rows)
     assert all(r["value_loss"] == r["value_loss"] and r["value_loss"] >= 0 for r in rows)  # not NaN
+
+
+# The metric only each policy loss reports (algo/losses.py, algo/losses_is.py): a trainer that ran
+# another loss than the preset names fails here.
+LOSS_METRIC = {
+    "ppo_clip": "clip_frac_low",
+    "decoupled_ppo": "behav_weight_mean",
+    "cispo": "is_clip_frac",
+    "gspo": "seq_clip_frac",
+    "m2po": "m2_masked_frac",
+}
+
+
+def _assert_loss_metrics(preset, rows):
+    loss = load_config(None, [f"algo={preset}"]).loss.name
+    expected = {LOSS_METRIC[loss]} if loss in LOSS_METRIC else set()  # reinforce reports none of them
+    for r in rows:
+        assert {m for m in LOSS_METRIC.values() if m in r} == expected, (preset, loss)
+
+
+def _expected_advantages(name, rewards, greedy):
+    """Hand-written estimators over one step's groups (rewards [groups][G]) -> [groups][G]."""
+    out = []
+    every = [x for g in rewards for x in g]
+    for g, b in zip(rewards, greedy, strict=True):
+        mean = sum(g) / len(g)
+        if name == "grpo":
+            out.append([(x - mean) / (statistics.stdev(g) + 1e-6) for x in g])
+        elif name == "dr_grpo":
+            out.append([x - mean for x in g])
+        elif name == "rloo":
+            out.append([x - (sum(g) - x) / (len(g) - 1) for x in g])
+        elif name == "reinforce_pp":
+            m, sd = sum(every) / len(every), statistics.stdev(every)
+            out.append([(x - m) / (sd + 1e-6) for x in g])
+        elif name == "remax":
+            out.append([x - b for x in g])
+        else:
+            raise AssertionError(f"no reference for advantage '{name}'")
+    return out
+
+
+def _assert_advantages(preset, groups):
+    """The advantages trained on (groups.jsonl) equal the preset's estimator applied by hand."""
+    name = load_config(None, [f"algo={preset}"]).advantage.name
+    if name == "gae":  # token-level: nothing per sample to log; the value head's metrics are checked
+        assert all("advantages" not in g for g in groups)
+        return
+    for step in sorted({g["step"] for g in groups}):
+        rows = [g for g in groups if g["step"] == step]
+        want = _expected_advantages(
+            name, [g["rewards"] for g in rows], [g.get("greedy_reward") for g in rows]
+        )
+        got = [a for g in rows for a in g["advantages"]]
+        assert got == pytest.approx([a for w in want for a in w], abs=1e-5), (preset, step)

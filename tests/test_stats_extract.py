@@ -37,6 +37,16 @@ def test_paired_difference_hand_value():
         ("\\boxed{1} then \\boxed{2}", "boxed", "2"),
         ("\\boxed{unclosed", "boxed", None),
         ("a 3 then 7.", "last_number", "7"),
+        ("The answer is 3. No wait, the answer is 5.", "answer_is", "5"),  # the last statement wins
+        ("\\boxed{}", "boxed", None),  # an empty box is no answer (not 0)
+        ("\\boxed{7} and finally \\boxed{ }", "boxed", None),
+        ("The answer is \u22125", "answer_is", "-5"),  # U+2212, the typographic minus
+        ("it drops to \u22120.25", "last_number", "-0.25"),
+        ("The answer is 1e3", "answer_is", "1e3"),
+        ("so x = 2.5E-4", "last_number", "2.5E-4"),
+        ("The answer is .5", "answer_is", ".5"),
+        ("half: .5", "last_number", ".5"),
+        ("3 eggs", "last_number", "3"),
     ],
 )
 def test_extract(text, style, expected):
@@ -61,6 +71,9 @@ def test_extract_unknown_style():
         ("\\frac{2}{4}", "0.5", True),
         ("\\sqrt{4}", "2", True),
         ("2/3", "0.6667", False),
+        ("1e3", "1000", True),
+        (".5", "0.5", True),
+        ("-5", "5", False),
     ],
 )
 def test_math_verify_equivalence(pred, ref, equal):

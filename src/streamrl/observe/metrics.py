@@ -56,7 +56,9 @@ class GroupLog:
     def __init__(self, path: Path) -> None:
         self._file = path.open("a", buffering=1)
 
-    def write(self, groups: list[Any], step: int) -> None:
+    def write(self, groups: list[Any], step: int, advantages: Sequence[float] | None = None) -> None:
+        """advantages: one per trajectory, in the groups' order (None: token-level, not logged)."""
+        start = 0
         for g in groups:
             versions = [v for t in g.trajectories for v in t.versions] or [0]
             row = {
@@ -68,6 +70,9 @@ class GroupLog:
                 "version_max": max(versions),
                 "sample": g.trajectories[0].text[:200],
             }
+            if advantages is not None:
+                row["advantages"] = list(advantages[start : start + len(g.trajectories)])
+                start += len(g.trajectories)
             if getattr(g, "baseline", None) is not None:
                 row["greedy_reward"] = g.baseline.reward
             self._file.write(json.dumps(row) + "\n")

@@ -5,8 +5,15 @@ from __future__ import annotations
 import re
 
 EXTRACTORS = ("answer_is", "boxed", "last_number")
-_ANSWER_IS = re.compile(r"answer is:?\s*\$?\s*(-?\d[\d,]*(?:\.\d+)?|-?\.\d+)", re.IGNORECASE)
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+# a signed decimal: 1,234 | 12.5 | .5 | 1e3 | 2.5E-4 (the sign may be U+2212, the typographic minus)
+_NUM = r"[-\u2212]?(?:\d[\d,]*(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?"
+_ANSWER_IS = re.compile(rf"answer is:?\s*\$?\s*({_NUM})", re.IGNORECASE)
+_NUMBER = re.compile(_NUM)
+
+
+def _clean(number: str) -> str:
+    """Thousands separators dropped, the typographic minus made ASCII."""
+    return number.replace(",", "").replace("\u2212", "-")
 
 
 def _last_boxed(text: str) -> str | None:
@@ -17,21 +24,22 @@ def _last_boxed(text: str) -> str | None:
     for j in range(i, len(text)):
         depth += {"{": 1, "}": -1}.get(text[j], 0)
         if depth == 0:
-            return text[i:j].strip()
+            return text[i:j].strip() or None  # an empty box is no answer
     return None
 
 
 def extract_answer(text: str, style: str) -> str | None:
     """'The answer is 84.' -> '84' (answer_is); '\\boxed{\\frac{1}{2}}' -> '\\frac{1}{2}' (boxed).
 
-    Returns None when the format is not followed; commas inside numbers are dropped.
+    Returns None when the format is not followed (an empty box included). The last occurrence wins;
+    commas inside numbers are dropped and the typographic minus becomes '-'.
     """
     if style == "answer_is":
         found = _ANSWER_IS.findall(text)
-        return found[-1].replace(",", "") if found else None
+        return _clean(found[-1]) if found else None
     if style == "boxed":
         return _last_boxed(text)
     if style == "last_number":
         found = _NUMBER.findall(text)
-        return found[-1].replace(",", "") if found else None
+        return _clean(found[-1]) if found else None
     raise ValueError(f"unknown answer format '{style}'; choose from {', '.join(EXTRACTORS)}")

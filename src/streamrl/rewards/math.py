@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+import math
+import re
 import threading
+
+_PLAIN_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+def _plain_number(s: str) -> float | None:
+    """'1,000' / '1e3' / '.5' / '\u22122' -> a float; anything else (LaTeX, fractions, sets) -> None."""
+    t = s.strip().strip("$").strip().replace(",", "").replace("\u2212", "-")
+    return float(t) if _PLAIN_NUMBER.fullmatch(t) else None
 
 
 def math_equal(predicted: str, reference: str) -> bool:
@@ -12,6 +22,12 @@ def math_equal(predicted: str, reference: str) -> bool:
     scoring thread (the RewardService's thread pool) it would fail every comparison, so there the
     timeouts are off and the service's own per-call timeout is the bound.
     """
+    a, b = _plain_number(predicted), _plain_number(reference)
+    if a is not None and b is not None:  # plain decimals; math-verify reads '1e3' as e * 3
+        if math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0):
+            return True
+        if "e" in (predicted + reference).lower():
+            return False
     from math_verify import parse, verify
 
     main = threading.current_thread() is threading.main_thread()

@@ -225,6 +225,7 @@ class AsyncRunner:
                     wait + train["train_time"] + sync
                 )
                 record["_groups"] = groups
+                record["_advantages"] = adv  # per sample, in the groups' order: groups.jsonl logs them
                 record.update(
                     trainer_wait_time=wait,
                     weight_sync_time=sync,

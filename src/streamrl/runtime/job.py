@@ -25,6 +25,7 @@ from streamrl.eval.sampled import evaluate_sampled
 from streamrl.eval.sampling_metrics import default_ks
 from streamrl.eval.stats import paired_difference_interval
 from streamrl.models import load_model, load_tokenizer, resolve_model_dir
+from streamrl.models.lora import is_lora
 from streamrl.observe.environment import collect_environment, write_environment
 from streamrl.observe.live import RunObserver
 from streamrl.observe.metrics import GroupLog
@@ -113,13 +114,17 @@ def _restore(cfg: Config, parts: Components, run_dir: Path) -> RunState:
     from safetensors.torch import load_file
 
     weights = load_file(str(model_dir / "model.safetensors"))
-    parts.model.load_state_dict(weights, strict=False)
+    loaded = parts.model.load_state_dict(weights, strict=False)  # LoRA: the adapter file restores
+    if loaded.unexpected_keys and not is_lora(parts.model):
+        raise ValueError(f"resume: {model_dir} does not match the model ({loaded.unexpected_keys[:3]})")
     parts.trainer.load_value_head(model_dir)
     parts.trainer.load_adapter(model_dir)
     parts.trainer.optimizer.load_state_dict(tensors["optimizer"])
     parts.trainer.scheduler.load_state_dict(tensors["scheduler"])
     torch.set_rng_state(tensors["torch_rng"])
     random.setstate(tensors["py_rng"])
+    if "engine_rng" in tensors:
+        parts.engine.generator.set_state(tensors["engine_rng"])
     parts.trainer.version = state.version
     if hasattr(parts.trainer, "sync_followers"):  # ddp: the follower ranks take the restored state
         parts.trainer.sync_followers()
@@ -238,7 +243,7 @@ def _run_train(cfg: Config, console: Console | None, closers: list[Any]) -> dict
                     record.update(periodic_eval(engine, tokenizer, task, heldout, cfg))
                 record.update(sampler.metrics())
                 record["time"] = time.perf_counter() - t_start
-                groups_log.write(record.pop("_groups"), record["step"])
+                groups_log.write(record.pop("_groups"), record["step"], record.pop("_advantages", None))
                 observer.on_step(record)
                 progress.update(record)
 
@@ -250,7 +255,8 @@ def _run_train(cfg: Config, console: Console | None, closers: list[Any]) -> dict
         t_save = time.perf_counter()
         state.sampler = sampler.state_dict()
         state.replay = replay.state() if replay is not None else []
-        save_state(run_dir, state, trainer, tokenizer)  # weights, optimizer, position, carried groups
+        # weights, optimizer, position, carried groups, RNGs
+        save_state(run_dir, state, trainer, tokenizer, engine.generator.get_state())
         timings["save"] = time.perf_counter() - t_save
         runner.ledger.write(run_dir / "accounting.json")
     interrupted = bool(stop)

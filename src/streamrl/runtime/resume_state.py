@@ -30,8 +30,13 @@ class RunState:
     replay: list[Any] = field(default_factory=list)  # data/replay.py ReplayBuffer.state()
 
 
-def save_state(run_dir: Path, state: RunState, trainer: Any, tokenizer: Any) -> Path:
-    """Write atomically: a crash while saving leaves the previous state intact."""
+def save_state(
+    run_dir: Path, state: RunState, trainer: Any, tokenizer: Any, engine_rng: torch.Tensor | None = None
+) -> Path:
+    """Write atomically: a crash while saving leaves the previous state intact.
+
+    engine_rng: the sampling generator's state of the engine in this process (colocated mode samples
+    with it), so a resumed run draws the same tokens an uninterrupted one would."""
     final = run_dir / STATE_DIR
     tmp = run_dir / f".{STATE_DIR}-tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -43,6 +48,7 @@ def save_state(run_dir: Path, state: RunState, trainer: Any, tokenizer: Any) -> 
             "scheduler": trainer.scheduler.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "py_rng": random.getstate(),
+            **({"engine_rng": engine_rng} if engine_rng is not None else {}),
         },
         tmp / "trainer.pt",
     )

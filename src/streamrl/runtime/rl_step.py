@@ -105,6 +105,7 @@ def rl_step(
     wall = time.perf_counter() - t0
     adv = None if cfg.advantage.name == "gae" else batch.advantages  # per-token: see gae_* metrics
     record = step_record(step, groups, train, trainer.version - 1, adv)
+    record["_advantages"] = adv  # per sample, in the groups' order: groups.jsonl logs them
     record.update(
         step_time=wall,
         tokens_per_s=(record["tokens_generated"] + train["tokens_trained"]) / wall,

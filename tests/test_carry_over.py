@@ -1,0 +1,131 @@
+"""Carry-over accounting on the local backend: a stop keeps every admitted, untrained group, and a
+resumed run trains each of them exactly once (scripted rollout workers, no model generation)."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import time
+
+from scripted_worker import scripted_worker  # tests/ is on sys.path (rootdir conftest)
+
+from streamrl.config import load_config
+from streamrl.runtime.async_loop import AsyncRunner
+from streamrl.runtime.ledger import Ledger
+from streamrl.runtime.resume_state import RunState
+from streamrl.runtime.signals import StopFlag
+from streamrl.runtime.worker import GroupResult
+from streamrl.types import Trajectory
+
+ARGS = [
+    "max_steps=6",
+    "max_staleness=2",
+    "rollout.prompts_per_step=3",
+    "rollout.samples_per_prompt=2",
+    "runtime.rollout_workers=2",
+    "rollout.dynamic_sampling=false",  # every returned group is kept: exact counts below
+]
+
+
+def _task():
+    from streamrl.data.tasks import default_task_args, make_task
+
+    return make_task("rg:chain_sum", default_task_args("rg:chain_sum"), "", "", "answer_is")
+
+
+def _runner(tiny, state: RunState, stop: StopFlag, version: int = 0) -> AsyncRunner:
+    from streamrl.trainer.trainer import Trainer
+
+    cfg = load_config(None, ARGS)
+    trainer = Trainer(copy.deepcopy(tiny[0]), cfg, pad_id=0)
+    trainer.version = version
+    stream = itertools.islice(_task().train_stream(0, set()), state.problems_drawn, None)
+    return AsyncRunner(cfg, trainer, tiny[1], stream, state, stop, scripted_worker)
+
+
+def _trained(records) -> list[str]:
+    return [g.trajectories[0].group_id for r in records for g in r["_groups"]]
+
+
+def test_lost_counts_running_and_buffered_groups():
+    led = Ledger()
+    for gid in ("run", "buf", "done"):
+        led.admitted(gid)
+    led.returned("buf")
+    led.returned("done")
+    led.trained("done")
+    assert led.counts()["lost"] == 2  # one still running, one returned but neither trained nor filtered
+    assert led.carry_over() == ["run", "buf"]
+    assert led.counts()["lost"] == 0 and led.counts()["carried_over"] == 2
+
+
+def test_stop_carries_over_finished_and_unfinished_groups_then_resume_trains_each_once(tiny, monkeypatch):
+    monkeypatch.setenv("SCRIPTED_HOLD_FROM", "12")  # g12 onwards stay in flight until the stop
+    stop = StopFlag()
+    state = RunState()
+    runner = _runner(tiny, state, stop)
+    first: list[dict] = []
+
+    def on_step(record):
+        first.append(record)
+        if record["step"] == 3:  # stop with finished, untrained groups waiting in the buffer
+            deadline = time.monotonic() + 60
+            while not (runner.sh.buffer and runner.sh.inflight) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            stop.request("test")
+
+    runner.run(on_step)
+    c = runner.ledger.counts()
+    trained = _trained(first)
+    finished = [r.group_id for r in state.finished]
+    unfinished = [r.group_id for r in state.unfinished]
+    assert len(trained) == len(set(trained)) == c["trained"] == 9
+    assert finished, "the buffer held finished groups at the stop: they must be in the state"
+    assert unfinished, "requests were in flight at the stop: they must be in the state"
+    assert all(len(r.trajectories) == 2 for r in state.finished)
+    # each returned group counted once: trained, filtered, or carried over as finished
+    assert c["generated"] == c["trained"] + c["filtered"] + len(finished)
+    carried = {g for g, s in runner.ledger.state.items() if s == "carried_over"}
+    assert carried == set(finished) | set(unfinished) and len(carried) == c["carried_over"]
+    assert carried.isdisjoint(trained) and c["lost"] == 0
+    assert c["admitted"] == c["trained"] + c["filtered"] + c["carried_over"] == state.groups_made
+
+    monkeypatch.delenv("SCRIPTED_HOLD_FROM")
+    resumed_state = copy.deepcopy(state)  # what save_state/load_state round-trip
+    second: list[dict] = []
+    runner2 = _runner(tiny, resumed_state, StopFlag(), version=state.version)
+    runner2.run(second.append)
+    again = _trained(second)
+    assert [r["step"] for r in second] == [4, 5, 6]
+    c2 = runner2.ledger.counts()
+    # finished groups come first: trained, or filtered if the resumed version left them too stale
+    assert all(runner2.ledger.state[g] in ("trained", "filtered") for g in finished)
+    kept = [g for g in finished if runner2.ledger.state[g] == "trained"]
+    assert again[: len(kept)] == kept
+    everything = trained + again
+    assert len(everything) == len(set(everything)) == 18  # no group trained twice, none lost
+    assert c2["lost"] == 0 and c2["trained"] == 18
+    assert c2["admitted"] == c2["trained"] + c2["filtered"] + c2["carried_over"] == resumed_state.groups_made
+
+
+def test_duplicate_result_is_dropped(tiny):
+    """A group's second result (regenerated after its worker died, the first copy arrived too) is dropped."""
+    runner = _runner(tiny, RunState(), StopFlag())
+    req = runner._next_request()
+    runner.sh.inflight[req.group_id] = req
+    assert runner.staleness.try_admit()
+    traj = Trajectory(
+        problem_id=req.problem.id,
+        group_id=req.group_id,
+        sample_id=f"{req.group_id}-0",
+        prompt_ids=req.prompt_ids,
+        completion_ids=[5],
+        behaviour_logprobs=[-1.0],
+        versions=[0],
+        finish_reason="stop",
+        reward=1.0,
+    )
+    runner._accept(GroupResult(req.group_id, req.problem, [traj], 0))
+    runner._accept(GroupResult(req.group_id, req.problem, [traj], 1))
+    assert len(runner.sh.buffer) == 1 and runner.sh.duplicates == 1
+    assert runner.ledger.counts()["generated"] == 1

@@ -59,3 +59,18 @@ def test_shared_weights_reader_waits_for_a_complete_write(tiny):
     sw.begin.value = 9  # a writer that started and never finished
     with pytest.raises(TimeoutError, match="weights never settled"):
         sw.load_into(copy.deepcopy(tiny[0]), timeout=0.05)
+
+
+def test_publish_marks_the_copy_in_progress_until_it_is_complete(tiny):
+    """During a publish, readers see `begin` ahead of `end` (a torn copy) and the old version."""
+    sw = SharedWeights(copy.deepcopy(tiny[0]))
+    seen: list[tuple[int, int]] = []
+
+    class Watched(dict):
+        def __getitem__(self, name):
+            seen.append((int(sw.begin.value), sw.version))
+            return super().__getitem__(name)
+
+    sw.publish(Watched(tiny[0].state_dict()), version=3)
+    assert seen and all(pair == (3, 0) for pair in seen)  # mid-copy: begun 3, complete still 0
+    assert (sw.begin.value, sw.version) == (3, 3)

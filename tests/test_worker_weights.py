@@ -1,0 +1,62 @@
+"""The rollout worker's loop takes newer weights between decode steps, mid-generation (in flight), and
+stamps each token with the version that produced it. Runs the loop in a thread with plain queues."""
+
+from __future__ import annotations
+
+import copy
+import queue
+import threading
+
+import pytest
+from tiny_args import TINY
+
+from streamrl.config import load_config, to_dict
+from streamrl.data.prompts import render_prompt_ids
+from streamrl.runtime.worker import STOP, GroupRequest, _loop
+from streamrl.types import Problem
+
+
+class BumpingWeights:
+    """A WeightSource whose version goes 0 -> 1 after `after` polls (one poll per decode step)."""
+
+    def __init__(self, model, after: int) -> None:
+        self.model, self.after, self.polls = model, after, 0
+
+    @property
+    def version(self) -> int:
+        self.polls += 1
+        return 1 if self.polls > self.after else 0
+
+    def load_into(self, model) -> int:
+        model.load_state_dict(self.model.state_dict())
+        return 1 if self.polls > self.after else 0
+
+    def read(self, consume, timeout: float = 60.0) -> int:  # pragma: no cover - vLLM only
+        raise NotImplementedError
+
+
+@pytest.mark.parametrize("mode", ["inflight", "interrupt"])
+def test_worker_takes_new_weights_mid_generation(tiny, mode):
+    cfg = load_config(
+        None,
+        [*TINY, "rollout.max_new_tokens=40", f"runtime.weight_update={mode}", "rollout.temperature=1.0"],
+    )
+    problem = Problem(id="p0", messages=[{"role": "user", "content": "1 + 1 = ?"}], answer="2")
+    req = GroupRequest("g0", problem, render_prompt_ids(tiny[1], problem.messages), 2, 0)
+    requests: queue.Queue = queue.Queue()
+    results: queue.Queue = queue.Queue()
+    requests.put(req)
+    weights = BumpingWeights(copy.deepcopy(tiny[0]), after=8)
+    worker = threading.Thread(
+        target=_loop, args=(0, to_dict(cfg), requests, results, weights, lambda: False), daemon=True
+    )
+    worker.start()
+    res = results.get(timeout=300)
+    requests.put(STOP)
+    worker.join(60)
+    assert not worker.is_alive() and not res.error
+    for t in res.trajectories:
+        v = t.versions
+        assert len(v) == len(t.completion_ids) > 12, "the sample stopped before the weights changed"
+        k = v.index(1)  # the first token of the new weights: later tokens never go back
+        assert 0 < k < len(v) and v == [0] * k + [1] * (len(v) - k)

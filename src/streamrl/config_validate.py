@@ -23,7 +23,9 @@ def _validate_distributed(cfg: Any) -> None:
         )
     if t.strategy == "single":
         return
-    if cfg.advantage.name == "gae":
+    from streamrl.algo import advantage_spec
+
+    if advantage_spec(cfg.advantage.name).token_level:
         raise ConfigError(
             f"train.strategy={t.strategy} does not train a value head yet: use train.strategy=single"
         )
@@ -57,6 +59,14 @@ def validate(cfg: Any) -> None:
     """Cross-field checks that types alone cannot express."""
     from streamrl.algo import registry  # late import: algo imports nothing from config
 
+    for key, value, reg in (
+        ("loss.name", cfg.loss.name, registry.POLICY_LOSSES),
+        ("loss.aggregation", cfg.loss.aggregation, registry.AGGREGATIONS),
+        ("advantage.name", cfg.advantage.name, registry.ADVANTAGES),
+    ):
+        if value not in reg:
+            raise ConfigError(f"config key '{key}' must be one of {', '.join(sorted(reg))}, got {value!r}")
+    token_level = registry.ADVANTAGES[cfg.advantage.name].token_level  # a value head (GAE)
     _positive("max_steps", cfg.max_steps + 1)  # 0 steps is allowed (eval only)
     _positive("rollout.prompts_per_step", cfg.rollout.prompts_per_step)
     _positive("rollout.samples_per_prompt", cfg.rollout.samples_per_prompt)
@@ -84,9 +94,10 @@ def validate(cfg: Any) -> None:
             raise ConfigError(f"config key 'rollout.{key}' must be in (0, 1), got {value}")
     if not 0 <= r.replay_share < 1:
         raise ConfigError(f"config key 'rollout.replay_share' must be in [0, 1), got {r.replay_share}")
-    if r.replay_share and cfg.advantage.name == "gae":
+    if r.replay_share and token_level:
         raise ConfigError(
-            "rollout.replay_share needs a group advantage estimator; advantage.name=gae has none"
+            f"rollout.replay_share needs a per-sample advantage; advantage.name={cfg.advantage.name} "
+            "is token-level"
         )
     if r.sampler == "curriculum" and not cfg.task.startswith("rg:"):
         raise ConfigError(
@@ -145,8 +156,12 @@ def validate(cfg: Any) -> None:
             raise ConfigError(
                 "task=agent:... runs colocated for now: set runtime.mode=colocated max_staleness=0"
             )
-        if cfg.advantage.name in ("gae", "remax") or cfg.loss.kl_in == "reward":
-            raise ConfigError("task=agent:... needs an outcome advantage (not gae/remax) and loss.kl_in=loss")
+        spec = registry.ADVANTAGES[cfg.advantage.name]
+        if spec.token_level or spec.greedy_baseline or cfg.loss.kl_in == "reward":
+            raise ConfigError(
+                "task=agent:... needs an outcome advantage without a value head or greedy baseline "
+                f"(not {cfg.advantage.name}) and loss.kl_in=loss"
+            )
     _validate_backend(cfg)
     if cfg.engine == "vllm":
         _validate_vllm(cfg)
@@ -157,13 +172,6 @@ def validate(cfg: Any) -> None:
 
         if importlib.util.find_spec("wandb") is None:
             raise ConfigError("observe.wandb=true needs the wandb package: pip install 'streamrl[wandb]'")
-    for key, value, reg in (
-        ("loss.name", cfg.loss.name, registry.POLICY_LOSSES),
-        ("loss.aggregation", cfg.loss.aggregation, registry.AGGREGATIONS),
-        ("advantage.name", cfg.advantage.name, registry.ADVANTAGES),
-    ):
-        if value not in reg:
-            raise ConfigError(f"config key '{key}' must be one of {', '.join(sorted(reg))}, got {value!r}")
 
 
 def resolved_weight_sync(cfg: Any) -> str:

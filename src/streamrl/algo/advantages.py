@@ -90,7 +90,7 @@ def reinforce_pp_baseline(rewards: torch.Tensor, eps: float = 1e-6, **_: Any) ->
     return _batch_whiten(centered, eps)
 
 
-@advantage("remax")
+@advantage("remax", greedy_baseline=True)
 def remax(rewards: torch.Tensor, baseline_rewards: torch.Tensor | None = None, **_: Any) -> torch.Tensor:
     """ReMax (Li et al. 2023, arXiv:2310.10505): baseline = reward of the greedy response to the prompt.
 
@@ -110,7 +110,7 @@ def remax(rewards: torch.Tensor, baseline_rewards: torch.Tensor | None = None, *
     return rewards - baseline_rewards.to(rewards.dtype)[:, None]
 
 
-@advantage("gae")
+@advantage("gae", token_level=True)
 def gae(
     token_rewards: torch.Tensor,
     values: torch.Tensor,

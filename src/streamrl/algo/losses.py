@@ -56,7 +56,7 @@ def ppo_clip(inp: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
     return loss, metrics
 
 
-@policy_loss("decoupled_ppo")
+@policy_loss("decoupled_ppo", proximal=True)
 def decoupled_ppo(inp: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
     """Decoupled PPO (AReaL): the clip is around the proximal policy, staleness is corrected by weight.
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from streamrl.algo import advantage_spec
 from streamrl.config import Config
 from streamrl.data.prompts import render_prompt_ids
 from streamrl.data.replay import ReplayBuffer, train_step
@@ -217,9 +218,8 @@ class AsyncRunner:
                 self.state.step += 1
                 self.state.version = self.trainer.version
                 elapsed = time.perf_counter() - t_run
-                adv = (
-                    None if cfg.advantage.name == "gae" else batch.advantages
-                )  # per-token: see gae_* metrics
+                token_level = advantage_spec(cfg.advantage.name).token_level  # see the gae_* metrics
+                adv = None if token_level else batch.advantages
                 record = step_record(self.state.step, groups, train, version_before, adv)
                 record["tokens_per_s"] = (record["tokens_generated"] + train["tokens_trained"]) / (
                     wait + train["train_time"] + sync

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from streamrl.algo import registry
+from streamrl.algo import advantage_spec
 from streamrl.config import Config
 from streamrl.data.replay import ReplayBuffer, train_step
 from streamrl.engine.hf import push_policy
@@ -24,8 +24,8 @@ def group_advantages(groups: list[Group], cfg: Config, trainer: Trainer | None =
 
     With loss.kl_in=reward the trainer's KL-to-reference penalty is subtracted from each reward
     before the estimator sees it (the logged task rewards stay as they were). The rewards used are
-    kept in batch.rewards. advantage.name=gae is token-level and needs the value head: the estimator is
-    not called here, the advantages are zeros and the trainer computes GAE from batch.rewards.
+    kept in batch.rewards. A token-level estimator (GAE) needs the value head: it is not called here,
+    the advantages are zeros and the trainer computes them from batch.rewards.
     """
     if any(g.episode_rewards is not None for g in groups):
         return _episode_advantages(groups, cfg)
@@ -35,14 +35,14 @@ def group_advantages(groups: list[Group], cfg: Config, trainer: Trainer | None =
     if trainer is not None:
         rewards = rewards - torch.tensor(trainer.kl_reward_penalty(batch)).view_as(rewards)
     batch.rewards = rewards.flatten().tolist()
-    if cfg.advantage.name == "gae":
+    spec = advantage_spec(cfg.advantage.name)
+    if spec.token_level:
         batch.advantages = [0.0] * len(trajs)
         return batch
-    estimator = registry.get(registry.ADVANTAGES, cfg.advantage.name, "advantage estimator")
     extra = {}
-    if cfg.advantage.name == "remax":  # the greedy response's task reward (no KL term: it is not trained)
+    if spec.greedy_baseline:  # the greedy response's task reward (no KL term: it is not trained)
         extra["baseline_rewards"] = torch.tensor([_baseline(g).reward for g in groups], dtype=torch.float)
-    advantages = estimator(rewards, std_normalize=cfg.advantage.std_normalize, **extra)
+    advantages = spec.fn(rewards, std_normalize=cfg.advantage.std_normalize, **extra)
     batch.advantages = advantages.flatten().tolist()
     return batch
 
@@ -51,7 +51,7 @@ def _episode_advantages(groups: list[Group], cfg: Config) -> TrainBatch:
     """Agent tasks: the estimator sees the [num_groups, G] episode rewards; every trajectory of an
     episode gets that episode's advantage (an episode may have made several trajectories, or none)."""
     rewards = torch.tensor([g.episode_rewards for g in groups], dtype=torch.float)  # [num_groups, G]
-    estimator = registry.get(registry.ADVANTAGES, cfg.advantage.name, "advantage estimator")
+    estimator = advantage_spec(cfg.advantage.name).fn
     adv = estimator(rewards, std_normalize=cfg.advantage.std_normalize)
     trajs = [t for g in groups for t in g.trajectories]
     per_traj = [
@@ -62,7 +62,7 @@ def _episode_advantages(groups: list[Group], cfg: Config) -> TrainBatch:
 
 def _baseline(group: Group) -> Trajectory:
     if group.baseline is None:
-        raise ValueError(f"advantage 'remax' needs a greedy baseline for group of problem {group.problem.id}")
+        raise ValueError(f"the advantage needs a greedy baseline for group of problem {group.problem.id}")
     return group.baseline
 
 
@@ -103,7 +103,7 @@ def rl_step(
     train = train_step(trainer, batch, replay, step)  # + replayed successes (rollout.replay_share)
     push_policy(engine, trainer)
     wall = time.perf_counter() - t0
-    adv = None if cfg.advantage.name == "gae" else batch.advantages  # per-token: see gae_* metrics
+    adv = None if advantage_spec(cfg.advantage.name).token_level else batch.advantages  # see gae_* metrics
     record = step_record(step, groups, train, trainer.version - 1, adv)
     record["_advantages"] = adv  # per sample, in the groups' order: groups.jsonl logs them
     record.update(

@@ -87,7 +87,9 @@ def _agent_groups(
 
 
 def needs_greedy_baseline(cfg: Config) -> bool:
-    return cfg.advantage.name == "remax"
+    from streamrl.algo import advantage_spec
+
+    return advantage_spec(cfg.advantage.name).greedy_baseline
 
 
 def greedy_request(prompt_ids: list[int], cfg: Config, tag: Any) -> GenRequest:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from streamrl.algo import registry
+from streamrl.algo import advantage_spec, aggregation_fn, kl_fn, loss_spec
 from streamrl.algo.aggregation import batch_normalizer
 from streamrl.algo.losses import LossInputs
 from streamrl.algo.token_weights import entropy_top_q_mask, sign_weights
@@ -36,9 +36,9 @@ class Trainer:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         if t.lora_rank > 0:
             apply_lora(model, t.lora_rank, t.lora_alpha, t.lora_targets)
-        # advantage.name=gae: a value head on the policy's last hidden state, trained with the policy
+        # a token-level advantage (GAE): a value head on the policy's last hidden state, trained with it
         self.value_head: ValueHead | None = None
-        if cfg.advantage.name == "gae":
+        if advantage_spec(cfg.advantage.name).token_level:
             dev = next(model.parameters()).device
             self.value_head = ValueHead(model.config.hidden_size).to(dev)
         self.forward_model: Any = model  # what trains: the model, or its DDP wrapper
@@ -59,9 +59,10 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
         )
-        self.policy_loss = registry.get(registry.POLICY_LOSSES, cfg.loss.name, "policy loss")
-        self.aggregate = registry.get(registry.AGGREGATIONS, cfg.loss.aggregation, "aggregation")
-        self.kl = registry.get(registry.KL_ESTIMATORS, cfg.loss.kl_estimator, "KL estimator")
+        self.loss_spec = loss_spec(cfg.loss.name)
+        self.policy_loss = self.loss_spec.fn
+        self.aggregate = aggregation_fn(cfg.loss.aggregation)
+        self.kl = kl_fn(cfg.loss.kl_estimator)
 
     # ---- data-parallel hooks (trainer/distributed.py overrides them; one process: no-ops) ----------
     def _distribute(self) -> None:
@@ -149,7 +150,7 @@ class Trainer:
 
     def _prox_logprobs(self, mbs: list[MicroBatch]) -> list[torch.Tensor | None]:
         """pi_prox per micro-batch: only an extra pass when several optimizer steps share one batch."""
-        if self.cfg.loss.name != "decoupled_ppo" or self.cfg.loss.prox == "behav":
+        if not self.loss_spec.proximal or self.cfg.loss.prox == "behav":
             return [None] * len(mbs)
         if self.cfg.train.mini_batches == 1:
             return [None] * len(mbs)  # computed from the training forward itself (same weights)
@@ -186,7 +187,7 @@ class Trainer:
         behav = mb.old_logprobs.to(dev)
         loss_mask = entropy_top_q_mask(entropy, mask, lc.entropy_top_q)
         advantages = sign_weights(mb.advantages.to(dev), lc.pos_weight, lc.neg_weight)
-        if prox is None and self.cfg.loss.name == "decoupled_ppo":
+        if prox is None and self.loss_spec.proximal:
             prox = behav if self.cfg.loss.prox == "behav" else logprobs.detach()
         inp = LossInputs(
             logprobs=logprobs,

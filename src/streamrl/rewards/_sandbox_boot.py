@@ -6,9 +6,10 @@ Config keys: workdir (str, holds program.py); cpu_s, memory_mb, file_size_mb, np
 fs ("ro": a fresh size-capped tmpfs on workdir, every other mount read-only; "none"); tmpfs_mb;
 drop ("uid:N": setuid to N, for a root host; "caps": drop all capabilities, for a user namespace;
 "none"); net_hook (bool: an audit hook refusing sockets, the fallback without a network namespace).
-The order matters: mounts need privileges, so they happen first; privileges are dropped
-before a single line of the program runs. Any setup failure exits with code 97 and one stderr line,
-which the parent reports as status "error" (the probe uses it to pick a weaker isolation level).
+In a new PID namespace this process is pid 1 and forks the program's process first (see
+_init_of_pid_namespace). The order matters: mounts need privileges, so they happen first; privileges
+are dropped before a single line of the program runs. Any setup failure exits with code 97 and one
+stderr line, which the parent reports as status "error" (the probe uses it to pick a weaker level).
 """
 
 from __future__ import annotations
@@ -117,7 +118,22 @@ def _set_limits(cfg: dict) -> None:
     resource.setrlimit(resource.RLIMIT_NPROC, (cfg["nproc"], cfg["nproc"]))
 
 
+def _init_of_pid_namespace() -> None:
+    """As pid 1 of a new PID namespace the kernel drops every signal it has no handler for, SIGXCPU
+    included: so pid 1 only reaps, the program runs in its first child (pid 2), and pid 1 exits as that
+    child did (a signal as 128 + its number); the kernel then kills the rest of the namespace."""
+    child = os.fork()
+    if child == 0:
+        return
+    while True:
+        pid, status = os.wait()  # orphans of the namespace are reparented here
+        if pid == child:
+            os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+
+
 def main() -> None:
+    if os.getpid() == 1:
+        _init_of_pid_namespace()
     cfg = json.loads(sys.argv[1])
     workdir = cfg["workdir"]
     libc = ctypes.CDLL(None, use_errno=True)

@@ -136,7 +136,8 @@ def detect_isolation(python: str = sys.executable) -> Isolation:
                     _detected[python] = iso
                     break
                 r = _run(iso, python, _PROBE, "", Limits(wall_s=10.0))
-                if r.status == "ok" and r.stdout.split() == ["1", "1"]:  # pid 1 in its ns, / read-only
+                # pid 2: the first child of its namespace's init (see _sandbox_boot); / read-only
+                if r.status == "ok" and r.stdout.split() == ["2", "1"]:
                     _detected[python] = iso
                     break
         return _detected[python]
@@ -160,6 +161,7 @@ def _boot_config(iso: Isolation, workdir: str, limits: Limits) -> dict[str, obje
         drop = f"uid:{_UID_BASE + (os.getpid() % 65536) * 64 + next(_uid_counter) % 64}"
     elif iso.drop == "caps":
         drop = "caps"
+        nproc += 1  # the namespace's init (see _sandbox_boot) runs as the same user
     elif iso.name == "rlimits":  # same uid as the host: its other processes count against the limit too
         nproc += _user_process_count()
     return {

@@ -10,7 +10,8 @@ On top of that it uses the strongest isolation level that works on this machine,
   read-only, mounts a size-capped tmpfs on the workdir, then drops to an unprivileged uid.
 - "ns-user"  (not root; needs unprivileged user namespaces): the same inside `unshare --user
   --map-root-user`, then drops every capability so the program cannot remount anything writable.
-- "rlimits"  (no namespaces): rlimits + an audit hook refusing socket creation, uid dropped if root.
+- "rlimits"  (no namespaces): rlimits, an unused unprivileged uid when root, and a Python audit hook
+  refusing sockets, starting other programs (subprocess, os.exec*/posix_spawn/system) and ctypes.
 
 Protected (namespace levels): network (empty network namespace: no route even to the host's
 localhost), writes outside the workdir (read-only mounts; workdir is a private tmpfs), fork bombs
@@ -19,10 +20,10 @@ survives a kill, even one that called setsid), CPU/memory/disk/output exhaustion
 environment variables. NOT protected: reading the host filesystem (world-readable files are visible),
 kernel exploits (no seccomp filter), /proc and /sys information, CPU contention with the host (no
 cgroup), side channels. In the "rlimits" fallback writes outside the workdir are possible wherever the
-uid may write, the socket block is a Python-level speed bump (ctypes can bypass it) and a child that
-calls setsid can outlive the group kill until its CPU limit. For untrusted models on a shared cluster
-plug in a stronger Executor (gVisor/nsjail/firejail/Docker runner, or a remote sandbox HTTP service)
-with `register_executor`. See docs/sandbox.md.
+uid may write, the network and process block is Python-level (code that corrupts the interpreter's
+memory can get past it) and a child that calls setsid can outlive the group kill until its CPU limit.
+For untrusted models on a shared cluster plug in a stronger Executor (gVisor/nsjail/firejail/Docker
+runner, or a remote sandbox HTTP service) with `register_executor`. See docs/sandbox.md.
 """
 
 from __future__ import annotations
@@ -97,15 +98,7 @@ class Isolation:
     prefix: tuple[str, ...]  # argv before the interpreter (an unshare command) or empty
     fs: str  # "ro" | "none"
     drop: str  # "uid" | "caps" | "none"
-    net_hook: bool
-
-
-def _others_can_run(python: str) -> bool:
-    """Whether a uid other than ours can enter every directory up to the interpreter's stdlib."""
-    import sysconfig
-
-    path = Path(sysconfig.get_paths()["stdlib"]).resolve()
-    return all(os.stat(p).st_mode & 0o001 for p in path.parents if p != Path("/"))
+    audit_hook: bool  # refuse sockets, new programs and ctypes in the interpreter (no namespaces)
 
 
 def _candidates(python: str = sys.executable) -> list[Isolation]:
@@ -117,8 +110,7 @@ def _candidates(python: str = sys.executable) -> list[Isolation]:
         out.append(Isolation("ns-root", (unshare, *ns), "ro", "uid", False))
     if unshare:
         out.append(Isolation("ns-user", (unshare, "--user", "--map-root-user", *ns), "ro", "caps", False))
-    # without a mount namespace an unprivileged uid can only be used if it can read the stdlib
-    out.append(Isolation("rlimits", (), "none", "uid" if root and _others_can_run(python) else "none", True))
+    out.append(Isolation("rlimits", (), "none", "uid" if root else "none", True))
     return out
 
 
@@ -170,7 +162,7 @@ def _boot_config(iso: Isolation, workdir: str, limits: Limits) -> dict[str, obje
         "drop": drop,
         "nproc": nproc,
         "tmpfs_mb": limits.file_size_mb,
-        "net_hook": iso.net_hook,
+        "audit_hook": iso.audit_hook,
         "cpu_s": limits.cpu_s,
         "memory_mb": limits.memory_mb,
         "file_size_mb": limits.file_size_mb,

@@ -4,26 +4,31 @@
 temporary directory (its cwd, deleted afterwards) with an empty environment (PATH, LANG, HOME=TMPDIR=
 workdir only), in a new session whose whole process group is SIGKILLed at the wall-time limit, with
 RLIMIT_CPU/AS/FSIZE/NPROC and RLIMIT_CORE=0, and stdout+stderr capped at `limits.output_bytes`.
-On top of that it uses the strongest isolation level that works on this machine, probed once:
+On top of that it uses the strongest isolation level that works on this machine, probed once
+(sandbox_probe.py), and refuses to run at all below `min_isolation` (reward.sandbox_min_isolation):
 
 - "ns-root"  (running as root): `unshare --pid --fork --net --mount`; the bootstrap makes every mount
-  read-only, mounts a size-capped tmpfs on the workdir, then drops to an unprivileged uid.
+  read-only, mounts a size-capped tmpfs on the workdir, then drops to an unused unprivileged uid.
 - "ns-user"  (not root; needs unprivileged user namespaces): the same inside `unshare --user
   --map-root-user`, then drops every capability so the program cannot remount anything writable.
 - "rlimits"  (no namespaces): rlimits, an unused unprivileged uid when root, and a Python audit hook
   refusing sockets, starting other programs (subprocess, os.exec*/posix_spawn/system) and ctypes.
 
-Protected (namespace levels): network (empty network namespace: no route even to the host's
-localhost), writes outside the workdir (read-only mounts; workdir is a private tmpfs), fork bombs
-(RLIMIT_NPROC counted inside the sandbox; the PID namespace dies with its init, so no process
-survives a kill, even one that called setsid), CPU/memory/disk/output exhaustion, inherited secrets in
-environment variables. NOT protected: reading the host filesystem (world-readable files are visible),
-kernel exploits (no seccomp filter), /proc and /sys information, CPU contention with the host (no
-cgroup), side channels. In the "rlimits" fallback writes outside the workdir are possible wherever the
-uid may write, the network and process block is Python-level (code that corrupts the interpreter's
-memory can get past it) and a child that calls setsid can outlive the group kill until its CPU limit.
-For untrusted models on a shared cluster plug in a stronger Executor (gVisor/nsjail/firejail/Docker
-runner, or a remote sandbox HTTP service) with `register_executor`. See docs/sandbox.md.
+Protected at the namespace levels: network (an empty network namespace, for child processes too),
+writes outside the workdir (read-only mounts; the workdir is a private tmpfs), fork bombs (RLIMIT_NPROC
+counted inside the sandbox; the PID namespace dies with its init, so no process survives a kill, even
+one that called setsid), CPU/memory/disk/output exhaustion, secrets in environment variables.
+NOT protected: reading world-readable host files, kernel exploits (no seccomp filter), /proc and /sys
+information, CPU contention with the host (no cgroup), side channels.
+The "rlimits" level protects CPU/memory/file-size/output and the environment the same way; as root,
+writes outside the workdir only land where any uid may write (/tmp, /dev/shm) and RLIMIT_NPROC counts
+the run's own uid, so fork bombs are contained. Its network and process block is Python-level: it stops
+a child opening its own socket by every ordinary route (a forked child keeps the hook), but code that
+corrupts the interpreter's memory (e.g. through /proc/self/mem) can get past it. Not as root, the
+program keeps the caller's uid (its files, its processes). A child that calls setsid can outlive the
+group kill until its CPU limit. For untrusted models on a shared cluster plug in a stronger Executor
+(gVisor/nsjail/firejail/Docker runner, or a remote sandbox HTTP service) with `register_executor`.
+See docs/sandbox.md.
 """
 
 from __future__ import annotations
@@ -37,12 +42,33 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
+
+from streamrl.rewards.sandbox_probe import (
+    Isolation,
+    Probe,
+    SandboxIsolationError,
+    candidates,
+    check_minimum,
+    detect,
+)
+
+__all__ = [
+    "EXECUTORS",
+    "ExecResult",
+    "Executor",
+    "Isolation",
+    "Limits",
+    "LocalSandbox",
+    "SandboxIsolationError",
+    "get_executor",
+    "probe_isolation",
+    "register_executor",
+]
 
 Status = Literal["ok", "error", "timeout", "memory", "output_limit", "killed"]
 _BOOT = str(Path(__file__).with_name("_sandbox_boot.py"))
@@ -92,47 +118,24 @@ class Executor(Protocol):
     def run(self, program: str, stdin: str = "", limits: Limits | None = None) -> ExecResult: ...
 
 
-@dataclass(frozen=True)
-class Isolation:
-    name: str
-    prefix: tuple[str, ...]  # argv before the interpreter (an unshare command) or empty
-    fs: str  # "ro" | "none"
-    drop: str  # "uid" | "caps" | "none"
-    audit_hook: bool  # refuse sockets, new programs and ctypes in the interpreter (no namespaces)
-
-
-def _candidates(python: str = sys.executable) -> list[Isolation]:
-    unshare = shutil.which("unshare", path="/usr/bin:/bin:/usr/sbin:/sbin")
-    ns = ("--pid", "--fork", "--net", "--mount", "--mount-proc", "--kill-child")
-    root = os.geteuid() == 0
-    out = []
-    if unshare and root:
-        out.append(Isolation("ns-root", (unshare, *ns), "ro", "uid", False))
-    if unshare:
-        out.append(Isolation("ns-user", (unshare, "--user", "--map-root-user", *ns), "ro", "caps", False))
-    out.append(Isolation("rlimits", (), "none", "uid" if root else "none", True))
-    return out
-
-
 _PROBE = "import os\nprint(os.getpid(), os.statvfs('/').f_flag & os.ST_RDONLY)\n"
-_detected: dict[str, Isolation] = {}
-_detect_lock = threading.Lock()
 
 
-def detect_isolation(python: str = sys.executable) -> Isolation:
-    """The strongest level that works here, found by running a probe once per interpreter."""
-    with _detect_lock:
-        if python not in _detected:
-            for iso in _candidates(python):
-                if iso.name == "rlimits":
-                    _detected[python] = iso
-                    break
-                r = _run(iso, python, _PROBE, "", Limits(wall_s=10.0))
-                # pid 2: the first child of its namespace's init (see _sandbox_boot); / read-only
-                if r.status == "ok" and r.stdout.split() == ["2", "1"]:
-                    _detected[python] = iso
-                    break
-        return _detected[python]
+def _probe_level(iso: Isolation, python: str) -> str | None:
+    """None when `iso` works here, else why not (one line). It works when the program is the first child
+    of its PID namespace's init (pid 2, see _sandbox_boot) and sees / read-only."""
+    r = _run(iso, python, _PROBE, "", Limits(wall_s=10.0))
+    if r.status == "ok" and r.stdout.split() == ["2", "1"]:
+        return None
+    if r.status == "ok":
+        return f"the probe printed {r.stdout.strip()!r}, expected '2 1' (pid 2, / read-only)"
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    return f"{r.status}: " + (lines[-1][:300] if lines else f"exit code {r.exit_code}")
+
+
+def probe_isolation(python: str = sys.executable) -> Probe:
+    """The strongest level that works here and why the stronger ones failed (probed once per interpreter)."""
+    return detect(python, _probe_level)
 
 
 def _user_process_count() -> int:
@@ -263,25 +266,31 @@ def _run(iso: Isolation, python: str, program: str, stdin: str, limits: Limits) 
 class LocalSandbox:
     """Processes on this machine, isolated as well as the machine allows (see the module docstring).
 
-    isolation: None = detect the strongest level; or force "ns-root" / "ns-user" / "rlimits".
+    isolation: None = probe for the strongest level; or force "ns-root" / "ns-user" / "rlimits".
+    min_isolation: "auto" / "namespaces" / "rlimits" (sandbox_probe.py). The level is found and checked
+    here, so a sandbox below the minimum raises SandboxIsolationError before it runs any program.
     """
 
     name = "local"
 
-    def __init__(self, python: str | None = None, isolation: str | None = None) -> None:
+    def __init__(
+        self, python: str | None = None, isolation: str | None = None, min_isolation: str = "auto"
+    ) -> None:
         self.python = python or sys.executable
-        self._forced = None
-        if isolation is not None:
-            levels = {iso.name: iso for iso in _candidates(self.python)}
+        self.isolation: Isolation
+        failed: tuple[tuple[str, str], ...] | None = None  # None: forced, not probed
+        if isolation is None:
+            probe = probe_isolation(self.python)
+            self.isolation, failed = probe.level, probe.failed
+        else:
+            levels = {iso.name: iso for iso in candidates()}
             if isolation not in levels:
                 raise ValueError(
                     f"sandbox isolation '{isolation}' is not available here; choose from {', '.join(levels)}"
                 )
-            self._forced = levels[isolation]
-
-    @property
-    def isolation(self) -> Isolation:
-        return self._forced or detect_isolation(self.python)
+            self.isolation = levels[isolation]
+        check_minimum(self.isolation, min_isolation, failed)
+        self.min_isolation = min_isolation
 
     def run(self, program: str, stdin: str = "", limits: Limits | None = None) -> ExecResult:
         return _run(self.isolation, self.python, program, stdin, limits or Limits())

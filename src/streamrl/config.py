@@ -58,6 +58,10 @@ class RewardConfig:
     overlong_penalty: float = 1.0
     length_penalty: float = 0.0  # subtracted per generated token (a linear length cost; 0 = off)
     code_partial_credit: bool = True  # code task: reward = fraction of tests passed (False: all or nothing)
+    # the weakest code-sandbox isolation allowed to run model code, checked when the task is built
+    # (docs/sandbox.md): auto = namespaces if this machine can create them, else rlimits;
+    # namespaces = ns-root or ns-user; rlimits = any level (rlimits + an audit hook only)
+    sandbox_min_isolation: Literal["auto", "namespaces", "rlimits"] = "auto"
     # scoring runs in a RewardService: thread (I/O-bound scorers: sandbox, judge), process, or inline
     service: Literal["thread", "process", "inline"] = "thread"
     workers: int = 2

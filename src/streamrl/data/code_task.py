@@ -20,7 +20,7 @@ from typing import Any
 
 from streamrl.data.tasks import Score, Task
 from streamrl.rewards.code import extract_program, score_program, validate_tests
-from streamrl.rewards.sandbox import Executor, Limits, get_executor
+from streamrl.rewards.sandbox import Executor, Limits, LocalSandbox
 from streamrl.types import Problem
 
 CODE_SYSTEM_PROMPT = (
@@ -55,7 +55,9 @@ def builtin_text() -> str:
 
 
 class CodeTask(Task):
-    """Held-out = the first n rows in a fixed hash order; training = the rest, reshuffled per epoch."""
+    """Held-out = the first n rows in a fixed hash order; training = the rest, reshuffled per epoch.
+
+    executor: None = a LocalSandbox with `min_isolation` ("auto" / "namespaces" / "rlimits")."""
 
     def __init__(
         self,
@@ -63,13 +65,15 @@ class CodeTask(Task):
         partial_credit: bool = True,
         executor: Executor | None = None,
         limits: Limits = LIMITS,
+        min_isolation: str = "auto",
         **kw: Any,
     ) -> None:
         super().__init__(**kw)
         self.name = "code" if path is None else f"code:{path}"
         self.rows = _load_rows(builtin_text() if path is None else path.read_text(), self.name)
         self.partial_credit = partial_credit
-        self.executor = executor or get_executor("local")
+        # built here so a sandbox below min_isolation fails when the task is set up, not at a rollout
+        self.executor = executor or LocalSandbox(min_isolation=min_isolation)
         self.limits = limits
 
     def _make(self, i: int) -> Problem:

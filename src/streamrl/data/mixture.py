@@ -40,7 +40,14 @@ def split_by_weight(n: int, weights: list[float]) -> list[int]:
 
 
 class MixtureTask(Task):
-    def __init__(self, sources: Any, code_partial_credit: bool = True, env: Any = None, **kw: Any) -> None:
+    def __init__(
+        self,
+        sources: Any,
+        code_partial_credit: bool = True,
+        sandbox_min_isolation: str = "auto",
+        env: Any = None,
+        **kw: Any,
+    ) -> None:
         from streamrl.data.tasks import make_task
 
         super().__init__(**kw)
@@ -75,6 +82,7 @@ class MixtureTask(Task):
                     kw["instruction"],
                     kw["extract"],
                     code_partial_credit=code_partial_credit,
+                    sandbox_min_isolation=sandbox_min_isolation,
                     env=env,
                     columns=src.get("columns"),
                     eval_data=src.get("eval_data", ""),

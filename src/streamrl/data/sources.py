@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrl.data.tasks import Score, Task
+from streamrl.rewards.sandbox import LocalSandbox
 from streamrl.types import Problem
 
 log = logging.getLogger("streamrl.data")
@@ -195,6 +196,7 @@ class DataTask(Task):
         columns: dict[str, Any] | None = None,
         eval_path: Path | None = None,
         code_partial_credit: bool = True,
+        sandbox_min_isolation: str = "auto",
         **kw: Any,
     ) -> None:
         super().__init__(**kw)
@@ -216,6 +218,9 @@ class DataTask(Task):
                     eval_path,
                 )
         self.partial_credit = code_partial_credit
+        self.executor: LocalSandbox | None = None  # code rows: built (and checked) with the task
+        if any(r["kind"] == "code" for r in self.rows + (self.eval_rows or [])):
+            self.executor = LocalSandbox(min_isolation=sandbox_min_isolation)
 
     def _make(self, row: dict[str, Any]) -> Problem:
         pid = row["id"] or f"row-{hashlib.sha1(row['question'].encode()).hexdigest()[:10]}"
@@ -252,13 +257,12 @@ class DataTask(Task):
             return super().score(problem, text)
         from streamrl.data.code_task import LIMITS
         from streamrl.rewards.code import extract_program, score_program
-        from streamrl.rewards.sandbox import get_executor
 
         program = extract_program(text)
         if program is None:
             return Score(False, False, None, value=0.0)
         value, info = score_program(
-            program, problem.meta["tests"], self.partial_credit, get_executor("local"), LIMITS
+            program, problem.meta["tests"], self.partial_credit, self.executor, LIMITS
         )
         return Score(info["passed"] == info["total"], True, program, value=value)
 

@@ -182,13 +182,15 @@ def make_task(
     extract: str,
     *,
     code_partial_credit: bool = True,
+    sandbox_min_isolation: str = "auto",
     env: Any = None,
     columns: dict[str, Any] | None = None,
     eval_data: str = "",
     sources: Any = (),
 ) -> Task:
     """`env`: the EnvConfig that multi-turn tasks (`env:NAME`) take their limits from; `columns`,
-    `eval_data`: the data:PATH column mapping and held-out file; `sources`: the `mix` task's list."""
+    `eval_data`: the data:PATH column mapping and held-out file; `sources`: the `mix` task's list;
+    `sandbox_min_isolation`: tasks that run model code check their sandbox against it when built."""
     kw = {"system_prompt": system_prompt, "instruction": instruction, "extract": extract}
     if spec.startswith("agent:"):
         from streamrl.envs.agent_task import AgentTask
@@ -197,7 +199,13 @@ def make_task(
     if spec == "mix":
         from streamrl.data.mixture import MixtureTask
 
-        return MixtureTask(sources, code_partial_credit=code_partial_credit, env=env, **kw)
+        return MixtureTask(
+            sources,
+            code_partial_credit=code_partial_credit,
+            sandbox_min_isolation=sandbox_min_isolation,
+            env=env,
+            **kw,
+        )
     if spec.startswith("env:"):
         from streamrl.config import EnvConfig
         from streamrl.envs.base import make_env_task  # late: envs build on this module
@@ -210,11 +218,11 @@ def make_task(
         if system_prompt == TaskConfig.system_prompt:  # the calculator default makes no sense here
             kw["system_prompt"] = CODE_SYSTEM_PROMPT
         if spec == "code":
-            return CodeTask(None, code_partial_credit, **kw)
+            return CodeTask(None, code_partial_credit, min_isolation=sandbox_min_isolation, **kw)
         path = Path(spec[5:]).expanduser()
         if not path.is_file():
             raise ValueError(f"task file '{spec[5:]}' not found (task=code:<a .jsonl of {{prompt, tests}}>)")
-        return CodeTask(path, code_partial_credit, **kw)
+        return CodeTask(path, code_partial_credit, min_isolation=sandbox_min_isolation, **kw)
     if spec.startswith("rg:"):
         return ReasoningGymTask(spec[3:], args, **kw)
     if spec.startswith("data:") or spec.endswith((".jsonl", ".parquet")):
@@ -224,7 +232,7 @@ def make_task(
         if not path.exists():
             raise ValueError(f"task file '{path}' not found")
         held = Path(eval_data).expanduser() if eval_data else None
-        return DataTask(path, columns, held, code_partial_credit, **kw)
+        return DataTask(path, columns, held, code_partial_credit, sandbox_min_isolation, **kw)
     raise ValueError(
         f"unknown task '{spec}': use 'rg:<reasoning-gym dataset>', 'data:<.jsonl/.parquet/HF dir>', a .jsonl "
         "file of {prompt, answer}, 'mix', 'code', 'code:<file.jsonl>', 'env:python_tool' or 'env:search'"
@@ -241,6 +249,7 @@ def task_from_config(cfg: Any) -> Task:
         tc.instruction,
         cfg.reward.extract,
         code_partial_credit=cfg.reward.code_partial_credit,
+        sandbox_min_isolation=cfg.reward.sandbox_min_isolation,
         env=cfg.env,
         columns=tc.columns,
         eval_data=tc.eval_data,

@@ -5,10 +5,11 @@
 Config keys: workdir (str, holds program.py); cpu_s, memory_mb, file_size_mb, nproc (rlimits);
 fs ("ro": a fresh size-capped tmpfs on workdir, every other mount read-only; "none"); tmpfs_mb;
 drop ("uid:N": setuid to N, for a root host; "caps": drop all capabilities, for a user namespace;
-"none"); net_hook (bool: an audit hook refusing sockets, the fallback without a network namespace).
-The order matters: mounts need privileges, so they happen first; privileges are dropped
-before a single line of the program runs. Any setup failure exits with code 97 and one stderr line,
-which the parent reports as status "error" (the probe uses it to pick a weaker isolation level).
+"none"); audit_hook (bool: refuse sockets, other programs and ctypes; the fallback without namespaces).
+In a new PID namespace this process is pid 1 and forks the program's process first (see
+_init_of_pid_namespace). The order matters: mounts need privileges, so they happen first; privileges
+are dropped before a single line of the program runs. Any setup failure exits with code 97 and one
+stderr line, which the parent reports as status "error" (the probe uses it to pick a weaker level).
 """
 
 from __future__ import annotations
@@ -95,6 +96,49 @@ def _expose_interpreter(libc: ctypes.CDLL, workdir: str) -> None:
         os.rmdir(stage)
 
 
+def _reopen_private_paths() -> None:
+    """Keep imports working after a uid drop without a mount namespace when the interpreter lives under
+    a private directory (pyenv in /root): each import directory below one is reached through an open
+    descriptor, /proc/self/fd/N, whose lookup skips the blocked ancestors (a process may always use its
+    own descriptors). Covers sys.path and the __path__ of packages already imported."""
+    subst: dict[str, str] = {}
+    for p in sys.path:
+        if os.path.isdir(p) and (_blocked_ancestor(p) or _blocked_ancestor(os.path.realpath(p))):
+            subst[p] = f"/proc/self/fd/{os.open(p, os.O_RDONLY | os.O_DIRECTORY)}"
+    longest_first = sorted(subst, key=len, reverse=True)
+
+    def sub(path: str) -> str:
+        for old in longest_first:
+            if path == old or path.startswith(old + "/"):
+                return subst[old] + path[len(old) :]
+        return path
+
+    sys.path[:] = [sub(p) for p in sys.path]
+    for mod in list(sys.modules.values()):
+        paths = getattr(mod, "__path__", None)
+        if isinstance(paths, list):
+            paths[:] = [sub(p) for p in paths]
+
+
+# audit events that start another program; `import _posixsubprocess` too: its fork_exec audits nothing
+_NEW_PROGRAM = {"subprocess.Popen", "os.exec", "os.posix_spawn", "os.system", "os.spawn", "os.startfile"}
+
+
+def _refuse(event: str, args: tuple) -> None:
+    """The audit hook of the fallback without namespaces: no sockets, no new programs (a child process
+    would not carry this hook; a fork keeps it), no ctypes (foreign calls skip every audit event)."""
+    what = None
+    if event.startswith("socket."):
+        what = "network access"
+    elif event in _NEW_PROGRAM or (event == "import" and args[0] == "_posixsubprocess"):
+        what = "starting another program"
+    elif event.startswith("ctypes."):
+        what = "ctypes"
+    if what is not None:
+        detail = f"import {args[0]}" if event == "import" else event
+        raise PermissionError(f"{what} is disabled in the sandbox ({detail})")
+
+
 def _drop_caps(libc: ctypes.CDLL) -> None:
     """Empty the bounding set (exec cannot regain caps) and clear our own caps (no remount rw)."""
     for cap in range(64):
@@ -117,7 +161,22 @@ def _set_limits(cfg: dict) -> None:
     resource.setrlimit(resource.RLIMIT_NPROC, (cfg["nproc"], cfg["nproc"]))
 
 
+def _init_of_pid_namespace() -> None:
+    """As pid 1 of a new PID namespace the kernel drops every signal it has no handler for, SIGXCPU
+    included: so pid 1 only reaps, the program runs in its first child (pid 2), and pid 1 exits as that
+    child did (a signal as 128 + its number); the kernel then kills the rest of the namespace."""
+    child = os.fork()
+    if child == 0:
+        return
+    while True:
+        pid, status = os.wait()  # orphans of the namespace are reparented here
+        if pid == child:
+            os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+
+
 def main() -> None:
+    if os.getpid() == 1:
+        _init_of_pid_namespace()
     cfg = json.loads(sys.argv[1])
     workdir = cfg["workdir"]
     libc = ctypes.CDLL(None, use_errno=True)
@@ -129,6 +188,8 @@ def main() -> None:
             with open(os.path.join(workdir, "program.py"), "w", encoding="utf-8") as f:
                 f.write(source)  # into the tmpfs, so tracebacks can show source lines
         drop = cfg["drop"]
+        if drop.startswith("uid:") and cfg["fs"] == "none":
+            _reopen_private_paths()
         if drop.startswith("uid:"):
             uid = int(drop[4:])
             os.setgroups([])
@@ -142,13 +203,8 @@ def main() -> None:
     except (OSError, ValueError) as e:
         print(f"sandbox setup failed: {e}", file=sys.stderr)
         sys.exit(SETUP_FAILED)
-    if cfg["net_hook"]:
-
-        def _no_network(event: str, args: tuple) -> None:
-            if event.startswith("socket."):
-                raise PermissionError(f"network access is disabled in the sandbox ({event})")
-
-        sys.addaudithook(_no_network)
+    if cfg["audit_hook"]:
+        sys.addaudithook(_refuse)
     del libc
     sys.argv = ["program.py"]
     sys.path.insert(0, workdir)

@@ -4,25 +4,31 @@
 temporary directory (its cwd, deleted afterwards) with an empty environment (PATH, LANG, HOME=TMPDIR=
 workdir only), in a new session whose whole process group is SIGKILLed at the wall-time limit, with
 RLIMIT_CPU/AS/FSIZE/NPROC and RLIMIT_CORE=0, and stdout+stderr capped at `limits.output_bytes`.
-On top of that it uses the strongest isolation level that works on this machine, probed once:
+On top of that it uses the strongest isolation level that works on this machine, probed once
+(sandbox_probe.py), and refuses to run at all below `min_isolation` (reward.sandbox_min_isolation):
 
 - "ns-root"  (running as root): `unshare --pid --fork --net --mount`; the bootstrap makes every mount
-  read-only, mounts a size-capped tmpfs on the workdir, then drops to an unprivileged uid.
+  read-only, mounts a size-capped tmpfs on the workdir, then drops to an unused unprivileged uid.
 - "ns-user"  (not root; needs unprivileged user namespaces): the same inside `unshare --user
   --map-root-user`, then drops every capability so the program cannot remount anything writable.
-- "rlimits"  (no namespaces): rlimits + an audit hook refusing socket creation, uid dropped if root.
+- "rlimits"  (no namespaces): rlimits, an unused unprivileged uid when root, and a Python audit hook
+  refusing sockets, starting other programs (subprocess, os.exec*/posix_spawn/system) and ctypes.
 
-Protected (namespace levels): network (empty network namespace: no route even to the host's
-localhost), writes outside the workdir (read-only mounts; workdir is a private tmpfs), fork bombs
-(RLIMIT_NPROC counted inside the sandbox; the PID namespace dies with its init, so no process
-survives a kill, even one that called setsid), CPU/memory/disk/output exhaustion, inherited secrets in
-environment variables. NOT protected: reading the host filesystem (world-readable files are visible),
-kernel exploits (no seccomp filter), /proc and /sys information, CPU contention with the host (no
-cgroup), side channels. In the "rlimits" fallback writes outside the workdir are possible wherever the
-uid may write, the socket block is a Python-level speed bump (ctypes can bypass it) and a child that
-calls setsid can outlive the group kill until its CPU limit. For untrusted models on a shared cluster
-plug in a stronger Executor (gVisor/nsjail/firejail/Docker runner, or a remote sandbox HTTP service)
-with `register_executor`. See docs/sandbox.md.
+Protected at the namespace levels: network (an empty network namespace, for child processes too),
+writes outside the workdir (read-only mounts; the workdir is a private tmpfs), fork bombs (RLIMIT_NPROC
+counted inside the sandbox; the PID namespace dies with its init, so no process survives a kill, even
+one that called setsid), CPU/memory/disk/output exhaustion, secrets in environment variables.
+NOT protected: reading world-readable host files, kernel exploits (no seccomp filter), /proc and /sys
+information, CPU contention with the host (no cgroup), side channels.
+The "rlimits" level protects CPU/memory/file-size/output and the environment the same way; as root,
+writes outside the workdir only land where any uid may write (/tmp, /dev/shm) and RLIMIT_NPROC counts
+the run's own uid, so fork bombs are contained. Its network and process block is Python-level: it stops
+a child opening its own socket by every ordinary route (a forked child keeps the hook), but code that
+corrupts the interpreter's memory (e.g. through /proc/self/mem) can get past it. Not as root, the
+program keeps the caller's uid (its files, its processes). A child that calls setsid can outlive the
+group kill until its CPU limit. For untrusted models on a shared cluster plug in a stronger Executor
+(gVisor/nsjail/firejail/Docker runner, or a remote sandbox HTTP service) with `register_executor`.
+See docs/sandbox.md.
 """
 
 from __future__ import annotations
@@ -36,12 +42,33 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
+
+from streamrl.rewards.sandbox_probe import (
+    Isolation,
+    Probe,
+    SandboxIsolationError,
+    candidates,
+    check_minimum,
+    detect,
+)
+
+__all__ = [
+    "EXECUTORS",
+    "ExecResult",
+    "Executor",
+    "Isolation",
+    "Limits",
+    "LocalSandbox",
+    "SandboxIsolationError",
+    "get_executor",
+    "probe_isolation",
+    "register_executor",
+]
 
 Status = Literal["ok", "error", "timeout", "memory", "output_limit", "killed"]
 _BOOT = str(Path(__file__).with_name("_sandbox_boot.py"))
@@ -91,55 +118,24 @@ class Executor(Protocol):
     def run(self, program: str, stdin: str = "", limits: Limits | None = None) -> ExecResult: ...
 
 
-@dataclass(frozen=True)
-class Isolation:
-    name: str
-    prefix: tuple[str, ...]  # argv before the interpreter (an unshare command) or empty
-    fs: str  # "ro" | "none"
-    drop: str  # "uid" | "caps" | "none"
-    net_hook: bool
-
-
-def _others_can_run(python: str) -> bool:
-    """Whether a uid other than ours can enter every directory up to the interpreter's stdlib."""
-    import sysconfig
-
-    path = Path(sysconfig.get_paths()["stdlib"]).resolve()
-    return all(os.stat(p).st_mode & 0o001 for p in path.parents if p != Path("/"))
-
-
-def _candidates(python: str = sys.executable) -> list[Isolation]:
-    unshare = shutil.which("unshare", path="/usr/bin:/bin:/usr/sbin:/sbin")
-    ns = ("--pid", "--fork", "--net", "--mount", "--mount-proc", "--kill-child")
-    root = os.geteuid() == 0
-    out = []
-    if unshare and root:
-        out.append(Isolation("ns-root", (unshare, *ns), "ro", "uid", False))
-    if unshare:
-        out.append(Isolation("ns-user", (unshare, "--user", "--map-root-user", *ns), "ro", "caps", False))
-    # without a mount namespace an unprivileged uid can only be used if it can read the stdlib
-    out.append(Isolation("rlimits", (), "none", "uid" if root and _others_can_run(python) else "none", True))
-    return out
-
-
 _PROBE = "import os\nprint(os.getpid(), os.statvfs('/').f_flag & os.ST_RDONLY)\n"
-_detected: dict[str, Isolation] = {}
-_detect_lock = threading.Lock()
 
 
-def detect_isolation(python: str = sys.executable) -> Isolation:
-    """The strongest level that works here, found by running a probe once per interpreter."""
-    with _detect_lock:
-        if python not in _detected:
-            for iso in _candidates(python):
-                if iso.name == "rlimits":
-                    _detected[python] = iso
-                    break
-                r = _run(iso, python, _PROBE, "", Limits(wall_s=10.0))
-                if r.status == "ok" and r.stdout.split() == ["1", "1"]:  # pid 1 in its ns, / read-only
-                    _detected[python] = iso
-                    break
-        return _detected[python]
+def _probe_level(iso: Isolation, python: str) -> str | None:
+    """None when `iso` works here, else why not (one line). It works when the program is the first child
+    of its PID namespace's init (pid 2, see _sandbox_boot) and sees / read-only."""
+    r = _run(iso, python, _PROBE, "", Limits(wall_s=10.0))
+    if r.status == "ok" and r.stdout.split() == ["2", "1"]:
+        return None
+    if r.status == "ok":
+        return f"the probe printed {r.stdout.strip()!r}, expected '2 1' (pid 2, / read-only)"
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    return f"{r.status}: " + (lines[-1][:300] if lines else f"exit code {r.exit_code}")
+
+
+def probe_isolation(python: str = sys.executable) -> Probe:
+    """The strongest level that works here and why the stronger ones failed (probed once per interpreter)."""
+    return detect(python, _probe_level)
 
 
 def _user_process_count() -> int:
@@ -160,6 +156,7 @@ def _boot_config(iso: Isolation, workdir: str, limits: Limits) -> dict[str, obje
         drop = f"uid:{_UID_BASE + (os.getpid() % 65536) * 64 + next(_uid_counter) % 64}"
     elif iso.drop == "caps":
         drop = "caps"
+        nproc += 1  # the namespace's init (see _sandbox_boot) runs as the same user
     elif iso.name == "rlimits":  # same uid as the host: its other processes count against the limit too
         nproc += _user_process_count()
     return {
@@ -168,7 +165,7 @@ def _boot_config(iso: Isolation, workdir: str, limits: Limits) -> dict[str, obje
         "drop": drop,
         "nproc": nproc,
         "tmpfs_mb": limits.file_size_mb,
-        "net_hook": iso.net_hook,
+        "audit_hook": iso.audit_hook,
         "cpu_s": limits.cpu_s,
         "memory_mb": limits.memory_mb,
         "file_size_mb": limits.file_size_mb,
@@ -269,25 +266,31 @@ def _run(iso: Isolation, python: str, program: str, stdin: str, limits: Limits) 
 class LocalSandbox:
     """Processes on this machine, isolated as well as the machine allows (see the module docstring).
 
-    isolation: None = detect the strongest level; or force "ns-root" / "ns-user" / "rlimits".
+    isolation: None = probe for the strongest level; or force "ns-root" / "ns-user" / "rlimits".
+    min_isolation: "auto" / "namespaces" / "rlimits" (sandbox_probe.py). The level is found and checked
+    here, so a sandbox below the minimum raises SandboxIsolationError before it runs any program.
     """
 
     name = "local"
 
-    def __init__(self, python: str | None = None, isolation: str | None = None) -> None:
+    def __init__(
+        self, python: str | None = None, isolation: str | None = None, min_isolation: str = "auto"
+    ) -> None:
         self.python = python or sys.executable
-        self._forced = None
-        if isolation is not None:
-            levels = {iso.name: iso for iso in _candidates(self.python)}
+        self.isolation: Isolation
+        failed: tuple[tuple[str, str], ...] | None = None  # None: forced, not probed
+        if isolation is None:
+            probe = probe_isolation(self.python)
+            self.isolation, failed = probe.level, probe.failed
+        else:
+            levels = {iso.name: iso for iso in candidates()}
             if isolation not in levels:
                 raise ValueError(
                     f"sandbox isolation '{isolation}' is not available here; choose from {', '.join(levels)}"
                 )
-            self._forced = levels[isolation]
-
-    @property
-    def isolation(self) -> Isolation:
-        return self._forced or detect_isolation(self.python)
+            self.isolation = levels[isolation]
+        check_minimum(self.isolation, min_isolation, failed)
+        self.min_isolation = min_isolation
 
     def run(self, program: str, stdin: str = "", limits: Limits | None = None) -> ExecResult:
         return _run(self.isolation, self.python, program, stdin, limits or Limits())

@@ -56,12 +56,12 @@ def build_components(cfg: Config) -> Components:
     """Model, tokenizer, task (held-out list + training stream), engine and trainer for `cfg`."""
     if not cfg.task_config.args:
         cfg.task_config.args = default_task_args(cfg.task)
+    task = task_from_config(cfg)  # first: a bad task or a refused code sandbox fails before any download
     t0 = time.perf_counter()
     model_dir = resolve_model_dir(cfg.model, cfg.seed)
     resolve_seconds = time.perf_counter() - t0
     tokenizer = load_tokenizer(model_dir)
     model = load_model(model_dir, cfg.device)
-    task = task_from_config(cfg)
     heldout, exclude = prepare_split(task, cfg)
     stream = make_sampler(cfg, task, cfg.seed, exclude)
     # fsdp2 shards the trainer's model in place: the engine generates with its own full copy

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from streamrl.config import load_config
-from streamrl.runtime.job import run_train
+from streamrl.loop.job import run_train
 
 
 def _one(name: str, overrides: list[str], root: Path) -> dict:

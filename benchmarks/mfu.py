@@ -99,7 +99,7 @@ def param_count(model_name: str) -> int:
 
 def run_default_job(steps: int) -> Path:
     from streamrl.config import load_config
-    from streamrl.runtime.job import run_train
+    from streamrl.loop.job import run_train
 
     run_dir = Path(tempfile.mkdtemp(prefix="mfu-"))
     keys = [f"max_steps={steps}", "eval.before=false", "eval.after=false", "train.save_checkpoint=false"]

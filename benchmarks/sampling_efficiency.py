@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrl.config import load_config
-from streamrl.runtime.job import run_train
+from streamrl.loop.job import run_train
 
 
 def one_run(sampler: str, args: argparse.Namespace, extra: list[str], root: Path) -> dict[str, Any]:

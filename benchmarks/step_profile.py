@@ -17,9 +17,9 @@ import torch
 
 from streamrl.config import load_config
 from streamrl.engine.hf import push_policy
-from streamrl.rewards.scoring import Scoring
-from streamrl.runtime.job import build_components
-from streamrl.runtime.rl_step import rl_step
+from streamrl.loop.job import build_components
+from streamrl.loop.step import rl_step
+from streamrl.rollout.score import Scoring
 
 
 def main(argv: list[str]) -> None:

@@ -22,7 +22,7 @@ from streamrl.config import Config, load_config
 
 def job_config(overrides: list[str], steps: int, budget_s: float, eval_size: int | None) -> Config:
     """The streamrl Config of the compared job (defaults <- overrides <- the benchmark's own keys)."""
-    from streamrl.data.tasks import default_task_args
+    from streamrl.data.task import default_task_args
 
     extra = [f"max_steps={steps}", f"max_time={budget_s}", "eval.before=true", "eval.after=true"]
     extra.append("eval.every=0")
@@ -42,7 +42,7 @@ def _accuracy(summary: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def run_streamrl(cfg: Config, work: Path) -> dict[str, Any]:
     """streamrl's own entry point, run_train, as `streamrl train` runs it."""
-    from streamrl.runtime.job import run_train
+    from streamrl.loop.job import run_train
 
     cfg.run_dir = str(work / "streamrl-run")
     cfg.train.save_checkpoint = False
@@ -71,8 +71,8 @@ def run_streamrl(cfg: Config, work: Path) -> dict[str, Any]:
 
 
 class RewardFromTask:
-    """A TRL reward function that scores with streamrl's task and reward config (rewards/outcome.py and
-    the shaping of rewards/scoring.py), and counts what it scored."""
+    """A TRL reward function that scores with streamrl's task and reward config (rollout/score.py and
+    the shaping of rollout/score.py), and counts what it scored."""
 
     __name__ = "streamrl_task_reward"
 
@@ -91,8 +91,8 @@ class RewardFromTask:
         problem_index: list[int],
         **_: Any,
     ) -> list[float]:
-        from streamrl.rewards.outcome import outcome_reward
         from streamrl.rewards.shaping import overlong_penalty
+        from streamrl.rollout.score import outcome_reward
 
         rc, cap = self.cfg.reward, self.cfg.rollout.max_new_tokens
         out, batch_correct = [], 0
@@ -160,10 +160,10 @@ def run_trl(cfg: Config, work: Path) -> dict[str, Any]:
     from trl_settings import grpo_config_kwargs, micro_batch_size
 
     from streamrl.data.prompts import render_prompt_ids
-    from streamrl.data.tasks import prepare_split, task_from_config
     from streamrl.engine.hf import PRECISIONS, HFEngine
     from streamrl.eval.heldout import evaluate
     from streamrl.models import load_model, load_tokenizer, resolve_model_dir
+    from streamrl.tasks import prepare_split, task_from_config
 
     torch.set_num_threads(os.cpu_count() or 1)
     torch.manual_seed(cfg.seed)

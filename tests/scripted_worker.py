@@ -9,7 +9,7 @@ import random
 import time
 from typing import Any
 
-from streamrl.runtime.worker import STOP, GroupResult
+from streamrl.rollout.worker import STOP, GroupResult
 from streamrl.types import Trajectory
 
 

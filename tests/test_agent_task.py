@@ -7,7 +7,7 @@ from trajectories import make_traj
 
 from streamrl.cli import main
 from streamrl.config import load_config
-from streamrl.runtime.rl_step import group_advantages
+from streamrl.loop.step import group_advantages
 from streamrl.types import Group, Problem
 
 TINY = [

@@ -6,14 +6,15 @@ import pytest
 from scripted_worker import scripted_worker  # tests/ is on sys.path (rootdir conftest)
 
 from streamrl.config import load_config
-from streamrl.runtime.async_loop import AsyncRunner
-from streamrl.runtime.resume_state import RunState
-from streamrl.runtime.signals import StopFlag
+from streamrl.loop.asynchronous import AsyncRunner
+from streamrl.loop.signals import StopFlag
+from streamrl.loop.state import RunState
 
 
 @pytest.mark.parametrize("eta", [0, 1, 3])
 def test_async_runner_bound_under_random_delays(tiny, eta):
-    from streamrl.data.tasks import default_task_args, make_task
+    from streamrl.data.task import default_task_args
+    from streamrl.tasks import make_task
     from streamrl.trainer.trainer import Trainer
 
     model, tok = tiny
@@ -56,7 +57,8 @@ def test_async_runner_bound_under_random_delays(tiny, eta):
 
 
 def _run(tiny, overrides):
-    from streamrl.data.tasks import default_task_args, make_task
+    from streamrl.data.task import default_task_args
+    from streamrl.tasks import make_task
     from streamrl.trainer.trainer import Trainer
 
     cfg = load_config(None, ["rollout.prompts_per_step=3", "rollout.samples_per_prompt=2", *overrides])

@@ -10,11 +10,11 @@ import time
 from scripted_worker import scripted_worker  # tests/ is on sys.path (rootdir conftest)
 
 from streamrl.config import load_config
-from streamrl.runtime.async_loop import AsyncRunner
-from streamrl.runtime.ledger import Ledger
-from streamrl.runtime.resume_state import RunState
-from streamrl.runtime.signals import StopFlag
-from streamrl.runtime.worker import GroupResult
+from streamrl.loop.asynchronous import AsyncRunner
+from streamrl.loop.ledger import Ledger
+from streamrl.loop.signals import StopFlag
+from streamrl.loop.state import RunState
+from streamrl.rollout.worker import GroupResult
 from streamrl.types import Trajectory
 
 ARGS = [
@@ -28,7 +28,8 @@ ARGS = [
 
 
 def _task():
-    from streamrl.data.tasks import default_task_args, make_task
+    from streamrl.data.task import default_task_args
+    from streamrl.tasks import make_task
 
     return make_task("rg:chain_sum", default_task_args("rg:chain_sum"), "", "", "answer_is")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from streamrl.data.code_task import CodeTask, builtin_text
-from streamrl.data.tasks import Score, Task, make_task
+from streamrl.data.task import Score, Task
 from streamrl.rewards.code import (
     extract_program,
     normalize_output,
@@ -16,8 +16,9 @@ from streamrl.rewards.code import (
     score_response,
     validate_tests,
 )
-from streamrl.rewards.outcome import outcome_reward
 from streamrl.rewards.sandbox import Limits
+from streamrl.rollout.score import outcome_reward
+from streamrl.tasks import make_task
 
 ADD = [
     {"input": "1 2\n", "output": "3\n"},

@@ -4,9 +4,10 @@ import json
 import pytest
 import torch
 
-from streamrl.data.tasks import default_task_args, make_task
+from streamrl.data.task import default_task_args
 from streamrl.models import resolve_model_dir
 from streamrl.models.tiny import build
+from streamrl.tasks import make_task
 
 
 def _chain_sum():

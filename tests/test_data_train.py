@@ -10,13 +10,14 @@ from streamrl.cli import main
 from streamrl.config import load_config
 from streamrl.data.replay import ReplayBuffer
 from streamrl.data.samplers import MoPPSSampler
-from streamrl.runtime.async_loop import AsyncRunner
-from streamrl.runtime.resume_state import RunState
-from streamrl.runtime.signals import StopFlag
+from streamrl.loop.asynchronous import AsyncRunner
+from streamrl.loop.signals import StopFlag
+from streamrl.loop.state import RunState
 
 
 def test_async_runner_feeds_the_sampler_and_replays_distinct_samples(tiny):
-    from streamrl.data.tasks import default_task_args, make_task
+    from streamrl.data.task import default_task_args
+    from streamrl.tasks import make_task
     from streamrl.trainer.trainer import Trainer
 
     cfg = load_config(

@@ -12,8 +12,8 @@ from tiny_args import TINY
 from trajectories import make_traj
 
 from streamrl.config import ConfigError, load_config
+from streamrl.placement.trainer_ranks import make_trainer
 from streamrl.trainer.distributed import rank_share
-from streamrl.trainer.launch import make_trainer
 from streamrl.types import TrainBatch
 
 # fp32, same weights, same micro-batches: only the order of float sums differs between 1 and 2 ranks
@@ -80,7 +80,7 @@ def test_two_ranks_match_one_process(tiny, strategy, backend, capsys):
     dist_trainer = make_trainer(copy.deepcopy(tiny[0]), cfg2, pad_id=0)
     try:
         if backend == "ray":
-            from streamrl.trainer.ray_ranks import RankHandle
+            from streamrl.placement.ray_ranks import RankHandle
 
             assert [type(p) for p in dist_trainer.links.procs] == [RankHandle]
             assert dist_trainer.links.procs[0].is_alive()
@@ -137,7 +137,7 @@ def test_follower_that_hangs_in_a_collective_is_an_error_within_the_timeout(tiny
 
 @pytest.mark.parametrize("mode, strategy", [("colocated", "ddp"), ("async", "ddp"), ("colocated", "fsdp2")])
 def test_train_with_two_ranks_end_to_end(tmp_path, mode, strategy):
-    from streamrl.runtime.job import run_train
+    from streamrl.loop.job import run_train
 
     cfg = load_config(
         None,

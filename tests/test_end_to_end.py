@@ -25,8 +25,13 @@ TINY = [
 
 @pytest.mark.parametrize(
     "mode, eta, precision",
-    [("colocated", 0, "fp32"), ("async", 0, "fp32"), ("async", 2, "fp32"), ("colocated", 0, "bf16"),
-     ("async", 1, "bf16")],
+    [
+        ("colocated", 0, "fp32"),
+        ("async", 0, "fp32"),
+        ("async", 2, "fp32"),
+        ("colocated", 0, "bf16"),
+        ("async", 1, "bf16"),
+    ],
     ids=["colocated", "async-eta0", "async-eta2", "colocated-bf16", "async-bf16"],
 )
 def test_train_writes_a_complete_run_dir(tmp_path, mode, eta, precision):

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from streamrl.config import ConfigError, EnvConfig, load_config
-from streamrl.data.tasks import make_task
 from streamrl.envs.executor import SandboxRunner
 from streamrl.envs.search import DATA, INVALID, load_retriever, normalize_answer
+from streamrl.tasks import make_task
 
 ROOT = Path(__file__).parent.parent
 

@@ -4,7 +4,7 @@ import pytest
 from trajectories import make_traj
 
 from streamrl.config import load_config
-from streamrl.runtime.rl_step import group_advantages
+from streamrl.loop.step import group_advantages
 from streamrl.types import Group, Problem
 
 

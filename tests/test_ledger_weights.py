@@ -3,8 +3,8 @@ import copy
 import pytest
 import torch
 
-from streamrl.runtime.ledger import Ledger
-from streamrl.runtime.weights import SharedWeights
+from streamrl.loop.ledger import Ledger
+from streamrl.placement.shared_weights import SharedWeights
 
 
 def test_ledger_exactly_once_transitions():

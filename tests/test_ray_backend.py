@@ -14,9 +14,9 @@ import pytest
 from tiny_args import TINY
 
 from streamrl.config import ConfigError, load_config
-from streamrl.runtime.async_loop import AsyncRunner
-from streamrl.runtime.resume_state import RunState
-from streamrl.runtime.signals import StopFlag
+from streamrl.loop.asynchronous import AsyncRunner
+from streamrl.loop.signals import StopFlag
+from streamrl.loop.state import RunState
 
 ray = pytest.importorskip("ray")
 
@@ -48,7 +48,8 @@ def _cfg(*extra: str):
 
 
 def _runner(cfg, tiny, state=None, on_built=None):
-    from streamrl.data.tasks import default_task_args, make_task
+    from streamrl.data.task import default_task_args
+    from streamrl.tasks import make_task
     from streamrl.trainer.trainer import Trainer
 
     task = make_task("rg:chain_sum", default_task_args("rg:chain_sum"), "", "", "last_number")
@@ -136,7 +137,7 @@ def test_killed_actor_loses_and_duplicates_nothing(ray_instance, tiny):
 
 def test_duplicate_result_is_dropped(tiny):
     """A group's second result (regenerated after its actor died, the first copy arrived too) is dropped."""
-    from streamrl.runtime.worker import GroupResult
+    from streamrl.rollout.worker import GroupResult
 
     cfg = load_config(None, [*TINY, "rollout.dynamic_sampling=false"])
     runner, _ = _runner(cfg, tiny)
@@ -178,7 +179,7 @@ def _perturbed_state(tiny, seed: int):
 def test_weight_sync_delivers_the_trainer_tensors(ray_instance, tiny, mode):
     import torch
 
-    from streamrl.runtime.ray_backend import RayRollouts
+    from streamrl.placement.ray_rollouts import RayRollouts
 
     cfg = _cfg(f"runtime.weight_sync={mode}", "ray.max_restarts=0")
     backend = RayRollouts(cfg)
@@ -206,7 +207,7 @@ def test_weight_sync_delivers_the_trainer_tensors(ray_instance, tiny, mode):
 
 
 def test_object_store_sync_of_a_missing_object_times_out_clearly(ray_instance, tiny):
-    from streamrl.runtime.weight_sync import ObjectStoreReceiver, WeightSyncError
+    from streamrl.placement.weight_sync import ObjectStoreReceiver, WeightSyncError
 
     @ray.remote(num_cpus=0)
     def never() -> None:
@@ -223,7 +224,7 @@ def test_object_store_sync_of_a_missing_object_times_out_clearly(ray_instance, t
 
 
 def test_broadcast_group_with_a_member_that_never_joins_times_out_clearly(ray_instance):
-    from streamrl.runtime.weight_sync import BroadcastPublisher, WeightSyncError
+    from streamrl.placement.weight_sync import BroadcastPublisher, WeightSyncError
 
     pub = BroadcastPublisher(members=1, timeout=1.0)
     t0 = time.perf_counter()
@@ -264,7 +265,7 @@ def test_ray_not_installed_message(monkeypatch):
 
 
 def test_resources_that_do_not_fit_are_refused():
-    from streamrl.runtime.ray_backend import check_resources
+    from streamrl.placement.ray_rollouts import check_resources
 
     cfg = load_config(None, ["runtime.backend=ray", "runtime.rollout_workers=3"])
     with pytest.raises(

@@ -21,9 +21,9 @@ from tiny_args import TINY
 
 from streamrl.cli import main
 from streamrl.config import load_config
+from streamrl.loop import job
+from streamrl.loop.state import load_state
 from streamrl.observe.live import RunObserver
-from streamrl.runtime import job
-from streamrl.runtime.resume_state import load_state
 
 SYNC = [*TINY, "runtime.mode=colocated", "max_staleness=0", "max_steps=4", "train.lr=1e-3"]
 # step metrics that measure time, not what was computed

@@ -6,7 +6,7 @@ import random
 
 from streamrl.data.replay import ReplayBuffer
 from streamrl.data.samplers import CurriculumSampler, MoPPSSampler, OnlineFilterSampler, Sampler
-from streamrl.data.tasks import make_task
+from streamrl.tasks import make_task
 from streamrl.types import Group, Problem, TrainBatch, Trajectory
 
 RATES = [0.0, 0.03, 0.5, 0.97, 1.0]  # success rate of each difficulty class; one in five is "mid"

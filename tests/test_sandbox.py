@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from streamrl.config import ConfigError, RewardConfig, load_config
-from streamrl.data.tasks import task_from_config
 from streamrl.rewards import sandbox, sandbox_probe
 from streamrl.rewards.sandbox import (
     EXECUTORS,
@@ -28,6 +27,7 @@ from streamrl.rewards.sandbox import (
     get_executor,
     register_executor,
 )
+from streamrl.tasks import task_from_config
 
 OK = Limits(cpu_s=2, wall_s=30, memory_mb=256, max_processes=8)  # programs expected to finish
 ROOT = os.geteuid() == 0

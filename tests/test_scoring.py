@@ -6,9 +6,9 @@ import pytest
 from trajectories import make_traj
 
 from streamrl.config import load_config
-from streamrl.rewards import scoring as scoring_mod
-from streamrl.rewards.scoring import Scoring
-from streamrl.runtime.step_metrics import step_record
+from streamrl.loop.step_metrics import step_record
+from streamrl.rollout import score as scoring_mod
+from streamrl.rollout.score import Scoring
 from streamrl.types import Group, Problem
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from streamrl.config import load_config
 from streamrl.data.mixture import split_by_weight
-from streamrl.data.tasks import make_task, prepare_split, task_from_config
+from streamrl.tasks import make_task, prepare_split, task_from_config
 
 
 def _parquet(path, rows):

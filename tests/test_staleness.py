@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from streamrl.runtime.ledger import Ledger
-from streamrl.runtime.staleness import StalenessManager
+from streamrl.loop.ledger import Ledger
+from streamrl.loop.staleness import StalenessManager
 
 
 def simulate(seed: int, B: int, eta: int, steps: int, workers: int = 3) -> dict:

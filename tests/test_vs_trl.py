@@ -16,7 +16,7 @@ import vs_trl  # noqa: E402
 from vs_trl_sides import RewardFromTask, prompt_ids_identical  # noqa: E402
 
 from streamrl.config import load_config  # noqa: E402
-from streamrl.data.tasks import task_from_config  # noqa: E402
+from streamrl.tasks import task_from_config  # noqa: E402
 
 
 def test_default_job_maps_to_the_grpo_fields_of_the_same_job():

@@ -12,7 +12,7 @@ from tiny_args import TINY
 
 from streamrl.config import load_config, to_dict
 from streamrl.data.prompts import render_prompt_ids
-from streamrl.runtime.worker import STOP, GroupRequest, _loop
+from streamrl.rollout.worker import STOP, GroupRequest, _loop
 from streamrl.types import Problem
 
 

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             run_eval(load_config(path, expand_shorthands(overrides)))
             return 0
         cfg = load_config(path, overrides)
-        from streamrl.runtime.job import run_train  # heavy imports only after the config is valid
+        from streamrl.loop.job import run_train  # heavy imports only after the config is valid
 
         run_train(cfg)
     except (ConfigError, ValueError, FileNotFoundError) as e:

@@ -31,12 +31,12 @@ def expand_shorthands(overrides: list[str]) -> list[str]:
 def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     import torch
 
-    from streamrl.data.tasks import prepare_split, task_from_config
     from streamrl.engine.hf import PRECISIONS, HFEngine
     from streamrl.eval.heldout import evaluate
     from streamrl.eval.sampled import evaluate_sampled
     from streamrl.models import load_model, load_tokenizer, resolve_model_dir
     from streamrl.models.precision import cast_params
+    from streamrl.tasks import prepare_split, task_from_config
 
     console = console or Console(stderr=True)
     torch.set_num_threads(os.cpu_count() or 1)

@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from streamrl.data.tasks import Score, Task
+from streamrl.data.task import Score, Task
 from streamrl.rewards.code import extract_program, score_program, validate_tests
 from streamrl.rewards.sandbox import Executor, Limits, LocalSandbox
 from streamrl.types import Problem

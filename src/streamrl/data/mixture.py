@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
-from streamrl.data.tasks import Score, Task, default_task_args
+from streamrl.data.task import Score, Task, default_task_args
 from streamrl.types import Problem
 
 SOURCE_KEYS = ("task", "weight", "args", "columns", "eval_data")
@@ -43,13 +43,12 @@ class MixtureTask(Task):
     def __init__(
         self,
         sources: Any,
+        make_task: Callable[..., Task],
         code_partial_credit: bool = True,
         sandbox_min_isolation: str = "auto",
         env: Any = None,
         **kw: Any,
     ) -> None:
-        from streamrl.data.tasks import make_task
-
         super().__init__(**kw)
         if not isinstance(sources, (list, tuple)) or not sources:
             raise ValueError(

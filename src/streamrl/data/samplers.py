@@ -309,7 +309,7 @@ def make_sampler(cfg: Any, task: Any, seed: int, exclude: set[str]) -> Sampler:
     """The sampler `rollout.sampler` names, over `task.train_stream(seed, exclude)`."""
     r = cfg.rollout
     if r.sampler == "curriculum":
-        from streamrl.data.tasks import ReasoningGymTask
+        from streamrl.data.reasoning_gym import ReasoningGymTask
 
         if not isinstance(task, ReasoningGymTask):
             raise ValueError(

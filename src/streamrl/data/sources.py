@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from streamrl.data.tasks import Score, Task
+from streamrl.data.task import Score, Task
 from streamrl.rewards.sandbox import LocalSandbox
 from streamrl.types import Problem
 

@@ -25,7 +25,7 @@ import importlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from streamrl.data.tasks import Score, Task, default_task_args
+from streamrl.data.task import Score, Task, default_task_args
 from streamrl.types import Problem
 
 AgentFn = Callable[[Any, list[dict[str, str]]], str]

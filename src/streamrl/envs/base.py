@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from streamrl.data.tasks import Task
+from streamrl.data.task import Task
 from streamrl.types import Problem
 
 if TYPE_CHECKING:

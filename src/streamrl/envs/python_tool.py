@@ -16,7 +16,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from streamrl.config import EnvConfig, TaskConfig
-from streamrl.data.tasks import SMALL_MODEL_ARGS, ReasoningGymTask
+from streamrl.data.reasoning_gym import ReasoningGymTask
+from streamrl.data.task import SMALL_MODEL_ARGS
 from streamrl.envs.base import EnvStep, EnvTask, ProblemEnv, register, truncate_middle
 from streamrl.envs.executor import RunCode, SandboxRunner
 from streamrl.types import Problem

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrl.config import EnvConfig, TaskConfig
-from streamrl.data.tasks import Score
+from streamrl.data.task import Score
 from streamrl.envs.base import EnvStep, EnvTask, ProblemEnv, register, truncate_middle
 from streamrl.types import Problem
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamrl.data.prompts import render_prompt_ids
-from streamrl.data.tasks import Task
+from streamrl.data.task import Task
 from streamrl.engine.base import GenRequest
 from streamrl.envs.base import EnvTask
 from streamrl.eval.stats import wilson_interval
@@ -67,7 +67,7 @@ def evaluate(
 def _evaluate_episodes(engine: Any, tokenizer: Any, task: EnvTask, problems: list[Problem]) -> EvalResult:
     from streamrl.envs.episode import run_episodes
     from streamrl.envs.render import TurnRenderer
-    from streamrl.runtime.episodes import new_episode
+    from streamrl.rollout.episodes import new_episode
 
     start = time.perf_counter()
     renderer = TurnRenderer(tokenizer)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamrl.data.prompts import render_prompt_ids
-from streamrl.data.tasks import Task
+from streamrl.data.task import Task
 from streamrl.engine.base import GenRequest
 from streamrl.eval.sampling_metrics import maj_at_k, summarize
 from streamrl.eval.stats import wilson_interval

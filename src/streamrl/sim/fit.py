@@ -64,7 +64,7 @@ class Run:
         return int(self.config["rollout"]["samples_per_prompt"])
 
     def threads(self) -> tuple[int, int]:
-        """(trainer threads, engine threads per worker), as runtime/job.py splits the cores."""
+        """(trainer threads, engine threads per worker), as loop/job.py splits the cores."""
         rt, tr = self.config.get("runtime", {}), self.config.get("train", {})
         if self.colocated:
             return int(tr.get("threads") or self.cores), int(tr.get("threads") or self.cores)

@@ -39,7 +39,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from streamrl.runtime.staleness import StalenessManager
+from streamrl.loop.staleness import StalenessManager
 from streamrl.sim.params import Costs, Setup, SimResult, Workload, validate
 
 EPS = 1e-9

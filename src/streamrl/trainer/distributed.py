@@ -6,7 +6,7 @@ passes (a rank short of work runs a zero-weight pass on a real micro-batch), so 
 FSDP2's all-gathers/reduce-scatters always pair up. The loss normaliser comes from all masks of the
 global mini-batch (every rank sees them); DDP/FSDP2 average gradients over ranks, so each rank's loss
 is scaled by world size: the synced gradient is the single-process sum. Metrics are summed over ranks.
-How the ranks are started and fed: trainer/launch.py.
+How the ranks are started and fed: placement/trainer_ranks.py.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ class DistributedTrainer(Trainer):
     """A Trainer on one data-parallel rank; the process group must be initialised (init_group).
 
     Rank 0 is the controller: its step(batch) first sends the batch to the followers (`links`, see
-    trainer/launch.py), then trains; followers call step() with the batch they received.
+    placement/trainer_ranks.py), then trains; followers call step() with the batch they received.
     """
 
     def __init__(self, model: Any, cfg: Config, pad_id: int, links: Any = None) -> None:

@@ -3,7 +3,7 @@ thread queue, emptied through an outbox, with weights from the object store or a
 
 The loop runs in a thread of the actor; the controller talks to the actor by method calls that run in
 the actor's main thread: `exchange` (hand over requests, take finished groups), `announce` (new weights
-exist), `stop`. Ray wraps this plain class with ray.remote in runtime/ray_backend.py.
+exist), `stop`. Ray wraps this plain class with ray.remote in placement/ray_rollouts.py.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import queue
 import threading
 from typing import Any
 
-from streamrl.runtime.worker import STOP, GroupRequest, GroupResult, serve
+from streamrl.rollout.worker import STOP, GroupRequest, GroupResult, serve
 
 
 def make_receiver(sync: dict[str, Any], timeout: float) -> Any:
     """sync: {"mode": "object_store"} or
     {"mode": "broadcast", host, port, rank, world, layout, backend, epoch}."""
-    from streamrl.runtime.weight_sync import BroadcastReceiver, ObjectStoreReceiver
+    from streamrl.placement.weight_sync import BroadcastReceiver, ObjectStoreReceiver
 
     if sync["mode"] == "object_store":
         return ObjectStoreReceiver(timeout)

@@ -6,7 +6,7 @@ Rank 0 is the calling process (it runs the RL loop); ranks 1..world-1 are spawne
 collective, so a follower may wait for minutes while rank 0 generates; train.dist_timeout_s bounds
 only the collectives inside a step. Followers ignore Ctrl-C (rank 0 decides), stop on "stop", and
 exit on their own if rank 0 dies. With runtime.backend=ray the followers are Ray actors running the
-same run_follower (trainer/ray_ranks.py).
+same run_follower (placement/ray_ranks.py).
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def make_trainer(
     target = follower_target or run_follower
     procs: list[Any]
     if cfg.runtime.backend == "ray":  # ranks 1.. as Ray actors with ray.trainer_cpus/gpus each
-        from streamrl.trainer.ray_ranks import start_rank_actors
+        from streamrl.placement.ray_ranks import start_rank_actors
 
         procs, commands, errors, init_method, started = start_rank_actors(cfg, target, free_port())
         after_close = _ray_shutdown if started else None

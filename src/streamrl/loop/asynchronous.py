@@ -21,15 +21,15 @@ from streamrl.algo import advantage_spec
 from streamrl.config import Config
 from streamrl.data.prompts import render_prompt_ids
 from streamrl.data.replay import ReplayBuffer, train_step
-from streamrl.runtime.ledger import Ledger
-from streamrl.runtime.resume_state import RunState
-from streamrl.runtime.rl_step import group_advantages
-from streamrl.runtime.rollout import needs_greedy_baseline
-from streamrl.runtime.rollout_backend import RolloutBackend, make_backend
-from streamrl.runtime.signals import StopFlag
-from streamrl.runtime.staleness import StalenessManager
-from streamrl.runtime.step_metrics import step_record
-from streamrl.runtime.worker import GroupRequest, GroupResult, run_worker
+from streamrl.loop.ledger import Ledger
+from streamrl.loop.signals import StopFlag
+from streamrl.loop.staleness import StalenessManager
+from streamrl.loop.state import RunState
+from streamrl.loop.step import group_advantages
+from streamrl.loop.step_metrics import step_record
+from streamrl.placement.backend import RolloutBackend, make_backend
+from streamrl.rollout.trajectory import needs_greedy_baseline
+from streamrl.rollout.worker import GroupRequest, GroupResult, run_worker
 from streamrl.trainer.trainer import Trainer
 from streamrl.types import Group, Problem
 

@@ -72,7 +72,7 @@ def start_rank_actors(
     The process group's rendezvous is on this (the driver's) node, reachable from the other nodes."""
     import ray
 
-    from streamrl.runtime.ray_backend import ensure_ray
+    from streamrl.placement.ray_rollouts import ensure_ray
 
     started = ensure_ray(cfg)
     world, r = cfg.train.world_size, cfg.ray

@@ -18,12 +18,16 @@ from streamrl.config import Config, dump_config
 from streamrl.config_validate import resolved_weight_sync
 from streamrl.data.replay import make_replay
 from streamrl.data.samplers import Sampler, make_sampler
-from streamrl.data.tasks import Task, default_task_args, prepare_split, task_from_config
+from streamrl.data.task import Task, default_task_args
 from streamrl.engine.hf import PRECISIONS, HFEngine, push_policy
 from streamrl.eval.heldout import EvalResult, evaluate
 from streamrl.eval.sampled import evaluate_sampled
 from streamrl.eval.sampling_metrics import default_ks
 from streamrl.eval.stats import paired_difference_interval
+from streamrl.loop.asynchronous import AsyncRunner
+from streamrl.loop.colocated import ColocatedRunner
+from streamrl.loop.signals import StopFlag
+from streamrl.loop.state import RunState, load_state, save_state
 from streamrl.models import load_model, load_tokenizer, resolve_model_dir
 from streamrl.models.lora import is_lora
 from streamrl.observe.environment import collect_environment, write_environment
@@ -31,11 +35,8 @@ from streamrl.observe.live import RunObserver
 from streamrl.observe.metrics import GroupLog
 from streamrl.observe.progress import StepProgress
 from streamrl.observe.summary import print_summary
-from streamrl.runtime.async_loop import AsyncRunner
-from streamrl.runtime.colocated_loop import ColocatedRunner
-from streamrl.runtime.resume_state import RunState, load_state, save_state
-from streamrl.runtime.signals import StopFlag
-from streamrl.trainer.launch import make_trainer
+from streamrl.placement.trainer_ranks import make_trainer
+from streamrl.tasks import prepare_split, task_from_config
 from streamrl.trainer.trainer import Trainer
 from streamrl.types import Problem
 
@@ -52,11 +53,12 @@ class Components:
     resolve_seconds: float
 
 
-def build_components(cfg: Config) -> Components:
+def build_components(cfg: Config, task: Task | None = None) -> Components:
     """Model, tokenizer, task (held-out list + training stream), engine and trainer for `cfg`."""
     if not cfg.task_config.args:
         cfg.task_config.args = default_task_args(cfg.task)
-    task = task_from_config(cfg)  # first: a bad task or a refused code sandbox fails before any download
+    if task is None:  # first: a bad task or a refused code sandbox fails before any download
+        task = task_from_config(cfg)
     t0 = time.perf_counter()
     model_dir = resolve_model_dir(cfg.model, cfg.seed)
     resolve_seconds = time.perf_counter() - t0
@@ -173,6 +175,7 @@ def _run_train(cfg: Config, console: Console | None, closers: list[Any]) -> dict
     stop.install()
     if not cfg.task_config.args:
         cfg.task_config.args = default_task_args(cfg.task)  # recorded in config.yaml
+    task = task_from_config(cfg)  # a bad task or a refused sandbox fails before anything is written
     run_dir = _run_dir(cfg)
     dump_config(cfg, run_dir / "config.yaml")
     workers = 0 if cfg.runtime.mode == "colocated" else cfg.runtime.rollout_workers
@@ -190,7 +193,7 @@ def _run_train(cfg: Config, console: Console | None, closers: list[Any]) -> dict
     console.print(f"cores {os.cpu_count()}: {split}")
 
     t0 = time.perf_counter()
-    parts = build_components(cfg)
+    parts = build_components(cfg, task)
     closers.append(parts.trainer.close)
     tokenizer, task, heldout, engine, trainer = (
         parts.tokenizer,

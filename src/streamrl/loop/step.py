@@ -12,9 +12,9 @@ from streamrl.algo import advantage_spec
 from streamrl.config import Config
 from streamrl.data.replay import ReplayBuffer, train_step
 from streamrl.engine.hf import push_policy
-from streamrl.rewards.scoring import Scoring
-from streamrl.runtime.rollout import rollout_groups
-from streamrl.runtime.step_metrics import step_record
+from streamrl.loop.step_metrics import step_record
+from streamrl.rollout.generate import rollout_groups
+from streamrl.rollout.score import Scoring
 from streamrl.trainer.trainer import Trainer
 from streamrl.types import Group, Problem, TrainBatch, Trajectory
 

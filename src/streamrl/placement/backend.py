@@ -2,7 +2,7 @@
 
 The runner owns admission, staleness, the buffer and the ledger; a backend only moves requests to
 workers, results back and weights out. LocalRollouts: spawned processes, mp queues and SharedWeights.
-RayRollouts (runtime/ray_backend.py): Ray actors, exactly-once re-dispatch when an actor dies, and
+RayRollouts (placement/ray_rollouts.py): Ray actors, exactly-once re-dispatch when an actor dies, and
 object-store or broadcast weight sync.
 """
 
@@ -17,8 +17,8 @@ from typing import Any, Protocol
 import torch
 
 from streamrl.config import Config, to_dict
-from streamrl.runtime.weights import SharedWeights
-from streamrl.runtime.worker import STOP, GroupRequest, GroupResult
+from streamrl.placement.shared_weights import SharedWeights
+from streamrl.rollout.worker import STOP, GroupRequest, GroupResult
 
 
 class RolloutBackend(Protocol):
@@ -111,7 +111,7 @@ class LocalRollouts:
 
 def make_backend(cfg: Config, worker_target: Callable[..., None]) -> RolloutBackend:
     if cfg.runtime.backend == "ray":
-        from streamrl.runtime.ray_backend import RayRollouts
+        from streamrl.placement.ray_rollouts import RayRollouts
 
         return RayRollouts(cfg)
     return LocalRollouts(cfg, worker_target)

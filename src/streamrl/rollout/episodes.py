@@ -17,7 +17,7 @@ from streamrl.engine.base import GenRequest, GenResult
 from streamrl.envs.base import EnvTask
 from streamrl.envs.episode import Episode, EpisodeLimits, run_episodes
 from streamrl.envs.render import TurnRenderer
-from streamrl.runtime.rollout import GREEDY
+from streamrl.rollout.trajectory import sample_id
 from streamrl.types import Problem, Trajectory
 
 
@@ -37,7 +37,7 @@ def episode_trajectory(ep: Episode, problem: Problem, cfg: Config, group_id: str
     return Trajectory(
         problem_id=problem.id,
         group_id=group_id,
-        sample_id=f"{group_id}-{'greedy' if k == GREEDY else k}",
+        sample_id=sample_id(group_id, k),
         prompt_ids=ep.prompt_ids,
         completion_ids=ep.completion_ids,
         behaviour_logprobs=ep.logprobs,

@@ -13,14 +13,14 @@ from typing import Any
 
 from streamrl.config import Config
 from streamrl.data.replay import ReplayBuffer
-from streamrl.data.tasks import Task
+from streamrl.data.task import Task
 from streamrl.engine.hf import HFEngine, push_policy
-from streamrl.rewards.scoring import Scoring
-from streamrl.runtime.async_loop import _over_budget
-from streamrl.runtime.ledger import Ledger
-from streamrl.runtime.resume_state import RunState
-from streamrl.runtime.rl_step import rl_step
-from streamrl.runtime.signals import StopFlag
+from streamrl.loop.asynchronous import _over_budget
+from streamrl.loop.ledger import Ledger
+from streamrl.loop.signals import StopFlag
+from streamrl.loop.state import RunState
+from streamrl.loop.step import rl_step
+from streamrl.rollout.score import Scoring
 from streamrl.trainer.trainer import Trainer
 from streamrl.types import Group, Problem
 

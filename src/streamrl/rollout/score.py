@@ -14,10 +14,21 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
-from streamrl.rewards.outcome import outcome_reward
+from streamrl.data.task import Task
 from streamrl.rewards.service import RewardOutcome, RewardService
 from streamrl.rewards.shaping import overlong_penalty
 from streamrl.types import Problem, Trajectory
+
+
+def outcome_reward(
+    task: Task, problem: Problem, text: str, format_weight: float
+) -> tuple[float, bool, dict[str, Any]]:
+    """-> (reward, correct, info). reward = value + format_weight * 1[format followed], where value =
+    score.value when the task gives one, else 1[correct]."""
+    s = task.score(problem, text)
+    value = float(s.correct) if s.value is None else s.value
+    reward = value + format_weight * float(s.formatted)
+    return reward, s.correct, {"extracted": s.extracted, "formatted": s.formatted}
 
 
 class TaskScorer:
@@ -44,7 +55,7 @@ class TaskScorer:
         with self._lock:
             if self._cfg is None:
                 from streamrl.config import from_dict
-                from streamrl.data.tasks import task_from_config
+                from streamrl.tasks import task_from_config
 
                 cfg = from_dict(self.cfg_dict)
                 if self._task is None:

@@ -5,7 +5,7 @@ ResultSink (GroupResult). Between decode steps the worker checks its WeightSourc
 new weights in flight or by interrupt-and-recompute (engine/continuous.py). It never waits for the
 trainer: it waits only when it has nothing to generate. The local backend plugs in mp queues and
 SharedWeights (a spawned process); the ray backend a thread queue, an outbox and an object-store or
-broadcast receiver (runtime/ray_actor.py).
+broadcast receiver (placement/ray_actor.py).
 """
 
 from __future__ import annotations
@@ -113,16 +113,16 @@ def _loop(
     import torch
 
     from streamrl.config import from_dict
-    from streamrl.data.tasks import task_from_config
     from streamrl.engine.base import GenRequest
     from streamrl.engine.continuous import ContinuousDecoder
     from streamrl.engine.hf import PRECISIONS, HFEngine
     from streamrl.envs.base import EnvTask
     from streamrl.models import load_model, load_tokenizer, resolve_model_dir
     from streamrl.models.precision import cast_params
-    from streamrl.rewards.scoring import Scoring
-    from streamrl.runtime.episodes import EpisodeTable
-    from streamrl.runtime.rollout import GREEDY, greedy_request, make_trajectory
+    from streamrl.rollout.episodes import EpisodeTable
+    from streamrl.rollout.score import Scoring
+    from streamrl.rollout.trajectory import GREEDY, greedy_request, make_trajectory
+    from streamrl.tasks import task_from_config
 
     cfg = from_dict(cfg_dict)
     model_dir = resolve_model_dir(cfg.model, cfg.seed)

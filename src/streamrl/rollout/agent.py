@@ -4,7 +4,7 @@ Each episode runs in its own thread with an `openai.OpenAI` client whose API key
 the proxy batches the concurrent calls of all episodes through one engine. When every episode has
 returned, its calls are assembled into trajectories (one per unbroken context, see
 envs/agent_trajectory.py), each tagged with its episode index in reward_info["episode"] so advantages
-are computed per episode (runtime/rl_step.py). An agent that raises costs its episode: reward 0,
+are computed per episode (loop/step.py). An agent that raises costs its episode: reward 0,
 reason in reward_info["agent_error"], and the calls it made are still trained on.
 """
 

@@ -7,13 +7,12 @@ from typing import Any
 
 from streamrl.config import Config
 from streamrl.data.prompts import render_prompt_ids
-from streamrl.engine.base import GenRequest, GenResult
+from streamrl.engine.base import GenRequest
 from streamrl.envs.agent_task import AgentTask
 from streamrl.envs.base import EnvTask
-from streamrl.rewards.scoring import Scoring
-from streamrl.types import Group, Problem, Trajectory
-
-GREEDY = -1  # the sample index of a group's greedy baseline response
+from streamrl.rollout.score import Scoring
+from streamrl.rollout.trajectory import GREEDY, greedy_request, make_trajectory, needs_greedy_baseline
+from streamrl.types import Group, Problem
 
 
 def rollout_groups(
@@ -33,7 +32,7 @@ def rollout_groups(
     r = cfg.rollout
     t0 = time.perf_counter()
     gids = [f"s{step}-{first + i}-{p.id}" for i, p in enumerate(problems)]
-    if isinstance(scoring.task, AgentTask):  # agents render their own chats (runtime/agent_rollout.py)
+    if isinstance(scoring.task, AgentTask):  # agents render their own chats (rollout/agent.py)
         return _agent_groups(engine, tokenizer, scoring.task, problems, gids, cfg, t0)
     prompts = [render_prompt_ids(tokenizer, p.messages) for p in problems]
     requests = [
@@ -43,8 +42,8 @@ def rollout_groups(
     ]
     if needs_greedy_baseline(cfg):
         requests += [greedy_request(ids, cfg, (pi, GREEDY)) for pi, ids in enumerate(prompts)]
-    if isinstance(scoring.task, EnvTask):  # multi-turn: the env scores each episode (runtime/episodes.py)
-        from streamrl.runtime.episodes import rollout_episodes
+    if isinstance(scoring.task, EnvTask):  # multi-turn: the env scores each episode (rollout/episodes.py)
+        from streamrl.rollout.episodes import rollout_episodes
 
         jobs = [(problems[q.tag[0]], q, gids[q.tag[0]]) for q in requests]
         trajs = rollout_episodes(engine, tokenizer, scoring.task, cfg, jobs)
@@ -71,7 +70,7 @@ def rollout_groups(
 def _agent_groups(
     engine: Any, tokenizer: Any, task: Any, problems: list[Problem], gids: list[str], cfg: Config, t0: float
 ) -> tuple[list[Group], dict[str, float]]:
-    from streamrl.runtime.agent_rollout import rollout_agent_episodes
+    from streamrl.rollout.agent import rollout_agent_episodes
 
     G = cfg.rollout.samples_per_prompt
     jobs = [(p, gids[pi], k) for pi, p in enumerate(problems) for k in range(G)]
@@ -84,34 +83,3 @@ def _agent_groups(
             groups.append(Group(problem=p, trajectories=trajs, episode_rewards=[r for r, _ in eps]))
     t1 = time.perf_counter()
     return groups, {"generate_time": t1 - t0, "reward_time": 0.0}
-
-
-def needs_greedy_baseline(cfg: Config) -> bool:
-    from streamrl.algo import advantage_spec
-
-    return advantage_spec(cfg.advantage.name).greedy_baseline
-
-
-def greedy_request(prompt_ids: list[int], cfg: Config, tag: Any) -> GenRequest:
-    """ReMax's baseline: the temperature-0 response to the prompt, scored like the samples."""
-    return GenRequest(prompt_ids, cfg.rollout.max_new_tokens, 0.0, 1.0, tag=tag)
-
-
-def make_trajectory(
-    problem: Problem, res: GenResult, tokenizer: Any, cfg: Config, group_id: str, k: int
-) -> Trajectory:
-    """An unscored trajectory from one engine result (sample k of group `group_id`; k = GREEDY for the
-    greedy baseline). Scoring (rewards/scoring.py) fills reward, correct and reward_info."""
-    masked = cfg.loss.mask_truncated and res.finish_reason == "length"
-    return Trajectory(
-        problem_id=problem.id,
-        group_id=group_id,
-        sample_id=f"{group_id}-{'greedy' if k == GREEDY else k}",
-        prompt_ids=res.request.prompt_ids,
-        completion_ids=res.token_ids,
-        behaviour_logprobs=res.logprobs,
-        versions=res.versions,
-        finish_reason=res.finish_reason,
-        text=tokenizer.decode(res.token_ids, skip_special_tokens=True),
-        loss_mask=[0] * len(res.token_ids) if masked else [],
-    )

@@ -6,11 +6,11 @@ it carries the requests assigned to that actor and returns its finished groups a
 RayActorError, or a reply comes from a new incarnation (the actor died between two calls and Ray ran
 the next call on its restart), the groups the old incarnation held go back to
 the least-loaded live actors (Ray restarts the actor up to ray.max_restarts times; after that its slot
-is retired). The runner drops a result whose group already returned (runtime/async_loop.py), so a
+is retired). The runner drops a result whose group already returned (loop/asynchronous.py), so a
 group is trained at most once and none is lost. Actor restarts and re-dispatched groups are counted
 in the step records (actor_restarts, groups_redispatched).
 
-Weights: object_store or broadcast (runtime/weight_sync.py). Broadcast refuses restarts (config
+Weights: object_store or broadcast (placement/weight_sync.py). Broadcast refuses restarts (config
 validation): a torch.distributed group cannot admit a new member, so a dead actor stops the run with
 that reason instead of a hang.
 
@@ -30,9 +30,9 @@ import torch
 
 from streamrl.config import Config, to_dict
 from streamrl.config_validate import resolved_weight_sync
-from streamrl.runtime.ray_actor import RolloutActor
-from streamrl.runtime.weight_sync import BroadcastPublisher, FlatLayout, ObjectStorePublisher
-from streamrl.runtime.worker import GroupRequest, GroupResult
+from streamrl.placement.ray_actor import RolloutActor
+from streamrl.placement.weight_sync import BroadcastPublisher, FlatLayout, ObjectStorePublisher
+from streamrl.rollout.worker import GroupRequest, GroupResult
 
 POLL_WAIT_S = 0.05  # an actor holds an exchange call this long when it has nothing finished
 

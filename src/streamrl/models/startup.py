@@ -1,0 +1,33 @@
+"""Model start-up, the same for the trainer, the rollout workers, the trainer's follower ranks and eval:
+name -> local directory -> tokenizer -> fp32 weights -> (engines) their compute dtype."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from streamrl.models.precision import cast_params
+from streamrl.models.resolve import load_model, load_tokenizer, resolve_model_dir
+
+
+@dataclass
+class StartedModel:
+    model_dir: Path
+    tokenizer: Any
+    model: Any
+    resolve_seconds: float  # finding or converting the weights (a first SmolLM2 run converts the GGUF)
+
+
+def start_model(name: str, seed: int = 0, device: str = "cpu", dtype: Any = None) -> StartedModel:
+    """dtype None keeps the fp32 master weights (the trainer); an engine passes its compute dtype
+    (parameters cast; buffers such as RoPE's inv_freq stay fp32, as transformers and vLLM load them)."""
+    t0 = time.perf_counter()
+    model_dir = resolve_model_dir(name, seed)
+    resolved = time.perf_counter() - t0
+    tokenizer = load_tokenizer(model_dir)
+    model = load_model(model_dir, device)
+    if dtype is not None:
+        model = cast_params(model, dtype)
+    return StartedModel(model_dir, tokenizer, model, resolved)

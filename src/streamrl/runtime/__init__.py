@@ -1,1 +1,0 @@
-"""Runtime: rollouts, the RL step loop, the train job."""

@@ -1,0 +1,139 @@
+"""The task factory: a task spec (`task=...`) -> a Task (data/task.py), and the held-out split.
+
+- `rg:NAME` generates reasoning-gym problems (lazy, deterministic by index and seed) and scores with
+  the dataset's own `score_answer`; a sample is correct only at full score (1.0), because reasoning-gym
+  gives wrong answers small partial credit.
+- `rg:composite` mixes reasoning-gym datasets: task_config.args.datasets=[{name, weight, config}, ...].
+- `data:PATH`, `PATH.jsonl`, `PATH.parquet`: rows with a column mapping (data/sources.py).
+- `mix`: weighted sources, task_config.sources=[{task, weight, ...}, ...] (data/mixture.py).
+- `code` / `code:path/to/file.jsonl`: programs run against stdin/stdout tests (data/code_task.py).
+
+The held-out set is drawn first (fixed seed) and every training problem whose question text equals a
+held-out one is skipped, so the model is never trained on an evaluation problem.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from streamrl.data.prompts import SHOT_TEMPLATES, shot_response
+from streamrl.data.reasoning_gym import ReasoningGymTask
+from streamrl.data.task import Task, default_task_args
+from streamrl.types import Problem
+
+
+def make_task(
+    spec: str,
+    args: dict[str, Any],
+    system_prompt: str,
+    instruction: str,
+    extract: str,
+    *,
+    code_partial_credit: bool = True,
+    sandbox_min_isolation: str = "auto",
+    env: Any = None,
+    columns: dict[str, Any] | None = None,
+    eval_data: str = "",
+    sources: Any = (),
+) -> Task:
+    """`env`: the EnvConfig that multi-turn tasks (`env:NAME`) take their limits from; `columns`,
+    `eval_data`: the data:PATH column mapping and held-out file; `sources`: the `mix` task's list;
+    `sandbox_min_isolation`: tasks that run model code check their sandbox against it when built."""
+    kw = {"system_prompt": system_prompt, "instruction": instruction, "extract": extract}
+    if spec.startswith("agent:"):
+        from streamrl.envs.agent_task import AgentTask
+
+        return AgentTask(spec[6:], args, make_task, **kw)
+    if spec == "mix":
+        from streamrl.data.mixture import MixtureTask
+
+        return MixtureTask(
+            sources,
+            make_task,
+            code_partial_credit=code_partial_credit,
+            sandbox_min_isolation=sandbox_min_isolation,
+            env=env,
+            **kw,
+        )
+    if spec.startswith("env:"):
+        from streamrl.config import EnvConfig
+        from streamrl.envs.base import make_env_task
+
+        return make_env_task(spec[4:], args, env_cfg=env if env is not None else EnvConfig(), **kw)
+    if spec == "code" or spec.startswith("code:"):
+        from streamrl.config import TaskConfig
+        from streamrl.data.code_task import CODE_SYSTEM_PROMPT, CodeTask
+
+        if system_prompt == TaskConfig.system_prompt:  # the calculator default makes no sense here
+            kw["system_prompt"] = CODE_SYSTEM_PROMPT
+        if spec == "code":
+            return CodeTask(None, code_partial_credit, min_isolation=sandbox_min_isolation, **kw)
+        path = Path(spec[5:]).expanduser()
+        if not path.is_file():
+            raise ValueError(f"task file '{spec[5:]}' not found (task=code:<a .jsonl of {{prompt, tests}}>)")
+        return CodeTask(path, code_partial_credit, min_isolation=sandbox_min_isolation, **kw)
+    if spec.startswith("rg:"):
+        return ReasoningGymTask(spec[3:], args, **kw)
+    if spec.startswith("data:") or spec.endswith((".jsonl", ".parquet")):
+        from streamrl.data.sources import DataTask
+
+        path = Path(spec.removeprefix("data:")).expanduser()
+        if not path.exists():
+            raise ValueError(f"task file '{path}' not found")
+        held = Path(eval_data).expanduser() if eval_data else None
+        return DataTask(path, columns, held, code_partial_credit, sandbox_min_isolation, **kw)
+    raise ValueError(
+        f"unknown task '{spec}': use 'rg:<reasoning-gym dataset>', 'data:<.jsonl/.parquet/HF dir>', a .jsonl "
+        "file of {prompt, answer}, 'mix', 'code', 'code:<file.jsonl>', 'env:python_tool' or 'env:search'"
+    )
+
+
+def task_from_config(cfg: Any) -> Task:
+    """The task a Config describes (task_config.args default to the small-model settings when empty)."""
+    tc = cfg.task_config
+    return make_task(
+        cfg.task,
+        tc.args or default_task_args(cfg.task),
+        tc.system_prompt,
+        tc.instruction,
+        cfg.reward.extract,
+        code_partial_credit=cfg.reward.code_partial_credit,
+        sandbox_min_isolation=cfg.reward.sandbox_min_isolation,
+        env=cfg.env,
+        columns=tc.columns,
+        eval_data=tc.eval_data,
+        sources=tc.sources,
+    )
+
+
+FEW_SHOT_SEED = 1_000_033
+
+
+def prepare_split(task: Task, cfg: Any) -> tuple[list[Problem], set[str]]:
+    """(held-out problems, prompts never to train on), with task_config.few_shot examples set on the task.
+
+    Drawn few-shot examples (few_shot_n) are the first distinct training problems of a fixed seed;
+    neither they nor the held-out problems are ever trained on.
+    """
+    tc = cfg.task_config
+    shots = [
+        shot_response(s, cfg.reward.extract, f"task_config.few_shot[{i}]") for i, s in enumerate(tc.few_shot)
+    ]
+    heldout = task.heldout(cfg.eval.size)
+    exclude = {p.meta["question"] for p in heldout}
+    if tc.few_shot_n:
+        template = SHOT_TEMPLATES.get(cfg.reward.extract, "{answer}")
+        seen: set[str] = set()
+        for p in task.train_stream(FEW_SHOT_SEED, exclude):
+            if p.meta["question"] not in seen:
+                seen.add(p.meta["question"])
+                shots.append((p.meta["question"], template.format(answer=p.answer)))
+            if len(seen) == tc.few_shot_n:
+                break
+    if shots:
+        task.set_few_shot(shots)
+        for p in heldout:
+            p.messages = task.render(p)
+        exclude |= {q for q, _ in shots}
+    return heldout, exclude

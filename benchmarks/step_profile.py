@@ -7,28 +7,29 @@ Prints one row per step and the mean over the measured steps. Not a test: figure
 
 from __future__ import annotations
 
-import itertools
 import os
 import statistics
 import sys
-import time
 
 import torch
 
 from streamrl.config import load_config
-from streamrl.engine.hf import push_policy
+from streamrl.loop.colocated import ColocatedRunner
 from streamrl.loop.job import build_components
-from streamrl.loop.step import rl_step
-from streamrl.rollout.score import Scoring
+from streamrl.loop.signals import StopFlag
+from streamrl.loop.state import RunState
+from streamrl.loop.step import StepRecord
 
 
 def main(argv: list[str]) -> None:
     cfg = load_config(None, ["max_steps=5", "eval.size=0", *argv])
     torch.set_num_threads(cfg.train.threads or os.cpu_count() or 1)
     torch.manual_seed(cfg.seed)
+    cfg.max_steps += 1  # step 1 warms up allocators and caches; not counted
     parts = build_components(cfg)
-    push_policy(parts.engine, parts.trainer)  # the engine may keep its own (bf16) copy
-    scoring = Scoring(cfg, parts.task)
+    runner = ColocatedRunner(
+        cfg, parts.trainer, parts.engine, parts.tokenizer, parts.task, parts.stream, RunState(), StopFlag()
+    )
     print(
         f"model {cfg.model} | task {cfg.task} | {cfg.rollout.prompts_per_step} prompts x "
         f"{cfg.rollout.samples_per_prompt} samples | max_new_tokens {cfg.rollout.max_new_tokens} | "
@@ -40,21 +41,21 @@ def main(argv: list[str]) -> None:
     )
     print(header)
     rows = []
-    for step in range(0, cfg.max_steps + 1):  # step 0 warms up allocators and caches; not counted
-        t = time.perf_counter()
-        draw = lambda n: list(itertools.islice(parts.stream, n))  # noqa: E731
-        r, _, _ = rl_step(step, draw, parts.engine, parts.trainer, parts.tokenizer, scoring, cfg)
-        r["total"] = time.perf_counter() - t
+
+    def on_step(rec: StepRecord) -> None:
+        r = rec.metrics
+        r["total"] = r["step_time"]
         pad = 1 - r["tokens_trained"] / r["padded_tokens"]
         print(
-            f"{step:>4} {r['total']:>8.2f} {r['generate_time']:>7.2f} {r['reward_time']:>8.3f} "
+            f"{rec.step:>4} {r['total']:>8.2f} {r['generate_time']:>7.2f} {r['reward_time']:>8.3f} "
             f"{r['train_time']:>8.2f} {r['generate_tokens_per_s']:>9.0f} {r['train_tokens_per_s']:>11.0f} "
             f"{r['tokens_generated']:>7} {r['tokens_trained']:>9} {100 * pad:>6.1f}"
-            + ("  (warm-up)" if step == 0 else "")
+            + ("  (warm-up)" if rec.step == 1 else "")
         )
-        if step:
+        if rec.step > 1:
             rows.append(r)
-    scoring.close()
+
+    runner.run(on_step)
     mean = {
         k: statistics.fmean(r[k] for r in rows)
         for k in (

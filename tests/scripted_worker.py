@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from streamrl.rollout.worker import STOP, GroupResult
-from streamrl.types import Trajectory
+from streamrl.types import Group, Trajectory
 
 
 def scripted_worker(
@@ -58,4 +58,4 @@ def scripted_worker(
                     )
                 )
                 trajs[-1].correct = trajs[-1].reward == 1.0
-            results.put(GroupResult(req.group_id, req.problem, trajs, worker_id, busy_s=0.01))
+            results.put(GroupResult(req.group_id, Group(req.problem, trajs), worker_id, busy_s=0.01))

@@ -42,17 +42,17 @@ def test_async_runner_bound_under_random_delays(tiny, eta):
         )
         records = []
         runner.run(records.append)
-        assert [r["step"] for r in records] == list(range(1, 13))
-        assert all(r["staleness_max"] <= eta for r in records)
-        trained = [g.trajectories[0].group_id for r in records for g in r["_groups"]]
+        assert [r.step for r in records] == list(range(1, 13))
+        assert all(r.metrics["staleness_max"] <= eta for r in records)
+        trained = [g.trajectories[0].group_id for r in records for g in r.groups]
         assert len(trained) == len(set(trained)) == 36
         c = runner.ledger.counts()
         assert c["lost"] == 0 and c["trained"] == 36
         assert c["admitted"] == c["trained"] + c["filtered"] + c["carried_over"] == state.groups_made
-        worst = max(worst, max(r["staleness_max"] for r in records))
+        worst = max(worst, max(r.metrics["staleness_max"] for r in records))
         if eta == 0:
             assert c["carried_over"] == 0 and c["filter_reasons"].get("stale", 0) == 0
-            assert all(set(r["staleness_hist"]) == {"0"} for r in records)
+            assert all(set(r.metrics["staleness_hist"]) == {"0"} for r in records)
     assert worst == eta  # stale data really reaches the bound, so a broken bound would show
 
 
@@ -74,7 +74,7 @@ def _run(tiny, overrides):
 
 def test_async_dynamic_sampling_trains_only_informative_groups(tiny):
     records, c = _run(tiny, ["max_steps=6", "max_staleness=1", "rollout.dynamic_sampling=true"])
-    assert all(r["zero_adv_group_frac"] == 0 for r in records)
+    assert all(r.metrics["zero_adv_group_frac"] == 0 for r in records)
     assert c["filter_reasons"].get("zero_variance", 0) > 0  # G = 2 with p = 0.5: half the groups
     assert c["trained"] == 18 and c["lost"] == 0
     assert c["admitted"] == c["trained"] + c["filtered"] + c["carried_over"]
@@ -91,7 +91,7 @@ def test_async_dynamic_sampling_cannot_stall_on_a_saturated_task(tiny, monkeypat
             "rollout.dynamic_sampling_rounds=2",
         ],
     )
-    assert [r["step"] for r in records] == [1, 2, 3]  # trains on all-equal groups once the budget is spent
+    assert [r.step for r in records] == [1, 2, 3]  # trains on all-equal groups once the budget is spent
     # the budget (rounds x B = 6) restarts after each of the 3 steps, and once more after the last one
     # for groups that arrive before shutdown: at most (3 + 1) x 6
     assert c["filter_reasons"]["zero_variance"] <= (3 + 1) * 2 * 3

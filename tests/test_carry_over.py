@@ -15,7 +15,7 @@ from streamrl.loop.ledger import Ledger
 from streamrl.loop.signals import StopFlag
 from streamrl.loop.state import RunState
 from streamrl.rollout.worker import GroupResult
-from streamrl.types import Trajectory
+from streamrl.types import Group, Trajectory
 
 ARGS = [
     "max_steps=6",
@@ -45,7 +45,7 @@ def _runner(tiny, state: RunState, stop: StopFlag, version: int = 0) -> AsyncRun
 
 
 def _trained(records) -> list[str]:
-    return [g.trajectories[0].group_id for r in records for g in r["_groups"]]
+    return [g.trajectories[0].group_id for r in records for g in r.groups]
 
 
 def test_lost_counts_running_and_buffered_groups():
@@ -69,7 +69,7 @@ def test_stop_carries_over_finished_and_unfinished_groups_then_resume_trains_eac
 
     def on_step(record):
         first.append(record)
-        if record["step"] == 3:  # stop with finished, untrained groups waiting in the buffer
+        if record.step == 3:  # stop with finished, untrained groups waiting in the buffer
             deadline = time.monotonic() + 60
             while not (runner.sh.buffer and runner.sh.inflight) and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -83,7 +83,7 @@ def test_stop_carries_over_finished_and_unfinished_groups_then_resume_trains_eac
     assert len(trained) == len(set(trained)) == c["trained"] == 9
     assert finished, "the buffer held finished groups at the stop: they must be in the state"
     assert unfinished, "requests were in flight at the stop: they must be in the state"
-    assert all(len(r.trajectories) == 2 for r in state.finished)
+    assert all(len(r.group.trajectories) == 2 for r in state.finished)
     # each returned group counted once: trained, filtered, or carried over as finished
     assert c["generated"] == c["trained"] + c["filtered"] + len(finished)
     carried = {g for g, s in runner.ledger.state.items() if s == "carried_over"}
@@ -97,7 +97,7 @@ def test_stop_carries_over_finished_and_unfinished_groups_then_resume_trains_eac
     runner2 = _runner(tiny, resumed_state, StopFlag(), version=state.version)
     runner2.run(second.append)
     again = _trained(second)
-    assert [r["step"] for r in second] == [4, 5, 6]
+    assert [r.step for r in second] == [4, 5, 6]
     c2 = runner2.ledger.counts()
     # finished groups come first: trained, or filtered if the resumed version left them too stale
     assert all(runner2.ledger.state[g] in ("trained", "filtered") for g in finished)
@@ -126,7 +126,7 @@ def test_duplicate_result_is_dropped(tiny):
         finish_reason="stop",
         reward=1.0,
     )
-    runner._accept(GroupResult(req.group_id, req.problem, [traj], 0))
-    runner._accept(GroupResult(req.group_id, req.problem, [traj], 1))
+    runner._accept(GroupResult(req.group_id, Group(req.problem, [traj]), 0))
+    runner._accept(GroupResult(req.group_id, Group(req.problem, [traj]), 1))
     assert len(runner.sh.buffer) == 1 and runner.sh.duplicates == 1
     assert runner.ledger.counts()["generated"] == 1

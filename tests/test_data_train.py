@@ -46,7 +46,7 @@ def test_async_runner_feeds_the_sampler_and_replays_distinct_samples(tiny):
     assert c["admitted"] == c["trained"] + c["filtered"] + c["carried_over"]
     assert len(observed) == c["generated"]  # every scored group reached the sampler exactly once
     assert sum(a + b > 2 for a, b in sampler.post.values()) == len(set(observed))
-    replayed = [int(r.get("replay_samples", 0)) for r in records]
+    replayed = [int(r.metrics.get("replay_samples", 0)) for r in records]
     assert c["replayed_samples"] == sum(replayed) > 0
     for ids, n in zip(batches, replayed):
         assert len(ids) == 12 + n and len(set(ids)) == len(ids)  # 3 groups x 4 fresh + distinct replays

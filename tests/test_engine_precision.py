@@ -7,7 +7,8 @@ import torch
 
 from streamrl.config import load_config
 from streamrl.engine.base import GenRequest
-from streamrl.engine.hf import HFEngine, push_policy
+from streamrl.engine.hf import HFEngine
+from streamrl.placement.colocated import push_policy
 from streamrl.trainer.trainer import Trainer
 
 

@@ -55,7 +55,7 @@ def test_worker_takes_new_weights_mid_generation(tiny, mode):
     requests.put(STOP)
     worker.join(60)
     assert not worker.is_alive() and not res.error
-    for t in res.trajectories:
+    for t in res.group.trajectories:
         v = t.versions
         assert len(v) == len(t.completion_ids) > 12, "the sample stopped before the weights changed"
         k = v.index(1)  # the first token of the new weights: later tokens never go back

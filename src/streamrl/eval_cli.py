@@ -34,8 +34,7 @@ def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     from streamrl.engine.hf import PRECISIONS, HFEngine
     from streamrl.eval.heldout import evaluate
     from streamrl.eval.sampled import evaluate_sampled
-    from streamrl.models import load_model, load_tokenizer, resolve_model_dir
-    from streamrl.models.precision import cast_params
+    from streamrl.models.startup import start_model
     from streamrl.tasks import prepare_split, task_from_config
 
     console = console or Console(stderr=True)
@@ -45,10 +44,9 @@ def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     problems, _ = prepare_split(task, cfg)  # the same held-out set and few-shot turns as training
     if not problems:
         raise ValueError("config key 'eval.size' is 0: nothing to evaluate (set size=N)")
-    model_dir = resolve_model_dir(cfg.model, cfg.seed)
-    tokenizer = load_tokenizer(model_dir)
-    model = cast_params(load_model(model_dir, cfg.device), PRECISIONS[cfg.rollout.precision])
-    engine = HFEngine(model, tokenizer, cfg.rollout.max_batch, cfg.seed, cfg.device)
+    started = start_model(cfg.model, cfg.seed, cfg.device, PRECISIONS[cfg.rollout.precision])
+    tokenizer = started.tokenizer
+    engine = HFEngine(started.model, tokenizer, cfg.rollout.max_batch, cfg.seed, cfg.device)
     e = cfg.eval
     console.print(f"evaluating {cfg.model} on {len(problems)} held-out problems of {cfg.task} (n={e.n})...")
     start = time.perf_counter()

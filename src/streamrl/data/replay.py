@@ -86,13 +86,3 @@ class ReplayBuffer:
 def make_replay(cfg: Any) -> ReplayBuffer | None:
     r = cfg.rollout
     return ReplayBuffer(r.replay_share, r.replay_capacity, cfg.seed) if r.replay_share > 0 else None
-
-
-def train_step(trainer: Any, batch: TrainBatch, replay: ReplayBuffer | None, step: int) -> dict[str, float]:
-    """trainer.step on the batch with replayed samples mixed in; the fresh samples join the buffer."""
-    if replay is None:
-        return trainer.step(batch)
-    mixed, stats = replay.mix(batch, step)
-    train = trainer.step(mixed)
-    replay.add(batch, step)
-    return {**train, **stats}

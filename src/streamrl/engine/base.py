@@ -1,9 +1,15 @@
-"""The Engine protocol every rollout engine implements, and its request/result types."""
+"""What rollout engines implement: `Engine` (submit/wait: one-shot generation, evaluation) and
+`Decoder` (continuous decoding driven step by step by a rollout worker, with weight updates between
+steps), their request/result types and the weight-update modes."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+# how new weights reach sequences being decoded: `inflight` keeps their KV caches (PipelineRL),
+# `interrupt` recomputes them under the new weights before the next token (AReaL)
+WEIGHT_MODES = ("inflight", "interrupt")
 
 
 @dataclass
@@ -48,3 +54,32 @@ class Engine(Protocol):
     def pause(self) -> None: ...
 
     def resume(self) -> None: ...
+
+
+class Decoder(Protocol):
+    """Continuous decoding: requests join between steps, each step samples one token for every running
+    row and returns the results that finished. Both engines implement it (engine/continuous.py over
+    HFEngine, engine/vllm.py); the rollout worker drives it."""
+
+    @property
+    def version(self) -> int:
+        """The policy version of the weights the next tokens come from."""
+        ...
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waiting and nothing running."""
+        ...
+
+    def add(self, requests: list[GenRequest]) -> None: ...
+
+    def step(self) -> list[GenResult]: ...
+
+    def update_weights(self, state: dict[str, Any] | None, version: int) -> None:
+        """New weights between steps (None: already copied into the engine's model), per WEIGHT_MODES."""
+        ...
+
+
+def check_weight_mode(mode: str) -> None:
+    if mode not in WEIGHT_MODES:
+        raise ValueError(f"unknown weight update mode '{mode}'; choose from {', '.join(WEIGHT_MODES)}")

@@ -11,18 +11,13 @@ from typing import Any
 
 import torch
 
-from streamrl.engine.base import GenRequest, GenResult
+from streamrl.engine.base import GenRequest, GenResult, check_weight_mode
 from streamrl.engine.hf import DecodeBatch, HFEngine
-
-WEIGHT_MODES = ("inflight", "interrupt")
 
 
 class ContinuousDecoder:
     def __init__(self, engine: HFEngine, weight_mode: str = "inflight") -> None:
-        if weight_mode not in WEIGHT_MODES:
-            raise ValueError(
-                f"unknown weight update mode '{weight_mode}'; choose from {', '.join(WEIGHT_MODES)}"
-            )
+        check_weight_mode(weight_mode)
         self.engine = engine
         self.weight_mode = weight_mode
         self.waiting: list[GenRequest] = []

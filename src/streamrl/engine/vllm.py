@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from streamrl.engine.base import GenRequest, GenResult
+from streamrl.engine.base import GenRequest, GenResult, check_weight_mode
 
-WEIGHT_MODES = ("inflight", "interrupt")
 INSTALL_HINT = "engine=vllm needs vLLM: pip install 'streamrl[vllm]' (GPU: pip install vllm)"
 
 
@@ -64,10 +63,7 @@ class VLLMDecoder:
         gpu_memory_utilization: float = 0.5,
         device: str = "cpu",
     ) -> None:
-        if weight_mode not in WEIGHT_MODES:
-            raise ValueError(
-                f"unknown weight update mode '{weight_mode}'; choose from {', '.join(WEIGHT_MODES)}"
-            )
+        check_weight_mode(weight_mode)
         # read by vLLM when the engine starts: in-process engine core (weights handed over as tensors),
         # the CPU KV cache size and the cores its OpenMP threads are pinned to
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"

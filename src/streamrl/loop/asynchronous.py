@@ -10,6 +10,7 @@ carried into the checkpoint on stop.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import deque
@@ -17,25 +18,21 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamrl.algo import advantage_spec
 from streamrl.config import Config
 from streamrl.data.prompts import render_prompt_ids
-from streamrl.data.replay import ReplayBuffer, train_step
+from streamrl.data.replay import ReplayBuffer
+from streamrl.loop.budget import RunBudget
+from streamrl.loop.dynamic_sampling import DynamicSampling
 from streamrl.loop.ledger import Ledger
 from streamrl.loop.signals import StopFlag
 from streamrl.loop.staleness import StalenessManager
 from streamrl.loop.state import RunState
-from streamrl.loop.step import group_advantages
-from streamrl.loop.step_metrics import step_record
+from streamrl.loop.step import StepRecord, train_on
 from streamrl.placement.backend import RolloutBackend, make_backend
 from streamrl.rollout.trajectory import needs_greedy_baseline
 from streamrl.rollout.worker import GroupRequest, GroupResult, run_worker
 from streamrl.trainer.trainer import Trainer
 from streamrl.types import Group, Problem
-
-
-def _over_budget(cfg: Config, t_run: float) -> bool:
-    return cfg.max_time > 0 and time.perf_counter() - t_run >= cfg.max_time
 
 
 @dataclass
@@ -46,7 +43,6 @@ class _Shared:
     buffer: deque[GroupResult] = field(default_factory=deque)
     inflight: dict[str, GroupRequest] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
-    zv: int = 0  # zero-variance groups filtered since the last optimizer step
     duplicates: int = 0  # results of a group already returned (e.g. re-generated after an actor died)
     busy: float = 0.0
     idle: float = 0.0
@@ -74,6 +70,8 @@ class AsyncRunner:
         self.stop = stop
         self.B = cfg.rollout.prompts_per_step
         self.eta = cfg.max_staleness
+        r = cfg.rollout
+        self.sampling = DynamicSampling(r.dynamic_sampling, self.B, r.dynamic_sampling_rounds)
         self.ledger = Ledger()
         if state.ledger:
             self.ledger.load_state_dict(state.ledger)
@@ -132,15 +130,12 @@ class AsyncRunner:
                 self.ledger.returned(res.group_id)
                 self.sh.busy += res.busy_s
                 self.sh.idle += res.idle_s
-                group = Group(res.problem, res.trajectories, res.baseline)
+                group = res.group
+                assert group is not None
                 if self.on_group_scored is not None:
                     self.on_group_scored(group)
-                ds = self.cfg.rollout
-                budget = ds.dynamic_sampling_rounds * self.B  # a saturated task must not stall training
-                if ds.dynamic_sampling and group.uninformative and self.sh.zv < budget:
-                    self.sh.zv += 1
-                    # DAPO: an all-equal group teaches nothing; its slot goes to a new group at once,
-                    # so the engine refills while the trainer trains
+                if not self.sampling.keep(group):
+                    # its slot goes to a new group at once, so the engine refills while the trainer trains
                     self.ledger.filtered(res.group_id, "zero_variance")
                     self.staleness.on_return(kept=False)
                 else:
@@ -166,7 +161,9 @@ class AsyncRunner:
                     self.sh.cond.wait(timeout=0.5)
                     continue
                 res = self.sh.buffer.popleft()
-                oldest = min((v for t in res.trajectories for v in t.versions), default=self.trainer.version)
+                assert res.group is not None
+                versions = (v for t in res.group.trajectories for v in t.versions)
+                oldest = min(versions, default=self.trainer.version)
                 if self.trainer.version - oldest > self.eta:
                     self.ledger.filtered(res.group_id, "stale")
                     self.staleness.release_accepted()
@@ -174,7 +171,7 @@ class AsyncRunner:
                 taken.append(res)
         return taken
 
-    def run(self, on_step: Callable[[dict[str, Any]], None]) -> None:
+    def run(self, on_step: Callable[[StepRecord], None]) -> None:
         cfg = self.cfg
         if self.stop:  # stopped during the base evaluation: nothing to start
             self.state.ledger = self.ledger.state_dict()
@@ -188,62 +185,56 @@ class AsyncRunner:
             raise
         admitter = threading.Thread(target=self._admission_loop, daemon=True)
         admitter.start()
-        t_run = time.perf_counter()
+        budget = RunBudget(cfg.max_steps, cfg.max_time, self.stop)
         waited = 0.0
         try:
-            while self.state.step < cfg.max_steps and not self.stop and not _over_budget(cfg, t_run):
+            while budget.more(self.state.step):
                 t0 = time.perf_counter()
                 taken = self._take_batch()
                 if taken is None:
                     break
                 wait = time.perf_counter() - t0
                 waited += wait
-                groups = [Group(r.problem, r.trajectories, r.baseline) for r in taken]
-                version_before = self.trainer.version
                 with self.sh.cond:
                     in_flight = len(self.sh.inflight)
-                batch = group_advantages(groups, cfg, self.trainer)
-                train = train_step(self.trainer, batch, self.replay, self.state.step + 1)
-                t_sync = time.perf_counter()
-                backend.publish(self.trainer.policy_state(), self.trainer.version)
-                if self.state.step + 1 < cfg.max_steps:  # no admissions for a step that will not come
-                    self.staleness.set_version(self.trainer.version)  # only after publishing
-                sync = time.perf_counter() - t_sync
+                step = self.state.step + 1
+                groups = [r.group for r in taken if r.group is not None]
+                publish = functools.partial(self._publish, step)
+                rec = train_on(step, groups, self.trainer, cfg, publish, self.replay)
                 with self.sh.cond:
-                    self.sh.zv = 0
+                    self.sampling.next_step()
                     for r in taken:
                         self.ledger.trained(r.group_id)
-                    self.ledger.replayed(int(train.get("replay_samples", 0)))
+                    self.ledger.replayed(int(rec.metrics.get("replay_samples", 0)))
                     busy, idle = self.sh.busy, self.sh.idle
-                self.state.step += 1
+                self.state.step = step
                 self.state.version = self.trainer.version
-                elapsed = time.perf_counter() - t_run
-                token_level = advantage_spec(cfg.advantage.name).token_level  # see the gae_* metrics
-                adv = None if token_level else batch.advantages
-                record = step_record(self.state.step, groups, train, version_before, adv)
-                record["tokens_per_s"] = (record["tokens_generated"] + train["tokens_trained"]) / (
-                    wait + train["train_time"] + sync
-                )
-                record["_groups"] = groups
-                record["_advantages"] = adv  # per sample, in the groups' order: groups.jsonl logs them
-                record.update(
+                m = rec.metrics
+                m.update(
+                    tokens_per_s=(m["tokens_generated"] + m["tokens_trained"])
+                    / (wait + m["train_time"] + m["weight_sync_time"]),
                     trainer_wait_time=wait,
-                    weight_sync_time=sync,
-                    trainer_wait_share=waited / elapsed,
+                    trainer_wait_share=waited / budget.elapsed,
                     engine_idle_share=idle / max(busy + idle, 1e-9),
                     groups_carried_over=in_flight,
-                    samples_per_s=self.state.step * self.B * cfg.rollout.samples_per_prompt / elapsed,
-                    train_tokens_per_s=train["tokens_trained"] / max(train["train_time"], 1e-9),
+                    samples_per_s=step * self.B * cfg.rollout.samples_per_prompt / budget.elapsed,
                     filtered_stale=self.ledger.filter_reasons.get("stale", 0),
                     filtered_zero_variance=self.ledger.filter_reasons.get("zero_variance", 0),
                     duplicate_results=self.sh.duplicates,
                     **backend.stats(),
                 )
-                on_step(record)
+                on_step(rec)
         finally:
             self._threads_stop.set()
             admitter.join(timeout=10)
             self._carry_over(backend.stop())
+
+    def _publish(self, step: int) -> None:
+        """New weights to every worker; only then may admissions see the new version (eta = 0 is
+        exactly synchronous). No admissions for a step that will not come."""
+        self.backend.publish(self.trainer.policy_state(), self.trainer.version)
+        if step < self.cfg.max_steps:
+            self.staleness.set_version(self.trainer.version)
 
     def _carry_over(self, late: list[GroupResult]) -> None:
         """After the workers stopped: everything admitted and not trained goes into the run state."""

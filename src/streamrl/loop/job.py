@@ -19,7 +19,7 @@ from streamrl.config_validate import resolved_weight_sync
 from streamrl.data.replay import make_replay
 from streamrl.data.samplers import Sampler, make_sampler
 from streamrl.data.task import Task, default_task_args
-from streamrl.engine.hf import PRECISIONS, HFEngine, push_policy
+from streamrl.engine.hf import PRECISIONS, HFEngine
 from streamrl.eval.heldout import EvalResult, evaluate
 from streamrl.eval.sampled import evaluate_sampled
 from streamrl.eval.sampling_metrics import default_ks
@@ -28,13 +28,15 @@ from streamrl.loop.asynchronous import AsyncRunner
 from streamrl.loop.colocated import ColocatedRunner
 from streamrl.loop.signals import StopFlag
 from streamrl.loop.state import RunState, load_state, save_state
-from streamrl.models import load_model, load_tokenizer, resolve_model_dir
+from streamrl.loop.step import StepRecord
 from streamrl.models.lora import is_lora
+from streamrl.models.startup import start_model
 from streamrl.observe.environment import collect_environment, write_environment
 from streamrl.observe.live import RunObserver
 from streamrl.observe.metrics import GroupLog
 from streamrl.observe.progress import StepProgress
 from streamrl.observe.summary import print_summary
+from streamrl.placement.colocated import push_policy
 from streamrl.placement.trainer_ranks import make_trainer
 from streamrl.tasks import prepare_split, task_from_config
 from streamrl.trainer.trainer import Trainer
@@ -59,11 +61,8 @@ def build_components(cfg: Config, task: Task | None = None) -> Components:
         cfg.task_config.args = default_task_args(cfg.task)
     if task is None:  # first: a bad task or a refused code sandbox fails before any download
         task = task_from_config(cfg)
-    t0 = time.perf_counter()
-    model_dir = resolve_model_dir(cfg.model, cfg.seed)
-    resolve_seconds = time.perf_counter() - t0
-    tokenizer = load_tokenizer(model_dir)
-    model = load_model(model_dir, cfg.device)
+    started = start_model(cfg.model, cfg.seed, cfg.device)  # fp32 master weights
+    model, tokenizer = started.model, started.tokenizer
     heldout, exclude = prepare_split(task, cfg)
     stream = make_sampler(cfg, task, cfg.seed, exclude)
     # fsdp2 shards the trainer's model in place: the engine generates with its own full copy
@@ -72,7 +71,7 @@ def build_components(cfg: Config, task: Task | None = None) -> Components:
     engine = HFEngine(engine_model, tokenizer, cfg.rollout.max_batch, cfg.seed, cfg.device, dtype)
     # train.strategy=ddp|fsdp2: this process becomes rank 0 and starts the follower ranks (trainer.close)
     trainer = make_trainer(model, cfg, pad_id=int(tokenizer.pad_token_id))
-    return Components(model, tokenizer, task, heldout, stream, engine, trainer, resolve_seconds)
+    return Components(model, tokenizer, task, heldout, stream, engine, trainer, started.resolve_seconds)
 
 
 def _run_dir(cfg: Config) -> Path:
@@ -240,13 +239,14 @@ def _run_train(cfg: Config, console: Console | None, closers: list[Any]) -> dict
     try:
         with StepProgress(cfg.max_steps, console, done=state.step) as progress:
 
-            def on_step(record: dict[str, Any]) -> None:
-                if cfg.eval.every and heldout and record["step"] % cfg.eval.every == 0:
+            def on_step(rec: StepRecord) -> None:
+                record = rec.metrics
+                if cfg.eval.every and heldout and rec.step % cfg.eval.every == 0:
                     push_policy(engine, trainer)
                     record.update(periodic_eval(engine, tokenizer, task, heldout, cfg))
                 record.update(sampler.metrics())
                 record["time"] = time.perf_counter() - t_start
-                groups_log.write(record.pop("_groups"), record["step"], record.pop("_advantages", None))
+                groups_log.write(rec.groups, rec.step, rec.advantages)
                 observer.on_step(record)
                 progress.update(record)
 

@@ -1,22 +1,68 @@
-"""The whole synchronous RL update, top to bottom: rollout -> advantages -> train -> publish weights."""
+"""One RL step, the same for every loop: advantages -> optimizer step(s) -> publish the weights -> the
+step's record. The colocated loop (loop/colocated.py) and the asynchronous loop (loop/asynchronous.py,
+local or Ray workers) differ only in where the next batch of groups comes from and how the new weights
+travel; both hand that batch and a `publish` callable to `train_on`."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from streamrl.algo import advantage_spec
 from streamrl.config import Config
-from streamrl.data.replay import ReplayBuffer, train_step
-from streamrl.engine.hf import push_policy
+from streamrl.data.replay import ReplayBuffer
 from streamrl.loop.step_metrics import step_record
-from streamrl.rollout.generate import rollout_groups
-from streamrl.rollout.score import Scoring
 from streamrl.trainer.trainer import Trainer
-from streamrl.types import Group, Problem, TrainBatch, Trajectory
+from streamrl.types import Group, TrainBatch, Trajectory
+
+
+@dataclass
+class StepRecord:
+    """One trained step. metrics: its metrics.jsonl line; groups: the groups trained, in batch order;
+    advantages: one per trajectory in that order (None for a token-level estimator such as GAE)."""
+
+    step: int
+    metrics: dict[str, Any]
+    groups: list[Group]
+    advantages: list[float] | None
+
+
+def train_on(
+    step: int,
+    groups: list[Group],
+    trainer: Trainer,
+    cfg: Config,
+    publish: Callable[[], None],
+    replay: ReplayBuffer | None = None,
+) -> StepRecord:
+    """The RL update on one batch of groups; `publish` brings the new weights to the engines."""
+    version_before = trainer.version
+    batch = group_advantages(groups, cfg, trainer)
+    train = train_step(trainer, batch, replay, step)
+    t_sync = time.perf_counter()
+    publish()
+    sync = time.perf_counter() - t_sync
+    adv = None if advantage_spec(cfg.advantage.name).token_level else batch.advantages  # see gae_*
+    metrics = step_record(step, groups, train, version_before, adv)
+    metrics.update(
+        weight_sync_time=sync,
+        train_tokens_per_s=train["tokens_trained"] / max(train["train_time"], 1e-9),
+    )
+    return StepRecord(step, metrics, groups, adv)
+
+
+def train_step(trainer: Any, batch: TrainBatch, replay: ReplayBuffer | None, step: int) -> dict[str, float]:
+    """trainer.step on the batch with replayed samples mixed in; the fresh samples join the buffer."""
+    if replay is None:
+        return trainer.step(batch)
+    mixed, stats = replay.mix(batch, step)
+    train = trainer.step(mixed)
+    replay.add(batch, step)
+    return {**train, **stats}
 
 
 def group_advantages(groups: list[Group], cfg: Config, trainer: Trainer | None = None) -> TrainBatch:
@@ -64,54 +110,3 @@ def _baseline(group: Group) -> Trajectory:
     if group.baseline is None:
         raise ValueError(f"the advantage needs a greedy baseline for group of problem {group.problem.id}")
     return group.baseline
-
-
-def rl_step(
-    step: int,
-    draw: Callable[[int], list[Problem]],
-    engine: Any,
-    trainer: Trainer,
-    tokenizer: Any,
-    scoring: Scoring,
-    cfg: Config,
-    replay: ReplayBuffer | None = None,
-) -> tuple[dict[str, Any], list[Group], list[Group]]:
-    """One step of synchronous on-policy RL on `draw(B)` new problems.
-
-    With DAPO dynamic sampling, groups whose rewards are all equal are dropped and more problems are
-    drawn until B groups are kept (at most rollout.dynamic_sampling_rounds extra rounds; then the
-    step trains on what it has). Returns (metrics record, trained groups, dropped groups).
-    """
-    t0 = time.perf_counter()
-    B = cfg.rollout.prompts_per_step
-    groups, timing = rollout_groups(engine, tokenizer, scoring, draw(B), cfg, step)
-    dropped: list[Group] = []
-    if cfg.rollout.dynamic_sampling:
-        dropped = [g for g in groups if g.uninformative]
-        groups = [g for g in groups if not g.uninformative]
-        for _ in range(cfg.rollout.dynamic_sampling_rounds):
-            if len(groups) >= B:
-                break
-            made = len(groups) + len(dropped)
-            more, t = rollout_groups(engine, tokenizer, scoring, draw(B - len(groups)), cfg, step, made)
-            timing = {k: timing[k] + t[k] for k in timing}
-            dropped += [g for g in more if g.uninformative]
-            groups += [g for g in more if not g.uninformative]
-        if not groups:  # nothing informative in any round: train on the last round (zero gradient)
-            groups, dropped = dropped[-B:], dropped[:-B]
-    batch = group_advantages(groups, cfg, trainer)
-    train = train_step(trainer, batch, replay, step)  # + replayed successes (rollout.replay_share)
-    push_policy(engine, trainer)
-    wall = time.perf_counter() - t0
-    adv = None if advantage_spec(cfg.advantage.name).token_level else batch.advantages  # see gae_* metrics
-    record = step_record(step, groups, train, trainer.version - 1, adv)
-    record["_advantages"] = adv  # per sample, in the groups' order: groups.jsonl logs them
-    record.update(
-        step_time=wall,
-        tokens_per_s=(record["tokens_generated"] + train["tokens_trained"]) / wall,
-        generate_tokens_per_s=record["tokens_generated"] / max(timing["generate_time"], 1e-9),
-        train_tokens_per_s=train["tokens_trained"] / max(train["train_time"], 1e-9),
-        groups_dropped_zero_variance=len(dropped),
-        **timing,
-    )
-    return record, groups, dropped

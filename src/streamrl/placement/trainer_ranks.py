@@ -184,7 +184,7 @@ def _follow(
     device_index: int = -1,
 ) -> None:
     from streamrl.config import from_dict
-    from streamrl.models import load_model, load_tokenizer, resolve_model_dir
+    from streamrl.models.startup import start_model
     from streamrl.trainer.distributed import DistributedTrainer, init_group
 
     cfg = from_dict(cfg_dict)
@@ -196,11 +196,9 @@ def _follow(
         device = f"cuda:{index}"
         torch.cuda.set_device(index)
         cfg.device = device
-    model_dir = resolve_model_dir(cfg.model, cfg.seed)
-    model = load_model(model_dir, device)
-    pad_id = int(load_tokenizer(model_dir).pad_token_id)
+    started = start_model(cfg.model, cfg.seed, device)  # fp32 master weights, as rank 0's
     init_group(cfg, rank, world, init_method)
-    trainer = DistributedTrainer(model, cfg, pad_id)
+    trainer = DistributedTrainer(started.model, cfg, int(started.tokenizer.pad_token_id))
     while True:
         try:
             kind, payload = commands.get(timeout=1.0)

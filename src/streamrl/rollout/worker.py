@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from streamrl.types import Problem, Trajectory
+from streamrl.types import Group, Problem
 
 
 @dataclass
@@ -34,11 +34,11 @@ class GroupRequest:
 
 @dataclass
 class GroupResult:
+    """A worker's answer to one GroupRequest: the scored group (None when `error` says why not)."""
+
     group_id: str
-    problem: Problem
-    trajectories: list[Trajectory]
+    group: Group | None
     worker: int
-    baseline: Trajectory | None = None
     busy_s: float = 0.0  # seconds spent generating since the worker's previous result
     idle_s: float = 0.0  # seconds spent with nothing to generate since the previous result
     error: str = ""
@@ -99,7 +99,7 @@ def serve(
     try:
         _loop(worker_id, cfg_dict, requests, results, weights, orphaned)
     except Exception:  # the controller sees the error instead of a silent hang
-        results.put(GroupResult("", None, [], worker_id, error=traceback.format_exc()))  # type: ignore[arg-type]
+        results.put(GroupResult("", None, worker_id, error=traceback.format_exc()))
 
 
 def _loop(
@@ -113,12 +113,12 @@ def _loop(
     import torch
 
     from streamrl.config import from_dict
-    from streamrl.engine.base import GenRequest
+    from streamrl.engine.base import Decoder, GenRequest
     from streamrl.engine.continuous import ContinuousDecoder
     from streamrl.engine.hf import PRECISIONS, HFEngine
     from streamrl.envs.base import EnvTask
-    from streamrl.models import load_model, load_tokenizer, resolve_model_dir
-    from streamrl.models.precision import cast_params
+    from streamrl.models import load_tokenizer, resolve_model_dir
+    from streamrl.models.startup import start_model
     from streamrl.rollout.episodes import EpisodeTable
     from streamrl.rollout.score import Scoring
     from streamrl.rollout.trajectory import GREEDY, greedy_request, make_trajectory
@@ -133,15 +133,16 @@ def _loop(
         from streamrl.engine.hf import stop_ids_from_dir
         from streamrl.engine.vllm import decoder_from_config
 
-        decoder: Any = decoder_from_config(cfg, model_dir, stop_ids_from_dir(model_dir, tokenizer), worker_id)
+        stop_ids = stop_ids_from_dir(model_dir, tokenizer)
+        decoder: Decoder = decoder_from_config(cfg, model_dir, stop_ids, worker_id)
 
         def refresh() -> None:  # vLLM holds its own weights: it reloads them from the shared buffer
             weights.read(decoder.update_weights)
 
     else:
         # the shared fp32 weights are cast into this dtype on every load (copy_ casts)
-        model = cast_params(load_model(model_dir, cfg.device), PRECISIONS[cfg.rollout.precision])
-        model = model.eval().requires_grad_(False)
+        started = start_model(cfg.model, cfg.seed, cfg.device, PRECISIONS[cfg.rollout.precision])
+        model = started.model.eval().requires_grad_(False)
         engine = HFEngine(
             model, tokenizer, cfg.rollout.max_batch, seed=cfg.seed * 1009 + worker_id, device=cfg.device
         )
@@ -186,7 +187,8 @@ def _loop(
                     scoring.apply(traj, fut.result())
             trajs = [t for _, t, _ in sorted(done, key=lambda d: d[0])]
             baseline = trajs.pop(0) if req.greedy_baseline else None  # GREEDY = -1 sorts first
-            results.put(GroupResult(gid, req.problem, trajs, worker_id, baseline, busy_s=busy, idle_s=idle))
+            group = Group(req.problem, trajs, baseline)
+            results.put(GroupResult(gid, group, worker_id, busy_s=busy, idle_s=idle))
             busy = idle = 0.0
 
     try:

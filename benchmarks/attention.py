@@ -6,7 +6,8 @@ SmolLM2-135M's heads (9 query heads, 3 key/value heads, head dim 64), bf16, a ca
 left-padded prompt, fwd + bwd of one layer's attention, best of `repeats`:
   sdpa             torch's scaled_dot_product_attention on repeated kv heads (CPU flash backward)
   matmul+repeat    matmul_attention on kv heads repeated by transformers' repeat_kv (isolates the grouping;
-                   session 5's version also ran an fp32 softmax: 73 ms at the default shape)
+                   streamrl's attention before commit 1ece85a was this path with an fp32 softmax: 73 ms
+                   at the default shape)
   matmul grouped   streamrl.models.attention.matmul_attention: each kv head's query heads stacked
 The default shape is the shared-prompt trainer's completion pass: 64 rows of 48 queries over a 99-token
 prompt cache + 48 keys. Not a test: figures (tests/test_attention.py checks values and gradients).

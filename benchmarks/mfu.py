@@ -12,8 +12,8 @@
                 train.mini_batches > 1
    MFU(loop) = (generate + train) / wall time / peak(all cores, the run's precision);
    MFU(train) = train FLOPs / train_time / peak(trainer threads). Padding and recomputed-but-discarded
-   work are NOT counted as useful: they are what the ratio exposes. Printed three times: "issue" reads
-   issue 9's definition literally (2N per generated, i.e. completion, token: no prompt prefill);
+   work are NOT counted as useful: they are what the ratio exposes. Printed three times: "2N+6N" counts
+   2N per generated (i.e. completion) token and 6N per trained token (no prompt prefill);
    "credited" counts every sample's prompt (what the padded layout computes); "computed" counts what ran
    when prompts are shared (one prefill per group in the engine, the trainer's forward tokens incl.
    its padding).
@@ -151,7 +151,7 @@ def main() -> None:
     # forwards U prefixes + rows x C: padded_tokens < trained), padding of the shared layout included
     shared = padded < trained
     counts = {
-        "issue": (2 * n * generated, (6 + 2 * extra) * n * trained),
+        "2N+6N": (2 * n * generated, (6 + 2 * extra) * n * trained),
         "credited": (2 * n * trained, (6 + 2 * extra) * n * trained),
         "computed": (
             2 * n * ((trained - generated) / group + generated),

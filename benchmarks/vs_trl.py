@@ -1,4 +1,4 @@
-"""streamrl vs TRL's GRPOTrainer on the same job, in one invocation (issue 9).
+"""streamrl vs TRL's GRPOTrainer on the same job, in one invocation.
 
     python benchmarks/vs_trl.py [--model smollm2|tiny] [--steps 10] [--budget-s 0] [--eval-size N]
                                 [--set KEY=VALUE ...] [--streamrl-set KEY=VALUE ...] [--out results.json]

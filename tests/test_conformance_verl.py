@@ -54,7 +54,7 @@ def test_grpo_matches_verl_for_groups_and_differs_for_lone_samples():
     ref = verl_grpo(rewards.flatten(), [i // 4 for i in range(20)]).view(5, 4)
     assert torch.allclose(ours, ref, atol=1e-6)
     # a lone sample: verl's baseline 0 and std 1 give A = r / (1 + eps); streamrl gives 0 (no signal
-    # without a comparison; see the README's algorithm table)
+    # without a comparison; see docs/algorithms.md, differences from verl)
     assert verl_grpo(torch.tensor([2.0]), [0]).item() == pytest.approx(2.0, abs=1e-5)
     assert grpo(torch.tensor([[2.0]])).item() == 0.0
 

@@ -23,9 +23,12 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="module")
 def ray_instance():
+    from streamrl.runtime.ray_backend import ray_temp_dir
+
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     t0 = time.perf_counter()
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="warning", _temp_dir="/tmp/ray")
+    # under this test session's own RAY_TMPDIR (tests/conftest.py), like the instances ensure_ray starts
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="warning", _temp_dir=ray_temp_dir())
     print(f"\nray.init: {time.perf_counter() - t0:.1f} s")
     yield
     ray.shutdown()

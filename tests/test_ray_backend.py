@@ -27,10 +27,8 @@ def ray_instance():
     from streamrl.runtime.ray_backend import ray_temp_dir
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    t0 = time.perf_counter()
     # under this test session's own RAY_TMPDIR (tests/conftest.py), like the instances ensure_ray starts
     ray.init(num_cpus=2, include_dashboard=False, logging_level="warning", _temp_dir=ray_temp_dir())
-    print(f"\nray.init: {time.perf_counter() - t0:.1f} s")
     yield
     ray.shutdown()
 
@@ -77,9 +75,7 @@ def test_ray_run_two_actors_three_steps(ray_instance, tiny):
     cfg = _cfg("max_steps=3")
     runner, state = _runner(cfg, tiny)
     records = []
-    t0 = time.perf_counter()
     runner.run(records.append)
-    print(f"ray run 3 steps: {time.perf_counter() - t0:.1f} s")
     assert [r["step"] for r in records] == [1, 2, 3]
     for r in records:
         assert math.isfinite(r["loss"]) and math.isfinite(r["reward_mean"])
@@ -189,14 +185,8 @@ def test_weight_sync_delivers_the_trainer_tensors(ray_instance, tiny, mode):
         first = ray.get([a.received_weights.remote() for a in backend.actors], timeout=60)  # actors up
         assert [v for v, _ in first] == [0, 0]
         new = _perturbed_state(tiny, 1)
-        t0 = time.perf_counter()
         backend.publish(new, 7)
-        t_publish = time.perf_counter() - t0
         got = ray.get([a.received_weights.remote() for a in backend.actors], timeout=60)
-        print(
-            f"weight sync {mode}: publish {t_publish * 1e3:.1f} ms, publish + both actors hold it "
-            f"{(time.perf_counter() - t0) * 1e3:.1f} ms"
-        )
         for version, tensors in got:
             assert version == 7
             assert set(tensors) == set(new)

@@ -1,8 +1,11 @@
-"""Shared fixtures: an isolated model cache and the tiny random model."""
+"""Shared fixtures: an isolated model cache, an isolated Ray temp root and the tiny random model."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -15,6 +18,23 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     # Real SmolLM2 conversions are reused from the user cache; everything else is per test session.
     if "STREAMRL_CACHE" not in os.environ:
         os.environ["STREAMRL_CACHE"] = str(tmp_path_factory.mktemp("streamrl-cache"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_ray_root() -> Iterator[str]:
+    """A fresh RAY_TMPDIR for the Ray instances of this test session (the tests' own and those
+    streamrl.placement.ray_rollouts.ensure_ray starts): nothing is shared with another test run or a
+    user's Ray. Directly under /tmp with a short name, not under pytest's tmp_path: Ray's unix-socket
+    paths inside it must stay under ~107 bytes. -> the Ray temp dir (ray_temp_dir())."""
+    old = os.environ.get("RAY_TMPDIR")
+    root = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    os.environ["RAY_TMPDIR"] = root
+    yield os.path.join(root, "ray")
+    if old is None:
+        os.environ.pop("RAY_TMPDIR", None)
+    else:
+        os.environ["RAY_TMPDIR"] = old
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

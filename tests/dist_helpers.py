@@ -2,10 +2,14 @@
 
 import time
 
+# How long a stand-in stays stuck. Rank 0 gives up after train.dist_timeout_s and stops it long
+# before; a rank 0 that ignored its timeout would still be waiting when the stand-in exits.
+HANG_S = 240.0
+
 
 def never_join(*args):
     """A rank that never joins the process group."""
-    time.sleep(120)
+    time.sleep(HANG_S)
 
 
 def join_then_hang(rank, world, init_method, cfg_dict, commands, errors, parent_pid=0):
@@ -14,4 +18,4 @@ def join_then_hang(rank, world, init_method, cfg_dict, commands, errors, parent_
     from streamrl.trainer.distributed import init_group
 
     init_group(from_dict(cfg_dict), rank, world, init_method)
-    time.sleep(120)
+    time.sleep(HANG_S)

@@ -2,7 +2,8 @@
 
 Each POST to /v1/chat/completions takes the next scripted reply; the last one repeats. A reply is
 (status, content, delay_s): status 200 sends an OpenAI-shaped body whose message content is `content`,
-any other status sends `content` as the error body. Every request is recorded (headers, JSON body).
+any other status sends `content` as the error body. Every request is recorded (headers, JSON body);
+`answered` counts the replies the server began to send (a delayed one only once its delay is over).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ class StubServer:
     def __init__(self, replies: list[Reply]) -> None:
         self.replies = list(replies)
         self.requests: list[dict[str, Any]] = []
+        self.answered = 0
         self.release = threading.Event()  # set at close so sleeping handlers return at once
         self._lock = threading.Lock()
         stub = self
@@ -33,6 +35,8 @@ class StubServer:
                 status, content, delay = stub.replies[i]
                 if delay:
                     stub.release.wait(delay)
+                with stub._lock:
+                    stub.answered += 1
                 if self.path != "/v1/chat/completions":
                     status, content = 404, "not found"
                 if status == 200:

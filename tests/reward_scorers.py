@@ -16,11 +16,6 @@ def sum_with_info(a: float, b: float) -> tuple[float, dict]:
     return a + b, {"terms": [a, b]}
 
 
-def sleepy(seconds: float, value: float) -> float:
-    time.sleep(seconds)
-    return value
-
-
 def raise_value_error(message: str) -> float:
     raise ValueError(message)
 
@@ -63,3 +58,27 @@ def record_pid_then_sleep(path: str, seconds: float) -> float:
     Path(path).write_text(str(os.getpid()))
     time.sleep(seconds)
     return 1.0
+
+
+def wait_for_gate(gate: str, value: float, started: str = "", limit_s: float = 60.0) -> float:
+    """Touches `started` (if given), then waits until the file `gate` exists (at most limit_s): -> value.
+    A test opens the gate only after the service answered, so a service that waited for this call to
+    finish (a deadline not enforced, a close that joins running calls) would still be stuck."""
+    if started:
+        Path(started).touch()
+    deadline = time.monotonic() + limit_s
+    while not Path(gate).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return value
+
+
+def meet(folder: str, name: str, n: int, limit_s: float = 30.0) -> float:
+    """Touches folder/name, then waits for n such marks: -> 1.0 once n scorers are in this function
+    at the same time, 0.0 if limit_s passes first (the calls ran one after another)."""
+    Path(folder, name).touch()
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if sum(1 for _ in Path(folder).iterdir()) >= n:
+            return 1.0
+        time.sleep(0.01)
+    return 0.0

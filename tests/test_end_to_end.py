@@ -34,11 +34,26 @@ TINY = [
     ],
     ids=["colocated", "async-eta0", "async-eta2", "colocated-bf16", "async-bf16"],
 )
-def test_train_writes_a_complete_run_dir(tmp_path, mode, eta, precision):
+def test_train_writes_a_complete_run_dir(tmp_path, monkeypatch, mode, eta, precision):
+    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     from streamrl.models import resolve_model_dir
+    from streamrl.trainer.trainer import Trainer
 
+    stepped: list[Trainer] = []  # the trainer each step ran on: its in-memory weights after the run
+    unmoved: list[list[str]] = []  # per step: the trainable tensors the step left exactly as they were
+    real_step = Trainer.step
+
+    def step(self: Trainer, batch):
+        stepped.append(self)
+        params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        before = [p.detach().clone() for _, p in params]
+        out = real_step(self, batch)
+        unmoved.append([n for (n, p), b in zip(params, before) if torch.equal(p.detach(), b)])
+        return out
+
+    monkeypatch.setattr(Trainer, "step", step)
     run = tmp_path / "run"
     steps = 2 if mode == "colocated" else 4
     args = [*TINY, f"max_steps={steps}", f"run_dir={run}", f"runtime.mode={mode}", f"max_staleness={eta}"]
@@ -71,10 +86,36 @@ def test_train_writes_a_complete_run_dir(tmp_path, mode, eta, precision):
     assert len(ev["difference"]["ci95"]) == 2 and len(ev["per_problem_correct"]["base"]) == 8
     assert list((run / "tensorboard").iterdir())
     assert (run / "state" / "model" / "model.safetensors").is_file()
-    trained = AutoModelForCausalLM.from_pretrained(run / "checkpoint")
-    initial = AutoModelForCausalLM.from_pretrained(resolve_model_dir("tiny-random", seed=0))
-    diffs = [not torch.equal(a, b) for a, b in zip(trained.parameters(), initial.parameters())]
-    assert any(diffs), "RL steps with non-zero advantages must change the weights"
+
+    # one trainer ran every step, each step moved every trainable tensor, and AdamW applied each
+    # optimizer step the metrics report
+    trainer = stepped[0]
+    assert len(stepped) == steps and all(t is trainer for t in stepped) and trainer.version == steps
+    assert unmoved == [[]] * steps, "a step left these tensors unchanged (per step)"
+    opt_steps = sum(r["optimizer_steps"] for r in lines)
+    assert opt_steps >= steps
+    for p in trainer.params:
+        assert float(trainer.optimizer.state.get(p, {}).get("step", 0)) == opt_steps
+
+    # the checkpoint (and the resume state) hold the trainer's final weights, loadable as is, and every
+    # parameter tensor moved away from the initial model
+    final = trainer.policy_state()
+    trained, info = AutoModelForCausalLM.from_pretrained(run / "checkpoint", output_loading_info=True)
+    assert not (info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"]), info
+    saved, resume = trained.state_dict(), load_file(str(run / "state" / "model" / "model.safetensors"))
+    initial = AutoModelForCausalLM.from_pretrained(resolve_model_dir("tiny-random", seed=0)).state_dict()
+    names = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+    assert names and set(names) <= saved.keys() & resume.keys()
+    for n in names:
+        assert torch.equal(saved[n], final[n]), f"{n}: the checkpoint is not the trainer's final weights"
+        assert torch.equal(resume[n], final[n]), f"{n}: the resume state is not the final weights"
+        assert not torch.equal(saved[n], initial[n]), f"{n}: unchanged by {opt_steps} optimizer steps"
+    ids = torch.tensor([[1, 17, 5, 42, 9, 3, 28]])
+    trainer.model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            trained.eval()(ids).logits, trainer.model(ids).logits, rtol=1e-4, atol=1e-5
+        )
 
 
 def test_bad_task_fails_before_training(tmp_path, capsys):

@@ -6,16 +6,21 @@ from __future__ import annotations
 import os
 import pickle
 import sys
-import time
 import types
+from concurrent.futures import wait
 from pathlib import Path
 
 import pytest
 import reward_scorers as rs
+from bounded import call_bounded, wait_until
 from openai_stub import StubServer
 
 from streamrl.rewards.judge import make_judge_scorer
 from streamrl.rewards.service import RewardService
+
+# Bound on waiting for an outcome while a scorer is held (rs.wait_for_gate holds it up to 60 s): far
+# above the deadlines under test, it only turns "the service waited for the scorer" into a failure.
+HANG_S = 30.0
 
 
 @pytest.fixture
@@ -44,14 +49,19 @@ def test_exact_rewards(service, mode: str) -> None:
 
 
 @pytest.mark.parametrize("mode", ["process", "thread"])
-def test_timeout_costs_one_reward_and_the_next_call_works(service, mode: str) -> None:
-    svc = service(rs.sleepy, timeout_s=0.5, mode=mode)
+def test_timeout_costs_one_reward_and_the_next_call_works(service, mode: str, tmp_path: Path) -> None:
+    svc = service(rs.wait_for_gate, timeout_s=0.5, mode=mode)
     assert svc.wait_ready(60)
-    t0 = time.monotonic()
-    o = svc.submit(5.0, 1.0).result()
+    gate = tmp_path / "gate"
+    fut = svc.submit(str(gate), 1.0)
+    # the scorer is held until the gate opens, and it opens only after this wait: an outcome now can
+    # only come from the 0.5 s deadline
+    done, _ = wait([fut], timeout=HANG_S)
+    gate.touch()
+    assert done, "no outcome while the scorer was held: the 0.5 s deadline was not enforced"
+    o = fut.result()
     assert (o.reward, o.error) == (0.0, "timeout")
-    assert time.monotonic() - t0 < 3.0  # 0.5 s deadline, not the scorer's 5 s
-    assert svc.submit(0.0, 2.0).result(timeout=60).reward == 2.0
+    assert svc.submit(str(gate), 2.0).result(timeout=60).reward == 2.0
     m = svc.metrics()
     assert (m["reward/timeouts"], m["reward/errors"], m["reward/worker_restarts"], m["reward/count"]) == (
         1,
@@ -154,16 +164,15 @@ def test_errors_are_not_cached(service) -> None:
     assert svc.metrics()["reward/errors/ValueError"] == 2
 
 
-def test_two_workers_overlap(service) -> None:
-    svc = service(rs.sleepy, workers=2)
+def test_two_workers_overlap(service, tmp_path: Path) -> None:
+    svc = service(rs.meet, workers=2, timeout_s=120.0)
     assert svc.wait_ready(60)
-    t0 = time.monotonic()
-    out = svc.score_many([(1.0, 1.0), (1.0, 2.0)])
-    elapsed = time.monotonic() - t0
-    assert [o.reward for o in out] == [1.0, 2.0]
-    assert elapsed < 1.6  # serial would be 2.0 s
+    out = svc.score_many([(str(tmp_path), "a", 2), (str(tmp_path), "b", 2)])
+    # each call scores 1.0 only once both are inside the scorer; one after the other, the first gives up
+    # after its 30 s and scores 0.0
+    assert [o.reward for o in out] == [1.0, 1.0], "the two calls never ran at the same time"
     m = svc.metrics(reset=True)
-    assert m["reward/latency_mean_s"] >= 1.0 and m["reward/latency_p95_s"] >= 1.0
+    assert m["reward/count"] == 2 and 0 < m["reward/latency_mean_s"] <= m["reward/latency_max_s"]
     assert svc.metrics()["reward/count"] == 0  # reset
 
 
@@ -181,15 +190,18 @@ def test_bad_arguments() -> None:
         RewardService(rs.length_reward, workers=0)
 
 
-def test_close(service) -> None:
-    svc = service(rs.sleepy, timeout_s=30.0)
-    fut = svc.submit(20.0, 1.0)
-    queued = svc.submit(20.0, 2.0)
-    time.sleep(0.2)
-    t0 = time.monotonic()
-    svc.close(wait=False)
-    assert time.monotonic() - t0 < 10.0
-    assert [fut.result().error, queued.result().error] == ["ServiceClosed", "ServiceClosed"]
+def test_close(service, tmp_path: Path) -> None:
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    svc = service(rs.wait_for_gate, workers=1, timeout_s=120.0)
+    running = svc.submit(str(gate), 1.0, str(started))
+    queued = svc.submit(str(gate), 2.0)
+    try:
+        wait_until(started.exists, 60, "the first call never reached the scorer")
+        # the running call is held until the gate opens, after close returns: close must not wait for it
+        call_bounded(lambda: svc.close(wait=False), HANG_S, "close(wait=False) waited for the running call")
+    finally:
+        gate.touch()
+    assert [running.result().error, queued.result().error] == ["ServiceClosed", "ServiceClosed"]
     with pytest.raises(RuntimeError, match="closed"):
         svc.submit(0.0, 1.0)
 

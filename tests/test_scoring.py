@@ -1,6 +1,6 @@
 """Rollout-side scoring: a failing or hanging scorer costs one reward, counted in the step metrics."""
 
-import time
+import threading
 
 import pytest
 from trajectories import make_traj
@@ -13,9 +13,12 @@ from streamrl.types import Group, Problem
 
 
 class FlakyScorer:
-    """'ok' -> 1.0 correct; 'boom' raises; 'hang' sleeps past the timeout."""
+    """'ok' -> 1.0 correct; 'boom' raises; 'hang' is held until the test sets `release` (at most 30 s),
+    then sets `hang_done`. Thread mode: the events are shared with the test."""
 
     name = "flaky"
+    release = threading.Event()
+    hang_done = threading.Event()
 
     def __init__(self, cfg_dict, task=None):
         pass
@@ -24,7 +27,8 @@ class FlakyScorer:
         if text == "boom":
             raise RuntimeError("scorer bug")
         if text == "hang":
-            time.sleep(5)
+            FlakyScorer.release.wait(30)
+            FlakyScorer.hang_done.set()
         return 1.0, {"correct": True, "formatted": True}
 
 
@@ -47,9 +51,14 @@ def test_failures_cost_one_reward_each_and_are_counted(scoring):
     trajs = [make_traj(i, [1], [2] * n) for i, n in enumerate([2, 2, 2, 5])]
     for t, text in zip(trajs, ["ok", "boom", "hang", "ok"]):
         t.text = text
-    start = time.perf_counter()
-    scoring.score([(problem, t) for t in trajs])
-    assert time.perf_counter() - start < 4  # the hang was cut at the 0.5 s timeout
+    FlakyScorer.release.clear()
+    FlakyScorer.hang_done.clear()
+    try:
+        scoring.score([(problem, t) for t in trajs])
+        hang_finished_first = FlakyScorer.hang_done.is_set()
+    finally:
+        FlakyScorer.release.set()
+    assert not hang_finished_first, "score() waited for the hung scorer instead of its 0.5 s timeout"
     # the last one is 5 tokens of 6 with a 4-token overlong buffer: penalty -(5 - 2) / 4; and 0.01/token
     assert [t.reward for t in trajs] == pytest.approx([0.98, -0.02, -0.02, 0.20])
     assert [t.correct for t in trajs] == [True, False, False, True]

@@ -1,4 +1,7 @@
-"""The admission bound under randomised engine delays, simulated event by event over many seeds."""
+"""The admission bound under randomised engine delays, simulated event by event over many seeds.
+
+The simulation keeps its own record of every group (admitted at which policy version, trained at
+which, filtered or not) and checks the manager against it, never against the manager's counters."""
 
 import heapq
 import random
@@ -9,27 +12,40 @@ from streamrl.loop.ledger import Ledger
 from streamrl.loop.staleness import StalenessManager
 
 
-def simulate(seed: int, B: int, eta: int, steps: int, workers: int = 3) -> dict:
+def simulate(seed: int, B: int, eta: int, steps: int, workers: int = 3, in_order: bool = False) -> dict:
     """Workers finish admitted groups after random (heavy-tailed) delays; the trainer takes B groups
-    oldest-first whenever B are buffered, filtering any staler than eta, exactly as AsyncRunner does."""
+    oldest-first whenever B are buffered, filtering any staler than eta, exactly as AsyncRunner does.
+
+    in_order=True: groups come back in admission order (one FIFO queue) and nothing is filtered, so
+    the staleness of every trained group is the manager's doing alone.
+    At each admission the simulation checks, from its own events, that the live groups (admitted and
+    not filtered: a kept group holds its slot) stay under (eta + version + 1) * B, and that a refusal
+    happens exactly at that bound, not before."""
     rng = random.Random(seed)
     sm = StalenessManager(B, eta)
     ledger = Ledger()
-    version, now, n = 0, 0.0, 0
+    version, now, n, n_filtered, last_finish = 0, 0.0, 0, 0, 0.0
     events: list[tuple[float, int, str]] = []  # (finish time, seq, group id)
     admitted_at: dict[str, int] = {}
     buffer: list[str] = []
-    trained: list[tuple[str, int]] = []
+    trained: list[tuple[str, int, int]] = []  # (group id, version at admission, version trained at)
     while version < steps:
-        while sm.try_admit():
+        while True:
+            live, bound = n - n_filtered, (eta + version + 1) * B
+            if not sm.try_admit():
+                assert live == bound, f"version {version}: admission refused at {live} live groups < {bound}"
+                break
+            assert live < bound, f"version {version}: group {live + 1} admitted past the bound {bound}"
             gid = f"g{n}"
             n += 1
             ledger.admitted(gid)
             admitted_at[gid] = version
             delay = rng.expovariate(1.0) * (20 if rng.random() < 0.1 else 1)  # a long tail
-            heapq.heappush(events, (now + delay / workers, n, gid))
-            s = sm.state
-            assert s.accepted + s.running <= (eta + s.version + 1) * B
+            finish = now + delay / workers
+            if in_order:
+                finish = last_finish = max(finish, last_finish)
+            heapq.heappush(events, (finish, n, gid))
+        assert events, f"version {version}: nothing running and nothing admitted (deadlock)"
         now, _, gid = heapq.heappop(events)
         sm.on_return(kept=True)
         ledger.returned(gid)
@@ -38,9 +54,10 @@ def simulate(seed: int, B: int, eta: int, steps: int, workers: int = 3) -> dict:
             batch = []
             while len(batch) < B and buffer:
                 g = buffer.pop(0)
-                if version - admitted_at[g] > eta:
+                if not in_order and version - admitted_at[g] > eta:
                     ledger.filtered(g, "stale")
                     sm.release_accepted()
+                    n_filtered += 1
                 else:
                     batch.append(g)
             if len(batch) < B:
@@ -48,7 +65,7 @@ def simulate(seed: int, B: int, eta: int, steps: int, workers: int = 3) -> dict:
                 break
             for g in batch:
                 ledger.trained(g)
-                trained.append((g, version - admitted_at[g]))
+                trained.append((g, admitted_at[g], version))
             version += 1
             sm.set_version(version)
     ledger.carry_over()
@@ -56,26 +73,35 @@ def simulate(seed: int, B: int, eta: int, steps: int, workers: int = 3) -> dict:
 
 
 @pytest.mark.parametrize("eta", [0, 1, 2, 4])
+def test_groups_returned_in_order_are_never_staler_than_eta(eta):
+    """Nothing filters here: admission control alone bounds how far behind a trained group's policy is."""
+    for seed in range(30):
+        out = simulate(seed, B=4, eta=eta, steps=25, in_order=True)
+        stale = [trained_at - admitted for _, admitted, trained_at in out["trained"]]
+        assert len(stale) == 25 * 4 and out["counts"]["filtered"] == 0
+        assert max(stale) == eta, f"seed {seed}: staleness {max(stale)} with eta={eta}"
+
+
+@pytest.mark.parametrize("eta", [0, 1, 2, 4])
 def test_bound_holds_under_random_delays(eta):
     seen, filtered = set(), 0
     for seed in range(60):
         out = simulate(seed, B=4, eta=eta, steps=25)
-        assert all(stale <= eta for _, stale in out["trained"])
-        seen.update(stale for _, stale in out["trained"])
+        seen.update(trained_at - admitted for _, admitted, trained_at in out["trained"])
         filtered += out["counts"]["filtered"]
         c = out["counts"]
         assert c["lost"] == 0
         assert c["trained"] + c["filtered"] + c["carried_over"] == out["admitted"]
-        ids = [g for g, _ in out["trained"]]
+        ids = [g for g, _, _ in out["trained"]]
         assert len(ids) == len(set(ids)) == 25 * 4
-    assert max(seen) == eta  # the bound is reached, so the test would see it broken
+    assert max(seen) == eta  # groups eta versions old are trained, not filtered
     assert (filtered > 0) == (eta > 0)  # the long tail really produces too-stale groups
 
 
 def test_eta_zero_is_synchronous():
     for seed in range(30):
         out = simulate(seed, B=3, eta=0, steps=10)
-        assert [s for _, s in out["trained"]] == [0] * 30
+        assert [trained_at - admitted for _, admitted, trained_at in out["trained"]] == [0] * 30
         assert out["counts"]["filtered"] == 0 and out["admitted"] == 30  # never more than one batch ahead
 
 

@@ -64,15 +64,17 @@ class RankHandle:
 
 
 def start_rank_actors(
-    cfg: Config, target: Callable[..., None], port: int
-) -> tuple[list[RankHandle], list[RayQueue], RayQueue, str, bool]:
-    """Start ranks 1..world-1 as actors -> (handles, command queues, error queue, init_method, whether
-    this call started Ray: then the caller shuts it down after the ranks stopped).
+    cfg: Config, target: Callable[..., None]
+) -> tuple[list[RankHandle], list[RayQueue], RayQueue, Any, str, bool]:
+    """Start ranks 1..world-1 as actors -> (handles, command queues, error queue, rank 0's rendezvous
+    store, init_method, whether this call started Ray: then the caller shuts it down after the ranks
+    stopped).
 
     The process group's rendezvous is on this (the driver's) node, reachable from the other nodes."""
     import ray
 
     from streamrl.placement.ray_rollouts import ensure_ray
+    from streamrl.trainer.distributed import rendezvous_store
 
     started = ensure_ray(cfg)
     world, r = cfg.train.world_size, cfg.ray
@@ -86,7 +88,9 @@ def start_rank_actors(
                 f"rollout actors need {need:g} {what} but the cluster has {have.get(what, 0.0):g}: lower "
                 f"ray.{key} / ray.rollout_{what.lower()}s, train.world_size or runtime.rollout_workers"
             )
-    init_method = f"tcp://{ray.util.get_node_ip_address()}:{port}"
+    host = ray.util.get_node_ip_address()
+    store = rendezvous_store(host, world, cfg.train.dist_timeout_s)
+    init_method = f"tcp://{host}:{store.port}"
     actor_cls = ray.remote(RankActor).options(num_cpus=r.trainer_cpus, num_gpus=r.trainer_gpus)
     errors = RayQueue()
     commands = [RayQueue() for _ in range(1, world)]
@@ -97,4 +101,4 @@ def start_rank_actors(
         # parent_pid 0: an actor's parent is Ray's worker process, not rank 0; device index 0 (see above)
         ref = actor.run.remote(target, rank, world, init_method, cfg_dict, commands[rank - 1], errors, 0, 0)
         handles.append(RankHandle(actor, ref, f"streamrl-trainer-rank{rank}"))
-    return handles, commands, errors, init_method, started
+    return handles, commands, errors, store, init_method, started

@@ -46,14 +46,21 @@ def ensure_ray(cfg: Config) -> bool:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if cfg.ray.address:
         ray.init(address=cfg.ray.address, logging_level="warning")
-    else:  # temp and log files under /tmp/ray (Ray's default root), no dashboard
+    else:  # temp and log files under ray_temp_dir(), no dashboard
         ray.init(
             num_cpus=cfg.ray.num_cpus or None,
             include_dashboard=False,
             logging_level="warning",
-            _temp_dir="/tmp/ray",
+            _temp_dir=ray_temp_dir(),
         )
     return True
+
+
+def ray_temp_dir() -> str:
+    """Root of a local Ray instance's temp and log files: $RAY_TMPDIR/ray (Ray's own variable), else
+    /tmp/ray. Ray itself would fall back to $TMPDIR, whose long paths can exceed the ~107-byte limit
+    of the unix sockets it creates there."""
+    return os.path.join(os.environ.get("RAY_TMPDIR") or "/tmp", "ray")
 
 
 def check_resources(cfg: Config, cluster: dict[str, float]) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import queue
 import signal
-import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -27,12 +26,6 @@ from streamrl.config import Config, to_dict
 from streamrl.trainer.trainer import Trainer
 
 STOP = ("stop", None)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class FollowerLinks:
@@ -107,7 +100,7 @@ def make_trainer(
     followers are started here; trainer.close() stops them). Tests swap follower_target."""
     if cfg.train.strategy == "single":
         return Trainer(model, cfg, pad_id)
-    from streamrl.trainer.distributed import DistributedTrainer, init_group
+    from streamrl.trainer.distributed import DistributedTrainer, init_group, rendezvous_store
 
     world = cfg.train.world_size
     target = follower_target or run_follower
@@ -115,11 +108,12 @@ def make_trainer(
     if cfg.runtime.backend == "ray":  # ranks 1.. as Ray actors with ray.trainer_cpus/gpus each
         from streamrl.placement.ray_ranks import start_rank_actors
 
-        procs, commands, errors, init_method, started = start_rank_actors(cfg, target, free_port())
+        procs, commands, errors, store, init_method, started = start_rank_actors(cfg, target)
         after_close = _ray_shutdown if started else None
     else:
         after_close = None
-        init_method = f"tcp://127.0.0.1:{free_port()}"
+        store = rendezvous_store("127.0.0.1", world, cfg.train.dist_timeout_s)
+        init_method = f"tcp://127.0.0.1:{store.port}"
         ctx = tmp.get_context("spawn")
         errors = ctx.Queue()
         commands = [ctx.Queue() for _ in range(1, world)]
@@ -136,7 +130,7 @@ def make_trainer(
             p.start()
     links = FollowerLinks(procs, commands, errors, cfg.train.dist_timeout_s, after_close)
     try:
-        init_group(cfg, 0, world, init_method)
+        init_group(cfg, 0, world, init_method, store)
         return DistributedTrainer(model, cfg, pad_id, links)
     except BaseException as e:
         msg = links.failure(e) if not isinstance(e, KeyboardInterrupt) else ""

@@ -171,12 +171,16 @@ _OS_CHECK = "that the driver (trainer) is alive and the object store has room (`
 
 
 # ---- broadcast ------------------------------------------------------------------------------------
-def _join(host: str, port: int, rank: int, world: int, timeout: float, epoch: int, backend: str) -> Any:
-    """A process group of its own (not torch's default group); blocks until all `world` ranks join."""
+def _join(
+    host: str, port: int, rank: int, world: int, timeout: float, epoch: int, backend: str, store: Any = None
+) -> Any:
+    """A process group of its own (not torch's default group); blocks until all `world` ranks join.
+    Rank 0 passes the store it listens on (BroadcastPublisher); the members connect to host:port."""
     import torch.distributed as dist
 
     delta = datetime.timedelta(seconds=timeout)
-    store = dist.TCPStore(host, port, world, rank == 0, timeout=delta, wait_for_workers=False)
+    if store is None:
+        store = dist.TCPStore(host, port, world, False, timeout=delta)
     prefixed = dist.PrefixStore(f"streamrl-weights-{epoch}", store)
     if backend == "nccl":
         opts = dist.ProcessGroupNCCL.Options()
@@ -197,14 +201,6 @@ def _node_ip() -> str:
         return "127.0.0.1"
 
 
-def free_port(host: str) -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 _BC_CHECK = (
     "that every rollout actor is alive and reaches the trainer's address {addr} (firewall, `ray status`)"
 )
@@ -218,7 +214,13 @@ class BroadcastPublisher:
     def __init__(self, members: int, timeout: float, backend: str = "gloo", epoch: int = 0) -> None:
         self.members, self.timeout, self.backend, self.epoch = members, timeout, backend, epoch
         self.host = _node_ip()
-        self.port = free_port(self.host)
+        # rank 0's store listens from here on, on a port the OS picks as it binds (port 0): nothing
+        # can take the port between choosing it and the members connecting to it
+        import torch.distributed as dist
+
+        delta = datetime.timedelta(seconds=timeout)
+        self._store = dist.TCPStore(self.host, 0, members + 1, True, timeout=delta, wait_for_workers=False)
+        self.port = int(self._store.port)
         self.pg: Any = None
         self.version = -1
 
@@ -231,8 +233,8 @@ class BroadcastPublisher:
     def connect(self) -> None:
         """Blocks until every member joined (or raises after the timeout)."""
         try:
-            self.pg, self._store = _join(
-                self.host, self.port, 0, self.members + 1, self.timeout, self.epoch, self.backend
+            self.pg, _ = _join(
+                self.host, self.port, 0, self.members + 1, self.timeout, self.epoch, self.backend, self._store
             )
         except Exception as e:
             raise sync_error(

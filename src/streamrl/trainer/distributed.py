@@ -15,6 +15,7 @@ import contextlib
 import math
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
@@ -32,9 +33,20 @@ def backend_for(cfg: Config) -> str:
     return b
 
 
-def init_group(cfg: Config, rank: int, world: int, init_method: str) -> None:
-    """Join the process group; a rank missing for train.dist_timeout_s becomes a clear error."""
+def rendezvous_store(host: str, world: int, timeout_s: float) -> dist.TCPStore:
+    """Rank 0's rendezvous store, listening on a port the OS picks as it binds (port 0), so no other
+    process can take the port between choosing and binding it. Followers connect to
+    tcp://host:<store.port> (init_group); rank 0 creates it before starting them."""
+    delta = timedelta(seconds=timeout_s)
+    return dist.TCPStore(host, 0, world, True, timeout=delta, wait_for_workers=False)
+
+
+def init_group(cfg: Config, rank: int, world: int, init_method: str, store: dist.Store | None = None) -> None:
+    """Join the process group through rank 0's store: rank 0 passes the store it created
+    (rendezvous_store), a follower connects to it at init_method (tcp://host:port). Every rank waits
+    until all `world` ranks reached the store; one missing for train.dist_timeout_s is a clear error."""
     timeout = cfg.train.dist_timeout_s
+    delta = timedelta(seconds=timeout)
     if not dist.is_initialized():
         # torch names the default group by a counter that a failed init_process_group leaves raised
         # (only destroy_process_group resets it); fresh followers start at 0, so must this process
@@ -42,13 +54,15 @@ def init_group(cfg: Config, rank: int, world: int, init_method: str) -> None:
 
         distributed_c10d._world.group_count = 0
     try:
-        dist.init_process_group(
-            backend_for(cfg),
-            init_method=init_method,
-            rank=rank,
-            world_size=world,
-            timeout=timedelta(seconds=timeout),
-        )
+        if store is None:
+            url = urlparse(init_method)
+            if url.scheme != "tcp" or not url.hostname or not url.port:
+                raise ValueError(f"init_method must be tcp://host:port, got {init_method!r}")
+            store = dist.TCPStore(url.hostname, url.port, world, False, timeout=delta)
+        store.set(f"streamrl-joined-{rank}", "1")
+        store.wait([f"streamrl-joined-{r}" for r in range(world)], delta)
+        pg_store = dist.PrefixStore("streamrl-trainer", store)
+        dist.init_process_group(backend_for(cfg), store=pg_store, rank=rank, world_size=world, timeout=delta)
     except Exception as e:  # DistStoreError / RuntimeError, depending on where the wait stopped
         raise RuntimeError(
             f"trainer rank {rank}: not all {world} ranks joined within train.dist_timeout_s={timeout:g}s "

@@ -120,7 +120,7 @@ def main() -> None:
         print(f"  {name:<9} {s:7.3f} s")
     print(f"  autograd / chunked = {kern['autograd'] / kern['chunked']:.2f}x")
 
-    trainer = Trainer(model, cfg, pad_id=int(load_tokenizer(model_dir).pad_token_id))
+    trainer = Trainer.from_config(model, cfg, pad_id=int(load_tokenizer(model_dir).pad_token_id))
     batch = synthetic_batch(vocab, a.prompt_len, cfg.rollout.max_new_tokens, cfg.seed)
     ntok = sum(len(t.prompt_ids) + len(t.completion_ids) for t in batch.trajectories)
     print(f"trainer step: {len(batch.trajectories)} samples, {ntok} tokens, precision {cfg.train.precision}")

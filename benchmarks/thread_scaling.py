@@ -116,7 +116,7 @@ def main() -> None:
         )
     del engine_model
     model = load_model(model_dir, cfg.device)
-    trainer = Trainer(model, cfg, pad_id=int(tokenizer.pad_token_id))
+    trainer = Trainer.from_config(model, cfg, pad_id=int(tokenizer.pad_token_id))
     batch = synthetic_batch(model.config.vocab_size, a.prompt_len, cfg.rollout.max_new_tokens, cfg.seed)
     ntok = sum(len(t.prompt_ids) + len(t.completion_ids) for t in batch.trajectories)
     train: dict[int, float] = {}

@@ -35,7 +35,7 @@ def test_async_runner_bound_under_random_delays(tiny, eta):
             ],
         )
         task = make_task("rg:chain_sum", default_task_args("rg:chain_sum"), "", "", "answer_is")
-        trainer = Trainer(copy.deepcopy(model), cfg, pad_id=0)
+        trainer = Trainer.from_config(copy.deepcopy(model), cfg, pad_id=0)
         state = RunState()
         runner = AsyncRunner(
             cfg, trainer, tok, task.train_stream(seed, set()), state, StopFlag(), scripted_worker
@@ -63,7 +63,7 @@ def _run(tiny, overrides):
 
     cfg = load_config(None, ["rollout.prompts_per_step=3", "rollout.samples_per_prompt=2", *overrides])
     task = make_task("rg:chain_sum", default_task_args("rg:chain_sum"), "", "", "answer_is")
-    trainer = Trainer(copy.deepcopy(tiny[0]), cfg, pad_id=0)
+    trainer = Trainer.from_config(copy.deepcopy(tiny[0]), cfg, pad_id=0)
     runner = AsyncRunner(
         cfg, trainer, tiny[1], task.train_stream(0, set()), RunState(), StopFlag(), scripted_worker
     )

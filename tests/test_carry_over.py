@@ -38,7 +38,7 @@ def _runner(tiny, state: RunState, stop: StopFlag, version: int = 0) -> AsyncRun
     from streamrl.trainer.trainer import Trainer
 
     cfg = load_config(None, ARGS)
-    trainer = Trainer(copy.deepcopy(tiny[0]), cfg, pad_id=0)
+    trainer = Trainer.from_config(copy.deepcopy(tiny[0]), cfg, pad_id=0)
     trainer.version = version
     stream = itertools.islice(_task().train_stream(0, set()), state.problems_drawn, None)
     return AsyncRunner(cfg, trainer, tiny[1], stream, state, stop, scripted_worker)

@@ -64,7 +64,7 @@ def test_padded_values_equal_single_row_values(tiny):
 def test_zero_head_gae_advantage_is_the_reward_on_every_loss_token(tiny):
     model = copy.deepcopy(tiny[0])
     cfg = load_config(None, [*GAE, "train.token_budget=12"])
-    trainer = Trainer(model, cfg, pad_id=0)
+    trainer = Trainer.from_config(model, cfg, pad_id=0)
     trajs = [
         _traj(0, [5, 6, 7], [8, 9, 10], reward=1.0),
         _traj(1, [5, 6], [11, 12, 13, 14], reward=-0.5, loss_mask=[1, 0, 1, 0]),
@@ -106,7 +106,7 @@ def test_zero_head_gae_advantage_is_the_reward_on_every_loss_token(tiny):
 def test_value_head_learns(tiny):
     model = copy.deepcopy(tiny[0])
     cfg = load_config(None, [*GAE, "train.lr=1e-2"])
-    trainer = Trainer(model, cfg, pad_id=0)
+    trainer = Trainer.from_config(model, cfg, pad_id=0)
     trajs = [_traj(0, [5, 6, 7], [8, 9, 10, 11], reward=1.0), _traj(1, [5, 6, 7], [12, 13, 14], reward=0.0)]
     losses = []
     for _ in range(25):
@@ -118,11 +118,11 @@ def test_value_head_learns(tiny):
 
 def test_value_head_saved_and_restored(tiny, tmp_path):
     model, tok = copy.deepcopy(tiny[0]), tiny[1]
-    trainer = Trainer(model, load_config(None, GAE), pad_id=0)
+    trainer = Trainer.from_config(model, load_config(None, GAE), pad_id=0)
     assert trainer.value_head is not None
     torch.nn.init.normal_(trainer.value_head.linear.weight)
     trainer.save(str(tmp_path), tok)
-    other = Trainer(copy.deepcopy(tiny[0]), load_config(None, GAE), pad_id=0)
+    other = Trainer.from_config(copy.deepcopy(tiny[0]), load_config(None, GAE), pad_id=0)
     other.load_value_head(tmp_path)
     assert torch.equal(other.value_head.linear.weight, trainer.value_head.linear.weight)
-    assert Trainer(copy.deepcopy(tiny[0]), load_config(None), pad_id=0).value_head is None
+    assert Trainer.from_config(copy.deepcopy(tiny[0]), load_config(None), pad_id=0).value_head is None

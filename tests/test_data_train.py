@@ -24,7 +24,7 @@ def test_async_runner_feeds_the_sampler_and_replays_distinct_samples(tiny):
         None, ["max_steps=8", "rollout.prompts_per_step=3", "rollout.samples_per_prompt=4", "max_staleness=1"]
     )
     task = make_task("rg:chain_sum", default_task_args("rg:chain_sum"), "", "", "answer_is")
-    trainer = Trainer(copy.deepcopy(tiny[0]), cfg, pad_id=0)
+    trainer = Trainer.from_config(copy.deepcopy(tiny[0]), cfg, pad_id=0)
     batches = []
     step = trainer.step
     trainer.step = lambda b: (batches.append([t.sample_id for t in b.trajectories]), step(b))[1]

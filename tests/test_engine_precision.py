@@ -15,7 +15,7 @@ from streamrl.trainer.trainer import Trainer
 def test_bf16_engine_keeps_its_own_copy_and_takes_pushed_weights(tiny):
     model, tok = copy.deepcopy(tiny[0]), tiny[1]  # the weights are changed below: not the shared fixture
     cfg = load_config(overrides=["train.lr=0.1"])
-    trainer = Trainer(model, cfg, pad_id=int(tok.pad_token_id))
+    trainer = Trainer.from_config(model, cfg, pad_id=int(tok.pad_token_id))
     eng = HFEngine(model, tok, max_batch=4, dtype=torch.bfloat16)
     assert eng.owns_weights and eng.model is not model
     assert next(eng.model.parameters()).dtype == torch.bfloat16

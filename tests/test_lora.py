@@ -40,7 +40,7 @@ def test_only_adapters_train(tiny):
     model = copy.deepcopy(model)
     cfg = load_config(None, ["train.lora_rank=2", "train.lr=1e-2", f"train.lora_targets={list(TARGETS)}"])
     base_before = {k: v.clone() for k, v in model.state_dict().items()}
-    trainer = Trainer(model, cfg, pad_id=0)
+    trainer = Trainer.from_config(model, cfg, pad_id=0)
     assert trainer.params and all(
         any(t in n for t in ("lora_A", "lora_B")) for n, p in model.named_parameters() if p.requires_grad
     )

@@ -55,7 +55,7 @@ def _runner(cfg, tiny, state=None, on_built=None):
     from streamrl.trainer.trainer import Trainer
 
     task = make_task("rg:chain_sum", default_task_args("rg:chain_sum"), "", "", "last_number")
-    trainer = Trainer(copy.deepcopy(tiny[0]), cfg, pad_id=0)
+    trainer = Trainer.from_config(copy.deepcopy(tiny[0]), cfg, pad_id=0)
     state = state or RunState()
     return AsyncRunner(cfg, trainer, tiny[1], task.train_stream(0, set()), state, StopFlag()), state
 

@@ -36,7 +36,7 @@ def test_kl_in_reward_is_zero_at_the_reference_and_grows_away_from_it(tiny):
     model = copy.deepcopy(tiny[0])
     overrides = ["loss.kl_coef=0.5", "loss.kl_in=reward", "loss.kl_estimator=k1", "train.precision=fp32"]
     cfg = load_config(None, overrides)
-    trainer = Trainer(model, cfg, pad_id=0)
+    trainer = Trainer.from_config(model, cfg, pad_id=0)
     batch = TrainBatch([_traj(0, [8, 9]), _traj(1, [10, 11, 12])], [])
     with torch.no_grad():  # behaviour log-probs = the reference's: k1 sums to exactly 0
         for t in batch.trajectories:
@@ -50,7 +50,7 @@ def test_kl_in_reward_is_zero_at_the_reference_and_grows_away_from_it(tiny):
 def test_entropy_bonus_raises_entropy(tiny):
     model = copy.deepcopy(tiny[0])
     cfg = load_config(None, ["loss.entropy_coef=1.0", "train.lr=1e-4", "loss.name=ppo_clip"])
-    trainer = Trainer(model, cfg, pad_id=0)
+    trainer = Trainer.from_config(model, cfg, pad_id=0)
     t = _traj(0, [8, 9, 10])
     mb = collate([t], [0.0], 0)
     with torch.no_grad():

@@ -56,7 +56,7 @@ def test_step_moves_logprob_in_the_sign_of_the_advantage(tiny, advantage):
     model = copy.deepcopy(tiny[0])
     overrides = ["train.lr=1e-3", "rollout.temperature=1.0", "train.token_budget=8"]
     cfg = load_config(None, [*overrides, "train.shared_prompt=false"])  # the padded budget split
-    trainer = Trainer(model, cfg, pad_id=0)
+    trainer = Trainer.from_config(model, cfg, pad_id=0)
     trajs = [_traj(0, [5, 6, 7], [8, 9, 10]), _traj(1, [5, 6, 7], [8, 9, 10])]
     with torch.no_grad():  # on-policy: behaviour log-probs are the current ones
         for t in trajs:
@@ -75,6 +75,6 @@ def test_zero_advantages_leave_weights_unchanged(tiny):
     model, _ = tiny
     model = copy.deepcopy(model)
     w0 = [p.detach().clone() for p in model.parameters()]
-    trainer = Trainer(model, load_config(None, ["train.lr=1e-2"]), pad_id=0)
+    trainer = Trainer.from_config(model, load_config(None, ["train.lr=1e-2"]), pad_id=0)
     trainer.step(TrainBatch([_traj(0, [5, 6], [7, 8])], [0.0]))
     assert all(torch.equal(a, b) for a, b in zip(w0, model.parameters()))

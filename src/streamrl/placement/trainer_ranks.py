@@ -99,7 +99,7 @@ def make_trainer(
     """Trainer for train.strategy: one process, or rank 0 of `train.world_size` local ranks (whose
     followers are started here; trainer.close() stops them). Tests swap follower_target."""
     if cfg.train.strategy == "single":
-        return Trainer(model, cfg, pad_id)
+        return Trainer.from_config(model, cfg, pad_id)
     from streamrl.trainer.distributed import DistributedTrainer, init_group, rendezvous_store
 
     world = cfg.train.world_size
@@ -131,7 +131,7 @@ def make_trainer(
     links = FollowerLinks(procs, commands, errors, cfg.train.dist_timeout_s, after_close)
     try:
         init_group(cfg, 0, world, init_method, store)
-        return DistributedTrainer(model, cfg, pad_id, links)
+        return DistributedTrainer.from_config(model, cfg, pad_id, links=links)
     except BaseException as e:
         msg = links.failure(e) if not isinstance(e, KeyboardInterrupt) else ""
         links.close(timeout=1)
@@ -192,7 +192,7 @@ def _follow(
         cfg.device = device
     started = start_model(cfg.model, cfg.seed, device)  # fp32 master weights, as rank 0's
     init_group(cfg, rank, world, init_method)
-    trainer = DistributedTrainer(started.model, cfg, int(started.tokenizer.pad_token_id))
+    trainer = DistributedTrainer.from_config(started.model, cfg, int(started.tokenizer.pad_token_id))
     while True:
         try:
             kind, payload = commands.get(timeout=1.0)

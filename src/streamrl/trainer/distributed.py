@@ -110,17 +110,17 @@ class DistributedTrainer(Trainer):
     placement/trainer_ranks.py), then trains; followers call step() with the batch they received.
     """
 
-    def __init__(self, model: Any, cfg: Config, pad_id: int, links: Any = None) -> None:
+    def __init__(self, model: Any, *args: Any, links: Any = None, **kw: Any) -> None:
+        """Trainer's arguments, plus `links`: rank 0 only, the follower processes and their queues."""
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.strategy = cfg.train.strategy
-        self.links = links  # rank 0 only: the follower processes and their command queues
+        self.links = links
         self._full_state: dict[str, torch.Tensor] = {}
-        super().__init__(model, cfg, pad_id)
+        super().__init__(model, *args, **kw)
         self._after_step()  # fsdp2: rank 0's full state for the first policy_state()
 
     # ---- hooks -----------------------------------------------------------------------------
     def _distribute(self) -> None:
-        if self.strategy == "ddp":
+        if self.train.strategy == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
             # constructing DDP broadcasts rank 0's parameters and buffers; buffers (rotary tables)
@@ -142,15 +142,15 @@ class DistributedTrainer(Trainer):
         return rank_share(idx, self.rank, self.world)
 
     def _grad_sync(self, last: bool) -> contextlib.AbstractContextManager[Any]:
-        if self.strategy == "ddp" and not last:
+        if self.train.strategy == "ddp" and not last:
             return self.forward_model.no_sync()  # accumulate locally; sync on the last backward
-        if self.strategy == "fsdp2":
+        if self.train.strategy == "fsdp2":
             self.model.set_requires_gradient_sync(last)
         return contextlib.nullcontext()
 
     def _clip_grads(self) -> float:
-        if self.strategy == "fsdp2":
-            return clip_grad_norm_sharded(self.params, self.cfg.train.grad_clip)
+        if self.train.strategy == "fsdp2":
+            return clip_grad_norm_sharded(self.params, self.train.grad_clip)
         return super()._clip_grads()  # DDP: every rank holds the same synced gradients
 
     def _reduce_metrics(self, loss_sum: float, totals: dict[str, float]) -> tuple[float, dict[str, float]]:
@@ -163,7 +163,7 @@ class DistributedTrainer(Trainer):
         return sum(p[0] for p in parts), merged
 
     def _after_step(self) -> None:
-        if self.strategy != "fsdp2":
+        if self.train.strategy != "fsdp2":
             return
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -207,15 +207,15 @@ class DistributedTrainer(Trainer):
                 dist.broadcast(p.data, 0)
 
     def policy_state(self) -> dict[str, torch.Tensor]:
-        if self.strategy == "fsdp2":
+        if self.train.strategy == "fsdp2":
             return self._full_state
         return super().policy_state()
 
     def engine_state(self) -> dict[str, torch.Tensor] | None:
-        return self._full_state if self.strategy == "fsdp2" else None
+        return self._full_state if self.train.strategy == "fsdp2" else None
 
     def save(self, path: str, tokenizer: Any) -> None:
-        if self.strategy != "fsdp2":
+        if self.train.strategy != "fsdp2":
             return super().save(path, tokenizer)
         self.model.save_pretrained(path, state_dict=self._full_state)
         tokenizer.save_pretrained(path)

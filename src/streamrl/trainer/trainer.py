@@ -14,7 +14,7 @@ from streamrl.algo import advantage_spec, aggregation_fn, kl_fn, loss_spec
 from streamrl.algo.aggregation import batch_normalizer
 from streamrl.algo.losses import LossInputs
 from streamrl.algo.token_weights import entropy_top_q_mask, sign_weights
-from streamrl.config import Config
+from streamrl.config import AdvantageConfig, Config, LossConfig, TrainConfig
 from streamrl.models.lora import ADAPTER_FILE, adapter_state, apply_lora, is_lora, merged_state
 from streamrl.trainer.batching import MicroBatch, collate, split_by_token_budget
 from streamrl.trainer.critic import CriticTargets, ValueHead, clipped_value_loss, gae_targets
@@ -25,20 +25,33 @@ from streamrl.types import TrainBatch
 
 
 class Trainer:
-    def __init__(self, model: Any, cfg: Config, pad_id: int) -> None:
+    def __init__(
+        self,
+        model: Any,
+        train: TrainConfig,
+        loss: LossConfig,
+        advantage: AdvantageConfig,
+        *,
+        temperature: float,
+        max_new_tokens: int,
+        pad_id: int,
+    ) -> None:
+        """train/loss/advantage: the config sections; temperature: the sampling temperature the log-probs
+        are recomputed at; max_new_tokens: the constant length of the token-sum-norm aggregation."""
         self.model = model
-        self.cfg = cfg
+        self.train, self.loss, self.advantage = train, loss, advantage
+        self.temperature, self.max_new_tokens = temperature, max_new_tokens
         self.pad_id = pad_id
         self.version = 0
-        t = cfg.train
+        t = train
         self.ref_model = None
-        if cfg.loss.kl_coef > 0:  # before any adapter: the reference is the initial policy
+        if loss.kl_coef > 0:  # before any adapter: the reference is the initial policy
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         if t.lora_rank > 0:
             apply_lora(model, t.lora_rank, t.lora_alpha, t.lora_targets)
         # a token-level advantage (GAE): a value head on the policy's last hidden state, trained with it
         self.value_head: ValueHead | None = None
-        if advantage_spec(cfg.advantage.name).token_level:
+        if advantage_spec(advantage.name).token_level:
             dev = next(model.parameters()).device
             self.value_head = ValueHead(model.config.hidden_size).to(dev)
         self.forward_model: Any = model  # what trains: the model, or its DDP wrapper
@@ -59,10 +72,25 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
         )
-        self.loss_spec = loss_spec(cfg.loss.name)
+        self.loss_spec = loss_spec(loss.name)
         self.policy_loss = self.loss_spec.fn
-        self.aggregate = aggregation_fn(cfg.loss.aggregation)
-        self.kl = kl_fn(cfg.loss.kl_estimator)
+        self.aggregate = aggregation_fn(loss.aggregation)
+        self.kl = kl_fn(loss.kl_estimator)
+
+    @classmethod
+    def from_config(cls, model: Any, cfg: Config, pad_id: int, **kw: Any) -> Trainer:
+        """The trainer a run's Config describes (its train, loss and advantage sections)."""
+        r = cfg.rollout
+        return cls(
+            model,
+            cfg.train,
+            cfg.loss,
+            cfg.advantage,
+            temperature=r.temperature,
+            max_new_tokens=r.max_new_tokens,
+            pad_id=pad_id,
+            **kw,
+        )
 
     # ---- data-parallel hooks (trainer/distributed.py overrides them; one process: no-ops) ----------
     def _distribute(self) -> None:
@@ -79,7 +107,7 @@ class Trainer:
 
     def _clip_grads(self) -> float:
         """Clip to train.grad_clip; -> the total grad norm before clipping."""
-        return float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.train.grad_clip))
+        return float(torch.nn.utils.clip_grad_norm_(self.params, self.train.grad_clip))
 
     def _reduce_metrics(self, loss_sum: float, totals: dict[str, float]) -> tuple[float, dict[str, float]]:
         """Sum the loss and token-weighted metric totals over all processes."""
@@ -96,7 +124,7 @@ class Trainer:
         """Stop helper processes (distributed followers); idempotent."""
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.cfg.train.precision == "bf16":
+        if self.train.precision == "bf16":
             dev = next(self.model.parameters()).device.type
             return torch.autocast(device_type=dev, dtype=torch.bfloat16)
         return contextlib.nullcontext()
@@ -104,13 +132,13 @@ class Trainer:
     def _shares_prompts(self, batch: TrainBatch) -> bool:
         """train.shared_prompt on a batch whose groups repeat prompts (one trainer rank, no packing:
         DDP/FSDP2 expect one forward per backward)."""
-        t = self.cfg.train
+        t = self.train
         return t.shared_prompt and not t.packing and t.strategy == "single" and shareable(batch.trajectories)
 
     def _groups(self, batch: TrainBatch) -> list[list[int]]:
-        trajs, budget = batch.trajectories, self.cfg.train.token_budget
+        trajs, budget = batch.trajectories, self.train.token_budget
         lengths = [(len(t.prompt_ids), len(t.completion_ids)) for t in trajs]
-        if self.cfg.train.packing:
+        if self.train.packing:
             return pack_by_token_budget([p + c for p, c in lengths], budget)
         if self._shares_prompts(batch):
             return split_shared([tuple(t.prompt_ids) for t in trajs], [c for _, c in lengths], budget)
@@ -118,7 +146,7 @@ class Trainer:
 
     def _collate(self, batch: TrainBatch, group: list[int]) -> MicroBatch:
         trajs, adv = [batch.trajectories[i] for i in group], [batch.advantages[i] for i in group]
-        if self.cfg.train.packing:
+        if self.train.packing:
             return collate_packed(trajs, adv, self.pad_id)
         if self._shares_prompts(batch):
             return collate_shared(trajs, adv, self.pad_id)
@@ -139,7 +167,7 @@ class Trainer:
         if self.value_head is None:
             return mbs, [None] * len(mbs)
         rewards = batch.rewards or [t.reward for t in batch.trajectories]
-        a = self.cfg.advantage
+        a = self.advantage
         targets: list[CriticTargets | None] = []
         for g, mb in zip(groups, mbs):
             with self._autocast():
@@ -150,12 +178,12 @@ class Trainer:
 
     def _prox_logprobs(self, mbs: list[MicroBatch]) -> list[torch.Tensor | None]:
         """pi_prox per micro-batch: only an extra pass when several optimizer steps share one batch."""
-        if not self.loss_spec.proximal or self.cfg.loss.prox == "behav":
+        if not self.loss_spec.proximal or self.loss.prox == "behav":
             return [None] * len(mbs)
-        if self.cfg.train.mini_batches == 1:
+        if self.train.mini_batches == 1:
             return [None] * len(mbs)  # computed from the training forward itself (same weights)
         with torch.no_grad(), self._autocast():
-            return [completion_logprobs(self.model, mb, self.cfg.rollout.temperature)[0] for mb in mbs]
+            return [completion_logprobs(self.model, mb, self.temperature)[0] for mb in mbs]
 
     def _micro_step(
         self,
@@ -172,8 +200,8 @@ class Trainer:
         whose metrics are not counted); returns the unweighted loss."""
         dev = next(self.model.parameters()).device
         mask = mb.loss_mask.to(dev)
-        temp = self.cfg.rollout.temperature
-        lc = self.cfg.loss
+        temp = self.temperature
+        lc = self.loss
         with self._autocast():
             logprobs, entropy, hidden = completion_forward(
                 self.forward_model,
@@ -188,18 +216,18 @@ class Trainer:
         loss_mask = entropy_top_q_mask(entropy, mask, lc.entropy_top_q)
         advantages = sign_weights(mb.advantages.to(dev), lc.pos_weight, lc.neg_weight)
         if prox is None and self.loss_spec.proximal:
-            prox = behav if self.cfg.loss.prox == "behav" else logprobs.detach()
+            prox = behav if self.loss.prox == "behav" else logprobs.detach()
         inp = LossInputs(
             logprobs=logprobs,
             old_logprobs=behav,
             advantages=advantages,
             mask=loss_mask,
-            eps_low=self.cfg.loss.eps_low,
-            eps_high=self.cfg.loss.eps_high,
+            eps_low=self.loss.eps_low,
+            eps_high=self.loss.eps_high,
             prox_logprobs=prox,
-            behav_weight_cap=self.cfg.loss.behav_weight_cap,
-            dual_clip=self.cfg.loss.dual_clip,
-            m2_threshold=self.cfg.loss.m2_threshold,
+            behav_weight_cap=self.loss.behav_weight_cap,
+            dual_clip=self.loss.dual_clip,
+            m2_threshold=self.loss.m2_threshold,
         )
         per_token, metrics = self.policy_loss(inp)
         if self.ref_model is not None and lc.kl_in == "loss":
@@ -241,17 +269,17 @@ class Trainer:
 
     def kl_reward_penalty(self, batch: TrainBatch) -> list[float]:
         """kl_coef * sum over each trajectory's loss tokens of KL(behaviour || reference) (no grad)."""
-        if self.ref_model is None or self.cfg.loss.kl_in != "reward":
+        if self.ref_model is None or self.loss.kl_in != "reward":
             return [0.0] * len(batch.trajectories)
         out = [0.0] * len(batch.trajectories)
         lengths = [(len(t.prompt_ids), len(t.completion_ids)) for t in batch.trajectories]
-        for idx in split_by_token_budget(lengths, self.cfg.train.token_budget):
+        for idx in split_by_token_budget(lengths, self.train.token_budget):
             mb = collate([batch.trajectories[i] for i in idx], [0.0] * len(idx), self.pad_id)
             with torch.no_grad(), self._autocast():
-                ref_lp, _ = completion_logprobs(self.ref_model, mb, self.cfg.rollout.temperature)
+                ref_lp, _ = completion_logprobs(self.ref_model, mb, self.temperature)
             kl = self.kl(mb.old_logprobs, ref_lp.cpu()) * mb.loss_mask
             for row, i in enumerate(idx):
-                out[i] = self.cfg.loss.kl_coef * float(kl[row].sum())
+                out[i] = self.loss.kl_coef * float(kl[row].sum())
         return out
 
     def step(self, batch: TrainBatch) -> dict[str, float]:
@@ -260,14 +288,14 @@ class Trainer:
         self.model.train()
         mbs, critic = self.prepare(batch)
         prox = self._prox_logprobs(mbs)
-        k = min(self.cfg.train.mini_batches, len(mbs))
+        k = min(self.train.mini_batches, len(mbs))
         totals: dict[str, float] = {}
         loss_sum = 0.0
         grad_norms = []
         for j in range(k):
             idx = list(range(j, len(mbs), k))  # interleaved: mini-batches are not sorted by length
             masks = [mbs[i].loss_mask for i in idx]
-            norm = batch_normalizer(self.cfg.loss.aggregation, masks, self.cfg.rollout.max_new_tokens)
+            norm = batch_normalizer(self.loss.aggregation, masks, self.max_new_tokens)
             mine = self._my_share(idx)
             for n, (i, w) in enumerate(mine):
                 with self._grad_sync(last=n == len(mine) - 1):

@@ -80,7 +80,9 @@ def test_packed_step_equals_padded_step_with_less_padding(tiny, aggregation, cap
     base = ["train.lr=1e-3", "train.token_budget=96", f"loss.aggregation={aggregation}"]
     base.append("train.precision=fp32")  # exact equivalence: fp32 (bf16 autocast rounds differently)
     padded = Trainer.from_config(copy.deepcopy(tiny[0]), load_config(None, base), pad_id=0)
-    packed = Trainer.from_config(copy.deepcopy(tiny[0]), load_config(None, base + ["train.packing=true"]), pad_id=0)
+    packed = Trainer.from_config(
+        copy.deepcopy(tiny[0]), load_config(None, base + ["train.packing=true"]), pad_id=0
+    )
     g_pad, g_pack = [], []
     _snap_grads(padded, g_pad)
     _snap_grads(packed, g_pack)

@@ -75,7 +75,9 @@ def test_shared_step_equals_padded_step_with_fewer_tokens(tiny, aggregation, cap
     batch = _groups(4, 8, seed=1)  # 4 groups x 8 samples: the GRPO shape
     base = ["train.lr=1e-3", "train.token_budget=200", f"loss.aggregation={aggregation}"]
     base.append("train.precision=fp32")  # exact equivalence: fp32 (bf16 autocast rounds differently)
-    padded = Trainer.from_config(copy.deepcopy(tiny[0]), load_config(None, base + ["train.shared_prompt=false"]), 0)
+    padded = Trainer.from_config(
+        copy.deepcopy(tiny[0]), load_config(None, base + ["train.shared_prompt=false"]), 0
+    )
     shared = Trainer.from_config(copy.deepcopy(tiny[0]), load_config(None, base), 0)
     grads: list[list[torch.Tensor]] = []
     for t in (padded, shared):

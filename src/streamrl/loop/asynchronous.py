@@ -29,7 +29,7 @@ from streamrl.loop.staleness import StalenessManager
 from streamrl.loop.state import RunState
 from streamrl.loop.step import StepRecord, train_on
 from streamrl.placement.backend import RolloutBackend, make_backend
-from streamrl.rollout.trajectory import needs_greedy_baseline
+from streamrl.rollout.trajectory import RolloutSettings
 from streamrl.rollout.worker import GroupRequest, GroupResult, run_worker
 from streamrl.trainer.trainer import Trainer
 from streamrl.types import Group, Problem
@@ -71,6 +71,7 @@ class AsyncRunner:
         self.B = cfg.rollout.prompts_per_step
         self.eta = cfg.max_staleness
         r = cfg.rollout
+        self.settings = RolloutSettings.from_config(cfg)
         self.sampling = DynamicSampling(r.dynamic_sampling, self.B, r.dynamic_sampling_rounds)
         self.ledger = Ledger()
         if state.ledger:
@@ -95,9 +96,7 @@ class AsyncRunner:
             gid = f"g{self.state.groups_made}"
             self.state.groups_made += 1
             ids = render_prompt_ids(self.tokenizer, problem.messages)
-            req = GroupRequest(
-                gid, problem, ids, self.cfg.rollout.samples_per_prompt, 0, needs_greedy_baseline(self.cfg)
-            )
+            req = GroupRequest(gid, problem, ids, self.settings.samples, 0, self.settings.greedy_baseline)
             self.ledger.admitted(gid)
         req.admitted_version = self.trainer.version
         return req

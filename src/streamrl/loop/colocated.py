@@ -23,6 +23,7 @@ from streamrl.loop.step import StepRecord, train_on
 from streamrl.placement.colocated import push_policy
 from streamrl.rollout.generate import rollout_groups
 from streamrl.rollout.score import Scoring
+from streamrl.rollout.trajectory import RolloutSettings
 from streamrl.trainer.trainer import Trainer
 from streamrl.types import Group, Problem
 
@@ -49,6 +50,7 @@ class ColocatedRunner:
             self.ledger.load_state_dict(state.ledger)
         r = cfg.rollout
         self.B = r.prompts_per_step
+        self.settings = RolloutSettings.from_config(cfg)
         self.sampling = DynamicSampling(r.dynamic_sampling, self.B, r.dynamic_sampling_rounds)
         push_policy(self.engine, trainer)
         self.scoring = Scoring(cfg, task)
@@ -68,7 +70,7 @@ class ColocatedRunner:
         for _ in range(1 + self.cfg.rollout.dynamic_sampling_rounds):
             problems = self._draw(self.B - len(kept))
             groups, t = rollout_groups(
-                self.engine, self.tokenizer, self.scoring, problems, self.cfg, step, made
+                self.engine, self.tokenizer, self.scoring, problems, self.settings, step, made
             )
             made += len(groups)
             timing = {k: timing[k] + t[k] for k in timing}

@@ -14,11 +14,11 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from streamrl.config import Config
 from streamrl.engine.serving import BatchingEngine
 from streamrl.envs.agent_task import AgentTask
 from streamrl.envs.agent_trajectory import assemble
 from streamrl.envs.proxy import ChatProxy
+from streamrl.rollout.trajectory import RolloutSettings
 from streamrl.types import Problem, Trajectory
 
 
@@ -41,11 +41,11 @@ def rollout_agent_episodes(
     engine: Any,
     tokenizer: Any,
     task: AgentTask,
-    cfg: Config,
+    settings: RolloutSettings,
     jobs: list[tuple[Problem, str, int]],
 ) -> list[tuple[float, list[Trajectory]]]:
     """jobs: (problem, group_id, sample index k) -> (reward, trajectories) of each episode, in job order."""
-    r = cfg.rollout
+    r = settings
     front = BatchingEngine(engine, max_batch=r.max_batch)
     proxy = ChatProxy(front, tokenizer, max_tokens=r.max_new_tokens, default_temperature=r.temperature)
     try:
@@ -59,7 +59,7 @@ def rollout_agent_episodes(
         for (problem, gid, k), (text, error) in zip(jobs, outputs):
             calls = proxy.pop_episode(f"{gid}-{k}")
             s = task.score(problem, text)
-            reward = float(s.correct) + cfg.reward.format_weight * float(s.formatted) if not error else 0.0
+            reward = float(s.correct) + settings.format_weight * float(s.formatted) if not error else 0.0
             trajs = assemble(calls, problem.id, gid, k, reward, s.correct and not error)
             info = {"episode": k, "extracted": s.extracted, "formatted": s.formatted, "calls": len(calls)}
             if error:

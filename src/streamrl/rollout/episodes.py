@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamrl.config import Config
 from streamrl.engine.base import GenRequest, GenResult
 from streamrl.envs.base import EnvTask
 from streamrl.envs.episode import Episode, EpisodeLimits, run_episodes
 from streamrl.envs.render import TurnRenderer
-from streamrl.rollout.trajectory import sample_id
+from streamrl.rollout.trajectory import RolloutSettings, sample_id
 from streamrl.types import Problem, Trajectory
 
 
@@ -30,10 +29,12 @@ def new_episode(task: EnvTask, renderer: TurnRenderer, problem: Problem, first: 
     return Episode(env, renderer, list(first.prompt_ids), limits, first.temperature, first.top_p, first.tag)
 
 
-def episode_trajectory(ep: Episode, problem: Problem, cfg: Config, group_id: str, k: int) -> Trajectory:
+def episode_trajectory(
+    ep: Episode, problem: Problem, settings: RolloutSettings, group_id: str, k: int
+) -> Trajectory:
     """The scored Trajectory of a finished episode (sample k of `group_id`; k = GREEDY: the baseline)."""
     formatted = bool(ep.info.get("formatted", False))
-    masked = cfg.loss.mask_truncated and ep.finish_reason == "length"
+    masked = settings.mask_truncated and ep.finish_reason == "length"
     return Trajectory(
         problem_id=problem.id,
         group_id=group_id,
@@ -44,7 +45,7 @@ def episode_trajectory(ep: Episode, problem: Problem, cfg: Config, group_id: str
         versions=ep.versions,
         finish_reason=ep.finish_reason,
         text=ep.renderer.decode(ep.completion_ids),
-        reward=ep.reward + cfg.reward.format_weight * formatted,
+        reward=ep.reward + settings.format_weight * formatted,
         correct=bool(ep.info.get("correct", False)),
         reward_info={"extracted": ep.info.get("extracted"), "formatted": formatted, "turns": ep.turns},
         loss_mask=[0] * len(ep.completion_ids) if masked else list(ep.loss_mask),
@@ -52,21 +53,25 @@ def episode_trajectory(ep: Episode, problem: Problem, cfg: Config, group_id: str
 
 
 def rollout_episodes(
-    engine: Any, tokenizer: Any, task: EnvTask, cfg: Config, jobs: list[tuple[Problem, GenRequest, str]]
+    engine: Any,
+    tokenizer: Any,
+    task: EnvTask,
+    settings: RolloutSettings,
+    jobs: list[tuple[Problem, GenRequest, str]],
 ) -> list[Trajectory]:
     """Colocated: jobs = (problem, first request with tag (_, k), group id) -> trajectories, same order."""
     renderer = TurnRenderer(tokenizer)
     episodes = [new_episode(task, renderer, p, req) for p, req, _ in jobs]
     run_episodes(engine, episodes)
     pairs = zip(episodes, jobs, strict=True)
-    return [episode_trajectory(ep, p, cfg, gid, req.tag[1]) for ep, (p, req, gid) in pairs]
+    return [episode_trajectory(ep, p, settings, gid, req.tag[1]) for ep, (p, req, gid) in pairs]
 
 
 class EpisodeTable:
     """The async worker's live episodes, keyed by request tag (group id, k)."""
 
-    def __init__(self, task: EnvTask, tokenizer: Any, cfg: Config) -> None:
-        self.task, self.cfg = task, cfg
+    def __init__(self, task: EnvTask, tokenizer: Any, settings: RolloutSettings) -> None:
+        self.task, self.settings = task, settings
         self.renderer = TurnRenderer(tokenizer)
         self.live: dict[Any, tuple[Problem, Episode]] = {}
 
@@ -84,4 +89,4 @@ class EpisodeTable:
             return nxt, None
         del self.live[tag]
         gid, k = tag
-        return None, episode_trajectory(ep, problem, self.cfg, gid, k)
+        return None, episode_trajectory(ep, problem, self.settings, gid, k)

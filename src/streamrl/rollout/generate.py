@@ -5,13 +5,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from streamrl.config import Config
 from streamrl.data.prompts import render_prompt_ids
 from streamrl.engine.base import GenRequest
 from streamrl.envs.agent_task import AgentTask
 from streamrl.envs.base import EnvTask
 from streamrl.rollout.score import Scoring
-from streamrl.rollout.trajectory import GREEDY, greedy_request, make_trajectory, needs_greedy_baseline
+from streamrl.rollout.trajectory import GREEDY, RolloutSettings, greedy_request, make_trajectory
 from streamrl.types import Group, Problem
 
 
@@ -20,33 +19,33 @@ def rollout_groups(
     tokenizer: Any,
     scoring: Scoring,
     problems: list[Problem],
-    cfg: Config,
+    settings: RolloutSettings,
     step: int,
     first: int = 0,
 ) -> tuple[list[Group], dict[str, float]]:
-    """-> (groups, timing). Every problem yields exactly cfg.rollout.samples_per_prompt trajectories,
+    """-> (groups, timing). Every problem yields exactly settings.samples trajectories,
     plus a greedy baseline response per group when the advantage estimator needs one (ReMax).
 
     Group ids are "s{step}-{n}-{problem id}" with n counting the step's groups from `first`: a small
     dataset may hand the same problem out twice in one step, and each draw is its own group."""
-    r = cfg.rollout
+    r = settings
     t0 = time.perf_counter()
     gids = [f"s{step}-{first + i}-{p.id}" for i, p in enumerate(problems)]
     if isinstance(scoring.task, AgentTask):  # agents render their own chats (rollout/agent.py)
-        return _agent_groups(engine, tokenizer, scoring.task, problems, gids, cfg, t0)
+        return _agent_groups(engine, tokenizer, scoring.task, problems, gids, settings, t0)
     prompts = [render_prompt_ids(tokenizer, p.messages) for p in problems]
     requests = [
         GenRequest(ids, r.max_new_tokens, r.temperature, r.top_p, tag=(pi, k))
         for pi, ids in enumerate(prompts)
-        for k in range(r.samples_per_prompt)
+        for k in range(r.samples)
     ]
-    if needs_greedy_baseline(cfg):
-        requests += [greedy_request(ids, cfg, (pi, GREEDY)) for pi, ids in enumerate(prompts)]
+    if r.greedy_baseline:
+        requests += [greedy_request(ids, r, (pi, GREEDY)) for pi, ids in enumerate(prompts)]
     if isinstance(scoring.task, EnvTask):  # multi-turn: the env scores each episode (rollout/episodes.py)
         from streamrl.rollout.episodes import rollout_episodes
 
         jobs = [(problems[q.tag[0]], q, gids[q.tag[0]]) for q in requests]
-        trajs = rollout_episodes(engine, tokenizer, scoring.task, cfg, jobs)
+        trajs = rollout_episodes(engine, tokenizer, scoring.task, settings, jobs)
         t1 = time.perf_counter()
     else:
         results = engine.generate(requests)  # in request order
@@ -54,7 +53,7 @@ def rollout_groups(
         trajs = []
         for res in results:
             pi, k = res.request.tag
-            trajs.append(make_trajectory(problems[pi], res, tokenizer, cfg, gids[pi], k))
+            trajs.append(make_trajectory(problems[pi], res, tokenizer, settings, gids[pi], k))
         scoring.score([(problems[q.tag[0]], t) for q, t in zip(requests, trajs)])
     groups = [Group(problem=p, trajectories=[]) for p in problems]
     for traj, req in zip(trajs, requests, strict=True):
@@ -68,13 +67,19 @@ def rollout_groups(
 
 
 def _agent_groups(
-    engine: Any, tokenizer: Any, task: Any, problems: list[Problem], gids: list[str], cfg: Config, t0: float
+    engine: Any,
+    tokenizer: Any,
+    task: Any,
+    problems: list[Problem],
+    gids: list[str],
+    settings: RolloutSettings,
+    t0: float,
 ) -> tuple[list[Group], dict[str, float]]:
     from streamrl.rollout.agent import rollout_agent_episodes
 
-    G = cfg.rollout.samples_per_prompt
+    G = settings.samples
     jobs = [(p, gids[pi], k) for pi, p in enumerate(problems) for k in range(G)]
-    episodes = rollout_agent_episodes(engine, tokenizer, task, cfg, jobs)
+    episodes = rollout_agent_episodes(engine, tokenizer, task, settings, jobs)
     groups = []
     for pi, p in enumerate(problems):
         eps = episodes[pi * G : (pi + 1) * G]

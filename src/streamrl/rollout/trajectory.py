@@ -1,7 +1,9 @@
-"""One engine result -> one Trajectory, and the greedy baseline request some advantages need."""
+"""What producing rollouts needs to know (RolloutSettings), one engine result -> one Trajectory, and the
+greedy baseline request some advantages need."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from streamrl.algo import advantage_spec
@@ -16,21 +18,45 @@ def sample_id(group_id: str, k: int) -> str:
     return f"{group_id}-{'greedy' if k == GREEDY else k}"
 
 
-def needs_greedy_baseline(cfg: Config) -> bool:
-    return advantage_spec(cfg.advantage.name).greedy_baseline
+@dataclass(frozen=True)
+class RolloutSettings:
+    """The settings every rollout producer reads, taken once from a run's config sections."""
+
+    samples: int  # G: samples per prompt
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    max_batch: int  # rows an engine decodes at once
+    greedy_baseline: bool  # also decode each prompt greedily (the advantage needs it: ReMax)
+    mask_truncated: bool  # responses cut at max_new_tokens get loss mask 0 (loss.mask_truncated)
+    format_weight: float  # reward bonus for following the answer format (reward.format_weight)
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> RolloutSettings:
+        r = cfg.rollout
+        return cls(
+            samples=r.samples_per_prompt,
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            max_batch=r.max_batch,
+            greedy_baseline=advantage_spec(cfg.advantage.name).greedy_baseline,
+            mask_truncated=cfg.loss.mask_truncated,
+            format_weight=cfg.reward.format_weight,
+        )
 
 
-def greedy_request(prompt_ids: list[int], cfg: Config, tag: Any) -> GenRequest:
+def greedy_request(prompt_ids: list[int], settings: RolloutSettings, tag: Any) -> GenRequest:
     """ReMax's baseline: the temperature-0 response to the prompt, scored like the samples."""
-    return GenRequest(prompt_ids, cfg.rollout.max_new_tokens, 0.0, 1.0, tag=tag)
+    return GenRequest(prompt_ids, settings.max_new_tokens, 0.0, 1.0, tag=tag)
 
 
 def make_trajectory(
-    problem: Problem, res: GenResult, tokenizer: Any, cfg: Config, group_id: str, k: int
+    problem: Problem, res: GenResult, tokenizer: Any, settings: RolloutSettings, group_id: str, k: int
 ) -> Trajectory:
     """An unscored trajectory from one engine result (sample k of group `group_id`; k = GREEDY for the
     greedy baseline). Scoring (rollout/score.py) fills reward, correct and reward_info."""
-    masked = cfg.loss.mask_truncated and res.finish_reason == "length"
+    masked = settings.mask_truncated and res.finish_reason == "length"
     return Trajectory(
         problem_id=problem.id,
         group_id=group_id,

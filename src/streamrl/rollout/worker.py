@@ -121,7 +121,7 @@ def _loop(
     from streamrl.models.startup import start_model
     from streamrl.rollout.episodes import EpisodeTable
     from streamrl.rollout.score import Scoring
-    from streamrl.rollout.trajectory import GREEDY, greedy_request, make_trajectory
+    from streamrl.rollout.trajectory import GREEDY, RolloutSettings, greedy_request, make_trajectory
     from streamrl.tasks import task_from_config
 
     cfg = from_dict(cfg_dict)
@@ -152,10 +152,10 @@ def _loop(
             decoder.update_weights(None, weights.load_into(model))
 
     refresh()
-    episodes = EpisodeTable(task, tokenizer, cfg) if isinstance(task, EnvTask) else None
+    r = RolloutSettings.from_config(cfg)
+    episodes = EpisodeTable(task, tokenizer, r) if isinstance(task, EnvTask) else None
     open_groups: dict[str, tuple[GroupRequest, list[Any]]] = {}
     busy = idle = 0.0
-    r = cfg.rollout
 
     def take(req: GroupRequest) -> None:
         open_groups[req.group_id] = (req, [])
@@ -164,7 +164,7 @@ def _loop(
             for k in range(req.samples)
         ]
         if req.greedy_baseline:
-            gens.append(greedy_request(req.prompt_ids, cfg, (req.group_id, GREEDY)))
+            gens.append(greedy_request(req.prompt_ids, r, (req.group_id, GREEDY)))
         if episodes is not None:  # env task: each sample is an episode starting with this request
             gens = [episodes.start(req.problem, g) for g in gens]
         decoder.add(gens)
@@ -220,7 +220,7 @@ def _loop(
                 gid, k = res.request.tag
                 req, done = open_groups[gid]
                 if episodes is None:
-                    traj = make_trajectory(req.problem, res, tokenizer, cfg, gid, k)
+                    traj = make_trajectory(req.problem, res, tokenizer, r, gid, k)
                     done.append((k, traj, scoring.submit(req.problem, traj)))
                     continue
                 nxt, ep_traj = episodes.advance(res)

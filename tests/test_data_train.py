@@ -12,7 +12,7 @@ from streamrl.data.replay import ReplayBuffer
 from streamrl.data.samplers import MoPPSSampler
 from streamrl.loop.asynchronous import AsyncRunner
 from streamrl.loop.signals import StopFlag
-from streamrl.loop.state import RunState
+from streamrl.loop.state import RunState, latest_state
 
 
 def test_async_runner_feeds_the_sampler_and_replays_distinct_samples(tiny):
@@ -63,7 +63,7 @@ def test_train_cli_with_mopps_and_replay_colocated_then_resume(tmp_path):
     assert main([*args, "rollout.replay_share=0.3", "max_steps=2", f"run_dir={run}"]) == 0
     rows = _rows(run)
     assert [r["policy_version"] for r in rows] == [1, 2] and all("sampler_pool_size" in r for r in rows)
-    state = json.loads((run / "state" / "run_state.json").read_text())
+    state = json.loads((latest_state(run) / "run_state.json").read_text())
     assert state["sampler"]["base_drawn"] >= 8 and len(state["sampler"]["post"]) >= 2
     acc = json.loads((run / "accounting.json").read_text())
     assert acc["lost"] == 0 and acc["trained"] == 4

@@ -12,6 +12,7 @@ from tiny_args import TINY
 from trajectories import make_traj
 
 from streamrl.config import ConfigError, load_config
+from streamrl.loop.state import latest_state
 from streamrl.placement.trainer_ranks import make_trainer
 from streamrl.trainer.distributed import rank_share
 from streamrl.types import TrainBatch
@@ -169,4 +170,4 @@ def test_train_with_two_ranks_end_to_end(tmp_path, mode, strategy):
         assert r["micro_batches"] >= 2
         for k in ("loss", "grad_norm", "entropy"):
             assert math.isfinite(r[k]), (k, r[k])
-    assert (tmp_path / "state" / "model" / "model.safetensors").is_file()
+    assert (latest_state(tmp_path) / "model" / "model.safetensors").is_file()

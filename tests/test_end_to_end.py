@@ -7,6 +7,7 @@ import torch
 import yaml
 
 from streamrl.cli import main
+from streamrl.loop.state import latest_state
 
 REQUIRED = {"step", "time", "reward_mean", "accuracy", "tokens_generated", "tokens_trained", "policy_version"}
 TINY = [
@@ -85,7 +86,7 @@ def test_train_writes_a_complete_run_dir(tmp_path, monkeypatch, mode, eta, preci
     assert ev["base"]["n"] == ev["final"]["n"] == 8
     assert len(ev["difference"]["ci95"]) == 2 and len(ev["per_problem_correct"]["base"]) == 8
     assert list((run / "tensorboard").iterdir())
-    assert (run / "state" / "model" / "model.safetensors").is_file()
+    assert (latest_state(run) / "model" / "model.safetensors").is_file()
 
     # one trainer ran every step, each step moved every trainable tensor, and AdamW applied each
     # optimizer step the metrics report
@@ -102,7 +103,7 @@ def test_train_writes_a_complete_run_dir(tmp_path, monkeypatch, mode, eta, preci
     final = trainer.policy_state()
     trained, info = AutoModelForCausalLM.from_pretrained(run / "checkpoint", output_loading_info=True)
     assert not (info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"]), info
-    saved, resume = trained.state_dict(), load_file(str(run / "state" / "model" / "model.safetensors"))
+    saved, resume = trained.state_dict(), load_file(str(latest_state(run) / "model" / "model.safetensors"))
     initial = AutoModelForCausalLM.from_pretrained(resolve_model_dir("tiny-random", seed=0)).state_dict()
     names = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
     assert names and set(names) <= saved.keys() & resume.keys()

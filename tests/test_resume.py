@@ -8,6 +8,7 @@ import sys
 import time
 
 from streamrl.cli import main
+from streamrl.loop.state import latest_state
 
 ARGS = [
     "model=tiny-random",
@@ -49,7 +50,7 @@ def test_ctrl_c_then_resume_is_exactly_once(tmp_path):
     acc1 = json.loads((run / "accounting.json").read_text())
     assert acc1["lost"] == 0 and acc1["trained"] == 2 * k
     assert acc1["carried_over"] > 0  # eta = 2 keeps groups in flight: they must survive the stop
-    state = json.loads((run / "state" / "run_state.json").read_text())
+    state = json.loads((latest_state(run) / "run_state.json").read_text())
     assert state["step"] == state["version"] == k
     carried = {g for g, st in state["ledger"]["state"].items() if st == "carried_over"}
     assert len(carried) == acc1["carried_over"]
@@ -66,7 +67,7 @@ def test_ctrl_c_then_resume_is_exactly_once(tmp_path):
     acc = json.loads((run / "accounting.json").read_text())
     assert acc["trained"] == 20 and acc["lost"] == 0
     assert acc["admitted"] == acc["trained"] + acc["filtered"] + acc["carried_over"]
-    final = json.loads((run / "state" / "run_state.json").read_text())["ledger"]["state"]
+    final = json.loads((latest_state(run) / "run_state.json").read_text())["ledger"]["state"]
     assert all(final[g] in ("trained", "filtered", "carried_over") for g in carried)
     assert carried & {g["group_id"] for g in groups}, "carried-over groups are trained first after resume"
     ev = json.loads((run / "eval.json").read_text())

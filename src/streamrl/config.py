@@ -118,6 +118,9 @@ class TrainConfig:
     precision: Literal["fp32", "bf16"] = "bf16"  # bf16 = fp32 master weights, bf16 autocast compute
     threads: int = 0  # trainer torch threads; 0 = the cores not given to rollout workers (at least 1)
     save_checkpoint: bool = True
+    save_every: int = 10  # save the resumable state every N steps (0: only when the run stops)
+    save_every_s: float = 0.0  # ... and/or every N seconds (0: off)
+    keep_states: int = 2  # the newest complete states kept in RUN_DIR/state/
     lora_rank: int = 0  # > 0: train LoRA adapters of this rank only (PEFT); engines get merged weights
     lora_alpha: float = 32.0
     strategy: Literal["single", "ddp", "fsdp2"] = "single"  # data-parallel trainer ranks
@@ -240,6 +243,7 @@ class Config:
     max_staleness: int = 1  # eta: tokens at most this many policy versions old; 0 = synchronous
     run_dir: str = ""  # empty: runs/<timestamp>
     resume: str = ""  # a run directory to continue from
+    overwrite: bool = False  # run_dir already holds a run: delete it and start over
     seed: int = 0
     device: str = "cpu"
     engine: Literal["hf", "vllm"] = "hf"  # rollout engine: hf = streamrl's own (HFEngine); vllm = vLLM

@@ -78,6 +78,12 @@ def validate(cfg: Any) -> None:
     _positive("reward.timeout_s", cfg.reward.timeout_s)
     _positive("reward.judge_timeout_s", cfg.reward.judge_timeout_s)
     _positive("train.token_budget", cfg.train.token_budget)
+    if cfg.train.save_every < 0 or cfg.train.save_every_s < 0:
+        raise ConfigError(
+            f"config keys 'train.save_every' and 'train.save_every_s' must be >= 0 (0 = off), got "
+            f"{cfg.train.save_every} and {cfg.train.save_every_s}"
+        )
+    _positive("train.keep_states", cfg.train.keep_states)
     _validate_distributed(cfg)
     _positive("train.mini_batches", cfg.train.mini_batches)
     _positive("runtime.rollout_workers", cfg.runtime.rollout_workers)

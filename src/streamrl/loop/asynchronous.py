@@ -10,6 +10,7 @@ carried into the checkpoint on stop.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 import time
@@ -26,7 +27,7 @@ from streamrl.loop.dynamic_sampling import DynamicSampling
 from streamrl.loop.ledger import Ledger
 from streamrl.loop.signals import StopFlag
 from streamrl.loop.staleness import StalenessManager
-from streamrl.loop.state import RunState
+from streamrl.loop.state import RunState, sampler_state
 from streamrl.loop.step import StepRecord, train_on
 from streamrl.placement.backend import RolloutBackend, make_backend
 from streamrl.rollout.trajectory import RolloutSettings
@@ -234,6 +235,19 @@ class AsyncRunner:
         self.backend.publish(self.trainer.policy_state(), self.trainer.version)
         if step < self.cfg.max_steps:
             self.staleness.set_version(self.trainer.version)
+
+    def snapshot(self) -> RunState:
+        """The run's position between two steps (called by the trainer thread, e.g. for a periodic
+        save): what is buffered or in flight counts as carried over, as a stop would make it."""
+        with self.sh.cond:
+            return dataclasses.replace(
+                self.state,
+                ledger=self.ledger.snapshot(),
+                staleness=self.staleness.state_dict(),
+                finished=list(self.sh.buffer),
+                unfinished=list(self.readmit) + list(self.sh.inflight.values()),
+                sampler=sampler_state(self.stream),
+            )
 
     def _carry_over(self, late: list[GroupResult]) -> None:
         """After the workers stopped: everything admitted and not trained goes into the run state."""

@@ -26,6 +26,8 @@ from streamrl.eval.sampling_metrics import default_ks
 from streamrl.eval.stats import paired_difference_interval
 from streamrl.loop.asynchronous import AsyncRunner
 from streamrl.loop.colocated import ColocatedRunner
+from streamrl.loop.ledger import Ledger
+from streamrl.loop.run_dir import PeriodicSaver, claim_run_dir, reconcile_logs
 from streamrl.loop.signals import StopFlag
 from streamrl.loop.state import RunState, load_state, save_state
 from streamrl.loop.step import StepRecord
@@ -72,12 +74,6 @@ def build_components(cfg: Config, task: Task | None = None) -> Components:
     # train.strategy=ddp|fsdp2: this process becomes rank 0 and starts the follower ranks (trainer.close)
     trainer = make_trainer(model, cfg, pad_id=int(tokenizer.pad_token_id))
     return Components(model, tokenizer, task, heldout, stream, engine, trainer, started.resolve_seconds)
-
-
-def _run_dir(cfg: Config) -> Path:
-    path = Path(cfg.run_dir) if cfg.run_dir else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def _seed_everything(seed: int) -> None:
@@ -175,7 +171,7 @@ def _run_train(cfg: Config, console: Console | None, closers: list[Any]) -> dict
     if not cfg.task_config.args:
         cfg.task_config.args = default_task_args(cfg.task)  # recorded in config.yaml
     task = task_from_config(cfg)  # a bad task or a refused sandbox fails before anything is written
-    run_dir = _run_dir(cfg)
+    run_dir = claim_run_dir(cfg.run_dir, bool(cfg.resume), cfg.overwrite)
     dump_config(cfg, run_dir / "config.yaml")
     workers = 0 if cfg.runtime.mode == "colocated" else cfg.runtime.rollout_workers
     write_environment(
@@ -209,9 +205,13 @@ def _run_train(cfg: Config, console: Console | None, closers: list[Any]) -> dict
     }
     state = _restore(cfg, parts, run_dir) if cfg.resume else RunState()
     if cfg.resume:
+        moved = reconcile_logs(run_dir, state.step)
         console.print(
             f"resumed at step {state.step} (policy version {state.version}), "
             f"{len(state.finished)} finished + {len(state.unfinished)} unfinished groups carried over"
+            + "".join(
+                f"; {n} {name} line(s) past it moved to {name}.orphaned" for name, n in moved.items() if n
+            )
         )
 
     base = final = None
@@ -233,8 +233,17 @@ def _run_train(cfg: Config, console: Console | None, closers: list[Any]) -> dict
         runner: Any = ColocatedRunner(cfg, trainer, engine, tokenizer, task, sampler, state, stop, **hooks)
     else:
         runner = AsyncRunner(cfg, trainer, tokenizer, sampler, state, stop, **hooks)
-    observer = RunObserver(cfg, run_dir, console)
+    observer = RunObserver(cfg, run_dir, console, purge_step=state.step + 1 if cfg.resume else None)
     groups_log = GroupLog(run_dir / "groups.jsonl")
+
+    def save(snapshot: RunState) -> RunState:
+        """weights, optimizer, position, carried groups, RNGs; accounting.json as of the same moment"""
+        snapshot.replay = replay.state() if replay is not None else []
+        save_state(run_dir, snapshot, trainer, tokenizer, engine.generator.get_state(), cfg.train.keep_states)
+        Ledger.from_state_dict(snapshot.ledger).write(run_dir / "accounting.json")
+        return snapshot
+
+    saver = PeriodicSaver(cfg.train.save_every, cfg.train.save_every_s, lambda: save(runner.snapshot()))
     t_train = time.perf_counter()
     try:
         with StepProgress(cfg.max_steps, console, done=state.step) as progress:
@@ -249,19 +258,20 @@ def _run_train(cfg: Config, console: Console | None, closers: list[Any]) -> dict
                 groups_log.write(rec.groups, rec.step, rec.advantages)
                 observer.on_step(record)
                 progress.update(record)
+                if rec.step < cfg.max_steps:  # the last step's state is saved when the loop ends
+                    saver.after_step(rec.step)
 
             runner.run(on_step)
     finally:
         observer.close()
         groups_log.close()
-        timings["train"] = time.perf_counter() - t_train  # the loop; the state save is timed apart
+        # the loop, periodic saves included; the final save is timed apart
+        timings["train"] = time.perf_counter() - t_train
+        timings["periodic_saves"] = saver.seconds
         t_save = time.perf_counter()
         state.sampler = sampler.state_dict()
-        state.replay = replay.state() if replay is not None else []
-        # weights, optimizer, position, carried groups, RNGs
-        save_state(run_dir, state, trainer, tokenizer, engine.generator.get_state())
+        save(state)
         timings["save"] = time.perf_counter() - t_save
-        runner.ledger.write(run_dir / "accounting.json")
     interrupted = bool(stop)
     if interrupted:
         console.print(

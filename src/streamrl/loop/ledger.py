@@ -19,6 +19,7 @@ class Ledger:
         self.generated = 0  # groups returned by rollout workers (each G samples)
         self.filter_reasons: dict[str, int] = {}
         self.replayed_samples = 0  # rollout replay: samples trained again (not groups: no state change)
+        self.regenerated = 0  # carried-over unfinished groups generated again after a resume
 
     def _move(self, gid: str, frm: tuple[str, ...], to: str) -> None:
         cur = self.state.get(gid)
@@ -32,6 +33,7 @@ class Ledger:
     def requeue(self, gid: str, to: str) -> None:
         """On resume: a carried-over group goes back to running (re-generated) or buffered (finished)."""
         self._move(gid, ("carried_over",), to)
+        self.regenerated += to == "running"
 
     def returned(self, gid: str) -> None:
         self.generated += 1
@@ -68,7 +70,15 @@ class Ledger:
             "lost": by["running"] + by["buffered"],
             "filter_reasons": dict(self.filter_reasons),
             "replayed_samples": self.replayed_samples,
+            "regenerated": self.regenerated,
         }
+
+    def snapshot(self) -> dict[str, Any]:
+        """state_dict() as if carry_over() ran now, leaving this ledger as it is (periodic saves: a run
+        resumed from it carries over what was running or buffered at the save)."""
+        d = self.state_dict()
+        d["state"] = {g: "carried_over" if s in ("running", "buffered") else s for g, s in self.state.items()}
+        return d
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -76,6 +86,7 @@ class Ledger:
             "generated": self.generated,
             "filter_reasons": dict(self.filter_reasons),
             "replayed_samples": self.replayed_samples,
+            "regenerated": self.regenerated,
         }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
@@ -83,6 +94,13 @@ class Ledger:
         self.generated = int(d["generated"])
         self.filter_reasons = dict(d["filter_reasons"])
         self.replayed_samples = int(d.get("replayed_samples", 0))
+        self.regenerated = int(d.get("regenerated", 0))
+
+    @classmethod
+    def from_state_dict(cls, d: dict[str, Any]) -> Ledger:
+        led = cls()
+        led.load_state_dict(d)
+        return led
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(self.counts(), indent=2))

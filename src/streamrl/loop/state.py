@@ -1,9 +1,15 @@
 """Everything needed to continue a run exactly: weights, optimizer, version, data position, staleness
-counters, the ledger, and the carried-over groups (finished but untrained, and unfinished requests)."""
+counters, the ledger, and the carried-over groups (finished but untrained, and unfinished requests).
+
+States live in RUN_DIR/state/step-NNNNNN/, one per save: written under a temporary name, every file
+and the directory synced, then renamed, so a directory with a step name is always complete and a crash
+at any moment (kill -9, power loss) leaves the newest complete state to resume from. The newest
+`keep` states are kept."""
 
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import random
 import shutil
@@ -14,6 +20,7 @@ from typing import Any
 import torch
 
 STATE_DIR = "state"
+_PREFIX = "step-"
 
 
 @dataclass
@@ -30,17 +37,61 @@ class RunState:
     replay: list[Any] = field(default_factory=list)  # data/replay.py ReplayBuffer.state()
 
 
+def sampler_state(stream: Any) -> dict[str, Any]:
+    """The training stream's position (data/samplers.py), or {} for a plain iterator."""
+    return stream.state_dict() if hasattr(stream, "state_dict") else {}
+
+
+def state_dirs(run_dir: Path) -> list[Path]:
+    """The complete states of a run, oldest first."""
+    root = run_dir / STATE_DIR
+    if not root.is_dir():
+        return []
+    found = [d for d in root.iterdir() if d.is_dir() and d.name.startswith(_PREFIX)]
+    return sorted(found, key=lambda d: int(d.name[len(_PREFIX) :]))
+
+
+def latest_state(run_dir: Path) -> Path | None:
+    dirs = state_dirs(run_dir)
+    return dirs[-1] if dirs else None
+
+
+def _sync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_tree(path: Path) -> None:
+    """fsync every file below `path`, then the directories (names are durable only then)."""
+    for f in sorted(path.rglob("*")):
+        if f.is_file():
+            with f.open("rb") as fh:
+                os.fsync(fh.fileno())
+    for d in [path, *sorted(p for p in path.rglob("*") if p.is_dir())]:
+        _sync_dir(d)
+
+
 def save_state(
-    run_dir: Path, state: RunState, trainer: Any, tokenizer: Any, engine_rng: torch.Tensor | None = None
+    run_dir: Path,
+    state: RunState,
+    trainer: Any,
+    tokenizer: Any,
+    engine_rng: torch.Tensor | None = None,
+    keep: int = 2,
 ) -> Path:
-    """Write atomically: a crash while saving leaves the previous state intact.
+    """Write state/step-<state.step>/ atomically and keep the newest `keep` states.
 
     engine_rng: the sampling generator's state of the engine in this process (colocated mode samples
     with it), so a resumed run draws the same tokens an uninterrupted one would."""
-    final = run_dir / STATE_DIR
-    tmp = run_dir / f".{STATE_DIR}-tmp"
+    root = run_dir / STATE_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"{_PREFIX}{state.step:06d}"
+    tmp = root / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp.mkdir()
     trainer.save(str(tmp / "model"), tokenizer)
     torch.save(
         {
@@ -57,22 +108,31 @@ def save_state(
     (tmp / "run_state.json").write_text(json.dumps(meta, indent=1))
     with (tmp / "carried.pkl").open("wb") as f:
         pickle.dump({k: getattr(state, k) for k in carried}, f)
-    if final.exists():
-        old = run_dir / f".{STATE_DIR}-old"
-        shutil.rmtree(old, ignore_errors=True)
+    _sync_tree(tmp)
+    if final.exists():  # the same step saved again (the final save right after a periodic one)
+        old = root / f".old-{final.name}-{os.getpid()}"
         final.rename(old)
         tmp.rename(final)
         shutil.rmtree(old, ignore_errors=True)
     else:
         tmp.rename(final)
+    _sync_dir(root)
+    for d in state_dirs(run_dir)[: -max(1, keep)]:
+        shutil.rmtree(d, ignore_errors=True)
+    for leftover in root.glob(".tmp-*"):  # a save interrupted by a crash
+        if not leftover.name.endswith(f"-{os.getpid()}"):
+            shutil.rmtree(leftover, ignore_errors=True)
     return final
 
 
 def load_state(run_dir: Path) -> tuple[RunState, Path, dict[str, Any]]:
-    """-> (state, model dir, trainer tensors)."""
-    d = run_dir / STATE_DIR
-    if not (d / "run_state.json").is_file():
-        raise FileNotFoundError(f"resume: no saved state in {d} (was the run stopped before its first step?)")
+    """The newest complete state -> (state, model dir, trainer tensors)."""
+    d = latest_state(run_dir)
+    if d is None:
+        raise FileNotFoundError(
+            f"resume: no saved state in {run_dir / STATE_DIR} (the run saved none before it stopped; "
+            "train.save_every sets how often a run saves)"
+        )
     meta = json.loads((d / "run_state.json").read_text())
     with (d / "carried.pkl").open("rb") as f:
         carried = pickle.load(f)

@@ -16,14 +16,14 @@ from streamrl.observe.report import write_report
 
 
 class RunObserver:
-    def __init__(self, cfg: Config, run_dir: Path, console: Console) -> None:
+    def __init__(self, cfg: Config, run_dir: Path, console: Console, purge_step: int | None = None) -> None:
         self.cfg, self.run_dir, self.console = cfg, run_dir, console
         sinks: list[Sink] = []
         if cfg.observe.wandb:
             from streamrl.observe.wandb_sink import WandbSink
 
             sinks.append(WandbSink(run_dir, cfg.observe.wandb_project, cfg.observe.wandb_mode, to_dict(cfg)))
-        self.writer = MetricsWriter(run_dir, sinks=sinks)
+        self.writer = MetricsWriter(run_dir, sinks=sinks, purge_step=purge_step)
         self.monitor = DiagnosticsMonitor(emit=lambda line: console.print(f"[yellow]{escape(line)}[/]"))
         self._report_failed = False
 

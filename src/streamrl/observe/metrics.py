@@ -16,7 +16,14 @@ class Sink(Protocol):
 
 
 class MetricsWriter:
-    def __init__(self, run_dir: Path, tensorboard: bool = True, sinks: Sequence[Sink] = ()) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        tensorboard: bool = True,
+        sinks: Sequence[Sink] = (),
+        purge_step: int | None = None,
+    ) -> None:
+        """purge_step: a resumed run's first step; TensorBoard drops the events it had logged from there."""
         self._sinks = list(sinks)
         self.path = run_dir / "metrics.jsonl"
         self._file = self.path.open("a", buffering=1)  # line-buffered: a crash loses at most one line
@@ -24,7 +31,7 @@ class MetricsWriter:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge_step)
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record) + "\n")

@@ -1,0 +1,85 @@
+"""The run directory: claimed once, refused when it already holds a run, reconciled on resume, and
+saved into periodically so that a crash costs at most the steps since the last save."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from streamrl.loop.state import RunState, latest_state
+
+LOGS = ("metrics.jsonl", "groups.jsonl")  # one line per step / per trained group, each with "step"
+
+
+def claim_run_dir(run_dir: str, resume: bool, overwrite: bool) -> Path:
+    """The run's directory, checked before anything is written: a directory that holds a run is
+    refused unless resumed or overwritten; a resume needs a saved state."""
+    path = Path(run_dir) if run_dir else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    holds_run = (path / "config.yaml").is_file()
+    if resume:
+        if latest_state(path) is None:
+            raise ValueError(
+                f"resume: {path} has no saved state (state/step-*): the run stopped before its first "
+                "save (train.save_every steps); start it again with overwrite=true"
+            )
+    elif holds_run and not overwrite:
+        raise ValueError(
+            f"run_dir {path} already holds a run: continue it with resume={path}, start it over with "
+            "overwrite=true, or choose another run_dir"
+        )
+    elif holds_run:
+        shutil.rmtree(path)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def reconcile_logs(run_dir: Path, step: int) -> dict[str, int]:
+    """Resuming from the state of `step`: log lines of later steps (written before a crash, whose
+    groups will be trained again) move to NAME.orphaned, and a torn last line is dropped, so every step
+    and every group id appears once. Returns the lines moved per file."""
+    moved = {}
+    for name in LOGS:
+        path = run_dir / name
+        if not path.is_file():
+            continue
+        keep, orphaned = [], []
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:  # the line a crash cut short
+                orphaned.append(line)
+                continue
+            (keep if int(row["step"]) <= step else orphaned).append(line)
+        if orphaned:
+            with (run_dir / f"{name}.orphaned").open("a") as f:
+                f.write("".join(x + "\n" for x in orphaned))
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text("".join(x + "\n" for x in keep))
+            tmp.replace(path)
+        moved[name] = len(orphaned)
+    return moved
+
+
+class PeriodicSaver:
+    """Saves every `every` steps and/or every `every_s` seconds (0 turns either off)."""
+
+    def __init__(self, every: int, every_s: float, save: Callable[[], RunState]) -> None:
+        self.every, self.every_s, self.save = every, every_s, save
+        self.last = time.monotonic()
+        self.seconds = 0.0  # time spent saving
+        self.count = 0
+
+    def after_step(self, step: int) -> bool:
+        due = (self.every > 0 and step % self.every == 0) or (
+            self.every_s > 0 and time.monotonic() - self.last >= self.every_s
+        )
+        if due:
+            t0 = time.perf_counter()
+            self.save()
+            self.seconds += time.perf_counter() - t0
+            self.count += 1
+            self.last = time.monotonic()
+        return due

@@ -1,0 +1,136 @@
+"""Crash-proof runs: kill -9 at random moments, resume each time, and nothing is lost or counted twice.
+
+The run saves its state every step (train.save_every=1); each kill costs at most the steps since the
+last complete save, whose log lines move to *.orphaned on resume and whose groups are trained again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tiny_args import TINY
+
+from streamrl.cli import main
+from streamrl.loop.run_dir import reconcile_logs
+from streamrl.loop.state import latest_state, state_dirs
+
+STEPS = 16
+ARGS = [*TINY, f"max_steps={STEPS}", "max_staleness=1", "train.save_every=1", "train.save_checkpoint=true"]
+
+
+def _lines(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut by the kill
+            pass
+    return out
+
+
+def _start(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "streamrl.cli", "train", *args],
+        start_new_session=True,  # its own process group: the kill takes its workers too
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def _kill_after_progress(proc: subprocess.Popen, run: Path, rng: random.Random) -> None:
+    """SIGKILL the process group once it has logged a new step, after a random extra delay (during
+    generation, a train step, a save or a weight update: wherever it happens to be)."""
+    seen = len(_lines(run / "metrics.jsonl"))
+    deadline = time.monotonic() + 180  # a limit against a hang, not a speed check
+    while len(_lines(run / "metrics.jsonl")) <= seen and proc.poll() is None:
+        assert time.monotonic() < deadline, "no new step logged"
+        time.sleep(0.02)
+    time.sleep(rng.uniform(0.0, 0.3))
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+
+
+def test_kill_minus_nine_five_times_then_finish(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    run = tmp_path / "run"
+    proc = _start([*ARGS, f"run_dir={run}"])
+    kills = 0
+    while kills < 5:
+        _kill_after_progress(proc, run, rng)
+        if latest_state(run) is not None and latest_state(run).name.endswith(f"{STEPS:06d}"):
+            break  # finished before the kill landed
+        kills += 1
+        proc = _start([f"resume={run}"])
+    assert kills == 5, "the run finished before it was killed five times: lower the step time"
+    assert proc.wait(timeout=600) == 0, proc.stderr.read().decode()[-3000:]
+
+    rows = _lines(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))  # every step once
+    groups = _lines(run / "groups.jsonl")
+    ids = [g["group_id"] for g in groups]
+    assert len(ids) == len(set(ids)) == STEPS * 2  # every trained group once
+    acc = json.loads((run / "accounting.json").read_text())
+    assert acc["lost"] == 0 and acc["trained"] == len(groups)
+    assert acc["regenerated"] > 0  # groups in flight at a save were generated again after the kill
+    assert acc["admitted"] == acc["trained"] + acc["filtered"] + acc["carried_over"]
+    assert len(state_dirs(run)) <= 2  # train.keep_states
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(run / "checkpoint")
+
+
+def test_a_run_dir_that_holds_a_run_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = tmp_path / "run"
+    assert main(["train", *ARGS, "max_steps=1", f"run_dir={run}"]) == 0
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("*")}
+    capsys.readouterr()
+    assert main(["train", *ARGS, "max_steps=1", f"run_dir={run}"]) == 2
+    err = capsys.readouterr().err
+    assert f"run_dir {run} already holds a run: continue it with resume={run}, start it over with " in err
+    assert "overwrite=true" in err and err.count("\n") == 1
+    assert {p: p.stat().st_mtime_ns for p in run.rglob("*")} == before  # nothing touched
+    assert main(["train", *ARGS, "max_steps=1", f"run_dir={run}", "overwrite=true"]) == 0
+    assert [r["step"] for r in _lines(run / "metrics.jsonl")] == [1]  # a fresh run, not appended
+
+
+def test_a_resume_without_a_saved_state_changes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("model: tiny-random\n")
+    before = (run / "config.yaml").read_text()
+    assert main(["train", f"resume={run}", "max_steps=3"]) == 2
+    err = capsys.readouterr().err
+    assert f"resume: {run} has no saved state (state/step-*)" in err and err.count("\n") == 1
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]
+    assert (run / "config.yaml").read_text() == before
+
+
+def test_reconcile_moves_lines_past_the_saved_step(tmp_path: Path) -> None:
+    rows = [{"step": s, "group_id": f"g{s}"} for s in (1, 2, 3, 4)]
+    (tmp_path / "groups.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 5, "gro')
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3)))
+    assert reconcile_logs(tmp_path, 2) == {"metrics.jsonl": 1, "groups.jsonl": 3}
+    assert [r["step"] for r in _lines(tmp_path / "groups.jsonl")] == [1, 2]
+    assert [r["step"] for r in _lines(tmp_path / "metrics.jsonl")] == [1, 2]
+    orphaned = (tmp_path / "groups.jsonl.orphaned").read_text().splitlines()
+    assert orphaned[:2] == [json.dumps(rows[2]), json.dumps(rows[3])] and orphaned[2] == '{"step": 5, "gro'
+
+
+def test_periodic_saves_keep_the_newest_states(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    args = [*ARGS, "runtime.mode=colocated", "max_staleness=0", "max_steps=5", "train.keep_states=3"]
+    assert main(["train", *args, f"run_dir={run}"]) == 0
+    assert [d.name for d in state_dirs(run)] == ["step-000003", "step-000004", "step-000005"]
+    assert not list((run / "state").glob(".tmp-*"))

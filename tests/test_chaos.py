@@ -134,3 +134,51 @@ def test_periodic_saves_keep_the_newest_states(tmp_path: Path) -> None:
     assert main(["train", *args, f"run_dir={run}"]) == 0
     assert [d.name for d in state_dirs(run)] == ["step-000003", "step-000004", "step-000005"]
     assert not list((run / "state").glob(".tmp-*"))
+
+
+def test_colocated_run_killed_and_resumed_ends_bitwise_equal(tmp_path: Path) -> None:
+    """kill -9 mid-run (wherever it lands: a step, a save), resume from the newest complete state: the
+    final weights equal an uninterrupted run's bit for bit (weights, optimizer, RNGs, data position)."""
+    import torch
+    from safetensors.torch import load_file
+
+    sync = [*ARGS, "runtime.mode=colocated", "max_staleness=0", "max_steps=6", "train.lr=1e-3"]
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    assert main(["train", *sync, f"run_dir={whole}"]) == 0
+    proc = _start([*sync, f"run_dir={split}"])
+    deadline = time.monotonic() + 180
+    while len(_lines(split / "metrics.jsonl")) < 3 and proc.poll() is None:
+        assert time.monotonic() < deadline, "no progress"
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert latest_state(split) is not None and not latest_state(split).name.endswith("000006")
+    assert main(["train", f"resume={split}"]) == 0
+    a = load_file(str(latest_state(whole) / "model" / "model.safetensors"))
+    b = load_file(str(latest_state(split) / "model" / "model.safetensors"))
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
+    assert [r["step"] for r in _lines(split / "metrics.jsonl")] == list(range(1, 7))
+    assert _lines(whole / "groups.jsonl") == _lines(split / "groups.jsonl")
+
+
+def test_a_second_ctrl_c_during_the_stop_is_refused_and_nothing_is_lost(tmp_path: Path) -> None:
+    from streamrl.loop.signals import REFUSED
+
+    run = tmp_path / "run"
+    proc = _start([*ARGS, "train.save_every=0", f"run_dir={run}"])
+    deadline = time.monotonic() + 180
+    while len(_lines(run / "metrics.jsonl")) < 2 and proc.poll() is None:
+        assert time.monotonic() < deadline, "no progress"
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)  # impatient: while the run stops and saves
+    assert proc.wait(timeout=120) == 0
+    err = proc.stderr.read().decode()
+    assert REFUSED in err and "Traceback" not in err
+    steps = len(_lines(run / "metrics.jsonl"))
+    acc = json.loads((run / "accounting.json").read_text())
+    assert acc["lost"] == 0 and acc["trained"] == 2 * steps
+    assert latest_state(run).name == f"step-{steps:06d}"
+    assert main(["train", f"resume={run}"]) == 0
+    assert [r["step"] for r in _lines(run / "metrics.jsonl")] == list(range(1, STEPS + 1))

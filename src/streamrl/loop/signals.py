@@ -1,11 +1,20 @@
-"""Graceful stop: the first Ctrl-C or SIGTERM asks the run to stop at the next safe point; a second
-Ctrl-C interrupts at once. Safe points are between optimizer steps, so a step is never half applied."""
+"""Graceful stop: the first Ctrl-C or SIGTERM asks the run to stop at the next safe point (between
+optimizer steps, so a step is never half applied), where it saves its state. Later ones are refused with
+a message until that save is done: interrupting it could only lose work, while a kill -9 leaves the
+newest complete state in RUN_DIR/state intact."""
 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from types import FrameType
+
+
+REFUSED = (
+    "streamrl: already stopping; the state is being saved. Wait for it, or kill -9 the run: the newest "
+    "complete state in RUN_DIR/state stays intact"
+)
 
 
 class StopFlag:
@@ -24,8 +33,9 @@ class StopFlag:
         """Route SIGINT/SIGTERM to this flag (main thread only)."""
 
         def handler(signum: int, frame: FrameType | None) -> None:
-            if self.event.is_set() and signum == signal.SIGINT:
-                raise KeyboardInterrupt
+            if self.event.is_set():
+                print(REFUSED, file=sys.stderr, flush=True)
+                return
             self.request(signal.Signals(signum).name)
 
         if threading.current_thread() is threading.main_thread():

@@ -10,7 +10,6 @@ import sys
 import threading
 from types import FrameType
 
-
 REFUSED = (
     "streamrl: already stopping; the state is being saved. Wait for it, or kill -9 the run: the newest "
     "complete state in RUN_DIR/state stays intact"

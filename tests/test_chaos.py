@@ -105,7 +105,9 @@ def test_a_run_dir_that_holds_a_run_is_refused(tmp_path: Path, capsys: pytest.Ca
     assert [r["step"] for r in _lines(run / "metrics.jsonl")] == [1]  # a fresh run, not appended
 
 
-def test_a_resume_without_a_saved_state_changes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_a_resume_without_a_saved_state_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text("model: tiny-random\n")

@@ -36,7 +36,8 @@ def scripted_worker(
         version = weights.version
         for _, req, versions in running:
             versions.append(max(version, req.admitted_version))  # one "token" per tick, in flight
-        done = [r for r in running if r[0] <= now]
+        hold = os.environ.get("SCRIPTED_HOLD_FILE", "")  # while this file exists, nothing finishes
+        done = [] if hold and os.path.exists(hold) else [r for r in running if r[0] <= now]
         running = [r for r in running if r[0] > now]
         for _, req, versions in done:
             n = min(len(versions), 6) or 1

@@ -56,8 +56,16 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         cfg = load_config(path, overrides)
         from streamrl.loop.job import run_train  # heavy imports only after the config is valid
+        from streamrl.placement.backend import RolloutFailure
 
-        run_train(cfg)
+        try:
+            run_train(cfg)
+        except RolloutFailure as e:  # the state is saved: say why, no traceback
+            print(
+                f"streamrl: stopped: {e}; the state is saved, continue with resume={cfg.run_dir}",
+                file=sys.stderr,
+            )
+            return 1
     except (ConfigError, ValueError, FileNotFoundError) as e:
         print(f"streamrl: error: {e}", file=sys.stderr)
         return 2

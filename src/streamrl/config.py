@@ -193,6 +193,8 @@ class RuntimeConfig:
     # only), broadcast (a torch.distributed group, ray only); auto = shm for local, object_store for ray
     weight_sync: Literal["auto", "shm", "object_store", "broadcast"] = "auto"
     sync_timeout_s: float = 120.0  # a weight sync that takes longer fails with an error naming the mode
+    max_restarts: int = 3  # local backend: rollout worker restarts in all (a dead or silent worker)
+    worker_timeout_s: float = 300.0  # local backend: a worker silent this long is killed and restarted
 
 
 @dataclass

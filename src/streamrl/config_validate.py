@@ -84,6 +84,9 @@ def validate(cfg: Any) -> None:
             f"{cfg.train.save_every} and {cfg.train.save_every_s}"
         )
     _positive("train.keep_states", cfg.train.keep_states)
+    _positive("runtime.worker_timeout_s", cfg.runtime.worker_timeout_s)
+    if cfg.runtime.max_restarts < 0:
+        raise ConfigError(f"config key 'runtime.max_restarts' must be >= 0, got {cfg.runtime.max_restarts}")
     _validate_distributed(cfg)
     _positive("train.mini_batches", cfg.train.mini_batches)
     _positive("runtime.rollout_workers", cfg.runtime.rollout_workers)

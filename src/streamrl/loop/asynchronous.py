@@ -29,7 +29,7 @@ from streamrl.loop.signals import StopFlag
 from streamrl.loop.staleness import StalenessManager
 from streamrl.loop.state import RunState, sampler_state
 from streamrl.loop.step import StepRecord, train_on
-from streamrl.placement.backend import RolloutBackend, make_backend
+from streamrl.placement.backend import RolloutBackend, RolloutFailure, make_backend
 from streamrl.rollout.trajectory import RolloutSettings
 from streamrl.rollout.worker import GroupRequest, GroupResult, run_worker
 from streamrl.trainer.trainer import Trainer
@@ -157,7 +157,7 @@ class AsyncRunner:
                 if not self.sh.buffer:
                     failure = self.backend.failure()
                     if failure:
-                        raise RuntimeError(failure)
+                        raise RolloutFailure(failure)
                     self.sh.cond.wait(timeout=0.5)
                     continue
                 res = self.sh.buffer.popleft()

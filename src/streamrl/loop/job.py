@@ -172,6 +172,7 @@ def _run_train(cfg: Config, console: Console | None, closers: list[Any]) -> dict
         cfg.task_config.args = default_task_args(cfg.task)  # recorded in config.yaml
     task = task_from_config(cfg)  # a bad task or a refused sandbox fails before anything is written
     run_dir = claim_run_dir(cfg.run_dir, bool(cfg.resume), cfg.overwrite)
+    cfg.run_dir = str(run_dir)
     dump_config(cfg, run_dir / "config.yaml")
     workers = 0 if cfg.runtime.mode == "colocated" else cfg.runtime.rollout_workers
     write_environment(

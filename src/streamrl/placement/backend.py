@@ -9,9 +9,14 @@ object-store or broadcast weight sync.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
+import signal
+import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -44,69 +49,183 @@ class RolloutBackend(Protocol):
         """Stop the workers; returns results that finished meanwhile (kept, not lost)."""
 
 
+STARTUP_S = 600.0  # a worker that has not started (imports, model load) within this long is silent
+
+
+class RolloutFailure(RuntimeError):
+    """The rollout workers cannot go on (restarts used up): the run stops with its state saved."""
+
+
+class _Worker:
+    """One spawned worker: its own request and result queues (a process killed while holding a shared
+    queue's lock would block every other), its heartbeat, its stderr log and the groups it holds."""
+
+    def __init__(self, ctx: Any, index: int) -> None:
+        self.index = index
+        self.requests, self.results = ctx.Queue(), ctx.Queue()
+        self.heartbeat = ctx.Value("d", 0.0, lock=False)  # 0: not started yet (imports, model load)
+        self.log = Path(tempfile.mkstemp(prefix=f"streamrl-worker{index}-", suffix=".log")[1])
+        self.held: dict[str, GroupRequest] = {}
+        self.proc: Any = None
+        self.spawned = 0.0
+
+    def close(self) -> None:
+        self.requests.cancel_join_thread()
+        self.results.cancel_join_thread()
+        self.log.unlink(missing_ok=True)
+
+
 class LocalRollouts:
-    """Rollout workers as spawned processes on this machine; weights through shared memory."""
+    """Rollout workers as spawned processes on this machine; weights through shared memory.
+
+    A worker that dies, or whose heartbeat stops for runtime.worker_timeout_s (a hung or stopped
+    process: it is killed), is restarted up to runtime.max_restarts times in all, and the groups it held
+    go to the new process; each event is one line naming the worker, how it ended and the tail of its
+    stderr, counted as `worker_restarts`. When the restarts are used up the run stops (RolloutFailure)."""
 
     def __init__(self, cfg: Config, worker_target: Callable[..., None]) -> None:
         self.cfg, self.worker_target = cfg, worker_target
         self.ctx = mp.get_context("spawn")
-        self.requests, self.results = self.ctx.Queue(), self.ctx.Queue()
-        self.procs: list[Any] = []
+        self.workers: list[_Worker] = []
         self.weights: SharedWeights | None = None
+        self.restarts = 0
+        self.events: list[str] = []
+        self._failure: str | None = None
+
+    def _spawn(self, w: _Worker) -> None:
+        cfg = self.cfg
+        args = (w.index, to_dict(cfg), w.requests, w.results, self.weights, cfg.runtime.rollout_threads)
+        w.heartbeat.value = 0.0
+        w.spawned = time.monotonic()
+        w.proc = self.ctx.Process(
+            target=_worker_main, args=(self.worker_target, str(w.log), w.heartbeat, *args), daemon=True
+        )
+        w.proc.start()
 
     def start(self, state: dict[str, torch.Tensor], version: int) -> None:
         self.weights = SharedWeights(state, self.ctx)
         self.weights.publish(state, version)
-        cfg, threads = self.cfg, self.cfg.runtime.rollout_threads
-        self.procs = [
-            self.ctx.Process(
-                target=self.worker_target,
-                args=(i, to_dict(cfg), self.requests, self.results, self.weights, threads),
-                daemon=True,
-            )
-            for i in range(cfg.runtime.rollout_workers)
-        ]
-        for p in self.procs:
-            p.start()
+        self.workers = [_Worker(self.ctx, i) for i in range(self.cfg.runtime.rollout_workers)]
+        for w in self.workers:
+            self._spawn(w)
 
     def submit(self, req: GroupRequest) -> None:
-        self.requests.put(req)
+        w = min(self.workers, key=lambda w: len(w.held))
+        w.held[req.group_id] = req
+        w.requests.put(req)
 
     def poll(self, timeout: float) -> list[GroupResult]:
-        try:
-            return [self.results.get(timeout=timeout)]
-        except queue.Empty:
-            return []
+        self._supervise()
+        out: list[GroupResult] = []
+        deadline = time.monotonic() + timeout
+        while True:
+            for w in self.workers:
+                try:
+                    while True:
+                        res = w.results.get_nowait()
+                        w.held.pop(res.group_id, None)
+                        out.append(res)
+                except queue.Empty:
+                    pass
+            if out or time.monotonic() >= deadline:
+                return out
+            time.sleep(0.005)
+
+    def _supervise(self) -> None:
+        """Restart dead or silent workers (the admission thread's call, between polls)."""
+        limit = self.cfg.runtime.worker_timeout_s
+        for w in self.workers:
+            beat = w.heartbeat.value
+            if beat:
+                silent = time.monotonic() - beat
+            else:  # not started yet: imports and the model load get a longer allowance
+                silent, limit = time.monotonic() - w.spawned, max(limit, STARTUP_S)
+            if w.proc.is_alive() and silent < limit:
+                continue
+            if w.proc.is_alive():  # hung or stopped: a SIGKILL ends it whatever it is doing
+                how = f"silent for {silent:.0f} s (runtime.worker_timeout_s={limit:g}): killed"
+                w.proc.kill()
+                w.proc.join(timeout=10)
+            else:
+                code = w.proc.exitcode
+                how = f"killed by {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
+            tail = _tail(w.log)
+            if self.restarts >= self.cfg.runtime.max_restarts:
+                self._failure = (
+                    f"rollout worker {w.index} {how}; no restarts left (runtime.max_restarts="
+                    f"{self.cfg.runtime.max_restarts}); its stderr ended: {tail}"
+                )
+                return
+            self.restarts += 1
+            held = list(w.held.values())
+            w.requests.cancel_join_thread()
+            w.requests = self.ctx.Queue()  # the dead process may have held the old queues' locks
+            w.results = self.ctx.Queue()
+            self._spawn(w)
+            for req in held:
+                w.requests.put(req)
+            event = (
+                f"rollout worker {w.index} {how}; restarted ({self.restarts} of "
+                f"{self.cfg.runtime.max_restarts}), its {len(held)} group(s) go to the new process; "
+                f"its stderr ended: {tail}"
+            )
+            self.events.append(event)
+            print(f"streamrl: {event}", file=sys.stderr, flush=True)
 
     def publish(self, state: dict[str, torch.Tensor], version: int) -> None:
         assert self.weights is not None, "start() first"
         self.weights.publish(state, version)
 
     def failure(self) -> str | None:
-        if all(p.is_alive() for p in self.procs):
-            return None
-        return "a rollout worker died; see its error above"
+        return self._failure
 
     def stats(self) -> dict[str, int]:
-        return {}
+        return {"worker_restarts": self.restarts}
 
     def stop(self) -> list[GroupResult]:
-        for _ in self.procs:
-            self.requests.put(STOP)
+        for w in self.workers:
+            w.requests.put(STOP)
         deadline = time.monotonic() + 30
-        for p in self.procs:
-            p.join(timeout=max(0.1, deadline - time.monotonic()))
-            if p.is_alive():
-                p.terminate()
+        for w in self.workers:
+            w.proc.join(timeout=max(0.1, deadline - time.monotonic()))
+            if w.proc.is_alive():
+                w.proc.kill()
+                w.proc.join(timeout=10)
         out = []
-        while True:  # results that arrived while stopping are finished groups: keep them
-            try:
-                out.append(self.results.get(timeout=0.2))
-            except queue.Empty:
-                break
-        self.requests.cancel_join_thread()
-        self.results.cancel_join_thread()
+        for w in self.workers:  # results that arrived while stopping are finished groups: keep them
+            while True:
+                try:
+                    out.append(w.results.get(timeout=0.2))
+                except (queue.Empty, OSError, EOFError):
+                    break
+            w.close()
         return out
+
+
+def _tail(log: Path, n: int = 400) -> str:
+    try:
+        text = log.read_text(errors="replace").strip()
+    except OSError:
+        return "(no log)"
+    return repr(text[-n:]) if text else "(nothing)"
+
+
+def _worker_main(target: Callable[..., None], log: str, heartbeat: Any, *args: Any) -> None:
+    """A spawned worker: stderr to its log file (its tail is reported if it dies), a heartbeat thread
+    the supervisor watches (a stopped or frozen process stops beating), then the worker itself."""
+    import threading
+
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+    os.dup2(fd, 2)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+
+    def beat() -> None:
+        while True:
+            heartbeat.value = time.monotonic()
+            time.sleep(1.0)
+
+    threading.Thread(target=beat, daemon=True).start()
+    target(*args)
 
 
 def make_backend(cfg: Config, worker_target: Callable[..., None]) -> RolloutBackend:

@@ -1,0 +1,109 @@
+"""The local backend supervises its rollout worker processes: a worker killed (kill -9) or silent (kill
+-STOP) is restarted and its groups go to the new process; when restarts run out the run stops cleanly.
+Scripted workers (no model) keep it fast; the ledger proves nothing was lost or trained twice."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import os
+import signal
+import time
+
+import pytest
+from scripted_worker import scripted_worker  # tests/ is on sys.path (rootdir conftest)
+
+from streamrl.config import load_config
+from streamrl.loop.asynchronous import AsyncRunner
+from streamrl.loop.signals import StopFlag
+from streamrl.loop.state import RunState
+from streamrl.placement.backend import RolloutFailure
+from streamrl.trainer.trainer import Trainer
+
+BASE = [
+    "max_steps=6",
+    "max_staleness=1",
+    "rollout.prompts_per_step=3",
+    "rollout.samples_per_prompt=2",
+    "runtime.rollout_workers=2",
+    "rollout.dynamic_sampling=false",
+]
+
+
+def _runner(tiny, extra: list[str]) -> tuple[AsyncRunner, RunState]:
+    from streamrl.data.task import default_task_args
+    from streamrl.tasks import make_task
+
+    cfg = load_config(None, [*BASE, *extra])
+    trainer = Trainer.from_config(copy.deepcopy(tiny[0]), cfg, pad_id=0)
+    task = make_task("rg:chain_sum", default_task_args("rg:chain_sum"), "", "", "answer_is")
+    state = RunState()
+    stream = itertools.islice(task.train_stream(0, set()), None)
+    return AsyncRunner(cfg, trainer, tiny[1], stream, state, StopFlag(), scripted_worker), state
+
+
+def _balanced(runner: AsyncRunner, state: RunState, records: list) -> dict:
+    c = runner.ledger.counts()
+    trained = [g.trajectories[0].group_id for r in records for g in r.groups]
+    assert len(trained) == len(set(trained)) == c["trained"]
+    assert c["lost"] == 0
+    assert c["admitted"] == c["trained"] + c["filtered"] + c["carried_over"] == state.groups_made
+    return c
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["kill", "stop"])
+def test_a_dead_or_silent_worker_is_restarted_and_its_groups_reassigned(
+    tiny, sig, capfd, tmp_path, monkeypatch
+):
+    hold = tmp_path / "hold"
+    monkeypatch.setenv("SCRIPTED_HOLD_FILE", str(hold))
+    runner, state = _runner(tiny, ["runtime.worker_timeout_s=3"])
+    records: list = []
+    held: set[str] = set()
+
+    def wait(cond, what):
+        deadline = time.monotonic() + 120  # a limit against a hang, not a speed check
+        while not cond():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.05)
+
+    def on_step(rec):
+        records.append(rec)
+        if rec.step == 1:
+            hold.touch()  # worker 0 keeps what it holds until it is killed
+            w0 = runner.backend.workers[0]
+            wait(lambda: w0.held and w0.heartbeat.value, "worker 0 never started and held a group")
+            held.update(runner.backend.workers[0].held)
+            os.kill(runner.backend.workers[0].proc.pid, sig)
+            wait(lambda: runner.backend.restarts >= 1, "the worker was never restarted")
+            hold.unlink()
+            wait(lambda: not held & set(runner.sh.inflight), "its groups never came back")
+
+    runner.run(on_step)
+    assert [r.step for r in records] == list(range(1, 7))
+    assert records[-1].metrics["worker_restarts"] == 1
+    c = _balanced(runner, state, records)
+    assert c["trained"] == 18
+    trained = {g.trajectories[0].group_id for r in records for g in r.groups}
+    returned = trained | {r.group_id for r in state.finished}
+    assert held and held <= returned, {g: runner.ledger.state[g] for g in held}  # none lost or redone
+    how = "killed by SIGKILL" if sig == signal.SIGKILL else "silent for"
+    [event] = runner.backend.events
+    assert event.startswith(f"rollout worker 0 {how}") and "restarted (1 of 3)" in event
+    assert f"streamrl: {event}" in capfd.readouterr().err  # one line, as it happened
+
+
+def test_when_restarts_run_out_the_run_stops_with_its_groups_carried_over(tiny):
+    runner, state = _runner(tiny, ["runtime.max_restarts=0", "max_steps=50"])
+    records: list = []
+
+    def on_step(rec):
+        records.append(rec)
+        if rec.step == 2:
+            for w in runner.backend.workers:
+                os.kill(w.proc.pid, signal.SIGKILL)
+
+    with pytest.raises(RolloutFailure, match=r"rollout worker \d killed by SIGKILL; no restarts left"):
+        runner.run(on_step)
+    c = _balanced(runner, state, records)
+    assert c["carried_over"] > 0  # what the workers held is in the state, for resume=

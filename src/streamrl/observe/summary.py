@@ -28,7 +28,8 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
     table.add_row(
         "wall time",
         f"{t['total']:.0f} s (model resolve {t['resolve_model']:.0f} s, "
-        f"eval {t['eval']:.0f} s, train {t['train']:.0f} s, state save {t.get('save', 0.0):.0f} s)",
+        f"eval {t['eval']:.0f} s, train {t['train']:.0f} s (periodic state saves "
+        f"{t.get('periodic_saves', 0.0):.0f} s), final state save {t.get('save', 0.0):.0f} s)",
     )
     table.add_row("steps", str(summary["steps"]) + (" (stopped early)" if summary["interrupted"] else ""))
     acc = summary.get("accounting")

@@ -13,6 +13,8 @@ import json
 import sys
 from pathlib import Path
 
+import yaml
+
 
 def main(argv: list[str]) -> int:
     if not argv:
@@ -24,8 +26,6 @@ def main(argv: list[str]) -> int:
     for arg in argv:
         run = Path(arg)
         summary = json.loads((run / "summary.json").read_text())
-        import yaml
-
         cfg = yaml.safe_load((run / "config.yaml").read_text())
         every = cfg["train"]["save_every"]
         t = summary["timings"]
@@ -38,7 +38,8 @@ def main(argv: list[str]) -> int:
         )
         if saves:
             print(
-                f"  {t['periodic_saves'] / saves:.2f} s per save; the final save took {t.get('save', 0.0):.2f} s"
+                f"  {t['periodic_saves'] / saves:.2f} s per save; "
+                f"the final save took {t.get('save', 0.0):.2f} s"
             )
     return 0
 

@@ -121,6 +121,7 @@ class TrainConfig:
     save_every: int = 10  # save the resumable state every N steps (0: only when the run stops)
     save_every_s: float = 0.0  # ... and/or every N seconds (0: off)
     keep_states: int = 2  # the newest complete states kept in RUN_DIR/state/
+    checkpoint_every: int = 0  # also export the model every N steps to RUN_DIR/checkpoints/step-N (0: off)
     lora_rank: int = 0  # > 0: train LoRA adapters of this rank only (PEFT); engines get merged weights
     lora_alpha: float = 32.0
     strategy: Literal["single", "ddp", "fsdp2"] = "single"  # data-parallel trainer ranks

@@ -261,6 +261,8 @@ def _run_train(cfg: Config, console: Console | None, closers: list[Any]) -> dict
                 progress.update(record)
                 if rec.step < cfg.max_steps:  # the last step's state is saved when the loop ends
                     saver.after_step(rec.step)
+                if cfg.train.checkpoint_every and rec.step % cfg.train.checkpoint_every == 0:
+                    trainer.save(str(run_dir / "checkpoints" / f"step-{rec.step}"), tokenizer)
 
             runner.run(on_step)
     finally:

@@ -21,6 +21,7 @@ from tiny_args import TINY
 from streamrl.cli import main
 from streamrl.loop.run_dir import reconcile_logs
 from streamrl.loop.state import latest_state, state_dirs
+from streamrl.placement import leftovers
 
 STEPS = 16
 ARGS = [*TINY, f"max_steps={STEPS}", "max_staleness=1", "train.save_every=1", "train.save_checkpoint=true"]
@@ -38,14 +39,17 @@ def _lines(path: Path) -> list[dict]:
     return out
 
 
-def _start(args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(
+def _start(args: list[str], pids: set[str] | None = None) -> subprocess.Popen:
+    proc = subprocess.Popen(
         [sys.executable, "-m", "streamrl.cli", "train", *args],
         start_new_session=True,  # its own process group: the kill takes its workers too
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
+    if pids is not None:
+        pids.add(str(proc.pid))
+    return proc
 
 
 def _kill_after_progress(proc: subprocess.Popen, run: Path, rng: random.Random) -> None:
@@ -65,14 +69,15 @@ def _kill_after_progress(proc: subprocess.Popen, run: Path, rng: random.Random) 
 def test_kill_minus_nine_five_times_then_finish(tmp_path: Path) -> None:
     rng = random.Random(7)
     run = tmp_path / "run"
-    proc = _start([*ARGS, f"run_dir={run}"])
+    pids: set[str] = set()
+    proc = _start([*ARGS, f"run_dir={run}"], pids)
     kills = 0
     while kills < 5:
         _kill_after_progress(proc, run, rng)
         if latest_state(run) is not None and latest_state(run).name.endswith(f"{STEPS:06d}"):
             break  # finished before the kill landed
         kills += 1
-        proc = _start([f"resume={run}"])
+        proc = _start([f"resume={run}"], pids)
     assert kills == 5, "the run finished before it was killed five times: lower the step time"
     assert proc.wait(timeout=600) == 0, proc.stderr.read().decode()[-3000:]
 
@@ -89,6 +94,10 @@ def test_kill_minus_nine_five_times_then_finish(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(run / "checkpoint")
+    # the killed runs' semaphores were removed by the runs after them; the last one released its own
+    assert [
+        f.name for f in leftovers.SHM.glob(f"sem.{leftovers.PREFIX}*") if f.name.split("-")[2] in pids
+    ] == []
 
 
 def test_a_run_dir_that_holds_a_run_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -188,3 +197,19 @@ def test_a_second_ctrl_c_during_the_stop_is_refused_and_nothing_is_lost(tmp_path
     assert latest_state(run).name == f"step-{steps:06d}"
     assert main(["train", f"resume={run}"]) == 0
     assert [r["step"] for r in _lines(run / "metrics.jsonl")] == list(range(1, STEPS + 1))
+
+
+def test_semaphores_of_a_killed_process_are_removed_by_the_next_run() -> None:
+    code = (
+        "import multiprocessing as mp, os, signal\n"
+        "from streamrl.placement.leftovers import name_semaphores_after_this_process\n"
+        "name_semaphores_after_this_process()\n"
+        "q = mp.get_context('spawn').Queue()\n"
+        "os.killpg(os.getpid(), signal.SIGKILL)  # the resource tracker dies with it\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+    mine = f"sem.{leftovers.PREFIX}{proc.pid}-"
+    assert [f for f in leftovers.SHM.glob(f"{mine}*")], "the killed process left no named semaphore"
+    assert leftovers.remove_leftovers() >= 1
+    assert not list(leftovers.SHM.glob(f"{mine}*"))

@@ -39,6 +39,7 @@ from streamrl.observe.metrics import GroupLog
 from streamrl.observe.progress import StepProgress
 from streamrl.observe.summary import print_summary
 from streamrl.placement.colocated import push_policy
+from streamrl.placement.leftovers import name_semaphores_after_this_process, remove_leftovers
 from streamrl.placement.trainer_ranks import make_trainer
 from streamrl.tasks import prepare_split, task_from_config
 from streamrl.trainer.trainer import Trainer
@@ -173,6 +174,9 @@ def _run_train(cfg: Config, console: Console | None, closers: list[Any]) -> dict
     task = task_from_config(cfg)  # a bad task or a refused sandbox fails before anything is written
     run_dir = claim_run_dir(cfg.run_dir, bool(cfg.resume), cfg.overwrite)
     cfg.run_dir = str(run_dir)
+    name_semaphores_after_this_process()  # a later run can remove them if this one is killed
+    if (removed := remove_leftovers()) > 0:
+        console.print(f"removed {removed} semaphore(s) left in /dev/shm by killed runs")
     dump_config(cfg, run_dir / "config.yaml")
     workers = 0 if cfg.runtime.mode == "colocated" else cfg.runtime.rollout_workers
     write_environment(

@@ -115,21 +115,32 @@ class LocalRollouts:
         w.requests.put(req)
 
     def poll(self, timeout: float) -> list[GroupResult]:
+        """Finished groups from any worker: waits (blocking, no spinning) up to about `timeout` s."""
         self._supervise()
+        out = self._drain()
+        if out:
+            return out
+        per = timeout / max(1, len(self.workers))
+        for w in self.workers:
+            try:
+                res = w.results.get(timeout=per)
+            except queue.Empty:
+                continue
+            w.held.pop(res.group_id, None)
+            return [res, *self._drain()]
+        return []
+
+    def _drain(self) -> list[GroupResult]:
         out: list[GroupResult] = []
-        deadline = time.monotonic() + timeout
-        while True:
-            for w in self.workers:
-                try:
-                    while True:
-                        res = w.results.get_nowait()
-                        w.held.pop(res.group_id, None)
-                        out.append(res)
-                except queue.Empty:
-                    pass
-            if out or time.monotonic() >= deadline:
-                return out
-            time.sleep(0.005)
+        for w in self.workers:
+            try:
+                while True:
+                    res = w.results.get_nowait()
+                    w.held.pop(res.group_id, None)
+                    out.append(res)
+            except queue.Empty:
+                pass
+        return out
 
     def _supervise(self) -> None:
         """Restart dead or silent workers (the admission thread's call, between polls)."""

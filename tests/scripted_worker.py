@@ -21,7 +21,10 @@ def scripted_worker(
     constant = os.environ.get("SCRIPTED_CONSTANT_REWARD") == "1"  # a saturated task
     hold_from = int(os.environ.get("SCRIPTED_HOLD_FROM", "-1"))  # groups g<N>, N >= this, never finish
     running: list[tuple[float, Any, list[int]]] = []  # (finish time, request, versions so far)
+    hang = os.environ.get("SCRIPTED_HANG_FILE", "")  # while this file exists, worker 0's loop is stuck
     while True:
+        while worker_id == 0 and hang and os.path.exists(hang):
+            time.sleep(0.05)  # a deadlock: the process and its threads live on, the loop does not
         try:
             item = requests.get(timeout=0.002)
             if item == STOP:

@@ -1,5 +1,8 @@
 """Crash-proof runs: kill -9 at random moments, resume each time, and nothing is lost or counted twice.
 
+The whole process group is killed five times (the run is resumed each time) and a rollout worker alone
+twice (the run restarts it, logs one line and goes on).
+
 The run saves its state every step (train.save_every=1); each kill costs at most the steps since the
 last complete save, whose log lines move to *.orphaned on resume and whose groups are trained again.
 """
@@ -39,12 +42,12 @@ def _lines(path: Path) -> list[dict]:
     return out
 
 
-def _start(args: list[str], pids: set[str] | None = None) -> subprocess.Popen:
+def _start(args: list[str], pids: set[str] | None = None, stderr: Path | None = None) -> subprocess.Popen:
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamrl.cli", "train", *args],
         start_new_session=True,  # its own process group: the kill takes its workers too
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=stderr.open("ab") if stderr is not None else subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     if pids is not None:
@@ -52,34 +55,69 @@ def _start(args: list[str], pids: set[str] | None = None) -> subprocess.Popen:
     return proc
 
 
-def _kill_after_progress(proc: subprocess.Popen, run: Path, rng: random.Random) -> None:
-    """SIGKILL the process group once it has logged a new step, after a random extra delay (during
-    generation, a train step, a save or a weight update: wherever it happens to be)."""
+def _rollout_workers(pid: int) -> list[int]:
+    """The rollout worker processes of the run `pid`: its children whose stderr is a worker log."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            try:
+                if "streamrl-worker" in os.readlink(f"/proc/{child}/fd/2"):
+                    out.append(int(child))
+            except OSError:  # gone meanwhile
+                pass
+    return out
+
+
+def _kill_after_progress(proc: subprocess.Popen, run: Path, rng: random.Random, whole: bool) -> None:
+    """Once the run has logged a new step, after a random extra delay (during generation, a train step,
+    a save or a weight update: wherever it happens to be), SIGKILL its process group (`whole`) or one
+    rollout worker alone, which the run restarts and goes on."""
     seen = len(_lines(run / "metrics.jsonl"))
     deadline = time.monotonic() + 180  # a limit against a hang, not a speed check
     while len(_lines(run / "metrics.jsonl")) <= seen and proc.poll() is None:
         assert time.monotonic() < deadline, "no new step logged"
         time.sleep(0.02)
     time.sleep(rng.uniform(0.0, 0.3))
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
+    if proc.poll() is not None:
+        return
+    if not whole:
+        workers = _rollout_workers(proc.pid)
+        while not workers and proc.poll() is None:  # a resumed run may train carried-over groups
+            assert time.monotonic() < deadline, "no rollout worker started"  # while its worker starts
+            time.sleep(0.05)
+            workers = _rollout_workers(proc.pid)
+        if workers:
+            os.kill(rng.choice(workers), signal.SIGKILL)
+        return
+    os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
+
+
+# the whole process group five times; a rollout worker alone twice (the run restarts it and goes on)
+KILLS = [True, False, True, True, False, True, True]
 
 
 def test_kill_minus_nine_five_times_then_finish(tmp_path: Path) -> None:
     rng = random.Random(7)
-    run = tmp_path / "run"
+    run, err = tmp_path / "run", tmp_path / "stderr.log"
     pids: set[str] = set()
-    proc = _start([*ARGS, f"run_dir={run}"], pids)
+    proc = _start([*ARGS, f"run_dir={run}"], pids, err)
     kills = 0
-    while kills < 5:
-        _kill_after_progress(proc, run, rng)
-        if latest_state(run) is not None and latest_state(run).name.endswith(f"{STEPS:06d}"):
+    for whole in KILLS:
+        _kill_after_progress(proc, run, rng, whole)
+        if proc.poll() is not None and proc.returncode == 0:
             break  # finished before the kill landed
         kills += 1
-        proc = _start([f"resume={run}"], pids)
-    assert kills == 5, "the run finished before it was killed five times: lower the step time"
-    assert proc.wait(timeout=600) == 0, proc.stderr.read().decode()[-3000:]
+        if whole and latest_state(run) is None:  # killed before its first save: nothing to resume
+            proc = _start([*ARGS, f"run_dir={run}", "overwrite=true"], pids, err)
+        elif whole:
+            proc = _start([f"resume={run}"], pids, err)
+    assert kills == len(KILLS), "the run finished before every kill landed: lower the step time"
+    assert proc.wait(timeout=600) == 0, err.read_text()[-3000:]
+    log = err.read_text()
+    restarts = [line for line in log.splitlines() if "rollout worker 0 killed by SIGKILL; restarted" in line]
+    assert len(restarts) == 2, log[-3000:]  # one line each
+    assert "Traceback" not in log
 
     rows = _lines(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))  # every step once

@@ -51,12 +51,14 @@ def _balanced(runner: AsyncRunner, state: RunState, records: list) -> dict:
     return c
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["kill", "stop"])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP, "hang"], ids=["kill", "stop", "deadlock"])
 def test_a_dead_or_silent_worker_is_restarted_and_its_groups_reassigned(
     tiny, sig, capfd, tmp_path, monkeypatch
 ):
-    hold = tmp_path / "hold"
+    """kill -9; kill -STOP (the whole process frozen); a deadlocked loop in a live process."""
+    hold, hang = tmp_path / "hold", tmp_path / "hang"
     monkeypatch.setenv("SCRIPTED_HOLD_FILE", str(hold))
+    monkeypatch.setenv("SCRIPTED_HANG_FILE", str(hang))
     runner, state = _runner(tiny, ["runtime.worker_timeout_s=3"])
     records: list = []
     held: set[str] = set()
@@ -74,8 +76,12 @@ def test_a_dead_or_silent_worker_is_restarted_and_its_groups_reassigned(
             w0 = runner.backend.workers[0]
             wait(lambda: w0.held and w0.heartbeat.value, "worker 0 never started and held a group")
             held.update(runner.backend.workers[0].held)
-            os.kill(runner.backend.workers[0].proc.pid, sig)
+            if sig == "hang":
+                hang.touch()
+            else:
+                os.kill(runner.backend.workers[0].proc.pid, sig)
             wait(lambda: runner.backend.restarts >= 1, "the worker was never restarted")
+            hang.unlink(missing_ok=True)
             hold.unlink()
             wait(lambda: not held & set(runner.sh.inflight), "its groups never came back")
 

@@ -221,22 +221,31 @@ def _tail(log: Path, n: int = 400) -> str:
     return repr(text[-n:]) if text else "(nothing)"
 
 
-def _worker_main(target: Callable[..., None], log: str, heartbeat: Any, *args: Any) -> None:
-    """A spawned worker: stderr to its log file (its tail is reported if it dies), a heartbeat thread
-    the supervisor watches (a stopped or frozen process stops beating), then the worker itself."""
-    import threading
+class _BeatingRequests:
+    """The worker's request queue, beating the heartbeat on every poll. Every worker loop polls its
+    requests once per iteration (between decode steps), so the beat stops whenever the loop does: a
+    stopped process, a deadlock, or a single step stuck past runtime.worker_timeout_s."""
 
+    def __init__(self, requests: Any, heartbeat: Any) -> None:
+        self.requests, self.heartbeat = requests, heartbeat
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        self.heartbeat.value = time.monotonic()
+        return self.requests.get(block, timeout)
+
+    def get_nowait(self) -> Any:
+        self.heartbeat.value = time.monotonic()
+        return self.requests.get_nowait()
+
+
+def _worker_main(target: Callable[..., None], log: str, heartbeat: Any, *args: Any) -> None:
+    """A spawned worker: stderr to its log file (its tail is reported if it dies), then the worker
+    itself, whose polls of its request queue are the heartbeat the supervisor watches."""
     fd = os.open(log, os.O_WRONLY | os.O_APPEND)
     os.dup2(fd, 2)
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-
-    def beat() -> None:
-        while True:
-            heartbeat.value = time.monotonic()
-            time.sleep(1.0)
-
-    threading.Thread(target=beat, daemon=True).start()
-    target(*args)
+    index, cfg, requests, *rest = args
+    target(index, cfg, _BeatingRequests(requests, heartbeat), *rest)
 
 
 def make_backend(cfg: Config, worker_target: Callable[..., None]) -> RolloutBackend:

@@ -84,9 +84,11 @@ def test_unknown_task_and_model_errors():
     with pytest.raises(ValueError, match="unknown task 'gsm8k'"):
         make_task("gsm8k", {}, "", "", "answer_is")
     with pytest.raises(
-        ValueError, match="unknown model 'gpt5': use one of smollm2-135m-instruct, tiny-random"
+        ValueError,
+        match=r"model './gpt5': not a model directory \(no config.json there\); use one of "
+        "smollm2-135m-instruct, tiny-random, a local HF model directory or a Hugging Face Hub id",
     ):
-        resolve_model_dir("gpt5")
+        resolve_model_dir("./gpt5")
 
 
 def test_tiny_random_is_deterministic_per_seed(tmp_path):

@@ -21,6 +21,7 @@ LAYERS = [
     {"engine", "data"},
     {"envs"},
     {"tasks"},  # the task factory: data/ task types and envs/
+    {"preflight"},  # model and task checks before any work
     {"rollout", "trainer"},  # producing rollouts; training on them
     {"eval", "placement"},  # evaluation; where workers and trainer ranks run, how weights travel
     {"loop"},  # the RL loop and the train job

@@ -55,11 +55,14 @@ def main(argv: list[str] | None = None) -> int:
             run_eval(load_config(path, expand_shorthands(overrides)))
             return 0
         cfg = load_config(path, overrides)
-        from streamrl.loop.job import run_train  # heavy imports only after the config is valid
+        from streamrl.preflight import preflight
+
+        checked = preflight(cfg)  # model, task, data: before the heavy imports and any file is written
+        from streamrl.loop.job import run_train
         from streamrl.placement.backend import RolloutFailure
 
         try:
-            run_train(cfg)
+            run_train(cfg, checked=checked)
         except RolloutFailure as e:  # the state is saved: say why, no traceback
             print(
                 f"streamrl: stopped: {e}; the state is saved, continue with resume={cfg.run_dir}",

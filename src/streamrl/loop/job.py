@@ -41,6 +41,7 @@ from streamrl.observe.summary import print_summary
 from streamrl.placement.colocated import push_policy
 from streamrl.placement.leftovers import name_semaphores_after_this_process, remove_leftovers
 from streamrl.placement.trainer_ranks import make_trainer
+from streamrl.preflight import Checked, preflight
 from streamrl.tasks import prepare_split, task_from_config
 from streamrl.trainer.trainer import Trainer
 from streamrl.types import Problem
@@ -151,17 +152,20 @@ def periodic_eval(
     return {"heldout_accuracy": res_g.accuracy, "heldout_eval_time": res_g.seconds}
 
 
-def run_train(cfg: Config, console: Console | None = None) -> dict[str, Any]:
-    """Run the whole job; returns the summary dict (also written to the run directory)."""
+def run_train(cfg: Config, console: Console | None = None, checked: Checked | None = None) -> dict[str, Any]:
+    """Run the whole job; returns the summary dict (also written to the run directory). `checked`: the
+    result of preflight(cfg) when the caller ran it already."""
     closers: list[Any] = []
     try:
-        return _run_train(cfg, console, closers)
+        return _run_train(cfg, console, closers, checked)
     finally:
         for close in closers:  # the trainer's follower ranks (train.strategy=ddp|fsdp2)
             close()
 
 
-def _run_train(cfg: Config, console: Console | None, closers: list[Any]) -> dict[str, Any]:
+def _run_train(
+    cfg: Config, console: Console | None, closers: list[Any], checked: Checked | None
+) -> dict[str, Any]:
     console = console or Console(stderr=True)
     t_start = time.perf_counter()
     train_threads, rollout_threads = _thread_split(cfg)
@@ -169,9 +173,8 @@ def _run_train(cfg: Config, console: Console | None, closers: list[Any]) -> dict
     _seed_everything(cfg.seed)
     stop = StopFlag()
     stop.install()
-    if not cfg.task_config.args:
-        cfg.task_config.args = default_task_args(cfg.task)  # recorded in config.yaml
-    task = task_from_config(cfg)  # a bad task or a refused sandbox fails before anything is written
+    # a bad task, a refused sandbox or a model that does not resolve fails before anything is written
+    task = (checked or preflight(cfg)).task
     run_dir = claim_run_dir(cfg.run_dir, bool(cfg.resume), cfg.overwrite)
     cfg.run_dir = str(run_dir)
     name_semaphores_after_this_process()  # a later run can remove them if this one is killed

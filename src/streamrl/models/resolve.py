@@ -7,12 +7,14 @@ from typing import Any
 
 from streamrl.models import smollm2, tiny
 from streamrl.models.cache import cache_dir
+from streamrl.models.hub import hub_snapshot, split_id
 
 KNOWN_MODELS = ("smollm2-135m-instruct", "tiny-random")
 
 
 def resolve_model_dir(name: str, seed: int = 0) -> Path:
-    """'smollm2-135m-instruct' | 'tiny-random' | a local HF model directory -> directory path."""
+    """'smollm2-135m-instruct' | 'tiny-random' | a local HF model directory | a Hugging Face Hub id
+    ('org/name', 'org/name@revision': models/hub.py) -> directory path."""
     if name == "smollm2-135m-instruct":
         target = cache_dir() / "models" / "smollm2-135m-instruct"
         return target if (target / "config.json").exists() else smollm2.convert(target)
@@ -22,10 +24,12 @@ def resolve_model_dir(name: str, seed: int = 0) -> Path:
     path = Path(name).expanduser()
     if (path / "config.json").is_file():
         return path
-    raise ValueError(
-        f"unknown model '{name}': use one of {', '.join(KNOWN_MODELS)} or a local HF model directory "
-        "(a folder with config.json)"
-    )
+    if path.exists() or name.startswith((".", "/", "~")) or split_id(name) is None:
+        raise ValueError(
+            f"model '{name}': not a model directory (no config.json there); use one of "
+            f"{', '.join(KNOWN_MODELS)}, a local HF model directory or a Hugging Face Hub id (org/name)"
+        )
+    return hub_snapshot(name)
 
 
 def load_tokenizer(model_dir: Path) -> Any:

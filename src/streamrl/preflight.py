@@ -1,0 +1,28 @@
+"""The checks that need more than the config: the model resolves (a known name, a local directory or a
+Hugging Face Hub id, downloaded or found in the cache) and the task builds (its data read, its sandbox
+checked). They run before any weights load and before a run directory is created; each failure is one
+line (ValueError), so a bad run costs seconds and leaves nothing behind."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from streamrl.data.task import Task, default_task_args
+from streamrl.models.resolve import resolve_model_dir
+from streamrl.tasks import task_from_config
+
+
+@dataclass
+class Checked:
+    task: Task
+    model_dir: Path
+
+
+def preflight(cfg: Any) -> Checked:
+    """Build the task and resolve the model of `cfg` (task_config.args filled with the task's defaults)."""
+    if not cfg.task_config.args:
+        cfg.task_config.args = default_task_args(cfg.task)  # recorded in config.yaml
+    model_dir = resolve_model_dir(cfg.model, cfg.seed)  # first: a Hub lookup fails in well under a second
+    return Checked(task_from_config(cfg), model_dir)

@@ -1,0 +1,92 @@
+"""Hugging Face Hub model ids resolve through huggingface_hub: from the local cache without network
+(HF_HUB_OFFLINE=1 and a cache built here from the tiny model), and an id that is not cached fails in
+one line before anything is written. Runs in subprocesses: huggingface_hub reads its environment once."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tiny_args import TINY
+
+from streamrl.models import resolve_model_dir
+from streamrl.models.hub import split_id
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _hub_cache(root: Path, repo: str) -> Path:
+    """The hub cache layout huggingface_hub writes: models--ORG--NAME/{refs/main, snapshots/COMMIT/}."""
+    entry = root / ("models--" + repo.replace("/", "--"))
+    snap = entry / "snapshots" / COMMIT
+    shutil.copytree(resolve_model_dir("tiny-random", seed=0), snap)
+    (entry / "refs").mkdir()
+    (entry / "refs" / "main").write_text(COMMIT)
+    return snap
+
+
+def _cli(args: list[str], hub: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub), "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "streamrl.cli", "train", *args], env=env, capture_output=True, text=True
+    )
+
+
+def test_a_hub_id_trains_from_the_offline_cache(tmp_path: Path) -> None:
+    snap = _hub_cache(tmp_path / "hub", "testorg/tiny-chat")
+    run = tmp_path / "run"
+    args = [*TINY, "model=testorg/tiny-chat", "max_steps=2", "train.save_checkpoint=true", f"run_dir={run}"]
+    res = _cli(args, tmp_path / "hub")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    env = json.loads((run / "environment.json").read_text())
+    assert "testorg/tiny-chat" in json.dumps(env)
+    # the trained model is the cached snapshot's architecture
+    keys = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+    saved, cached = (json.loads((d / "config.json").read_text()) for d in (run / "checkpoint", snap))
+    assert [saved[k] for k in keys] == [cached[k] for k in keys]
+
+
+def test_a_revision_resolves_to_its_snapshot(tmp_path: Path) -> None:
+    snap = _hub_cache(tmp_path / "hub", "testorg/tiny-chat")
+    code = (
+        "from streamrl.models import resolve_model_dir; "
+        f"print(resolve_model_dir('testorg/tiny-chat@{COMMIT}')); "
+        "print(resolve_model_dir('testorg/tiny-chat'))"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [str(snap), str(snap)]
+
+
+def test_an_id_missing_offline_fails_in_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    _hub_cache(tmp_path / "hub", "testorg/tiny-chat")
+    run = tmp_path / "run"
+    res = _cli([*TINY, "model=testorg/not-cached", f"run_dir={run}"], tmp_path / "hub")
+    assert res.returncode == 2
+    assert res.stderr == (
+        f"streamrl: error: model 'testorg/not-cached' is not in the local Hugging Face cache "
+        f"({tmp_path / 'hub'}) and HF_HUB_OFFLINE=1 forbids downloading it: download it where the Hub is "
+        "reachable (`hf download testorg/not-cached`, then copy the cache or the folder here) or pass a "
+        "local directory: model=/path/to/model (a folder with config.json)\n"
+    )
+    assert not run.exists()
+
+
+def test_a_path_that_is_not_a_model_is_refused_before_the_hub(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    res = _cli([*TINY, f"model={tmp_path}", f"run_dir={run}"], tmp_path / "hub")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1
+    assert f"model '{tmp_path}': not a model directory (no config.json there)" in res.stderr
+    assert not run.exists()
+
+
+def test_hub_ids_are_told_from_paths() -> None:
+    assert split_id("Qwen/Qwen2.5-0.5B-Instruct") == ("Qwen/Qwen2.5-0.5B-Instruct", None)
+    assert split_id("gpt2") == ("gpt2", None)
+    assert split_id("org/name@v1.0") == ("org/name", "v1.0")
+    assert split_id("a/b/c") is None and split_id("../x") is None and split_id("org/na me") is None

@@ -52,7 +52,9 @@ class RolloutConfig:
 
 @dataclass
 class RewardConfig:
-    extract: Literal["answer_is", "boxed", "last_number"] = "answer_is"
+    # how the answer is read from a response (rewards/extract.py): "The answer is N", the last \boxed{},
+    # the last number, or gsm8k (the number after "####", as GSM8K's reference solutions end)
+    extract: Literal["answer_is", "boxed", "last_number", "gsm8k"] = "answer_is"
     format_weight: float = 0.1  # added to the correctness reward (0/1) when the answer format is followed
     overlong_buffer: int = 0  # DAPO overlong shaping: penalty ramps over the last N tokens; 0 = off
     overlong_penalty: float = 1.0

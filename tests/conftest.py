@@ -1,4 +1,4 @@
-"""Shared fixtures: an isolated model cache, an isolated Ray temp root and the tiny random model."""
+"""Shared fixtures: isolated model and datasets caches and Ray temp root, and the tiny random model."""
 
 from __future__ import annotations
 
@@ -12,12 +12,25 @@ import torch
 
 torch.set_num_threads(1)
 
+# `datasets` reads its cache location when first imported: the Arrow caches the data tests write go to a
+# directory of this test session (removed at its end), not the user's ~/.cache/huggingface/datasets.
+_DATASETS_CACHE = None
+if "HF_DATASETS_CACHE" not in os.environ:
+    _DATASETS_CACHE = os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="streamrl-hf-datasets-")
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     # Real SmolLM2 conversions are reused from the user cache; everything else is per test session.
     if "STREAMRL_CACHE" not in os.environ:
         os.environ["STREAMRL_CACHE"] = str(tmp_path_factory.mktemp("streamrl-cache"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_datasets_cache() -> Iterator[None]:
+    yield
+    if _DATASETS_CACHE is not None:
+        shutil.rmtree(_DATASETS_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -6,6 +6,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -57,3 +58,23 @@ def tiny():
 
     d = resolve_model_dir("tiny-random", seed=0)
     return load_model(d), load_tokenizer(d)
+
+
+@pytest.fixture
+def offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """HF offline mode with empty caches under tmp_path -> (hub cache, datasets cache). The env is for
+    child processes (rollout workers); `datasets` and `huggingface_hub` read it when first imported, so
+    this process gets the same values patched into their config modules."""
+    import datasets
+    import huggingface_hub.constants as hub_constants
+
+    hub, cache = tmp_path / "hf" / "hub", tmp_path / "hf" / "datasets"
+    env = {"HF_HOME": tmp_path / "hf", "HF_HUB_CACHE": hub, "HF_DATASETS_CACHE": cache}
+    for key, value in {**env, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}.items():
+        monkeypatch.setenv(key, str(value))
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(hub))
+    return hub, cache

@@ -1,7 +1,6 @@
 """Data through Hugging Face `datasets`: hf:NAME offline from the caches, data:PATH in every format,
 streaming, rows from code, GSM8K-style answers; all offline."""
 
-import hashlib
 import itertools
 import json
 import shutil
@@ -9,61 +8,13 @@ from pathlib import Path
 
 import datasets
 import pytest
+from hf_cache import COLS, gsm8k_table, hub_snapshot, sha1_order
 from tiny_args import TINY
 
 from streamrl.cli import main
 from streamrl.data.sources import DataTask, task_from_rows
 from streamrl.data.streamed import StreamedDataTask
 from streamrl.tasks import make_task
-
-COLS = {"prompt": "question", "id": "uid"}
-
-
-def _table(split: str, n: int) -> datasets.Dataset:
-    """n GSM8K-like rows: question, a worked solution ending '#### 2,000 i', a uid naming split and row."""
-    return datasets.Dataset.from_dict(
-        {
-            "question": [f"{split} {i}: what is {i} + {i}?" for i in range(n)],
-            "answer": [
-                f"{i}000 + {i}000 = <<{i}000+{i}000={2 * i}000>>.\n#### {2000 * i:,}" for i in range(n)
-            ],
-            "uid": [f"{split}-{i}" for i in range(n)],
-        }
-    )
-
-
-def _sha1_order(questions):
-    return sorted(questions, key=lambda q: hashlib.sha1(q.encode()).hexdigest())
-
-
-@pytest.fixture
-def offline_hub(tmp_path, monkeypatch):
-    """HF offline mode with empty caches under tmp_path -> (hub cache, datasets cache). The env is for
-    child processes (rollout workers); `datasets` and `huggingface_hub` read it when first imported, so
-    this process gets the same values patched into their config modules."""
-    import huggingface_hub.constants as hub_constants
-
-    hub, cache = tmp_path / "hf" / "hub", tmp_path / "hf" / "datasets"
-    env = {"HF_HOME": tmp_path / "hf", "HF_HUB_CACHE": hub, "HF_DATASETS_CACHE": cache}
-    for key, value in {**env, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}.items():
-        monkeypatch.setenv(key, str(value))
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
-    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(hub))
-    return hub, cache
-
-
-def _hub_snapshot(hub: Path, repo: str, splits: dict[str, datasets.Dataset]) -> None:
-    """A dataset repository as the hub cache holds it (`hf download --repo-type dataset REPO`):
-    datasets--ORG--NAME/refs/main -> a revision, whose snapshot holds data/<split>-00000-of-00001.parquet."""
-    root = hub / f"datasets--{repo.replace('/', '--')}"
-    rev = hashlib.sha1(repo.encode()).hexdigest()
-    for name, table in splits.items():
-        table.to_parquet(str(root / "snapshots" / rev / "data" / f"{name}-00000-of-00001.parquet"))
-    (root / "refs").mkdir()
-    (root / "refs" / "main").write_text(rev)
 
 
 def _prepared_cache(cache: Path, tmp: Path, repo: str, config: str, splits: dict[str, datasets.Dataset]):
@@ -85,11 +36,13 @@ def _prepared_cache(cache: Path, tmp: Path, repo: str, config: str, splits: dict
 
 def test_hub_name_offline_from_a_snapshot_in_the_hub_cache(offline_hub):
     hub, _ = offline_hub
-    _hub_snapshot(hub, "streamrl-test/tiny-math", {"train": _table("train", 8), "test": _table("test", 3)})
+    hub_snapshot(
+        hub, "streamrl-test/tiny-math", {"train": gsm8k_table("train", 8), "test": gsm8k_table("test", 3)}
+    )
     task = make_task("hf:streamrl-test/tiny-math", {}, "", "", "gsm8k", columns=COLS)
     assert isinstance(task, DataTask) and task.name == "hf:streamrl-test/tiny-math"
     held = task.heldout(5)  # the test split, in sha1 order; fewer rows than asked: all of them
-    assert [p.meta["question"] for p in held] == _sha1_order(
+    assert [p.meta["question"] for p in held] == sha1_order(
         [f"test {i}: what is {i} + {i}?" for i in range(3)]
     )
     assert {p.id for p in held} == {"test-0", "test-1", "test-2"}
@@ -102,7 +55,7 @@ def test_hub_name_offline_from_a_snapshot_in_the_hub_cache(offline_hub):
 
 def test_hub_name_offline_from_the_prepared_datasets_cache(offline_hub, tmp_path):
     _, cache = offline_hub
-    splits = {"train": _table("train", 6), "test": _table("test", 2)}
+    splits = {"train": gsm8k_table("train", 6), "test": gsm8k_table("test", 2)}
     _prepared_cache(cache, tmp_path, "streamrl-test/cached-math", "main", splits)
     task = make_task(
         "hf:streamrl-test/cached-math:main", {}, "", "", "gsm8k", columns=COLS, eval_split="train"
@@ -131,7 +84,7 @@ def test_unknown_hub_name_offline_fails_in_one_line_before_anything_is_written(o
 
 def test_every_local_format_reads_the_same_rows(tmp_path):
     """save_to_disk, JSONL, Parquet and CSV give the same problems in the same held-out order."""
-    table = _table("train", 7)
+    table = gsm8k_table("train", 7)
     paths = {
         "disk": tmp_path / "saved",
         "jsonl": tmp_path / "t.jsonl",
@@ -142,7 +95,7 @@ def test_every_local_format_reads_the_same_rows(tmp_path):
     table.to_json(str(paths["jsonl"]))
     table.to_parquet(str(paths["parquet"]))
     table.to_csv(str(paths["csv"]), index=False)
-    expected = _sha1_order(table["question"])
+    expected = sha1_order(table["question"])
     for kind, path in paths.items():
         task = make_task(f"data:{path}", {}, "", "", "gsm8k", columns=COLS)
         assert [r["question"] for r in task.rows] == expected, kind
@@ -160,8 +113,8 @@ def test_every_local_format_reads_the_same_rows(tmp_path):
 def test_a_directory_of_split_files_holds_out_its_test_split(tmp_path):
     d = tmp_path / "repo"
     d.mkdir()
-    _table("train", 5).to_json(str(d / "train.jsonl"))
-    _table("test", 2).to_json(str(d / "test.jsonl"))
+    gsm8k_table("train", 5).to_json(str(d / "train.jsonl"))
+    gsm8k_table("test", 2).to_json(str(d / "test.jsonl"))
     task = make_task(f"data:{d}", {}, "", "", "gsm8k", columns=COLS)
     assert {p.id for p in task.heldout(2)} == {"test-0", "test-1"} and len(task.rows) == 5
     whole = make_task(f"data:{d}", {}, "", "", "gsm8k", columns=COLS, split="test", eval_split="test")
@@ -196,7 +149,9 @@ def test_streaming_a_hub_name_takes_held_out_rows_from_its_test_split(offline_hu
     # datasets sleeps this long whenever a shuffled Parquet stream stops (an Arrow thread-shutdown
     # workaround): seconds per epoch of a 6-row test set, nothing here depends on it
     monkeypatch.setattr(datasets.config, "SLEEP_TIME_ON_THREADS_SHUTDOWN", 0)
-    _hub_snapshot(hub, "streamrl-test/streamed", {"train": _table("train", 6), "test": _table("test", 4)})
+    hub_snapshot(
+        hub, "streamrl-test/streamed", {"train": gsm8k_table("train", 6), "test": gsm8k_table("test", 4)}
+    )
     task = make_task("hf:streamrl-test/streamed", {}, "", "", "gsm8k", columns=COLS, streaming=True)
     assert [p.id for p in task.heldout(2)] == ["test-0", "test-1"]
     assert {p.id for p in itertools.islice(task.train_stream(0, set()), 6)} == {
@@ -214,7 +169,7 @@ def test_task_from_rows_takes_lists_datasets_and_iterable_datasets():
     from_list = task_from_rows(rows, cols, extract="gsm8k")
     from_ds = task_from_rows(datasets.Dataset.from_list(rows), cols, extract="gsm8k")
     assert isinstance(from_list, DataTask) and from_list.name == "rows"
-    assert from_list.rows == from_ds.rows and [r["question"] for r in from_list.rows] == _sha1_order(
+    assert from_list.rows == from_ds.rows and [r["question"] for r in from_list.rows] == sha1_order(
         [r["q"] for r in rows]
     )
     assert [p.answer for p in from_list.heldout(6 - 1)] == [r["question"][1:] for r in from_list.rows[:5]]
@@ -238,7 +193,7 @@ def test_gsm8k_answers_score_and_few_shot_with_the_gsm8k_extractor(tmp_path):
     from streamrl.tasks import prepare_split, task_from_config
 
     f = tmp_path / "gsm.parquet"
-    _table("train", 6).to_parquet(str(f))
+    gsm8k_table("train", 6).to_parquet(str(f))
     cfg = load_config(
         None,
         [
@@ -260,37 +215,13 @@ def test_gsm8k_answers_score_and_few_shot_with_the_gsm8k_extractor(tmp_path):
     assert not task.score(p, f"The answer is {p.answer}.").formatted  # no '####'
 
 
-def test_train_through_a_hub_name_trains_on_its_train_split_and_evaluates_its_test_split(
-    offline_hub, tmp_path
-):
-    hub, _ = offline_hub
-    _hub_snapshot(hub, "streamrl-test/train-me", {"train": _table("train", 8), "test": _table("test", 3)})
-    run = tmp_path / "run"
-    args = [
-        *TINY,
-        "task=hf:streamrl-test/train-me",
-        "task_config.columns={prompt: question, id: uid}",
-        "reward.extract=gsm8k",
-        "eval.size=3",
-        "eval.before=true",
-        "max_steps=2",
-        f"run_dir={run}",
-    ]
-    assert main(["train", *args]) == 0
-    trained = {json.loads(x)["problem_id"] for x in (run / "groups.jsonl").read_text().splitlines()}
-    assert trained and trained <= {f"train-{i}" for i in range(8)}
-    evals = json.loads((run / "eval.json").read_text())
-    assert {s["id"] for s in evals["samples"]["base"]} == {"test-0", "test-1", "test-2"}
-    assert {s["answer"] for s in evals["samples"]["base"]} == {"0", "2000", "4000"}
-
-
 def test_mix_sources_take_the_split_keys_and_bad_settings_fail_in_one_line(tmp_path):
     from streamrl.config import ConfigError, load_config
 
     d = tmp_path / "repo"
     d.mkdir()
-    _table("train", 6).to_json(str(d / "train.jsonl"))
-    _table("test", 4).to_json(str(d / "test.jsonl"))
+    gsm8k_table("train", 6).to_json(str(d / "train.jsonl"))
+    gsm8k_table("test", 4).to_json(str(d / "test.jsonl"))
     src = {"task": f"data:{d}", "columns": COLS, "streaming": True, "shuffle_buffer": 2}
     task = make_task("mix", {}, "", "", "gsm8k", sources=[src, {"task": "rg:chain_sum"}])
     assert isinstance(task.tasks[0], StreamedDataTask) and task.tasks[0].shuffle_buffer == 2

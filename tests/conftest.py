@@ -1,4 +1,4 @@
-"""Shared fixtures: an isolated model cache, an isolated Ray temp root and the tiny random model."""
+"""Shared fixtures: isolated model and datasets caches and Ray temp root, and the tiny random model."""
 
 from __future__ import annotations
 
@@ -6,11 +6,18 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
 
 torch.set_num_threads(1)
+
+# `datasets` reads its cache location when first imported: the Arrow caches the data tests write go to a
+# directory of this test session (removed at its end), not the user's ~/.cache/huggingface/datasets.
+_DATASETS_CACHE = None
+if "HF_DATASETS_CACHE" not in os.environ:
+    _DATASETS_CACHE = os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="streamrl-hf-datasets-")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -18,6 +25,13 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     # Real SmolLM2 conversions are reused from the user cache; everything else is per test session.
     if "STREAMRL_CACHE" not in os.environ:
         os.environ["STREAMRL_CACHE"] = str(tmp_path_factory.mktemp("streamrl-cache"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_datasets_cache() -> Iterator[None]:
+    yield
+    if _DATASETS_CACHE is not None:
+        shutil.rmtree(_DATASETS_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -44,3 +58,23 @@ def tiny():
 
     d = resolve_model_dir("tiny-random", seed=0)
     return load_model(d), load_tokenizer(d)
+
+
+@pytest.fixture
+def offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """HF offline mode with empty caches under tmp_path -> (hub cache, datasets cache). The env is for
+    child processes (rollout workers); `datasets` and `huggingface_hub` read it when first imported, so
+    this process gets the same values patched into their config modules."""
+    import datasets
+    import huggingface_hub.constants as hub_constants
+
+    hub, cache = tmp_path / "hf" / "hub", tmp_path / "hf" / "datasets"
+    env = {"HF_HOME": tmp_path / "hf", "HF_HUB_CACHE": hub, "HF_DATASETS_CACHE": cache}
+    for key, value in {**env, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}.items():
+        monkeypatch.setenv(key, str(value))
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(hub))
+    return hub, cache

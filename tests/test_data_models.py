@@ -60,20 +60,38 @@ def test_jsonl_task_scores_with_math_verify(tmp_path):
 
 
 def test_jsonl_bad_rows_are_skipped_counted_and_named(tmp_path, caplog):
-    """A malformed row is skipped with a warning naming file:line; only no usable rows is an error."""
+    """A malformed row is skipped with a warning naming file and row; no usable rows is an error, and so
+    is a line that is not JSON at all (datasets reads the file whole): one line naming file and line."""
     f = tmp_path / "bad.jsonl"
     f.write_text(
-        '{"prompt": "a", "answer": "1"}\n{"prompt": "b"}\nnot json\n{"prompt": "c", "answer": "3"}\n'
+        '{"prompt": "a", "answer": "1"}\n{"prompt": "b"}\n{"prompt": "", "answer": "2"}\n'
+        '{"prompt": "c", "answer": "3"}\n'
     )
     task = make_task(str(f), {}, "", "", "boxed")
     assert [r["question"] for r in task.rows] == sorted(
         ["a", "c"], key=lambda q: __import__("hashlib").sha1(q.encode()).hexdigest()
     )
-    assert task.skipped == [f"{f}:2: missing column 'answer'", f"{f}:3: not valid JSON (Expecting value)"]
-    assert f"bad.jsonl: skipped 2 malformed row(s): {f}:2: missing column 'answer'" in caplog.text
-    f.write_text('{"prompt": "b"}\n')
+    assert task.skipped == [
+        f"{f}:row 2: column 'answer' is empty",
+        f"{f}:row 3: column 'prompt' must be a non-empty string",
+    ]
+    assert f"bad.jsonl: skipped 2 malformed row(s): {f}:row 2: column 'answer' is empty" in caplog.text
+    f.write_text('{"prompt": "b", "answer": null}\n')
     with pytest.raises(
-        ValueError, match=r"bad.jsonl: no usable rows .*first problem: .*bad.jsonl:1: missing column"
+        ValueError,
+        match=r"bad.jsonl: no usable rows .*first problem: .*bad.jsonl:row 1: column 'answer' is empty",
+    ):
+        make_task(str(f), {}, "", "", "boxed")
+    f.write_text('{"prompt": "a", "answer": "1"}\nnot json\n')
+    with pytest.raises(
+        ValueError, match=rf"^{f}:2: not valid JSON \(Expecting value\); fix or remove the line$"
+    ):
+        make_task(str(f), {}, "", "", "boxed")
+    f.write_text('{"question": "a", "answer": "1"}\n')
+    with pytest.raises(
+        ValueError,
+        match=r"bad.jsonl: no column 'prompt' for the prompt \(its columns: question, "
+        r"answer\); map it with task_config.columns=\{prompt: <column>\}$",
     ):
         make_task(str(f), {}, "", "", "boxed")
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from streamrl.cli import main
-from streamrl.data.sources import JsonlTask
+from streamrl.data.sources import task_from_rows
 from streamrl.engine.base import GenResult
 from streamrl.eval.sampled import evaluate_sampled
 from streamrl.models.tiny import build_tokenizer
@@ -32,15 +32,13 @@ class ScriptedEngine:
         return out
 
 
-def test_scripted_samples_give_hand_computed_metrics(tmp_path):
-    f = tmp_path / "t.jsonl"
+def test_scripted_samples_give_hand_computed_metrics():
     rows = [
         {"prompt": "alpha", "answer": "3"},
         {"prompt": "beta", "answer": "5"},
         {"prompt": "c", "answer": "1"},
     ]
-    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    task = JsonlTask(f, system_prompt="", instruction="", extract="answer_is")
+    task = task_from_rows(rows)
     problems = [task._make(r) for r in task.rows if r["question"] in SCRIPT]
     tok = build_tokenizer()
     res = evaluate_sampled(

@@ -78,19 +78,20 @@ def test_hf_saved_dataset_dir_with_messages_column(tmp_path):
         {"role": "user", "content": f"what is {i}?\nBe brief."},
     ]
     dd = tmp_path / "dd"
-    datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows)}).save_to_disk(str(dd))
+    other = {"chat": [[{"role": "user", "content": "held?"}]], "label": ["7"]}
+    datasets.DatasetDict(
+        {"validation": datasets.Dataset.from_dict(rows), "dev": datasets.Dataset.from_dict(other)}
+    ).save_to_disk(str(dd))
+    cols = {"messages": "chat", "answer": "label"}
     with pytest.raises(
-        ValueError, match=r"is a DatasetDict: point the task at one split, e.g. data:.*dd/train"
+        ValueError, match=r"dd has no split 'train': set task_config.split to one of: validation, dev$"
     ):
-        make_task(f"data:{dd}", {}, "", "", "answer_is")
-    assert (
-        len(
-            make_task(
-                f"data:{dd}/train", {}, "", "", "answer_is", columns={"messages": "chat", "answer": "label"}
-            ).rows
-        )
-        == 6
+        make_task(f"data:{dd}", {}, "", "", "answer_is", columns=cols)
+    task = make_task(
+        f"data:{dd}", {}, "", "", "answer_is", columns=cols, split="validation", eval_split="dev"
     )
+    assert len(task.rows) == 6 and [p.answer for p in task.heldout(5)] == ["7"]
+    assert len(make_task(f"data:{dd}/validation", {}, "", "", "answer_is", columns=cols).rows) == 6
 
 
 def test_eval_file_overlap_is_reported_and_never_trained(tmp_path, caplog):
@@ -98,7 +99,7 @@ def test_eval_file_overlap_is_reported_and_never_trained(tmp_path, caplog):
     train.write_text("".join(json.dumps({"prompt": f"p{i}", "answer": str(i)}) + "\n" for i in range(10)))
     held.write_text("".join(json.dumps({"prompt": f"p{i}", "answer": str(i)}) + "\n" for i in (1, 2, 20)))
     task = make_task(f"data:{train}", {}, "", "", "answer_is", eval_data=str(held))
-    assert task.overlap == 2 and "2 training prompt(s) also appear in the held-out file" in caplog.text
+    assert task.overlap == 2 and f"2 training prompt(s) are also held-out rows of {held}" in caplog.text
     hq = {p.meta["question"] for p in task.heldout(3)}
     assert hq == {"p1", "p2", "p20"}
     seen = {p.meta["question"] for p in itertools.islice(task.train_stream(0, hq), 40)}

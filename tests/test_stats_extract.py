@@ -3,7 +3,7 @@ import threading
 import pytest
 
 from streamrl.eval.stats import paired_difference_interval, wilson_interval
-from streamrl.rewards.extract import extract_answer
+from streamrl.rewards.extract import EXTRACTORS, extract_answer, reference_answer
 from streamrl.rewards.math import math_equal
 
 
@@ -47,10 +47,36 @@ def test_paired_difference_hand_value():
         ("The answer is .5", "answer_is", ".5"),
         ("half: .5", "last_number", ".5"),
         ("3 eggs", "last_number", "3"),
+        ("She pays 2 * 9 = $<<2*9=18>>18.\n#### 18", "gsm8k", "18"),
+        ("#### 1,234 then #### -7.5", "gsm8k", "-7.5"),  # the last '####' wins
+        ("so\n#### $1,234,567.", "gsm8k", "1234567"),
+        ("The answer is 18.", "gsm8k", None),  # no '####': format not followed
+        ("#### eighteen", "gsm8k", None),
     ],
 )
 def test_extract(text, style, expected):
     assert extract_answer(text, style) == expected
+
+
+def test_reference_answer_of_a_gsm8k_solution():
+    solution = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nShe sold 48+24 = <<48+24=72>>72.\n#### 1,072"
+    assert reference_answer(solution) == "1072"
+    assert reference_answer("#### \\frac{1}{2}") == "\\frac{1}{2}"  # not a number: the text after ####
+    assert reference_answer("\\frac{1}{2}") == "\\frac{1}{2}"  # no '####': unchanged
+    assert reference_answer("72") == "72"
+
+
+def test_every_extractor_is_listed_wherever_extractors_are():
+    from typing import get_args, get_type_hints
+
+    from streamrl.config import RewardConfig
+    from streamrl.data.prompts import SHOT_TEMPLATES
+    from streamrl.envs.python_tool import _FORMATS
+
+    assert get_args(get_type_hints(RewardConfig)["extract"]) == EXTRACTORS
+    assert tuple(SHOT_TEMPLATES) == EXTRACTORS and tuple(_FORMATS) == EXTRACTORS
+    shot = SHOT_TEMPLATES["gsm8k"].format(answer="1234")
+    assert shot == "#### 1234" and extract_answer(shot, "gsm8k") == "1234"
 
 
 def test_extract_unknown_style():

@@ -52,7 +52,9 @@ class RolloutConfig:
 
 @dataclass
 class RewardConfig:
-    extract: Literal["answer_is", "boxed", "last_number"] = "answer_is"
+    # how the answer is read from a response (rewards/extract.py): "The answer is N", the last \boxed{},
+    # the last number, or gsm8k (the number after "####", as GSM8K's reference solutions end)
+    extract: Literal["answer_is", "boxed", "last_number", "gsm8k"] = "answer_is"
     format_weight: float = 0.1  # added to the correctness reward (0/1) when the answer format is followed
     overlong_buffer: int = 0  # DAPO overlong shaping: penalty ramps over the last N tokens; 0 = off
     overlong_penalty: float = 1.0
@@ -160,10 +162,17 @@ class TaskConfig:
     system_prompt: str = "You are a calculator. Reply in the form 'The answer is <number>.'"
     instruction: str = ""  # appended to each question on its own line
     args: dict[str, Any] = field(default_factory=dict)  # passed to the task's generator
-    # data:PATH sources: column mapping {prompt|messages, answer, id, task, tests} and a held-out file
+    # hf:NAME[:CONFIG] and data:PATH sources (data/sources.py): the column mapping {prompt|messages, answer,
+    # id, task, tests}; the training split; the held-out split ("" = `test` when the source has one, else
+    # held out from the training split) or a held-out source instead (eval_data=PATH); streaming reads
+    # rows lazily (large sets), each epoch reshuffled through a buffer of shuffle_buffer rows
     columns: dict[str, Any] = field(default_factory=dict)
+    split: str = "train"
+    eval_split: str = ""
     eval_data: str = ""
-    sources: tuple[dict[str, Any], ...] = ()  # task=mix: [{task, weight, args, columns, eval_data}, ...]
+    streaming: bool = False
+    shuffle_buffer: int = 10_000
+    sources: tuple[dict[str, Any], ...] = ()  # task=mix: [{task, weight, args, columns, ...}, ...]
     few_shot: tuple[dict[str, Any], ...] = ()  # [{question, answer} or {question, response}, ...]
     few_shot_n: int = 0  # also draw this many examples from the training split (fixed seed)
 

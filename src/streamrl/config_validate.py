@@ -116,6 +116,14 @@ def validate(cfg: Any) -> None:
         raise ConfigError(
             f"rollout.sampler=curriculum needs a reasoning-gym task (task=rg:NAME), got {cfg.task!r}"
         )
+    tc = cfg.task_config
+    _positive("task_config.shuffle_buffer", tc.shuffle_buffer)
+    if not tc.split:
+        raise ConfigError("config key 'task_config.split' must name a split, e.g. train")
+    if tc.eval_split and tc.eval_data:
+        raise ConfigError(
+            "config keys 'task_config.eval_split' and 'task_config.eval_data': set one, not both"
+        )
     if cfg.task_config.few_shot_n < 0:
         raise ConfigError(
             f"config key 'task_config.few_shot_n' must be >= 0, got {cfg.task_config.few_shot_n}"

@@ -4,7 +4,10 @@
   the dataset's own `score_answer`; a sample is correct only at full score (1.0), because reasoning-gym
   gives wrong answers small partial credit.
 - `rg:composite` mixes reasoning-gym datasets: task_config.args.datasets=[{name, weight, config}, ...].
-- `data:PATH`, `PATH.jsonl`, `PATH.parquet`: rows with a column mapping (data/sources.py).
+- `hf:NAME[:CONFIG]` (a Hugging Face dataset), `data:PATH` (.jsonl/.json/.parquet/.csv files, a directory
+  of them or a save_to_disk directory), bare `PATH.jsonl` / `PATH.parquet`: rows read with `datasets`
+  and mapped with task_config.columns, split by task_config.split / eval_split / eval_data, optionally
+  streamed (data/sources.py).
 - `mix`: weighted sources, task_config.sources=[{task, weight, ...}, ...] (data/mixture.py).
 - `code` / `code:path/to/file.jsonl`: programs run against stdin/stdout tests (data/code_task.py).
 
@@ -35,11 +38,16 @@ def make_task(
     env: Any = None,
     columns: dict[str, Any] | None = None,
     eval_data: str = "",
+    split: str = "train",
+    eval_split: str = "",
+    streaming: bool = False,
+    shuffle_buffer: int = 10_000,
     sources: Any = (),
 ) -> Task:
     """`env`: the EnvConfig that multi-turn tasks (`env:NAME`) take their limits from; `columns`,
-    `eval_data`: the data:PATH column mapping and held-out file; `sources`: the `mix` task's list;
-    `sandbox_min_isolation`: tasks that run model code check their sandbox against it when built."""
+    `eval_data`, `split`, `eval_split`, `streaming`, `shuffle_buffer`: the tabular sources' settings
+    (task_config keys of the same names); `sources`: the `mix` task's list; `sandbox_min_isolation`:
+    tasks that run model code check their sandbox against it when built."""
     kw = {"system_prompt": system_prompt, "instruction": instruction, "extract": extract}
     if spec.startswith("agent:"):
         from streamrl.envs.agent_task import AgentTask
@@ -75,17 +83,25 @@ def make_task(
         return CodeTask(path, code_partial_credit, min_isolation=sandbox_min_isolation, **kw)
     if spec.startswith("rg:"):
         return ReasoningGymTask(spec[3:], args, **kw)
-    if spec.startswith("data:") or spec.endswith((".jsonl", ".parquet")):
-        from streamrl.data.sources import DataTask
+    if spec.startswith(("hf:", "data:")) or spec.endswith((".jsonl", ".parquet")):
+        from streamrl.data.sources import data_task
 
-        path = Path(spec.removeprefix("data:")).expanduser()
-        if not path.exists():
-            raise ValueError(f"task file '{path}' not found")
-        held = Path(eval_data).expanduser() if eval_data else None
-        return DataTask(path, columns, held, code_partial_credit, sandbox_min_isolation, **kw)
+        return data_task(
+            spec,
+            columns,
+            split=split,
+            eval_split=eval_split,
+            eval_data=eval_data,
+            streaming=streaming,
+            shuffle_buffer=shuffle_buffer,
+            code_partial_credit=code_partial_credit,
+            sandbox_min_isolation=sandbox_min_isolation,
+            **kw,
+        )
     raise ValueError(
-        f"unknown task '{spec}': use 'rg:<reasoning-gym dataset>', 'data:<.jsonl/.parquet/HF dir>', a .jsonl "
-        "file of {prompt, answer}, 'mix', 'code', 'code:<file.jsonl>', 'env:python_tool' or 'env:search'"
+        f"unknown task '{spec}': use 'rg:<reasoning-gym dataset>', 'hf:<dataset>[:<config>]', "
+        "'data:<.jsonl/.json/.parquet/.csv file or directory>', 'mix', 'code', 'code:<file.jsonl>', "
+        "'env:python_tool' or 'env:search'"
     )
 
 
@@ -103,6 +119,10 @@ def task_from_config(cfg: Any) -> Task:
         env=cfg.env,
         columns=tc.columns,
         eval_data=tc.eval_data,
+        split=tc.split,
+        eval_split=tc.eval_split,
+        streaming=tc.streaming,
+        shuffle_buffer=tc.shuffle_buffer,
         sources=tc.sources,
     )
 

@@ -2,11 +2,12 @@
 
     task_config.sources = [
         {task: rg:chain_sum, weight: 2},
-        {task: data:gsm8k.parquet, weight: 1, columns: {prompt: question, answer: final}},
+        {task: "hf:openai/gsm8k:main", weight: 1, columns: {prompt: question}},
     ]
 
 Per source the keys are `task` (any task spec except mix and env:), `weight` (> 0, default 1), `args`
-(generator args; reasoning-gym defaults when empty), `columns` and `eval_data` (data sources).
+(generator args; reasoning-gym defaults when empty), and for hf: and data: sources the task_config keys
+`columns`, `split`, `eval_split`, `eval_data`, `streaming` and `shuffle_buffer` (data/sources.py).
 
 Training: each problem comes from source i with probability p_i = w_i / sum_j w_j (a seeded draw), so
 the empirical shares converge to p_i. Held-out: n is split by the same weights with largest remainders,
@@ -25,7 +26,8 @@ from typing import Any
 from streamrl.data.task import Score, Task, default_task_args
 from streamrl.types import Problem
 
-SOURCE_KEYS = ("task", "weight", "args", "columns", "eval_data")
+DATA_KEYS = ("columns", "split", "eval_split", "eval_data", "streaming", "shuffle_buffer")
+SOURCE_KEYS = ("task", "weight", "args", *DATA_KEYS)
 
 
 def split_by_weight(n: int, weights: list[float]) -> list[int]:
@@ -68,7 +70,7 @@ class MixtureTask(Task):
             spec = src["task"]
             if spec == "mix" or spec.startswith("env:"):
                 raise ValueError(
-                    f"{where}: '{spec}' cannot be mixed (use rg:, data:, .jsonl or code sources)"
+                    f"{where}: '{spec}' cannot be mixed (use rg:, hf:, data:, .jsonl or code sources)"
                 )
             weight = src.get("weight", 1.0)
             if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight <= 0:
@@ -83,8 +85,7 @@ class MixtureTask(Task):
                     code_partial_credit=code_partial_credit,
                     sandbox_min_isolation=sandbox_min_isolation,
                     env=env,
-                    columns=src.get("columns"),
-                    eval_data=src.get("eval_data", ""),
+                    **{k: src[k] for k in DATA_KEYS if k in src},
                 )
             except ValueError as e:
                 raise ValueError(f"{where}: {e}") from e

@@ -17,6 +17,7 @@ SHOT_TEMPLATES = {
     "answer_is": "The answer is {answer}.",
     "boxed": "\\boxed{{{answer}}}",
     "last_number": "{answer}",
+    "gsm8k": "#### {answer}",
 }
 
 

@@ -28,6 +28,7 @@ _FORMATS = {
     "answer_is": "write 'The answer is <number>.'",
     "boxed": "write the final answer in \\boxed{}",
     "last_number": "end your reply with the final number",
+    "gsm8k": "end your reply with '#### <number>'",
 }
 
 

@@ -1,0 +1,112 @@
+"""The column mapping of tabular sources: one record -> one problem row, or a ValueError saying why not.
+
+`task_config.columns` maps problem fields to a source's columns (defaults in brackets):
+
+    prompt [prompt]      the question text (a string), or
+    messages [-]         a chat: a list of {role, content}; the last user turn is the question
+    answer [answer]      the reference answer (scored with math-verify); a GSM8K-style solution
+                         ("...\\n#### 72") is reduced to what follows its last "####"
+    id [-]               a stable row id (default: a hash of the prompt)
+    task [-]             the row's scorer: "math" or "code" (default: "code" when it has tests)
+    tests [-]            stdin/stdout tests [{input, output}, ...] run in the sandbox
+
+A column name may be a dotted path into nested objects (`answer: meta.final`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from streamrl.rewards.extract import reference_answer
+
+DEFAULT_COLUMNS = {"prompt": "prompt", "answer": "answer"}
+COLUMN_KEYS = ("prompt", "messages", "answer", "id", "task", "tests")
+
+
+def resolve_columns(columns: dict[str, Any] | None) -> dict[str, str]:
+    """The column mapping with defaults; an unknown key is a one-line error naming the valid ones."""
+    out = dict(DEFAULT_COLUMNS)
+    for k, v in (columns or {}).items():
+        if k not in COLUMN_KEYS:
+            raise ValueError(f"task_config.columns: unknown key '{k}'; valid keys: {', '.join(COLUMN_KEYS)}")
+        if not isinstance(v, str) or not v:
+            raise ValueError(f"task_config.columns.{k} must be a column name, got {v!r}")
+        out[k] = v
+    if "messages" in out and "prompt" not in (columns or {}):
+        del out["prompt"]  # a chat column replaces the default prompt column
+    return out
+
+
+def check_question_column(label: str, columns: dict[str, str], names: list[str] | None) -> None:
+    """One line when the source has no column for the question at all (names: its columns, if known)."""
+    column = columns.get("messages") or columns["prompt"]
+    if names is not None and column.split(".")[0] not in names:
+        key = "messages" if "messages" in columns else "prompt"
+        raise ValueError(
+            f"{label}: no column '{column}' for the {key} (its columns: {', '.join(names)}); map it with "
+            f"task_config.columns={{{key}: <column>}}"
+        )
+
+
+def _get(rec: dict[str, Any], column: str) -> Any:
+    """rec[column], following dots into nested objects; KeyError names the missing column."""
+    cur: Any = rec
+    for part in column.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            raise KeyError(f"missing column '{column}'")
+        cur = cur[part]
+    return cur
+
+
+def _question(rec: dict[str, Any], columns: dict[str, str]) -> tuple[str, list[dict[str, str]] | None]:
+    if "messages" not in columns:
+        question = _get(rec, columns["prompt"])
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(f"column '{columns['prompt']}' must be a non-empty string")
+        return question, None
+    messages = _get(rec, columns["messages"])
+    if not isinstance(messages, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in messages
+    ):
+        raise ValueError(f"column '{columns['messages']}' must be a list of {{role, content}}")
+    users = [m["content"] for m in messages if m["role"] == "user"]
+    if not users:
+        raise ValueError(f"column '{columns['messages']}' has no user turn")
+    return users[-1], [{"role": str(m["role"]), "content": m["content"]} for m in messages]
+
+
+def parse_row(rec: Any, columns: dict[str, str]) -> dict[str, Any]:
+    """One record -> {question, messages, answer, id, kind, tests}; ValueError says what is wrong."""
+    from streamrl.rewards.code import validate_tests
+
+    if not isinstance(rec, dict):
+        raise ValueError(f"expected an object, got {type(rec).__name__}")
+    try:
+        question, messages = _question(rec, columns)
+        tests = None
+        if "tests" in columns:
+            raw = _get(rec, columns["tests"])
+            tests = validate_tests(json.loads(raw) if isinstance(raw, str) else raw, "tests")
+        kind = str(_get(rec, columns["task"])) if "task" in columns else ("code" if tests else "math")
+        if kind not in ("math", "code"):
+            raise ValueError(f"column '{columns['task']}' must be 'math' or 'code', got {kind!r}")
+        if kind == "code" and not tests:
+            raise ValueError("a code row needs tests (map them with task_config.columns.tests)")
+        answer = _get(rec, columns["answer"]) if kind == "math" else rec.get(columns.get("answer", ""), "")
+        if answer is None or (kind == "math" and str(answer).strip() == ""):
+            raise ValueError(f"column '{columns['answer']}' is empty")
+        answer = reference_answer(str(answer)) if kind == "math" else str(answer)
+        if kind == "math" and not answer:
+            raise ValueError(f"column '{columns['answer']}' has nothing after '####'")
+        rid = str(_get(rec, columns["id"])) if "id" in columns else None
+    except KeyError as e:
+        raise ValueError(e.args[0]) from None
+    return {
+        "question": question,
+        "messages": messages,
+        "answer": answer,
+        "id": rid,
+        "kind": kind,
+        "tests": tests,
+    }

@@ -1,0 +1,132 @@
+"""Opening a tabular source with Hugging Face `datasets`: a spec -> its splits, or one line saying why not.
+
+- `hf:NAME[:CONFIG]`: `datasets.load_dataset(NAME, CONFIG)`, so the Hub, the datasets cache and the
+  offline switches (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE, HF_HOME / HF_DATASETS_CACHE / HF_HUB_CACHE)
+  behave as they do for `datasets`. When the Hub cannot be used, a snapshot of the dataset repository in
+  the hub cache (`hf download --repo-type dataset NAME`) is read as a local directory.
+- `data:PATH`: a .jsonl / .json / .parquet / .csv file (`load_dataset(<builder>, data_files=PATH)`: one
+  split, `train`), a directory written by `save_to_disk` (`load_from_disk`: a Dataset is the `train`
+  split, a DatasetDict keeps its splits) or a directory of data files (`load_dataset(DIR)`: splits from
+  the file names, e.g. train.jsonl and test.jsonl).
+
+With `streaming`, splits are IterableDatasets read lazily. The `datasets` import stays inside the
+functions, so commands that never read data do not pay for it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+LOCAL_HINT = (
+    "pass local files with task=data:PATH (.jsonl, .json, .parquet, .csv or a save_to_disk directory)"
+)
+
+
+def one_line(e: BaseException, limit: int = 300) -> str:
+    """An exception as one line: its type when the message is empty, whitespace collapsed, truncated."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def open_splits(spec: str, streaming: bool) -> tuple[str, dict[str, Any]]:
+    """(the source's name, {split: Dataset | IterableDataset}) for `hf:NAME[:CONFIG]`, `data:PATH` or PATH."""
+    if spec.startswith("hf:"):
+        return spec, _hub_splits(spec[3:], streaming)
+    path = Path(spec.removeprefix("data:")).expanduser()
+    return str(path), _path_splits(path, streaming)
+
+
+def _hub_splits(ref: str, streaming: bool) -> dict[str, Any]:
+    import datasets
+
+    name, _, config = ref.partition(":")
+    if not name:
+        raise ValueError("task=hf:NAME[:CONFIG] needs a dataset name, e.g. hf:openai/gsm8k:main")
+    try:
+        return dict(datasets.load_dataset(name, config or None, streaming=streaming))
+    except Exception as e:  # every failure becomes one line naming the dataset
+        offline = bool(datasets.config.HF_HUB_OFFLINE)
+        if not (offline or isinstance(e, ConnectionError)):
+            hint = "; name one with task=hf:NAME:CONFIG" if "config" in str(e).lower() else ""
+            raise ValueError(f"hf:{ref}: {one_line(e)}{hint}") from None
+        snapshot = _cached_snapshot(name)
+        if snapshot is None:
+            hub = "offline (HF_HUB_OFFLINE=1)" if offline else "unreachable"
+            why = "" if isinstance(e, ConnectionError) else f" ({one_line(e)})"
+            raise ValueError(
+                f"hf:{ref}: dataset '{name}' is not in the local Hugging Face cache and the Hub is {hub}"
+                f"{why}; load it once with network access, or {LOCAL_HINT}"
+            ) from None
+    try:
+        return dict(datasets.load_dataset(snapshot, config or None, streaming=streaming))
+    except Exception as e:
+        raise ValueError(
+            f"hf:{ref}: the cached snapshot {snapshot} could not be read: {one_line(e)}"
+        ) from None
+
+
+def _cached_snapshot(name: str) -> str | None:
+    """The dataset repository's snapshot in the hub cache (HF_HUB_CACHE), without any network call."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(name, repo_type="dataset", local_files_only=True)
+    except (OSError, ValueError):  # not cached (LocalEntryNotFoundError) or not a repo id
+        return None
+
+
+def _path_splits(path: Path, streaming: bool) -> dict[str, Any]:
+    import datasets
+
+    if not path.exists():
+        raise ValueError(f"task file '{path}' not found")
+    if path.is_dir() and ((path / "state.json").is_file() or (path / "dataset_dict.json").is_file()):
+        loaded = datasets.load_from_disk(str(path))
+        splits = dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
+        return {k: v.to_iterable_dataset() for k, v in splits.items()} if streaming else splits
+    if path.is_dir():
+        builder, files = str(path), None
+    elif path.suffix in BUILDERS:
+        builder, files = BUILDERS[path.suffix], str(path)
+    else:
+        raise ValueError(
+            f"{path}: unsupported file type '{path.suffix}'; use .jsonl, .json, .parquet or .csv, a "
+            "directory of them, or a save_to_disk directory"
+        )
+    try:
+        return dict(datasets.load_dataset(builder, data_files=files, streaming=streaming))
+    except Exception as e:  # the file's own problem, in one line
+        bad = _first_bad_json_line(path) if path.suffix == ".jsonl" else None
+        raise ValueError(bad or f"{path}: datasets could not read it: {one_line(e)}") from None
+
+
+def _first_bad_json_line(path: Path) -> str | None:
+    """`file:line: not valid JSON (why)` for the first line of a JSONL file that does not parse."""
+    import json
+
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            try:
+                if line.strip():
+                    json.loads(line)
+            except json.JSONDecodeError as e:
+                return f"{path}:{lineno}: not valid JSON ({e.msg}); fix or remove the line"
+    return None
+
+
+def pick_split(name: str, splits: dict[str, Any], split: str, key: str) -> Any:
+    """splits[split], or one line naming the source, the config key to set and the splits it has."""
+    if split not in splits:
+        raise ValueError(
+            f"{name} has no split '{split}': set task_config.{key} to one of: {', '.join(splits)}"
+        )
+    return splits[split]
+
+
+def held_split_name(splits: dict[str, Any], split: str, eval_split: str) -> str:
+    """The held-out split: eval_split if set, else `test` when the source has one; "" = hold out rows of
+    the training split itself (also when eval_split names the training split)."""
+    held = eval_split or ("test" if "test" in splits else "")
+    return "" if held == split else held

@@ -1,0 +1,84 @@
+"""What tasks over tabular rows share: a parsed row -> a Problem, and the scorer of its kind.
+
+Math rows score with math-verify against the reference answer; code rows run the response's program
+against the row's tests in the sandbox (built, and checked against `sandbox_min_isolation`, when the
+task is set up and some row is code).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from streamrl.data.task import Score, Task
+from streamrl.rewards.sandbox import LocalSandbox
+from streamrl.types import Problem
+
+log = logging.getLogger("streamrl.data")
+SHOWN_WARNINGS = 5  # per source: the first few bad rows by position, then a count
+
+
+def report_skipped(name: str, skipped: list[str]) -> None:
+    """One warning naming the first few skipped rows (`where: why`) and how many there were."""
+    if skipped:
+        shown = "; ".join(skipped[:SHOWN_WARNINGS])
+        more = f" (and {len(skipped) - SHOWN_WARNINGS} more)" if len(skipped) > SHOWN_WARNINGS else ""
+        log.warning("%s: skipped %d malformed row(s): %s%s", name, len(skipped), shown, more)
+
+
+def no_usable_rows(name: str, skipped: list[str], column_names: Iterable[str] | None) -> ValueError:
+    columns = f"its columns: {', '.join(column_names)}; " if column_names else ""
+    first = f"; first problem: {skipped[0]}" if skipped else ""
+    return ValueError(
+        f"{name}: no usable rows ({columns}map columns with task_config.columns={{prompt: ..., answer: ...}})"
+        f"{first}"
+    )
+
+
+class RowTask(Task):
+    """Problems from parsed rows ({question, messages, answer, id, kind, tests}; data/columns.py)."""
+
+    def __init__(
+        self, code_partial_credit: bool = True, sandbox_min_isolation: str = "auto", **kw: Any
+    ) -> None:
+        super().__init__(**kw)
+        self.partial_credit = code_partial_credit
+        self.min_isolation = sandbox_min_isolation
+        self.executor: LocalSandbox | None = None  # code rows: set by use_sandbox_for
+
+    def use_sandbox_for(self, rows: Iterable[dict[str, Any]]) -> None:
+        """Build the sandbox now (so a refused isolation level fails at set-up) if any row is code."""
+        if self.executor is None and any(r["kind"] == "code" for r in rows):
+            self.executor = LocalSandbox(min_isolation=self.min_isolation)
+
+    def _make(self, row: dict[str, Any]) -> Problem:
+        pid = row["id"] or f"row-{hashlib.sha1(row['question'].encode()).hexdigest()[:10]}"
+        meta: dict[str, Any] = {"kind": row["kind"]}
+        if row["tests"]:
+            meta["tests"] = row["tests"]
+        if row["messages"]:
+            meta["chat"] = row["messages"]
+        return self._problem(pid, row["question"], row["answer"], meta)
+
+    def is_correct(self, extracted: str, problem: Problem) -> bool:
+        from streamrl.rewards.math import math_equal
+
+        return math_equal(extracted, problem.answer)
+
+    def score(self, problem: Problem, text: str) -> Score:
+        if problem.meta.get("kind") != "code":
+            return super().score(problem, text)
+        from streamrl.data.code_task import LIMITS
+        from streamrl.rewards.code import extract_program, score_program
+
+        if self.executor is None:  # a streamed source met its first code row after set-up
+            self.executor = LocalSandbox(min_isolation=self.min_isolation)
+        program = extract_program(text)
+        if program is None:
+            return Score(False, False, None, value=0.0)
+        value, info = score_program(
+            program, problem.meta["tests"], self.partial_credit, self.executor, LIMITS
+        )
+        return Score(info["passed"] == info["total"], True, program, value=value)

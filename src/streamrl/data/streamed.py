@@ -1,0 +1,86 @@
+"""A streamed tabular source (`task_config.streaming=true`): rows read lazily from IterableDatasets.
+
+For sets too large to hold as Python rows. Held-out: the first eval.size usable rows of the held-out
+split in its own order (of the training split when there is none; training then skips them by prompt).
+Training: epoch after epoch over the training split, each epoch reshuffled with
+`IterableDataset.shuffle(seed, buffer_size=task_config.shuffle_buffer)` and `set_epoch`, so a seed
+replays the same order (a resumed run skips to its position). Rows are not deduplicated.
+
+Set-up reads the first PEEK_ROWS rows of each split, so a wrong column mapping fails before any model
+loads; a malformed row met later while training is skipped, and the first few are logged.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+from streamrl.data.columns import check_question_column, parse_row
+from streamrl.data.row_task import SHOWN_WARNINGS, RowTask, log, no_usable_rows, report_skipped
+from streamrl.types import Problem
+
+PEEK_ROWS = 100
+
+
+class StreamedDataTask(RowTask):
+    def __init__(
+        self,
+        name: str,
+        train: Any,
+        columns: dict[str, str],
+        held: Any = None,
+        labels: tuple[str, str] = ("", ""),
+        shuffle_buffer: int = 10_000,
+        **kw: Any,
+    ) -> None:
+        """train / held: IterableDatasets (held None: held out from train); labels: how the two name
+        their rows in warnings (default: name); kw: RowTask's and Task's settings."""
+        super().__init__(**kw)
+        self.name = name
+        self.train, self.held, self.columns = train, held, columns
+        self.train_label, self.held_label = labels[0] or name, labels[1] or name
+        self.shuffle_buffer = shuffle_buffer
+        self.skipped: list[str] = []  # malformed rows met while training (`where: why`)
+        for ds, label in ((train, self.train_label), (held, self.held_label)):
+            if ds is not None:
+                self._peek(ds, label)
+
+    def _peek(self, ds: Any, label: str) -> None:
+        check_question_column(label, self.columns, getattr(ds, "column_names", None))
+        rows, bad = [], []
+        for i, rec in enumerate(itertools.islice(ds, PEEK_ROWS), 1):
+            try:
+                rows.append(parse_row(rec, self.columns))
+            except ValueError as e:
+                bad.append(f"{label}:row {i}: {e}")
+        if not rows:
+            raise no_usable_rows(label, bad, getattr(ds, "column_names", None))
+        report_skipped(label, bad)
+        self.use_sandbox_for(rows)
+
+    def _rows(self, ds: Any, label: str) -> Iterator[dict[str, Any]]:
+        """The usable rows of ds in its order; a malformed one is skipped (the first few are logged)."""
+        for rec in ds:
+            try:
+                yield parse_row(rec, self.columns)
+            except ValueError as e:
+                self.skipped.append(f"{label}: {e}")
+                if len(self.skipped) <= SHOWN_WARNINGS:
+                    log.warning("%s: skipped a malformed row: %s", label, e)
+
+    def heldout(self, n: int) -> list[Problem]:
+        ds, label = (self.held, self.held_label) if self.held is not None else (self.train, self.train_label)
+        return [self._make(r) for r in itertools.islice(self._rows(ds, label), n)]
+
+    def train_stream(self, seed: int, exclude: set[str]) -> Iterator[Problem]:
+        shuffled = self.train.shuffle(seed=seed, buffer_size=self.shuffle_buffer)
+        for epoch in itertools.count():
+            shuffled.set_epoch(epoch)
+            fresh = 0
+            for row in self._rows(shuffled, self.train_label):
+                if row["question"] not in exclude:
+                    fresh += 1
+                    yield self._make(row)
+            if not fresh:
+                raise ValueError(f"{self.name}: every streamed row is held out; lower eval.size")

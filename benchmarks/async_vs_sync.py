@@ -24,9 +24,7 @@ from streamrl.loop.job import run_train
 
 def _one(name: str, overrides: list[str], root: Path) -> dict:
     run_dir = root / name
-    cfg = load_config(
-        None, [*overrides, f"run_dir={run_dir}", "eval.before=false", "train.save_checkpoint=false"]
-    )
+    cfg = load_config(None, [*overrides, f"run_dir={run_dir}", "eval.before=false", "checkpoint.save=false"])
     summary = run_train(cfg)
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     last = rows[-1] if rows else {}

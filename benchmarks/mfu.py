@@ -102,7 +102,7 @@ def run_default_job(steps: int) -> Path:
     from streamrl.loop.job import run_train
 
     run_dir = Path(tempfile.mkdtemp(prefix="mfu-"))
-    keys = [f"max_steps={steps}", "eval.before=false", "eval.after=false", "train.save_checkpoint=false"]
+    keys = [f"max_steps={steps}", "eval.before=false", "eval.after=false", "checkpoint.save=false"]
     run_train(load_config(None, [*keys, f"run_dir={run_dir}"]))
     return run_dir
 

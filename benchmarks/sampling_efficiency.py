@@ -37,7 +37,7 @@ def one_run(sampler: str, args: argparse.Namespace, extra: list[str], root: Path
             f"model={args.model}",
             f"max_steps={args.steps}",
             "rollout.dynamic_sampling=false",
-            "train.save_checkpoint=false",
+            "checkpoint.save=false",
             *extra,
             f"rollout.sampler={sampler}",
             f"run_dir={run_dir}",

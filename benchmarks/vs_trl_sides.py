@@ -45,7 +45,7 @@ def run_streamrl(cfg: Config, work: Path) -> dict[str, Any]:
     from streamrl.loop.job import run_train
 
     cfg.run_dir = str(work / "streamrl-run")
-    cfg.train.save_checkpoint = False
+    cfg.checkpoint.save = False
     summary = run_train(cfg)
     run_dir = Path(cfg.run_dir)
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]

@@ -27,7 +27,7 @@ from streamrl.loop.state import latest_state, state_dirs
 from streamrl.placement import leftovers
 
 STEPS = 16
-ARGS = [*TINY, f"max_steps={STEPS}", "max_staleness=1", "train.save_every=1", "train.save_checkpoint=true"]
+ARGS = [*TINY, f"max_steps={STEPS}", "max_staleness=1", "train.save_every=1", "checkpoint.save=true"]
 
 
 def _lines(path: Path) -> list[dict]:
@@ -180,7 +180,7 @@ def test_reconcile_moves_lines_past_the_saved_step(tmp_path: Path) -> None:
 def test_periodic_saves_keep_the_newest_states(tmp_path: Path) -> None:
     run = tmp_path / "run"
     args = [*ARGS, "runtime.mode=colocated", "max_staleness=0", "max_steps=5", "train.keep_states=3"]
-    assert main(["train", *args, "train.checkpoint_every=2", f"run_dir={run}"]) == 0
+    assert main(["train", *args, "checkpoint.every=2", f"run_dir={run}"]) == 0
     assert [d.name for d in state_dirs(run)] == ["step-000003", "step-000004", "step-000005"]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-2", "step-4"]
     from transformers import AutoModelForCausalLM

@@ -51,6 +51,8 @@ def test_unknown_top_level_key():
         ("rollout.samples_per_prompt=0", "config key 'rollout.samples_per_prompt' must be > 0"),
         ("rollout.top_p=1.5", "config key 'rollout.top_p' must be in (0, 1]"),
         ("train=3", "config key 'train' is a section"),
+        ("checkpoint.dtype=fp16", "config key 'checkpoint.dtype' expects one of 'bf16', 'fp32', got 'fp16'"),
+        ("checkpoint.every=-1", "config key 'checkpoint.every' must be >= 0 (0 = off), got -1"),
         ("max_steps", "must look like key=value"),
     ],
 )
@@ -72,6 +74,26 @@ def test_cli_bad_key_exits_2_before_any_work(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert err[0].startswith("streamrl: error: unknown config key 'max_stepz' (did you mean 'max_steps'?)")
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [("train.save_checkpoint=false", "checkpoint.save"), ("train.checkpoint_every=5", "checkpoint.every")],
+)
+def test_a_moved_key_names_its_new_name(tmp_path, capsys, old, new):
+    key = old.split("=")[0]
+    assert main(["train", old, f"run_dir={tmp_path / 'r'}"]) == 2
+    assert capsys.readouterr().err == f"streamrl: error: config key '{key}' is now '{new}': rename it\n"
+    assert not (tmp_path / "r").exists()
+    f = tmp_path / "old.yaml"  # in a YAML section too
+    f.write_text(f"train:\n  {key.split('.')[1]}: {old.split('=')[1]}\n")
+    with pytest.raises(ConfigError, match=f"^config key '{key}' is now '{new}': rename it$"):
+        load_config(f)
+
+
+def test_checkpoint_section_defaults():
+    c = load_config(None, []).checkpoint
+    assert (c.save, c.every, c.dtype) == (True, 0, "bf16")
 
 
 def test_cli_missing_config_file(capsys):

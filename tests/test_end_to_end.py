@@ -21,6 +21,7 @@ TINY = [
     "train.lr=1e-2",
     # any digit counts as formatted, so random output has reward variance and a real gradient
     "reward.extract=last_number",
+    "checkpoint.dtype=fp32",  # the checkpoint compared bit for bit with the trainer's fp32 weights
 ]
 
 
@@ -152,7 +153,7 @@ def test_a_small_dataset_may_repeat_a_problem_within_one_step(tmp_path):
         "runtime.mode=colocated",
         "max_staleness=0",
         "max_steps=2",
-        "train.save_checkpoint=false",
+        "checkpoint.save=false",
         f"run_dir={run}",
     ]
     assert main(["train", *args]) == 0

@@ -16,7 +16,7 @@ TINY_ENV = [
     "env.max_turns=3",
     "env.max_tokens_per_turn=6",
     "env.max_total_tokens=160",
-    "train.save_checkpoint=false",
+    "checkpoint.save=false",
 ]
 
 

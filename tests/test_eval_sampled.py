@@ -101,7 +101,7 @@ def test_training_evaluates_the_heldout_set_every_n_steps(tmp_path):
         "rollout.max_new_tokens=4",
         "eval.max_new_tokens=4",
         "reward.extract=last_number",
-        "train.save_checkpoint=false",
+        "checkpoint.save=false",
         "runtime.mode=colocated",
         "max_staleness=0",
         "max_steps=4",

@@ -5,11 +5,14 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from tiny_args import TINY
 from trajectories import make_traj
 
 from streamrl.cli import main
 from streamrl.config import load_config
+from streamrl.loop.state import latest_state
+from streamrl.models import load_model, resolve_model_dir
 from streamrl.models.lora import apply_lora, merged_state
 from streamrl.trainer.trainer import Trainer
 from streamrl.types import TrainBatch
@@ -66,18 +69,57 @@ def test_lora_trains_async_end_to_end_and_saves_a_plain_checkpoint(tmp_path):
     from transformers import AutoModelForCausalLM
 
     run = tmp_path / "run"
-    args = ["train", *TINY, "train.save_checkpoint=true", "train.lr=1e-2", "train.lora_rank=4", "max_steps=2"]
+    args = ["train", *TINY, "checkpoint.save=true", "train.lr=1e-2", "train.lora_rank=4", "max_steps=2"]
     args.append(f"run_dir={run}")
     assert main(args) == 0
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["policy_version"] for r in rows] == [1, 2]
     ckpt = AutoModelForCausalLM.from_pretrained(run / "checkpoint")  # a plain model: adapters merged
     assert not any("lora" in k for k in ckpt.state_dict())
-    assert (run / "checkpoint" / "adapter_state.pt").is_file()
-    from streamrl.models import resolve_model_dir
-
+    assert (run / "checkpoint" / "adapter" / "adapter_model.safetensors").is_file()
     init = AutoModelForCausalLM.from_pretrained(resolve_model_dir("tiny-random", seed=0)).state_dict()
     key = "model.layers.0.self_attn.q_proj.weight"
     assert not torch.equal(ckpt.state_dict()[key], init[key])  # the trained update is merged in
     key = "model.layers.0.input_layernorm.weight"
     assert torch.equal(ckpt.state_dict()[key], init[key])  # not a LoRA target: frozen
+
+
+SYNC = [*TINY, "runtime.mode=colocated", "max_staleness=0", "train.lr=1e-2", "train.lora_rank=4"]
+SYNC += ["train.save_every=1", "checkpoint.save=true"]
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("lora") / "run"
+    assert main(["train", *SYNC, "max_steps=2", f"run_dir={run}"]) == 0
+    return run
+
+
+def test_the_checkpoint_adapter_is_peft_format_and_reproduces_the_trained_model(lora_run):
+    from peft import PeftModel
+
+    adapter = lora_run / "checkpoint" / "adapter"
+    assert sorted(p.name for p in adapter.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    conf = json.loads((adapter / "adapter_config.json").read_text())
+    base_dir = resolve_model_dir("tiny-random", seed=0)
+    assert (conf["peft_type"], conf["task_type"], conf["r"]) == ("LORA", "CAUSAL_LM", 4)
+    assert conf["base_model_name_or_path"] == str(base_dir)
+    peft = PeftModel.from_pretrained(load_model(base_dir), adapter).eval()
+    trained = load_model(latest_state(lora_run) / "model").eval()  # the trained policy, merged, fp32
+    base = load_model(base_dir).eval()
+    ids = torch.tensor([[1, 17, 5, 42, 9, 3, 28]])
+    with torch.no_grad():
+        want = trained(ids).logits
+        torch.testing.assert_close(peft(ids).logits, want, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(base(ids).logits, want, rtol=1e-3, atol=1e-3)  # training changed it
+
+
+def test_a_lora_run_resumes_exactly(lora_run, tmp_path):
+    split = tmp_path / "split"
+    assert main(["train", *SYNC, "max_steps=1", f"run_dir={split}"]) == 0
+    assert main(["train", f"resume={split}", "max_steps=2"]) == 0
+    for rel in ("model/model.safetensors", "model/adapter/adapter_model.safetensors"):
+        a = load_file(str(latest_state(lora_run) / rel))
+        b = load_file(str(latest_state(split) / rel))
+        assert a.keys() == b.keys()
+        assert [k for k in a if not torch.equal(a[k], b[k])] == [], rel

@@ -31,7 +31,7 @@ TINY = [
     "rollout.max_new_tokens=8",
     "eval.max_new_tokens=8",
     "train.lr=1e-2",
-    "train.save_checkpoint=false",
+    "checkpoint.save=false",
     "reward.extract=last_number",
     "observe.report_every=2",
 ]

@@ -86,7 +86,7 @@ def test_code_task_trains_end_to_end_with_sandboxed_scoring(tmp_path, mode):
         "rollout.prompts_per_step=2",
         "rollout.samples_per_prompt=2",
         "rollout.max_new_tokens=8",
-        "train.save_checkpoint=false",
+        "checkpoint.save=false",
         "rollout.dynamic_sampling=false",
         f"runtime.mode={mode}",
         "max_staleness=0",

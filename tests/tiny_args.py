@@ -9,5 +9,5 @@ TINY = [
     "rollout.max_new_tokens=8",
     "eval.max_new_tokens=8",
     "reward.extract=last_number",
-    "train.save_checkpoint=false",
+    "checkpoint.save=false",
 ]

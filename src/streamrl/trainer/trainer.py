@@ -15,7 +15,9 @@ from streamrl.algo.aggregation import batch_normalizer
 from streamrl.algo.losses import LossInputs
 from streamrl.algo.token_weights import entropy_top_q_mask, sign_weights
 from streamrl.config import AdvantageConfig, Config, LossConfig, TrainConfig
-from streamrl.models.lora import ADAPTER_FILE, adapter_state, apply_lora, is_lora, merged_state
+from streamrl.models import lora
+from streamrl.models.export import save_model
+from streamrl.models.lora import apply_lora, is_lora, merged_state
 from streamrl.trainer.batching import MicroBatch, collate, split_by_token_budget
 from streamrl.trainer.critic import CriticTargets, ValueHead, clipped_value_loss, gae_targets
 from streamrl.trainer.logprobs import completion_forward, completion_logprobs
@@ -328,27 +330,21 @@ class Trainer:
         """The weights an engine or a plain transformers model loads (LoRA adapters merged in)."""
         return merged_state(self.model) if is_lora(self.model) else self.model.state_dict()
 
-    def save(self, path: str, tokenizer: Any) -> None:
-        """An HF model directory loadable by transformers' from_pretrained (+ value_head.pt with gae,
-        + the adapter tensors with LoRA, for resume)."""
-        if is_lora(self.model):
-            self.model.save_pretrained(path, state_dict=merged_state(self.model))
-            torch.save(adapter_state(self.model), Path(path) / ADAPTER_FILE)
-        else:
-            self.model.save_pretrained(path)
+    def save(self, path: str, tokenizer: Any, dtype: torch.dtype = torch.float32) -> None:
+        """An HF model directory loadable by transformers' from_pretrained, its weights (LoRA: merged)
+        in `dtype`; + value_head.pt with gae; + adapter/ with LoRA, the adapters alone in PEFT's format
+        (fp32, what a resume restores)."""
+        save_model(self.model, path, self.policy_state(), dtype)
         tokenizer.save_pretrained(path)
+        if is_lora(self.model):
+            lora.save_adapter(self.model, Path(path) / lora.ADAPTER_DIR)
         if self.value_head is not None:
             torch.save(self.value_head.state_dict(), Path(path) / "value_head.pt")
 
     def load_adapter(self, path: str | Path) -> None:
-        """Restore LoRA adapter tensors saved by `save` (no-op without LoRA or without the file)."""
-        f = Path(path) / ADAPTER_FILE
-        if is_lora(self.model) and f.is_file():
-            missing = self.model.load_state_dict(torch.load(f, weights_only=True), strict=False)
-            if missing.unexpected_keys:
-                raise ValueError(
-                    f"{f}: adapter tensors do not match this model ({missing.unexpected_keys[:3]})"
-                )
+        """Restore the LoRA adapters `save` wrote into `path` (no-op without LoRA)."""
+        if is_lora(self.model):
+            lora.load_adapter(self.model, Path(path) / lora.ADAPTER_DIR)
 
     def load_value_head(self, path: str | Path) -> None:
         """Restore the value head saved by `save` into `path` (no-op without gae or without the file)."""

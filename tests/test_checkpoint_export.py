@@ -1,0 +1,157 @@
+"""Exported checkpoints: weights in checkpoint.dtype (exact casts of the fp32 master weights, which the
+resume state keeps), a model card with the run's facts, and a reproduce command that reproduces."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+import torch
+from huggingface_hub import ModelCard
+from safetensors.torch import load_file
+from tiny_args import TINY
+
+from streamrl.cli import main
+from streamrl.config import load_config
+from streamrl.loop import job
+from streamrl.loop.state import latest_state, state_dirs
+from streamrl.models.resolve import load_model
+from streamrl.observe.model_card import Accuracy, model_card, reproduce_command
+
+RUN = [
+    *TINY,
+    "runtime.mode=colocated",
+    "max_staleness=0",
+    "max_steps=2",
+    "train.lr=1e-2",
+    "train.save_every=1",  # a state per step: the fp32 weights behind checkpoints/step-1 too
+    "eval.before=true",
+    "eval.every=2",
+    "checkpoint.save=true",
+    "checkpoint.every=1",
+]
+# the held-out verdicts of the base, periodic (step 2) and final evaluations: distinct accuracies, so a
+# card that mixes them up says so (a tiny random model gets every problem wrong)
+VERDICTS = [[True, False, False, False], [True, True, False, False], [True, True, True, False]]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("export") / "run"
+    verdicts = iter(VERDICTS)
+    real = job.evaluate
+
+    def evaluate(*args, **kw):
+        res = real(*args, **kw)
+        res.correct = next(verdicts)
+        return res
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(job, "evaluate", evaluate)
+        assert main(["train", *RUN, f"run_dir={run}"]) == 0
+    return run
+
+
+def _assert_exact_casts(ckpt, model_dir, dtype):
+    exported = load_file(str(ckpt / "model.safetensors"))
+    master = load_file(str(model_dir / "model.safetensors"))
+    assert exported.keys() == master.keys()
+    assert {t.dtype for t in master.values()} == {torch.float32}  # the resume state stays fp32
+    for k, v in exported.items():
+        assert v.dtype == dtype, k
+        assert torch.equal(v, master[k].to(dtype)), f"{k}: not the trained weights cast to {dtype}"
+
+
+def test_exported_weights_are_bf16_casts_of_the_trained_fp32_weights(run):
+    assert [d.name for d in state_dirs(run)] == ["step-000001", "step-000002"]
+    _assert_exact_casts(run / "checkpoint", latest_state(run) / "model", torch.bfloat16)
+    _assert_exact_casts(run / "checkpoints" / "step-1", state_dirs(run)[0] / "model", torch.bfloat16)
+    assert json.loads((run / "checkpoint" / "config.json").read_text())["dtype"] == "bfloat16"
+    # `streamrl eval model=RUN_DIR/checkpoint` loads it in fp32: the same values
+    model = load_model(run / "checkpoint")
+    exported = load_file(str(run / "checkpoint" / "model.safetensors"))
+    state = model.state_dict()
+    assert all(
+        state[k].dtype == torch.float32 and torch.equal(state[k], v.float()) for k, v in exported.items()
+    )
+
+
+def test_checkpoint_dtype_fp32_exports_the_master_weights_as_they_are(tmp_path):
+    run = tmp_path / "run"
+    args = [*TINY, "runtime.mode=colocated", "max_staleness=0", "max_steps=1", "train.lr=1e-2"]
+    assert main(["train", *args, "checkpoint.save=true", "checkpoint.dtype=fp32", f"run_dir={run}"]) == 0
+    _assert_exact_casts(run / "checkpoint", latest_state(run) / "model", torch.float32)
+    assert json.loads((run / "checkpoint" / "config.json").read_text())["dtype"] == "float32"
+    lines = (run / "checkpoint" / "README.md").read_text().splitlines()
+    assert "- Weights: float32 (checkpoint.dtype=fp32)" in lines
+    assert "- Held-out accuracy before training: not evaluated" in lines  # eval.before=false
+
+
+def _line(label: str, summary: dict, source: str = "") -> str:
+    where = f", {source}" if source else ""
+    acc, correct, n = summary["accuracy"], summary["correct"], summary["n"]
+    return f"- Held-out accuracy {label}: {acc:.3f} ({correct}/{n} problems, greedy{where})"
+
+
+def test_the_card_states_steps_accuracies_base_model_and_command(run):
+    ev = json.loads((run / "eval.json").read_text())
+    base, final = ev["base"], ev["final"]
+    assert (base["correct"], final["correct"], base["n"]) == (1, 3, 4)
+    lines = (run / "checkpoint" / "README.md").read_text().splitlines()
+    assert "- Steps trained: 2" in lines
+    assert _line("before training", base) in lines
+    assert _line("after training", final) in lines
+    assert "- Base model: tiny-random" in lines
+    assert "- Task: rg:chain_sum" in lines
+    assert "- Algorithm: advantage `grpo`, loss `decoupled_ppo` with `token-mean` aggregation" in lines
+    assert "- Weights: bfloat16 (checkpoint.dtype=bf16)" in lines
+    assert f"streamrl train {run}/config.yaml run_dir={run}-again" in lines
+    card = ModelCard.load(run / "checkpoint" / "README.md")
+    assert card.data.library_name == "transformers"
+    assert card.data.tags == ["streamrl", "reinforcement-learning", "grpo", "decoupled_ppo"]
+    assert card.data.base_model is None  # tiny-random has no Hub id
+
+
+def test_periodic_cards_say_which_evaluation_they_carry(run):
+    base = json.loads((run / "eval.json").read_text())["base"]
+    step1 = (run / "checkpoints" / "step-1" / "README.md").read_text().splitlines()
+    step2 = (run / "checkpoints" / "step-2" / "README.md").read_text().splitlines()
+    assert "- Steps trained: 1" in step1 and "- Steps trained: 2" in step2
+    assert _line("before training", base) in step1 and _line("before training", base) in step2
+    assert "- Held-out accuracy after training: not evaluated" in step1  # eval.every=2
+    periodic = {"accuracy": 0.5, "correct": 2, "n": 4}
+    assert _line("after training", periodic, "periodic evaluation at step 2") in step2
+
+
+def test_the_card_command_trains_the_same_model_again(run):
+    lines = (run / "checkpoint" / "README.md").read_text().splitlines()
+    command = lines[lines.index("## Reproduce") + 3]
+    argv = shlex.split(command)
+    assert argv[:2] == ["streamrl", "train"]
+    assert main(argv[1:]) == 0  # colocated and synchronous: bit for bit the same run
+    again = run.parent / "run-again"
+    a = load_file(str(run / "checkpoint" / "model.safetensors"))
+    b = load_file(str(again / "checkpoint" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_card_metadata_names_the_hub_base_model_and_lora():
+    cfg = load_config(None, ["run_dir=runs/x", "train.lora_rank=8", "algo=dapo"])
+    card = model_card(cfg, 5, Accuracy(0.125, 50, 400), None, "HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert card.data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert card.data.tags[-2:] == ["lora", "peft"]
+    lines = card.text.splitlines()
+    assert "- Base model: smollm2-135m-instruct (HuggingFaceTB/SmolLM2-135M-Instruct)" in lines
+    assert lines[lines.index("- Steps trained: 5") - 1].startswith(
+        "- LoRA: rank 8, alpha 32 on q_proj, k_proj"
+    )
+    assert "- Held-out accuracy before training: 0.125 (50/400 problems, greedy)" in lines
+    assert "- Held-out accuracy after training: not evaluated" in lines
+    assert lines[lines.index("## Training") + 4].startswith("- Algorithm (preset `dapo`): advantage")
+
+
+def test_a_resumed_runs_command_clears_resume():
+    cfg = load_config(None, ["run_dir=runs/x/"])
+    cfg.resume = "runs/x"
+    assert reproduce_command(cfg) == "streamrl train runs/x/config.yaml run_dir=runs/x-again resume="

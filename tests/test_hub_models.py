@@ -39,7 +39,7 @@ def _cli(args: list[str], hub: Path) -> subprocess.CompletedProcess:
 def test_a_hub_id_trains_from_the_offline_cache(tmp_path: Path) -> None:
     snap = _hub_cache(tmp_path / "hub", "testorg/tiny-chat")
     run = tmp_path / "run"
-    args = [*TINY, "model=testorg/tiny-chat", "max_steps=2", "train.save_checkpoint=true", f"run_dir={run}"]
+    args = [*TINY, "model=testorg/tiny-chat", "max_steps=2", "checkpoint.save=true", f"run_dir={run}"]
     res = _cli(args, tmp_path / "hub")
     assert res.returncode == 0, res.stderr[-3000:]
     assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]

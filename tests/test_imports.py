@@ -13,7 +13,7 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 
 # Bottom to top: a module may import its own package and any package of a lower layer.
 LAYERS = [
-    {"types", "config_parse", "presets"},
+    {"types", "config_parse", "presets", "user_code"},  # user_code imports nothing from streamrl
     {"algo"},
     {"config_validate"},
     {"config"},

@@ -74,6 +74,12 @@ class RewardConfig:
     judge_model: str = ""  # or STREAMRL_JUDGE_MODEL (the key: STREAMRL_JUDGE_API_KEY / OPENAI_API_KEY)
     judge_timeout_s: float = 30.0
     judge_pass_threshold: float = 0.5  # a judge score at or above it counts as correct
+    # your own reward function (TRL's convention, rewards/user_fns.py): package.module:function or
+    # path/to/file.py:function; it replaces the task's reward (accuracy still uses the task's verifier)
+    fn: str = ""
+    # several, weighted: [{fn: SPEC, weight: 1.0, name: NAME}, ...]; fn: task = the task's own reward;
+    # each one is logged as reward/<name>
+    fns: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass

@@ -185,6 +185,48 @@ def validate(cfg: Any) -> None:
 
         if importlib.util.find_spec("wandb") is None:
             raise ConfigError("observe.wandb=true needs the wandb package: pip install 'streamrl[wandb]'")
+    _validate_reward_fns(cfg.reward)
+
+
+FN_KEYS = ("fn", "weight", "name")
+
+
+def _validate_reward_fns(rc: Any) -> None:
+    """reward.fn / reward.fns: their shape here; the functions are imported by preflight."""
+    if rc.fn and rc.fns:
+        raise ConfigError(
+            "config keys 'reward.fn' and 'reward.fns' exclude each other: list every function in reward.fns"
+        )
+    specs = [("reward.fn", rc.fn)] if rc.fn else []
+    names = []
+    for i, entry in enumerate(rc.fns):
+        key = f"reward.fns[{i}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("fn"), str) or not entry["fn"]:
+            raise ConfigError(
+                f"config key '{key}' must be a mapping with fn (e.g. {{fn: my_rewards.py:brevity, "
+                f"weight: 0.5}}), got {entry!r}"
+            )
+        if unknown := sorted(set(entry) - set(FN_KEYS)):
+            raise ConfigError(
+                f"config key '{key}': unknown field(s) {', '.join(unknown)}; valid: {', '.join(FN_KEYS)}"
+            )
+        weight = entry.get("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight != weight:
+            raise ConfigError(f"config key '{key}.weight' must be a number, got {weight!r}")
+        names.append(str(entry.get("name") or entry["fn"].rpartition(":")[2]))
+        if entry["fn"] != "task":
+            specs.append((f"{key}.fn", entry["fn"]))
+    for key, spec in specs:
+        where, _, attr = spec.rpartition(":")
+        if not where or not attr.isidentifier():
+            raise ConfigError(
+                f"config key '{key}' must be package.module:function or path/to/file.py:function, "
+                f"got {spec!r}"
+            )
+    if dup := sorted({n for n in names if names.count(n) > 1}):
+        raise ConfigError(
+            f"config key 'reward.fns': two functions are named {dup[0]}: give one a name (name: ...)"
+        )
 
 
 def resolved_weight_sync(cfg: Any) -> str:

@@ -1,7 +1,7 @@
 """The checks that need more than the config: the model resolves (a known name, a local directory or a
-Hugging Face Hub id, downloaded or found in the cache) and the task builds (its data read, its sandbox
-checked). They run before any weights load and before a run directory is created; each failure is one
-line (ValueError), so a bad run costs seconds and leaves nothing behind."""
+Hugging Face Hub id, downloaded or found in the cache), the reward functions import and the task builds
+(its data read, its sandbox checked). They run before any weights load and before a run directory is
+created; each failure is one line (ValueError), so a bad run costs seconds and leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 from streamrl.data.task import Task, default_task_args
 from streamrl.models.resolve import resolve_model_dir
+from streamrl.rewards.user_fns import configured_fns, load_fns
 from streamrl.tasks import task_from_config
 
 
@@ -24,5 +25,6 @@ def preflight(cfg: Any) -> Checked:
     """Build the task and resolve the model of `cfg` (task_config.args filled with the task's defaults)."""
     if not cfg.task_config.args:
         cfg.task_config.args = default_task_args(cfg.task)  # recorded in config.yaml
-    model_dir = resolve_model_dir(cfg.model, cfg.seed)  # first: a Hub lookup fails in well under a second
+    load_fns(configured_fns(cfg.reward.fn, cfg.reward.fns))  # your reward functions import
+    model_dir = resolve_model_dir(cfg.model, cfg.seed)  # before the task: a Hub lookup takes < 1 s
     return Checked(task_from_config(cfg), model_dir)

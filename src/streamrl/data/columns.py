@@ -77,7 +77,8 @@ def _question(rec: dict[str, Any], columns: dict[str, str]) -> tuple[str, list[d
 
 
 def parse_row(rec: Any, columns: dict[str, str]) -> dict[str, Any]:
-    """One record -> {question, messages, answer, id, kind, tests}; ValueError says what is wrong."""
+    """One record -> {question, messages, answer, id, kind, tests, columns}; ValueError says what is
+    wrong. `columns`: the record's own fields, which reward functions receive (rewards/user_fns.py)."""
     from streamrl.rewards.code import validate_tests
 
     if not isinstance(rec, dict):
@@ -109,4 +110,5 @@ def parse_row(rec: Any, columns: dict[str, str]) -> dict[str, Any]:
         "id": rid,
         "kind": kind,
         "tests": tests,
+        "columns": rec,
     }

@@ -60,6 +60,8 @@ class RowTask(Task):
             meta["tests"] = row["tests"]
         if row["messages"]:
             meta["chat"] = row["messages"]
+        if row.get("columns"):
+            meta["columns"] = row["columns"]
         return self._problem(pid, row["question"], row["answer"], meta)
 
     def is_correct(self, extracted: str, problem: Problem) -> bool:

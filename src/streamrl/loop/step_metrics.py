@@ -43,8 +43,19 @@ def step_record(
         **_advantage_stats(advantages or []),
         **_baseline_stats(groups),
         **_scoring_stats(trajs),
+        **_per_function_means(trajs),
         **train,
     }
+
+
+def _per_function_means(trajs: list[Any]) -> dict[str, float]:
+    """reward/<name>: each reward function's mean over the samples it applied to (reward.fns)."""
+    values: dict[str, list[float]] = {}
+    for t in trajs:
+        for k, v in t.reward_info.items():
+            if k.startswith("reward/") and v is not None:
+                values.setdefault(k, []).append(v)
+    return {k: statistics.fmean(v) for k, v in sorted(values.items())}
 
 
 def _scoring_stats(trajs: list[Any]) -> dict[str, Any]:

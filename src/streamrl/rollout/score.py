@@ -17,6 +17,7 @@ from typing import Any
 from streamrl.data.task import Task
 from streamrl.rewards.service import RewardOutcome, RewardService
 from streamrl.rewards.shaping import overlong_penalty
+from streamrl.rewards.user_fns import TASK, RewardFn, call_fn, configured_fns, load_fns
 from streamrl.types import Problem, Trajectory
 
 
@@ -42,6 +43,8 @@ class TaskScorer:
         self._task = task
         self._cfg: Any = None
         self._judge: Any = None
+        self._fns: list[RewardFn] = []
+        self._loaded: dict[str, Any] = {}
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -69,16 +72,35 @@ class TaskScorer:
                         model=rc.judge_model or None,
                         timeout_s=rc.judge_timeout_s,
                     )
+                self._fns = configured_fns(cfg.reward.fn, cfg.reward.fns)
+                self._loaded = load_fns(self._fns)
                 self._cfg = cfg
             return self._cfg, self._task
 
-    def __call__(self, problem: Problem, text: str) -> tuple[float, dict[str, Any]]:
+    def __call__(
+        self, problem: Problem, text: str, ids: tuple[int, ...] = ()
+    ) -> tuple[float, dict[str, Any]]:
         cfg, task = self._setup()
         if self._judge is not None:
             score, info = self._judge(problem.meta.get("question", ""), problem.answer, text)
-            return float(score), {**info, "correct": score >= cfg.reward.judge_pass_threshold}
-        reward, correct, info = outcome_reward(task, problem, text, cfg.reward.format_weight)
-        return reward, {**info, "correct": correct}
+            reward, info = float(score), {**info, "correct": score >= cfg.reward.judge_pass_threshold}
+        else:
+            reward, correct, info = outcome_reward(task, problem, text, cfg.reward.format_weight)
+            info = {**info, "correct": correct}
+        if not self._fns:
+            return reward, info
+        # your own functions: reward = sum_i weight_i * value_i; "correct" stays the task's verdict
+        columns = {"answer": problem.answer, **problem.meta.get("columns", {})}
+        question, total = problem.meta.get("question", ""), 0.0
+        for f in self._fns:
+            value = (
+                reward
+                if f.spec == TASK
+                else call_fn(self._loaded[f.name], f.name, question, text, list(ids), columns)
+            )
+            info[f"reward/{f.name}"] = value
+            total += 0.0 if value is None else f.weight * value
+        return total, info
 
 
 class Scoring:
@@ -96,7 +118,9 @@ class Scoring:
 
     def submit(self, problem: Problem, traj: Trajectory) -> Future[RewardOutcome]:
         # identical (problem, response) pairs are scored once; the problem id pins the reference
-        return self.service.submit(problem, traj.text, cache_key=(problem.id, problem.answer, traj.text))
+        return self.service.submit(
+            problem, traj.text, tuple(traj.completion_ids), cache_key=(problem.id, problem.answer, traj.text)
+        )
 
     def apply(self, traj: Trajectory, outcome: RewardOutcome) -> None:
         """Reward = scorer reward (correctness + format_weight * format; 0 on failure) + DAPO overlong

@@ -1,0 +1,97 @@
+"""Reward functions of your own, in TRL's calling convention.
+
+`reward.fn=my_rewards.py:brevity` (or `package.module:function`) names one function; `reward.fns` names
+several with weights: `[{fn: my_rewards.py:brevity, weight: 0.5}, {fn: task, weight: 1.0}]`, where
+`task` is the task's own reward (its verifier, or the judge, plus the format bonus). A function is called
+as TRL calls one, on a batch:
+
+    fn(prompts=[question, ...], completions=[response text, ...], completion_ids=[[token ids], ...],
+       **columns) -> [float | None, ...]
+
+`columns` are the data row's own fields as lists (a `data:`/`hf:` row's columns; `answer` always, the
+reference answer). None means "not applicable to this sample": it adds nothing to the reward and is left
+out of that function's mean. The reward is sum_i weight_i * value_i; each function's value is also logged
+on its own as `reward/<name>` (name: the function's name, or the entry's `name`).
+
+Functions run inside the RewardService, so a function that raises, hangs past `reward.timeout_s` or
+returns something malformed costs that sample's reward (0.0 and a counted reason), never the run. They
+are imported before any model loads (preflight), so a wrong path or a broken module is one line at start.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from streamrl.user_code import load_object
+
+TASK = "task"  # the task's own reward, as an entry of reward.fns
+# as TRL: the prompt column is passed as `prompts`, and no column may shadow the batch arguments
+RESERVED = ("prompt", "completion", "prompts", "completions", "completion_ids")
+
+
+@dataclass(frozen=True)
+class RewardFn:
+    name: str
+    spec: str  # package.module:function, path/file.py:function, or "task"
+    weight: float = 1.0
+
+
+def configured_fns(fn: str, fns: Any) -> list[RewardFn]:
+    """reward.fn / reward.fns as RewardFn entries; [] when neither is set (the task's reward alone)."""
+    if fn:
+        return [RewardFn(fn.rpartition(":")[2], fn)]
+    out = []
+    for entry in fns:
+        spec = str(entry["fn"])
+        out.append(
+            RewardFn(str(entry.get("name") or spec.rpartition(":")[2]), spec, float(entry.get("weight", 1.0)))
+        )
+    return out
+
+
+def load_fns(fns: list[RewardFn]) -> dict[str, Callable[..., Any]]:
+    """name -> the imported function (the task entry excluded); ValueError of one line naming the key."""
+    return {
+        f.name: load_object(f.spec, "reward.fns" if len(fns) > 1 else "reward.fn")
+        for f in fns
+        if f.spec != TASK
+    }
+
+
+def call_fn(
+    fn: Callable[..., Any], name: str, prompt: str, completion: str, ids: list[int], columns: dict
+) -> float | None:
+    """One sample through `fn` in TRL's batch convention -> its value (None: not applicable).
+    TypeError (counted by the service as that sample's failure) when the result is malformed."""
+    out = fn(
+        prompts=[prompt],
+        completions=[completion],
+        completion_ids=[ids],
+        **{k: [v] for k, v in columns.items() if k not in RESERVED},
+    )
+    try:
+        values = None if isinstance(out, (str, bytes)) else list(out)
+    except TypeError:
+        values = None
+    if values is None or len(values) != 1:
+        raise TypeError(
+            f"reward function '{name}' returned {type(out).__name__} {str(out)[:60]}; expected a list "
+            "with one float (or None) per completion"
+        )
+    value = values[0]
+    if value is None:
+        return None
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"reward function '{name}' returned {value!r} for a completion; expected a float or None"
+        ) from None
+    if not math.isfinite(value):
+        raise TypeError(
+            f"reward function '{name}' returned {value} for a completion; expected a finite float"
+        )
+    return value

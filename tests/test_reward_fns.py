@@ -1,0 +1,179 @@
+"""Reward functions of the user's own (reward.fn / reward.fns) in TRL's convention: exact weighted sums,
+None as "not applicable", each function's value logged on its own, malformed results and exceptions
+costing one sample's reward, and every bad setting refused in one line before anything is written."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from tiny_args import TINY
+
+from streamrl.cli import main
+from streamrl.config import ConfigError, load_config
+from streamrl.rollout.score import Scoring
+from streamrl.types import Problem, Trajectory
+
+USER_FILE = textwrap.dedent(
+    """
+    CALLS = []
+
+    def brevity(prompts, completions, completion_ids, answer, **columns):
+        CALLS.append((prompts, completions, completion_ids, answer, columns))
+        return [1.0 / (1 + len(ids)) for ids in completion_ids]
+
+    def mentions_answer(prompts, completions, answer, **columns):
+        return [None if a == "skip" else float(a in c) for c, a in zip(completions, answer)]
+
+    def broken(prompts, completions, **columns):
+        return [0.5, 0.5]  # two values for one completion
+
+    def raises(prompts, completions, **columns):
+        raise RuntimeError("boom")
+    """
+)
+
+
+def _problem(answer: str = "7", **columns: object) -> Problem:
+    meta = {
+        "kind": "math",
+        "question": "What is 3+4?",
+        "columns": {"prompt": "What is 3+4?", "answer": answer, **columns},
+    }
+    return Problem("p1", [{"role": "user", "content": "What is 3+4?"}], answer, meta)
+
+
+def _traj(text: str, ids: list[int]) -> Trajectory:
+    return Trajectory(
+        problem_id="p1",
+        group_id="g",
+        sample_id="g-0",
+        prompt_ids=[1],
+        completion_ids=ids,
+        behaviour_logprobs=[0.0] * len(ids),
+        versions=[0] * len(ids),
+        finish_reason="stop",
+        text=text,
+    )
+
+
+@pytest.fixture
+def user_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "my_rewards.py").write_text(USER_FILE)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path / "my_rewards.py"
+
+
+def _scored(overrides: list[str], problem: Problem, traj: Trajectory) -> Trajectory:
+    from streamrl.data.sources import task_from_rows
+
+    cfg = load_config(None, ["reward.extract=last_number", "reward.service=inline", *overrides])
+    task = task_from_rows([{"prompt": "What is 3+4?", "answer": "7"}], extract="last_number")
+    scoring = Scoring(cfg, task)
+    scoring.score([(problem, traj)])
+    scoring.close()
+    return traj
+
+
+def test_weighted_functions_and_the_task_reward_sum_exactly(user_file: Path) -> None:
+    fns = (
+        "reward.fns=[{fn: my_rewards.py:brevity, weight: 0.5}, {fn: my_rewards:mentions_answer, weight: 2},"
+        " {fn: task, weight: 0.25}]"
+    )
+    t = _scored([fns], _problem(source="unit"), _traj("so 7", [5, 6, 7]))
+    # brevity 1/4 * 0.5 + mentions 1.0 * 2 + task (correct 1 + format_weight 0.1 * formatted 1) * 0.25
+    assert t.reward == pytest.approx(0.125 + 2.0 + 1.1 * 0.25, abs=1e-12)
+    assert t.reward_info["reward/brevity"] == 0.25
+    assert t.reward_info["reward/mentions_answer"] == 1.0
+    assert t.reward_info["reward/task"] == pytest.approx(1.1)
+    assert t.correct is True  # accuracy is still the task's verdict
+    import my_rewards
+
+    [(prompts, completions, ids, answer, columns)] = my_rewards.CALLS
+    assert (prompts, completions, ids, answer) == (["What is 3+4?"], ["so 7"], [[5, 6, 7]], ["7"])
+    assert columns == {"source": ["unit"]}  # the row's own columns ("prompt" passes as prompts)
+
+
+def test_none_means_not_applicable(user_file: Path) -> None:
+    t = _scored(["reward.fn=my_rewards:mentions_answer"], _problem("skip"), _traj("so 7", [5]))
+    assert t.reward == 0.0 and t.reward_info["reward/mentions_answer"] is None
+
+
+@pytest.mark.parametrize(
+    ("fn", "reason"), [("broken", "TypeError"), ("raises", "RuntimeError")], ids=["malformed", "raises"]
+)
+def test_a_failing_function_costs_that_sample_only(user_file: Path, fn: str, reason: str) -> None:
+    t = _scored([f"reward.fn=my_rewards.py:{fn}"], _problem(), _traj("so 7", [5]))
+    assert t.reward == 0.0 and t.correct is False
+    assert t.reward_info["reward_error"] == reason
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            ["reward.fn=my_rewards:brevity", "reward.fns=[{fn: task}]"],
+            "config keys 'reward.fn' and 'reward.fns' exclude each other: list every function in reward.fns",
+        ),
+        (
+            ["reward.fns=[{weight: 2}]"],
+            "config key 'reward.fns[0]' must be a mapping with fn (e.g. {fn: my_rewards.py:brevity, "
+            "weight: 0.5}), got {'weight': 2}",
+        ),
+        (
+            ["reward.fns=[{fn: task, wieght: 2}]"],
+            "config key 'reward.fns[0]': unknown field(s) wieght; valid: fn, weight, name",
+        ),
+        (
+            ["reward.fns=[{fn: task, weight: heavy}]"],
+            "config key 'reward.fns[0].weight' must be a number, got 'heavy'",
+        ),
+        (
+            ["reward.fn=my_rewards.brevity"],
+            "config key 'reward.fn' must be package.module:function or path/to/file.py:function, "
+            "got 'my_rewards.brevity'",
+        ),
+        (
+            ["reward.fns=[{fn: a.py:f}, {fn: b.py:f}]"],
+            "config key 'reward.fns': two functions are named f: give one a name (name: ...)",
+        ),
+    ],
+)
+def test_bad_settings_are_one_line(override: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(None, override)
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("missing.py:f", "config key 'reward.fn': file 'missing.py' (from 'missing.py:f') not found"),
+        ("my_rewards.py:nope", "config key 'reward.fn': 'my_rewards.py' has no attribute 'nope'"),
+    ],
+)
+def test_a_function_that_does_not_import_fails_before_anything_is_written(
+    user_file: Path, spec: str, message: str, capsys: pytest.CaptureFixture
+) -> None:
+    run = user_file.parent / "run"
+    assert main(["train", *TINY, f"reward.fn={spec}", f"run_dir={run}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"streamrl: error: {message}") and err.count("\n") == 1
+    assert not run.exists()
+
+
+def test_each_function_is_logged_in_metrics(user_file: Path) -> None:
+    run = user_file.parent / "run"
+    fns = "reward.fns=[{fn: my_rewards.py:brevity}, {fn: task, weight: 0.5, name: verifier}]"
+    args = [*TINY, fns, "runtime.mode=colocated", "max_staleness=0", "max_steps=2", f"run_dir={run}"]
+    assert main(["train", *args]) == 0
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    groups = [json.loads(x) for x in (run / "groups.jsonl").read_text().splitlines()]
+    for row in rows:
+        assert 0 < row["reward/brevity"] <= 1 / 2 and "reward/verifier" in row
+        step = [r for g in groups if g["step"] == row["step"] for r in g["rewards"]]
+        # every reward is brevity (in (0, 1/2]) + 0.5 * the verifier's (0, 0.05, 0.5 or 0.55)
+        assert row["reward_mean"] == pytest.approx(sum(step) / len(step))
+        assert row["reward_mean"] == pytest.approx(row["reward/brevity"] + 0.5 * row["reward/verifier"])

@@ -26,7 +26,7 @@ LAYERS = [
     {"eval", "placement"},  # evaluation; where workers and trainer ranks run, how weights travel
     {"loop"},  # the RL loop and the train job
     {"sim", "eval_cli", "score_cli", "report_cli"},
-    {"cli"},
+    {"cli", "api"},  # the command line; the Python API (streamrl.train, streamrl.evaluate)
 ]
 
 

@@ -297,10 +297,15 @@ def from_dict(data: dict[str, Any]) -> Config:
     return cfg
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Defaults <- YAML file <- overrides, then validate."""
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    values: dict[str, Any] | None = None,
+) -> Config:
+    """Defaults <- preset (algo) <- YAML file <- overrides (`key=value` strings, then `values`: Python
+    values by dotted key or section dicts, as the Python API passes them), then validate."""
     cfg = Config()
-    parsed = [parse_override(o) for o in overrides]
+    parsed = [parse_override(o) for o in overrides] + list((values or {}).items())
     resume = next((str(v) for k, v in parsed if k == "resume"), "")
     if resume:  # continue a run: its resolved config is the base, the overrides still apply
         if path is not None:

@@ -27,4 +27,6 @@ def preflight(cfg: Any) -> Checked:
         cfg.task_config.args = default_task_args(cfg.task)  # recorded in config.yaml
     load_fns(configured_fns(cfg.reward.fn, cfg.reward.fns))  # your reward functions import
     model_dir = resolve_model_dir(cfg.model, cfg.seed)  # before the task: a Hub lookup takes < 1 s
-    return Checked(task_from_config(cfg), model_dir)
+    task = task_from_config(cfg)
+    next(task.train_stream(cfg.seed, set()))  # something to train on (every row held out: one line)
+    return Checked(task, model_dir)

@@ -75,8 +75,6 @@ class DataTask(RowTask):
                     self.overlap,
                     eval_name or "the eval split",
                 )
-            if not self.rows:
-                raise ValueError(f"{name}: every training row is also a held-out row")
         self.use_sandbox_for(self.rows + (self.eval_rows or []))
 
     def heldout(self, n: int) -> list[Problem]:
@@ -88,6 +86,8 @@ class DataTask(RowTask):
 
     def train_stream(self, seed: int, exclude: set[str]) -> Iterator[Problem]:
         order = [i for i, r in enumerate(self.rows) if r["question"] not in exclude]
+        if not order and self.overlap:
+            raise ValueError(f"{self.name}: every training row is also a held-out row")
         if not order:
             raise ValueError(f"{self.name}: every row is held out; lower eval.size")
         rng = random.Random(seed)

@@ -1,0 +1,205 @@
+"""The Python API: `streamrl.train(...)` and `streamrl.evaluate(...)`, the same jobs as the CLI.
+
+    import streamrl
+
+    def brevity(prompts, completions, **columns):  # TRL's convention: a batch in, one float each out
+        return [1.0 / (1 + len(c)) for c in completions]
+
+    run = streamrl.train(
+        model="HuggingFaceTB/SmolLM2-135M-Instruct",
+        reward_fn=brevity,
+        train_data=[{"prompt": "What is 3+4?", "answer": "7"}, ...],
+        max_steps=20, train={"lr": 1e-5},
+    )
+    print(run.run_dir, run.metrics[-1]["reward/brevity"], run.checkpoint, run.final_accuracy)
+
+Settings are the config's keys: a YAML file or a dict as `config`, then keyword overrides (a section as
+a dict, `train={"lr": 1e-5}`, or a dotted key through `**{"train.lr": 1e-5}`). Rows from code (a list of
+dicts or a `datasets.Dataset`) are written once to a JSONL file named after their content in streamrl's
+cache and the run's task points at it, so rollout workers, config.yaml and `resume=` see the same data.
+A reward function must be importable by name (a module's or a script's top-level function): rollout
+workers run in their own processes and import it there.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import inspect
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from streamrl.config import Config, ConfigError, load_config
+from streamrl.config_parse import apply_key
+from streamrl.config_validate import validate
+
+
+@dataclass
+class Run:
+    """A finished (or stopped) training run: where it is and what it did."""
+
+    run_dir: Path
+    summary: dict[str, Any]
+    metrics: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl, one dict per step
+
+    @property
+    def checkpoint(self) -> Path | None:
+        """The exported model (AutoModelForCausalLM.from_pretrained loads it), or None."""
+        path = self.summary.get("checkpoint")
+        return Path(path) if path else None
+
+    @property
+    def steps(self) -> int:
+        return int(self.summary.get("steps", 0))
+
+    @property
+    def evaluation(self) -> dict[str, Any]:
+        """Held-out evaluation before and after training (eval.json)."""
+        return dict(self.summary.get("eval", {}))
+
+    @property
+    def final_accuracy(self) -> float | None:
+        final = self.evaluation.get("final")
+        return None if not final else float(final["accuracy"])
+
+
+def _spec(fn: Callable[..., Any] | str, key: str) -> str:
+    """A function -> the spec worker processes import it by (module:name or file.py:name)."""
+    if isinstance(fn, str):
+        return fn
+    name = getattr(fn, "__qualname__", "")
+    if not callable(fn) or not name.isidentifier():  # a lambda, a nested function, a bound method
+        raise ValueError(
+            f"{key}: {fn!r} is not a top-level function; define it at the top level of a module or script "
+            "(rollout workers import it by name in their own processes)"
+        )
+    module = getattr(fn, "__module__", "")
+    if module in ("__main__", "__mp_main__") or not module:
+        source = inspect.getsourcefile(fn)
+        if source is None:  # an interactive session: no file to import from
+            raise ValueError(
+                f"{key}: {name} is defined interactively; put it in a .py file and pass it from there "
+                "(rollout workers import it by name)"
+            )
+        return f"{source}:{name}"
+    return f"{module}:{name}"
+
+
+def _reward_settings(reward_fn: Any) -> dict[str, Any]:
+    """reward_fn: a function or spec; or a list of them, each optionally a (function, weight) pair."""
+    if reward_fn is None:
+        return {}
+    if callable(reward_fn) or isinstance(reward_fn, str):
+        return {"reward.fn": _spec(reward_fn, "reward_fn")}
+    entries = []
+    for i, item in enumerate(reward_fn):
+        fn, weight = item if isinstance(item, tuple) else (item, 1.0)
+        entries.append({"fn": _spec(fn, f"reward_fn[{i}]"), "weight": float(weight)})
+    return {"reward.fns": entries}
+
+
+def _data_file(rows: Any, key: str) -> str:
+    """Rows (a list of dicts or a datasets.Dataset) -> a JSONL file in the cache named by its content;
+    a string is a path or spec already."""
+    if isinstance(rows, (str, Path)):
+        return str(rows)
+    if type(rows).__name__ == "IterableDataset":
+        raise ValueError(
+            f"{key}: a streamed IterableDataset cannot be copied for the rollout workers; pass its name "
+            "as task='hf:NAME' with task_config={'streaming': True}, or a Dataset"
+        )
+    if not isinstance(rows, Sequence) and not hasattr(rows, "to_list"):
+        raise ValueError(
+            f"{key}: expected a list of dicts, a datasets.Dataset or a path, got {type(rows).__name__}"
+        )
+    records = rows.to_list() if hasattr(rows, "to_list") else list(rows)
+    bad = next((i for i, r in enumerate(records) if not isinstance(r, dict)), None)
+    if bad is not None:
+        raise ValueError(f"{key}[{bad}]: expected a dict of columns, got {type(records[bad]).__name__}")
+    if not records:
+        raise ValueError(f"{key}: no rows")
+    text = "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in records)
+    from streamrl.models.cache import cache_dir
+
+    path = cache_dir() / "data" / f"{hashlib.sha1(text.encode()).hexdigest()[:16]}.jsonl"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return str(path)
+
+
+def make_config(
+    config: str | Path | dict[str, Any] | Config | None = None,
+    *,
+    reward_fn: Any = None,
+    train_data: Any = None,
+    eval_data: Any = None,
+    **overrides: Any,
+) -> Config:
+    """The validated Config of a train/evaluate call (nothing is written but the cache's data files)."""
+    settings: dict[str, Any] = {**_reward_settings(reward_fn)}
+    if train_data is not None:
+        settings["task"] = f"data:{_data_file(train_data, 'train_data')}"
+    if eval_data is not None:
+        settings["task_config.eval_data"] = _data_file(eval_data, "eval_data")
+    if isinstance(config, Config):  # a Config made before: the overrides go on a copy
+        cfg = copy.deepcopy(config)
+        for k, v in {**overrides, **settings}.items():
+            apply_key(cfg, k, v)
+        validate(cfg)
+        return cfg
+    if isinstance(config, dict):
+        return load_config(None, values={**config, **overrides, **settings})
+    return load_config(config, values={**overrides, **settings})
+
+
+def train(
+    config: str | Path | dict[str, Any] | Config | None = None,
+    *,
+    reward_fn: Any = None,
+    train_data: Any = None,
+    eval_data: Any = None,
+    **overrides: Any,
+) -> Run:
+    """Train as `streamrl train` does; returns the Run. Bad settings raise ValueError (ConfigError) of
+    one line before anything is written. reward_fn: a function, a spec ('my_rewards.py:fn'), or a list
+    of them or of (function, weight) pairs. train_data / eval_data: a list of dicts, a datasets.Dataset
+    or a path (columns mapped with task_config={'columns': {...}})."""
+    cfg = make_config(config, reward_fn=reward_fn, train_data=train_data, eval_data=eval_data, **overrides)
+    from streamrl.loop.job import run_train
+    from streamrl.preflight import preflight
+
+    summary = run_train(cfg, checked=preflight(cfg))
+    run_dir = Path(summary["run_dir"])
+    lines = (
+        (run_dir / "metrics.jsonl").read_text().splitlines() if (run_dir / "metrics.jsonl").is_file() else []
+    )
+    return Run(run_dir, summary, [json.loads(x) for x in lines if x.strip()])
+
+
+def evaluate(
+    model: str | Path | None = None,
+    config: str | Path | dict[str, Any] | Config | None = None,
+    *,
+    eval_data: Any = None,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """Evaluate as `streamrl eval` does (greedy accuracy; pass@k, avg@n, maj@k with eval={'n': N}) on the
+    task's held-out problems, or on eval_data rows; returns the result dict."""
+    if model is not None:
+        overrides["model"] = str(model)
+    if eval_data is not None:  # the rows are the held-out set itself
+        overrides.setdefault("task", f"data:{_data_file(eval_data, 'eval_data')}")
+        overrides.setdefault("task_config.eval_data", overrides["task"].removeprefix("data:"))
+    cfg = make_config(config, **overrides)
+    from streamrl.eval_cli import run_eval
+
+    return run_eval(cfg)
+
+
+__all__ = ["ConfigError", "Run", "evaluate", "make_config", "train"]

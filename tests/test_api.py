@@ -1,0 +1,115 @@
+"""Your own model, reward functions and data, through the Python API and through the CLI with --config:
+rows from a datasets.Dataset and from a JSONL file, reward functions from a file in the working
+directory, each function's reward in metrics.jsonl, and bad arguments refused before anything is
+written."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from tiny_args import TINY
+
+import streamrl
+from streamrl.config import parse_override
+
+REWARDS = textwrap.dedent(
+    """
+    def brevity(prompts, completions, completion_ids, **columns):
+        return [1.0 / (1 + len(ids)) for ids in completion_ids]
+
+    def has_digit(prompts, completions, answer, **columns):
+        return [float(any(ch.isdigit() for ch in c)) for c in completions]
+    """
+)
+ROWS = [
+    {"prompt": f"What is {a} + {b}?", "answer": str(a + b), "level": a % 3}
+    for a in range(6)
+    for b in range(4)
+]
+SETTINGS = dict(parse_override(o) for o in TINY) | {"max_steps": 2, "checkpoint.save": True}
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "my_rewards.py").write_text(REWARDS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("STREAMRL_CACHE", str(tmp_path / "cache"))  # the rows' JSONL copy goes here
+    yield tmp_path
+    sys.modules.pop("my_rewards", None)
+
+
+def _metric_keys(run_dir: Path) -> list[set[str]]:
+    return [set(json.loads(x)) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_the_python_api_trains_on_a_dataset_with_weighted_functions(workdir: Path) -> None:
+    import datasets
+    import my_rewards
+    from transformers import AutoModelForCausalLM
+
+    run = streamrl.train(
+        reward_fn=[(my_rewards.brevity, 0.5), my_rewards.has_digit],
+        train_data=datasets.Dataset.from_list(ROWS),
+        run_dir=str(workdir / "run"),
+        **SETTINGS,
+    )
+    assert run.run_dir == workdir / "run" and run.steps == 2
+    assert [m["step"] for m in run.metrics] == [1, 2]
+    for m in run.metrics:
+        assert m["reward_mean"] == pytest.approx(0.5 * m["reward/brevity"] + m["reward/has_digit"])
+    cfg = (run.run_dir / "config.yaml").read_text()
+    assert "fn: my_rewards:brevity" in cfg and "weight: 0.5" in cfg  # a resumable, readable record
+    groups = [json.loads(x) for x in (run.run_dir / "groups.jsonl").read_text().splitlines()]
+    questions = {f"row-{__import__('hashlib').sha1(r['prompt'].encode()).hexdigest()[:10]}" for r in ROWS}
+    assert {g["problem_id"] for g in groups} <= questions  # trained on these rows, nothing else
+    AutoModelForCausalLM.from_pretrained(run.checkpoint)
+    assert run.final_accuracy == run.evaluation["final"]["accuracy"]
+
+    result = streamrl.evaluate(run.checkpoint, eval_data=ROWS[:3], **{"eval.max_new_tokens": 4})
+    assert result["problems"] == 3 and result["model"] == str(run.checkpoint)
+
+
+def test_the_cli_trains_with_a_config_file_on_jsonl_rows(workdir: Path) -> None:
+    from streamrl.cli import main
+
+    (workdir / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    config = {
+        **{k: v for k, v in SETTINGS.items() if "." not in k},
+        "task": "data:rows.jsonl",
+        "reward": {
+            "extract": "last_number",
+            "fns": [{"fn": "my_rewards.py:brevity", "weight": 2.0}, {"fn": "task", "name": "verifier"}],
+        },
+    }
+    (workdir / "job.yaml").write_text(json.dumps(config))
+    dotted = [f"{k}={json.dumps(v)}" for k, v in SETTINGS.items() if "." in k and k != "reward.extract"]
+    assert main(["train", "--config", "job.yaml", *dotted, f"run_dir={workdir / 'run'}"]) == 0
+    for keys in _metric_keys(workdir / "run"):
+        assert {"reward/brevity", "reward/verifier"} <= keys
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"reward_fn": lambda prompts, completions, **kw: [0.0]},
+            "reward_fn: .* is not a top-level function; define it at the top level of a module or script",
+        ),
+        (
+            {"train_data": [{"prompt": "x", "answer": "1"}, "oops"]},
+            r"train_data\[1\]: expected a dict of columns",
+        ),
+        ({"train_data": 42}, "train_data: expected a list of dicts, a datasets.Dataset or a path, got int"),
+        ({"trian": {"lr": 1}}, "unknown config key 'trian'"),
+    ],
+)
+def test_bad_arguments_raise_one_line_and_write_nothing(workdir: Path, kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as e:
+        streamrl.train(run_dir=str(workdir / "run"), **kwargs)
+    assert "\n" not in str(e.value)
+    assert not (workdir / "run").exists()

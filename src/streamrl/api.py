@@ -133,6 +133,17 @@ def _data_file(rows: Any, key: str) -> str:
     return str(path)
 
 
+def _refuse_in_a_worker_bootstrap(what: str) -> None:
+    """A spawned worker imports the user's script as __mp_main__: an unguarded call would train again."""
+    import multiprocessing
+
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise RuntimeError(
+            f"streamrl.{what}() ran while a worker process imported your script: put the call under "
+            '`if __name__ == "__main__":`'
+        )
+
+
 def make_config(
     config: str | Path | dict[str, Any] | Config | None = None,
     *,
@@ -170,6 +181,7 @@ def train(
     one line before anything is written. reward_fn: a function, a spec ('my_rewards.py:fn'), or a list
     of them or of (function, weight) pairs. train_data / eval_data: a list of dicts, a datasets.Dataset
     or a path (columns mapped with task_config={'columns': {...}})."""
+    _refuse_in_a_worker_bootstrap("train")
     cfg = make_config(config, reward_fn=reward_fn, train_data=train_data, eval_data=eval_data, **overrides)
     from streamrl.loop.job import run_train
     from streamrl.preflight import preflight

@@ -113,3 +113,23 @@ def test_bad_arguments_raise_one_line_and_write_nothing(workdir: Path, kwargs: d
         streamrl.train(run_dir=str(workdir / "run"), **kwargs)
     assert "\n" not in str(e.value)
     assert not (workdir / "run").exists()
+
+
+def test_rows_without_reference_answers_train_on_your_own_reward(workdir: Path) -> None:
+    import my_rewards
+
+    rows = [{"prompt": f"Say something about {x}."} for x in ("cats", "dogs", "rain", "tea", "maps", "jazz")]
+    with pytest.raises(ValueError, match=r"rows without reference answers: answer: null"):
+        streamrl.train(reward_fn=my_rewards.brevity, train_data=rows, run_dir=str(workdir / "a"), **SETTINGS)
+    with pytest.raises(ValueError, match=r"'task_config.columns.answer' is null .* \(without fn: task\)"):
+        streamrl.train(train_data=rows, task_config={"columns": {"answer": None}}, **SETTINGS)
+    assert not (workdir / "a").exists()
+    run = streamrl.train(
+        reward_fn=my_rewards.brevity,
+        train_data=rows,
+        task_config={"columns": {"answer": None}},
+        run_dir=str(workdir / "run"),
+        **{**SETTINGS, "eval.size": 2},
+    )
+    assert [m["step"] for m in run.metrics] == [1, 2]
+    assert all(m["reward_mean"] == pytest.approx(m["reward/brevity"]) for m in run.metrics)

@@ -186,6 +186,12 @@ def validate(cfg: Any) -> None:
         if importlib.util.find_spec("wandb") is None:
             raise ConfigError("observe.wandb=true needs the wandb package: pip install 'streamrl[wandb]'")
     _validate_reward_fns(cfg.reward)
+    own_only = (cfg.reward.fn or cfg.reward.fns) and all(e.get("fn") != "task" for e in cfg.reward.fns)
+    if "answer" in cfg.task_config.columns and cfg.task_config.columns["answer"] is None and not own_only:
+        raise ConfigError(
+            "config key 'task_config.columns.answer' is null (no reference answers), but the task's verifier "
+            "scores the rewards: score with your own reward.fn / reward.fns (without fn: task)"
+        )
 
 
 FN_KEYS = ("fn", "weight", "name")

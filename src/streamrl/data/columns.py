@@ -30,6 +30,9 @@ def resolve_columns(columns: dict[str, Any] | None) -> dict[str, str]:
     for k, v in (columns or {}).items():
         if k not in COLUMN_KEYS:
             raise ValueError(f"task_config.columns: unknown key '{k}'; valid keys: {', '.join(COLUMN_KEYS)}")
+        if k == "answer" and v is None:  # rows without a reference: your own reward functions score them
+            del out["answer"]
+            continue
         if not isinstance(v, str) or not v:
             raise ValueError(f"task_config.columns.{k} must be a column name, got {v!r}")
         out[k] = v
@@ -94,12 +97,14 @@ def parse_row(rec: Any, columns: dict[str, str]) -> dict[str, Any]:
             raise ValueError(f"column '{columns['task']}' must be 'math' or 'code', got {kind!r}")
         if kind == "code" and not tests:
             raise ValueError("a code row needs tests (map them with task_config.columns.tests)")
-        answer = _get(rec, columns["answer"]) if kind == "math" else rec.get(columns.get("answer", ""), "")
-        if answer is None or (kind == "math" and str(answer).strip() == ""):
-            raise ValueError(f"column '{columns['answer']}' is empty")
-        answer = reference_answer(str(answer)) if kind == "math" else str(answer)
-        if kind == "math" and not answer:
-            raise ValueError(f"column '{columns['answer']}' has nothing after '####'")
+        answer = ""  # task_config.columns.answer=null: no reference answers
+        if "answer" in columns:
+            answer = _get(rec, columns["answer"]) if kind == "math" else rec.get(columns["answer"], "")
+            if answer is None or (kind == "math" and str(answer).strip() == ""):
+                raise ValueError(f"column '{columns['answer']}' is empty")
+            answer = reference_answer(str(answer)) if kind == "math" else str(answer)
+            if kind == "math" and not answer:
+                raise ValueError(f"column '{columns['answer']}' has nothing after '####'")
         rid = str(_get(rec, columns["id"])) if "id" in columns else None
     except KeyError as e:
         raise ValueError(e.args[0]) from None

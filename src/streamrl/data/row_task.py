@@ -32,8 +32,8 @@ def no_usable_rows(name: str, skipped: list[str], column_names: Iterable[str] | 
     columns = f"its columns: {', '.join(column_names)}; " if column_names else ""
     first = f"; first problem: {skipped[0]}" if skipped else ""
     return ValueError(
-        f"{name}: no usable rows ({columns}map columns with task_config.columns={{prompt: ..., answer: ...}})"
-        f"{first}"
+        f"{name}: no usable rows ({columns}map columns with task_config.columns={{prompt: ..., answer: "
+        f"...}}; rows without reference answers: answer: null, scored by your own reward.fn){first}"
     )
 
 

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from streamrl.models.quiet import no_progress_bars
+
 
 def cast_state(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """`state` with every floating tensor in `dtype` (the others, and those already in it, as they are).
@@ -31,7 +33,8 @@ def save_model(model: Any, path: str | Path, state: dict[str, torch.Tensor], dty
 
     The live model is not touched: the cast copy of its weights (half their size in bf16) is saved in
     its place, and config.json names `dtype` (save_pretrained writes the dtype of the live weights)."""
-    model.save_pretrained(str(path), state_dict=cast_state(state, dtype))
+    with no_progress_bars():
+        model.save_pretrained(str(path), state_dict=cast_state(state, dtype))
     config = copy.deepcopy(model.config)
     config.dtype = dtype
     config.save_pretrained(str(path))

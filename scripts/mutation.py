@@ -29,7 +29,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 LIST = ROOT / "tests" / "mutations.yaml"
-COPY = ("src", "tests", "pyproject.toml", "benchmarks", "docs", "README.md")
+COPY = ("src", "tests", "pyproject.toml", "Makefile", "benchmarks", "docs", "README.md")
 
 
 @dataclass(frozen=True)

@@ -57,9 +57,15 @@ def test_agent_task_trains_end_to_end(tmp_path, agent):
 @pytest.mark.parametrize(
     "override, fragment",
     [
-        ("task=agent:nomodule_xyz:f", "cannot import module 'nomodule_xyz'"),
-        ("task=agent:streamrl.envs.agents:nope", "has no function 'nope'"),
-        ("task=agent:justmodule", "write task=agent:<module>:<function>"),
+        ("task=agent:nomodule_xyz:f", "config key 'task': no module 'nomodule_xyz' (from 'nomodule_xyz:f')"),
+        (
+            "task=agent:streamrl.envs.agents:nope",
+            "'streamrl.envs.agents' has no attribute 'nope' (from 'streamrl.envs.agents:nope'): name one",
+        ),
+        (
+            "task=agent:justmodule",
+            "config key 'task': 'justmodule' must look like package.module:function or path/to/file.py:",
+        ),
     ],
 )
 def test_bad_agent_specs_fail_with_one_line(tmp_path, capsys, override, fragment):

@@ -85,7 +85,9 @@ def test_eval_command_writes_eval_json_and_keeps_a_training_record(tmp_path, cap
 
 def test_eval_command_rejects_k_above_n(capsys):
     assert main(["eval", "model=tiny-random", "n=4", "k=8"]) == 2
-    assert "config key 'eval.k' values must be in 1..eval.n=4, got [8]" in capsys.readouterr().err
+    assert "config key 'eval.k' values must be <= eval.n (samples per problem), got k=[8] with eval.n=4" in (
+        capsys.readouterr().err
+    )
 
 
 def test_training_evaluates_the_heldout_set_every_n_steps(tmp_path):

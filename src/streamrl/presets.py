@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
+from streamrl.config_parse import read_yaml
 
 HERE = Path(__file__).parent / "configs"  # also reachable as configs/ at the repository root
 
@@ -21,10 +21,10 @@ def load_preset(name: str) -> dict[str, Any]:
     path = HERE / f"{name}.yaml"
     if not path.is_file():
         raise ValueError(f"unknown algo preset '{name}'; choose from {', '.join(names())}")
-    data = yaml.safe_load(path.read_text()) or {}
+    data = read_yaml(path, "algo preset") or {}
     data.pop("description", None)
     return data
 
 
 def describe(name: str) -> str:
-    return str(yaml.safe_load((HERE / f"{name}.yaml").read_text()).get("description", ""))
+    return str(read_yaml(HERE / f"{name}.yaml", "algo preset").get("description", ""))

@@ -95,8 +95,8 @@ def load_object(spec: str, key: str, callable_required: bool = True) -> Any:
             for n, v in vars(module).items()
             if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module.__name__
         )
-        defined = f"; it defines {', '.join(names[:10])}" if names else ""
-        raise ValueError(f"config key '{key}': '{where}' has no attribute '{attr}' (from '{spec}'){defined}")
+        fix = f"name one it defines: {', '.join(names[:10])}" if names else "check the name"
+        raise ValueError(f"config key '{key}': '{where}' has no attribute '{attr}' (from '{spec}'): {fix}")
     obj = getattr(module, attr)
     if callable_required and not callable(obj):
         raise ValueError(

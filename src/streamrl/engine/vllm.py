@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from streamrl.config_validate import VLLM_INSTALL_HINT as INSTALL_HINT
 from streamrl.engine.base import GenRequest, GenResult, check_weight_mode
-
-INSTALL_HINT = "engine=vllm needs vLLM: pip install 'streamrl[vllm]' (GPU: pip install vllm)"
 
 
 def import_vllm() -> Any:

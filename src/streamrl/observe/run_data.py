@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
+from streamrl.config_parse import read_yaml
 
 
 @dataclass
@@ -74,7 +74,7 @@ def load_run(path: str | Path, label: str | None = None) -> RunData:
     if not metrics.is_file():
         raise FileNotFoundError(f"'{path}' is not a run directory (no metrics.jsonl)")
     cfg_path = p / "config.yaml"
-    config = yaml.safe_load(cfg_path.read_text(encoding="utf-8")) if cfg_path.is_file() else {}
+    config = read_yaml(cfg_path, "run config") if cfg_path.is_file() else {}
     return RunData(
         label=label or p.resolve().name,
         path=p,

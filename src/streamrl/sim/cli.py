@@ -17,8 +17,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from streamrl.config_parse import parse_override, read_yaml
 from streamrl.sim import fit
 from streamrl.sim.lengths import Fixed, parse_lengths
 from streamrl.sim.params import Costs, Setup, Workload
@@ -63,7 +62,7 @@ def build(args: list[str]) -> tuple[str, Costs, Workload, Setup, dict[str, list[
         key, eq, value = item.partition("=")
         if not eq or not key:
             raise ValueError(f"expected key=value, got '{item}'")
-        params[key] = yaml.safe_load(value) if value else ""
+        params[key] = parse_override(item)[1]
     notes: list[str] = []
     g: dict[str, list[Any]] = {"modes": ["sync", "async", "partial"], "etas": [0, 1, 2, 4],
                                "engines": [1], "ranks": [1]}
@@ -83,7 +82,7 @@ def build(args: list[str]) -> tuple[str, Costs, Workload, Setup, dict[str, list[
     elif source:
         if not Path(source).is_file():
             raise FileNotFoundError(f"{source}: not a run directory or a params YAML file")
-        loaded = yaml.safe_load(Path(source).read_text()) or {}
+        loaded = read_yaml(source, "parameters file") or {}
         if not isinstance(loaded, dict):
             raise ValueError(f"{source}: expected a mapping of key: value")
         params = {**loaded, **params}

@@ -35,8 +35,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from streamrl.config_parse import read_yaml
 from streamrl.sim.lengths import StepStats
 from streamrl.sim.model import simulate
 from streamrl.sim.params import Costs, Setup, Workload
@@ -78,7 +77,7 @@ def load_run(path: str | Path, cores: int | None = None) -> Run:
     for f in (cfg_path, met_path):
         if not f.is_file():
             raise FileNotFoundError(f"{f} not found: a run directory needs config.yaml and metrics.jsonl")
-    config = yaml.safe_load(cfg_path.read_text()) or {}
+    config = read_yaml(cfg_path, "run config") or {}
     rows = [json.loads(line) for line in met_path.read_text().splitlines() if line.strip()]
     if not rows:
         raise ValueError(f"{met_path} has no steps to fit")

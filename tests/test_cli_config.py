@@ -1,0 +1,301 @@
+"""The command line and its config: --config, --version, `streamrl config`, YAML errors, the range of every
+numeric key, the judge settings, eval k without n. Bad input: one line, exit 2, nothing written."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from pathlib import Path
+
+import pytest
+
+import streamrl
+from streamrl.cli import main
+from streamrl.config import Config, load_config
+from streamrl.config_bounds import BOUNDS
+from streamrl.config_docs import render
+from streamrl.eval_cli import expand_shorthands
+
+
+def _error(capsys: pytest.CaptureFixture[str]) -> str:
+    """The whole of stderr, which must be exactly one line."""
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    return err
+
+
+def _all_keys(cls: type = Config, prefix: str = "") -> list[tuple[str, typing.Any]]:
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            out += _all_keys(hints[f.name], f"{prefix}{f.name}.")
+        else:
+            out.append((prefix + f.name, hints[f.name]))
+    return out
+
+
+# ---- --config FILE and the positional file ----------------------------------------------------------
+
+
+@pytest.fixture
+def captured(monkeypatch: pytest.MonkeyPatch) -> dict[str, Config]:
+    """Replace the train and eval jobs by recorders of the Config they get that create cfg.run_dir as the
+    jobs would: a check that lets bad input through shows as a written run_dir, in a second, not as a
+    real training run."""
+    import streamrl.eval_cli
+    import streamrl.loop.job
+
+    got: dict[str, Config] = {}
+
+    def job(name: str) -> typing.Callable[[Config], None]:
+        def run(cfg: Config, checked: typing.Any = None) -> None:
+            got[name] = cfg
+            if cfg.run_dir:
+                Path(cfg.run_dir).mkdir(parents=True)
+
+        return run
+
+    monkeypatch.setattr(streamrl.loop.job, "run_train", job("train"))
+    monkeypatch.setattr(streamrl.eval_cli, "run_eval", job("eval"))
+    return got
+
+
+def test_config_flag_reads_the_file_with_overrides_on_either_side(tmp_path, captured):
+    f = tmp_path / "job.yaml"
+    f.write_text("max_steps: 7\ntrain:\n  lr: 0.001\nrollout:\n  prompts_per_step: 3\n")
+    assert main(["train", "max_steps=2", "--config", str(f), "rollout.prompts_per_step=5"]) == 0
+    cfg = captured["train"]
+    assert (cfg.max_steps, cfg.train.lr, cfg.rollout.prompts_per_step) == (2, 0.001, 5)
+    assert main(["eval", "--config", str(f), "n=4"]) == 0
+    assert (captured["eval"].train.lr, captured["eval"].eval.n) == (0.001, 4)
+
+
+def test_positional_file_still_works(tmp_path, captured):
+    f = tmp_path / "job.yaml"
+    f.write_text("max_steps: 7\n")
+    assert main(["train", str(f), "seed=3"]) == 0
+    assert (captured["train"].max_steps, captured["train"].seed) == (7, 3)
+
+
+def test_config_flag_and_positional_file_together_is_one_line(tmp_path, capsys, captured):
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("max_steps: 1\n")
+    b.write_text("max_steps: 2\n")
+    assert main(["train", str(a), "--config", str(b)]) == 2
+    assert (
+        _error(capsys) == f"streamrl: error: two config files, '{a}' and --config '{b}': give one of them\n"
+    )
+    assert captured == {}
+
+
+def test_config_flag_with_a_missing_file(tmp_path, capsys, captured):
+    assert main(["eval", "--config", str(tmp_path / "nope.yaml")]) == 2
+    assert _error(capsys) == f"streamrl: error: config file '{tmp_path / 'nope.yaml'}' not found\n"
+
+
+# ---- --version, streamrl config, --help ------------------------------------------------------------
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out == f"streamrl {streamrl.__version__}\n"
+
+
+def test_config_command_prints_every_key_with_type_default_and_description(capsys):
+    assert main(["config"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "train.lr (float > 0, default 2e-05): AdamW learning rate" in lines
+    assert "max_steps (int >= 0, default 20): training steps (0: evaluate only)" in lines
+    assert (
+        "rollout.precision (fp32|bf16, default bf16): dtype of the engine's weights: bf16 decodes ~2x "
+        "faster than fp32 on CPUs with bf16 matmul units; the trainer's decoupled-PPO behaviour weights "
+        "correct the small engine/trainer log-prob gap"
+    ) in lines  # a comment block above the field, joined into one line
+    assert "loss.dual_clip (float 0 (off) or > 1, default 0.0): PPO dual clip c > 1 for A < 0 tokens " in (
+        "\n".join(lines)
+    )
+    assert "[env] Multi-turn environments (task=env:NAME). Token limits count completion tokens " in (
+        "\n".join(lines)
+    )  # a section's docstring heads it
+    keys = _all_keys()
+    for key, _ in keys:
+        matching = [line for line in lines if line.startswith(f"{key} (")]
+        assert len(matching) == 1, key
+        assert not matching[0].endswith("): "), f"{key} has no description"
+    assert len([line for line in lines if line and not line.startswith("[")]) == len(keys)
+
+
+def test_config_command_one_section(capsys):
+    assert main(["config", "eval"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "[eval]"
+    assert lines[1] == "eval.size (int >= 0, default 400): held-out problems, never trained on"
+    assert all(line.startswith("eval.") for line in lines[1:])
+    assert len(lines) == 1 + len(dataclasses.fields(Config().eval))
+
+
+def test_config_command_unknown_section_lists_the_sections(capsys):
+    assert main(["config", "trian"]) == 2
+    assert _error(capsys) == (
+        "streamrl: error: unknown config section 'trian'; sections: runtime, ray, task_config, rollout, "
+        "reward, loss, advantage, train, checkpoint, eval, env, observe, vllm\n"
+    )
+
+
+def test_every_numeric_key_has_a_bound():
+    numeric = {
+        key
+        for key, tp in _all_keys()
+        if tp in (int, float) or (typing.get_origin(tp) is tuple and typing.get_args(tp)[0] in (int, float))
+    }
+    assert numeric == set(BOUNDS)
+
+
+@pytest.mark.parametrize("cmd", ["train", "eval"])
+def test_help_points_to_the_config_command(cmd, capsys):
+    with pytest.raises(SystemExit):
+        main([cmd, "--help"])
+    out = capsys.readouterr().out
+    assert "--config FILE" in out and "streamrl config [SECTION]" in out
+
+
+def test_render_is_what_the_command_prints(capsys):
+    main(["config"])
+    assert capsys.readouterr().out == render()
+
+
+# ---- YAML errors ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            "max_steps: 3\ntrain:\n  lr: [1, 2\n",
+            "line 4, column 1: expected ',' or ']', but got '<stream end>' "
+            "(while parsing a flow sequence at line 3)",
+        ),
+        ("max_steps: 3\nseed: 1: 2\n", "line 2, column 8: mapping values are not allowed here"),
+        (
+            "train:\n  lr: 0.1\ntrain:\n  grad_clip: 2\n",
+            "line 3, column 1: key 'train' given twice (first at line 1)",
+        ),
+    ],
+)
+def test_yaml_errors_name_file_line_and_column(tmp_path, capsys, captured, text, message):
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    assert main(["train", "--config", str(f), f"run_dir={tmp_path / 'run'}"]) == 2
+    assert _error(capsys) == f"streamrl: error: config file '{f}', {message}\n"
+    assert not (tmp_path / "run").exists()
+
+
+# ---- numeric ranges ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("max_steps=-5", "config key 'max_steps' must be >= 0, got -5"),
+        ("max_time=-10", "config key 'max_time' must be >= 0, got -10"),
+        ("max_time=.inf", "config key 'max_time' must be >= 0, got inf"),
+        ("seed=-1", "config key 'seed' must be >= 0, got -1"),
+        ("train.lr=0", "config key 'train.lr' must be > 0, got 0"),
+        ("train.lr=.nan", "config key 'train.lr' must be > 0, got nan"),
+        ("train.betas=[0.9,1.5]", "config key 'train.betas' must be in [0, 1) (each value), got [0.9, 1.5]"),
+        ("train.grad_clip=0", "config key 'train.grad_clip' must be > 0, got 0"),
+        ("train.warmup_steps=-1", "config key 'train.warmup_steps' must be >= 0, got -1"),
+        ("train.weight_decay=-0.1", "config key 'train.weight_decay' must be >= 0, got -0.1"),
+        ("train.lora_alpha=0", "config key 'train.lora_alpha' must be > 0, got 0"),
+        ("train.threads=-2", "config key 'train.threads' must be >= 0, got -2"),
+        ("train.save_every_s=-1", "config key 'train.save_every_s' must be >= 0, got -1"),
+        (
+            "rollout.dynamic_sampling_rounds=-1",
+            "config key 'rollout.dynamic_sampling_rounds' must be >= 0, got -1",
+        ),
+        (
+            "reward.judge_pass_threshold=1.5",
+            "config key 'reward.judge_pass_threshold' must be in [0, 1], got 1.5",
+        ),
+        ("reward.overlong_buffer=-4", "config key 'reward.overlong_buffer' must be >= 0, got -4"),
+        ("reward.length_penalty=-0.01", "config key 'reward.length_penalty' must be >= 0, got -0.01"),
+        ("reward.cache_size=-1", "config key 'reward.cache_size' must be >= 0, got -1"),
+        ("loss.kl_coef=-0.1", "config key 'loss.kl_coef' must be >= 0, got -0.1"),
+        ("loss.eps_low=-0.2", "config key 'loss.eps_low' must be >= 0, got -0.2"),
+        ("loss.m2_threshold=0", "config key 'loss.m2_threshold' must be > 0, got 0"),
+        ("loss.dual_clip=0.5", "config key 'loss.dual_clip' must be 0 (off) or > 1, got 0.5"),
+        ("eval.temperature=-1", "config key 'eval.temperature' must be >= 0, got -1"),
+        ("eval.k=0", "config key 'eval.k' must be >= 1 (each value), got [0]"),
+        (
+            "vllm.gpu_memory_utilization=0",
+            "config key 'vllm.gpu_memory_utilization' must be in (0, 1], got 0",
+        ),
+        ("observe.report_every=-1", "config key 'observe.report_every' must be >= 0, got -1"),
+    ],
+)
+def test_out_of_range_values_are_one_line_before_anything_is_written(
+    tmp_path, capsys, captured, override, message
+):
+    assert main(["train", override, f"run_dir={tmp_path / 'run'}"]) == 2
+    assert _error(capsys) == f"streamrl: error: {message}\n"
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["max_steps=0", "max_time=0", "loss.eps_low=1.0", "loss.dual_clip=0", "loss.entropy_coef=-0.01"],
+)
+def test_boundary_values_are_accepted(override):
+    load_config(None, [override])
+
+
+# ---- the judge --------------------------------------------------------------------------------------
+
+JUDGE_ENV = ("STREAMRL_JUDGE_URL", "OPENAI_BASE_URL", "STREAMRL_JUDGE_MODEL")
+
+
+def test_judge_without_endpoint_or_model_is_refused(tmp_path, capsys, monkeypatch, captured):
+    for var in JUDGE_ENV:
+        monkeypatch.delenv(var, raising=False)
+    assert main(["train", "reward.scorer=judge", "reward.judge_model=m", f"run_dir={tmp_path / 'run'}"]) == 2
+    assert _error(capsys) == (
+        "streamrl: error: reward.scorer=judge needs reward.judge_url (or STREAMRL_JUDGE_URL / "
+        "OPENAI_BASE_URL) and reward.judge_model (or STREAMRL_JUDGE_MODEL); missing: reward.judge_url\n"
+    )
+    assert not (tmp_path / "run").exists()
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    with pytest.raises(ValueError, match=r"missing: reward.judge_model$"):
+        load_config(None, ["reward.scorer=judge"])
+    monkeypatch.setenv("STREAMRL_JUDGE_MODEL", "m")
+    assert load_config(None, ["reward.scorer=judge"]).reward.scorer == "judge"  # both from the environment
+    with pytest.raises(
+        ValueError, match=r"^reward.judge_url must start with http:// or https://, got 'host:1'$"
+    ):
+        load_config(None, ["reward.scorer=judge", "reward.judge_url=host:1"])
+
+
+# ---- eval: k without n ------------------------------------------------------------------------------
+
+
+def test_eval_k_without_n_samples_max_k(tmp_path):
+    assert load_config(None, expand_shorthands(["k=4"])).eval.n == 4
+    assert load_config(None, expand_shorthands(["k=1,2"])).eval.n == 2
+    assert load_config(None, expand_shorthands(["n=8", "k=4"])).eval.n == 8
+    f = tmp_path / "e.yaml"
+    f.write_text("eval: {k: [1, 3]}\n")
+    assert load_config(f).eval.n == 3
+    f.write_text("eval: {k: [1, 3], n: 0}\n")  # n given as 0 (greedy only): k cannot be reported
+    with pytest.raises(ValueError, match=r"got k=\[1, 3\] with eval.n=0: raise eval.n or leave it unset"):
+        load_config(f)
+
+
+def test_eval_command_with_k_only_samples_k(tmp_path):
+    args = ["eval", "model=tiny-random", "size=2", "k=2", "eval.max_new_tokens=3", f"run_dir={tmp_path}"]
+    assert main(args) == 0
+    out = json.loads((tmp_path / "eval.json").read_text())
+    assert (out["problems"], out["n"], out["ks"]) == (2, 2, [2])
+    assert "pass@2" in out and "avg@2" in out

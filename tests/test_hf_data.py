@@ -82,6 +82,27 @@ def test_unknown_hub_name_offline_fails_in_one_line_before_anything_is_written(o
     )
 
 
+@pytest.mark.parametrize(
+    ("args", "key", "name"),
+    [
+        (["task=data:missing.jsonl"], "task", "missing.jsonl"),
+        (["task=data:rows.jsonl", "task_config.eval_data=held.jsonl"], "task_config.eval_data", "held.jsonl"),
+    ],
+)
+def test_a_missing_data_file_names_its_key(tmp_path, monkeypatch, capsys, args, key, name):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rows.jsonl").write_text(
+        '{"prompt": "1+1?", "answer": "2"}\n{"prompt": "2+2?", "answer": "4"}\n'
+    )
+    run = tmp_path / "run"
+    assert main(["train", *TINY, *args, f"run_dir={run}"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err == f"streamrl: error: config key '{key}': data file '{name}' not found (relative to {tmp_path})\n"
+    )
+    assert not run.exists()
+
+
 def test_every_local_format_reads_the_same_rows(tmp_path):
     """save_to_disk, JSONL, Parquet and CSV give the same problems in the same held-out order."""
     table = gsm8k_table("train", 7)

@@ -15,6 +15,8 @@ functions, so commands that never read data do not pay for it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +32,30 @@ def one_line(e: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def open_splits(spec: str, streaming: bool) -> tuple[str, dict[str, Any]]:
-    """(the source's name, {split: Dataset | IterableDataset}) for `hf:NAME[:CONFIG]`, `data:PATH` or PATH."""
-    if spec.startswith("hf:"):
-        return spec, _hub_splits(spec[3:], streaming)
+def open_splits(spec: str, streaming: bool, key: str = "task") -> tuple[str, dict[str, Any]]:
+    """(the source's name, {split: Dataset | IterableDataset}) for `hf:NAME[:CONFIG]`, `data:PATH` or PATH;
+    `key`: the config key that named it, for the error of a missing file."""
     path = Path(spec.removeprefix("data:")).expanduser()
-    return str(path), _path_splits(path, streaming)
+    if not spec.startswith("hf:") and not path.exists():
+        where = "" if path.is_absolute() else f" (relative to {Path.cwd()})"
+        raise ValueError(f"config key '{key}': data file '{path}' not found{where}")
+    with _no_progress_bars():  # the run shows its own progress; errors stay one line on stderr
+        if spec.startswith("hf:"):
+            return spec, _hub_splits(spec[3:], streaming)
+        return str(path), _path_splits(path, streaming)
+
+
+@contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    was_on = not are_progress_bars_disabled()
+    disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_on:
+            enable_progress_bars()
 
 
 def _hub_splits(ref: str, streaming: bool) -> dict[str, Any]:
@@ -80,8 +100,6 @@ def _cached_snapshot(name: str) -> str | None:
 def _path_splits(path: Path, streaming: bool) -> dict[str, Any]:
     import datasets
 
-    if not path.exists():
-        raise ValueError(f"task file '{path}' not found")
     if path.is_dir() and ((path / "state.json").is_file() or (path / "dataset_dict.json").is_file()):
         loaded = datasets.load_from_disk(str(path))
         splits = dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}

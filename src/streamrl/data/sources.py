@@ -162,7 +162,7 @@ def data_task(
     train_label = name if len(splits) == 1 else f"{name}[{split}]"
     held, held_label = None, ""
     if eval_data:
-        held_label, held_splits = open_splits(eval_data, streaming)
+        held_label, held_splits = open_splits(eval_data, streaming, "task_config.eval_data")
         if len(held_splits) > 1 and "test" not in held_splits:
             raise ValueError(
                 f"task_config.eval_data: {held_label} has splits {', '.join(held_splits)} and no 'test': "

@@ -23,7 +23,7 @@ class FlakyScorer:
     def __init__(self, cfg_dict, task=None):
         pass
 
-    def __call__(self, problem, text):
+    def __call__(self, problem, text, ids=()):
         if text == "boom":
             raise RuntimeError("scorer bug")
         if text == "hang":

@@ -16,7 +16,8 @@ from streamrl.algo.aggregation import (
     token_mean,
 )
 from streamrl.algo.kl import k3
-from streamrl.algo.losses import LossInputs, ppo_clip
+from streamrl.algo.loss_inputs import LossParams, LossTensors
+from streamrl.algo.losses import ppo_clip
 from streamrl.algo.losses_is import gspo
 
 
@@ -70,7 +71,7 @@ def test_ppo_clip_token_mean_matches_verl_vanilla(dual):
     old[1, :3] = logp[1, :3] - 2.0  # r = e^2 = 7.4 > 3
     mask = (torch.rand(4, 6) > 0.25).float()
     mask[1, :3] = 1.0
-    per_token, _ = ppo_clip(LossInputs(logp, old, adv, mask, 0.2, 0.28, dual_clip=dual))
+    per_token, _ = ppo_clip(LossTensors(logp, old, adv, mask), LossParams(0.2, 0.28, dual_clip=dual))
     ours = token_mean(per_token, mask, batch_normalizer("token-mean", [mask]))
     ref = verl_vanilla_ppo(old, logp, adv, mask, 0.2, 0.28)
     if dual:
@@ -119,7 +120,7 @@ def test_gspo_matches_verl_gspo_token_values_and_gradients():
     eps_low, eps_high = 3e-4, 4e-4
 
     a = base.clone().requires_grad_(True)
-    per_token, _ = gspo(LossInputs(a, old, adv, mask, eps_low, eps_high))
+    per_token, _ = gspo(LossTensors(a, old, adv, mask), LossParams(eps_low, eps_high))
     ours = seq_mean_token_mean(per_token, mask, batch_normalizer("seq-mean-token-mean", [mask]))
     ours.backward()
 

@@ -11,6 +11,7 @@ from streamrl.algo.aggregation import (
     seq_mean_token_sum,
     seq_mean_token_sum_norm,
     token_mean,
+    token_sum,
 )
 from streamrl.algo.loss_inputs import LossParams, LossTensors
 from streamrl.algo.losses import ppo_clip
@@ -101,6 +102,7 @@ MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     "name, fn, expected",
     [
         ("token-mean", token_mean, 7 / 3),  # (1 + 2 + 4) / 3 tokens
+        ("token-sum", token_sum, 7.0),  # 1 + 2 + 4, not normalised
         ("seq-mean-token-mean", seq_mean_token_mean, 2.75),  # mean(1.5, 4)
         ("seq-mean-token-sum", seq_mean_token_sum, 3.5),  # mean(3, 4)
         ("seq-mean-token-sum-norm", seq_mean_token_sum_norm, 0.875),  # 7 / (2 seqs * horizon 4)

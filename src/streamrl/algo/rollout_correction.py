@@ -75,8 +75,8 @@ def token_tis(
 def seq_tis(log_rho: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor, p: CorrectionParams) -> Correction:
     """Sequence-level truncated IS: rho_i = prod_t rho_t = exp(sum_t log rho_t); w = min(rho_i, upper)
     on every token of sequence i."""
-    rho = _exp(_seq(log_rho, mask.float(), mean=False))
-    return Correction(rho.clamp(max=p.upper), _none_of(rho), rho > p.upper)
+    seq_rho = _exp(_seq(log_rho, mask.float(), mean=False))
+    return Correction(seq_rho.clamp(max=p.upper), _none_of(seq_rho), seq_rho > p.upper)
 
 
 @rollout_correction("token_mis", reads=("rc_upper",))
@@ -94,9 +94,9 @@ def token_mis(
 def seq_mis(log_rho: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor, p: CorrectionParams) -> Correction:
     """Sequence-level masked IS (Liu et al. 2025; verl's Seq-MIS): w = rho_i where rho_i <= upper, else
     the whole sequence is dropped (rho_i = exp(sum_t log rho_t))."""
-    rho = _exp(_seq(log_rho, mask.float(), mean=False))
-    out = rho > p.upper
-    return Correction(torch.where(out, torch.zeros_like(rho), rho), out, _none_of(rho))
+    seq_rho = _exp(_seq(log_rho, mask.float(), mean=False))
+    over = seq_rho > p.upper
+    return Correction(torch.where(over, torch.zeros_like(seq_rho), seq_rho), over, _none_of(seq_rho))
 
 
 @rollout_correction("geo_mask", reads=("rc_geo_tol",))
@@ -113,8 +113,8 @@ def icepop(log_rho: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor, p: Corr
     """IcePop (Ring-1T, 2025): w_t = rho_t where lower <= rho_t <= upper, 0 outside (a two-sided
     token mask that keeps the IS weight inside the band)."""
     rho = _exp(log_rho)
-    out = (rho < p.lower) | (rho > p.upper)
-    return Correction(torch.where(out, torch.zeros_like(rho), rho), out, _none_of(rho))
+    outside = (rho < p.lower) | (rho > p.upper)
+    return Correction(torch.where(outside, torch.zeros_like(rho), rho), outside, _none_of(rho))
 
 
 @rollout_correction("opsm", reads=("rc_opsm_delta",))
@@ -123,8 +123,8 @@ def opsm(log_rho: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor, p: Correc
     of its token advantages) is negative AND mean_t log(pi_behav / pi_old) > opsm_delta; weight 1
     otherwise. Negative samples the trainer already finds unlikely teach little and destabilise."""
     m = mask.float()
-    out = (_seq(adv, m, mean=True) < 0) & (_seq(-log_rho, m, mean=True) > p.opsm_delta)
-    return Correction((~out).float(), out, _none_of(log_rho))
+    off = (_seq(adv, m, mean=True) < 0) & (_seq(-log_rho, m, mean=True) > p.opsm_delta)
+    return Correction((~off).float(), off, _none_of(log_rho))
 
 
 def correction_counts(c: Correction, log_rho: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:

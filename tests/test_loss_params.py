@@ -46,7 +46,8 @@ def test_trainer_passes_every_config_key_to_the_params():
 
 def _batch(seed: int = 0) -> LossTensors:
     """4 rows x 5 tokens: log-ratios around row offsets -1, -0.15, 0.15, 1 (sequence ratios inside and
-    outside every clip range), advantages of both signs varying inside rows, pi_prox != pi_behav, one masked token."""
+    outside every clip range), advantages of both signs varying inside rows, pi_prox != pi_behav, one
+    masked token."""
     g = torch.Generator().manual_seed(seed)
     old = -torch.rand(4, 5, generator=g) * 2 - 0.5
     offsets = torch.tensor([[-1.0], [-0.15], [0.15], [1.0]])

@@ -10,8 +10,7 @@ from trajectories import make_traj
 
 import streamrl.algo  # noqa: F401  (registers every module)
 from streamrl.algo import registry
-from streamrl.algo.loss_inputs import LossParams, LossTensors
-from streamrl.algo.losses import ppo_clip
+from streamrl.algo.loss_inputs import LossParams
 from streamrl.algo.rollout_correction import CorrectionParams, correction_counts, correction_metrics
 from streamrl.config import load_config
 from streamrl.trainer.batching import collate
@@ -22,7 +21,7 @@ from streamrl.types import TrainBatch
 
 # rho = pi_old / pi_behav per token: row 0 [3, 0.4, 1]; row 1 [1.5, 0.5] and a pad whose rho (100) is
 # never counted. Sequence products: row 0 3 * 0.4 * 1 = 1.2, row 1 1.5 * 0.5 = 0.75;
-# geometric means 1.2^(1/3) = 1.062659 and 0.75^(1/2) = 0.866025.
+# geometric means of 1 / rho: 1.2^(-1/3) = 0.941036 and 0.75^(-1/2) = 1.154701.
 LOG_RHO = torch.tensor([[3.0, 0.4, 1.0], [1.5, 0.5, 100.0]]).log()
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
 ADV = torch.tensor([[1.0], [-1.0]]).expand(2, 3)
@@ -64,7 +63,7 @@ def test_seq_mis_drops_sequences_above_the_bound():
 
 
 def test_geo_mask_keeps_sequences_whose_geometric_mean_is_near_one():
-    # tol 0.1: 1.062659 in [0.9, 1.1] kept with weight 1; 0.866025 dropped
+    # tol 0.1: 0.941036 in [0.9, 1.1] kept with weight 1; 1.154701 dropped; tol 0.05: both out
     close(weights("geo_mask", geo_tol=0.1), [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
     close(weights("geo_mask", geo_tol=0.05), [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
 

@@ -101,9 +101,10 @@ def seq_mis(log_rho: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor, p: Cor
 
 @rollout_correction("geo_mask", reads=("rc_geo_tol",))
 def geo_mask(log_rho: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor, p: CorrectionParams) -> Correction:
-    """Geometric-mean sequence mask (verl's Geo-RS): g_i = exp(mean_t log rho_t); the sequence is kept
-    with weight 1 when 1 - geo_tol <= g_i <= 1 + geo_tol, dropped otherwise (no reweighting)."""
-    g = _exp(_seq(log_rho, mask.float(), mean=True))
+    """Geometric-mean sequence mask (verl's Geo-RS): g_i = exp(mean_t log(pi_behav / pi_old)), the
+    geometric mean of 1 / rho; the sequence is kept with weight 1 when 1 - geo_tol <= g_i <= 1 + geo_tol,
+    dropped otherwise (no reweighting)."""
+    g = _exp(_seq(-log_rho, mask.float(), mean=True))
     out = (g < 1 - p.geo_tol) | (g > 1 + p.geo_tol)
     return Correction((~out).float(), out, _none_of(g))
 

@@ -21,16 +21,23 @@ def _valid(rewards: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
     return torch.ones_like(rewards, dtype=torch.bool) if valid is None else valid.bool()
 
 
-def _group_stats(
-    rewards: torch.Tensor, valid: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _group_stats(rewards: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per group: (sample count n, mean, unbiased std) over the valid slots, each [num_groups, 1].
-    The std of a group of fewer than 2 samples is reported as 1 (such groups get A = 0 anyway)."""
-    v = valid.to(rewards.dtype)
-    n = v.sum(-1, keepdim=True)
-    mean = (rewards * v).sum(-1, keepdim=True) / n.clamp(min=1)
-    var = (((rewards - mean) * v) ** 2).sum(-1, keepdim=True) / (n - 1).clamp(min=1)
-    return n, mean, var.sqrt()
+    The std of a group of fewer than 2 samples is reported as 1 (such groups get A = 0 anyway).
+    Groups of equal size take torch's row reductions, groups of unequal size each their own slice."""
+    n = valid.sum(-1, keepdim=True).to(rewards.dtype)
+    if rewards.shape[-1] < 2:
+        return n, rewards.clone(), torch.ones_like(rewards)
+    if bool(valid.all()):
+        return n, rewards.mean(-1, keepdim=True), rewards.std(-1, keepdim=True)
+    mean, std = torch.zeros_like(n), torch.ones_like(n)
+    for i in range(rewards.shape[0]):
+        x = rewards[i][valid[i]]
+        if len(x):
+            mean[i] = x.mean()
+        if len(x) > 1:
+            std[i] = x.std()
+    return n, mean, std
 
 
 def _finish(adv: torch.Tensor, valid: torch.Tensor, n: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,9 @@ def _valid(rewards: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
     return torch.ones_like(rewards, dtype=torch.bool) if valid is None else valid.bool()
 
 
-def _group_stats(rewards: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _group_stats(
+    rewards: torch.Tensor, valid: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per group: (sample count n, mean, unbiased std) over the valid slots, each [num_groups, 1].
     The std of a group of fewer than 2 samples is reported as 1 (such groups get A = 0 anyway).
     Groups of equal size take torch's row reductions, groups of unequal size each their own slice."""

@@ -150,3 +150,36 @@ def test_ppo_kl_and_pg_clipfrac_lower():
     assert m["pg_clipfrac_lower"] == pytest.approx(1 / 3)
     assert m["ppo_kl"] == pytest.approx(-1.304008, abs=1e-6)
     assert ppo_clip(t, LossParams())[1]["pg_clipfrac_lower"] == 0.0  # dual clip off
+
+
+def test_trainer_reinforce_pp_token_whitens_over_the_whole_batch_with_kl_token_rewards(tiny):
+    import copy
+
+    from streamrl.trainer.batching import collate
+    from streamrl.trainer.logprobs import completion_logprobs
+    from streamrl.trainer.trainer import Trainer
+    from streamrl.types import TrainBatch
+
+    model = copy.deepcopy(tiny[0])
+    overrides = ["advantage.name=reinforce_pp_token", "advantage.gamma=0.5", "train.token_budget=8"]
+    kl = ["loss.kl_in=token_reward", "loss.kl_coef=0.5", "loss.kl_estimator=k1", "train.precision=fp32"]
+    cfg = load_config(None, [*overrides, *kl, "train.shared_prompt=false", "rollout.temperature=1.0"])
+    trainer = Trainer.from_config(model, cfg, pad_id=0)
+    trajs = [make_traj(0, [5, 6, 7], [8, 9, 10], reward=1.0), make_traj(1, [5, 6], [11, 12], reward=-1.0)]
+    with torch.no_grad():  # behaviour = reference + 0.1 per token: k1 = 0.1, penalty 0.05 per token
+        for t in trajs:
+            lp = completion_logprobs(model, collate([t], [0.0], 0), temperature=1.0)[0][0]
+            t.behaviour_logprobs = (lp + 0.1).tolist()
+    mbs, _ = trainer.prepare(TrainBatch(trajs, [0.0, 0.0]))
+    assert len(mbs) == 2  # one trajectory per micro-batch: the whitening still spans both
+    # token rewards [-0.05, -0.05, 0.95] and [-0.05, -1.05]; gamma 0.5 returns:
+    # [-0.05 + 0.5 * 0.425, -0.05 + 0.5 * 0.95, 0.95] = [0.1625, 0.425, 0.95];
+    # [-0.05 + 0.5 * -1.05, -1.05] = [-0.575, -1.05]
+    # mean -0.0175, unbiased var = (0.18^2 + 0.4425^2 + 0.9675^2 + 0.5575^2 + 1.0325^2) / 4 = 0.635281
+    returns = torch.tensor([0.1625, 0.425, 0.95, -0.575, -1.05])
+    want = ((returns + 0.0175) / math.sqrt(0.635281 + 1e-8)).tolist()
+    by_len = {
+        mb.advantages.shape[1]: mb.advantages[0].tolist() for mb in mbs
+    }  # the micro-batch order is free
+    got = by_len[3] + by_len[2]
+    assert got == pytest.approx(want, abs=2e-4)

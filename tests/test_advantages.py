@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from streamrl.algo import registry
-from streamrl.algo.advantages import dr_grpo, gae, grpo, reinforce_pp, reinforce_pp_baseline, remax, rloo
+from streamrl.algo.advantages import dr_grpo, grpo, reinforce_pp, reinforce_pp_baseline, remax, rloo
+from streamrl.algo.advantages_token import gae
 
 OUTCOME = [grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline]
 
@@ -18,7 +19,16 @@ def close(actual: torch.Tensor, expected: list, atol: float = 1e-5) -> None:
 def test_registered_names_are_the_expected_set():
     import streamrl.algo  # noqa: F401  (registers every module)
 
-    expected = {"grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax", "gae"}
+    expected = {
+        "grpo",
+        "dr_grpo",
+        "rloo",
+        "reinforce_pp",
+        "reinforce_pp_baseline",
+        "remax",
+        "gae",
+        "reinforce_pp_token",
+    }
     for name in registry.ADVANTAGES:
         assert name in expected
     assert expected <= set(registry.ADVANTAGES)

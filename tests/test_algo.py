@@ -8,7 +8,10 @@ import torch
 from streamrl.algo.advantages import grpo
 from streamrl.algo.aggregation import batch_normalizer, token_mean
 from streamrl.algo.kl import k1, k2, k3
-from streamrl.algo.losses import LossInputs, decoupled_ppo, ppo_clip
+from streamrl.algo.loss_inputs import LossParams, LossTensors
+from streamrl.algo.losses import decoupled_ppo, ppo_clip
+
+P = LossParams()
 
 
 def test_grpo_hand_values():
@@ -34,7 +37,7 @@ def test_ppo_clip_hand_values_and_gradients():
     logp = ratio.log().clone().requires_grad_(True)
     adv = torch.tensor([[1.0, -1.0, 1.0, -1.0, 2.0]])
     mask = torch.ones_like(ratio)
-    loss, m = ppo_clip(LossInputs(logp, old, adv, mask, eps_low=0.2, eps_high=0.28))
+    loss, m = ppo_clip(LossTensors(logp, old, adv, mask), LossParams(eps_low=0.2, eps_high=0.28))
     # A>0,r>1+eh: clipped -1.28 | A<0,r<1-el: clipped 0.8 | A>0,r<1: -0.5 | A<0,r>1: 1.5 | r=1: -2
     assert loss[0].tolist() == pytest.approx([-1.28, 0.8, -0.5, 1.5, -2.0], abs=1e-6)
     loss.sum().backward()
@@ -48,7 +51,7 @@ def test_ppo_clip_hand_values_and_gradients():
 def test_ppo_clip_metrics_respect_mask():
     ratio = torch.tensor([[2.0, 1.0]])
     loss, m = ppo_clip(
-        LossInputs(ratio.log(), torch.zeros(1, 2), torch.ones(1, 2), torch.tensor([[0.0, 1.0]]))
+        LossTensors(ratio.log(), torch.zeros(1, 2), torch.ones(1, 2), torch.tensor([[0.0, 1.0]])), P
     )
     assert m["clip_frac_high"] == 0.0 and m["ratio_mean"] == pytest.approx(1.0)
 
@@ -80,8 +83,8 @@ def test_decoupled_equals_ppo_clip_when_prox_is_behaviour():
     behav = logp + 0.3 * torch.randn(3, 4)
     adv = torch.randn(3, 1).expand(3, 4)
     mask = (torch.rand(3, 4) > 0.2).float()
-    plain, _ = ppo_clip(LossInputs(logp, behav, adv, mask))
-    dec, m = decoupled_ppo(LossInputs(logp, behav, adv, mask, prox_logprobs=behav.clone()))
+    plain, _ = ppo_clip(LossTensors(logp, behav, adv, mask), P)
+    dec, m = decoupled_ppo(LossTensors(logp, behav, adv, mask, prox_logprobs=behav.clone()), P)
     assert torch.equal(plain, dec)  # exact: w = exp(0) = 1
     assert m["behav_weight_mean"] == 1.0
 
@@ -94,7 +97,7 @@ def test_decoupled_hand_values_with_cap():
     theta = torch.log(torch.tensor([[0.3, 0.4]]))
     adv = torch.tensor([[1.0, -1.0]])
     loss, m = decoupled_ppo(
-        LossInputs(theta, behav, adv, torch.ones(1, 2), prox_logprobs=prox, behav_weight_cap=3.0)
+        LossTensors(theta, behav, adv, torch.ones(1, 2), prox_logprobs=prox), LossParams(behav_weight_cap=3.0)
     )
     assert loss[0].tolist() == pytest.approx([-2.56, 3.0], abs=1e-5)
     assert m["behav_weight_capped_frac"] == 0.5

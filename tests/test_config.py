@@ -44,7 +44,7 @@ def test_unknown_top_level_key():
         ("eval.before=maybe", "config key 'eval.before' expects bool"),
         (
             "loss.name=nope",
-            "config key 'loss.name' must be one of cispo, decoupled_ppo, gspo, m2po, ppo_clip",
+            "config key 'loss.name' must be one of cispo, decoupled_ppo, gspo, gspo_token, m2po, ppo_clip",
         ),
         ("loss.dual_clip=0.5", "config key 'loss.dual_clip' must be 0 (off) or > 1, got 0.5"),
         ("algo=ppo2", "config key 'algo': unknown algo preset 'ppo2'; choose from cispo, dapo, dr_grpo"),

@@ -6,9 +6,10 @@ import pytest
 import torch
 from trajectories import make_traj
 
+from streamrl.algo.advantages_token import terminal_rewards
 from streamrl.config import load_config
 from streamrl.trainer.batching import collate
-from streamrl.trainer.critic import ValueHead, clipped_value_loss, completion_values, terminal_rewards
+from streamrl.trainer.critic import ValueHead, clipped_value_loss, completion_values
 from streamrl.trainer.logprobs import completion_logprobs
 from streamrl.trainer.trainer import Trainer
 from streamrl.types import TrainBatch

@@ -11,9 +11,14 @@ from streamrl.algo.aggregation import (
     seq_mean_token_sum,
     seq_mean_token_sum_norm,
     token_mean,
+    token_sum,
 )
-from streamrl.algo.losses import LossInputs, ppo_clip
-from streamrl.algo.losses_is import cispo, gspo, m2_mask, m2po, reinforce, truncated_is
+from streamrl.algo.loss_inputs import LossParams, LossTensors
+from streamrl.algo.losses import ppo_clip
+from streamrl.algo.losses_is import cispo, gspo, reinforce, truncated_is
+from streamrl.algo.losses_m2po import m2_mask, m2po
+
+P = LossParams()
 
 LOG_HALF, LOG_QUARTER = math.log(0.5), math.log(0.25)
 
@@ -32,7 +37,7 @@ def test_gspo_sequence_ratio_and_clip():
     logp = log_r.clone().requires_grad_(True)
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
     adv = torch.tensor([[1.0], [2.0]]).expand(2, 3)
-    loss, m = gspo(LossInputs(logp, torch.zeros(2, 3), adv, mask))
+    loss, m = gspo(LossTensors(logp, torch.zeros(2, 3), adv, mask), P)
     assert loss[0, :2].tolist() == pytest.approx([-1.051271] * 2, abs=1e-6)
     assert loss[1].tolist() == pytest.approx([-2.56] * 3, abs=1e-6)
     (loss * mask).sum().backward()
@@ -44,7 +49,7 @@ def test_gspo_sequence_ratio_and_clip():
 
 def test_cispo_clips_the_weight_not_the_gradient():
     logp, old, adv, mask = _two_tokens()
-    loss, _ = cispo(LossInputs(logp, old, adv, mask, eps_low=0.2, eps_high=0.28))
+    loss, _ = cispo(LossTensors(logp, old, adv, mask), LossParams(eps_low=0.2, eps_high=0.28))
     # w = clip(r) = 1.28, 0.8; loss = -w A logp = -1.28*0.693147... = 0.887228, -0.8*1.386294 = -1.109035
     assert loss[0].tolist() == pytest.approx([0.887228, -1.109035], abs=1e-6)
     loss.sum().backward()
@@ -53,10 +58,10 @@ def test_cispo_clips_the_weight_not_the_gradient():
 
 def test_truncated_is_and_reinforce():
     logp, old, adv, mask = _two_tokens()
-    loss, _ = truncated_is(LossInputs(logp, old, adv, mask, eps_high=0.28))
+    loss, _ = truncated_is(LossTensors(logp, old, adv, mask), LossParams(eps_high=0.28))
     # w = min(r, 1.28) = 1.28, 0.5: loss = 0.887228, -0.5 * 1.386294 = -0.693147
     assert loss[0].tolist() == pytest.approx([0.887228, -0.693147], abs=1e-6)
-    plain, _ = reinforce(LossInputs(logp, old, adv, mask))
+    plain, _ = reinforce(LossTensors(logp, old, adv, mask), P)
     assert plain[0].tolist() == pytest.approx([0.693147, -1.386294], abs=1e-6)
 
 
@@ -72,7 +77,8 @@ def test_m2_mask_drops_the_fewest_largest_tokens():
 def test_m2po_loss_is_unclipped_ratio_on_kept_tokens():
     log_r = torch.tensor([[0.1, -0.5, 0.2, 1.0]])
     loss, m = m2po(
-        LossInputs(log_r, torch.zeros(1, 4), torch.ones(1, 4), torch.ones(1, 4), m2_threshold=0.04)
+        LossTensors(log_r, torch.zeros(1, 4), torch.ones(1, 4), torch.ones(1, 4)),
+        LossParams(m2_threshold=0.04),
     )
     assert loss[0].tolist() == pytest.approx([-math.exp(0.1), 0.0, -math.exp(0.2), 0.0], abs=1e-6)
     assert m["m2_masked_frac"] == pytest.approx(0.5)
@@ -81,7 +87,9 @@ def test_m2po_loss_is_unclipped_ratio_on_kept_tokens():
 def test_ppo_dual_clip_bounds_negative_advantage_loss():
     ratio = torch.tensor([[5.0, 2.0, 5.0]])
     adv = torch.tensor([[-1.0, -1.0, 1.0]])
-    loss, _ = ppo_clip(LossInputs(ratio.log(), torch.zeros(1, 3), adv, torch.ones(1, 3), dual_clip=3.0))
+    loss, _ = ppo_clip(
+        LossTensors(ratio.log(), torch.zeros(1, 3), adv, torch.ones(1, 3)), LossParams(dual_clip=3.0)
+    )
     # A<0, r=5: max(5, 1.28) = 5 -> min(5, 3) = 3 | A<0, r=2: 2 (< 3) | A>0, r=5: -1.28 unchanged
     assert loss[0].tolist() == pytest.approx([3.0, 2.0, -1.28], abs=1e-6)
 
@@ -94,6 +102,7 @@ MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     "name, fn, expected",
     [
         ("token-mean", token_mean, 7 / 3),  # (1 + 2 + 4) / 3 tokens
+        ("token-sum", token_sum, 7.0),  # 1 + 2 + 4, not normalised
         ("seq-mean-token-mean", seq_mean_token_mean, 2.75),  # mean(1.5, 4)
         ("seq-mean-token-sum", seq_mean_token_sum, 3.5),  # mean(3, 4)
         ("seq-mean-token-sum-norm", seq_mean_token_sum_norm, 0.875),  # 7 / (2 seqs * horizon 4)

@@ -91,8 +91,10 @@ class LossConfig:
     eps_high: float = 0.28  # DAPO clip-higher: above eps_low leaves room to raise unlikely tokens
     aggregation: str = "token-mean"  # how token losses are averaged into the batch loss
     kl_coef: float = 0.0  # > 0 loads a frozen reference model and penalises the KL to it
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"  # Schulman's per-token KL estimator
-    kl_in: Literal["loss", "reward"] = "loss"  # reward: subtract kl_coef * sum_t KL_t from each reward
+    kl_estimator: str = "k3"  # k1, k2, k3, abs, k1+, k3+ (algo/kl.py)
+    # loss: kl_coef * KL in the loss; reward: subtract kl_coef * sum_t KL_t from each reward;
+    # token_reward: subtract kl_coef * KL_t from each token's reward (a token-level advantage only)
+    kl_in: Literal["loss", "reward", "token_reward"] = "loss"
     entropy_coef: float = 0.0  # entropy bonus: loss -= entropy_coef * entropy
     entropy_top_q: float = 1.0  # train on the top-q share of tokens by entropy only (0.2: "80/20")
     pos_weight: float = 1.0  # multiplies positive advantages (W-REINFORCE ~0.1; 0 = NSR)
@@ -103,6 +105,13 @@ class LossConfig:
     behav_weight_cap: float = 0.0  # cap on pi_prox / pi_behav; 0 = no cap
     dual_clip: float = 0.0  # PPO dual clip c > 1 for A < 0 tokens (3.0 in the paper); 0 = off
     m2_threshold: float = 0.04  # M2PO bound on the masked mean of (log r)^2
+    # engine/trainer log-prob gap (algo/rollout_correction.py): none, token_tis, seq_tis, token_mis,
+    # seq_mis, geo_mask, icepop, opsm; the loss's ratio is then against the trainer's own log-probs
+    rollout_correction: str = "none"
+    rc_upper: float = 2.0  # TIS cap / MIS and IcePop upper bound on pi_old / pi_behav
+    rc_lower: float = 0.5  # IcePop lower bound
+    rc_geo_tol: float = 0.001  # geo_mask keeps sequences whose geometric-mean ratio is within 1 +- tol
+    rc_opsm_delta: float = 1e-4  # opsm drops A < 0 sequences with mean log(pi_behav / pi_old) > delta
     mask_truncated: bool = False  # DAPO: responses cut at max_new_tokens get no loss
     vf_coef: float = 0.5  # advantage.name=gae: loss += vf_coef * value loss
     value_clip: float = 0.2  # advantage.name=gae: values clipped to V_old +- value_clip in the value loss

@@ -26,7 +26,7 @@ def _validate_distributed(cfg: Any) -> None:
         return
     from streamrl.algo import advantage_spec
 
-    if advantage_spec(cfg.advantage.name).token_level:
+    if advantage_spec(cfg.advantage.name).critic:
         raise ConfigError(
             f"train.strategy={t.strategy} does not train a value head yet: use train.strategy=single"
         )
@@ -73,11 +73,14 @@ def validate(cfg: Any) -> None:
         ("loss.name", cfg.loss.name, registry.POLICY_LOSSES),
         ("loss.aggregation", cfg.loss.aggregation, registry.AGGREGATIONS),
         ("advantage.name", cfg.advantage.name, registry.ADVANTAGES),
+        ("loss.kl_estimator", cfg.loss.kl_estimator, registry.KL_ESTIMATORS),
+        ("loss.rollout_correction", cfg.loss.rollout_correction, registry.CORRECTIONS),
     ):
         if value not in reg:
             raise ConfigError(f"config key '{key}' must be one of {', '.join(sorted(reg))}, got {value!r}")
     check_bounds(cfg)
-    token_level = registry.ADVANTAGES[cfg.advantage.name].token_level  # a value head (GAE)
+    token_level = registry.ADVANTAGES[cfg.advantage.name].token_level  # no per-sample advantage
+    _validate_algo(cfg, registry)
     if cfg.train.lora_rank and not cfg.train.lora_targets:
         raise ConfigError(
             "config key 'train.lora_targets' is empty: train.lora_rank > 0 needs target modules"
@@ -118,7 +121,7 @@ def validate(cfg: Any) -> None:
                 "task=agent:... runs colocated for now: set runtime.mode=colocated max_staleness=0"
             )
         spec = registry.ADVANTAGES[cfg.advantage.name]
-        if spec.token_level or spec.greedy_baseline or cfg.loss.kl_in == "reward":
+        if spec.token_level or spec.greedy_baseline or cfg.loss.kl_in != "loss":
             raise ConfigError(
                 "task=agent:... needs an outcome advantage without a value head or greedy baseline "
                 f"(not {cfg.advantage.name}) and loss.kl_in=loss"
@@ -137,6 +140,54 @@ def validate(cfg: Any) -> None:
         raise ConfigError(
             "config key 'task_config.columns.answer' is null (no reference answers), but the task's verifier "
             "scores the rewards: score with your own reward.fn / reward.fns (without fn: task)"
+        )
+
+
+# keys a loss, a rollout correction or an advantage estimator may read (LossSpec/CorrectionSpec/AdvantageSpec
+# .reads): a non-default value that none of the chosen pieces reads is refused rather than ignored
+LOSS_KEYS = ("eps_low", "eps_high", "dual_clip", "behav_weight_cap", "m2_threshold", "prox")
+CORRECTION_KEYS = ("rc_upper", "rc_lower", "rc_geo_tol", "rc_opsm_delta")
+ADVANTAGE_KEYS = ("std_normalize", "gamma", "lam")
+
+
+def _unread(
+    section: str, obj: Any, keys: tuple[str, ...], reads: frozenset[str], who: str, choose: str
+) -> None:
+    default = type(obj)()
+    for key in keys:
+        value = getattr(obj, key)
+        if value != getattr(default, key) and key not in reads:
+            read = ", ".join(f"{section}.{k}" for k in sorted(reads)) or "none of them"
+            raise ConfigError(
+                f"config key '{section}.{key}'={value} is not read by {who} (it reads {read}): "
+                f"remove it, or choose a {choose} that reads it"
+            )
+
+
+def _validate_algo(cfg: Any, registry: Any) -> None:
+    """Loss, correction and advantage keys: values in range, and none set that the chosen pieces ignore."""
+    lc, adv = cfg.loss, cfg.advantage
+    loss, rc = registry.POLICY_LOSSES[lc.name], registry.CORRECTIONS[lc.rollout_correction]
+    who = f"loss.name={lc.name}" + (f" with loss.rollout_correction={rc.name}" if rc.name != "none" else "")
+    reads = loss.reads if rc.name == "none" else loss.reads - {"prox"}
+    _unread("loss", lc, LOSS_KEYS, reads, who, "loss.name")
+    rc_who = f"loss.rollout_correction={rc.name}"
+    _unread("loss", lc, CORRECTION_KEYS, rc.reads, rc_who, "loss.rollout_correction")
+    adv_who = f"advantage.name={adv.name}"
+    _unread("advantage", adv, ADVANTAGE_KEYS, registry.ADVANTAGES[adv.name].reads, adv_who, "advantage.name")
+    if lc.behav_weight_cap and lc.behav_weight_cap < 1:
+        raise ConfigError(
+            f"config key 'loss.behav_weight_cap' must be 0 (off) or >= 1, got {lc.behav_weight_cap}"
+        )
+    if not 0 <= lc.rc_lower < lc.rc_upper:
+        raise ConfigError(
+            f"config keys 'loss.rc_lower' and 'loss.rc_upper' must satisfy 0 <= rc_lower < rc_upper, got "
+            f"{lc.rc_lower} and {lc.rc_upper}"
+        )
+    if lc.kl_in == "token_reward" and not (registry.ADVANTAGES[adv.name].token_level and lc.kl_coef > 0):
+        raise ConfigError(
+            "loss.kl_in=token_reward shapes per-token rewards: it needs loss.kl_coef > 0 and a token-level "
+            f"advantage (advantage.name=gae or reinforce_pp_token), got {adv.name} with kl_coef={lc.kl_coef}"
         )
 
 

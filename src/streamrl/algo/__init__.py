@@ -1,16 +1,27 @@
-"""Algorithm zoo: advantage estimators, policy losses, aggregations, KL estimators (pure functions),
-looked up by name through the functions below."""
+"""Algorithm zoo: advantage estimators, policy losses, aggregations, KL estimators and rollout
+corrections (pure functions), looked up by name through the functions below."""
 
 from collections.abc import Callable
 from typing import Any
 
-from streamrl.algo import advantages, aggregation, kl, losses, losses_is  # noqa: F401  (registers by import)
+from streamrl.algo import (  # noqa: F401  (registers by import)
+    advantages,
+    advantages_token,
+    aggregation,
+    kl,
+    losses,
+    losses_is,
+    losses_m2po,
+    rollout_correction,
+)
 from streamrl.algo.registry import (
     ADVANTAGES,
     AGGREGATIONS,
+    CORRECTIONS,
     KL_ESTIMATORS,
     POLICY_LOSSES,
     AdvantageSpec,
+    CorrectionSpec,
     LossSpec,
     lookup,
 )
@@ -22,6 +33,10 @@ def advantage_spec(name: str) -> AdvantageSpec:
 
 def loss_spec(name: str) -> LossSpec:
     return lookup(POLICY_LOSSES, name, "policy loss")
+
+
+def correction_spec(name: str) -> CorrectionSpec:
+    return lookup(CORRECTIONS, name, "rollout correction")
 
 
 def aggregation_fn(name: str) -> Callable[..., Any]:

@@ -18,6 +18,13 @@ def token_mean(loss: torch.Tensor, mask: torch.Tensor, normalizer: float) -> tor
     return (loss * mask).sum() / normalizer
 
 
+@aggregation("token-sum")
+def token_sum(loss: torch.Tensor, mask: torch.Tensor, normalizer: float) -> torch.Tensor:
+    """sum(loss * mask) over the whole batch, not normalised (normalizer is 1): the gradient grows
+    with the number of tokens; pair it with a smaller learning rate."""
+    return (loss * mask).sum() / normalizer
+
+
 @aggregation("seq-mean-token-mean")
 def seq_mean_token_mean(loss: torch.Tensor, mask: torch.Tensor, normalizer: float) -> torch.Tensor:
     """Mean over sequences of each sequence's token mean (GRPO's original form, GSPO)."""
@@ -33,7 +40,9 @@ def seq_mean_token_sum(loss: torch.Tensor, mask: torch.Tensor, normalizer: float
 
 @aggregation("seq-mean-token-sum-norm")
 def seq_mean_token_sum_norm(loss: torch.Tensor, mask: torch.Tensor, normalizer: float) -> torch.Tensor:
-    """Dr.GRPO: token sums divided by (number of sequences x a constant length), no length bias."""
+    """Dr.GRPO: token sums divided by (number of sequences x a constant length), no length bias.
+    The constant is the maximum response length (verl 0.9: its loss_scale_factor, by default the
+    padded width of the micro-batch)."""
     return (loss * mask).sum() / normalizer
 
 
@@ -47,6 +56,8 @@ def batch_normalizer(name: str, masks: list[torch.Tensor], horizon: int = 1) -> 
     seqs = float(sum((m.sum(-1) > 0).sum() for m in masks))
     if name == "token-mean":
         return max(tokens, 1.0)
+    if name == "token-sum":
+        return 1.0
     if name in ("seq-mean-token-mean", "seq-mean-token-sum"):
         return max(seqs, 1.0)
     if name == "seq-mean-token-sum-norm":

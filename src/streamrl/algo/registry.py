@@ -15,33 +15,52 @@ F = TypeVar("F", bound=Callable[..., Any])
 class AdvantageSpec:
     """An advantage estimator. Outcome-level: fn(rewards [groups, G], **kw) -> [groups, G].
 
-    token_level: per-token advantages from a value head (GAE): the trainer computes them, fn has its
-        own signature and nothing per sample is logged.
+    token_level: per-token advantages (algo/advantages_token.py): the trainer computes them from
+        per-token rewards and masks, fn has its own signature and nothing per sample is logged.
+    critic: the estimator reads a value head on the policy (GAE), trained with it.
     greedy_baseline: the rollout also decodes each prompt greedily and fn takes its reward
-        (baseline_rewards [groups]) as the baseline (ReMax)."""
+        (baseline_rewards [groups]) as the baseline (ReMax).
+    reads: the advantage.* config keys fn reads (besides name); validation refuses a non-default
+        value of any other one."""
 
     name: str
     fn: Callable[..., Any]
     token_level: bool = False
     greedy_baseline: bool = False
+    critic: bool = False
+    reads: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
 class LossSpec:
-    """A policy loss: fn(LossInputs) -> (per-token loss [B, T], metrics).
+    """A policy loss: fn(LossTensors, LossParams) -> (per-token loss [B, T], metrics) (algo/loss_inputs.py).
 
     proximal: the loss reads the proximal policy's log-probs (decoupled PPO): with several optimizer
-        steps per batch the trainer computes them in an extra pass before the first step."""
+        steps per batch the trainer computes them in an extra pass before the first step.
+    reads: the loss.* config keys the loss reads (LossParams fields, and `prox`); validation refuses a
+        non-default value of a key no chosen piece reads, so nothing is ignored silently."""
 
     name: str
     fn: Callable[..., Any]
     proximal: bool = False
+    reads: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class CorrectionSpec:
+    """A rollout correction (algo/rollout_correction.py): fn(log_rho [B, T], mask [B, T], advantages
+    [B, T], params) -> Correction; reads: the loss.rc_* keys it reads."""
+
+    name: str
+    fn: Callable[..., Any]
+    reads: frozenset[str] = frozenset()
 
 
 ADVANTAGES: dict[str, AdvantageSpec] = {}
 POLICY_LOSSES: dict[str, LossSpec] = {}
 AGGREGATIONS: dict[str, Callable[..., Any]] = {}
 KL_ESTIMATORS: dict[str, Callable[..., Any]] = {}
+CORRECTIONS: dict[str, CorrectionSpec] = {}
 
 
 def _add(table: dict[str, Any], name: str, entry: Any) -> None:
@@ -50,17 +69,34 @@ def _add(table: dict[str, Any], name: str, entry: Any) -> None:
     table[name] = entry
 
 
-def advantage(name: str, *, token_level: bool = False, greedy_baseline: bool = False) -> Callable[[F], F]:
+def advantage(
+    name: str,
+    *,
+    token_level: bool = False,
+    greedy_baseline: bool = False,
+    critic: bool = False,
+    reads: tuple[str, ...] = (),
+) -> Callable[[F], F]:
     def deco(fn: F) -> F:
-        _add(ADVANTAGES, name, AdvantageSpec(name, fn, token_level, greedy_baseline))
+        _add(
+            ADVANTAGES, name, AdvantageSpec(name, fn, token_level, greedy_baseline, critic, frozenset(reads))
+        )
         return fn
 
     return deco
 
 
-def policy_loss(name: str, *, proximal: bool = False) -> Callable[[F], F]:
+def policy_loss(name: str, *, reads: tuple[str, ...], proximal: bool = False) -> Callable[[F], F]:
     def deco(fn: F) -> F:
-        _add(POLICY_LOSSES, name, LossSpec(name, fn, proximal))
+        _add(POLICY_LOSSES, name, LossSpec(name, fn, proximal, frozenset(reads)))
+        return fn
+
+    return deco
+
+
+def rollout_correction(name: str, *, reads: tuple[str, ...] = ()) -> Callable[[F], F]:
+    def deco(fn: F) -> F:
+        _add(CORRECTIONS, name, CorrectionSpec(name, fn, frozenset(reads)))
         return fn
 
     return deco

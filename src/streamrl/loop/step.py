@@ -76,29 +76,42 @@ def group_advantages(groups: list[Group], cfg: Config, trainer: Trainer | None =
     if any(g.episode_rewards is not None for g in groups):
         return _episode_advantages(groups, cfg)
     trajs = [t for g in groups for t in g.trajectories]
-    rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float)  # [num_groups, G]
     batch = TrainBatch(trajectories=trajs, advantages=[])
+    flat = torch.tensor([r for g in groups for r in g.rewards], dtype=torch.float)
     if trainer is not None:
-        rewards = rewards - torch.tensor(trainer.kl_reward_penalty(batch)).view_as(rewards)
-    batch.rewards = rewards.flatten().tolist()
+        flat = flat - torch.tensor(trainer.kl_reward_penalty(batch), dtype=torch.float)
+    batch.rewards = flat.tolist()
     spec = advantage_spec(cfg.advantage.name)
     if spec.token_level:
         batch.advantages = [0.0] * len(trajs)
         return batch
+    rewards, valid = padded_groups(flat, [len(g.trajectories) for g in groups])
     extra = {}
     if spec.greedy_baseline:  # the greedy response's task reward (no KL term: it is not trained)
         extra["baseline_rewards"] = torch.tensor([_baseline(g).reward for g in groups], dtype=torch.float)
-    advantages = spec.fn(rewards, std_normalize=cfg.advantage.std_normalize, **extra)
-    batch.advantages = advantages.flatten().tolist()
+    advantages = spec.fn(rewards, valid=valid, std_normalize=cfg.advantage.std_normalize, **extra)
+    batch.advantages = advantages[valid].tolist()
     return batch
+
+
+def padded_groups(flat: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rewards of groups of the given sizes, concatenated [sum(sizes)] -> (rewards [num_groups, max size]
+    right-padded with 0, valid [num_groups, max size] bool): groups may differ in size (filtering)."""
+    width = max(sizes, default=0)
+    valid = torch.arange(width)[None, :] < torch.tensor(sizes)[:, None]
+    rewards = torch.zeros(len(sizes), width, dtype=flat.dtype)
+    rewards[valid] = flat
+    return rewards, valid
 
 
 def _episode_advantages(groups: list[Group], cfg: Config) -> TrainBatch:
     """Agent tasks: the estimator sees the [num_groups, G] episode rewards; every trajectory of an
     episode gets that episode's advantage (an episode may have made several trajectories, or none)."""
-    rewards = torch.tensor([g.episode_rewards for g in groups], dtype=torch.float)  # [num_groups, G]
+    eps = [g.episode_rewards or [] for g in groups]
+    flat = torch.tensor([r for e in eps for r in e], dtype=torch.float)
+    rewards, valid = padded_groups(flat, [len(e) for e in eps])  # [num_groups, G]
     estimator = advantage_spec(cfg.advantage.name).fn
-    adv = estimator(rewards, std_normalize=cfg.advantage.std_normalize)
+    adv = estimator(rewards, valid=valid, std_normalize=cfg.advantage.std_normalize)
     trajs = [t for g in groups for t in g.trajectories]
     per_traj = [
         float(adv[gi, t.reward_info["episode"]]) for gi, g in enumerate(groups) for t in g.trajectories

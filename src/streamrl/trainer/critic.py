@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from streamrl.algo.advantages import gae
+from streamrl.algo.advantages_token import gae
 from streamrl.trainer.batching import MicroBatch
 from streamrl.trainer.logprobs import completion_forward
 
@@ -48,29 +48,14 @@ def completion_values(model: Any, head: ValueHead, mb: MicroBatch) -> torch.Tens
     return head(hidden)
 
 
-def terminal_rewards(mask: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
-    """mask: [B, C], rewards: [B] -> [B, C] with each row's reward on its LAST mask token, 0 elsewhere.
-
-    A row without loss tokens gets no reward (GAE then gives it zero advantages everywhere).
-    """
-    B, C = mask.shape
-    valid = mask > 0
-    pos = torch.arange(C, device=mask.device).expand(B, C)
-    last = torch.where(valid, pos, torch.full_like(pos, -1)).max(dim=-1).values  # [B], -1 if empty
-    out = torch.zeros(B, C, dtype=torch.float, device=mask.device)
-    has = last >= 0
-    out[has.nonzero().squeeze(-1), last[has]] = rewards.to(out.device, torch.float)[has]
-    return out
-
-
 @torch.no_grad()
 def gae_targets(
-    model: Any, head: ValueHead, mb: MicroBatch, rewards: list[float], gamma: float, lam: float
+    model: Any, head: ValueHead, mb: MicroBatch, token_rewards: torch.Tensor, gamma: float, lam: float
 ) -> CriticTargets:
-    """No-grad pass: V_old [B, C], then GAE on terminal rewards (rewards: one scalar per row of mb)."""
+    """No-grad pass: V_old [B, C], then GAE on token_rewards [B, C] (the outcome reward on each row's last
+    loss token: algo.advantages_token.terminal_rewards, or kl_shaped_rewards)."""
     values = completion_values(model, head, mb).cpu()
     mask = mb.loss_mask
-    token_rewards = terminal_rewards(mask, torch.tensor(rewards, dtype=torch.float))
     adv, ret = gae(token_rewards, values, mask, gamma=gamma, lam=lam)
     return CriticTargets(old_values=torch.where(mask > 0, values, 0.0), advantages=adv, returns=ret)
 

@@ -10,9 +10,8 @@ from typing import Any
 
 import torch
 
-from streamrl.algo import advantage_spec, aggregation_fn, kl_fn, loss_spec
+from streamrl.algo import advantage_spec, aggregation_fn, correction_spec, kl_fn, loss_spec
 from streamrl.algo.aggregation import batch_normalizer
-from streamrl.algo.losses import LossInputs
 from streamrl.algo.token_weights import entropy_top_q_mask, sign_weights
 from streamrl.config import AdvantageConfig, Config, LossConfig, TrainConfig
 from streamrl.models import lora
@@ -21,6 +20,15 @@ from streamrl.models.lora import apply_lora, is_lora, merged_state
 from streamrl.trainer.batching import MicroBatch, collate, split_by_token_budget
 from streamrl.trainer.critic import CriticTargets, ValueHead, clipped_value_loss, gae_targets
 from streamrl.trainer.logprobs import completion_forward, completion_logprobs
+from streamrl.trainer.objective import (
+    accumulate,
+    correction_params,
+    finish,
+    loss_params,
+    policy_objective,
+    token_rewards,
+    whole_batch_advantages,
+)
 from streamrl.trainer.packing import collate_packed, pack_by_token_budget
 from streamrl.trainer.shared_prompt import collate_shared, shareable, split_shared
 from streamrl.types import TrainBatch
@@ -53,7 +61,8 @@ class Trainer:
             apply_lora(model, t.lora_rank, t.lora_alpha, t.lora_targets)
         # a token-level advantage (GAE): a value head on the policy's last hidden state, trained with it
         self.value_head: ValueHead | None = None
-        if advantage_spec(advantage.name).token_level:
+        self.advantage_spec = advantage_spec(advantage.name)
+        if self.advantage_spec.critic:
             dev = next(model.parameters()).device
             self.value_head = ValueHead(model.config.hidden_size).to(dev)
         self.forward_model: Any = model  # what trains: the model, or its DDP wrapper
@@ -75,7 +84,8 @@ class Trainer:
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
         )
         self.loss_spec = loss_spec(loss.name)
-        self.policy_loss = self.loss_spec.fn
+        self.correction = correction_spec(loss.rollout_correction)
+        self.loss_params, self.correction_params = loss_params(loss), correction_params(loss)
         self.aggregate = aggregation_fn(loss.aggregation)
         self.kl = kl_fn(loss.kl_estimator)
 
@@ -160,30 +170,55 @@ class Trainer:
     def prepare(self, batch: TrainBatch) -> tuple[list[MicroBatch], list[CriticTargets | None]]:
         """Micro-batches to train on and, with advantage.name=gae, their critic targets.
 
-        With gae, a no-grad pass computes V_old [B, C]; each trajectory's reward (batch.rewards, else
-        its own reward) goes on its last loss token; GAE gives per-token advantages, which overwrite
-        the micro-batch's advantages (batch.advantages are ignored), and returns for the value loss.
+        A token-level estimator puts each trajectory's reward (batch.rewards, else its own reward) on its
+        last loss token (minus kl_coef * KL per token with loss.kl_in=token_reward); its per-token
+        advantages overwrite the micro-batches' (batch.advantages are ignored). gae: a no-grad pass
+        computes V_old [B, C] per micro-batch, GAE gives advantages and returns for the value loss.
+        reinforce_pp_token: one call over the whole batch (it whitens over all of its tokens).
         """
         groups = self._groups(batch)
         mbs = [self._collate(batch, g) for g in groups]
-        if self.value_head is None:
+        spec, a = self.advantage_spec, self.advantage
+        if not spec.token_level:
             return mbs, [None] * len(mbs)
-        rewards = batch.rewards or [t.reward for t in batch.trajectories]
-        a = self.advantage
+        rewards = torch.tensor(batch.rewards or [t.reward for t in batch.trajectories], dtype=torch.float)
+        per_mb = [
+            token_rewards(mb.loss_mask, rewards[g], self._token_kl(mb), self.loss.kl_coef)
+            for g, mb in zip(groups, mbs)
+        ]
+        if not spec.critic:
+            n = len(batch.trajectories)
+            masks = [mb.loss_mask for mb in mbs]
+            for mb, adv in zip(mbs, whole_batch_advantages(spec.fn, groups, per_mb, masks, n, a.gamma)):
+                mb.advantages = adv
+            return mbs, [None] * len(mbs)
+        assert self.value_head is not None
         targets: list[CriticTargets | None] = []
-        for g, mb in zip(groups, mbs):
+        for mb, tr in zip(mbs, per_mb):
             with self._autocast():
-                tg = gae_targets(self.model, self.value_head, mb, [rewards[i] for i in g], a.gamma, a.lam)
+                tg = gae_targets(self.model, self.value_head, mb, tr, a.gamma, a.lam)
             mb.advantages = tg.advantages
             targets.append(tg)
         return mbs, targets
 
+    def _token_kl(self, mb: MicroBatch) -> torch.Tensor | None:
+        """Per-token KL of the behaviour policy to the reference [B, C] (loss.kl_in=token_reward only)."""
+        if self.ref_model is None or self.loss.kl_in != "token_reward":
+            return None
+        with torch.no_grad(), self._autocast():
+            ref_lp, _ = completion_logprobs(self.ref_model, mb, self.temperature)
+        return self.kl(mb.old_logprobs, ref_lp.cpu())
+
+    def _needs_trainer_old(self) -> bool:
+        """The trainer's log-probs before the step are read (decoupled PPO's proximal policy, a rollout
+        correction); with one optimizer step per batch they come free with the training forward."""
+        proximal = self.loss_spec.proximal and self.loss.prox == "recompute"
+        return proximal or self.correction.name != "none"
+
     def _prox_logprobs(self, mbs: list[MicroBatch]) -> list[torch.Tensor | None]:
-        """pi_prox per micro-batch: only an extra pass when several optimizer steps share one batch."""
-        if not self.loss_spec.proximal or self.loss.prox == "behav":
-            return [None] * len(mbs)
-        if self.train.mini_batches == 1:
-            return [None] * len(mbs)  # computed from the training forward itself (same weights)
+        """pi_old per micro-batch: only an extra pass when several optimizer steps share one batch."""
+        if not self._needs_trainer_old() or self.train.mini_batches == 1:
+            return [None] * len(mbs)  # none needed, or computed from the training forward (same weights)
         with torch.no_grad(), self._autocast():
             return [completion_logprobs(self.model, mb, self.temperature)[0] for mb in mbs]
 
@@ -217,21 +252,20 @@ class Trainer:
         behav = mb.old_logprobs.to(dev)
         loss_mask = entropy_top_q_mask(entropy, mask, lc.entropy_top_q)
         advantages = sign_weights(mb.advantages.to(dev), lc.pos_weight, lc.neg_weight)
-        if prox is None and self.loss_spec.proximal:
-            prox = behav if self.loss.prox == "behav" else logprobs.detach()
-        inp = LossInputs(
+        if prox is None and self.train.mini_batches == 1:
+            prox = logprobs.detach()  # the weights before this batch's only optimizer step
+        per_token, metrics = policy_objective(
+            self.loss_spec,
+            self.correction,
+            self.loss_params,
+            self.correction_params,
             logprobs=logprobs,
-            old_logprobs=behav,
+            behav=behav,
+            trainer_old=None if prox is None else prox.to(dev),
             advantages=advantages,
             mask=loss_mask,
-            eps_low=self.loss.eps_low,
-            eps_high=self.loss.eps_high,
-            prox_logprobs=prox,
-            behav_weight_cap=self.loss.behav_weight_cap,
-            dual_clip=self.loss.dual_clip,
-            m2_threshold=self.loss.m2_threshold,
+            prox_mode=lc.prox,
         )
-        per_token, metrics = self.policy_loss(inp)
         if self.ref_model is not None and lc.kl_in == "loss":
             with torch.no_grad(), self._autocast():
                 ref_lp, _ = completion_logprobs(self.ref_model, mb, temp)
@@ -264,8 +298,7 @@ class Trainer:
         metrics["entropy_mask_kept_frac"] = float(loss_mask.sum() / mask.sum().clamp(min=1))
         # log-prob gap between the engine and the trainer on the same weights (0 when fully on-policy)
         metrics["behav_logprob_gap"] = float(((logprobs.detach() - behav).abs() * mask).sum() / max(n, 1.0))
-        for k, v in metrics.items():
-            totals[k] = totals.get(k, 0.0) + v * n
+        accumulate(totals, metrics, n)
         totals["_tokens"] = totals.get("_tokens", 0.0) + n
         return float(loss.detach())
 
@@ -310,7 +343,7 @@ class Trainer:
         loss_sum, totals = self._reduce_metrics(loss_sum, totals)
         self._after_step()
         n_tokens = totals.pop("_tokens", 0.0)
-        out = {key: v / max(n_tokens, 1.0) for key, v in totals.items()}
+        out = finish(totals, n_tokens)
         real = sum(len(t.prompt_ids) + len(t.completion_ids) for t in batch.trajectories)
         padded = sum(mb.num_tokens for mb in mbs)
         out.update(

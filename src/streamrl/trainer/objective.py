@@ -1,0 +1,132 @@
+"""The policy objective of one micro-batch: the loss inputs, the rollout correction, the per-token loss;
+and the per-token rewards of the token-level advantage estimators."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from streamrl.algo.advantages_token import kl_shaped_rewards, terminal_rewards
+from streamrl.algo.loss_inputs import LossParams, LossTensors
+from streamrl.algo.registry import CorrectionSpec, LossSpec
+from streamrl.algo.rollout_correction import CorrectionParams, correction_counts, correction_metrics
+from streamrl.config import LossConfig
+
+SUM, MAX = "_sum/", "_max/"  # trainer metric totals: summed raw counts / maxima (not token-weighted)
+
+
+def loss_params(lc: LossConfig) -> LossParams:
+    """The loss.* keys every policy loss may read, as one frozen object."""
+    return LossParams(
+        eps_low=lc.eps_low,
+        eps_high=lc.eps_high,
+        dual_clip=lc.dual_clip,
+        behav_weight_cap=lc.behav_weight_cap,
+        m2_threshold=lc.m2_threshold,
+    )
+
+
+def correction_params(lc: LossConfig) -> CorrectionParams:
+    return CorrectionParams(
+        upper=lc.rc_upper, lower=lc.rc_lower, geo_tol=lc.rc_geo_tol, opsm_delta=lc.rc_opsm_delta
+    )
+
+
+def policy_objective(
+    spec: LossSpec,
+    correction: CorrectionSpec,
+    params: LossParams,
+    cparams: CorrectionParams,
+    *,
+    logprobs: torch.Tensor,
+    behav: torch.Tensor,
+    trainer_old: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    prox_mode: str,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Per-token policy loss [B, T] and metrics of one micro-batch (all tensors [B, T]).
+
+    behav: the engine's log-probs; trainer_old: the trainer's before the step (None when not computed:
+    no correction, no proximal pass, several optimizer steps per batch). Without a rollout correction the
+    loss's ratio is against behav (decoupled PPO's proximal policy is trainer_old, or behav with
+    prox_mode=behav). With one, every loss's ratio is against trainer_old and its per-token loss is
+    multiplied by the correction's weight of rho = trainer_old / behav. The correction's counts go into
+    the metrics under SUM / MAX keys whenever trainer_old is known (ratio statistics even without one).
+    """
+    corrected = correction.name != "none"
+    if corrected and trainer_old is None:
+        raise ValueError("a rollout correction needs the trainer's log-probs before the step")
+    old = trainer_old if corrected else behav
+    prox = None
+    if spec.proximal:
+        prox = behav if (prox_mode == "behav" and not corrected) else trainer_old
+    t = LossTensors(logprobs=logprobs, old_logprobs=old, advantages=advantages, mask=mask, prox_logprobs=prox)
+    per_token, metrics = spec.fn(t, params)
+    if trainer_old is not None:
+        log_rho = (trainer_old - behav).detach()
+        c = correction.fn(log_rho, mask, advantages.detach(), cparams)
+        if corrected:
+            per_token = per_token * c.weight.detach()
+        for k, v in correction_counts(c, log_rho, mask).items():
+            metrics[(MAX if k == "ratio_max" else SUM) + k] = v
+    return per_token, metrics
+
+
+def accumulate(totals: dict[str, float], metrics: dict[str, float], n: float) -> None:
+    """Add one micro-batch's metrics: token-weighted (v * n tokens), raw sums (SUM) or maxima (MAX)."""
+    for k, v in metrics.items():
+        if k.startswith(MAX):
+            totals[k] = max(totals.get(k, v), v)
+        else:
+            totals[k] = totals.get(k, 0.0) + (v if k.startswith(SUM) else v * n)
+
+
+def finish(totals: dict[str, float], n_tokens: float) -> dict[str, float]:
+    """Step metrics from the totals: token-weighted means, and the correction metrics from the counts."""
+    out: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for k, v in totals.items():
+        if k.startswith((SUM, MAX)):
+            counts[k[len(SUM) :]] = v
+        else:
+            out[k] = v / max(n_tokens, 1.0)
+    if counts:
+        out.update(correction_metrics(counts))
+    return out
+
+
+def token_rewards(
+    mask: torch.Tensor, rewards: torch.Tensor, kl: torch.Tensor | None, kl_coef: float
+) -> torch.Tensor:
+    """Per-token rewards [B, T] of a token-level estimator: each row's reward [B] on its last loss token,
+    minus kl_coef * kl [B, T] on every loss token when kl is given (loss.kl_in=token_reward)."""
+    if kl is None:
+        return terminal_rewards(mask, rewards)
+    return kl_shaped_rewards(rewards, mask, kl, kl_coef)
+
+
+def scatter_rows(groups: list[list[int]], tensors: list[torch.Tensor], n: int) -> torch.Tensor:
+    """Micro-batch tensors [B_j, C_j] whose rows are trajectories groups[j] -> one [n, max C_j] tensor
+    (zero padded on the right)."""
+    width = max(x.shape[1] for x in tensors)
+    out = torch.zeros(n, width, dtype=tensors[0].dtype)
+    for g, x in zip(groups, tensors):
+        out[g, : x.shape[1]] = x
+    return out
+
+
+def whole_batch_advantages(
+    fn: Any,
+    groups: list[list[int]],
+    rewards: list[torch.Tensor],
+    masks: list[torch.Tensor],
+    n: int,
+    gamma: float,
+) -> list[torch.Tensor]:
+    """A token-level estimator without a critic (token-level REINFORCE++) over the whole batch at once
+    (its whitening spans every token of the batch): per micro-batch token rewards and masks in,
+    per micro-batch advantages [B_j, C_j] out."""
+    adv, _ = fn(scatter_rows(groups, rewards, n), scatter_rows(groups, masks, n), gamma=gamma)
+    return [adv[g, : m.shape[1]] for g, m in zip(groups, masks)]

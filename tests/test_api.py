@@ -106,6 +106,11 @@ def test_the_cli_trains_with_a_config_file_on_jsonl_rows(workdir: Path) -> None:
         ),
         ({"train_data": 42}, "train_data: expected a list of dicts, a datasets.Dataset or a path, got int"),
         ({"trian": {"lr": 1}}, "unknown config key 'trian'"),
+        (
+            {"reward_fn": "missing.py:f"},
+            "config key 'reward.fn': file 'missing.py' \\(from 'missing.py:f'\\) not found",
+        ),
+        ({"model": "./no-such-model"}, "model './no-such-model': not a model directory"),
     ],
 )
 def test_bad_arguments_raise_one_line_and_write_nothing(workdir: Path, kwargs: dict, message: str) -> None:

@@ -184,9 +184,8 @@ def train(
     _refuse_in_a_worker_bootstrap("train")
     cfg = make_config(config, reward_fn=reward_fn, train_data=train_data, eval_data=eval_data, **overrides)
     from streamrl.loop.job import run_train
-    from streamrl.preflight import preflight
 
-    summary = run_train(cfg, checked=preflight(cfg))
+    summary = run_train(cfg)  # its preflight checks model, data and functions before anything is written
     run_dir = Path(summary["run_dir"])
     lines = (
         (run_dir / "metrics.jsonl").read_text().splitlines() if (run_dir / "metrics.jsonl").is_file() else []

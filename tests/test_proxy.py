@@ -82,14 +82,22 @@ def test_concurrent_agents_get_their_own_episodes(proxy):
 
 @pytest.mark.parametrize(
     "extra, fragment",
-    [({"stop": ["\n"]}, "'stop' is not supported"), ({"n": 2}, "'n' must be 1"), ({"top_p": 0}, "top_p")],
+    [
+        ({"functions": [{"name": "f"}]}, "'functions' is the legacy function API: send 'tools'"),
+        ({"n": 17}, "'n' must be between 1 and 16, got 17"),
+        ({"top_p": 0}, "need max_tokens > 0, temperature >= 0 and 0 < top_p <= 1"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "'stop' takes at most 4 sequences, got 5"),
+        ({"tool_choice": "required"}, "'tool_choice' needs 'tools'"),
+        ({"tools": [{"type": "function"}]}, "'tools' must be a list of {type: function"),
+    ],
 )
-def test_unsupported_requests_are_refused_with_the_field_named(proxy, extra, fragment):
+def test_invalid_requests_are_refused_with_the_field_named(proxy, extra, fragment):
     p, _ = proxy
-    with pytest.raises(openai.BadRequestError, match=fragment):
+    with pytest.raises(openai.BadRequestError) as err:
         _client(p, "bad").chat.completions.create(
             model="policy", messages=[{"role": "user", "content": "x"}], **extra
         )
+    assert err.value.body["message"] == fragment or err.value.body["message"].startswith(fragment)
     assert p.calls("bad") == []
 
 

@@ -165,10 +165,10 @@ def validate(cfg: Any) -> None:
         _positive(f"env.{key}", getattr(cfg.env, key))
     _positive("env.code_timeout", cfg.env.code_timeout)
     if cfg.task.startswith("agent:"):  # the agent function itself is imported with the task
-        if cfg.runtime.mode != "colocated":
-            raise ConfigError(
-                "task=agent:... runs colocated for now: set runtime.mode=colocated max_staleness=0"
-            )
+        import importlib.util
+
+        if importlib.util.find_spec("openai") is None:
+            raise ConfigError("task=agent:... gives agents an openai client: pip install openai")
         spec = registry.ADVANTAGES[cfg.advantage.name]
         if spec.token_level or spec.greedy_baseline or cfg.loss.kl_in == "reward":
             raise ConfigError(

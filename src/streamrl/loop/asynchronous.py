@@ -46,7 +46,6 @@ class _Shared:
     inflight: dict[str, GroupRequest] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     duplicates: int = 0  # results of a group already returned (e.g. re-generated after an actor died)
-    episode_errors: EpisodeErrors = field(default_factory=EpisodeErrors)  # agent episodes since last step
     busy: float = 0.0
     idle: float = 0.0
 
@@ -82,6 +81,7 @@ class AsyncRunner:
         # rebase on resume: trained groups + carried finished ones count as accepted (AReaL #1388)
         self.staleness = StalenessManager.resumed(self.B, self.eta, trainer.version, len(state.finished), 0)
         self.sh = _Shared()
+        self.episode_errors = EpisodeErrors(cfg.task.startswith("agent:"))  # since the last step (sh.cond)
         for res in state.finished:
             self.ledger.requeue(res.group_id, "buffered")
             self.sh.buffer.append(res)
@@ -134,7 +134,7 @@ class AsyncRunner:
                 self.sh.idle += res.idle_s
                 group = res.group
                 assert group is not None
-                self.sh.episode_errors.add(group)
+                self.episode_errors.add(group)
                 if not group.trajectories:  # agents that made no call: nothing to train on
                     self.ledger.filtered(res.group_id, "no_calls")
                     self.staleness.on_return(kept=False)
@@ -215,7 +215,7 @@ class AsyncRunner:
                         self.ledger.trained(r.group_id)
                     self.ledger.replayed(int(rec.metrics.get("replay_samples", 0)))
                     busy, idle = self.sh.busy, self.sh.idle
-                    episode_errors = self.sh.episode_errors.take()
+                    episode_errors = self.episode_errors.take()
                 self.state.step = step
                 self.state.version = self.trainer.version
                 m = rec.metrics

@@ -54,7 +54,7 @@ class ColocatedRunner:
         self.B = r.prompts_per_step
         self.settings = RolloutSettings.from_config(cfg)
         self.sampling = DynamicSampling(r.dynamic_sampling, self.B, r.dynamic_sampling_rounds)
-        self.episode_errors = EpisodeErrors()
+        self.episode_errors = EpisodeErrors(cfg.task.startswith("agent:"))
         push_policy(self.engine, trainer)
         self.scoring = Scoring(cfg, task)
 

@@ -16,7 +16,10 @@ from streamrl.types import Group
 
 
 class EpisodeErrors:
-    def __init__(self) -> None:
+    """active: the run's task is an agent task (its records always carry the three keys)."""
+
+    def __init__(self, active: bool) -> None:
+        self.active = active
         self.episodes = 0
         self.reasons: Counter[str] = Counter()
 
@@ -27,8 +30,8 @@ class EpisodeErrors:
         self.reasons.update(reason for reason in group.episode_errors if reason)
 
     def take(self) -> dict[str, Any]:
-        """The counts since the last take (nothing for runs without agent episodes), then reset."""
-        if not self.episodes:
+        """The counts since the last take (nothing for runs without agent tasks), then reset."""
+        if not self.active:
             return {}
         out = {
             "episodes": self.episodes,

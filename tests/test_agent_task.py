@@ -94,3 +94,18 @@ def test_an_agent_task_trains_asynchronously_within_the_staleness_bound(tmp_path
     assert acc["admitted"] == acc["trained"] + acc["filtered"] + acc["carried_over"]
     trained = [json.loads(x)["group_id"] for x in (run / "groups.jsonl").read_text().splitlines()]
     assert len(trained) == len(set(trained)) == 8
+
+
+def test_episodes_failing_before_any_call_are_counted_and_warned_about(tmp_path, capsys):
+    run = tmp_path / "fail"
+    args = [a for a in TINY if not a.startswith(("runtime.mode", "max_staleness", "max_steps"))]
+    args += ["runtime.mode=async", "max_staleness=1", "max_steps=3"]
+    assert main(["train", "task=agent:agents_for_tests:fail_at_once_on_odd", *args, f"run_dir={run}"]) == 0
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    errors = sum(r["episode_errors"] for r in rows)
+    assert errors > 0 and errors % 2 == 0  # a failing problem fails both of its episodes
+    assert {k for r in rows for k in r["episode_error_reasons"]} == {"ConnectionError"}
+    acc = json.loads((run / "accounting.json").read_text())
+    assert acc["lost"] == 0 and acc["filter_reasons"]["no_calls"] >= errors // 2
+    err = capsys.readouterr().err
+    assert "warning [episode_errors]" in err and "agent episodes" in err

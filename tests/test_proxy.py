@@ -132,3 +132,11 @@ def test_the_llm_judge_talks_to_streamrls_own_proxy(proxy):
         judge.judge("2+2?", "4", "The answer is 4.")
     (call,) = p.calls("judge-episode")  # the rubric prompt reached the policy as a chat call
     assert len(call.completion_ids) >= 1
+
+
+def test_a_call_continues_the_choice_the_agent_kept():
+    # an n=2 call made two choices; the agent went on from the first one, not the most recent
+    calls = [_call([1, 2], [10], 0, "a"), _call([1, 2], [20], 0, "b"), _call([1, 2, 10, 5], [11], 1, "c")]
+    kept, other = assemble(calls, "p", "g", 0, reward=1.0, correct=True)
+    assert kept.completion_ids == [10, 5, 11] and kept.loss_mask == [1, 0, 1] and kept.versions == [0, 0, 1]
+    assert other.sample_id == "g-0.1" and other.completion_ids == [20]

@@ -6,6 +6,7 @@ import threading
 from pathlib import Path
 
 import openai
+import pytest
 from scripted_chat import ScriptedEngine
 
 from streamrl.engine.serving import BatchingEngine
@@ -21,21 +22,20 @@ def test_concurrent_connects_queue_in_the_backlog_instead_of_failing():
     n = min(CLIENTS, somaxconn)
     server = listening_socket("127.0.0.1", 0)  # nobody accepts: every connection waits in the queue
     port = server.getsockname()[1]
-    conns, failed = [], 0
+    conns = []
     try:
         for _ in range(n):
             c = socket.socket()
-            c.settimeout(5)
-            try:
-                c.connect(("127.0.0.1", port))
-            except OSError:  # a full queue drops the SYN: the connect times out
-                failed += 1
             conns.append(c)
+            c.settimeout(5)
+            c.connect(("127.0.0.1", port))  # a full queue drops the SYN: the connect times out
+    except OSError as e:
+        pytest.fail(f"connection {len(conns)} of {n} failed while the earlier ones wait: {e!r}")
     finally:
         for c in conns:
             c.close()
         server.close()
-    assert failed == 0
+    assert len(conns) == n
 
 
 def test_256_concurrent_two_turn_agents_see_no_connection_error(tiny):

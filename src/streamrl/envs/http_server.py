@@ -25,7 +25,6 @@ def listening_socket(host: str, port: int, backlog: int = LISTEN_BACKLOG) -> soc
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(backlog)
-    sock.set_inheritable(True)
     return sock
 
 

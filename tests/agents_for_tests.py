@@ -4,3 +4,16 @@
 def call_then_fail(client, messages):
     client.chat.completions.create(model="policy", messages=messages, max_tokens=3)
     raise RuntimeError("agent bug after one call")
+
+
+def fail_at_once_on_odd(client, messages):
+    """Raises before any call on problems whose question has an odd CRC: their groups hold nothing."""
+    import zlib
+
+    if zlib.crc32(messages[-1]["content"].encode()) % 2:
+        raise ConnectionError("agent could not reach its own backend")
+    return (
+        client.chat.completions.create(model="policy", messages=messages, max_tokens=3)
+        .choices[0]
+        .message.content
+    )

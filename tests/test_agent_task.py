@@ -43,15 +43,24 @@ def test_advantages_are_per_episode_and_shared_by_its_trajectories():
     assert Group(g.problem, g.trajectories, episode_rewards=[0.0, 0.0]).uninformative is True
 
 
-@pytest.mark.parametrize("agent", ["streamrl.envs.agents:two_tries", "agents_for_tests:call_then_fail"])
+@pytest.mark.parametrize(
+    "agent",
+    ["streamrl.envs.agents:two_tries", "streamrl.envs.agents:calculator", "agents_for_tests:call_then_fail"],
+)
 def test_agent_task_trains_end_to_end(tmp_path, agent):
     run = tmp_path / "run"
     assert main(["train", f"task=agent:{agent}", *TINY, f"run_dir={run}"]) == 0
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["policy_version"] for r in rows] == [1, 2]
     assert all(r["tokens_trained"] > 0 for r in rows)
+    assert [r["episodes"] for r in rows] == [4, 4]  # 2 problems x 2 episodes per step
     if agent.endswith("call_then_fail"):  # the failed episodes cost their reward, their calls still train
         assert all(r["reward_mean"] == 0 for r in rows)
+        assert all(
+            r["episode_errors"] == 4 and r["episode_error_reasons"] == {"RuntimeError": 4} for r in rows
+        )
+    else:
+        assert all(r["episode_errors"] == 0 and r["episode_error_reasons"] == {} for r in rows)
 
 
 @pytest.mark.parametrize(
@@ -74,6 +83,35 @@ def test_bad_agent_specs_fail_with_one_line(tmp_path, capsys, override, fragment
     assert fragment in err and err.count("\n") == 1
 
 
-def test_agent_tasks_refuse_async_mode(capsys):
-    assert main(["train", "task=agent:streamrl.envs.agents:one_call", "model=tiny-random"]) == 2
-    assert "runs colocated for now" in capsys.readouterr().err
+def test_an_agent_task_trains_asynchronously_within_the_staleness_bound(tmp_path):
+    run = tmp_path / "async"
+    args = [a for a in TINY if not a.startswith(("runtime.mode", "max_staleness", "max_steps"))]
+    args += ["runtime.mode=async", "max_staleness=1", "max_steps=4", "rollout.prompts_per_step=2"]
+    assert main(["train", "task=agent:streamrl.envs.agents:calculator", *args, f"run_dir={run}"]) == 0
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policy_version"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["staleness_max"] <= 1 and r["tokens_trained"] > 0 for r in rows)
+    # step 2 trains the last groups admitted under version 0 (eta = 1 admits two batches): agent calls
+    # carry the versions that generated their tokens
+    assert rows[1]["staleness_max"] == 1
+    assert all(r["episode_errors"] == 0 for r in rows) and sum(r["episodes"] for r in rows) >= 16
+    acc = json.loads((run / "accounting.json").read_text())
+    assert acc["lost"] == 0 and acc["trained"] == 8
+    assert acc["admitted"] == acc["trained"] + acc["filtered"] + acc["carried_over"]
+    trained = [json.loads(x)["group_id"] for x in (run / "groups.jsonl").read_text().splitlines()]
+    assert len(trained) == len(set(trained)) == 8
+
+
+def test_episodes_failing_before_any_call_are_counted_and_warned_about(tmp_path, capsys):
+    run = tmp_path / "fail"
+    args = [a for a in TINY if not a.startswith(("runtime.mode", "max_staleness", "max_steps"))]
+    args += ["runtime.mode=async", "max_staleness=1", "max_steps=3"]
+    assert main(["train", "task=agent:agents_for_tests:fail_at_once_on_odd", *args, f"run_dir={run}"]) == 0
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    errors = sum(r["episode_errors"] for r in rows)
+    assert errors > 0 and errors % 2 == 0  # a failing problem fails both of its episodes
+    assert {k for r in rows for k in r["episode_error_reasons"]} == {"ConnectionError"}
+    acc = json.loads((run / "accounting.json").read_text())
+    assert acc["lost"] == 0 and acc["filter_reasons"]["no_calls"] >= errors // 2
+    err = capsys.readouterr().err
+    assert "warning [episode_errors]" in err and "agent episodes" in err

@@ -22,6 +22,9 @@ def healthy(n: int = 12) -> list[dict]:
             "truncation_rate": 0.1,
             "trainer_wait_share": 0.3,
             "engine_idle_share": 0.2,
+            "episodes": 100,
+            "episode_errors": 1,  # 1%: at the threshold, not above it
+            "episode_error_reasons": {"RuntimeError": 1},
         }
         for i in range(1, n + 1)
     ]
@@ -44,6 +47,7 @@ TRIGGERS = {
     "truncation_high": with_tail("truncation_rate", [0.8]),
     "trainer_starved": with_tail("trainer_wait_share", [0.9]),
     "engine_idle": with_tail("engine_idle_share", [0.75]),
+    "episode_errors": with_tail("episode_errors", [2]),
 }
 
 
@@ -90,4 +94,19 @@ def test_monitor_warns_once_per_rule_when_it_starts_firing():
 
 def test_missing_and_non_finite_values_are_ignored():
     rows = [{"step": i, "entropy": float("nan"), "ratio_max": None, "truncation_rate": "x"} for i in range(5)]
+    assert diagnose(rows) == []
+
+
+def test_episode_errors_warn_above_one_percent_with_the_reasons():
+    rows = healthy(3)
+    rows[-1].update(
+        episodes=128, episode_errors=34, episode_error_reasons={"APIConnectionError": 30, "KeyError": 4}
+    )
+    (found,) = diagnose(rows)
+    assert found.rule == "episode_errors" and found.steps == [3]
+    assert found.first_message == (
+        "34 of 128 agent episodes (26.6%) ended in an error (> 1%): APIConnectionError x30, KeyError x4; "
+        "each costs its episode's reward"
+    )
+    rows[-1].update(episodes=0, episode_errors=0)  # a step without agent episodes says nothing
     assert diagnose(rows) == []

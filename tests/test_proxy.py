@@ -82,14 +82,22 @@ def test_concurrent_agents_get_their_own_episodes(proxy):
 
 @pytest.mark.parametrize(
     "extra, fragment",
-    [({"stop": ["\n"]}, "'stop' is not supported"), ({"n": 2}, "'n' must be 1"), ({"top_p": 0}, "top_p")],
+    [
+        ({"functions": [{"name": "f"}]}, "'functions' is the legacy function API: send 'tools'"),
+        ({"n": 17}, "'n' must be between 1 and 16, got 17"),
+        ({"top_p": 0}, "need max_tokens > 0, temperature >= 0 and 0 < top_p <= 1"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "'stop' takes at most 4 sequences, got 5"),
+        ({"tool_choice": "required"}, "'tool_choice' needs 'tools'"),
+        ({"tools": [{"type": "function"}]}, "'tools' must be a list of {type: function"),
+    ],
 )
-def test_unsupported_requests_are_refused_with_the_field_named(proxy, extra, fragment):
+def test_invalid_requests_are_refused_with_the_field_named(proxy, extra, fragment):
     p, _ = proxy
-    with pytest.raises(openai.BadRequestError, match=fragment):
+    with pytest.raises(openai.BadRequestError) as err:
         _client(p, "bad").chat.completions.create(
             model="policy", messages=[{"role": "user", "content": "x"}], **extra
         )
+    assert err.value.body["message"] == fragment or err.value.body["message"].startswith(fragment)
     assert p.calls("bad") == []
 
 
@@ -124,3 +132,11 @@ def test_the_llm_judge_talks_to_streamrls_own_proxy(proxy):
         judge.judge("2+2?", "4", "The answer is 4.")
     (call,) = p.calls("judge-episode")  # the rubric prompt reached the policy as a chat call
     assert len(call.completion_ids) >= 1
+
+
+def test_a_call_continues_the_choice_the_agent_kept():
+    # an n=2 call made two choices; the agent went on from the first one, not the most recent
+    calls = [_call([1, 2], [10], 0, "a"), _call([1, 2], [20], 0, "b"), _call([1, 2, 10, 5], [11], 1, "c")]
+    kept, other = assemble(calls, "p", "g", 0, reward=1.0, correct=True)
+    assert kept.completion_ids == [10, 5, 11] and kept.loss_mask == [1, 0, 1] and kept.versions == [0, 0, 1]
+    assert other.sample_id == "g-0.1" and other.completion_ids == [20]

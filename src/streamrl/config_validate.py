@@ -116,10 +116,10 @@ def validate(cfg: Any) -> None:
     if cfg.reward.scorer == "judge":
         _validate_judge(cfg.reward)
     if cfg.task.startswith("agent:"):  # the agent function itself is imported with the task
-        if cfg.runtime.mode != "colocated":
-            raise ConfigError(
-                "task=agent:... runs colocated for now: set runtime.mode=colocated max_staleness=0"
-            )
+        import importlib.util
+
+        if importlib.util.find_spec("openai") is None:
+            raise ConfigError("task=agent:... gives agents an openai client: pip install openai")
         spec = registry.ADVANTAGES[cfg.advantage.name]
         if spec.token_level or spec.greedy_baseline or cfg.loss.kl_in != "loss":
             raise ConfigError(

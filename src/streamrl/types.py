@@ -62,12 +62,14 @@ class Group:
     `baseline` is the scored greedy (temperature 0) response that ReMax subtracts; it is never trained on.
     `episode_rewards` ([G], agent tasks): the reward of each episode, whose calls may make zero, one or
     several trajectories (tagged reward_info["episode"]); advantages are then computed per episode.
+    `episode_errors` ([G], agent tasks): why each episode ended in an error ("" when it did not).
     """
 
     problem: Problem
     trajectories: list[Trajectory]
     baseline: Trajectory | None = None
     episode_rewards: list[float] | None = None
+    episode_errors: list[str] | None = None
 
     @property
     def rewards(self) -> list[float]:

@@ -62,7 +62,11 @@ def shot_response(shot: dict[str, Any], extract: str, where: str) -> tuple[str, 
     return shot["question"], SHOT_TEMPLATES.get(extract, "{answer}").format(answer=shot["answer"])
 
 
-def render_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """Token ids of the chat-templated prompt, ending with the assistant header."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+def render_prompt_ids(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+) -> list[int]:
+    """Token ids of the chat-templated prompt, ending with the assistant header; `tools` (OpenAI
+    function schemas) are rendered by the template the way the model was trained to see them."""
+    extra = {"tools": tools} if tools else {}
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
     return list(tokenizer(text, add_special_tokens=False).input_ids)

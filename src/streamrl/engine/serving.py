@@ -1,12 +1,14 @@
-"""A thread-safe front for an engine: many callers, one decode loop that batches whatever is waiting.
+"""Thread-safe fronts for engines: many callers (agents, HTTP handlers), futures for their results.
 
-Agents (threads, HTTP handlers) call `generate_one` concurrently; a single background thread takes every
-request pending at that moment and runs them through `engine.generate` as one batch, so concurrent
-agents share forward passes instead of queueing behind each other.
+BatchingEngine (colocated): a background thread takes every request pending at that moment and runs
+them through `engine.generate` as one batch, so concurrent agents share forward passes instead of
+queueing behind each other. DecoderFront (the async rollout worker): requests join the worker's
+continuous decoder between its steps, next to the groups it is generating.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from concurrent.futures import Future
 from typing import Any
@@ -77,3 +79,58 @@ class BatchingEngine:
             self._closed = True
             self._cond.notify_all()
         self._thread.join(timeout=30)
+
+
+class DecoderFront:
+    """Requests from other threads (the chat proxy's handlers) for a Decoder that one loop steps.
+
+    `submit` (any thread) queues a request and returns its future; the loop that owns the decoder takes
+    the new requests with `drain()` (tagged ("front", n)), hands them to `decoder.add`, and gives every
+    finished result to `resolve`, which completes the future if the result is one of ours. `close`
+    fails the futures still open, so callers waiting on them return.
+    """
+
+    TAG = "front"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._new: list[GenRequest] = []
+        self._open: dict[int, Future[GenResult]] = {}
+        self._count = 0
+        self._closed = False
+
+    def submit(self, request: GenRequest) -> Future[GenResult]:
+        fut: Future[GenResult] = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the rollout worker is stopping")
+            self._count += 1
+            self._open[self._count] = fut
+            self._new.append(dataclasses.replace(request, tag=(self.TAG, self._count)))
+        return fut
+
+    def drain(self) -> list[GenRequest]:
+        with self._lock:
+            new, self._new = self._new, []
+        return new
+
+    def owns(self, res: GenResult) -> bool:
+        tag = res.request.tag
+        return isinstance(tag, tuple) and len(tag) == 2 and tag[0] == self.TAG
+
+    def resolve(self, res: GenResult) -> None:
+        with self._lock:
+            fut = self._open.pop(res.request.tag[1])
+        fut.set_result(res)
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._open)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            open_futures, self._open, self._new = list(self._open.values()), {}, []
+        for fut in open_futures:
+            fut.set_exception(RuntimeError("the rollout worker stopped before this call was generated"))

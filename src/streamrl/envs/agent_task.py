@@ -16,10 +16,11 @@ into trajectories (envs/agent_trajectory.py); reward = the base task's score of 
                                {"role": "user", "content": "Finish with 'The answer is <number>.'"}]
         return client.chat.completions.create(model="policy", messages=messages).choices[0].message.content
 
-    streamrl train task=agent:my_agents:two_tries runtime.mode=colocated max_staleness=0
+    streamrl train task=agent:my_agents:two_tries        # async or colocated, like any task
 
 my_agents.py is found in the working directory (as `python -m` would); `agent:path/to/file.py:fn` names
-a file instead (user_code.py).
+a file instead (user_code.py). Agents may use function calling (`tools=[...]`, see
+envs/agents.py:calculator and docs/rewards.md).
 """
 
 from __future__ import annotations

@@ -4,56 +4,56 @@ An agent written against the `openai` client trains unchanged: point it at `prox
 episode id as the API key,
 
     client = openai.OpenAI(base_url=proxy.url, api_key="episode-17")
-    client.chat.completions.create(model="policy", messages=[...])
+    client.chat.completions.create(model="policy", messages=[...], tools=[...])
 
 Each call is answered by the policy engine and recorded under its episode (the bearer token, or the
 `X-Episode-Id` header) with the exact prompt token ids, completion token ids, per-token behaviour
-log-probs and policy versions. `agent_trajectory.assemble` turns an episode's calls into trajectories.
+log-probs and policy versions, one record per choice. `agent_trajectory.assemble` turns an episode's
+calls into trajectories. Request fields: envs/chat_request.py; tool calls: envs/tool_calls.py;
+stop and streaming: envs/chat_completion.py.
 
-Supported request fields: model (any name), messages, max_tokens / max_completion_tokens, temperature,
-top_p, n = 1, logprobs. Unsupported ones that change sampling (stop, n > 1, tools, stream) are refused
-with a 400 naming the field, rather than silently ignored.
+Retries are safe: a call that carries an `Idempotency-Key` header (the agent runner's client sends
+one per call and keeps it across its retries) is generated once; a retry of it, while it runs or
+after it finished, gets the same answer, and the call is recorded once. Answers are remembered until
+the episode is popped.
+
+The server is uvicorn (envs/http_server.py: deep listen backlog, keep-alive); handlers await the
+engine's futures, so hundreds of concurrent calls cost no thread each. `engine` is anything with
+`submit(GenRequest) -> concurrent.futures.Future[GenResult]`: a BatchingEngine (colocated) or the
+rollout worker's DecoderFront (async).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import threading
 import time
 import uuid
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
 
 from streamrl.data.prompts import render_prompt_ids
 from streamrl.engine.base import GenRequest
-from streamrl.engine.serving import BatchingEngine
+from streamrl.envs.chat_completion import CallRecord, Completion, make_choice, response_body, sse_events
+from streamrl.envs.chat_request import BadRequest, ChatRequest, parse_request
+from streamrl.envs.http_server import ThreadedServer
 
-_REFUSED = {"stop": "stop sequences", "tools": "tools", "stream": "streaming", "functions": "functions"}
-
-
-@dataclass
-class CallRecord:
-    """One chat call as the policy saw it. prompt_ids: [P]; completion_ids, logprobs, versions: [C]."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    logprobs: list[float]
-    versions: list[int]
-    finish_reason: str
-    text: str
-
-
-class BadRequest(ValueError):
-    pass
+CALL_ID_HEADER = "Idempotency-Key"
+_PROBE_TOOL = {"type": "function", "function": {"name": "probe_tool_7f3a", "parameters": {"type": "object"}}}
 
 
 class ChatProxy:
-    """Serve /v1/chat/completions and /v1/models on host:port (port 0 picks a free one) in a thread."""
+    """Serve /v1/chat/completions and /v1/models on host:port (port 0 picks a free one)."""
 
     def __init__(
         self,
-        engine: BatchingEngine,
+        engine: Any,
         tokenizer: Any,
         host: str = "127.0.0.1",
         port: int = 0,
@@ -67,15 +67,15 @@ class ChatProxy:
         self.model_name = model_name
         self.default_temperature = default_temperature  # for requests that do not set one
         self._episodes: dict[str, list[CallRecord]] = {}
+        self._answers: dict[tuple[str, str], asyncio.Future[Completion]] = {}  # (episode, call id)
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer((host, port), _handler_for(self))
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="chat-proxy", daemon=True)
-        self._thread.start()
+        self._renders_tools: bool | None = None
+        self.replayed = 0  # retried calls answered from memory
+        self._server = ThreadedServer(_app(self), host, port, name="chat-proxy")
 
     @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
+        host, port = self._server.address
         return f"http://{host}:{port}/v1"
 
     def calls(self, episode: str) -> list[CallRecord]:
@@ -85,112 +85,100 @@ class ChatProxy:
     def pop_episode(self, episode: str) -> list[CallRecord]:
         """The episode's calls in order, forgotten by the proxy (call once per finished episode)."""
         with self._lock:
+            for key in [k for k in self._answers if k[0] == episode]:
+                del self._answers[key]
             return self._episodes.pop(episode, [])
 
-    def complete(self, episode: str, body: dict[str, Any]) -> dict[str, Any]:
-        """The chat.completion response for one request body; raises BadRequest on invalid input."""
-        messages = _messages(body)
-        for key, what in _REFUSED.items():
-            if body.get(key):
-                raise BadRequest(f"'{key}' is not supported by the streamrl proxy ({what} change sampling)")
-        if int(body.get("n") or 1) != 1:
-            raise BadRequest("'n' must be 1: sample several completions with several calls")
-        cap = body.get("max_completion_tokens") or body.get("max_tokens") or self.max_tokens
-        max_new = min(int(cap), self.max_tokens)
-        temp = body.get("temperature")
-        temperature = float(temp) if temp is not None else self.default_temperature
-        top_p = float(body.get("top_p") if body.get("top_p") is not None else 1.0)
-        if max_new <= 0 or temperature < 0 or not 0 < top_p <= 1:
-            raise BadRequest("need max_tokens > 0, temperature >= 0 and 0 < top_p <= 1")
-        prompt_ids = render_prompt_ids(self.tokenizer, messages)
-        res = self.engine.generate_one(GenRequest(prompt_ids, max_new, temperature, top_p))
-        text = self.tokenizer.decode(res.token_ids, skip_special_tokens=True)
-        record = CallRecord(prompt_ids, res.token_ids, res.logprobs, res.versions, res.finish_reason, text)
-        with self._lock:
-            self._episodes.setdefault(episode, []).append(record)
-        return self._response(body, record)
+    def parse(self, body: Any) -> ChatRequest:
+        return parse_request(body, self.max_tokens, self.default_temperature)
 
-    def _response(self, body: dict[str, Any], rec: CallRecord) -> dict[str, Any]:
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": rec.text},
-            "finish_reason": "length" if rec.finish_reason == "length" else "stop",
-            "logprobs": None,
-        }
-        if body.get("logprobs"):
-            choice["logprobs"] = {
-                "content": [
-                    {"token": self.tokenizer.decode([t]), "logprob": lp, "bytes": None, "top_logprobs": []}
-                    for t, lp in zip(rec.completion_ids, rec.logprobs)
-                ]
-            }
-        p, c = len(rec.prompt_ids), len(rec.completion_ids)
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": str(body.get("model") or self.model_name),
-            "choices": [choice],
-            "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c},
-        }
+    async def complete(self, episode: str, call_id: str, req: ChatRequest) -> Completion:
+        """The call's completion; a call id seen before gets the first answer, generated once."""
+        if not call_id:
+            return await self._generate(episode, req)
+        key = (episode, call_id)
+        with self._lock:
+            answer = self._answers.get(key)
+            if answer is None:
+                answer = self._answers[key] = asyncio.ensure_future(self._generate(episode, req))
+                answer.add_done_callback(functools.partial(self._forget_failed, key))
+            else:
+                self.replayed += 1
+        return await asyncio.shield(answer)
+
+    def _forget_failed(self, key: tuple[str, str], answer: asyncio.Future[Completion]) -> None:
+        if answer.cancelled() or answer.exception() is not None:  # a retry generates afresh
+            with self._lock:
+                if self._answers.get(key) is answer:
+                    del self._answers[key]
+
+    async def _generate(self, episode: str, req: ChatRequest) -> Completion:
+        prompt_ids = self._prompt_ids(req)
+        gen = GenRequest(prompt_ids, req.max_new_tokens, req.temperature, req.top_p)
+        futures = [asyncio.wrap_future(self.engine.submit(gen)) for _ in range(req.n)]
+        results = await asyncio.gather(*futures)
+        choices = [make_choice(self.tokenizer, prompt_ids, res, req) for res in results]
+        with self._lock:
+            self._episodes.setdefault(episode, []).extend(ch.record for ch in choices)
+        return Completion(f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time()), len(prompt_ids), choices)
+
+    def _prompt_ids(self, req: ChatRequest) -> list[int]:
+        if req.tools and not self._template_renders_tools():
+            raise BadRequest(
+                "'tools': this model's chat template ignores tools; use a model whose template renders "
+                "them (e.g. Qwen2.5) or describe the tools in the messages"
+            )
+        try:
+            return render_prompt_ids(self.tokenizer, req.messages, req.tools)
+        except Exception as e:  # jinja raises on chats the template refuses (roles, shapes)
+            raise BadRequest(
+                f"the chat template cannot render these messages: {type(e).__name__}: {e}"
+            ) from None
+
+    def _template_renders_tools(self) -> bool:
+        if self._renders_tools is None:
+            chat = [{"role": "user", "content": "x"}]
+            plain = render_prompt_ids(self.tokenizer, chat)
+            self._renders_tools = render_prompt_ids(self.tokenizer, chat, [_PROBE_TOOL]) != plain
+        return self._renders_tools
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.close()
 
 
-def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise BadRequest("'messages' must be a non-empty list of {role, content}")
-    out = []
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or "role" not in m:
-            raise BadRequest(f"messages[{i}] must be an object with 'role' and 'content'")
-        content = m.get("content") or ""
-        if isinstance(content, list):  # content parts: keep the text ones
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        out.append({"role": str(m["role"]), "content": str(content)})
-    return out
+def _error(status: int, message: str) -> JSONResponse:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
 
 
-def _handler_for(proxy: ChatProxy) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:  # no access log on stderr
-            pass
+def _app(proxy: ChatProxy) -> Starlette:
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": proxy.model_name, "object": "model"}]})
 
-        def _send(self, status: int, payload: dict[str, Any]) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    async def chat(request: Request) -> Response:
+        auth = request.headers.get("authorization", "")
+        episode = request.headers.get("x-episode-id") or auth.removeprefix("Bearer ").strip() or "default"
+        try:
+            req = proxy.parse(json.loads(await request.body() or b"{}"))
+            completion = await proxy.complete(episode, request.headers.get(CALL_ID_HEADER, ""), req)
+        except (BadRequest, json.JSONDecodeError) as e:
+            return _error(400, str(e))
+        except Exception as e:  # an engine failure is the server's, not the agent's, fault
+            return _error(500, f"{type(e).__name__}: {e}")
+        model = req.model or proxy.model_name
+        if req.stream:
+            events = sse_events(completion, model, req.include_usage)
+            return StreamingResponse(events, media_type="text/event-stream")
+        return JSONResponse(response_body(completion, model))
 
-        def _error(self, status: int, message: str) -> None:
-            self._send(status, {"error": {"message": message, "type": "invalid_request_error"}})
+    async def not_found(request: Request) -> Response:
+        return _error(404, f"no route {request.url.path}; use /v1/chat/completions")
 
-        def do_GET(self) -> None:
-            if self.path.rstrip("/").endswith("/models"):
-                self._send(200, {"object": "list", "data": [{"id": proxy.model_name, "object": "model"}]})
-            else:
-                self._error(404, f"no route {self.path}")
-
-        def do_POST(self) -> None:
-            if not self.path.rstrip("/").endswith("/chat/completions"):
-                self._error(404, f"no route {self.path}; use /v1/chat/completions")
-                return
-            auth = self.headers.get("Authorization", "")
-            episode = self.headers.get("X-Episode-Id") or auth.removeprefix("Bearer ").strip() or "default"
-            try:
-                length = int(self.headers.get("Content-Length", 0))
-                body = json.loads(self.rfile.read(length) or b"{}")
-                if not isinstance(body, dict):
-                    raise BadRequest("the request body must be a JSON object")
-                self._send(200, proxy.complete(episode, body))
-            except (BadRequest, json.JSONDecodeError, ValueError, TypeError) as e:
-                self._error(400, str(e))
-            except Exception as e:  # an engine failure is the server's, not the agent's, fault
-                self._error(500, f"{type(e).__name__}: {e}")
-
-    return Handler
+    routes = [
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/chat/completions", chat, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/models", models, methods=["GET"]),
+        Route("/{path:path}", not_found, methods=["GET", "POST"]),
+    ]
+    return Starlette(routes=routes)

@@ -24,6 +24,7 @@ from streamrl.data.prompts import render_prompt_ids
 from streamrl.data.replay import ReplayBuffer
 from streamrl.loop.budget import RunBudget
 from streamrl.loop.dynamic_sampling import DynamicSampling
+from streamrl.loop.episode_errors import EpisodeErrors
 from streamrl.loop.ledger import Ledger
 from streamrl.loop.signals import StopFlag
 from streamrl.loop.staleness import StalenessManager
@@ -80,6 +81,7 @@ class AsyncRunner:
         # rebase on resume: trained groups + carried finished ones count as accepted (AReaL #1388)
         self.staleness = StalenessManager.resumed(self.B, self.eta, trainer.version, len(state.finished), 0)
         self.sh = _Shared()
+        self.episode_errors = EpisodeErrors(cfg.task.startswith("agent:"))  # since the last step (sh.cond)
         for res in state.finished:
             self.ledger.requeue(res.group_id, "buffered")
             self.sh.buffer.append(res)
@@ -132,6 +134,12 @@ class AsyncRunner:
                 self.sh.idle += res.idle_s
                 group = res.group
                 assert group is not None
+                self.episode_errors.add(group)
+                if not group.trajectories:  # agents that made no call: nothing to train on
+                    self.ledger.filtered(res.group_id, "no_calls")
+                    self.staleness.on_return(kept=False)
+                    self.sh.cond.notify_all()
+                    return
                 if self.on_group_scored is not None:
                     self.on_group_scored(group)
                 if not self.sampling.keep(group):
@@ -207,6 +215,7 @@ class AsyncRunner:
                         self.ledger.trained(r.group_id)
                     self.ledger.replayed(int(rec.metrics.get("replay_samples", 0)))
                     busy, idle = self.sh.busy, self.sh.idle
+                    episode_errors = self.episode_errors.take()
                 self.state.step = step
                 self.state.version = self.trainer.version
                 m = rec.metrics
@@ -222,6 +231,7 @@ class AsyncRunner:
                     filtered_zero_variance=self.ledger.filter_reasons.get("zero_variance", 0),
                     duplicate_results=self.sh.duplicates,
                     **backend.stats(),
+                    **episode_errors,
                 )
                 on_step(rec)
         finally:

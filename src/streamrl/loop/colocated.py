@@ -17,6 +17,7 @@ from streamrl.data.replay import ReplayBuffer
 from streamrl.data.task import Task
 from streamrl.loop.budget import RunBudget
 from streamrl.loop.dynamic_sampling import DynamicSampling
+from streamrl.loop.episode_errors import EpisodeErrors
 from streamrl.loop.ledger import Ledger
 from streamrl.loop.signals import StopFlag
 from streamrl.loop.state import RunState, sampler_state
@@ -53,6 +54,7 @@ class ColocatedRunner:
         self.B = r.prompts_per_step
         self.settings = RolloutSettings.from_config(cfg)
         self.sampling = DynamicSampling(r.dynamic_sampling, self.B, r.dynamic_sampling_rounds)
+        self.episode_errors = EpisodeErrors(cfg.task.startswith("agent:"))
         push_policy(self.engine, trainer)
         self.scoring = Scoring(cfg, task)
 
@@ -76,6 +78,9 @@ class ColocatedRunner:
             made += len(groups)
             timing = {k: timing[k] + t[k] for k in timing}
             for g in groups:
+                self.episode_errors.add(g)
+                if not g.trajectories:  # agents that made no call: nothing to train on
+                    continue
                 gid = g.trajectories[0].group_id
                 self.ledger.admitted(gid)
                 self.ledger.returned(gid)
@@ -130,5 +135,6 @@ class ColocatedRunner:
                 engine_idle_share=0.0,
                 samples_per_s=step * self.B * cfg.rollout.samples_per_prompt / budget.elapsed,
                 **timing,
+                **self.episode_errors.take(),
             )
             on_step(rec)

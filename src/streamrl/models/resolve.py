@@ -20,7 +20,8 @@ def resolve_model_dir(name: str, seed: int = 0) -> Path:
         target = cache_dir() / "models" / "smollm2-135m-instruct"
         return target if (target / "config.json").exists() else smollm2.convert(target)
     if name == "tiny-random":
-        target = cache_dir() / "models" / f"tiny-random-seed{seed}"
+        # v2: the chat template renders tools; a cached build with the older template is not reused
+        target = cache_dir() / "models" / f"tiny-random-v2-seed{seed}"
         return target if (target / "config.json").exists() else tiny.build(target, seed=seed)
     path = Path(name).expanduser()
     if (path / "config.json").is_file():

@@ -8,10 +8,31 @@ from pathlib import Path
 
 from streamrl.models.quiet import no_progress_bars
 
-CHATML = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
-    " + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
-    "{% endif %}"
+# ChatML; with `tools` (apply_chat_template(..., tools=...)) a Hermes/Qwen-style tools block opens the chat,
+# assistant tool calls render as <tool_call>{json}</tool_call> and tool results as `tool` turns. Chats
+# without tools or tool calls render exactly as plain ChatML.
+CHATML = "".join(
+    [
+        "{%- if tools %}{{- '<|im_start|>system\\n' }}",
+        "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}",
+        "{{- '# Tools\\n\\nYou may call functions. Their signatures are in <tools></tools>:\\n<tools>' }}",
+        "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}",
+        '{{- \'\\n</tools>\\n\\nFor each call, reply with <tool_call>\\n{"name": <function-name>, '
+        '"arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n\' }}{%- endif %}',
+        "{%- for message in messages %}",
+        "{%- if not (tools and loop.first and message['role'] == 'system') %}",
+        "{{- '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') }}",
+        "{%- if message['role'] == 'assistant' and message['tool_calls'] %}",
+        "{%- for call in message['tool_calls'] %}",
+        "{%- set fn = call['function'] if call['function'] is defined else call %}",
+        "{%- set args = fn['arguments'] if fn['arguments'] is string else fn['arguments'] | tojson %}",
+        "{{- ('\\n' if (message['content'] or not loop.first) else '') + '<tool_call>\\n{\"name\": \"' "
+        "+ fn['name'] + '\", \"arguments\": ' + args + '}\\n</tool_call>' }}",
+        "{%- endfor %}{%- endif %}",
+        "{{- '<|im_end|>\\n' }}{%- endif %}",
+        "{%- endfor %}",
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}",
+    ]
 )
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 

@@ -125,6 +125,19 @@ def _engine_idle(history: Sequence[Record], limit: float) -> str | None:
     return None
 
 
+def _episode_errors(history: Sequence[Record], limit: float) -> str | None:
+    last = history[-1]
+    n, errors = _num(last, "episodes"), _num(last, "episode_errors")
+    if not n or errors is None or errors / n <= limit:
+        return None
+    reasons = last.get("episode_error_reasons") or {}
+    top = ", ".join(f"{k} x{v}" for k, v in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:3])
+    return (
+        f"{errors:.0f} of {n:.0f} agent episodes ({errors / n:.1%}) ended in an error (> {limit:.0%}): "
+        f"{top}; each costs its episode's reward"
+    )
+
+
 RULES: tuple[Rule, ...] = (
     Rule("entropy_collapse", "entropy below threshold x its first value", 0.1, _entropy_collapse),
     Rule("entropy_explosion", "entropy above threshold x its first value", 2.0, _entropy_explosion),
@@ -139,6 +152,12 @@ RULES: tuple[Rule, ...] = (
     Rule("truncation_high", "truncation rate above threshold", 0.5, _truncation),
     Rule("trainer_starved", "trainer_wait_share above threshold", 0.5, _trainer_starved),
     Rule("engine_idle", "engine_idle_share above threshold", 0.5, _engine_idle),
+    Rule(
+        "episode_errors",
+        "share of the step's agent episodes that ended in an error above threshold",
+        0.01,
+        _episode_errors,
+    ),
 )
 
 

@@ -75,16 +75,13 @@ def _agent_groups(
     settings: RolloutSettings,
     t0: float,
 ) -> tuple[list[Group], dict[str, float]]:
-    from streamrl.rollout.agent import rollout_agent_episodes
+    from streamrl.rollout.agent import episode_group, rollout_agent_episodes
 
     G = settings.samples
     jobs = [(p, gids[pi], k) for pi, p in enumerate(problems) for k in range(G)]
     episodes = rollout_agent_episodes(engine, tokenizer, task, settings, jobs)
-    groups = []
-    for pi, p in enumerate(problems):
-        eps = episodes[pi * G : (pi + 1) * G]
-        trajs = [t for _, ep in eps for t in ep]
-        if trajs:  # agents that made no call leave nothing to train on
-            groups.append(Group(problem=p, trajectories=trajs, episode_rewards=[r for r, _ in eps]))
+    # every group is returned, also one whose agents made no call (its errors are counted; it is not
+    # trained: nothing to train on)
+    groups = [episode_group(p, episodes[pi * G : (pi + 1) * G]) for pi, p in enumerate(problems)]
     t1 = time.perf_counter()
     return groups, {"generate_time": t1 - t0, "reward_time": 0.0}

@@ -3,9 +3,10 @@
 Requests arrive from a RequestSource (GroupRequest), finished and scored groups leave through a
 ResultSink (GroupResult). Between decode steps the worker checks its WeightSource's version and takes
 new weights in flight or by interrupt-and-recompute (engine/continuous.py). It never waits for the
-trainer: it waits only when it has nothing to generate. The local backend plugs in mp queues and
-SharedWeights (a spawned process); the ray backend a thread queue, an outbox and an object-store or
-broadcast receiver (placement/ray_actor.py).
+trainer: it waits only when it has nothing to generate. For agent tasks the worker serves its own
+chat proxy, and the agents' calls join the same decoder (rollout/agent_worker.py). The local backend
+plugs in mp queues and SharedWeights (a spawned process); the ray backend a thread queue, an outbox
+and an object-store or broadcast receiver (placement/ray_actor.py).
 """
 
 from __future__ import annotations
@@ -116,9 +117,11 @@ def _loop(
     from streamrl.engine.base import Decoder, GenRequest
     from streamrl.engine.continuous import ContinuousDecoder
     from streamrl.engine.hf import PRECISIONS, HFEngine
+    from streamrl.envs.agent_task import AgentTask
     from streamrl.envs.base import EnvTask
     from streamrl.models import load_tokenizer, resolve_model_dir
     from streamrl.models.startup import start_model
+    from streamrl.rollout.agent_worker import AgentGroups
     from streamrl.rollout.episodes import EpisodeTable
     from streamrl.rollout.score import Scoring
     from streamrl.rollout.trajectory import GREEDY, RolloutSettings, greedy_request, make_trajectory
@@ -154,10 +157,14 @@ def _loop(
     refresh()
     r = RolloutSettings.from_config(cfg)
     episodes = EpisodeTable(task, tokenizer, r) if isinstance(task, EnvTask) else None
+    agents = AgentGroups(task, tokenizer, r) if isinstance(task, AgentTask) else None
     open_groups: dict[str, tuple[GroupRequest, list[Any]]] = {}
     busy = idle = 0.0
 
     def take(req: GroupRequest) -> None:
+        if agents is not None:  # agent task: G agent threads whose calls reach the decoder via the proxy
+            agents.start(req)
+            return
         open_groups[req.group_id] = (req, [])
         gens = [
             GenRequest(req.prompt_ids, r.max_new_tokens, r.temperature, r.top_p, tag=(req.group_id, k))
@@ -175,6 +182,9 @@ def _loop(
         """Send every group whose samples are all generated and scored (scoring runs in the reward
         service's threads/processes while this loop keeps decoding)."""
         nonlocal busy, idle
+        for req, group in agents.finished() if agents is not None else []:
+            results.put(GroupResult(req.group_id, group, worker_id, busy_s=busy, idle_s=idle))
+            busy = idle = 0.0
         for gid in [
             g for g, (req, done) in open_groups.items() if len(done) == req.samples + req.greedy_baseline
         ]:
@@ -197,10 +207,11 @@ def _loop(
                 return
             emit_scored()
             t0 = time.perf_counter()
-            # intake: block only when there is nothing to decode
+            # intake: block only when there is nothing to decode (briefly while agents may call)
+            wait = 0.005 if agents is not None and agents.live else 0.05
             try:
                 while True:
-                    item = requests.get(timeout=0.05) if decoder.idle else requests.get_nowait()
+                    item = requests.get(timeout=wait) if decoder.idle else requests.get_nowait()
                     if item == STOP:
                         return
                     take(item)
@@ -208,15 +219,21 @@ def _loop(
                         break
             except queue.Empty:
                 pass
+            if agents is not None:
+                decoder.add(agents.requests())
             if decoder.idle:
                 idle += time.perf_counter() - t0
                 continue
             # newest weights between decode steps; never start a request on weights older than those it
             # was admitted under (publish happens before admission, so one load always suffices)
-            need = max((open_groups[g][0].admitted_version for g in open_groups), default=0)
+            admitted = [req.admitted_version for req, _ in open_groups.values()]
+            need = max(admitted + (agents.admitted_versions() if agents is not None else []), default=0)
             if weights.version > decoder.version or decoder.version < need:
                 refresh()
             for res in decoder.step():
+                if agents is not None and agents.owns(res):
+                    agents.resolve(res)
+                    continue
                 gid, k = res.request.tag
                 req, done = open_groups[gid]
                 if episodes is None:
@@ -231,3 +248,5 @@ def _loop(
             busy += time.perf_counter() - t0
     finally:
         scoring.close()
+        if agents is not None:
+            agents.close()

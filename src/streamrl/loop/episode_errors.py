@@ -1,0 +1,43 @@
+"""Agent episodes that ended in an error, counted per step by reason (both loops).
+
+Every returned group is counted, also one that is then filtered or holds no trajectory: an episode
+that failed on its first call leaves nothing to train on and would otherwise vanish. The step record
+gets `episodes` (agent episodes returned since the previous step), `episode_errors` and
+`episode_error_reasons` ({exception type: count}); the `episode_errors` diagnostics rule warns when
+the share is high.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from streamrl.types import Group
+
+
+class EpisodeErrors:
+    """active: the run's task is an agent task (its records always carry the three keys)."""
+
+    def __init__(self, active: bool) -> None:
+        self.active = active
+        self.episodes = 0
+        self.reasons: Counter[str] = Counter()
+
+    def add(self, group: Group) -> None:
+        if group.episode_errors is None:  # not an agent group
+            return
+        self.episodes += len(group.episode_errors)
+        self.reasons.update(reason for reason in group.episode_errors if reason)
+
+    def take(self) -> dict[str, Any]:
+        """The counts since the last take (nothing for runs without agent tasks), then reset."""
+        if not self.active:
+            return {}
+        out = {
+            "episodes": self.episodes,
+            "episode_errors": sum(self.reasons.values()),
+            "episode_error_reasons": dict(sorted(self.reasons.items())),
+        }
+        self.episodes = 0
+        self.reasons = Counter()
+        return out

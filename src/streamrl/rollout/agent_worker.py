@@ -1,0 +1,92 @@
+"""Agent episodes inside an async rollout worker: a chat proxy per worker, feeding the worker's decoder.
+
+Each worker process serves its own ChatProxy (a free port on 127.0.0.1) whose engine is a
+DecoderFront: the calls agents make are queued, and the worker loop adds them to its continuous
+decoder between steps, next to everything else it decodes, so agent calls get in-flight weight
+updates, per-token versions and partial rollouts like plain groups. For every admitted group the G
+agent functions run in their own threads (rollout/agent.py's client: retries with idempotency keys);
+when all G have returned, the episodes are scored and assembled into one Group.
+
+    agents.start(group_request)                 # G agent threads
+    decoder.add(agents.requests())              # calls made since the last step
+    for res in decoder.step():
+        if agents.owns(res): agents.resolve(res)  # the waiting call is answered
+    for req, group in agents.finished(): ...    # groups whose G episodes all returned
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any
+
+from streamrl.engine.base import GenRequest, GenResult
+from streamrl.engine.serving import DecoderFront
+from streamrl.envs.agent_task import AgentTask
+from streamrl.envs.proxy import ChatProxy
+from streamrl.rollout.agent import AgentEpisode, AgentRun, episode_group, run_agent, score_episode
+from streamrl.rollout.trajectory import RolloutSettings
+from streamrl.types import Group
+
+
+class AgentGroups:
+    def __init__(self, task: AgentTask, tokenizer: Any, settings: RolloutSettings) -> None:
+        self.task, self.settings = task, settings
+        self.front = DecoderFront()
+        self.proxy = ChatProxy(
+            self.front,
+            tokenizer,
+            max_tokens=settings.max_new_tokens,
+            default_temperature=settings.temperature,
+        )
+        self.open: dict[str, tuple[Any, dict[int, AgentEpisode]]] = {}
+        self._returned: queue.SimpleQueue[tuple[str, int, AgentRun]] = queue.SimpleQueue()
+
+    def start(self, req: Any) -> None:
+        """Run the G agent episodes of `req` (a worker GroupRequest), each in its own thread."""
+        self.open[req.group_id] = (req, {})
+        for k in range(req.samples):
+            name = f"agent-{req.group_id}-{k}"
+            threading.Thread(target=self._episode, args=(req, k), name=name, daemon=True).start()
+
+    def _episode(self, req: Any, k: int) -> None:
+        run = run_agent(self.task, self.proxy.url, f"{req.group_id}-{k}", req.problem.messages)
+        self._returned.put((req.group_id, k, run))
+
+    @property
+    def live(self) -> bool:
+        """Some admitted group has episodes still running."""
+        return bool(self.open)
+
+    def admitted_versions(self) -> list[int]:
+        return [req.admitted_version for req, _ in self.open.values()]
+
+    def requests(self) -> list[GenRequest]:
+        """The chat calls made since the last look, for the decoder."""
+        return self.front.drain()
+
+    def owns(self, res: GenResult) -> bool:
+        return self.front.owns(res)
+
+    def resolve(self, res: GenResult) -> None:
+        self.front.resolve(res)
+
+    def finished(self) -> list[tuple[Any, Group]]:
+        """Groups whose G episodes have all returned, scored and assembled."""
+        out = []
+        while True:
+            try:
+                gid, k, run = self._returned.get_nowait()
+            except queue.Empty:
+                return out
+            req, episodes = self.open[gid]
+            calls = self.proxy.pop_episode(f"{gid}-{k}")
+            episodes[k] = score_episode(self.task, self.settings, req.problem, gid, k, run, calls)
+            if len(episodes) == req.samples:
+                del self.open[gid]
+                out.append((req, episode_group(req.problem, [episodes[i] for i in range(req.samples)])))
+
+    def close(self) -> None:
+        """Fail the calls still waiting (their agents return), then stop the proxy."""
+        self.front.close()
+        self.proxy.close()

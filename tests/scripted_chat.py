@@ -1,0 +1,34 @@
+"""An engine whose replies are a function of the prompt text, for proxy and agent tests (no model).
+
+`reply(prompt_text) -> str` is encoded with the tokenizer; the turn ends with the end-of-turn token
+(finish "stop") when it fits in max_new_tokens, else it is cut there (finish "length"). Every token
+has log-prob -0.25 and the engine's version. `prompts` records each request's prompt text.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from streamrl.engine.base import GenRequest, GenResult
+
+
+class ScriptedEngine:
+    def __init__(self, tokenizer: Any, reply: Callable[[str], str], version: int = 0) -> None:
+        self.tokenizer, self.reply, self.version = tokenizer, reply, version
+        self.prompts: list[str] = []
+        self._lock = threading.Lock()
+
+    def generate(self, requests: list[GenRequest]) -> list[GenResult]:
+        return [self._one(r) for r in requests]
+
+    def _one(self, req: GenRequest) -> GenResult:
+        prompt = self.tokenizer.decode(req.prompt_ids)
+        with self._lock:
+            self.prompts.append(prompt)
+        ids = list(self.tokenizer(self.reply(prompt), add_special_tokens=False).input_ids)
+        ids.append(self.tokenizer.eos_token_id)
+        finish = "stop" if len(ids) <= req.max_new_tokens else "length"
+        ids = ids[: req.max_new_tokens]
+        return GenResult(req, ids, [-0.25] * len(ids), [self.version] * len(ids), finish)

@@ -68,7 +68,13 @@ def _rollout_workers(pid: int) -> list[int]:
     return out
 
 
-def _kill_after_progress(proc: subprocess.Popen, run: Path, rng: random.Random, whole: bool) -> None:
+def _restart_lines(err: Path) -> list[str]:
+    return [x for x in err.read_text().splitlines() if "rollout worker 0 killed by SIGKILL; restarted" in x]
+
+
+def _kill_after_progress(
+    proc: subprocess.Popen, run: Path, rng: random.Random, whole: bool, err: Path
+) -> None:
     """Once the run has logged a new step, after a random extra delay (during generation, a train step,
     a save or a weight update: wherever it happens to be), SIGKILL its process group (`whole`) or one
     rollout worker alone, which the run restarts and goes on."""
@@ -87,7 +93,11 @@ def _kill_after_progress(proc: subprocess.Popen, run: Path, rng: random.Random, 
             time.sleep(0.05)
             workers = _rollout_workers(proc.pid)
         if workers:
+            restarted = len(_restart_lines(err))
             os.kill(rng.choice(workers), signal.SIGKILL)
+            while len(_restart_lines(err)) == restarted and proc.poll() is None:  # the run notices first
+                assert time.monotonic() < deadline, "the killed worker was never restarted"
+                time.sleep(0.05)
         return
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
@@ -104,7 +114,7 @@ def test_kill_minus_nine_five_times_then_finish(tmp_path: Path) -> None:
     proc = _start([*ARGS, f"run_dir={run}"], pids, err)
     kills = 0
     for whole in KILLS:
-        _kill_after_progress(proc, run, rng, whole)
+        _kill_after_progress(proc, run, rng, whole, err)
         if proc.poll() is not None and proc.returncode == 0:
             break  # finished before the kill landed
         kills += 1
@@ -115,8 +125,7 @@ def test_kill_minus_nine_five_times_then_finish(tmp_path: Path) -> None:
     assert kills == len(KILLS), "the run finished before every kill landed: lower the step time"
     assert proc.wait(timeout=600) == 0, err.read_text()[-3000:]
     log = err.read_text()
-    restarts = [line for line in log.splitlines() if "rollout worker 0 killed by SIGKILL; restarted" in line]
-    assert len(restarts) == 2, log[-3000:]  # one line each
+    assert len(_restart_lines(err)) == 2, log[-3000:]  # one line each
     assert "Traceback" not in log
 
     rows = _lines(run / "metrics.jsonl")

@@ -69,6 +69,9 @@ class RewardConfig:
     service: Literal["thread", "process", "inline"] = "thread"
     workers: int = 2  # responses scored at once
     timeout_s: float = 60.0  # per response; a scorer past it yields reward 0 with reason "timeout"
+    # the longest a step waits for its scores once its responses are generated (async: each group);
+    # scores still outstanding then yield reward 0 with reason "step_budget" (0 = no limit)
+    step_budget_s: float = 300.0
     cache_size: int = 10_000  # identical (problem, response) pairs are scored once
     scorer: Literal["task", "judge"] = "task"  # judge: an OpenAI-compatible LLM grades the response
     judge_url: str = ""  # the judge's OpenAI-compatible URL (empty: STREAMRL_JUDGE_URL or OPENAI_BASE_URL)

@@ -90,6 +90,7 @@ BOUNDS: dict[str, Bound] = {
     "reward.length_penalty": NON_NEGATIVE,
     "reward.workers": POSITIVE,
     "reward.timeout_s": POSITIVE,
+    "reward.step_budget_s": NON_NEGATIVE,  # 0: no limit
     "reward.cache_size": NON_NEGATIVE,
     "reward.judge_timeout_s": POSITIVE,
     "reward.judge_pass_threshold": UNIT,  # judge scores are in [0, 1]

@@ -1,6 +1,7 @@
 """The checks that need more than the config: the model resolves (a known name, a local directory or a
-Hugging Face Hub id, downloaded or found in the cache), the reward functions import and the task builds
-(its data read, its sandbox checked). They run before any weights load and before a run directory is
+Hugging Face Hub id, downloaded or found in the cache), the reward functions import, an LLM judge
+answers (reward.scorer=judge: rewards/judge_check.py) and the task builds (its data read, its sandbox
+checked). They run before any weights load and before a run directory is
 created; each failure is one line (ValueError), so a bad run costs seconds and leaves nothing behind."""
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from typing import Any
 
 from streamrl.data.task import Task, default_task_args
 from streamrl.models.resolve import resolve_model_dir
+from streamrl.rewards.judge import judge_config
+from streamrl.rewards.judge_check import check_judge
 from streamrl.rewards.user_fns import configured_fns, load_fns
 from streamrl.tasks import task_from_config
 
@@ -26,6 +29,8 @@ def preflight(cfg: Any) -> Checked:
     if not cfg.task_config.args:
         cfg.task_config.args = default_task_args(cfg.task)  # recorded in config.yaml
     load_fns(configured_fns(cfg.reward.fn, cfg.reward.fns))  # your reward functions import
+    if cfg.reward.scorer == "judge":  # reachable, serving the model, grading a probe
+        check_judge(judge_config(cfg.reward))
     model_dir = resolve_model_dir(cfg.model, cfg.seed)  # before the task: a Hub lookup takes < 1 s
     task = task_from_config(cfg)
     next(task.train_stream(cfg.seed, set()))  # something to train on (every row held out: one line)

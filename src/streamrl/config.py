@@ -202,6 +202,10 @@ class TaskConfig:
     streaming: bool = False  # read rows lazily (sets too large for memory)
     shuffle_buffer: int = 10_000  # streaming: each epoch is reshuffled through a buffer of this many rows
     sources: tuple[dict[str, Any], ...] = ()  # task=mix: [{task, weight, args, columns, ...}, ...]
+    # training prompts longer than this many tokens (chat template applied) are skipped and counted
+    # (prompts_too_long); 0 = min(the model's max_position_embeddings, train.token_budget) minus
+    # rollout.max_new_tokens (env tasks: env.max_total_tokens), so every sample fits both
+    max_prompt_tokens: int = 0
     few_shot: tuple[dict[str, Any], ...] = ()  # [{question, answer} or {question, response}, ...]
     few_shot_n: int = 0  # also draw this many examples from the training split (fixed seed)
 

@@ -128,6 +128,7 @@ BOUNDS: dict[str, Bound] = {
     "train.lora_alpha": POSITIVE,
     "train.world_size": POSITIVE,
     "train.dist_timeout_s": POSITIVE,
+    "task_config.max_prompt_tokens": NON_NEGATIVE,  # 0: what fits the context and train.token_budget
     "eval.size": NON_NEGATIVE,
     "eval.max_new_tokens": POSITIVE,
     "eval.every": NON_NEGATIVE,

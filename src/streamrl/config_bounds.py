@@ -71,6 +71,7 @@ BOUNDS: dict[str, Bound] = {
     "ray.max_restarts": NON_NEGATIVE,
     "task_config.few_shot_n": NON_NEGATIVE,
     "task_config.shuffle_buffer": POSITIVE,
+    "task_config.max_prompt_tokens": NON_NEGATIVE,  # 0: what fits the context and train.token_budget
     "rollout.prompts_per_step": POSITIVE,
     "rollout.samples_per_prompt": POSITIVE,
     "rollout.max_new_tokens": POSITIVE,
@@ -128,7 +129,6 @@ BOUNDS: dict[str, Bound] = {
     "train.lora_alpha": POSITIVE,
     "train.world_size": POSITIVE,
     "train.dist_timeout_s": POSITIVE,
-    "task_config.max_prompt_tokens": NON_NEGATIVE,  # 0: what fits the context and train.token_budget
     "eval.size": NON_NEGATIVE,
     "eval.max_new_tokens": POSITIVE,
     "eval.every": NON_NEGATIVE,

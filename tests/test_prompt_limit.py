@@ -112,7 +112,10 @@ def test_filter_skips_counts_and_names_the_first(tiny, caplog) -> None:
     ]
 
 
-def test_every_prompt_too_long_names_the_first(tiny) -> None:
+def test_every_prompt_too_long_names_the_first(tiny, monkeypatch) -> None:
+    from streamrl.data import prompt_limit as prompt_limit_mod
+
+    monkeypatch.setattr(prompt_limit_mod, "MAX_SKIPS", 50)  # the fallback for streams that never repeat
     tok = tiny[1]
     rows = [_problem("long-a", LONG_QUESTION), _problem("long-b", LONG_QUESTION + "!")]
     n = len(render_prompt_ids(tok, rows[0].messages))
@@ -128,7 +131,20 @@ def test_every_prompt_too_long_names_the_first(tiny) -> None:
         "task data:x.jsonl: every training prompt is longer than 976 tokens (why); the first: long-a "
         f"({n} tokens: {SHOWN})"
     )
-    assert f.skipped == 2  # one epoch
+    assert f.skipped == 2  # one epoch: the first problem to come round again ends it
+
+
+def test_a_stream_that_never_repeats_gives_up_after_max_skips(tiny, monkeypatch) -> None:
+    from streamrl.data import prompt_limit as prompt_limit_mod
+
+    monkeypatch.setattr(prompt_limit_mod, "MAX_SKIPS", 5)
+    generated = (_problem(f"gen-{i}", LONG_QUESTION + str(i)) for i in range(1000))  # every one new
+    f = PromptFilter(tiny[1], PromptLimit(976, "why"), "task rg:x")
+    with pytest.raises(
+        ValueError, match=r"^task rg:x: every training prompt is longer than 976 tokens \(why\); "
+    ):
+        next(f.apply(generated))
+    assert f.skipped == 5
 
 
 # ---- runs -------------------------------------------------------------------------------------------

@@ -110,9 +110,9 @@ def test_no_micro_batch_exceeds_the_token_budget(tiny, layout):
         mbs = trainer.micro_batches(batch)
         assert max(mb.num_tokens for mb in mbs) <= 64
         assert sum(mb.completion_ids.shape[0] for mb in mbs) == len(batch.trajectories)
-    too_long = _groups_of(0, groups=1, size=2, max_prompt=2, max_completion=1)
-    too_long.trajectories[1].prompt_ids = list(range(3, 63))  # 60 prompt + 5 completion tokens
-    too_long.trajectories[1].completion_ids = [7] * 5
+    # a group sharing a 60-token prompt (every layout applies, shared prompts included), one sample
+    # of which is 60 + 5 tokens
+    too_long = TrainBatch([_traj(i, list(range(3, 63)), [7] * n) for i, n in enumerate([3, 5])], [1.0, 1.0])
     with pytest.raises(ValueError) as e:
         trainer.micro_batches(too_long)
     assert str(e.value) == (

@@ -91,14 +91,16 @@ class PromptFilter:
     def apply(self, stream: Iterator[Problem]) -> Iterator[Problem]:
         run: set[tuple[str, str]] = set()  # (id, question) of those skipped since the last that fit
         first = ""  # the first of them
+        streak = 0  # how many in a row (at most MAX_SKIPS)
         for problem in stream:
             n = len(render_prompt_ids(self.tokenizer, problem.messages))
             if n <= self.limit.tokens:
                 run.clear()
+                streak = 0
                 yield problem
                 continue
             key = (problem.id, str(problem.meta.get("question", "")))
-            if key in run or len(run) >= MAX_SKIPS:
+            if key in run or streak >= MAX_SKIPS:
                 raise ValueError(
                     f"{self.source}: every training prompt is longer than {self.limit.tokens} tokens "
                     f"({self.limit.why}); the first: {first}"
@@ -106,6 +108,7 @@ class PromptFilter:
             if not run:
                 first = _named(problem, n)
             run.add(key)
+            streak += 1
             self.skipped += 1
             if self.skipped == 1 and self.warn:
                 log.warning(

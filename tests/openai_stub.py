@@ -4,6 +4,7 @@ Each POST to /v1/chat/completions takes the next scripted reply; the last one re
 (status, content, delay_s): status 200 sends an OpenAI-shaped body whose message content is `content`,
 any other status sends `content` as the error body. Every request is recorded (headers, JSON body);
 `answered` counts the replies the server began to send (a delayed one only once its delay is over).
+GET /v1/models lists `models` ({"data": [{"id": ...}]}), or answers 404 when `models` is None.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ Reply = tuple[int, str, float]
 
 
 class StubServer:
-    def __init__(self, replies: list[Reply]) -> None:
+    def __init__(self, replies: list[Reply], models: list[str] | None = None) -> None:
         self.replies = list(replies)
+        self.models = models
         self.requests: list[dict[str, Any]] = []
         self.answered = 0
         self.release = threading.Event()  # set at close so sleeping handlers return at once
@@ -26,6 +28,18 @@ class StubServer:
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+                if self.path == "/v1/models" and stub.models is not None:
+                    listing = [{"id": m, "object": "model", "owned_by": "stub"} for m in stub.models]
+                    status, payload = 200, json.dumps({"object": "list", "data": listing}).encode()
+                else:
+                    status, payload = 404, b"not found"
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
             def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
                 length = int(self.headers.get("Content-Length", 0))
                 body = json.loads(self.rfile.read(length))

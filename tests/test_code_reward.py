@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from sandbox_levels import LEVELS, level_works
 
 from streamrl.data.code_task import CodeTask, builtin_text
 from streamrl.data.task import Score, Task
@@ -16,7 +17,7 @@ from streamrl.rewards.code import (
     score_response,
     validate_tests,
 )
-from streamrl.rewards.sandbox import Limits
+from streamrl.rewards.sandbox import Limits, LocalSandbox
 from streamrl.rollout.score import outcome_reward
 from streamrl.tasks import make_task
 
@@ -71,6 +72,15 @@ def test_crash_gives_stderr_reason() -> None:
 def test_timeout_is_a_failed_test() -> None:
     r, info = score_program("while True: pass\n", ADD[:1], limits=Limits(cpu_s=1, wall_s=1))
     assert r == 0.0 and info["tests"] == ["timeout"] and info["reason"] == "test 0: timeout"
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_cpu_limit_is_a_timeout_at_every_isolation_level(level: str) -> None:
+    if not level_works(level):
+        pytest.skip(f"{level} cannot run on this machine")
+    box = LocalSandbox(isolation=level, min_isolation="rlimits")
+    r, info = score_program("while True: pass\n", ADD[:1], executor=box, limits=Limits(cpu_s=1, wall_s=60))
+    assert (r, info["tests"], info["reason"]) == (0.0, ["timeout"], "test 0: timeout")
 
 
 def test_score_response_without_block() -> None:

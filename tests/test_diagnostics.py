@@ -48,6 +48,7 @@ TRIGGERS = {
     "trainer_starved": with_tail("trainer_wait_share", [0.9]),
     "engine_idle": with_tail("engine_idle_share", [0.75]),
     "episode_errors": with_tail("episode_errors", [2]),
+    "scoring_budget": with_tail("reward_step_budget_expired", [3]),
 }
 
 
@@ -90,6 +91,18 @@ def test_monitor_warns_once_per_rule_when_it_starts_firing():
     fired_at = [r["step"] for r in stream if mon.update(r)]
     assert fired_at == [8]
     assert len(lines) == 1 and lines[0].startswith("warning [truncation_high] step 8:")
+
+
+def test_scoring_budget_message_counts_the_scores_cut_off():
+    lines: list[str] = []
+    mon = DiagnosticsMonitor(emit=lines.append)
+    for r in with_tail("reward_step_budget_expired", [0, 5, 2], n=4):
+        mon.update(r)
+    assert lines == [
+        "warning [scoring_budget] step 3: 5 score(s) were still outstanding when reward.step_budget_s ran "
+        "out and count as reward 0: the scorer (an LLM judge, the sandbox, your reward functions) is slow "
+        "or hanging"
+    ]
 
 
 def test_missing_and_non_finite_values_are_ignored():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+import threading
 import types
 from concurrent.futures import wait
 from pathlib import Path
@@ -238,3 +239,30 @@ def test_judge_as_scorer(service) -> None:
     assert (bad.reward, bad.error) == (0.0, "JudgeError")
     assert bad.info["error_detail"].startswith("unparseable verdict")
     assert svc.metrics()["reward/errors/JudgeError"] == 1
+
+
+def test_cancelled_queued_request_is_skipped_and_its_followers_still_scored(service) -> None:
+    # a step past reward.step_budget_s cancels its queued requests (rollout/score.py): the service must
+    # not score them for nobody, and a later identical request that waits on a cancelled one still gets
+    # a real score
+    gate, calls = threading.Event(), []
+
+    def score(text: str) -> float:
+        calls.append(text)
+        if text == "block":
+            gate.wait(HANG_S)
+        return float(len(text))
+
+    svc = service(score, mode="thread", workers=1, timeout_s=120.0)
+    busy = svc.submit("block")  # holds the only worker
+    wait_until(lambda: calls == ["block"], HANG_S, "the worker never took the first request")
+    dropped = [svc.submit(f"dropped-{i}") for i in range(40)]  # queued behind it
+    leader = svc.submit("shared")
+    follower = svc.submit("shared")  # the same request: it waits on the queued one
+    assert all(f.cancel() for f in dropped) and leader.cancel()
+    gate.set()
+    # each skipped request hands the next at once: were the monitor to sleep its 1 s idle wait per
+    # cancelled request, the 40 would outlast the bound
+    out = call_bounded(lambda: follower.result(), HANG_S, "cancelled requests stalled the queue")
+    assert (out.reward, out.error, busy.result().reward) == (6.0, None, 5.0)
+    assert calls == ["block", "shared"]  # the cancelled ones never ran

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sandbox_levels import LEVELS, level_works
 
 from streamrl.config import ConfigError, RewardConfig, load_config
 from streamrl.rewards import sandbox, sandbox_probe
@@ -125,6 +126,20 @@ def test_cpu_limit_is_a_timeout(box: LocalSandbox) -> None:
     # SIGXCPU: directly (rlimits), or the exit code of the namespace's init (128 + signal)
     sigxcpu = -signal.SIGXCPU if box.isolation.name == "rlimits" else 128 + signal.SIGXCPU
     assert (r.status, r.exit_code) == ("timeout", sigxcpu)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_cpu_limit_is_a_timeout_at_every_level(level: str) -> None:
+    # forced, not probed: each level on its own. In a PID namespace the CPU signal must reach the program
+    # (not the namespace's init, which ignores it): once it was an `error` ("unshare: sigprocmask unblock
+    # failed: Invalid argument") instead of a timeout
+    if not level_works(level):
+        pytest.skip(f"{level} cannot run on this machine")
+    box = LocalSandbox(isolation=level, min_isolation="rlimits")
+    r = box.run("while True:\n    pass\n", "", Limits(cpu_s=1, wall_s=120))
+    sigxcpu = -signal.SIGXCPU if level == "rlimits" else 128 + signal.SIGXCPU
+    assert (r.status, r.exit_code, r.stderr, r.isolation) == ("timeout", sigxcpu, "", level)
+    assert _leftovers_after_reaping() == []
 
 
 @needs_ns

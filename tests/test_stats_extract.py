@@ -52,6 +52,24 @@ def test_paired_difference_hand_value():
         ("so\n#### $1,234,567.", "gsm8k", "1234567"),
         ("The answer is 18.", "gsm8k", None),  # no '####': format not followed
         ("#### eighteen", "gsm8k", None),
+        # digits of other scripts, full-width forms and vulgar fractions come back in ASCII
+        ("The answer is \uff13.", "answer_is", "3"),  # full-width 3
+        ("The answer is \u0663", "answer_is", "3"),  # Arabic-Indic 3
+        ("\u0627\u0644\u062c\u0648\u0627\u0628 \u0661\u0662\u0663", "last_number", "123"),
+        ("#### \u0663\u066b\u0665", "gsm8k", "3.5"),  # the Arabic decimal separator
+        ("x = \uff13\uff0e\uff15", "last_number", "3.5"),  # full-width 3.5
+        ("#### \uff11\uff0c\uff12\uff13\uff14", "gsm8k", "1234"),  # full-width thousands comma
+        ("The answer is \u0967\u0966", "answer_is", "10"),  # Devanagari 10
+        ("The answer is \u00bd.", "answer_is", "1/2"),
+        ("The answer is 1\u00bd cups", "answer_is", "3/2"),  # a mixed number
+        ("The answer is 2 \u00be", "answer_is", "11/4"),  # with a space between
+        ("it drops to \u22121\u00bd", "last_number", "-3/2"),
+        ("pour \u2153 then \u2154", "last_number", "2/3"),
+        ("#### 12\u215e", "gsm8k", "103/8"),
+        ("\\boxed{\\frac{\uff11}{\uff12}}", "boxed", "\\frac{1}{2}"),
+        ("\\boxed{1\u00bd}", "boxed", "3/2"),
+        ("x\u00b2 = 9, so x = 3", "last_number", "3"),  # a superscript is not a digit
+        ("The answer is x\u00b2", "answer_is", None),
     ],
 )
 def test_extract(text, style, expected):
@@ -100,6 +118,26 @@ def test_extract_unknown_style():
         ("1e3", "1000", True),
         (".5", "0.5", True),
         ("-5", "5", False),
+        # digits of other scripts, full-width forms and vulgar fractions compare as their values
+        ("\u00bd", "0.5", True),
+        ("0.5", "\u00bd", True),
+        ("\u00bd", "\\frac{1}{2}", True),
+        ("\u00bd", "1/3", False),
+        ("1\u00bd", "1.5", True),
+        ("1\u00bd", "3/2", True),
+        ("1\u00bd", "0.5", False),  # the whole part counts
+        ("-2\u00be", "-2.75", True),
+        ("\u2153", "\\frac{1}{3}", True),
+        ("\u215e", "0.875", True),
+        ("\uff13", "3", True),  # full-width 3
+        ("\u0663", "3", True),  # Arabic-Indic 3
+        ("\u0664", "3", False),
+        ("\u0663\u066b\u0665", "3.5", True),  # Arabic-Indic 3.5 with the Arabic decimal separator
+        ("\uff13\uff0e\uff15", "3.5", True),  # full-width 3.5
+        ("\\frac{\uff11}{\uff12}", "0.5", True),
+        ("\uff11\uff0c\uff10\uff10\uff10", "1000", True),
+        ("\u2212\uff12", "-2", True),
+        ("2\u00b2", "22", False),  # a superscript is not a digit
     ],
 )
 def test_math_verify_equivalence(pred, ref, equal):

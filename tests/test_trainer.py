@@ -22,7 +22,14 @@ def test_split_by_token_budget_covers_every_sample_once_within_budget():
     assert flat == list(range(len(lengths)))
     for b in batches:
         padded = len(b) * (max(lengths[i][0] for i in b) + max(lengths[i][1] for i in b))
-        assert padded <= 64 or len(b) == 1
+        assert padded <= 64
+
+
+def test_an_empty_completion_is_padded_to_one_column():
+    # collate gives every row at least one completion column: two 32-token prompts with empty
+    # completions take 2 x 33 tokens, over a budget of 64, so they go into two micro-batches
+    assert split_by_token_budget([(32, 0), (32, 0)], budget=64) == [[0], [1]]
+    assert split_by_token_budget([(31, 0), (31, 0)], budget=64) == [[0, 1]]
 
 
 def test_collate_layout():
@@ -78,3 +85,38 @@ def test_zero_advantages_leave_weights_unchanged(tiny):
     trainer = Trainer.from_config(model, load_config(None, ["train.lr=1e-2"]), pad_id=0)
     trainer.step(TrainBatch([_traj(0, [5, 6], [7, 8])], [0.0]))
     assert all(torch.equal(a, b) for a, b in zip(w0, model.parameters()))
+
+
+def _groups_of(seed: int, groups: int, size: int, max_prompt: int, max_completion: int) -> TrainBatch:
+    """`groups` prompts of 2..max_prompt tokens, each with `size` completions of 0..max_completion."""
+    g = torch.Generator().manual_seed(seed)
+    trajs = []
+    for k in range(groups):
+        p = torch.randint(3, 200, (int(torch.randint(2, max_prompt + 1, (1,), generator=g)),), generator=g)
+        for j in range(size):
+            n = int(torch.randint(0, max_completion + 1, (1,), generator=g))
+            trajs.append(_traj(k * size + j, p.tolist(), torch.randint(3, 200, (n,), generator=g).tolist()))
+    return TrainBatch(trajs, [1.0] * len(trajs))
+
+
+@pytest.mark.parametrize(
+    "layout", [["train.shared_prompt=false"], ["train.packing=true"], ["train.shared_prompt=true"]]
+)
+def test_no_micro_batch_exceeds_the_token_budget(tiny, layout):
+    cfg = load_config(None, ["train.token_budget=64", *layout])
+    trainer = Trainer.from_config(copy.deepcopy(tiny[0]), cfg, pad_id=0)
+    for seed in range(20):  # samples of up to 40 + 23 tokens: each fits alone, many do not together
+        batch = _groups_of(seed, groups=4, size=4, max_prompt=40, max_completion=23)
+        mbs = trainer.micro_batches(batch)
+        assert max(mb.num_tokens for mb in mbs) <= 64
+        assert sum(mb.completion_ids.shape[0] for mb in mbs) == len(batch.trajectories)
+    # a group sharing a 60-token prompt (every layout applies, shared prompts included), one sample
+    # of which is 60 + 5 tokens
+    too_long = TrainBatch([_traj(i, list(range(3, 63)), [7] * n) for i, n in enumerate([3, 5])], [1.0, 1.0])
+    with pytest.raises(ValueError) as e:
+        trainer.micro_batches(too_long)
+    assert str(e.value) == (
+        "a sample of 65 tokens (prompt + completion) is longer than train.token_budget=64, so no micro-batch "
+        "can hold it: raise train.token_budget, or lower task_config.max_prompt_tokens or "
+        "rollout.max_new_tokens"
+    )

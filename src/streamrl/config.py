@@ -69,6 +69,9 @@ class RewardConfig:
     service: Literal["thread", "process", "inline"] = "thread"
     workers: int = 2  # responses scored at once
     timeout_s: float = 60.0  # per response; a scorer past it yields reward 0 with reason "timeout"
+    # the longest a step waits for its scores once its responses are generated (async: each group);
+    # scores still outstanding then yield reward 0 with reason "step_budget" (0 = no limit)
+    step_budget_s: float = 300.0
     cache_size: int = 10_000  # identical (problem, response) pairs are scored once
     scorer: Literal["task", "judge"] = "task"  # judge: an OpenAI-compatible LLM grades the response
     judge_url: str = ""  # the judge's OpenAI-compatible URL (empty: STREAMRL_JUDGE_URL or OPENAI_BASE_URL)
@@ -199,6 +202,10 @@ class TaskConfig:
     streaming: bool = False  # read rows lazily (sets too large for memory)
     shuffle_buffer: int = 10_000  # streaming: each epoch is reshuffled through a buffer of this many rows
     sources: tuple[dict[str, Any], ...] = ()  # task=mix: [{task, weight, args, columns, ...}, ...]
+    # training prompts longer than this many tokens (chat template applied) are skipped and counted
+    # (prompts_too_long); 0 = min(the model's max_position_embeddings, train.token_budget) minus
+    # rollout.max_new_tokens (env tasks: env.max_total_tokens), so every sample fits both
+    max_prompt_tokens: int = 0
     few_shot: tuple[dict[str, Any], ...] = ()  # [{question, answer} or {question, response}, ...]
     few_shot_n: int = 0  # also draw this many examples from the training split (fixed seed)
 

@@ -71,6 +71,7 @@ BOUNDS: dict[str, Bound] = {
     "ray.max_restarts": NON_NEGATIVE,
     "task_config.few_shot_n": NON_NEGATIVE,
     "task_config.shuffle_buffer": POSITIVE,
+    "task_config.max_prompt_tokens": NON_NEGATIVE,  # 0: what fits the context and train.token_budget
     "rollout.prompts_per_step": POSITIVE,
     "rollout.samples_per_prompt": POSITIVE,
     "rollout.max_new_tokens": POSITIVE,
@@ -90,6 +91,7 @@ BOUNDS: dict[str, Bound] = {
     "reward.length_penalty": NON_NEGATIVE,
     "reward.workers": POSITIVE,
     "reward.timeout_s": POSITIVE,
+    "reward.step_budget_s": NON_NEGATIVE,  # 0: no limit
     "reward.cache_size": NON_NEGATIVE,
     "reward.judge_timeout_s": POSITIVE,
     "reward.judge_pass_threshold": UNIT,  # judge scores are in [0, 1]

@@ -1,6 +1,8 @@
 """The checks that need more than the config: the model resolves (a known name, a local directory or a
-Hugging Face Hub id, downloaded or found in the cache), the reward functions import and the task builds
-(its data read, its sandbox checked). They run before any weights load and before a run directory is
+Hugging Face Hub id, downloaded or found in the cache), the reward functions import, an LLM judge
+answers (reward.scorer=judge: rewards/judge_check.py), the configured lengths fit the model's context
+and train.token_budget (data/prompt_limit.py) and the task builds (its data read, its sandbox checked)
+with a training prompt short enough. They run before any weights load and before a run directory is
 created; each failure is one line (ValueError), so a bad run costs seconds and leaves nothing behind."""
 
 from __future__ import annotations
@@ -9,8 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from streamrl.data.prompt_limit import PromptFilter, prompt_limit
 from streamrl.data.task import Task, default_task_args
-from streamrl.models.resolve import resolve_model_dir
+from streamrl.models.resolve import load_model_config, load_tokenizer, resolve_model_dir
+from streamrl.rewards.judge import judge_config
+from streamrl.rewards.judge_check import check_judge
 from streamrl.rewards.user_fns import configured_fns, load_fns
 from streamrl.tasks import task_from_config
 
@@ -26,7 +31,12 @@ def preflight(cfg: Any) -> Checked:
     if not cfg.task_config.args:
         cfg.task_config.args = default_task_args(cfg.task)  # recorded in config.yaml
     load_fns(configured_fns(cfg.reward.fn, cfg.reward.fns))  # your reward functions import
+    if cfg.reward.scorer == "judge":  # reachable, serving the model, grading a probe
+        check_judge(judge_config(cfg.reward))
     model_dir = resolve_model_dir(cfg.model, cfg.seed)  # before the task: a Hub lookup takes < 1 s
+    limit = prompt_limit(cfg, load_model_config(model_dir))  # lengths that cannot fit: one line
     task = task_from_config(cfg)
-    next(task.train_stream(cfg.seed, set()))  # something to train on (every row held out: one line)
+    # something to train on: every row held out, or every prompt too long, is one line
+    prompts = PromptFilter(load_tokenizer(model_dir), limit, f"task {cfg.task}", warn=False)
+    next(prompts.apply(task.train_stream(cfg.seed, set())))
     return Checked(task, model_dir)

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from streamrl.data.prompt_limit import PromptFilter
 from streamrl.types import Group, Problem
 
 MAX_SKIPS = 10_000  # consecutive skips before a filter gives up and returns the next problem anyway
@@ -305,9 +306,16 @@ class CurriculumSampler(Sampler):
         super().load_state_dict(d)
 
 
-def make_sampler(cfg: Any, task: Any, seed: int, exclude: set[str]) -> Sampler:
-    """The sampler `rollout.sampler` names, over `task.train_stream(seed, exclude)`."""
+def make_sampler(
+    cfg: Any, task: Any, seed: int, exclude: set[str], prompts: PromptFilter | None = None
+) -> Sampler:
+    """The sampler `rollout.sampler` names, over `task.train_stream(seed, exclude)` (through `prompts`,
+    which skips prompts too long to train on, when given)."""
     r = cfg.rollout
+
+    def fitting(stream: Iterator[Problem]) -> Iterator[Problem]:
+        return prompts.apply(stream) if prompts is not None else stream
+
     if r.sampler == "curriculum":
         from streamrl.data.reasoning_gym import ReasoningGymTask
 
@@ -319,10 +327,10 @@ def make_sampler(cfg: Any, task: Any, seed: int, exclude: set[str]) -> Sampler:
         def stream(args: dict[str, Any], raises: int) -> Iterator[Problem]:
             level_task = copy.copy(task)  # the held-out set keeps the task's own args
             level_task.args = args
-            return level_task.train_stream(seed + 7919 * raises, exclude)
+            return fitting(level_task.train_stream(seed + 7919 * raises, exclude))
 
         return CurriculumSampler(task.dataset, stream, r.curriculum_threshold, r.curriculum_window)
-    base = task.train_stream(seed, exclude)
+    base = fitting(task.train_stream(seed, exclude))
     if r.sampler == "mopps":
         return MoPPSSampler(base, r.sampler_pool, r.sampler_target, seed)
     if r.sampler == "online_filter":

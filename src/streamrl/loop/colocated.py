@@ -70,6 +70,7 @@ class ColocatedRunner:
         timing = {"generate_time": 0.0, "reward_time": 0.0}
         made = 0
         self.sampling.next_step()
+        self.scoring.begin_step()  # the step's rounds share one reward.step_budget_s
         for _ in range(1 + self.cfg.rollout.dynamic_sampling_rounds):
             problems = self._draw(self.B - len(kept))
             groups, t = rollout_groups(

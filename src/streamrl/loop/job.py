@@ -16,6 +16,7 @@ from rich.console import Console
 
 from streamrl.config import Config, dump_config
 from streamrl.config_validate import resolved_weight_sync
+from streamrl.data.prompt_limit import PromptFilter, prompt_limit
 from streamrl.data.replay import make_replay
 from streamrl.data.samplers import Sampler, make_sampler
 from streamrl.data.task import Task, default_task_args
@@ -59,6 +60,7 @@ class Components:
     engine: HFEngine
     trainer: Trainer
     resolve_seconds: float
+    prompts: PromptFilter  # under the stream: skips (and counts) prompts too long to train on
 
 
 def build_components(cfg: Config, task: Task | None = None) -> Components:
@@ -70,14 +72,22 @@ def build_components(cfg: Config, task: Task | None = None) -> Components:
     started = start_model(cfg.model, cfg.seed, cfg.device)  # fp32 master weights
     model, tokenizer = started.model, started.tokenizer
     heldout, exclude = prepare_split(task, cfg)
-    stream = make_sampler(cfg, task, cfg.seed, exclude)
+    prompts = PromptFilter(tokenizer, prompt_limit(cfg, model.config), f"task {cfg.task}")
+    stream = make_sampler(cfg, task, cfg.seed, exclude, prompts)
     # fsdp2 shards the trainer's model in place: the engine generates with its own full copy
     engine_model = copy.deepcopy(model) if cfg.train.strategy == "fsdp2" else model
     dtype = PRECISIONS[cfg.rollout.precision]
     engine = HFEngine(engine_model, tokenizer, cfg.rollout.max_batch, cfg.seed, cfg.device, dtype)
     # train.strategy=ddp|fsdp2: this process becomes rank 0 and starts the follower ranks (trainer.close)
     trainer = make_trainer(model, cfg, pad_id=int(tokenizer.pad_token_id))
-    return Components(model, tokenizer, task, heldout, stream, engine, trainer, started.resolve_seconds)
+    return Components(
+        model, tokenizer, task, heldout, stream, engine, trainer, started.resolve_seconds, prompts
+    )
+
+
+def _accounting(ledger: Ledger, prompts: PromptFilter) -> dict[str, Any]:
+    """accounting.json: the groups' ledger, and the problems skipped before admission (too long)."""
+    return {**ledger.counts(), "prompts_too_long": prompts.skipped}
 
 
 def _seed_everything(seed: int) -> None:
@@ -251,7 +261,8 @@ def _run_train(
         """weights, optimizer, position, carried groups, RNGs; accounting.json as of the same moment"""
         snapshot.replay = replay.state() if replay is not None else []
         save_state(run_dir, snapshot, trainer, tokenizer, engine.generator.get_state(), cfg.train.keep_states)
-        Ledger.from_state_dict(snapshot.ledger).write(run_dir / "accounting.json")
+        counts = _accounting(Ledger.from_state_dict(snapshot.ledger), parts.prompts)
+        (run_dir / "accounting.json").write_text(json.dumps(counts, indent=2))
         return snapshot
 
     saver = PeriodicSaver(cfg.train.save_every, cfg.train.save_every_s, lambda: save(runner.snapshot()))
@@ -267,7 +278,7 @@ def _run_train(
                     record.update(periodic_eval(engine, tokenizer, task, heldout, cfg))
                     acc, n = record["heldout_accuracy"], len(heldout)
                     after = Accuracy(acc, round(acc * n), n, f"periodic evaluation at step {rec.step}")
-                record.update(sampler.metrics())
+                record.update(sampler.metrics(), prompts_too_long=parts.prompts.skipped)
                 record["time"] = time.perf_counter() - t_start
                 groups_log.write(rec.groups, rec.step, rec.advantages)
                 observer.on_step(record)
@@ -317,7 +328,7 @@ def _run_train(
         before, after = Accuracy.from_summary(evals["base"]), Accuracy.from_summary(evals["final"])
         export_checkpoint(trainer, tokenizer, ckpt, cfg, state.step, before, after)
     timings["total"] = time.perf_counter() - t_start
-    counts = runner.ledger.counts()
+    counts = _accounting(runner.ledger, parts.prompts)
     summary = {
         "run_dir": str(run_dir),
         "steps": state.step,

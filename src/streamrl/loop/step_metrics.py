@@ -6,6 +6,7 @@ import statistics
 from collections import Counter
 from typing import Any
 
+from streamrl.rollout.score import BUDGET_REASON
 from streamrl.types import Group
 
 
@@ -59,14 +60,17 @@ def _per_function_means(trajs: list[Any]) -> dict[str, float]:
 
 
 def _scoring_stats(trajs: list[Any]) -> dict[str, Any]:
-    """How scoring went: failures by reason (reward 0 each), latency, cache hits."""
+    """How scoring went: failures by reason (reward 0 each), latency, cache hits. Timeouts are the
+    scores past reward.timeout_s ("timeout") and those still outstanding when the step's
+    reward.step_budget_s ran out ("step_budget", also counted apart)."""
     infos = [t.reward_info for t in trajs if "reward_latency_s" in t.reward_info]
     if not infos:
         return {}
     errors = Counter(i["reward_error"] for i in infos if i["reward_error"])
     return {
         "reward_errors": sum(errors.values()),
-        "reward_timeouts": errors.get("timeout", 0),
+        "reward_timeouts": errors.get("timeout", 0) + errors.get(BUDGET_REASON, 0),
+        "reward_step_budget_expired": errors.get(BUDGET_REASON, 0),
         "reward_error_reasons": dict(errors),
         "reward_latency_mean_s": statistics.fmean(i["reward_latency_s"] for i in infos),
         "reward_cache_hit_rate": statistics.fmean(float(i["reward_cached"]) for i in infos),

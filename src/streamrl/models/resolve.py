@@ -43,6 +43,13 @@ def load_tokenizer(model_dir: Path) -> Any:
     return tok
 
 
+def load_model_config(model_dir: Path) -> Any:
+    """The model's transformers config alone (its context length, ...): no weights are read."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_dir)
+
+
 def load_model(model_dir: Path, device: str = "cpu") -> Any:
     """Load fp32 weights (mixed precision is the trainer's autocast choice, not the storage dtype)."""
     import torch

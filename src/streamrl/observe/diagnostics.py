@@ -138,6 +138,16 @@ def _episode_errors(history: Sequence[Record], limit: float) -> str | None:
     )
 
 
+def _scoring_budget(history: Sequence[Record], limit: float) -> str | None:
+    n = _num(history[-1], "reward_step_budget_expired")
+    if n is not None and n > limit:
+        return (
+            f"{n:.0f} score(s) were still outstanding when reward.step_budget_s ran out and count as "
+            "reward 0: the scorer (an LLM judge, the sandbox, your reward functions) is slow or hanging"
+        )
+    return None
+
+
 RULES: tuple[Rule, ...] = (
     Rule("entropy_collapse", "entropy below threshold x its first value", 0.1, _entropy_collapse),
     Rule("entropy_explosion", "entropy above threshold x its first value", 2.0, _entropy_explosion),
@@ -157,6 +167,12 @@ RULES: tuple[Rule, ...] = (
         "share of the step's agent episodes that ended in an error above threshold",
         0.01,
         _episode_errors,
+    ),
+    Rule(
+        "scoring_budget",
+        "scores cut off by reward.step_budget_s in a step above threshold",
+        0,
+        _scoring_budget,
     ),
 )
 

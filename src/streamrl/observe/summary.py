@@ -37,7 +37,8 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
         table.add_row(
             "groups",
             f"generated {acc['generated']}, trained {acc['trained']}, carried over {acc['carried_over']}, "
-            f"filtered {acc['filtered']}, lost {acc['lost']}",
+            f"filtered {acc['filtered']}, lost {acc['lost']}"
+            + (f"; {n} prompt(s) too long skipped" if (n := acc.get("prompts_too_long")) else ""),
         )
     table.add_row(
         "run dir", summary["run_dir"] + "  (metrics.jsonl, eval.json, accounting.json, tensorboard/)"

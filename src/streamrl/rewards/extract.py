@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import re
 
+from streamrl.rewards.numerals import VULGAR_CLASS, ascii_digits, ascii_numerals, vulgar_to_ascii
+
 EXTRACTORS = ("answer_is", "boxed", "last_number", "gsm8k")
-# a signed decimal: 1,234 | 12.5 | .5 | 1e3 | 2.5E-4 (the sign may be U+2212, the typographic minus)
-_NUM = r"[-\u2212]?(?:\d[\d,]*(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?"
+# a signed decimal: 1,234 | 12.5 | .5 | 1e3 | 2.5E-4 | ½ | 1½ | 2 ¾ (read after ascii_digits, so digits
+# of any script and the typographic minus are ASCII by then)
+_NUM = (
+    rf"-?(?:\d[\d,]*(?:\.\d+)?(?:[ \u00a0\u2009\u202f]?{VULGAR_CLASS})?|{VULGAR_CLASS}|\.\d+)"
+    r"(?:[eE][-+]?\d+)?"
+)
 _ANSWER_IS = re.compile(rf"answer is:?\s*\$?\s*({_NUM})", re.IGNORECASE)
 _NUMBER = re.compile(_NUM)
 _GSM8K = re.compile(rf"####\s*\$?\s*({_NUM})")  # GSM8K's reference solutions end with "#### 72"
 
 
 def _clean(number: str) -> str:
-    """Thousands separators dropped, the typographic minus made ASCII."""
-    return number.replace(",", "").replace("\u2212", "-")
+    """Thousands separators dropped; a vulgar fraction written n/d ('1½' -> '3/2')."""
+    return vulgar_to_ascii(number.replace(",", ""))
 
 
 def _last_boxed(text: str) -> str | None:
@@ -25,7 +31,7 @@ def _last_boxed(text: str) -> str | None:
     for j in range(i, len(text)):
         depth += {"{": 1, "}": -1}.get(text[j], 0)
         if depth == 0:
-            return text[i:j].strip() or None  # an empty box is no answer
+            return ascii_numerals(text[i:j].strip()) or None  # an empty box is no answer
     return None
 
 
@@ -34,8 +40,10 @@ def extract_answer(text: str, style: str) -> str | None:
     '... #### 1,234' -> '1234' (gsm8k: the number after '####').
 
     Returns None when the format is not followed (an empty box included). The last occurrence wins;
-    commas inside numbers are dropped and the typographic minus becomes '-'.
+    commas inside numbers are dropped. Numbers may be written in any script's digits, full-width or with
+    vulgar fractions (rewards/numerals.py): the answer comes back in ASCII ('٣' -> '3', '１½' -> '3/2').
     """
+    text = ascii_digits(text)
     if style == "answer_is":
         found = _ANSWER_IS.findall(text)
         return _clean(found[-1]) if found else None

@@ -224,6 +224,12 @@ def resolve_judge_config(
     return JudgeConfig(base_url=base_url, model=model, api_key=api_key or None, **kw)
 
 
+def judge_config(rc: Any) -> JudgeConfig:
+    """The judge a RewardConfig describes: reward.judge_url / judge_model (else the environment, as in
+    resolve_judge_config) with reward.judge_timeout_s per attempt."""
+    return resolve_judge_config(rc.judge_url or None, rc.judge_model or None, timeout_s=rc.judge_timeout_s)
+
+
 @dataclass
 class JudgeResult:
     score: float

@@ -6,12 +6,14 @@ import math
 import re
 import threading
 
+from streamrl.rewards.numerals import ascii_numerals
+
 _PLAIN_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
 
 
 def _plain_number(s: str) -> float | None:
-    """'1,000' / '1e3' / '.5' / '\u22122' -> a float; anything else (LaTeX, fractions, sets) -> None."""
-    t = s.strip().strip("$").strip().replace(",", "").replace("\u2212", "-")
+    """'1,000' / '1e3' / '.5' -> a float; anything else (LaTeX, fractions, sets) -> None."""
+    t = s.strip().strip("$").strip().replace(",", "")
     return float(t) if _PLAIN_NUMBER.fullmatch(t) else None
 
 
@@ -21,7 +23,11 @@ def math_equal(predicted: str, reference: str) -> bool:
     math-verify bounds parsing and comparison with SIGALRM, which only works in the main thread; in a
     scoring thread (the RewardService's thread pool) it would fail every comparison, so there the
     timeouts are off and the service's own per-call timeout is the bound.
+
+    Both answers are made ASCII first (rewards/numerals.py): digits of any script ('٣', full-width
+    '３'), vulgar fractions ('½' = 0.5, '1½' = 1.5) and full-width punctuation compare as their values.
     """
+    predicted, reference = ascii_numerals(predicted), ascii_numerals(reference)
     a, b = _plain_number(predicted), _plain_number(reference)
     if a is not None and b is not None:  # plain decimals; math-verify reads '1e3' as e * 3
         if math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0):

@@ -313,7 +313,13 @@ class RewardService:
         """Send one task to an idle worker and start its deadline."""
         if not task.future.set_running_or_notify_cancel():  # cancelled while queued
             with self._lock:
-                self._inflight.pop(task.key, None)
+                followers = self._inflight.get(task.key) if task.key is not None else None
+                if followers:  # others wait for the same score: the first of them takes the call over
+                    fut, t0 = followers.pop(0)
+                    self._pending.appendleft(Task(task.tid, task.args, task.key, fut, t0))
+                else:
+                    self._inflight.pop(task.key, None)
+                self._wake()  # the worker is still idle: hand it the next task now, not after a wait
             return
         w.task, w.deadline = task, time.monotonic() + self.timeout_s
         try:

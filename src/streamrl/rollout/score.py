@@ -6,11 +6,20 @@ the code sandbox) or an LLM judge, plus the format bonus. `Scoring` owns the ser
 generated, `apply` writes the outcome into it (reward + overlong shaping, correctness, and the scoring
 facts the step metrics count: error reason, latency, cache hit). A scorer that fails, hangs or crashes
 costs that one reward (0.0 plus a counted reason), never the run.
+
+`reward.step_budget_s` bounds how long a step waits for its scores once its responses are generated:
+the colocated loop's scoring rounds of one step share it (`begin_step`, `score`); a rollout worker gives
+each group that long after its last response (`deadline`, `outcome`). Scores still outstanding then
+cost their reward (0.0, reason "step_budget"); requests still queued in the service are cancelled.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import logging
+import math
 import threading
+import time
 from concurrent.futures import Future
 from typing import Any
 
@@ -19,6 +28,9 @@ from streamrl.rewards.service import RewardOutcome, RewardService
 from streamrl.rewards.shaping import overlong_penalty
 from streamrl.rewards.user_fns import TASK, RewardFn, call_fn, configured_fns, load_fns
 from streamrl.types import Problem, Trajectory
+
+log = logging.getLogger(__name__)
+BUDGET_REASON = "step_budget"  # the reward_error of a score still outstanding when the budget ran out
 
 
 def outcome_reward(
@@ -64,14 +76,9 @@ class TaskScorer:
                 if self._task is None:
                     self._task = task_from_config(cfg)
                 if cfg.reward.scorer == "judge":
-                    from streamrl.rewards.judge import make_judge_scorer
+                    from streamrl.rewards.judge import JudgeScorer, judge_config
 
-                    rc = cfg.reward
-                    self._judge = make_judge_scorer(
-                        base_url=rc.judge_url or None,
-                        model=rc.judge_model or None,
-                        timeout_s=rc.judge_timeout_s,
-                    )
+                    self._judge = JudgeScorer(judge_config(cfg.reward))
                 self._fns = configured_fns(cfg.reward.fn, cfg.reward.fns)
                 self._loaded = load_fns(self._fns)
                 self._cfg = cfg
@@ -115,6 +122,27 @@ class Scoring:
         self.service = RewardService(
             scorer, workers=rc.workers, timeout_s=rc.timeout_s, cache_size=rc.cache_size, mode=rc.service
         )
+        self.budget_s = rc.step_budget_s  # 0: no limit
+        self.budget_left = self.budget_s  # what the current step has not used yet (score)
+        self.expired = 0  # scores this process gave up on at the budget, in all
+
+    def begin_step(self) -> None:
+        """A new step: its scoring rounds (score calls) share a fresh reward.step_budget_s."""
+        self.budget_left = self.budget_s
+
+    def deadline(self) -> float:
+        """When scores whose responses are all generated now run out of budget (inf: no budget)."""
+        return time.monotonic() + self.budget_s if self.budget_s > 0 else math.inf
+
+    def outcome(self, fut: Future[RewardOutcome]) -> RewardOutcome:
+        """fut's outcome when it is done; else the budget's: reward 0, reason "step_budget" (a request
+        still queued is cancelled, so the service does not score it for nobody)."""
+        if fut.done() and not fut.cancelled():
+            return fut.result()
+        fut.cancel()
+        self.expired += 1
+        detail = f"no score within reward.step_budget_s={self.budget_s:g}"
+        return RewardOutcome(0.0, {"error_detail": detail}, BUDGET_REASON, self.budget_s)
 
     def submit(self, problem: Problem, traj: Trajectory) -> Future[RewardOutcome]:
         # identical (problem, response) pairs are scored once; the problem id pins the reference
@@ -141,10 +169,33 @@ class Scoring:
         }
 
     def score(self, pairs: list[tuple[Problem, Trajectory]]) -> None:
-        """Score many trajectories concurrently (all submitted before any is awaited)."""
+        """Score many trajectories concurrently (all submitted before any is awaited), waiting at most
+        what is left of the step's budget."""
         futures = [self.submit(p, t) for p, t in pairs]
-        for (_, traj), fut in zip(pairs, futures):
-            self.apply(traj, fut.result())
+        t0 = time.monotonic()
+        wait = self.budget_left if self.budget_s > 0 else None
+        _, pending = concurrent.futures.wait(futures, timeout=wait)
+        if self.budget_s > 0:  # scores still outstanding: the whole budget is spent
+            self.budget_left = 0.0 if pending else max(0.0, self.budget_left - (time.monotonic() - t0))
+        self.settle([(traj, fut) for (_, traj), fut in zip(pairs, futures)])
+
+    def settle(self, scored: list[tuple[Trajectory, Future[RewardOutcome]]]) -> None:
+        """Write each future's outcome into its trajectory (the budget's for those not done: `outcome`);
+        one warning line the first time some ran out of budget in this process (later ones at DEBUG)."""
+        outcomes = [self.outcome(fut) for _, fut in scored]
+        for (traj, _), o in zip(scored, outcomes):
+            self.apply(traj, o)
+        n = sum(o.error == BUDGET_REASON for o in outcomes)
+        if n:
+            log.log(
+                logging.WARNING if self.expired == n else logging.DEBUG,
+                "reward.step_budget_s=%g: %d of %d score(s) still outstanding count as reward 0 "
+                "(reason %s); the scorer is slow or hanging",
+                self.budget_s,
+                n,
+                len(outcomes),
+                BUDGET_REASON,
+            )
 
     def close(self) -> None:
         self.service.close(wait=False)

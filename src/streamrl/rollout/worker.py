@@ -178,9 +178,12 @@ def _loop(
 
     scoring = Scoring(cfg, task)
 
+    deadlines: dict[str, float] = {}  # group -> when its outstanding scores run out of budget
+
     def emit_scored() -> None:
         """Send every group whose samples are all generated and scored (scoring runs in the reward
-        service's threads/processes while this loop keeps decoding)."""
+        service's threads/processes while this loop keeps decoding), or whose scores ran past
+        reward.step_budget_s after its last sample was generated (those score 0, "step_budget")."""
         nonlocal busy, idle
         for req, group in agents.finished() if agents is not None else []:
             results.put(GroupResult(req.group_id, group, worker_id, busy_s=busy, idle_s=idle))
@@ -189,12 +192,12 @@ def _loop(
             g for g, (req, done) in open_groups.items() if len(done) == req.samples + req.greedy_baseline
         ]:
             req, done = open_groups[gid]
-            if not all(fut is None or fut.done() for _, _, fut in done):
+            deadline = deadlines.setdefault(gid, scoring.deadline())
+            scored = all(fut is None or fut.done() for _, _, fut in done)
+            if not scored and time.monotonic() < deadline:
                 continue
-            del open_groups[gid]
-            for _, traj, fut in done:
-                if fut is not None:  # None: an episode the env has scored already
-                    scoring.apply(traj, fut.result())
+            del open_groups[gid], deadlines[gid]
+            scoring.settle([(traj, fut) for _, traj, fut in done if fut is not None])  # None: env-scored
             trajs = [t for _, t, _ in sorted(done, key=lambda d: d[0])]
             baseline = trajs.pop(0) if req.greedy_baseline else None  # GREEDY = -1 sorts first
             group = Group(req.problem, trajs, baseline)

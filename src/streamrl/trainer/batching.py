@@ -79,18 +79,33 @@ def collate(trajs: list[Trajectory], advantages: list[float], pad_id: int) -> Mi
     return MicroBatch(input_ids=ids, attention_mask=attn, position_ids=pos, prompt_width=P, **tok)
 
 
+def check_fits(sizes: list[int], budget: int) -> None:
+    """Every micro-batch fits train.token_budget only if every sample (its prompt + completion tokens,
+    `sizes`) does on its own: ValueError naming the longest otherwise. Preflight keeps prompts short
+    enough (data/prompt_limit.py), so this guards an invariant rather than a path a run takes."""
+    longest = max(sizes, default=0)
+    if longest > budget:
+        raise ValueError(
+            f"a sample of {longest} tokens (prompt + completion) is longer than train.token_budget={budget}, "
+            "so no micro-batch can hold it: raise train.token_budget, or lower task_config.max_prompt_tokens "
+            "or rollout.max_new_tokens"
+        )
+
+
 def split_by_token_budget(lengths: list[tuple[int, int]], budget: int) -> list[list[int]]:
     """lengths: (prompt_len, completion_len) per sample -> index lists whose padded size fits `budget`.
 
     Samples are sorted by total length so neighbours pad little; a micro-batch's padded size is
-    rows * (max prompt + max completion). A single sample longer than the budget gets its own batch.
+    rows * (max prompt + max completion), a completion at least 1 wide (collate). A sample longer than
+    the budget on its own raises ValueError (check_fits).
     """
+    check_fits([p + max(c, 1) for p, c in lengths], budget)
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i][0] + lengths[i][1], i))
     batches: list[list[int]] = []
     cur: list[int] = []
     max_p = max_c = 0
     for i in order:
-        p, c = lengths[i]
+        p, c = lengths[i][0], max(lengths[i][1], 1)
         np_, nc = max(max_p, p), max(max_c, c)
         if cur and (len(cur) + 1) * (np_ + nc) > budget:
             batches.append(cur)

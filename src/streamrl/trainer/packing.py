@@ -1,6 +1,6 @@
 """Sequence packing (train.packing): several trajectories in one row, no padding tokens.
 
-A packed micro-batch is one row [1, T] (T <= train.token_budget, or one longer trajectory alone):
+A packed micro-batch is one row [1, T] (T <= train.token_budget):
 prompt + completion of each trajectory back to back, position_ids restarting at 0 for each. With
 attention_mask=None, transformers (masking_utils.find_packed_sequence_indices) reads the restarts as
 sequence boundaries and builds a block-diagonal causal mask, so no token attends across trajectories
@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import torch
 
-from streamrl.trainer.batching import MicroBatch, per_token
+from streamrl.trainer.batching import MicroBatch, check_fits, per_token
 from streamrl.types import Trajectory
 
 
 def pack_by_token_budget(lengths: list[int], budget: int) -> list[list[int]]:
-    """lengths: tokens per sample -> index lists whose total fits `budget` (first-fit decreasing;
-    a sample longer than the budget gets a row of its own)."""
+    """lengths: tokens per sample -> index lists whose total fits `budget` (first-fit decreasing; a
+    sample longer than the budget on its own raises ValueError: batching.check_fits)."""
+    check_fits(lengths, budget)
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     bins: list[list[int]] = []
     room: list[int] = []

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from streamrl.trainer.batching import MicroBatch, per_token
+from streamrl.trainer.batching import MicroBatch, check_fits, per_token
 from streamrl.trainer.fused_logprobs import token_logprobs_entropy
 from streamrl.types import Trajectory
 
@@ -47,7 +47,8 @@ def split_shared(
     Samples are ordered by completion length (then prompt) and cut optimally by dynamic programming:
     one batch of ragged completions pads every row to the longest (a 48-token truncated sample among
     ~12-token answers makes 3/4 of [B, C] padding), while each extra micro-batch repeats its prefixes
-    and pays `overhead`. A sample over the budget gets a micro-batch of its own."""
+    and pays `overhead`. A sample longer than the budget on its own raises ValueError (check_fits)."""
+    check_fits([len(p) + max(c, 1) for p, c in zip(prompts, completions)], budget)
     n = len(prompts)
     order = sorted(range(n), key=lambda i: (max(completions[i], 1), len(prompts[i]), prompts[i], i))
     best = [0.0] + [float("inf")] * n  # best[j]: least cost of order[:j]

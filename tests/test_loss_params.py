@@ -16,6 +16,7 @@ from streamrl.algo.losses import decoupled_ppo, ppo_clip
 from streamrl.config import LossConfig, load_config
 from streamrl.config_parse import ConfigError
 from streamrl.config_validate import CORRECTION_KEYS, LOSS_KEYS
+from streamrl.presets import names
 from streamrl.trainer.objective import loss_params
 
 # Values of each LossParams field to combine (the first is the default). A field added to LossParams
@@ -189,16 +190,5 @@ def test_validation_accepts_keys_the_chosen_pieces_read():
     load_config(
         None, ["advantage.name=gae", "loss.kl_in=token_reward", "loss.kl_coef=0.1", "loss.name=ppo_clip"]
     )
-    for preset in (
-        "cispo",
-        "dapo",
-        "dr_grpo",
-        "grpo",
-        "gspo",
-        "m2po",
-        "ppo_gae",
-        "reinforce_pp",
-        "remax",
-        "rloo",
-    ):
+    for preset in names():  # every preset's own combination is accepted
         load_config(None, [f"algo={preset}"])

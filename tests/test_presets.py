@@ -83,7 +83,7 @@ def test_remax_colocated_decodes_one_greedy_baseline_per_group(tmp_path):
 def test_ppo_gae_with_bf16_and_ppo_mini_batches(tmp_path):
     run = tmp_path / "gae"
     args = ["train", "algo=ppo_gae", *TINY, "runtime.mode=colocated", "max_staleness=0", "max_steps=2"]
-    extra = ["train.precision=bf16", "train.mini_batches=2", "train.token_budget=64"]
+    extra = ["train.precision=bf16", "train.mini_batches=2", "train.token_budget=200"]
     assert main([*args, *extra, f"run_dir={run}"]) == 0
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["policy_version"] for r in rows] == [1, 2]  # two optimizer steps per batch, one version

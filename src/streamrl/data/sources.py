@@ -130,15 +130,30 @@ def task_from_rows(
     for what, value in (("rows", rows), ("eval_rows", eval_rows)):
         if value is not None and (isinstance(value, (str, bytes, dict)) or not isinstance(value, Iterable)):
             raise ValueError(f"{what} must be a list of dicts, a datasets.Dataset or IterableDataset")
-    eval_label = f"{name}[eval_rows]"
-    if _is_iterable_dataset(rows):
-        return StreamedDataTask(name, rows, cols, eval_rows, (name, eval_label), shuffle_buffer, **kw)
-    train, skipped = collect_rows(rows, cols, name)
-    held = None
-    if eval_rows is not None:
-        held, bad = collect_rows(eval_rows, cols, eval_label)
+    labels = (name, f"{name}[eval_rows]")
+    return _task(name, rows, eval_rows, labels, cols, _is_iterable_dataset(rows), shuffle_buffer, kw)
+
+
+def _task(
+    name: str,
+    train: Any,
+    held: Any,
+    labels: tuple[str, str],
+    cols: dict[str, str],
+    streaming: bool,
+    shuffle_buffer: int,
+    kw: dict[str, Any],
+) -> Task:
+    """A streamed task over the (train, held) sources, or a DataTask over their rows collected now;
+    `labels` name the two sources in warnings and errors."""
+    if streaming:
+        return StreamedDataTask(name, train, cols, held, labels, shuffle_buffer, **kw)
+    rows, skipped = collect_rows(train, cols, labels[0])
+    eval_rows = None
+    if held is not None:
+        eval_rows, bad = collect_rows(held, cols, labels[1])
         skipped += bad
-    return DataTask(name, train, held, skipped, eval_label, **kw)
+    return DataTask(name, rows, eval_rows, skipped, labels[1], **kw)
 
 
 def data_task(
@@ -171,11 +186,4 @@ def data_task(
         held = held_splits["test" if "test" in held_splits else next(iter(held_splits))]
     elif held_name := held_split_name(splits, split, eval_split):
         held, held_label = pick_split(name, splits, held_name, "eval_split"), f"{name}[{held_name}]"
-    if streaming:
-        return StreamedDataTask(name, train, cols, held, (train_label, held_label), shuffle_buffer, **kw)
-    rows, skipped = collect_rows(train, cols, train_label)
-    eval_rows = None
-    if held is not None:
-        eval_rows, bad = collect_rows(held, cols, held_label)
-        skipped += bad
-    return DataTask(name, rows, eval_rows, skipped, held_label, **kw)
+    return _task(name, train, held, (train_label, held_label), cols, streaming, shuffle_buffer, kw)

@@ -26,7 +26,7 @@ from streamrl.loop.run_dir import reconcile_logs
 from streamrl.loop.state import latest_state, state_dirs
 from streamrl.placement import leftovers
 
-STEPS = 16
+STEPS = 24  # room for seven kills, each after a new step, whatever the machine's speed
 ARGS = [*TINY, f"max_steps={STEPS}", "max_staleness=1", "train.save_every=1", "checkpoint.save=true"]
 
 

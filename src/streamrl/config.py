@@ -239,6 +239,9 @@ class RuntimeConfig:
     sync_timeout_s: float = 120.0  # a weight sync that takes longer fails with an error naming the mode
     max_restarts: int = 3  # local backend: rollout worker restarts in all (a dead or silent worker)
     worker_timeout_s: float = 300.0  # local backend: a worker silent this long is killed and restarted
+    # the trainer and the rollout workers lend their threads to each other while they wait (shared CPU
+    # cores, local backend, engine=hf; elsewhere each phase keeps its own device): placement/cores.py
+    elastic_cores: bool = True
 
 
 @dataclass

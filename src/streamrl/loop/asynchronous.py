@@ -87,6 +87,8 @@ class AsyncRunner:
             self.sh.buffer.append(res)
         self.readmit: deque[GroupRequest] = deque(state.unfinished)
         self._threads_stop = threading.Event()
+        # elastic cores: the trainer lends its threads while it waits for rollouts (placement/cores.py)
+        self.threads = self.backend.trainer_threads()
 
     # ---- admission thread -------------------------------------------------------------------
     def _next_request(self) -> GroupRequest:
@@ -166,6 +168,8 @@ class AsyncRunner:
                     failure = self.backend.failure()
                     if failure:
                         raise RolloutFailure(failure)
+                    if self.threads is not None:
+                        self.threads.wait()
                     self.sh.cond.wait(timeout=0.5)
                     continue
                 res = self.sh.buffer.popleft()
@@ -193,6 +197,8 @@ class AsyncRunner:
             raise
         admitter = threading.Thread(target=self._admission_loop, daemon=True)
         admitter.start()
+        if self.threads is not None:
+            self.trainer.boundary = self.threads.work
         budget = RunBudget(cfg.max_steps, cfg.max_time, self.stop)
         waited = 0.0
         try:
@@ -201,6 +207,8 @@ class AsyncRunner:
                 taken = self._take_batch()
                 if taken is None:
                     break
+                if self.threads is not None:  # back from lending: take our threads (and any lent to us)
+                    self.threads.work()
                 wait = time.perf_counter() - t0
                 waited += wait
                 with self.sh.cond:
@@ -209,6 +217,8 @@ class AsyncRunner:
                 groups = [r.group for r in taken if r.group is not None]
                 publish = functools.partial(self._publish, step)
                 rec = train_on(step, groups, self.trainer, cfg, publish, self.replay)
+                if self.threads is not None:  # give back borrowed threads a worker now wants
+                    self.threads.work()
                 with self.sh.cond:
                     self.sampling.next_step()
                     for r in taken:
@@ -225,6 +235,7 @@ class AsyncRunner:
                     trainer_wait_time=wait,
                     trainer_wait_share=waited / budget.elapsed,
                     engine_idle_share=idle / max(busy + idle, 1e-9),
+                    engine_busy_time=busy,  # cumulative seconds the rollout workers spent generating
                     groups_carried_over=in_flight,
                     samples_per_s=step * self.B * cfg.rollout.samples_per_prompt / budget.elapsed,
                     filtered_stale=self.ledger.filter_reasons.get("stale", 0),
@@ -235,6 +246,7 @@ class AsyncRunner:
                 )
                 on_step(rec)
         finally:
+            self.trainer.boundary = None
             self._threads_stop.set()
             admitter.join(timeout=10)
             self._carry_over(backend.stop())

@@ -42,6 +42,7 @@ from streamrl.observe.model_card import Accuracy
 from streamrl.observe.progress import StepProgress
 from streamrl.observe.summary import print_summary
 from streamrl.placement.colocated import push_policy
+from streamrl.placement.cores import elastic_enabled, thread_split
 from streamrl.placement.leftovers import name_semaphores_after_this_process, remove_leftovers
 from streamrl.placement.trainer_ranks import make_trainer
 from streamrl.preflight import Checked, preflight
@@ -110,15 +111,6 @@ def _eval_record(base: EvalResult | None, final: EvalResult | None) -> dict[str,
     return out
 
 
-def _thread_split(cfg: Config) -> tuple[int, int]:
-    """(trainer threads, rollout threads per worker): async splits the cores, colocated takes all."""
-    cores = os.cpu_count() or 1
-    if cfg.runtime.mode == "colocated":
-        return cfg.train.threads or cores, 0
-    rollout = cfg.runtime.rollout_workers * cfg.runtime.rollout_threads
-    return cfg.train.threads or max(1, cores - rollout), cfg.runtime.rollout_threads
-
-
 def _restore(cfg: Config, parts: Components, run_dir: Path) -> RunState:
     """Load weights, optimizer and position of a stopped run into fresh components."""
     state, model_dir, tensors = load_state(run_dir)
@@ -180,7 +172,7 @@ def _run_train(
 ) -> dict[str, Any]:
     console = console or Console(stderr=True)
     t_start = time.perf_counter()
-    train_threads, rollout_threads = _thread_split(cfg)
+    train_threads, rollout_threads = thread_split(cfg)
     torch.set_num_threads(train_threads)
     _seed_everything(cfg.seed)
     stop = StopFlag()
@@ -201,7 +193,8 @@ def _run_train(
         f"{train_threads} threads (colocated: generate and train in turn)"
         if cfg.runtime.mode == "colocated"
         else f"trainer {train_threads} thread(s) + {cfg.runtime.rollout_workers} rollout worker(s) x "
-        f"{rollout_threads} thread(s), eta={cfg.max_staleness}, weights {cfg.runtime.weight_update}, "
+        f"{rollout_threads} thread(s){', lent while waiting' if elastic_enabled(cfg) else ''}, "
+        f"eta={cfg.max_staleness}, weights {cfg.runtime.weight_update}, "
         f"backend {cfg.runtime.backend} (weight sync {resolved_weight_sync(cfg)})"
     )
     console.print(f"[bold]streamrl[/] run dir {run_dir} | model {cfg.model} | task {cfg.task}")

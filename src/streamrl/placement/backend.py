@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from streamrl.config import Config, to_dict
+from streamrl.placement.cores import ElasticCores, ThreadSetter, elastic_enabled, thread_split
 from streamrl.placement.shared_weights import SharedWeights
 from streamrl.rollout.worker import STOP, GroupRequest, GroupResult
 
@@ -47,6 +48,9 @@ class RolloutBackend(Protocol):
 
     def stop(self) -> list[GroupResult]:
         """Stop the workers; returns results that finished meanwhile (kept, not lost)."""
+
+    def trainer_threads(self) -> ThreadSetter | None:
+        """The trainer's side of elastic cores (placement/cores.py), or None when nothing is lent."""
 
 
 STARTUP_S = 600.0  # a worker that has not started (imports, model load) within this long is silent
@@ -91,14 +95,26 @@ class LocalRollouts:
         self.restarts = 0
         self.events: list[str] = []
         self._failure: str | None = None
+        self.cores: ElasticCores | None = None
+        if elastic_enabled(cfg):  # slot 0: the trainer (this process), slot 1 + i: worker i
+            trainer, rollout = thread_split(cfg)
+            self.cores = ElasticCores([trainer] + [rollout] * cfg.runtime.rollout_workers, self.ctx)
+        self._trainer_threads = ThreadSetter(self.cores, 0) if self.cores is not None else None
+
+    def trainer_threads(self) -> ThreadSetter | None:
+        return self._trainer_threads
 
     def _spawn(self, w: _Worker) -> None:
         cfg = self.cfg
         args = (w.index, to_dict(cfg), w.requests, w.results, self.weights, cfg.runtime.rollout_threads)
         w.heartbeat.value = 0.0
         w.spawned = time.monotonic()
+        if self.cores is not None:  # a restarted worker's dead predecessor holds nothing
+            self.cores.reset(1 + w.index)
         w.proc = self.ctx.Process(
-            target=_worker_main, args=(self.worker_target, str(w.log), w.heartbeat, *args), daemon=True
+            target=_worker_main,
+            args=(self.worker_target, str(w.log), w.heartbeat, self.cores, *args),
+            daemon=True,
         )
         w.proc.start()
 
@@ -191,7 +207,7 @@ class LocalRollouts:
         return self._failure
 
     def stats(self) -> dict[str, int]:
-        return {"worker_restarts": self.restarts}
+        return {"worker_restarts": self.restarts, **(self.cores.stats() if self.cores is not None else {})}
 
     def stop(self) -> list[GroupResult]:
         for w in self.workers:
@@ -221,31 +237,54 @@ def _tail(log: Path, n: int = 400) -> str:
     return repr(text[-n:]) if text else "(nothing)"
 
 
+LEND_AFTER_S = 0.1  # a worker idle this long lends its threads (shorter gaps are admission latency)
+
+
 class _BeatingRequests:
     """The worker's request queue, beating the heartbeat on every poll. Every worker loop polls its
     requests once per iteration (between decode steps), so the beat stops whenever the loop does: a
-    stopped process, a deadlock, or a single step stuck past runtime.worker_timeout_s."""
+    stopped process, a deadlock, or a single step stuck past runtime.worker_timeout_s.
 
-    def __init__(self, requests: Any, heartbeat: Any) -> None:
-        self.requests, self.heartbeat = requests, heartbeat
+    The polls are also the worker's elastic-cores boundaries: a blocking `get` means it has nothing to
+    decode (after LEND_AFTER_S of that it lends its threads), `get_nowait` that a decode step follows
+    (it takes its threads, borrowing the trainer's while the trainer waits)."""
+
+    def __init__(self, requests: Any, heartbeat: Any, threads: ThreadSetter | None = None) -> None:
+        self.requests, self.heartbeat, self.threads = requests, heartbeat, threads
+        self._idle_since: float | None = None
+
+    def _beat(self) -> None:
+        self.heartbeat.value = time.monotonic()
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
-        self.heartbeat.value = time.monotonic()
+        self._beat()
+        if self.threads is not None and block:
+            now = time.monotonic()
+            if self._idle_since is None:
+                self._idle_since = now
+            elif now - self._idle_since >= LEND_AFTER_S:
+                self.threads.wait()
         return self.requests.get(block, timeout)
 
     def get_nowait(self) -> Any:
-        self.heartbeat.value = time.monotonic()
+        self._beat()
+        if self.threads is not None:
+            self._idle_since = None
+            self.threads.work(self._beat)
         return self.requests.get_nowait()
 
 
-def _worker_main(target: Callable[..., None], log: str, heartbeat: Any, *args: Any) -> None:
+def _worker_main(
+    target: Callable[..., None], log: str, heartbeat: Any, cores: ElasticCores | None, *args: Any
+) -> None:
     """A spawned worker: stderr to its log file (its tail is reported if it dies), then the worker
     itself, whose polls of its request queue are the heartbeat the supervisor watches."""
     fd = os.open(log, os.O_WRONLY | os.O_APPEND)
     os.dup2(fd, 2)
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
     index, cfg, requests, *rest = args
-    target(index, cfg, _BeatingRequests(requests, heartbeat), *rest)
+    threads = ThreadSetter(cores, 1 + index) if cores is not None else None
+    target(index, cfg, _BeatingRequests(requests, heartbeat, threads), *rest)
 
 
 def make_backend(cfg: Config, worker_target: Callable[..., None]) -> RolloutBackend:

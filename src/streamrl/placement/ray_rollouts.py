@@ -126,6 +126,10 @@ class RayRollouts:
         for slot in range(self.n):
             self._exchange(slot)
 
+    def trainer_threads(self) -> None:
+        """Actors reserve their own CPUs (ray.rollout_cpus): nothing is lent."""
+        return None
+
     def stop(self) -> list[GroupResult]:
         """Collect what the actors finished, stop them, and end Ray if this run started it."""
         import ray

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,8 @@ class Trainer:
         self.loss_params, self.correction_params = loss_params(loss), correction_params(loss)
         self.aggregate = aggregation_fn(loss.aggregation)
         self.kl = kl_fn(loss.kl_estimator)
+        # called before each micro-batch (the async loop's elastic cores re-size the threads there)
+        self.boundary: Callable[[], object] | None = None
 
     @classmethod
     def from_config(cls, model: Any, cfg: Config, pad_id: int, **kw: Any) -> Trainer:
@@ -333,6 +336,8 @@ class Trainer:
             norm = batch_normalizer(self.loss.aggregation, masks, self.max_new_tokens)
             mine = self._my_share(idx)
             for n, (i, w) in enumerate(mine):
+                if self.boundary is not None:
+                    self.boundary()
                 with self._grad_sync(last=n == len(mine) - 1):
                     loss_sum += self._micro_step(mbs[i], norm, prox[i], totals, critic[i], w)
             grad_norms.append(self._clip_grads())

@@ -1,0 +1,173 @@
+"""Elastic cores: the trainer and the rollout workers lend their threads to each other while they wait.
+
+On shared cores a fixed split idles a core whenever its phase waits: the trainer for rollouts, or a
+rollout worker for admissions when generation is ahead. Here every process p owns `base[p]` threads
+(the fixed split: slot 0 the trainer, slot 1 + i rollout worker i) and, at its boundaries (the trainer
+before each micro-batch, a worker before each decode step), asks for threads:
+
+    threads(p) = min(total, base[p] + sum(base[q] for every q that waits))
+
+A process about to wait calls `wait(p)`: it lends its base and holds 0 threads. A process about to
+compute calls `work(p)`: it takes what it is owed, and when a borrower still holds its base it waits
+until the borrower gives it back at its own next boundary (a worker's decode step, a trainer
+micro-batch). One invariant, kept under one lock: the threads held at once never exceed the total,
+so no core is ever oversubscribed; `peak` records the largest total ever held, and the run's metrics
+report it. The state is a few shared integers (multiprocessing shared memory), so spawned workers and
+the trainer coordinate without messages. Where the phases have their own devices (a GPU, Ray actors,
+vLLM's pinned threads, several trainer ranks) nothing is lent: see `elastic_enabled`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+_HELD, _LENDING, _MAX = 0, 1, 2  # per-slot fields
+_PEAK, _BORROWS, _RECLAIMS, _TIMEOUTS = 0, 1, 2, 3  # global counters
+
+
+class ElasticCores:
+    """Thread counts for `len(base)` processes sharing `sum(base)` cores; picklable to spawned workers.
+
+    base: threads each slot owns (slot 0: the trainer, slot 1 + i: rollout worker i).
+    ctx: a multiprocessing context (its Array and Lock back the shared state).
+    reclaim_timeout_s: how long `work` waits for a borrower to give threads back before it goes on with
+    its base anyway (counted as `timeouts`; a borrower's boundary is normally well under a second)."""
+
+    def __init__(self, base: list[int], ctx: Any, reclaim_timeout_s: float = 60.0) -> None:
+        if not base or min(base) < 1:
+            raise ValueError(f"every process needs at least one thread of its own, got {base}")
+        self.base = list(base)
+        self.total = sum(base)
+        self.reclaim_timeout_s = reclaim_timeout_s
+        self._lock = ctx.Lock()
+        self._slots = ctx.Array("i", 3 * len(base), lock=False)  # held, lending, max held per slot
+        self._counts = ctx.Array("l", 4, lock=False)  # peak, borrows, reclaims waited, timeouts
+        for p, b in enumerate(base):  # everyone starts on its own share
+            self._slots[3 * p + _HELD] = b
+            self._slots[3 * p + _MAX] = b
+        self._counts[_PEAK] = self.total
+
+    # ---- the two calls a process makes at its boundaries -----------------------------------------
+    def wait(self, p: int) -> None:
+        """Slot p is about to wait (no compute until its next `work`): it lends its threads."""
+        with self._lock:
+            self._slots[3 * p + _HELD] = 0
+            self._slots[3 * p + _LENDING] = 1
+
+    def work(self, p: int, beat: Callable[[], None] | None = None) -> int:
+        """Slot p is about to compute: the threads it may use until its next boundary (>= 1).
+
+        Waits (polling every 2 ms, calling `beat` so a supervisor sees the process alive) while a
+        borrower still holds p's own threads."""
+        deadline = time.monotonic() + self.reclaim_timeout_s
+        waited = False
+        while True:
+            with self._lock:
+                got = self._take(p)
+                if got:
+                    if waited:
+                        self._counts[_RECLAIMS] += 1
+                    return got
+                if time.monotonic() > deadline:  # a borrower stuck mid-boundary: go on with our own
+                    self._counts[_TIMEOUTS] += 1
+                    return self._hold(p, self.base[p])
+            waited = True
+            if beat is not None:
+                beat()
+            time.sleep(0.002)
+
+    def reset(self, p: int) -> None:
+        """Slot p's process died: it holds nothing (its replacement starts from `work`)."""
+        self.wait(p)
+
+    # ---- under the lock ------------------------------------------------------------------------
+    def _take(self, p: int) -> int:
+        """Threads for slot p now, or 0 when p must wait for a borrower to give back its own."""
+        s = self._slots
+        n = len(self.base)
+        s[3 * p + _LENDING] = 0
+        s[3 * p + _HELD] = 0  # at a boundary p runs nothing: recount from zero
+        others_held = sum(s[3 * q + _HELD] for q in range(n) if q != p)
+        lent = sum(self.base[q] for q in range(n) if q != p and s[3 * q + _LENDING])
+        want = min(self.total, self.base[p] + lent)
+        take = min(want, self.total - others_held)
+        if take < min(want, self.base[p]):
+            return 0
+        return self._hold(p, take)
+
+    def _hold(self, p: int, k: int) -> int:
+        s = self._slots
+        s[3 * p + _HELD] = k
+        s[3 * p + _MAX] = max(s[3 * p + _MAX], k)
+        held = sum(s[3 * q + _HELD] for q in range(len(self.base)))
+        self._counts[_PEAK] = max(self._counts[_PEAK], held)
+        if k > self.base[p]:
+            self._counts[_BORROWS] += 1
+        return k
+
+    # ---- what the run reports --------------------------------------------------------------------
+    def held(self) -> list[int]:
+        with self._lock:
+            return [self._slots[3 * p + _HELD] for p in range(len(self.base))]
+
+    def stats(self) -> dict[str, int]:
+        """Cumulative: the most threads ever held at once (never above the cores), boundaries at which
+        a process ran on borrowed threads, reclaims that waited for a borrower, reclaim timeouts, and
+        the most threads the trainer and the workers each held."""
+        with self._lock:
+            maxes = [self._slots[3 * p + _MAX] for p in range(len(self.base))]
+            return {
+                "cores_total": self.total,
+                "cores_peak_held": int(self._counts[_PEAK]),
+                "cores_borrows": int(self._counts[_BORROWS]),
+                "cores_reclaims_waited": int(self._counts[_RECLAIMS]),
+                "cores_reclaim_timeouts": int(self._counts[_TIMEOUTS]),
+                "cores_trainer_max": maxes[0],
+                "cores_worker_max": max(maxes[1:], default=0),
+            }
+
+
+class ThreadSetter:
+    """One process's side: sets torch's intra-op threads to what `work` grants, only when it changes."""
+
+    def __init__(self, cores: ElasticCores, slot: int) -> None:
+        self.cores, self.slot = cores, slot
+        self.current = 0
+
+    def work(self, beat: Callable[[], None] | None = None) -> int:
+        import torch
+
+        k = self.cores.work(self.slot, beat)
+        if k != self.current:
+            torch.set_num_threads(k)
+            self.current = k
+        return k
+
+    def wait(self) -> None:
+        self.cores.wait(self.slot)
+
+
+def elastic_enabled(cfg: Any) -> bool:
+    """Lending needs processes that share this machine's cores: async on the local backend, the
+    default engine on the CPU, one trainer rank. Anywhere else each phase keeps its own device."""
+    return bool(
+        cfg.runtime.elastic_cores
+        and cfg.runtime.mode == "async"
+        and cfg.runtime.backend == "local"
+        and cfg.engine == "hf"
+        and str(cfg.device).startswith("cpu")
+        and cfg.train.world_size == 1
+    )
+
+
+def thread_split(cfg: Any) -> tuple[int, int]:
+    """(trainer threads, rollout threads per worker): async splits the cores, colocated takes all. These
+    are the base shares elastic cores lend and reclaim."""
+    cores = os.cpu_count() or 1
+    if cfg.runtime.mode == "colocated":
+        return cfg.train.threads or cores, 0
+    rollout = cfg.runtime.rollout_workers * cfg.runtime.rollout_threads
+    return cfg.train.threads or max(1, cores - rollout), cfg.runtime.rollout_threads

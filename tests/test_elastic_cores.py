@@ -1,0 +1,147 @@
+"""Elastic cores: threads lent while a process waits, never more threads held than cores."""
+
+import json
+import multiprocessing as mp
+import os
+import random
+import threading
+
+import pytest
+from tiny_args import TINY
+
+from streamrl.config import load_config
+from streamrl.placement.cores import ElasticCores, elastic_enabled
+
+CTX = mp.get_context("spawn")
+
+
+def _in_thread(fn, *args):
+    out = []
+    t = threading.Thread(target=lambda: out.append(fn(*args)), daemon=True)
+    t.start()
+    return t, out
+
+
+def test_a_waiting_trainer_lends_its_thread_and_takes_it_back_at_the_workers_next_boundary():
+    cores = ElasticCores([1, 1], CTX)  # slot 0: trainer, slot 1: a rollout worker
+    assert cores.held() == [1, 1]
+    cores.wait(0)  # the trainer waits for rollouts
+    assert cores.held() == [0, 1]
+    assert cores.work(1) == 2  # the worker's next decode step runs on both cores
+    t, got = _in_thread(cores.work, 0)  # the batch is ready: the trainer wants its core back ...
+    t.join(0.3)
+    assert t.is_alive() and got == []  # ... and waits while the worker still holds it
+    assert cores.held() == [0, 2]
+    assert cores.work(1) == 1  # the worker's next boundary gives it back
+    t.join(10)
+    assert got == [1] and cores.held() == [1, 1]
+    s = cores.stats()
+    assert (s["cores_peak_held"], s["cores_borrows"], s["cores_reclaims_waited"]) == (2, 1, 1)
+    assert (s["cores_trainer_max"], s["cores_worker_max"], s["cores_reclaim_timeouts"]) == (1, 2, 0)
+
+
+def test_an_idle_worker_lends_to_the_trainer():
+    cores = ElasticCores([1, 1], CTX)
+    cores.wait(1)
+    assert cores.work(0) == 2
+    assert cores.work(0) == 2  # still lent at the next micro-batch
+    t, got = _in_thread(cores.work, 1)
+    t.join(0.3)
+    assert got == []
+    assert cores.work(0) == 1
+    t.join(10)
+    assert got == [1] and cores.held() == [1, 1]
+
+
+def test_two_borrowers_share_what_one_lender_lends_without_exceeding_the_cores():
+    cores = ElasticCores([2, 1, 1], CTX)  # 4 cores: trainer 2, two workers 1 each
+    cores.wait(0)
+    assert cores.work(1) == 3  # base 1 + the trainer's 2
+    assert cores.work(2) == 1  # only its own: the lent threads are taken
+    assert sum(cores.held()) == 4
+    assert cores.work(1) == 3
+    assert cores.stats()["cores_peak_held"] == 4
+
+
+def test_a_dead_borrowers_threads_are_freed_by_reset():
+    cores = ElasticCores([1, 1], CTX)
+    cores.wait(0)
+    assert cores.work(1) == 2
+    cores.reset(1)  # the supervisor found worker 0 dead
+    assert cores.work(0) == 2  # nothing held elsewhere, and the dead slot lends
+    assert cores.stats()["cores_reclaims_waited"] == 0
+
+
+def test_a_borrower_that_never_returns_costs_a_counted_timeout():
+    cores = ElasticCores([1, 1], CTX, reclaim_timeout_s=0.05)
+    cores.wait(0)
+    assert cores.work(1) == 2
+    assert cores.work(0) == 1  # gave up waiting: goes on with its own thread ...
+    s = cores.stats()
+    assert s["cores_reclaim_timeouts"] == 1 and s["cores_peak_held"] == 3  # ... and the peak says so
+
+
+def test_every_process_needs_a_thread():
+    with pytest.raises(ValueError, match=r"at least one thread of its own, got \[1, 0\]"):
+        ElasticCores([1, 0], CTX)
+
+
+def _hammer(cores, slot, seed, rounds):
+    rng = random.Random(seed)
+    for _ in range(rounds):
+        if rng.random() < 0.3:
+            cores.wait(slot)
+        else:
+            k = cores.work(slot)
+            assert 1 <= k <= cores.total
+
+
+def test_processes_lending_at_random_never_hold_more_threads_than_cores():
+    cores = ElasticCores([1, 1, 2], CTX)
+    procs = [CTX.Process(target=_hammer, args=(cores, s, s, 400)) for s in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    s = cores.stats()
+    assert s["cores_peak_held"] <= 4 and s["cores_reclaim_timeouts"] == 0
+    assert s["cores_borrows"] > 0  # threads really moved between processes
+
+
+@pytest.mark.parametrize(
+    ("overrides", "on"),
+    [
+        ([], True),
+        (["runtime.elastic_cores=false"], False),
+        (["runtime.mode=colocated", "max_staleness=0"], False),
+        (["runtime.backend=ray"], False),
+        (["device=cuda"], False),
+        (["train.world_size=2", "train.strategy=ddp"], False),
+    ],
+)
+def test_lending_only_where_the_phases_share_cores(overrides, on):
+    assert elastic_enabled(load_config(None, overrides)) is on
+
+
+def test_a_run_lends_the_trainers_core_to_generation_and_loses_nothing(tmp_path):
+    """The trainer waits for its first batch, so the worker decodes on every core; the peak stays at
+    the cores, the staleness bound holds and every admitted group is accounted for."""
+    from streamrl.loop.job import run_train
+
+    run_dir = tmp_path / "run"
+    cfg = load_config(
+        None, [*TINY, "max_steps=4", "max_staleness=1", "train.token_budget=200", f"run_dir={run_dir}"]
+    )
+    run_train(cfg)
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    last = rows[-1]
+    cores = os.cpu_count() or 1
+    assert last["cores_total"] == cores and last["cores_peak_held"] <= cores
+    assert last["cores_worker_max"] == cores  # the trainer's share was lent to the worker
+    assert last["cores_reclaim_timeouts"] == 0
+    assert all(r["staleness_max"] <= 1 for r in rows)
+    acc = json.loads((run_dir / "accounting.json").read_text())
+    assert acc["lost"] == 0
+    assert acc["admitted"] == acc["trained"] + acc["filtered"] + acc["carried_over"]

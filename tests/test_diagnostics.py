@@ -38,8 +38,14 @@ def with_tail(key: str, values: list[float], n: int = 12) -> list[dict]:
     return rows
 
 
+def flat_reward(rows: list[dict]) -> list[dict]:
+    for r in rows:
+        r["reward_mean"] = 0.3
+    return rows
+
+
 TRIGGERS = {
-    "entropy_collapse": with_tail("entropy", [0.05]),
+    "entropy_collapse": flat_reward(with_tail("entropy", [0.05])),
     "entropy_explosion": with_tail("entropy", [4.0]),
     "reward_stuck": with_tail("zero_adv_group_frac", [1.0, 1.0, 1.0]),
     "ratio_explosion": with_tail("ratio_max", [25.0]),
@@ -123,3 +129,26 @@ def test_episode_errors_warn_above_one_percent_with_the_reasons():
     )
     rows[-1].update(episodes=0, episode_errors=0)  # a step without agent episodes says nothing
     assert diagnose(rows) == []
+
+
+def test_entropy_falling_while_the_reward_rises_is_convergence_not_collapse():
+    rising = with_tail("entropy", [0.05])  # reward 0.22 -> 0.44 over the run (healthy)
+    assert diagnose(rising) == []
+    barely = flat_reward(with_tail("entropy", [0.05]))
+    for r in barely[-3:]:
+        r["reward_mean"] = 0.349  # the last three 0.049 above the first three: not a rise
+    assert [f.rule for f in diagnose(barely)] == ["entropy_collapse"]
+    for r in barely[-3:]:
+        r["reward_mean"] = 0.351
+    assert diagnose(barely) == []
+
+
+def test_a_waiting_trainer_whose_cores_generate_is_not_starved():
+    rows = with_tail("trainer_wait_share", [0.9])
+    rows[-1]["cores_total"] = 2  # elastic cores: its cores decoded while it waited
+    assert diagnose(rows) == []
+    msg = diagnose(with_tail("trainer_wait_share", [0.9]))[0].last_message
+    assert msg == (
+        "the trainer waited for rollouts 90% of the time (> 50%) with its cores idle: turn on "
+        "runtime.elastic_cores, or add rollout capacity (runtime.rollout_workers, threads)"
+    )

@@ -40,12 +40,26 @@ class Rule:
         return self.check(history, self.threshold) if history else None
 
 
+def _reward_rose(history: Sequence[Record], k: int = 3) -> bool:
+    """The mean reward of the last k steps is above that of the first k (by 0.05, or 5% of its size)."""
+    rewards = _series(history, "reward_mean")
+    if len(rewards) < 2:
+        return False
+    first, last = statistics.fmean(rewards[:k]), statistics.fmean(rewards[-k:])
+    return last > first + 0.05 * max(1.0, abs(first))
+
+
 def _entropy_collapse(history: Sequence[Record], frac: float) -> str | None:
+    # A policy that learns a short answer becomes nearly deterministic: low entropy with a rising reward
+    # is convergence. Collapse is the entropy falling while the reward does not rise.
     ent = _series(history, "entropy")
     if len(ent) < 2 or _num(history[-1], "entropy") is None or ent[0] <= 0:
         return None
-    if ent[-1] < frac * ent[0]:
-        return f"entropy {ent[-1]:.3g} fell below {frac:g} x its first value {ent[0]:.3g}: policy collapsing"
+    if ent[-1] < frac * ent[0] and not _reward_rose(history):
+        return (
+            f"entropy {ent[-1]:.3g} fell below {frac:g} x its first value {ent[0]:.3g} while the reward did "
+            "not rise: policy collapsing (raise the temperature, lower the lr, or add loss.entropy_coef)"
+        )
     return None
 
 
@@ -107,10 +121,14 @@ MIN_STEPS_FOR_SHARES = 3  # the first batch always waits for rollouts: judge sha
 
 
 def _trainer_starved(history: Sequence[Record], limit: float) -> str | None:
+    # With elastic cores the waiting trainer's cores generate (cores_total is logged then): the wait
+    # costs no core, and on a machine whose cores are all in use there is no capacity to add.
     share = _num(history[-1], "trainer_wait_share")
-    if len(history) >= MIN_STEPS_FOR_SHARES and share is not None and share > limit:
+    lending = _num(history[-1], "cores_total") is not None
+    if len(history) >= MIN_STEPS_FOR_SHARES and share is not None and share > limit and not lending:
         return (
-            f"the trainer waited for rollouts {share:.0%} of the time (> {limit:.0%}): add rollout capacity"
+            f"the trainer waited for rollouts {share:.0%} of the time (> {limit:.0%}) with its cores idle: "
+            "turn on runtime.elastic_cores, or add rollout capacity (runtime.rollout_workers, threads)"
         )
     return None
 
@@ -149,7 +167,12 @@ def _scoring_budget(history: Sequence[Record], limit: float) -> str | None:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("entropy_collapse", "entropy below threshold x its first value", 0.1, _entropy_collapse),
+    Rule(
+        "entropy_collapse",
+        "entropy below threshold x its first value while the reward does not rise",
+        0.1,
+        _entropy_collapse,
+    ),
     Rule("entropy_explosion", "entropy above threshold x its first value", 2.0, _entropy_explosion),
     Rule("reward_stuck", "all groups zero-advantage for threshold steps in a row", 3, _reward_stuck),
     Rule(
@@ -160,7 +183,12 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule("kl_spike", "kl_ref or approx_kl above threshold x its running median", 5.0, _kl_spike),
     Rule("truncation_high", "truncation rate above threshold", 0.5, _truncation),
-    Rule("trainer_starved", "trainer_wait_share above threshold", 0.5, _trainer_starved),
+    Rule(
+        "trainer_starved",
+        "trainer_wait_share above threshold while its cores are not lent to generation",
+        0.5,
+        _trainer_starved,
+    ),
     Rule("engine_idle", "engine_idle_share above threshold", 0.5, _engine_idle),
     Rule(
         "episode_errors",

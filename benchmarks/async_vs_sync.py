@@ -1,14 +1,24 @@
 """Synchronous vs asynchronous RL on the same model, task, hyper-parameters and wall-clock budget.
 
-    python benchmarks/async_vs_sync.py [budget_s=240] [etas=0,1,2,4] [key=value ...]
+    python benchmarks/async_vs_sync.py [budget_s=240] [etas=0,1,2,4] [static=1] [key=value ...]
 
 Runs, one after another (never two at once on 2 cores):
   sync       colocated, eta = 0: generate then train, each with every core (the fastest synchronous setup)
-  async-0    rollout worker + trainer processes, eta = 0 (exactly synchronous, cores split 1 + 1)
-  async-N    the same with eta = N, for N in etas
+  async-N    rollout worker + trainer processes, eta = N for N in etas, elastic cores (the default: a
+             process that waits lends its threads, placement/cores.py)
+  static-N   the same with runtime.elastic_cores=false (the fixed split), for the smallest eta in etas;
+             static=0 leaves it out
 each trained for `budget_s` seconds of wall clock, then evaluated greedily on the same held-out set.
 Prints samples/s, trained tokens/s, the share of time the trainer waited for data and the rollout
 engine idled, and held-out accuracy; the speed-up is samples/s over `sync`.
+
+The bound: the samples/s that ideal core sharing reaches given each phase's speed at one and at two
+threads, measured in this invocation: per trained sample, t2 and g2 are the sync run's training and
+generation seconds (both cores each), t1 and g1 the static run's trainer seconds and rollout worker busy
+seconds (one core each; generation includes the groups dynamic sampling drops). Over time fractions x
+(one core each), y (both cores generate), z (both train) with x + y + z = 1, the bound maximises r with
+x/g1 + y/g2 >= r and x/t1 + z/t2 >= r; colocated is the point y/g2 = z/t2 = r, a fixed split x = 1.
+Each run's samples/s is printed as a share of it.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ def _one(name: str, overrides: list[str], root: Path) -> dict:
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     last = rows[-1] if rows else {}
     trained_tokens = sum(r["tokens_trained"] for r in rows)
+    samples = len(rows) * cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
     return {
         "name": name,
         "steps": len(rows),
@@ -40,37 +51,79 @@ def _one(name: str, overrides: list[str], root: Path) -> dict:
         "staleness_max": max((r["staleness_max"] for r in rows), default=0),
         "accuracy": (summary["eval"].get("final") or {}).get("accuracy", float("nan")),
         "n": (summary["eval"].get("final") or {}).get("n", 0),
+        # seconds per trained sample of each phase (for the bound)
+        "train_s": sum(r["train_time"] for r in rows) / max(samples, 1),
+        "gen_s": (
+            sum(r.get("generate_time", 0.0) for r in rows)
+            if "generate_time" in last
+            else last.get("engine_busy_time", 0.0)
+        )
+        / max(samples, 1),
+        "cores_peak_held": last.get("cores_peak_held"),
+        "cores_borrows": last.get("cores_borrows"),
     }
 
 
+def bound(g1: float, g2: float, t1: float, t2: float) -> float:
+    """Samples/s of ideal sharing of two cores (see the module docstring): the bottleneck phase gets
+    both cores for the share of time the other can spare."""
+    best = max(1 / (g2 + t2), min(1 / g1, 1 / t1))  # colocated; the fixed split
+    for slow, slow2, fast in ((g1, g2, t1), (t1, t2, g1)):  # double the slower phase part of the time
+        # x/fast = x/slow + (1 - x)/slow2  ->  x = (1/slow2) / (1/fast - 1/slow + 1/slow2)
+        x = min(1.0, (1 / slow2) / (1 / fast - 1 / slow + 1 / slow2))
+        best = max(best, min(x / fast, x / slow + (1 - x) / slow2))
+    return best
+
+
 def main(argv: list[str]) -> None:
-    budget, etas, rest = 240.0, [0, 1, 2, 4], []
+    budget, etas, static, rest = 240.0, [0, 1, 2, 4], True, []
     for a in argv:
         if a.startswith("budget_s="):
             budget = float(a.split("=", 1)[1])
         elif a.startswith("etas="):
             etas = [int(x) for x in a.split("=", 1)[1].split(",")]
+        elif a.startswith("static="):
+            static = a.split("=", 1)[1] not in ("0", "false")
         else:
             rest.append(a)
     common = [f"max_time={budget}", "max_steps=100000", *rest]
     root = Path(tempfile.mkdtemp(prefix="async-vs-sync-"))
     results = [_one("sync", [*common, "runtime.mode=colocated", "max_staleness=0"], root)]
+    if static:
+        eta = min(etas)
+        results.append(
+            _one(
+                f"static-{eta}",
+                [*common, "runtime.mode=async", f"max_staleness={eta}", "runtime.elastic_cores=false"],
+                root,
+            )
+        )
     for eta in etas:
         results.append(_one(f"async-{eta}", [*common, "runtime.mode=async", f"max_staleness={eta}"], root))
     base = results[0]["samples_per_s"] or 1e-9
+    ideal = None
+    if static:
+        st, sy = results[1], results[0]
+        ideal = bound(st["gen_s"], sy["gen_s"], st["train_s"], sy["train_s"])
+        print(
+            f"\nper trained sample: generate {st['gen_s']:.3f} s at 1 core, {sy['gen_s']:.3f} s at 2; "
+            f"train {st['train_s']:.3f} s at 1 core, {sy['train_s']:.3f} s at 2 "
+            f"-> bound {ideal:.2f} samples/s"
+        )
     print(f"\nbudget {budget:.0f} s of training per run; held-out accuracy after the budget (greedy)")
     print(
-        f"{'run':>8} {'steps':>5} {'samples/s':>9} {'speed-up':>8} {'train tok/s':>11} {'trainer wait':>12} "
-        f"{'engine idle':>11} {'max stale':>9} {'accuracy':>9}"
+        f"{'run':>9} {'steps':>5} {'samples/s':>9} {'speed-up':>8} {'of bound':>8} {'train tok/s':>11} "
+        f"{'trainer wait':>12} {'engine idle':>11} {'max stale':>9} {'peak thr':>8} {'accuracy':>9}"
     )
     for r in results:
+        share = f"{100 * r['samples_per_s'] / ideal:>7.0f}%" if ideal else f"{'-':>8}"
+        peak = r["cores_peak_held"] if r["cores_peak_held"] is not None else "-"
         print(
-            f"{r['name']:>8} {r['steps']:>5} {r['samples_per_s']:>9.2f} {r['samples_per_s'] / base:>7.2f}x "
-            f"{r['train_tokens_per_s']:>11.0f} {100 * r['trainer_wait']:>11.0f}% "
-            f"{100 * r['engine_idle']:>10.0f}% "
-            f"{r['staleness_max']:>9} {100 * r['accuracy']:>8.1f}%"
+            f"{r['name']:>9} {r['steps']:>5} {r['samples_per_s']:>9.2f} {r['samples_per_s'] / base:>7.2f}x "
+            f"{share} {r['train_tokens_per_s']:>11.0f} {100 * r['trainer_wait']:>11.0f}% "
+            f"{100 * r['engine_idle']:>10.0f}% {r['staleness_max']:>9} {peak:>8} {100 * r['accuracy']:>8.1f}%"
         )
-    (root / "results.json").write_text(json.dumps(results, indent=2))
+    (root / "results.json").write_text(json.dumps({"bound": ideal, "runs": results}, indent=2))
     print(f"results: {root / 'results.json'}")
 
 

@@ -175,6 +175,18 @@ def test_shared_cores_split_and_contention() -> None:
     assert slow.time == pytest.approx(9.0)
 
 
+def test_elastic_cores_lend_a_waiting_phases_threads_by_hand() -> None:
+    # async eta 1 on 2 cores split 1 + 1, alpha 1: 0-1 g0, g1 decode on both cores (the trainer waits);
+    # 1-2.5 train g0 on both (the engine waits at the bound); 2.5-4.5 g2 and train g1 on one core each;
+    # g1's last 1 s of work on both cores: done at 5.0 (a fixed split: 8.0)
+    base = Setup(mode="async", eta=1, steps=2, shared_cores=2)
+    r = simulate(UNIT, TINY, replace(base, elastic=True), trace=True)
+    assert r.time == pytest.approx(5.0)
+    assert [t for t, w in r.trace if w.startswith("train")] == [pytest.approx(1.0), pytest.approx(2.5)]
+    assert simulate(UNIT, TINY, base).time == pytest.approx(8.0)
+    assert fit.setup(fit.Run(None, {"runtime": {"elastic_cores": True}}, [{}], 2)).elastic is True
+
+
 @pytest.mark.parametrize("decode_alpha, shared", [(None, False), (0.3, True)])
 def test_fit_recovers_costs_from_a_synthetic_run(tmp_path, decode_alpha, shared) -> None:
     a, c, train = 0.05, 0.002, 0.01

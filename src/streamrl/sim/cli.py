@@ -6,7 +6,7 @@ prefill_token_s, train_token_s, train_step_s, allreduce_s, weight_sync_s, startu
 (batch_groups, group_size, prompt_len, max_batch, filter_rate, shared_prefill,
 lengths=fixed:N|list:..|lognormal:..)
 and Setup (steps, weight_update, overprovision, shared_cores, engine_threads, trainer_threads,
-thread_scaling, decode_thread_scaling, contention, chunk, seed), plus the grid:
+thread_scaling, decode_thread_scaling, contention, elastic, chunk, seed), plus the grid:
 modes=sync,async,partial etas=0,1,2 engines=1,2 ranks=1 and colocated_sync=true|false.
 """
 
@@ -46,6 +46,8 @@ def _apply(obj: Any, params: dict[str, Any]) -> Any:
             cur = getattr(obj, f.name)
             if cur is None:  # the only optional fields are floats (decode_thread_scaling)
                 changes[f.name] = float(raw)
+            elif isinstance(cur, bool):
+                changes[f.name] = str(raw).lower() in ("1", "true", "yes")
             else:
                 changes[f.name] = str(raw) if isinstance(cur, str) else type(cur)(raw)
     return dataclasses.replace(obj, **changes)

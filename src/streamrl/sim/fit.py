@@ -186,6 +186,8 @@ def setup(run: Run, alpha: float = 1.0, decode_alpha: float | None = None) -> Se
         trainer_threads=tt,
         thread_scaling=alpha,
         decode_thread_scaling=decode_alpha,
+        # runs recorded before elastic cores existed have no key: they ran on a fixed split
+        elastic=not run.colocated and bool(rt.get("elastic_cores", False)),
     )
 
 

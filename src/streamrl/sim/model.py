@@ -228,19 +228,26 @@ class _Sim:
 
         Devices: 1. Shared cores C: k threads run at k ** alpha * min(1, C / D) (alpha: decode_ or
         thread_scaling), D = threads demanded by every active component, / (1 + contention * (active - 1)).
+        Elastic: a trainer with no job lends its threads to the stepping engines (split evenly), and
+        idle engines lend theirs to a training trainer (placement/cores.py).
         Weight sync is a fixed wall time (rate 1)."""
         active_e = [e for e in self.engines if e.stepping]
         n_train = int(self.job == "train")
         C = self.s.shared_cores
         if C == 0:
             return [1.0] * len(active_e), 1.0
-        demand = len(active_e) * self.s.engine_threads + n_train * self.s.trainer_threads
+        et, tt = float(self.s.engine_threads), float(self.s.trainer_threads)
+        if self.s.elastic and active_e and not self.job:
+            et += tt / len(active_e)
+        if self.s.elastic and n_train:
+            tt += et * (len(self.engines) - len(active_e))
+        demand = len(active_e) * et + n_train * tt
         share = min(1.0, C / demand) if demand else 1.0
         slow = 1.0 + self.s.contention * max(0, len(active_e) + n_train - 1)
         a = self.s.thread_scaling
         ad = a if self.s.decode_thread_scaling is None else self.s.decode_thread_scaling
-        er = self.s.engine_threads**ad * share / slow
-        tr = self.s.trainer_threads**a * share / slow if n_train else 1.0
+        er = et**ad * share / slow
+        tr = tt**a * share / slow if n_train else 1.0
         return [er] * len(active_e), tr
 
     def advance(self) -> None:

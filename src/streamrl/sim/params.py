@@ -58,6 +58,7 @@ class Setup:
     thread_scaling: float = 1.0  # alpha: k trainer threads run k ** alpha times faster than one
     decode_thread_scaling: float | None = None  # the engines' alpha (None: thread_scaling)
     contention: float = 0.0  # shared cores: each extra active component slows all by this fraction
+    elastic: bool = False  # shared cores: a waiting trainer's threads decode, idle engines' threads train
     chunk: int = 1
     seed: int = 0
 

@@ -53,6 +53,7 @@ TRIGGERS = {
     "truncation_high": with_tail("truncation_rate", [0.8]),
     "trainer_starved": with_tail("trainer_wait_share", [0.9]),
     "engine_idle": with_tail("engine_idle_share", [0.75]),
+    "rollout_correction_masks": with_tail("rc_token_masked_frac", [0.95]),
     "episode_errors": with_tail("episode_errors", [2]),
     "scoring_budget": with_tail("reward_step_budget_expired", [3]),
 }
@@ -151,4 +152,14 @@ def test_a_waiting_trainer_whose_cores_generate_is_not_starved():
     assert msg == (
         "the trainer waited for rollouts 90% of the time (> 50%) with its cores idle: turn on "
         "runtime.elastic_cores, or add rollout capacity (runtime.rollout_workers, threads)"
+    )
+
+
+def test_a_correction_that_masks_most_tokens_names_the_keys_to_loosen():
+    assert diagnose(with_tail("rc_token_masked_frac", [0.5])) == []  # at the threshold: silent
+    msg = diagnose(with_tail("rc_token_masked_frac", [0.9528]))[0].last_message
+    assert msg == (
+        "loss.rollout_correction masked 95% of the step's tokens (> 50%): training sees few of them; "
+        "loosen its thresholds (loss.rc_geo_tol, rc_lower, rc_upper) to the engine/trainer gap "
+        "(rc_ratio_mean, rc_ratio_max) or choose another correction"
     )

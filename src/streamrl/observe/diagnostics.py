@@ -166,6 +166,17 @@ def _scoring_budget(history: Sequence[Record], limit: float) -> str | None:
     return None
 
 
+def _correction_masks(history: Sequence[Record], limit: float) -> str | None:
+    share = _num(history[-1], "rc_token_masked_frac")
+    if share is not None and share > limit:
+        return (
+            f"loss.rollout_correction masked {share:.0%} of the step's tokens (> {limit:.0%}): training sees "
+            "few of them; loosen its thresholds (loss.rc_geo_tol, rc_lower, rc_upper) to the engine/trainer "
+            "gap (rc_ratio_mean, rc_ratio_max) or choose another correction"
+        )
+    return None
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         "entropy_collapse",
@@ -190,6 +201,12 @@ RULES: tuple[Rule, ...] = (
         _trainer_starved,
     ),
     Rule("engine_idle", "engine_idle_share above threshold", 0.5, _engine_idle),
+    Rule(
+        "rollout_correction_masks",
+        "share of tokens the rollout correction masked in a step above threshold",
+        0.5,
+        _correction_masks,
+    ),
     Rule(
         "episode_errors",
         "share of the step's agent episodes that ended in an error above threshold",

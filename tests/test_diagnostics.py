@@ -150,8 +150,8 @@ def test_a_waiting_trainer_whose_cores_generate_is_not_starved():
     assert diagnose(rows) == []
     msg = diagnose(with_tail("trainer_wait_share", [0.9]))[0].last_message
     assert msg == (
-        "the trainer waited for rollouts 90% of the time (> 50%) with its cores idle: turn on "
-        "runtime.elastic_cores, or add rollout capacity (runtime.rollout_workers, threads)"
+        "the trainer waited for rollouts 90% of the time (> 50%) with its cores idle: set "
+        "runtime.elastic_cores=alternate, or add rollout capacity (runtime.rollout_workers, threads)"
     )
 
 

@@ -23,7 +23,7 @@ def _in_thread(fn, *args):
 
 
 def test_a_waiting_trainer_lends_its_thread_and_takes_it_back_at_the_workers_next_boundary():
-    cores = ElasticCores([1, 1], CTX)  # slot 0: trainer, slot 1: a rollout worker
+    cores = ElasticCores([1, 1], CTX, policy="lend")  # slot 0: trainer, slot 1: a rollout worker
     assert cores.held() == [1, 1]
     cores.wait(0)  # the trainer waits for rollouts
     assert cores.held() == [0, 1]
@@ -41,7 +41,7 @@ def test_a_waiting_trainer_lends_its_thread_and_takes_it_back_at_the_workers_nex
 
 
 def test_an_idle_worker_lends_to_the_trainer():
-    cores = ElasticCores([1, 1], CTX)
+    cores = ElasticCores([1, 1], CTX, policy="lend")
     cores.wait(1)
     assert cores.work(0) == 2
     assert cores.work(0) == 2  # still lent at the next micro-batch
@@ -54,7 +54,7 @@ def test_an_idle_worker_lends_to_the_trainer():
 
 
 def test_two_borrowers_share_what_one_lender_lends_without_exceeding_the_cores():
-    cores = ElasticCores([2, 1, 1], CTX)  # 4 cores: trainer 2, two workers 1 each
+    cores = ElasticCores([2, 1, 1], CTX, policy="lend")  # 4 cores: trainer 2, two workers 1 each
     cores.wait(0)
     assert cores.work(1) == 3  # base 1 + the trainer's 2
     assert cores.work(2) == 1  # only its own: the lent threads are taken
@@ -81,9 +81,39 @@ def test_a_borrower_that_never_returns_costs_a_counted_timeout():
     assert s["cores_reclaim_timeouts"] == 1 and s["cores_peak_held"] == 3  # ... and the peak says so
 
 
-def test_every_process_needs_a_thread():
+def test_every_process_needs_a_thread_and_a_known_policy():
     with pytest.raises(ValueError, match=r"at least one thread of its own, got \[1, 0\]"):
         ElasticCores([1, 0], CTX)
+    with pytest.raises(ValueError, match=r"^core policy 'share': use one of lend, alternate$"):
+        ElasticCores([1, 1], CTX, policy="share")
+
+
+def test_alternate_never_runs_the_trainer_and_a_worker_at_once():
+    cores = ElasticCores([1, 1], CTX, policy="alternate")
+    cores.wait(0)  # the trainer waits for rollouts: the worker decodes on both cores
+    assert cores.work(1) == 2
+    t, got = _in_thread(cores.work, 0)  # the batch is ready: the trainer wants every core
+    t.join(0.3)
+    assert got == [] and cores.held() == [0, 2]
+    w, wgot = _in_thread(cores.work, 1)  # the worker's next boundary: it yields and waits ...
+    t.join(10)
+    assert got == [2] and cores.held() == [2, 0]
+    w.join(0.3)
+    assert wgot == []  # ... while the trainer trains, however long (no timeout for a yielding worker)
+    assert cores.work(0) == 2  # the next micro-batch: still every core
+    cores.wait(0)  # the trainer waits again: the worker goes on with both cores
+    w.join(10)
+    assert wgot == [2] and cores.held() == [0, 2]
+    s = cores.stats()
+    assert s["cores_peak_held"] == 2 and s["cores_reclaim_timeouts"] == 0
+
+
+def test_a_yielding_worker_whose_trainer_is_gone_stops_waiting():
+    cores = ElasticCores([1, 1], CTX, policy="alternate", reclaim_timeout_s=0.01)
+    cores.wait(1)
+    assert cores.work(0) == 2
+    assert cores.work(1, give_up=lambda: True) == 1  # the loop then sees its parent gone and exits
+    assert cores.stats()["cores_reclaim_timeouts"] == 1
 
 
 def _hammer(cores, slot, seed, rounds):
@@ -94,10 +124,12 @@ def _hammer(cores, slot, seed, rounds):
         else:
             k = cores.work(slot)
             assert 1 <= k <= cores.total
+    cores.wait(slot)  # done: lend (a trainer that stops working releases the waiting workers)
 
 
-def test_processes_lending_at_random_never_hold_more_threads_than_cores():
-    cores = ElasticCores([1, 1, 2], CTX)
+@pytest.mark.parametrize("policy", ["lend", "alternate"])
+def test_processes_lending_at_random_never_hold_more_threads_than_cores(policy):
+    cores = ElasticCores([1, 1, 2], CTX, policy=policy)
     procs = [CTX.Process(target=_hammer, args=(cores, s, s, 400)) for s in range(3)]
     for p in procs:
         p.start()
@@ -113,7 +145,8 @@ def test_processes_lending_at_random_never_hold_more_threads_than_cores():
     ("overrides", "on"),
     [
         ([], True),
-        (["runtime.elastic_cores=false"], False),
+        (["runtime.elastic_cores=fixed"], False),
+        (["runtime.elastic_cores=lend"], True),
         (["runtime.mode=colocated", "max_staleness=0"], False),
         (["runtime.backend=ray"], False),
         (["device=cuda"], False),
@@ -124,14 +157,23 @@ def test_lending_only_where_the_phases_share_cores(overrides, on):
     assert elastic_enabled(load_config(None, overrides)) is on
 
 
-def test_a_run_lends_the_trainers_core_to_generation_and_loses_nothing(tmp_path):
+@pytest.mark.parametrize("policy", ["lend", "alternate"])
+def test_a_run_lends_the_trainers_core_to_generation_and_loses_nothing(tmp_path, policy):
     """The trainer waits for its first batch, so the worker decodes on every core; the peak stays at
     the cores, the staleness bound holds and every admitted group is accounted for."""
     from streamrl.loop.job import run_train
 
     run_dir = tmp_path / "run"
     cfg = load_config(
-        None, [*TINY, "max_steps=4", "max_staleness=1", "train.token_budget=200", f"run_dir={run_dir}"]
+        None,
+        [
+            *TINY,
+            "max_steps=4",
+            "max_staleness=1",
+            "train.token_budget=200",
+            f"runtime.elastic_cores={policy}",
+            f"run_dir={run_dir}",
+        ],
     )
     run_train(cfg)
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -140,6 +182,8 @@ def test_a_run_lends_the_trainers_core_to_generation_and_loses_nothing(tmp_path)
     cores = os.cpu_count() or 1
     assert last["cores_total"] == cores and last["cores_peak_held"] <= cores
     assert last["cores_worker_max"] == cores  # the trainer's share was lent to the worker
+    if policy == "alternate":  # the trainer trains on every core
+        assert last["cores_trainer_max"] == cores
     assert last["cores_reclaim_timeouts"] == 0
     assert all(r["staleness_max"] <= 1 for r in rows)
     acc = json.loads((run_dir / "accounting.json").read_text())

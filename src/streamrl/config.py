@@ -239,9 +239,11 @@ class RuntimeConfig:
     sync_timeout_s: float = 120.0  # a weight sync that takes longer fails with an error naming the mode
     max_restarts: int = 3  # local backend: rollout worker restarts in all (a dead or silent worker)
     worker_timeout_s: float = 300.0  # local backend: a worker silent this long is killed and restarted
-    # the trainer and the rollout workers lend their threads to each other while they wait (shared CPU
-    # cores, local backend, engine=hf; elsewhere each phase keeps its own device): placement/cores.py
-    elastic_cores: bool = True
+    # shared CPU cores (local backend, engine=hf; elsewhere each phase keeps its own device), in
+    # placement/cores.py: lend = a waiting process lends its threads, the phases run together otherwise;
+    # alternate = never together: the trainer takes every core for a step, the workers decode on every
+    # core while it waits; fixed = the split alone, nothing lent
+    elastic_cores: Literal["fixed", "lend", "alternate"] = "alternate"
 
 
 @dataclass

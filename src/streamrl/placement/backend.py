@@ -98,7 +98,11 @@ class LocalRollouts:
         self.cores: ElasticCores | None = None
         if elastic_enabled(cfg):  # slot 0: the trainer (this process), slot 1 + i: worker i
             trainer, rollout = thread_split(cfg)
-            self.cores = ElasticCores([trainer] + [rollout] * cfg.runtime.rollout_workers, self.ctx)
+            self.cores = ElasticCores(
+                [trainer] + [rollout] * cfg.runtime.rollout_workers,
+                self.ctx,
+                policy=cfg.runtime.elastic_cores,
+            )
         self._trainer_threads = ThreadSetter(self.cores, 0) if self.cores is not None else None
 
     def trainer_threads(self) -> ThreadSetter | None:
@@ -252,6 +256,8 @@ class _BeatingRequests:
     def __init__(self, requests: Any, heartbeat: Any, threads: ThreadSetter | None = None) -> None:
         self.requests, self.heartbeat, self.threads = requests, heartbeat, threads
         self._idle_since: float | None = None
+        parent = os.getppid()
+        self._orphaned = lambda: os.getppid() != parent  # ends a wait for cores if the trainer died
 
     def _beat(self) -> None:
         self.heartbeat.value = time.monotonic()
@@ -270,7 +276,7 @@ class _BeatingRequests:
         self._beat()
         if self.threads is not None:
             self._idle_since = None
-            self.threads.work(self._beat)
+            self.threads.work(self._beat, self._orphaned)
         return self.requests.get_nowait()
 
 

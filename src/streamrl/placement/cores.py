@@ -10,8 +10,16 @@ before each micro-batch, a worker before each decode step), asks for threads:
 A process about to wait calls `wait(p)`: it lends its base and holds 0 threads. A process about to
 compute calls `work(p)`: it takes what it is owed, and when a borrower still holds its base it waits
 until the borrower gives it back at its own next boundary (a worker's decode step, a trainer
-micro-batch). One invariant, kept under one lock: the threads held at once never exceed the total,
-so no core is ever oversubscribed; `peak` records the largest total ever held, and the run's metrics
+micro-batch). That is the `lend` policy: both phases run at once whenever both have work.
+
+The `alternate` policy never runs them at once: the trainer, when it has a batch, takes every core
+(the workers yield at their next boundary and wait), and the workers decode on every core while the
+trainer waits. It pays off where the two phases slow each other down when they run together (memory
+bandwidth on a small CPU: measured in docs/benchmarks.md), and it keeps the asynchronous pipeline
+(staleness, partial rollouts, refilled dynamic sampling).
+
+One invariant, kept under one lock: the threads held at once never exceed the total, so no core is
+ever oversubscribed; `peak` records the largest total ever held, and the run's metrics
 report it. The state is a few shared integers (multiprocessing shared memory), so spawned workers and
 the trainer coordinate without messages. Where the phases have their own devices (a GPU, Ray actors,
 vLLM's pinned threads, several trainer ranks) nothing is lent: see `elastic_enabled`.
@@ -36,9 +44,14 @@ class ElasticCores:
     reclaim_timeout_s: how long `work` waits for a borrower to give threads back before it goes on with
     its base anyway (counted as `timeouts`; a borrower's boundary is normally well under a second)."""
 
-    def __init__(self, base: list[int], ctx: Any, reclaim_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, base: list[int], ctx: Any, reclaim_timeout_s: float = 60.0, policy: str = "lend"
+    ) -> None:
         if not base or min(base) < 1:
             raise ValueError(f"every process needs at least one thread of its own, got {base}")
+        if policy not in POLICIES:
+            raise ValueError(f"core policy '{policy}': use one of {', '.join(POLICIES)}")
+        self.policy = policy
         self.base = list(base)
         self.total = sum(base)
         self.reclaim_timeout_s = reclaim_timeout_s
@@ -57,11 +70,14 @@ class ElasticCores:
             self._slots[3 * p + _HELD] = 0
             self._slots[3 * p + _LENDING] = 1
 
-    def work(self, p: int, beat: Callable[[], None] | None = None) -> int:
+    def work(
+        self, p: int, beat: Callable[[], None] | None = None, give_up: Callable[[], bool] | None = None
+    ) -> int:
         """Slot p is about to compute: the threads it may use until its next boundary (>= 1).
 
         Waits (polling every 2 ms, calling `beat` so a supervisor sees the process alive) while a
-        borrower still holds p's own threads."""
+        borrower still holds p's own threads, or (alternate) while the trainer trains; `give_up()`
+        true ends a wait with p's own threads (its parent is gone)."""
         deadline = time.monotonic() + self.reclaim_timeout_s
         waited = False
         while True:
@@ -71,7 +87,10 @@ class ElasticCores:
                     if waited:
                         self._counts[_RECLAIMS] += 1
                     return got
-                if time.monotonic() > deadline:  # a borrower stuck mid-boundary: go on with our own
+                yielding = self.policy == "alternate" and p != 0
+                # a borrower stuck mid-boundary: go on with our own (a yielding worker waits as long
+                # as the trainer trains, unless its parent is gone)
+                if (not yielding and time.monotonic() > deadline) or (give_up is not None and give_up()):
                     self._counts[_TIMEOUTS] += 1
                     return self._hold(p, self.base[p])
             waited = True
@@ -91,6 +110,11 @@ class ElasticCores:
         s[3 * p + _LENDING] = 0
         s[3 * p + _HELD] = 0  # at a boundary p runs nothing: recount from zero
         others_held = sum(s[3 * q + _HELD] for q in range(n) if q != p)
+        if self.policy == "alternate":
+            if p == 0:  # the trainer takes every core once the workers have yielded
+                return self._hold(p, self.total) if others_held == 0 else 0
+            if not s[_LENDING]:  # the trainer trains, or wants to: the workers yield
+                return 0
         lent = sum(self.base[q] for q in range(n) if q != p and s[3 * q + _LENDING])
         want = min(self.total, self.base[p] + lent)
         take = min(want, self.total - others_held)
@@ -130,6 +154,9 @@ class ElasticCores:
             }
 
 
+POLICIES = ("lend", "alternate")
+
+
 class ThreadSetter:
     """One process's side: sets torch's intra-op threads to what `work` grants, only when it changes."""
 
@@ -137,10 +164,10 @@ class ThreadSetter:
         self.cores, self.slot = cores, slot
         self.current = 0
 
-    def work(self, beat: Callable[[], None] | None = None) -> int:
+    def work(self, beat: Callable[[], None] | None = None, give_up: Callable[[], bool] | None = None) -> int:
         import torch
 
-        k = self.cores.work(self.slot, beat)
+        k = self.cores.work(self.slot, beat, give_up)
         if k != self.current:
             torch.set_num_threads(k)
             self.current = k
@@ -154,7 +181,7 @@ def elastic_enabled(cfg: Any) -> bool:
     """Lending needs processes that share this machine's cores: async on the local backend, the
     default engine on the CPU, one trainer rank. Anywhere else each phase keeps its own device."""
     return bool(
-        cfg.runtime.elastic_cores
+        cfg.runtime.elastic_cores != "fixed"
         and cfg.runtime.mode == "async"
         and cfg.runtime.backend == "local"
         and cfg.engine == "hf"

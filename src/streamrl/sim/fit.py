@@ -187,7 +187,8 @@ def setup(run: Run, alpha: float = 1.0, decode_alpha: float | None = None) -> Se
         thread_scaling=alpha,
         decode_thread_scaling=decode_alpha,
         # runs recorded before elastic cores existed have no key: they ran on a fixed split
-        elastic=not run.colocated and bool(rt.get("elastic_cores", False)),
+        # lend is modelled; alternate (never both phases at once) is not, nor runs from before the key
+        elastic=not run.colocated and rt.get("elastic_cores", "fixed") in ("lend", True),
     )
 
 

@@ -2,6 +2,7 @@
 
     python benchmarks/vs_trl.py [--model smollm2|tiny] [--steps 10] [--budget-s 0] [--eval-size N]
                                 [--set KEY=VALUE ...] [--streamrl-set KEY=VALUE ...] [--out results.json]
+                                [--seeds 0,1,2] [--eval-every K [--time-to-accuracy TARGET]]
 
 The job is streamrl's default (src/streamrl/config.py; README "What make demo does"): SmolLM2-135M-Instruct
 (or the tiny random model), task rg:chain_sum, 8 prompts x 8 samples per optimizer step,
@@ -16,8 +17,9 @@ Each side runs in its own fresh subprocess, one after the other (never both at o
 Both stop after --steps optimizer steps or, with --budget-s > 0, once that much training wall time is spent
 (whichever first), then are evaluated greedily by streamrl's eval/heldout.py on the same held-out problems.
 
-Measured per side: samples/s, generated tokens/s, trained tokens/s (all over the training loop's wall time
-and the samples actually trained), rollout samples/s (every sample generated, incl. the groups streamrl's
+Measured per side: samples/s, generated tokens/s, trained tokens/s (all over the training clock: the
+loop's wall time minus state saves, checkpoint exports and periodic evaluation; and the samples actually
+trained), rollout samples/s (every sample generated, incl. the groups streamrl's
 dynamic sampling dropped; = samples/s for TRL), wall time of the whole subprocess, peak memory of its
 process tree (sum of RSS, and of PSS which counts shared pages once, sampled every 0.5 s; plus the
 largest single process from wait4), held-out accuracy before/after. The table ends with the ratio
@@ -29,6 +31,21 @@ PPO behaviour weight, advantage eps, sampling RNG, micro-batch packing, worker s
 training time, and DAPO dynamic sampling (on in streamrl's default job, absent in TRL; with the tiny
 random model every reward is 0, so it spends up to 8x the samples per step: see "rollout smp/s").
 The TRL side checks that its prompt token ids equal streamrl's (printed; `prompt_ids_identical`).
+
+Time to accuracy, `--eval-every K`: each side also saves its policy every K optimizer steps with its
+training clock paused (streamrl: checkpoint.every=K, the clock is `train_elapsed` in metrics.jsonl; TRL:
+trainer.save_model from a callback) and, after training, evaluates every saved policy greedily on the same
+held-out problems as the final evaluation (outside the training clock). Per side and seed it prints the
+accuracy at each point (the base model at 0 s, every K-th step, the final weights) with its training
+seconds; then each side's accuracy at the other's final training time, and how much sooner streamrl
+reached TRL's final accuracy (TRL's training seconds / the seconds of streamrl's first point at or above
+it). `--time-to-accuracy TARGET` (a fraction, e.g. 0.4) adds the seconds each side needs to reach TARGET
+(its first point at or above it, or "not reached"). Pooled over the runs (seeds): both sides' held-out
+accuracy at equal training seconds (each seed's shorter final time; each side's last point within it)
+and streamrl - TRL with a paired 95% interval over the problems. The arithmetic is
+benchmarks/time_to_accuracy.py. Only points are compared: a policy between two points is not known,
+so a coarse K rounds each side's time up to its next point. --budget-s still counts the loop's wall
+time, saves included, on both sides (streamrl's max_time).
 
 trl is a benchmark-only dependency: pip install 'streamrl[bench]'.
 """
@@ -84,11 +101,37 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default="",
         help="comma list of seeds: both sides once per seed (--set seed=S), then a pooled summary",
     )
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        metavar="K",
+        help="save and, after training, evaluate each side's policy every K optimizer steps (0: off)",
+    )
+    p.add_argument(
+        "--time-to-accuracy",
+        type=float,
+        default=None,
+        metavar="TARGET",
+        help="held-out accuracy (0..1) whose training seconds each side reports; needs --eval-every",
+    )
     p.add_argument("--out", default="", help="results JSON (default: WORKDIR/results.json)")
     p.add_argument("--workdir", default="", help="run directories (default: a new temp dir)")
     p.add_argument("--side", choices=["streamrl", "trl"], help=argparse.SUPPRESS)  # internal: child mode
     p.add_argument("--result", default="", help=argparse.SUPPRESS)
     return p.parse_args(argv)
+
+
+def argument_error(args: argparse.Namespace) -> str | None:
+    """The first bad option as one line naming it and the fix (None: all good)."""
+    if args.eval_every < 0:
+        return f"--eval-every {args.eval_every}: give K >= 1 optimizer steps between evaluations (0: off)"
+    target = args.time_to_accuracy
+    if target is not None and not 0.0 <= target <= 1.0:
+        return f"--time-to-accuracy {target:g}: give the held-out accuracy as a fraction, e.g. 0.4"
+    if target is not None and args.eval_every == 0:
+        return "--time-to-accuracy needs --eval-every K (evaluate each side every K optimizer steps)"
+    return None
 
 
 def job_overrides(args: argparse.Namespace) -> list[str]:
@@ -105,7 +148,8 @@ def child(args: argparse.Namespace) -> None:
     extra = args.streamrl_set if args.side == "streamrl" else []
     cfg = job_config([*job_overrides(args), *extra], args.steps, args.budget_s, args.eval_size)
     work = Path(args.workdir)
-    result = run_streamrl(cfg, work) if args.side == "streamrl" else run_trl(cfg, work)
+    run = run_streamrl if args.side == "streamrl" else run_trl
+    result = run(cfg, work, args.eval_every)
     Path(args.result).write_text(json.dumps(result, indent=2))
 
 
@@ -283,6 +327,9 @@ def settings_report(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
+    if (error := argument_error(args)) is not None:
+        print(f"vs_trl: error: {error}", file=sys.stderr)
+        raise SystemExit(2)
     if args.side:
         child(args)
         return
@@ -294,6 +341,8 @@ def main(argv: list[str]) -> None:
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="vs-trl-"))
     work.mkdir(parents=True, exist_ok=True)
     fields, unmatched = settings_report(args)
+    from time_to_accuracy import report as tta_report  # benchmarks/ is on sys.path from here on
+
     print(
         f"[vs_trl] model {MODELS[args.model]}, {args.steps} steps"
         + (f" or {args.budget_s:.0f} s of training" if args.budget_s else "")
@@ -305,7 +354,7 @@ def main(argv: list[str]) -> None:
     for line in unmatched:
         print(f"  - {line}")
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
-    summary = None
+    summary = tta = None
     if seeds:
         runs: dict[int, dict[str, dict[str, Any]]] = {}
         ratio: Any = {}
@@ -321,16 +370,19 @@ def main(argv: list[str]) -> None:
         results = {side: {str(s): runs[s][side] for s in seeds} for side in sides}
         if {"streamrl", "trl"} <= set(sides):
             summary = seed_summary(runs)
+        tta = tta_report({f"seed {s}": runs[s] for s in seeds}, args.time_to_accuracy)
     else:
         # the child's --workdir comes last
         results = {side: run_side(side, args, work, argv) for side in sides}
         ratio = _pair_ratio(results)
         print_table(results, ratio)
+        tta = tta_report({"run": results}, args.time_to_accuracy)
     out = Path(args.out) if args.out else work / "results.json"
     payload = {
         "model": MODELS[args.model],
         "steps": args.steps,
         "budget_s": args.budget_s,
+        "eval_every": args.eval_every,
         "overrides": args.set,
         "streamrl_overrides": args.streamrl_set,
         "grpo_config": fields,
@@ -338,6 +390,7 @@ def main(argv: list[str]) -> None:
         "results": results,
         "ratio_streamrl_over_trl": ratio,  # with --seeds: one per seed
         "seed_summary": summary,
+        "time_to_accuracy": tta,
     }
     out.write_text(json.dumps(payload, indent=2, default=str))
     print(f"\n[vs_trl] results: {out}")

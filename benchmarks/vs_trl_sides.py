@@ -5,6 +5,14 @@ evaluation, before the final evaluation):
   steps, train_s, samples (trained), gen_tokens (completion tokens of the trained samples),
   trained_tokens (prompt + completion tokens trained), accuracy before/after on the same held-out set,
   evaluated greedily by streamrl's eval/heldout.py on each side's final weights.
+train_s is the training clock (loop/train_clock.py): the loop's wall time minus periodic state saves,
+checkpoint exports and periodic evaluation (streamrl) or the saves below (TRL); paused_s is what it left out.
+
+With eval_every = K > 0 each side also saves its policy every K optimizer steps (streamrl
+checkpoint.every, TRL trainer.save_model from a callback), with the clock paused, and after training
+evaluates each saved policy the same way, then deletes it: `curve` holds the evaluation points (the base
+model at 0 s, every K-th step, the final weights) with the training seconds of each
+(benchmarks/time_to_accuracy.py).
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import time
 from itertools import islice
 from pathlib import Path
@@ -40,19 +49,78 @@ def _accuracy(summary: dict[str, Any] | None) -> dict[str, Any] | None:
     return {k: summary[k] for k in ("accuracy", "n", "correct", "ci95", "format_rate")}
 
 
-def run_streamrl(cfg: Config, work: Path) -> dict[str, Any]:
+def heldout_eval(cfg: Config, model: Any, tokenizer: Any, task: Any, heldout: list[Any]) -> Any:
+    """Greedy held-out evaluation as streamrl's job does it: its evaluator on an engine in
+    rollout.precision (bf16 by default: a bf16 weight copy): the sides compare like for like."""
+    from streamrl.engine.hf import PRECISIONS, HFEngine
+    from streamrl.eval.heldout import evaluate
+
+    dtype = PRECISIONS[cfg.rollout.precision]
+    engine = HFEngine(model, tokenizer, cfg.rollout.max_batch, cfg.seed, cfg.device, dtype)
+    return evaluate(engine, tokenizer, task, heldout, cfg.eval.max_new_tokens)
+
+
+def evaluate_saved(cfg: Config, path: Path, tokenizer: Any, task: Any, heldout: list[Any]) -> Any:
+    """heldout_eval of the weights saved in `path`, loaded as a user would load them."""
+    from streamrl.models import load_model
+
+    return heldout_eval(cfg, load_model(path, cfg.device), tokenizer, task, heldout)
+
+
+def saved_points(cfg: Config, saved: dict[int, Path], seconds: dict[int, float], final_step: int) -> list:
+    """The evaluation points of the policies saved before the final step, in step order; then deletes
+    every saved policy (the final one is evaluated by the side itself)."""
+    from time_to_accuracy import point
+
+    from streamrl.models import load_tokenizer, resolve_model_dir
+    from streamrl.tasks import prepare_split, task_from_config
+
+    tokenizer = load_tokenizer(resolve_model_dir(cfg.model, cfg.seed))
+    task = task_from_config(cfg)
+    heldout, _ = prepare_split(task, cfg)
+    out = []
+    for step in sorted(s for s in saved if s < final_step):
+        print(f"[vs_trl] evaluating step {step}'s policy on {len(heldout)} held-out problems", flush=True)
+        res = evaluate_saved(cfg, saved[step], tokenizer, task, heldout)
+        out.append(point(step, seconds[step], res.correct))
+    for path in saved.values():
+        shutil.rmtree(path)
+    return out
+
+
+def run_streamrl(cfg: Config, work: Path, eval_every: int = 0) -> dict[str, Any]:
     """streamrl's own entry point, run_train, as `streamrl train` runs it."""
+    from time_to_accuracy import point
+
     from streamrl.loop.job import run_train
 
     cfg.run_dir = str(work / "streamrl-run")
     cfg.checkpoint.save = False
+    if eval_every:
+        cfg.checkpoint.every = eval_every
+        # the evaluation engine's rollout.precision copy of a bf16 export equals that of the fp32 weights
+        cfg.checkpoint.dtype = "bf16" if cfg.rollout.precision == "bf16" else "fp32"
     summary = run_train(cfg)
     run_dir = Path(cfg.run_dir)
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     samples_per_step = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
+    timings = summary["timings"]
+    curve = None
+    if eval_every and rows:
+        seconds = {int(r["step"]): float(r["train_elapsed"]) for r in rows}
+        ckpts = run_dir / "checkpoints"
+        saved = {int(d.name.split("-")[1]): d for d in ckpts.iterdir()} if ckpts.is_dir() else {}
+        verdicts = summary["eval"]["per_problem_correct"]
+        last = int(rows[-1]["step"])
+        curve = [
+            point(0, 0.0, verdicts["base"]),
+            *saved_points(cfg, saved, seconds, last),
+            point(last, seconds[last], verdicts["final"]),
+        ]
     return {
         "steps": len(rows),
-        "train_s": summary["timings"]["train"],
+        "train_s": timings["train_clock"],
+        "paused_s": timings["train"] - timings["train_clock"],
         "setup_s": summary["timings"]["setup"],
         "eval_s": summary["timings"]["eval"],
         "samples": len(rows) * samples_per_step,
@@ -66,6 +134,7 @@ def run_streamrl(cfg: Config, work: Path) -> dict[str, Any]:
         "groups": summary["accounting"],
         "before": _accuracy(summary["eval"].get("base")),
         "after": _accuracy(summary["eval"].get("final")),
+        "curve": curve,
         "run_dir": str(run_dir),
     }
 
@@ -125,18 +194,31 @@ def prompt_ids_identical(tokenizer: Any, chats: list[list[dict[str, str]]]) -> i
     return same
 
 
-def _progress_callback(budget_s: float, steps: int, reward: RewardFromTask) -> Any:
+def progress_callback(
+    budget_s: float,
+    steps: int,
+    reward: RewardFromTask | None,
+    every: int = 0,
+    save: Any = None,
+    now: Any = time.perf_counter,
+) -> Any:
     from transformers import TrainerCallback
 
+    from streamrl.loop.train_clock import TrainClock
+
     class Progress(TrainerCallback):
-        """One line per optimizer step; stops training once the wall-clock budget is spent."""
+        """One line per optimizer step; stops training once the wall-clock budget is spent (saves
+        included, as streamrl's max_time); the training clock at each step (`seconds`); with every > 0,
+        save(step, model) every `every` steps before the last, with the clock paused."""
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            self.t0 = time.perf_counter()
+            self.t0 = now()
+            self.clock = TrainClock(now)
+            self.seconds: dict[int, float] = {}
 
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
-            if logs and "reward" in logs:
-                el = time.perf_counter() - self.t0
+            if logs and "reward" in logs and reward is not None:
+                el = now() - self.t0
                 print(
                     f"[trl] step {state.global_step}/{steps}  reward {logs['reward']:.3f}  "
                     f"train acc {reward.last_accuracy or 0.0:.3f}  {el:.0f} s "
@@ -145,23 +227,27 @@ def _progress_callback(budget_s: float, steps: int, reward: RewardFromTask) -> A
                 )
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            if budget_s > 0 and time.perf_counter() - self.t0 >= budget_s:
+            step = int(state.global_step)
+            self.seconds[step] = self.clock.elapsed
+            if budget_s > 0 and now() - self.t0 >= budget_s:
                 control.should_training_stop = True
+            if every and step % every == 0 and step < steps and not control.should_training_stop:
+                with self.clock.pause():
+                    save(step, kw.get("model"))
 
     return Progress()
 
 
-def run_trl(cfg: Config, work: Path) -> dict[str, Any]:
+def run_trl(cfg: Config, work: Path, eval_every: int = 0) -> dict[str, Any]:
     """TRL's GRPOTrainer on the same model, prompts, reward and hyper-parameters (trl_settings.py)."""
     import torch
     from datasets import Dataset
+    from time_to_accuracy import point
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import GRPOConfig, GRPOTrainer
     from trl_settings import grpo_config_kwargs, micro_batch_size
 
     from streamrl.data.prompts import render_prompt_ids
-    from streamrl.engine.hf import PRECISIONS, HFEngine
-    from streamrl.eval.heldout import evaluate
     from streamrl.models import load_model, load_tokenizer, resolve_model_dir
     from streamrl.tasks import prepare_split, task_from_config
 
@@ -191,15 +277,8 @@ def run_trl(cfg: Config, work: Path) -> dict[str, Any]:
     print(f"[trl] GRPOConfig: {json.dumps(shown)}", flush=True)
     setup_s = time.perf_counter() - t_setup
 
-    def heldout_accuracy(m: Any) -> Any:
-        """Greedy held-out evaluation as streamrl's side does it: its evaluator on an engine in
-        rollout.precision (bf16 by default: a bf16 weight copy): the sides compare like for like."""
-        dtype = PRECISIONS[cfg.rollout.precision]
-        engine = HFEngine(m, tokenizer, cfg.rollout.max_batch, cfg.seed, cfg.device, dtype)
-        return evaluate(engine, tokenizer, task, heldout, cfg.eval.max_new_tokens)
-
     print(f"[trl] evaluating the base model on {len(heldout)} held-out problems (greedy)...", flush=True)
-    base = heldout_accuracy(model)
+    base = heldout_eval(cfg, model, tokenizer, task, heldout)
     print(f"[trl] base accuracy {base.accuracy:.3f}", flush=True)
 
     reward = RewardFromTask(cfg, task, problems)
@@ -212,10 +291,18 @@ def run_trl(cfg: Config, work: Path) -> dict[str, Any]:
     )
     for cb in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(cb)
-    trainer.add_callback(_progress_callback(cfg.max_time, cfg.max_steps, reward))
+    saved: dict[int, Path] = {}
+
+    def save(step: int, trained: Any) -> None:  # the weights alone: what load_model reads
+        saved[step] = work / "trl-steps" / f"step-{step}"
+        trained.save_pretrained(str(saved[step]))
+
+    progress = progress_callback(cfg.max_time, cfg.max_steps, reward, eval_every, save)
+    trainer.add_callback(progress)
     t0 = time.perf_counter()
     trainer.train()
-    train_s = time.perf_counter() - t0
+    paused_s = progress.clock.paused
+    train_s = time.perf_counter() - t0 - paused_s
     steps = int(trainer.state.global_step)
     trained_tokens = int(trainer.state.num_input_tokens_seen)
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
@@ -224,12 +311,20 @@ def run_trl(cfg: Config, work: Path) -> dict[str, Any]:
     tokenizer.save_pretrained(str(final_dir))
     del trainer, model  # the final evaluation runs on the saved weights, as a user would load them
 
-    final_model = load_model(final_dir, cfg.device)
-    final = heldout_accuracy(final_model)
+    final = evaluate_saved(cfg, final_dir, tokenizer, task, heldout)
     print(f"[trl] final accuracy {final.accuracy:.3f}", flush=True)
+    curve = None
+    if eval_every and steps:
+        seconds = progress.seconds
+        curve = [
+            point(0, 0.0, base.correct),
+            *saved_points(cfg, saved, seconds, steps),
+            point(steps, seconds[steps], final.correct),
+        ]
     return {
         "steps": steps,
         "train_s": train_s,
+        "paused_s": paused_s,
         "setup_s": setup_s,
         "eval_s": base.seconds + final.seconds,
         "samples": reward.samples,
@@ -243,5 +338,6 @@ def run_trl(cfg: Config, work: Path) -> dict[str, Any]:
         "prompt_ids_identical": [identical, min(len(problems), 64)],
         "before": _accuracy(base.summary()),
         "after": _accuracy(final.summary()),
+        "curve": curve,
         "run_dir": str(final_dir),
     }

@@ -16,6 +16,7 @@ from streamrl.cli import main
 from streamrl.config import load_config
 from streamrl.loop import job
 from streamrl.loop.state import latest_state, state_dirs
+from streamrl.loop.train_clock import TrainClock
 from streamrl.models.resolve import load_model
 from streamrl.observe.model_card import Accuracy, model_card, reproduce_command
 
@@ -36,6 +37,24 @@ RUN = [
 VERDICTS = [[True, False, False, False], [True, True, False, False], [True, True, True, False]]
 
 
+class FakeTime:
+    """The training clock's time: 100 s per evaluation, state save and checkpoint export (all paused),
+    1 s per step's groups.jsonl write (training)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def spend(self, seconds: float, fn):
+        def wrapped(*args, **kw):
+            self.t += seconds
+            return fn(*args, **kw)
+
+        return wrapped
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     run = tmp_path_factory.mktemp("export") / "run"
@@ -47,10 +66,28 @@ def run(tmp_path_factory):
         res.correct = next(verdicts)
         return res
 
+    fake = FakeTime()
+
+    class GroupLog(job.GroupLog):
+        write = fake.spend(1.0, job.GroupLog.write)
+
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(job, "evaluate", evaluate)
+        mp.setattr(job, "evaluate", fake.spend(100.0, evaluate))
+        mp.setattr(job, "save_state", fake.spend(100.0, job.save_state))
+        mp.setattr(job, "export_checkpoint", fake.spend(100.0, job.export_checkpoint))
+        mp.setattr(job, "GroupLog", GroupLog)
+        mp.setattr(job, "TrainClock", lambda: TrainClock(now=fake))
         assert main(["train", *RUN, f"run_dir={run}"]) == 0
     return run
+
+
+def test_train_elapsed_leaves_out_evaluation_state_saves_and_exports(run):
+    # step 1 at 0 s; then 1 s of training (its groups.jsonl write) and a state save and an export
+    # (paused); step 2 after its periodic evaluation (paused): 1 s. The loop ends after step 2's write
+    # and export: 2 s. Without the pauses: 0, 301 and 402.
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["train_elapsed"] for r in rows] == [0.0, 1.0]
+    assert json.loads((run / "summary.json").read_text())["timings"]["train_clock"] == 2.0
 
 
 def _assert_exact_casts(ckpt, model_dir, dtype):

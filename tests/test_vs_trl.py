@@ -1,5 +1,6 @@
 """benchmarks/vs_trl.py: the streamrl -> TRL settings mapping, the reward function TRL trains on, the
-list of what cannot be matched, and the message when trl is missing."""
+list of what cannot be matched, the message when trl is missing, and the time-to-accuracy arithmetic
+(benchmarks/time_to_accuracy.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+import time_to_accuracy as tta  # noqa: E402
 import trl_settings  # noqa: E402
 import vs_trl  # noqa: E402
-from vs_trl_sides import RewardFromTask, prompt_ids_identical  # noqa: E402
+from vs_trl_sides import RewardFromTask, progress_callback, prompt_ids_identical  # noqa: E402
 
 from streamrl.config import load_config  # noqa: E402
 from streamrl.tasks import task_from_config  # noqa: E402
@@ -177,3 +179,171 @@ def test_seed_summary_pools_seeds() -> None:
     assert out["samples_ratio_of_means"] == pytest.approx(7.5 / 2.25)
     assert out["pooled_accuracy"] == {"streamrl": [90, 200], "trl": [92, 200]}
     assert out["accuracy_diff"] == pytest.approx(-0.01)
+
+
+# ---- time to accuracy -------------------------------------------------------------------------------
+# two curves on 4 held-out problems: (step, training seconds, verdicts)
+STREAMRL = [
+    tta.point(0, 0.0, [0, 0, 0, 0]),
+    tta.point(2, 10.0, [1, 0, 0, 0]),
+    tta.point(4, 20.0, [1, 1, 0, 0]),
+    tta.point(6, 30.0, [1, 1, 1, 0]),
+    tta.point(7, 35.0, [1, 1, 0, 0]),  # final
+]
+TRL = [tta.point(0, 0.0, [0, 0, 0, 0]), tta.point(2, 20.0, [0, 1, 0, 0]), tta.point(3, 30.0, [1, 1, 0, 0])]
+# a second seed where streamrl's final time is the shorter one
+STREAMRL_B = [tta.point(0, 0.0, [0, 0, 0, 0]), tta.point(5, 12.0, [1, 0, 0, 1])]
+TRL_B = [tta.point(0, 0.0, [0, 0, 0, 0]), tta.point(1, 10.0, [0, 0, 1, 0]), tta.point(2, 25.0, [1, 1, 1, 1])]
+
+
+def test_a_point_counts_its_verdicts():
+    assert tta.point(3, 1.5, [True, False, 1, 0]) == {
+        "step": 3,
+        "seconds": 1.5,
+        "accuracy": 0.5,
+        "correct": 2,
+        "n": 4,
+        "per_problem": [1, 0, 1, 0],
+    }
+
+
+def test_time_to_reach_is_the_first_point_at_or_above_the_target():
+    assert tta.time_to_reach(STREAMRL, 0.5) == 20.0  # exactly 0.5 counts
+    assert tta.time_to_reach(STREAMRL, 0.6) == 30.0
+    assert tta.time_to_reach(STREAMRL, 0.0) == 0.0  # the base model
+    assert tta.time_to_reach(STREAMRL, 0.8) is None
+    assert tta.time_to_reach(TRL, 0.5) == 30.0
+
+
+def test_point_at_is_the_last_point_within_the_seconds():
+    assert tta.point_at(STREAMRL, 30.0)["step"] == 6  # exactly 30 s counts
+    assert tta.point_at(STREAMRL, 29.9)["step"] == 4
+    assert tta.point_at(TRL, 35.0)["step"] == 3  # past the final point: the final weights
+    assert tta.point_at(TRL, -1.0) is None
+
+
+def test_speedup_is_trl_final_seconds_over_streamrl_seconds_to_trl_final_accuracy():
+    assert tta.speedup(STREAMRL, TRL) == pytest.approx(30.0 / 20.0)  # TRL's 0.5 at 30 s; streamrl's at 20
+    assert tta.speedup(TRL, STREAMRL) == pytest.approx(35.0 / 30.0)  # streamrl's 0.5 at 35 s; TRL's at 30
+    assert tta.speedup(STREAMRL_B, TRL_B) is None  # TRL_B's final 1.0: never reached
+    flat = [tta.point(0, 0.0, [0, 0, 0, 0]), tta.point(1, 5.0, [0, 0, 0, 0])]
+    assert tta.speedup(STREAMRL, flat) is None  # flat's final 0.0: streamrl's base model has it at 0 s
+
+
+def test_compare_one_seed():
+    c = tta.compare(STREAMRL, TRL, target=0.75)
+    assert c["seconds_to_target"] == {"streamrl": 30.0, "trl": None}
+    assert c["streamrl_at_trl_final"] == {"step": 6, "seconds": 30.0, "accuracy": 0.75}
+    assert c["trl_at_streamrl_final"] == {"step": 3, "seconds": 30.0, "accuracy": 0.5}
+    assert c["streamrl_seconds_to_trl_final"] == 20.0
+    assert c["speedup_to_trl_final"] == pytest.approx(1.5)
+    assert c["equal_time"] == {
+        "seconds": 30.0,  # min(35, 30)
+        "streamrl": {"step": 6, "seconds": 30.0, "accuracy": 0.75},
+        "trl": {"step": 3, "seconds": 30.0, "accuracy": 0.5},
+    }
+    assert tta.compare(STREAMRL, TRL, target=None)["seconds_to_target"] is None
+
+
+def test_pooled_equal_time_pairs_the_problems_of_every_seed():
+    out = tta.pooled_equal_time([(STREAMRL, TRL), (STREAMRL_B, TRL_B)])
+    # seed A at 30 s: streamrl 1110, TRL 1100; seed B at 12 s: streamrl 1001 (final), TRL 0010 (step 1)
+    assert out["streamrl"] == [5, 8] and out["trl"] == [3, 8]
+    # d = streamrl - TRL = 0,0,1,0, 1,0,-1,1: mean 0.25, sample variance 3.5 / 7 = 0.5, se = sqrt(0.5 / 8)
+    assert out["difference"] == pytest.approx(0.25)
+    half = 1.959963984540054 * 0.25
+    assert out["ci95"] == [pytest.approx(0.25 - half), pytest.approx(0.25 + half)]
+    with pytest.raises(ValueError, match="different numbers of held-out problems"):
+        tta.pooled_equal_time([(STREAMRL, [tta.point(0, 0.0, [0, 0])])])
+
+
+def test_report_prints_each_run_and_the_pooled_difference(capsys):
+    def side(curve, paused):
+        return {"curve": curve, "paused_s": paused}
+
+    runs = {
+        "seed 0": {"streamrl": side(STREAMRL, 1.0), "trl": side(TRL, 2.0)},
+        "seed 1": {"streamrl": side(STREAMRL_B, 0.5), "trl": side(TRL_B, 0.5)},
+    }
+    out = tta.report(runs, target=0.75)
+    assert out["per_run"]["seed 0"] == tta.compare(STREAMRL, TRL, 0.75)
+    assert out["pooled_equal_time"]["streamrl"] == [5, 8]
+    lines = capsys.readouterr().out.splitlines()
+    for line in (
+        "    streamrl  step    6      30.0 s  0.750 (3/4)",
+        "  time to 0.750: streamrl 30.0 s, TRL not reached",
+        "  at TRL's final 30.0 s: streamrl 0.750 (step 6), TRL 0.500 (step 3)",
+        "  at streamrl's final 35.0 s: streamrl 0.500 (step 7), TRL 0.500 (step 3)",
+        "  TRL's final accuracy 0.500 reached 1.50x sooner by streamrl (20.0 s vs 30.0 s)",
+        "  TRL's final accuracy 1.000: not reached by streamrl",
+    ):
+        assert line in lines, line
+    paused = "streamrl 1.5 s (async: its rollout workers kept generating meanwhile), TRL 2.5 s"
+    assert lines[-1].endswith(paused)
+    assert tta.report({"run": {"streamrl": side(None, 0.0), "trl": side(TRL, 0.0)}}, None) is None
+
+
+class FakeTime:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _trl_steps(budget_s: float, steps: int, every: int, run: int) -> tuple[object, list[int], object]:
+    """Drive the TRL side's callback through `run` optimizer steps of 10 s each; a save takes 100 s."""
+    from types import SimpleNamespace
+
+    fake, saved = FakeTime(), []
+
+    def save(step: int, model: object) -> None:
+        assert model == "the model"
+        fake.t += 100.0
+        saved.append(step)
+
+    cb = progress_callback(budget_s, steps, None, every, save, now=fake)
+    state, control = SimpleNamespace(global_step=0), SimpleNamespace(should_training_stop=False)
+    cb.on_train_begin(None, state, control)
+    for step in range(1, run + 1):
+        fake.t += 10.0
+        state.global_step = step
+        cb.on_step_end(None, state, control, model="the model")
+    return cb, saved, control
+
+
+def test_trl_side_saves_every_k_steps_with_its_clock_paused():
+    cb, saved, control = _trl_steps(budget_s=0.0, steps=4, every=2, run=4)
+    assert saved == [2]  # not the last step: the final weights are saved and evaluated anyway
+    assert cb.seconds == {1: 10.0, 2: 20.0, 3: 30.0, 4: 40.0}
+    assert cb.clock.paused == 100.0 and not control.should_training_stop
+
+
+def test_trl_side_budget_counts_saves_and_stops_without_saving():
+    # step 1 at 10 s: saved (110 s of wall time); step 2 at 120 s >= 25: stop, no save
+    cb, saved, control = _trl_steps(budget_s=25.0, steps=10, every=1, run=2)
+    assert saved == [1] and control.should_training_stop
+    assert cb.seconds == {1: 10.0, 2: 20.0}
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--time-to-accuracy", "40", "--eval-every", "5"], "--time-to-accuracy 40: give the held-out"),
+        (["--time-to-accuracy", "0.4"], "--time-to-accuracy needs --eval-every K"),
+        (["--eval-every", "-1"], "--eval-every -1: give K >= 1"),
+    ],
+)
+def test_bad_time_to_accuracy_options_exit_2_before_any_work(argv, message, tmp_path, capsys, monkeypatch):
+    work = tmp_path / "work"
+
+    def started(*_):
+        raise AssertionError("the benchmark started")
+
+    monkeypatch.setattr(vs_trl, "settings_report", started)
+    with pytest.raises(SystemExit) as exc:
+        vs_trl.main(["--model", "tiny", "--workdir", str(work), *argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"vs_trl: error: {message}")
+    assert not work.exists()

@@ -33,6 +33,7 @@ from streamrl.loop.run_dir import PeriodicSaver, claim_run_dir, reconcile_logs
 from streamrl.loop.signals import StopFlag
 from streamrl.loop.state import RunState, load_state, save_state
 from streamrl.loop.step import StepRecord
+from streamrl.loop.train_clock import TrainClock
 from streamrl.models.lora import is_lora
 from streamrl.models.startup import start_model
 from streamrl.observe.environment import collect_environment, write_environment
@@ -260,6 +261,7 @@ def _run_train(
 
     saver = PeriodicSaver(cfg.train.save_every, cfg.train.save_every_s, lambda: save(runner.snapshot()))
     t_train = time.perf_counter()
+    clock = TrainClock()  # train_elapsed: the loop's time minus periodic evaluation, saves and exports
     try:
         with StepProgress(cfg.max_steps, console, done=state.step) as progress:
 
@@ -267,20 +269,24 @@ def _run_train(
                 record = rec.metrics
                 after = None  # this step's weights on the held-out set, for a checkpoint's card
                 if cfg.eval.every and heldout and rec.step % cfg.eval.every == 0:
-                    push_policy(engine, trainer)
-                    record.update(periodic_eval(engine, tokenizer, task, heldout, cfg))
+                    with clock.pause():
+                        push_policy(engine, trainer)
+                        record.update(periodic_eval(engine, tokenizer, task, heldout, cfg))
                     acc, n = record["heldout_accuracy"], len(heldout)
                     after = Accuracy(acc, round(acc * n), n, f"periodic evaluation at step {rec.step}")
                 record.update(sampler.metrics(), prompts_too_long=parts.prompts.skipped)
                 record["time"] = time.perf_counter() - t_start
+                record["train_elapsed"] = clock.elapsed
                 groups_log.write(rec.groups, rec.step, rec.advantages)
                 observer.on_step(record)
                 progress.update(record)
                 if rec.step < cfg.max_steps:  # the last step's state is saved when the loop ends
-                    saver.after_step(rec.step)
+                    with clock.pause():
+                        saver.after_step(rec.step)
                 if cfg.checkpoint.every and rec.step % cfg.checkpoint.every == 0:
                     path = run_dir / "checkpoints" / f"step-{rec.step}"
-                    export_checkpoint(trainer, tokenizer, path, cfg, rec.step, before, after)
+                    with clock.pause():
+                        export_checkpoint(trainer, tokenizer, path, cfg, rec.step, before, after)
 
             runner.run(on_step)
     finally:
@@ -289,6 +295,7 @@ def _run_train(
         # the loop, periodic saves included; the final save is timed apart
         timings["train"] = time.perf_counter() - t_train
         timings["periodic_saves"] = saver.seconds
+        timings["train_clock"] = clock.elapsed  # the loop minus periodic evaluation, saves and exports
         t_save = time.perf_counter()
         state.sampler = sampler.state_dict()
         save(state)

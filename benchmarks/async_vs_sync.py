@@ -1,15 +1,15 @@
 """Synchronous vs asynchronous RL on the same model, task, hyper-parameters and wall-clock budget.
 
-    python benchmarks/async_vs_sync.py [budget_s=240] [etas=0,1,2,4] [static=1] [lend=1] [key=value ...]
+    python benchmarks/async_vs_sync.py [budget_s=240] [etas=0,1,2,4] [static=1] [alternate=1] [key=value ...]
 
 Runs, one after another (never two at once on 2 cores):
   sync       colocated, eta = 0: generate then train, each with every core (the fastest synchronous setup)
   async-N    rollout worker + trainer processes, eta = N for N in etas, the default elastic cores
-             (runtime.elastic_cores=alternate: the phases take every core in turn, placement/cores.py)
+             (runtime.elastic_cores=lend: a waiting phase lends its cores, placement/cores.py)
   static-N   the same with runtime.elastic_cores=fixed (the split alone), for the smallest eta in etas;
              static=0 leaves it out
-  lend-N     the same with runtime.elastic_cores=lend (a waiting phase lends its cores, the phases
-             run together otherwise), for the smallest eta; lend=0 leaves it out
+  alt-N      the same with runtime.elastic_cores=alternate (the phases take every core in turn), for
+             the smallest eta; alternate=0 leaves it out
 each trained for `budget_s` seconds of wall clock, then evaluated greedily on the same held-out set.
 Prints samples/s, trained tokens/s, the share of time the trainer waited for data and the rollout
 engine idled, and held-out accuracy; the speed-up is samples/s over `sync`.
@@ -78,7 +78,7 @@ def bound(g1: float, g2: float, t1: float, t2: float) -> float:
 
 
 def main(argv: list[str]) -> None:
-    budget, etas, static, lend, rest = 240.0, [0, 1, 2, 4], True, True, []
+    budget, etas, static, alternate, rest = 240.0, [0, 1, 2, 4], True, True, []
     for a in argv:
         if a.startswith("budget_s="):
             budget = float(a.split("=", 1)[1])
@@ -86,8 +86,8 @@ def main(argv: list[str]) -> None:
             etas = [int(x) for x in a.split("=", 1)[1].split(",")]
         elif a.startswith("static="):
             static = a.split("=", 1)[1] not in ("0", "false")
-        elif a.startswith("lend="):
-            lend = a.split("=", 1)[1] not in ("0", "false")
+        elif a.startswith("alternate="):
+            alternate = a.split("=", 1)[1] not in ("0", "false")
         else:
             rest.append(a)
     common = [f"max_time={budget}", "max_steps=100000", *rest]
@@ -102,10 +102,10 @@ def main(argv: list[str]) -> None:
                 root,
             )
         )
-    if lend:
+    if alternate:
         eta = min(etas)
-        overrides = [*common, "runtime.mode=async", f"max_staleness={eta}", "runtime.elastic_cores=lend"]
-        results.append(_one(f"lend-{eta}", overrides, root))
+        overrides = [*common, "runtime.mode=async", f"max_staleness={eta}", "runtime.elastic_cores=alternate"]
+        results.append(_one(f"alt-{eta}", overrides, root))
     for eta in etas:
         results.append(_one(f"async-{eta}", [*common, "runtime.mode=async", f"max_staleness={eta}"], root))
     base = results[0]["samples_per_s"] or 1e-9

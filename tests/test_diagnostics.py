@@ -151,7 +151,7 @@ def test_a_waiting_trainer_whose_cores_generate_is_not_starved():
     msg = diagnose(with_tail("trainer_wait_share", [0.9]))[0].last_message
     assert msg == (
         "the trainer waited for rollouts 90% of the time (> 50%) with its cores idle: set "
-        "runtime.elastic_cores=alternate, or add rollout capacity (runtime.rollout_workers, threads)"
+        "runtime.elastic_cores=lend, or add rollout capacity (runtime.rollout_workers, threads)"
     )
 
 

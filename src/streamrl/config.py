@@ -243,7 +243,7 @@ class RuntimeConfig:
     # placement/cores.py: lend = a waiting process lends its threads, the phases run together otherwise;
     # alternate = never together: the trainer takes every core for a step, the workers decode on every
     # core while it waits; fixed = the split alone, nothing lent
-    elastic_cores: Literal["fixed", "lend", "alternate"] = "alternate"
+    elastic_cores: Literal["fixed", "lend", "alternate"] = "lend"
 
 
 @dataclass

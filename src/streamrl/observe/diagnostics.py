@@ -128,7 +128,7 @@ def _trainer_starved(history: Sequence[Record], limit: float) -> str | None:
     if len(history) >= MIN_STEPS_FOR_SHARES and share is not None and share > limit and not lending:
         return (
             f"the trainer waited for rollouts {share:.0%} of the time (> {limit:.0%}) with its cores idle: "
-            "set runtime.elastic_cores=alternate, or add rollout capacity (runtime.rollout_workers, threads)"
+            "set runtime.elastic_cores=lend, or add rollout capacity (runtime.rollout_workers, threads)"
         )
     return None
 

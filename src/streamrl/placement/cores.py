@@ -14,9 +14,9 @@ micro-batch). That is the `lend` policy: both phases run at once whenever both h
 
 The `alternate` policy never runs them at once: the trainer, when it has a batch, takes every core
 (the workers yield at their next boundary and wait), and the workers decode on every core while the
-trainer waits. It pays off where the two phases slow each other down when they run together (memory
-bandwidth on a small CPU: measured in docs/benchmarks.md), and it keeps the asynchronous pipeline
-(staleness, partial rollouts, refilled dynamic sampling).
+trainer waits. It is meant for machines where the two phases slow each other down when they run
+together (memory bandwidth), and it keeps the asynchronous pipeline (staleness, partial rollouts,
+refilled dynamic sampling); on the 2-core default job it measured mixed (docs/benchmarks.md).
 
 One invariant, kept under one lock: the threads held at once never exceed the total, so no core is
 ever oversubscribed; `peak` records the largest total ever held, and the run's metrics

@@ -23,7 +23,8 @@ class Draft:
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
             raise ValueError(
-                f"Draft: {len(self.token_ids)} token ids but {len(self.logprobs)} log-probs; give one per token"
+                f"Draft: {len(self.token_ids)} token ids but {len(self.logprobs)} log-probs: "
+                "give one log-prob per token"
             )
 
 

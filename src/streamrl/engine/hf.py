@@ -38,9 +38,7 @@ class DecodeBatch:
             [[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in requests]
         )
         # speculative rollouts: each row's draft is verified right after the prompt (engine/speculative.py)
-        drafts = max(
-            (min(len(d.token_ids), r.max_new_tokens) for r in requests for d in r.drafts), default=0
-        )
+        drafts = max((min(len(d.token_ids), r.max_new_tokens) for r in requests for d in r.drafts), default=0)
         speculative = drafts > 0 and self.temperature > 0
         self._prefill(ids, extra=drafts if speculative else 0)
         self._early = verify_drafts(self) if speculative else []  # finished there; step() returns them

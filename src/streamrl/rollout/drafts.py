@@ -47,18 +47,21 @@ class DraftStore:
 
     def drafts(self, problem_id: str) -> tuple[Draft, ...]:
         """The stored responses to this problem, oldest first (empty when there are none)."""
-        return tuple(
-            Draft(tuple(ids), tuple(lps)) for ids, lps in self._store.get(problem_id, [])
-        )
+        return tuple(Draft(tuple(ids), tuple(lps)) for ids, lps in self._store.get(problem_id, []))
 
     def state_dict(self) -> list[list[Any]]:
         """[[problem id, [[token ids], [log-probs]], ...], ...], least recently stored first."""
-        return [[pid, [[ids.tolist(), lps.tolist()] for ids, lps in entries]] for pid, entries in self._store.items()]
+        return [
+            [pid, [[ids.tolist(), lps.tolist()] for ids, lps in entries]]
+            for pid, entries in self._store.items()
+        ]
 
     def load_state_dict(self, state: list[list[Any]]) -> None:
         self._store.clear()
         for pid, entries in state:
-            self._store[pid] = [(array("i", ids), array("f", lps)) for ids, lps in entries][-self.per_prompt :]
+            self._store[pid] = [(array("i", ids), array("f", lps)) for ids, lps in entries][
+                -self.per_prompt :
+            ]
         while len(self._store) > self.prompts:
             self._store.popitem(last=False)
 

@@ -38,9 +38,7 @@ def rollout_groups(
     prompts = [render_prompt_ids(tokenizer, p.messages) for p in problems]
     offered = drafts or [()] * len(problems)
     requests = [
-        GenRequest(
-            ids, r.max_new_tokens, r.temperature, r.top_p, (pi, k), offered[pi], r.spec_lenience
-        )
+        GenRequest(ids, r.max_new_tokens, r.temperature, r.top_p, (pi, k), offered[pi], r.spec_lenience)
         for pi, ids in enumerate(prompts)
         for k in range(r.samples)
     ]

@@ -32,7 +32,9 @@ class GroupRequest:
     samples: int
     admitted_version: int
     greedy_baseline: bool = False  # also decode the prompt greedily (ReMax's baseline)
-    drafts: tuple[Draft, ...] = ()  # speculative rollouts: earlier responses to this prompt (rollout/drafts.py)
+    drafts: tuple[
+        Draft, ...
+    ] = ()  # speculative rollouts: earlier responses to this prompt (rollout/drafts.py)
 
 
 @dataclass

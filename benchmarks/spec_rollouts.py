@@ -104,8 +104,9 @@ def run_one(
     }
 
 
-def window(run: dict[str, Any], first_epoch_steps: int) -> dict[str, float]:
-    """Totals over the steps after the first epoch: tokens, generating and wall seconds, samples, drafts."""
+def window(run: dict[str, Any], first_epoch_steps: int, per_step: int) -> dict[str, float]:
+    """Totals over the steps after the first epoch: tokens, generating and wall seconds, steps, draft
+    tokens verified and accepted, samples with a draft (per_step: samples trained per step)."""
     rows = run["rows"]
     before = [r for r in rows if r["step"] <= first_epoch_steps]
     after = [r for r in rows if r["step"] > first_epoch_steps]
@@ -122,17 +123,13 @@ def window(run: dict[str, Any], first_epoch_steps: int) -> dict[str, float]:
         "steps": len(after),
         "verified": sum(r.get("spec_verified_tokens", 0) for r in after),
         "accepted": sum(r.get("spec_decode_steps_saved", 0) for r in after),
-        "drafted": sum(
-            r.get("spec_decode_steps_saved", 0) / r["spec_accepted_per_draft"]
-            for r in after
-            if r.get("spec_accepted_per_draft")
-        ),
+        "drafted": sum(r.get("spec_draft_share", 0.0) for r in after) * per_step,
     }
 
 
 def summarise(arm: str, runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     first = args.problems // args.prompts
-    wins = [w for run in runs if (w := window(run, first))]
+    wins = [w for run in runs if (w := window(run, first, args.prompts * args.samples))]
     total = {
         k: sum(w[k] for w in wins)
         for k in ("tokens", "generate_s", "wall_s", "steps", "verified", "accepted", "drafted")

@@ -49,6 +49,14 @@ class RolloutConfig:
     # behaviour log-probs and advantage (0 = off); drawn from the last replay_capacity successes
     replay_share: float = 0.0
     replay_capacity: int = 256  # rollout replay: recent successes kept to draw from
+    # speculative rollouts: each prompt's last N responses are drafts when it comes round again; a sample
+    # verifies one in one forward and decodes on from the first rejected token, still exactly a sample of
+    # the current policy (engine/speculative.py); 0 = off
+    spec_drafts: int = 0
+    spec_prompts: int = 4096  # speculative rollouts: prompts whose responses are kept (oldest dropped)
+    # 0 = exact verification; > 0 = SPEC-RL's lenient min(1, spec_lenience * p_now / p_draft): biased,
+    # corrected by the decoupled-PPO weight through the recorded behaviour log-probs
+    spec_lenience: float = 0.0
 
 
 @dataclass

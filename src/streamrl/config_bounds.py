@@ -78,6 +78,9 @@ BOUNDS: dict[str, Bound] = {
     "rollout.temperature": NON_NEGATIVE,  # 0: greedy
     "rollout.top_p": UNIT_NO_ZERO,
     "rollout.max_batch": POSITIVE,
+    "rollout.spec_drafts": NON_NEGATIVE,  # 0: off
+    "rollout.spec_prompts": POSITIVE,
+    "rollout.spec_lenience": NON_NEGATIVE,  # 0: exact
     "rollout.dynamic_sampling_rounds": NON_NEGATIVE,
     "rollout.sampler_pool": POSITIVE,
     "rollout.sampler_target": UNIT_OPEN,

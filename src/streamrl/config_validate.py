@@ -126,6 +126,7 @@ def validate(cfg: Any) -> None:
                 "task=agent:... needs an outcome advantage without a value head or greedy baseline "
                 f"(not {cfg.advantage.name}) and loss.kl_in=loss"
             )
+    _validate_speculative(cfg)
     _validate_backend(cfg)
     if cfg.engine == "vllm":
         _validate_vllm(cfg)
@@ -140,6 +141,31 @@ def validate(cfg: Any) -> None:
         raise ConfigError(
             "config key 'task_config.columns.answer' is null (no reference answers), but the task's verifier "
             "scores the rewards: score with your own reward.fn / reward.fns (without fn: task)"
+        )
+
+
+def _validate_speculative(cfg: Any) -> None:
+    r = cfg.rollout
+    if r.spec_lenience and not r.spec_drafts:
+        raise ConfigError(
+            "config key 'rollout.spec_lenience' needs speculative rollouts: set rollout.spec_drafts > 0"
+        )
+    if not r.spec_drafts:
+        return
+    if cfg.engine == "vllm":
+        raise ConfigError(
+            "rollout.spec_drafts > 0 needs engine=hf: vLLM's API neither verifies a draft given per request "
+            "nor returns the full next-token distribution the residual needs; set rollout.spec_drafts=0"
+        )
+    if cfg.task.startswith(("env:", "agent:")):
+        raise ConfigError(
+            f"rollout.spec_drafts > 0 drafts single-turn responses; task={cfg.task} runs multi-turn "
+            "episodes: set rollout.spec_drafts=0"
+        )
+    if r.temperature == 0:
+        raise ConfigError(
+            "rollout.spec_drafts > 0 verifies sampled responses; rollout.temperature=0 is greedy: "
+            "set rollout.temperature > 0 or rollout.spec_drafts=0"
         )
 
 

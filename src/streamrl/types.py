@@ -42,6 +42,9 @@ class Trajectory:
     reward: float = 0.0
     correct: bool = False
     reward_info: dict[str, Any] = field(default_factory=dict)
+    # speculative rollouts: draft tokens verified, and how many of them were accepted (its first tokens)
+    draft_tokens: int = 0
+    draft_accepted: int = 0
 
     def __post_init__(self) -> None:
         if not self.loss_mask:

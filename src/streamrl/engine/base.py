@@ -12,15 +12,37 @@ from typing import Any, Protocol
 WEIGHT_MODES = ("inflight", "interrupt")
 
 
+@dataclass(frozen=True)
+class Draft:
+    """An earlier response to the same prompt, offered as a speculative prefix (engine/speculative.py):
+    token_ids [D] and the behaviour log-probs [D] they were sampled with."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.logprobs):
+            raise ValueError(
+                f"Draft: {len(self.token_ids)} token ids but {len(self.logprobs)} log-probs: "
+                "give one log-prob per token"
+            )
+
+
 @dataclass
 class GenRequest:
-    """prompt_ids: [P]. temperature 0 means greedy."""
+    """prompt_ids: [P]. temperature 0 means greedy.
+
+    drafts: earlier responses to this prompt; the engine verifies one of them (chosen at random) under
+    the current weights and decodes on from the first rejected token (engine/speculative.py). A greedy
+    request ignores them."""
 
     prompt_ids: list[int]
     max_new_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
     tag: Any = None  # caller's handle (e.g. the sample id), returned untouched
+    drafts: tuple[Draft, ...] = ()
+    lenience: float = 0.0  # 0: exact verification; > 0: SPEC-RL's lenient acceptance (biased)
 
 
 @dataclass
@@ -32,6 +54,8 @@ class GenResult:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     finish_reason: str = "length"  # "stop" (an end token was sampled) | "length" | "abort"
+    draft_tokens: int = 0  # draft tokens verified (accepted + the one rejected, if any)
+    draft_accepted: int = 0  # of which accepted: the first draft_accepted tokens are the draft's
 
 
 class Engine(Protocol):

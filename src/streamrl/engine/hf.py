@@ -15,6 +15,7 @@ import torch
 from streamrl.engine.base import GenRequest, GenResult
 from streamrl.engine.kv_cache import growing_cache
 from streamrl.engine.sampling import sample_next
+from streamrl.engine.speculative import verify_drafts
 from streamrl.models.precision import cast_params
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -36,12 +37,17 @@ class DecodeBatch:
         self.attn = torch.tensor(
             [[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in requests]
         )
-        self._prefill(ids)
+        # speculative rollouts: each row's draft is verified right after the prompt (engine/speculative.py)
+        drafts = max((min(len(d.token_ids), r.max_new_tokens) for r in requests for d in r.drafts), default=0)
+        speculative = drafts > 0 and self.temperature > 0
+        self._prefill(ids, extra=drafts if speculative else 0)
+        self._early = verify_drafts(self) if speculative else []  # finished there; step() returns them
 
-    def _prefill(self, ids: torch.Tensor) -> None:
+    def _prefill(self, ids: torch.Tensor, extra: int = 0) -> None:
         """ids, self.attn: [R, W]. Distinct rows are prefilled once (a GRPO group's G samples share one
-        prompt): their KV and last logits are then copied to every row that repeats them."""
-        width = ids.shape[1]
+        prompt): their KV and last logits are then copied to every row that repeats them. `extra`: KV
+        columns reserved for draft tokens."""
+        width = ids.shape[1] + extra
         room = max(
             self.results[i].request.max_new_tokens - len(self.results[i].token_ids) for i in self.active
         )
@@ -86,31 +92,44 @@ class DecodeBatch:
 
     @property
     def done(self) -> bool:
-        return not self.active
+        return not self.active and not self._early
 
     def step(self) -> list[GenResult]:
         """Sample one token for every active row, drop finished rows from the cache; returns those."""
+        finished, self._early = self._early, []
+        if not self.active:
+            return finished
         tokens, logprobs = sample_next(self._logits, self.temperature, self.top_p, self.engine.generator)
         version = self._logits_version
         keep: list[int] = []
-        finished: list[GenResult] = []
         for row, res_idx in enumerate(self.active):
             res = self.results[res_idx]
-            tok = int(tokens[row])
-            res.token_ids.append(tok)
-            res.logprobs.append(float(logprobs[row]))
-            res.versions.append(version)
-            if tok in self.engine.stop_ids:
-                res.finish_reason = "stop"
-                finished.append(res)
-            elif len(res.token_ids) >= res.request.max_new_tokens:
-                res.finish_reason = "length"
+            if self._emit(res, int(tokens[row]), float(logprobs[row]), version):
                 finished.append(res)
             else:
                 keep.append(row)
+        self._feed(tokens, keep)
+        return finished
+
+    def _emit(self, res: GenResult, tok: int, logprob: float, version: int) -> bool:
+        """Append one token to a result; True when that finishes it (an end token or max_new_tokens)."""
+        res.token_ids.append(tok)
+        res.logprobs.append(logprob)
+        res.versions.append(version)
+        if tok in self.engine.stop_ids:
+            res.finish_reason = "stop"
+            return True
+        if len(res.token_ids) >= res.request.max_new_tokens:
+            res.finish_reason = "length"
+            return True
+        return False
+
+    def _feed(self, tokens: torch.Tensor, keep: list[int]) -> None:
+        """tokens [R]: every active row's newest token. Rows not in `keep` (finished) leave the cache;
+        the kept rows' tokens go through the model, whose logits the next step samples from."""
         if not keep:
             self.active = []
-            return finished
+            return
         if len(keep) < len(self.active):
             idx = torch.tensor(keep)
             self.cache.batch_select_indices(idx.to(self.engine.device))
@@ -119,7 +138,6 @@ class DecodeBatch:
         self.attn = torch.cat([self.attn, torch.ones(len(keep), 1, dtype=self.attn.dtype)], dim=1)
         self._logits = self._forward(tokens[:, None].cpu(), self.next_pos[:, None], self.attn)
         self.next_pos = self.next_pos + 1
-        return finished
 
 
 class HFEngine:

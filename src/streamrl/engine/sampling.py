@@ -17,6 +17,15 @@ def sample_next(
     if temperature == 0:
         tokens = logits.argmax(dim=-1)
         return tokens, torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+    probs = sampling_probs(logits, temperature, top_p)
+    tokens = sample_inverse_cdf(probs, generator)
+    return tokens, probs.gather(-1, tokens[:, None]).squeeze(-1).log()
+
+
+def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """logits [..., V] -> the distribution sampled from [..., V] (fp32): softmax(logits / temperature)
+    restricted to the top-p nucleus and renormalised. temperature > 0."""
+    logits = logits.float()
     scaled = logits if temperature == 1.0 else logits / temperature
     if top_p < 1.0:
         logp = torch.log_softmax(scaled, dim=-1)
@@ -27,9 +36,7 @@ def sample_next(
         scaled = logp.masked_fill(drop, float("-inf"))
     # one fused softmax (dropped tokens exactly 0); the log of a sampled token's probability is exact to
     # fp32 rounding (a token below 1e-38, where it would underflow, is never sampled in practice)
-    probs = torch.softmax(scaled, dim=-1)
-    tokens = sample_inverse_cdf(probs, generator)
-    return tokens, probs.gather(-1, tokens[:, None]).squeeze(-1).log()
+    return torch.softmax(scaled, dim=-1)
 
 
 def sample_inverse_cdf(

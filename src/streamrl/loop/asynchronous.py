@@ -31,6 +31,7 @@ from streamrl.loop.staleness import StalenessManager
 from streamrl.loop.state import RunState, sampler_state
 from streamrl.loop.step import StepRecord, train_on
 from streamrl.placement.backend import RolloutBackend, RolloutFailure, make_backend
+from streamrl.rollout.drafts import draft_store
 from streamrl.rollout.trajectory import RolloutSettings
 from streamrl.rollout.worker import GroupRequest, GroupResult, run_worker
 from streamrl.trainer.trainer import Trainer
@@ -75,6 +76,8 @@ class AsyncRunner:
         r = cfg.rollout
         self.settings = RolloutSettings.from_config(cfg)
         self.sampling = DynamicSampling(r.dynamic_sampling, self.B, r.dynamic_sampling_rounds)
+        # speculative rollouts: every returned group's responses are drafts for its prompt's next group
+        self.drafts = draft_store(r.spec_drafts, r.spec_prompts, state.drafts)
         self.ledger = Ledger()
         if state.ledger:
             self.ledger.load_state_dict(state.ledger)
@@ -102,6 +105,8 @@ class AsyncRunner:
             self.state.groups_made += 1
             ids = render_prompt_ids(self.tokenizer, problem.messages)
             req = GroupRequest(gid, problem, ids, self.settings.samples, 0, self.settings.greedy_baseline)
+            if self.drafts is not None:
+                req.drafts = self.drafts.drafts(problem.id)
             self.ledger.admitted(gid)
         req.admitted_version = self.trainer.version
         return req
@@ -137,6 +142,8 @@ class AsyncRunner:
                 group = res.group
                 assert group is not None
                 self.episode_errors.add(group)
+                if self.drafts is not None:
+                    self.drafts.add(group)
                 if not group.trajectories:  # agents that made no call: nothing to train on
                     self.ledger.filtered(res.group_id, "no_calls")
                     self.staleness.on_return(kept=False)
@@ -269,6 +276,7 @@ class AsyncRunner:
                 finished=list(self.sh.buffer),
                 unfinished=list(self.readmit) + list(self.sh.inflight.values()),
                 sampler=sampler_state(self.stream),
+                drafts=self.drafts.state_dict() if self.drafts is not None else [],
             )
 
     def _carry_over(self, late: list[GroupResult]) -> None:
@@ -281,3 +289,4 @@ class AsyncRunner:
             self.ledger.carry_over()
             self.state.ledger = self.ledger.state_dict()
             self.state.staleness = self.staleness.state_dict()
+            self.state.drafts = self.drafts.state_dict() if self.drafts is not None else []

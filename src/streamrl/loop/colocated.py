@@ -23,6 +23,7 @@ from streamrl.loop.signals import StopFlag
 from streamrl.loop.state import RunState, sampler_state
 from streamrl.loop.step import StepRecord, train_on
 from streamrl.placement.colocated import push_policy
+from streamrl.rollout.drafts import draft_store
 from streamrl.rollout.generate import rollout_groups
 from streamrl.rollout.score import Scoring
 from streamrl.rollout.trajectory import RolloutSettings
@@ -54,6 +55,7 @@ class ColocatedRunner:
         self.B = r.prompts_per_step
         self.settings = RolloutSettings.from_config(cfg)
         self.sampling = DynamicSampling(r.dynamic_sampling, self.B, r.dynamic_sampling_rounds)
+        self.drafts = draft_store(r.spec_drafts, r.spec_prompts, state.drafts)  # speculative rollouts
         self.episode_errors = EpisodeErrors(cfg.task.startswith("agent:"))
         push_policy(self.engine, trainer)
         self.scoring = Scoring(cfg, task)
@@ -73,13 +75,16 @@ class ColocatedRunner:
         self.scoring.begin_step()  # the step's rounds share one reward.step_budget_s
         for _ in range(1 + self.cfg.rollout.dynamic_sampling_rounds):
             problems = self._draw(self.B - len(kept))
+            drafts = [self.drafts.drafts(p.id) for p in problems] if self.drafts is not None else None
             groups, t = rollout_groups(
-                self.engine, self.tokenizer, self.scoring, problems, self.settings, step, made
+                self.engine, self.tokenizer, self.scoring, problems, self.settings, step, made, drafts
             )
             made += len(groups)
             timing = {k: timing[k] + t[k] for k in timing}
             for g in groups:
                 self.episode_errors.add(g)
+                if self.drafts is not None:
+                    self.drafts.add(g)
                 if not g.trajectories:  # agents that made no call: nothing to train on
                     continue
                 gid = g.trajectories[0].group_id
@@ -100,7 +105,10 @@ class ColocatedRunner:
     def snapshot(self) -> RunState:
         """The run's position between two steps: nothing is in flight in the colocated loop."""
         return dataclasses.replace(
-            self.state, ledger=self.ledger.snapshot(), sampler=sampler_state(self.stream)
+            self.state,
+            ledger=self.ledger.snapshot(),
+            sampler=sampler_state(self.stream),
+            drafts=self.drafts.state_dict() if self.drafts is not None else [],
         )
 
     def run(self, on_step: Callable[[StepRecord], None]) -> None:
@@ -109,6 +117,8 @@ class ColocatedRunner:
         finally:
             self.scoring.close()
             self.state.ledger = self.ledger.state_dict()
+            if self.drafts is not None:
+                self.state.drafts = self.drafts.state_dict()
 
     def _run(self, on_step: Callable[[StepRecord], None]) -> None:
         cfg = self.cfg

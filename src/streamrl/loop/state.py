@@ -35,6 +35,7 @@ class RunState:
     finished: list[Any] = field(default_factory=list)  # GroupResult, not yet trained
     sampler: dict[str, Any] = field(default_factory=dict)  # data/samplers.py state_dict (JSON)
     replay: list[Any] = field(default_factory=list)  # data/replay.py ReplayBuffer.state()
+    drafts: list[Any] = field(default_factory=list)  # rollout/drafts.py DraftStore.state_dict()
 
 
 def sampler_state(stream: Any) -> dict[str, Any]:
@@ -103,7 +104,7 @@ def save_state(
         },
         tmp / "trainer.pt",
     )
-    carried = ("unfinished", "finished", "replay")
+    carried = ("unfinished", "finished", "replay", "drafts")
     meta = {k: v for k, v in state.__dict__.items() if k not in carried}
     (tmp / "run_state.json").write_text(json.dumps(meta, indent=1))
     with (tmp / "carried.pkl").open("wb") as f:
@@ -141,5 +142,6 @@ def load_state(run_dir: Path) -> tuple[RunState, Path, dict[str, Any]]:
         unfinished=carried["unfinished"],
         finished=carried["finished"],
         replay=carried.get("replay", []),
+        drafts=carried.get("drafts", []),
     )
     return state, d / "model", torch.load(d / "trainer.pt", weights_only=False)

@@ -42,10 +42,31 @@ def step_record(
         "staleness_mean": statistics.fmean(staleness) if staleness else 0.0,
         "staleness_hist": {str(k): hist[k] for k in sorted(hist)},
         **_advantage_stats(advantages or []),
+        **speculative_stats(trajs),
         **_baseline_stats(groups),
         **_scoring_stats(trajs),
         **_per_function_means(trajs),
         **train,
+    }
+
+
+def speculative_stats(trajs: list[Any]) -> dict[str, float]:
+    """Speculative rollouts, over the samples that verified a draft: draft tokens verified and the share
+    accepted, accepted tokens per draft, and the decode steps saved (a row emits each accepted token
+    without a decode step of its own); the shares of samples with a draft and of generated tokens from
+    drafts."""
+    drafted = [t for t in trajs if t.draft_tokens]
+    if not drafted:
+        return {}
+    accepted = sum(t.draft_accepted for t in drafted)
+    verified = sum(t.draft_tokens for t in drafted)
+    return {
+        "spec_verified_tokens": verified,
+        "spec_acceptance_rate": accepted / verified,
+        "spec_accepted_per_draft": accepted / len(drafted),
+        "spec_decode_steps_saved": accepted,
+        "spec_draft_share": len(drafted) / len(trajs),
+        "spec_token_share": accepted / max(1, sum(len(t.completion_ids) for t in trajs)),
     }
 
 

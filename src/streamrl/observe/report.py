@@ -46,6 +46,17 @@ LINE_PANELS: list[tuple[str, str, list[str], tuple[float, float] | None]] = [
         (0.0, 1.0),
     ),
 ]
+# speculative rollouts (rollout.spec_drafts > 0): shown when a run has them
+SPEC_PANELS: list[tuple[str, str, list[str], tuple[float, float] | None]] = [
+    (
+        "speculative",
+        "Speculative rollouts: draft acceptance",
+        ["spec_acceptance_rate", "spec_draft_share", "spec_token_share"],
+        (0.0, 1.0),
+    ),
+    ("spec_tokens", "Speculative rollouts: accepted tokens per draft", ["spec_accepted_per_draft"], None),
+    ("spec_saved", "Speculative rollouts: decode steps saved per step", ["spec_decode_steps_saved"], None),
+]
 REWARD_KEYS = ["reward_mean", "accuracy", "heldout_accuracy"]
 PHASES = [
     "generate_time",
@@ -310,6 +321,9 @@ def render_report(runs: list[RunData]) -> str:
         charts.append(line_chart(name, ptitle, _series(runs, keys, "step"), "step", yr))
     charts.insert(8, _staleness(runs))
     charts.insert(9, _phases(runs))
+    if any(run.has("spec_acceptance_rate") for run in runs):
+        for name, ptitle, keys, yr in SPEC_PANELS:
+            charts.append(line_chart(name, ptitle, _series(runs, keys, "step"), "step", yr))
     generated = time.strftime("%Y-%m-%d %H:%M:%S")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title><style>{CSS}</style></head>

@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from streamrl.data.prompts import render_prompt_ids
-from streamrl.engine.base import GenRequest
+from streamrl.engine.base import Draft, GenRequest
 from streamrl.envs.agent_task import AgentTask
 from streamrl.envs.base import EnvTask
 from streamrl.rollout.score import Scoring
@@ -22,9 +22,11 @@ def rollout_groups(
     settings: RolloutSettings,
     step: int,
     first: int = 0,
+    drafts: list[tuple[Draft, ...]] | None = None,
 ) -> tuple[list[Group], dict[str, float]]:
     """-> (groups, timing). Every problem yields exactly settings.samples trajectories,
     plus a greedy baseline response per group when the advantage estimator needs one (ReMax).
+    drafts: per problem, earlier responses its samples verify first (speculative rollouts).
 
     Group ids are "s{step}-{n}-{problem id}" with n counting the step's groups from `first`: a small
     dataset may hand the same problem out twice in one step, and each draw is its own group."""
@@ -34,8 +36,9 @@ def rollout_groups(
     if isinstance(scoring.task, AgentTask):  # agents render their own chats (rollout/agent.py)
         return _agent_groups(engine, tokenizer, scoring.task, problems, gids, settings, t0)
     prompts = [render_prompt_ids(tokenizer, p.messages) for p in problems]
+    offered = drafts or [()] * len(problems)
     requests = [
-        GenRequest(ids, r.max_new_tokens, r.temperature, r.top_p, tag=(pi, k))
+        GenRequest(ids, r.max_new_tokens, r.temperature, r.top_p, (pi, k), offered[pi], r.spec_lenience)
         for pi, ids in enumerate(prompts)
         for k in range(r.samples)
     ]

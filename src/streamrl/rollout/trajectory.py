@@ -30,6 +30,7 @@ class RolloutSettings:
     greedy_baseline: bool  # also decode each prompt greedily (the advantage needs it: ReMax)
     mask_truncated: bool  # responses cut at max_new_tokens get loss mask 0 (loss.mask_truncated)
     format_weight: float  # reward bonus for following the answer format (reward.format_weight)
+    spec_lenience: float = 0.0  # speculative rollouts: 0 exact verification, > 0 SPEC-RL's lenient rule
 
     @classmethod
     def from_config(cls, cfg: Config) -> RolloutSettings:
@@ -43,6 +44,7 @@ class RolloutSettings:
             greedy_baseline=advantage_spec(cfg.advantage.name).greedy_baseline,
             mask_truncated=cfg.loss.mask_truncated,
             format_weight=cfg.reward.format_weight,
+            spec_lenience=r.spec_lenience,
         )
 
 
@@ -68,4 +70,6 @@ def make_trajectory(
         finish_reason=res.finish_reason,
         text=tokenizer.decode(res.token_ids, skip_special_tokens=True),
         loss_mask=[0] * len(res.token_ids) if masked else [],
+        draft_tokens=res.draft_tokens,
+        draft_accepted=res.draft_accepted,
     )

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from streamrl.engine.base import Draft
 from streamrl.types import Group, Problem
 
 
@@ -31,6 +32,9 @@ class GroupRequest:
     samples: int
     admitted_version: int
     greedy_baseline: bool = False  # also decode the prompt greedily (ReMax's baseline)
+    drafts: tuple[
+        Draft, ...
+    ] = ()  # speculative rollouts: earlier responses to this prompt (rollout/drafts.py)
 
 
 @dataclass
@@ -167,7 +171,15 @@ def _loop(
             return
         open_groups[req.group_id] = (req, [])
         gens = [
-            GenRequest(req.prompt_ids, r.max_new_tokens, r.temperature, r.top_p, tag=(req.group_id, k))
+            GenRequest(
+                req.prompt_ids,
+                r.max_new_tokens,
+                r.temperature,
+                r.top_p,
+                tag=(req.group_id, k),
+                drafts=req.drafts,
+                lenience=r.spec_lenience,
+            )
             for k in range(req.samples)
         ]
         if req.greedy_baseline:

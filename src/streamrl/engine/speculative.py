@@ -1,0 +1,215 @@
+"""Speculative rollouts: an earlier response to the same prompt is verified under the current weights in
+one forward pass, and decoding goes on from the first rejected token (SPEC-RL).
+
+Exact verification (`lenience` 0) is speculative sampling whose proposal is known in full. A row picks
+one of its request's drafts uniformly at random; at position i the proposal q is the empirical
+distribution of the next token among the drafts that match the tokens emitted so far and go on past
+them (a single draft: a point mass on its token). The draft's token x is accepted with probability
+min(1, p(x) / q(x)); at the first rejection the token is drawn from the residual max(0, p - q),
+renormalised, and verification ends. p is the current policy's sampling distribution (temperature and
+top-p applied as in plain sampling). Each emitted token is then distributed exactly as p given the
+tokens before it, whatever the drafts are and however they were chosen, so a response is a plain
+sample from the current policy: its tokens carry log p and the verifying weights' version.
+
+Why not the recorded log-probs in the exact rule: the residual needs the draft policy's whole
+distribution at the rejected position, and a stored response keeps only the probability of its own
+token. Accepting with min(1, p(x) / p_draft(x)) and drawing from anything computable from that one
+number is biased (three tokens, p uniform, p_draft (1/2, 1/2, 0) or (1/2, 0, 1/2): no rule can tell
+which mass is missing). The proposal above is what the drafts define exactly.
+
+Lenient verification (`lenience` > 0, SPEC-RL's rule, biased): x is accepted with probability
+a = min(1, lenience * p(x) / p_draft(x)), p_draft(x) the draft's recorded behaviour probability; else
+the token is drawn from p (drawing x again counts as accepting it). The token then came from
+b = a [y = x] + (1 - a) p(y), and log b is recorded as its behaviour log-prob, so the decoupled-PPO
+weight pi_prox / pi_behav corrects the bias token by token.
+
+The drafts' tokens are forwarded in column chunks of at most VERIFY_ELEMENTS logits, so a batch of long
+drafts over a large vocabulary never holds all their logits at once, and verification stops early once
+every row has left its draft. Accepted columns stay in the KV cache; rejected ones are masked out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from streamrl.engine.base import GenResult
+from streamrl.engine.sampling import sample_inverse_cdf, sampling_probs
+
+VERIFY_ELEMENTS = 1 << 26  # logits per verify forward (rows x columns x vocabulary): 128 MB in bf16
+
+
+class VerifiedBatch(Protocol):
+    """What verification reads and advances of a DecodeBatch (engine/hf.py) right after its prefill."""
+
+    engine: Any
+    results: list[GenResult]
+    active: list[int]
+    cache: Any
+    attn: torch.Tensor
+    next_pos: torch.Tensor
+    temperature: float
+    top_p: float
+    _logits: torch.Tensor
+    _logits_version: int
+
+    def _emit(self, res: GenResult, tok: int, logprob: float, version: int) -> bool: ...
+
+    def _feed(self, tokens: torch.Tensor, keep: list[int]) -> None: ...
+
+
+@dataclass
+class _Row:
+    res: GenResult
+    draft: tuple[int, ...]  # the chosen draft, cut at the row's room
+    draft_logprobs: tuple[float, ...]
+    alive: list[tuple[int, ...]]  # the drafts matching the tokens emitted so far (exact rule's proposal)
+    lenience: float
+    pos: int = 0  # the next position to decide
+    stopped: bool = False  # left the draft: rejected, sampled past it, or finished
+    finished: bool = False
+    tokens: list[int] = field(default_factory=list)
+
+
+def verify_drafts(batch: VerifiedBatch) -> list[GenResult]:
+    """Verify every row's draft and emit its accepted tokens plus one more (the correction drawn at the
+    rejection, or the next token past an accepted draft; a row without a draft gets a plain sample).
+    Leaves the batch as after a step; returns the results that finished."""
+    gen = batch.engine.generator
+    version = batch._logits_version
+    rows = [_pick(batch.results[i], gen) for i in batch.active]
+    first = sampling_probs(batch._logits, batch.temperature, batch.top_p)
+    for r, row in enumerate(rows):
+        _decide_run(batch, row, first[r : r + 1], version)
+    forwarded = _verify_columns(batch, rows, version)
+    # accepted draft tokens stay in the KV cache; the columns past them are masked out
+    accepted = torch.tensor([row.res.draft_accepted for row in rows])
+    block = (torch.arange(forwarded)[None, :] < accepted[:, None]).to(batch.attn.dtype)
+    batch.attn = torch.cat([batch.attn, block], dim=1)
+    batch.next_pos = batch.next_pos + accepted
+    keep = [r for r, row in enumerate(rows) if not row.finished]
+    last = torch.tensor([row.tokens[-1] for row in rows])
+    batch._feed(last, keep)
+    return [row.res for row in rows if row.finished]
+
+
+def _pick(res: GenResult, gen: torch.Generator) -> _Row:
+    req = res.request
+    room = req.max_new_tokens - len(res.token_ids)
+    drafts = [d for d in req.drafts if d.token_ids]
+    if not drafts or room <= 0:
+        return _Row(res, (), (), [], req.lenience)
+    chosen = drafts[int(torch.randint(len(drafts), (1,), generator=gen))]
+    alive = [d.token_ids[:room] for d in drafts]
+    return _Row(res, chosen.token_ids[:room], chosen.logprobs[:room], alive, req.lenience)
+
+
+def _verify_columns(batch: VerifiedBatch, rows: list[_Row], version: int) -> int:
+    """Forward the drafts' tokens chunk by chunk while some row is still on its draft; each chunk's
+    logits decide the positions after its columns. Returns the columns forwarded."""
+    width = max((len(row.draft) for row in rows), default=0)
+    ids = torch.full((len(rows), width), batch.engine.pad_id)
+    for r, row in enumerate(rows):
+        ids[r, : len(row.draft)] = torch.tensor(row.draft, dtype=ids.dtype)
+    vocab = batch._logits.shape[-1]
+    step = max(1, VERIFY_ELEMENTS // (len(rows) * vocab))
+    real = torch.zeros(len(rows), width, dtype=batch.attn.dtype)
+    start = 0
+    while start < width and any(not row.stopped for row in rows):
+        end = min(width, start + step)
+        for r, row in enumerate(rows):
+            if not row.stopped:
+                real[r, start : min(end, len(row.draft))] = 1
+        logits = _forward(batch, ids[:, start:end], start, torch.cat([batch.attn, real[:, :end]], dim=1))
+        for r, row in enumerate(rows):
+            cols = min(end, len(row.draft)) - start
+            if not row.stopped and cols > 0:
+                probs = sampling_probs(logits[r, :cols], batch.temperature, batch.top_p)
+                _decide_run(batch, row, probs, version)
+        start = end
+    return start
+
+
+def _forward(batch: VerifiedBatch, ids: torch.Tensor, start: int, attn: torch.Tensor) -> torch.Tensor:
+    """ids [R, C]: draft columns start.. of every row -> logits [R, C, V] (the C positions after them)."""
+    batch._logits_version = batch.engine.version
+    dev = batch.engine.device
+    positions = batch.next_pos[:, None] + torch.arange(start, start + ids.shape[1])[None, :]
+    out = batch.engine.model(
+        input_ids=ids.to(dev),
+        attention_mask=attn.to(dev),
+        position_ids=positions.to(dev),
+        past_key_values=batch.cache,
+        use_cache=True,
+        logits_to_keep=0,
+    )
+    return out.logits
+
+
+def _decide_run(batch: VerifiedBatch, row: _Row, probs: torch.Tensor, version: int) -> None:
+    """probs [n, V]: the sampling distributions at the row's next n positions (n = 1 before the first
+    forward). Decides them in order until the row leaves its draft."""
+    n = probs.shape[0]
+    on_draft = [row.draft[row.pos + j] for j in range(n) if row.pos + j < len(row.draft)]
+    p_draft_tokens = probs[torch.arange(len(on_draft)), on_draft].tolist() if on_draft else []
+    uniforms = torch.rand(n, generator=batch.engine.generator, dtype=torch.float64).tolist()
+    for j in range(n):
+        if row.stopped:
+            return
+        if row.pos >= len(row.draft):  # past the draft (or none): a plain sample
+            tok = int(sample_inverse_cdf(probs[j : j + 1], batch.engine.generator)[0])
+            _emit(batch, row, tok, math.log(float(probs[j, tok])), version, accepted=None)
+            row.stopped = True
+            return
+        x, px, u = row.draft[row.pos], p_draft_tokens[j], uniforms[j]
+        rule = _lenient if row.lenience > 0 else _exact
+        tok, logprob, accepted = rule(row, probs[j], x, px, u, batch.engine.generator)
+        _emit(batch, row, tok, logprob, version, accepted)
+
+
+def _exact(
+    row: _Row, p: torch.Tensor, x: int, px: float, u: float, gen: torch.Generator
+) -> tuple[int, float, bool]:
+    """Speculative sampling against the drafts' empirical proposal q at this position -> (token,
+    log p(token), accepted)."""
+    i = row.pos
+    going_on = [d for d in row.alive if len(d) > i]  # the chosen draft is one of them
+    counts = Counter(d[i] for d in going_on)
+    if u * counts[x] < px * len(going_on):  # u < p(x) / q(x)
+        row.alive = [d for d in going_on if d[i] == x]
+        return x, math.log(px), True
+    residual = p.clone()
+    for y, c in counts.items():
+        residual[y] = (p[y] - c / len(going_on)).clamp(min=0.0)
+    if not float(residual.sum()) > 0:  # p <= q everywhere: a rejection of probability 0 (rounding)
+        residual = p
+    tok = int(sample_inverse_cdf(residual[None], gen)[0])
+    return tok, math.log(float(p[tok])), False
+
+
+def _lenient(
+    row: _Row, p: torch.Tensor, x: int, px: float, u: float, gen: torch.Generator
+) -> tuple[int, float, bool]:
+    """SPEC-RL's acceptance -> (token, log b(token) of the mixture it was drawn from, accepted)."""
+    p_old = math.exp(row.draft_logprobs[row.pos])
+    a = min(1.0, row.lenience * px / p_old) if p_old > 0 else 1.0
+    tok = x if u < a else int(sample_inverse_cdf(p[None], gen)[0])
+    behaviour = (1.0 - a) * float(p[tok]) + (a if tok == x else 0.0)
+    return tok, math.log(behaviour), tok == x
+
+
+def _emit(
+    batch: VerifiedBatch, row: _Row, tok: int, logprob: float, version: int, accepted: bool | None
+) -> None:
+    """accepted: None for a token sampled past the draft (not a verified one)."""
+    row.tokens.append(tok)
+    row.finished = batch._emit(row.res, tok, logprob, version)
+    if accepted is not None:
+        row.res.draft_tokens += 1
+        row.res.draft_accepted += int(accepted)
+    row.pos += 1
+    row.stopped = row.finished or accepted is not True

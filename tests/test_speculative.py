@@ -1,0 +1,306 @@
+"""Speculative rollouts in the engine (engine/speculative.py): verified drafts leave the responses
+distributed exactly as plain sampling from the current policy, every token carries the verifying
+weights' log-prob and version, and weight updates, stop tokens and max_new_tokens work as without drafts.
+
+The distribution tests use a Llama of vocabulary 4 (token 1 ends a response) and responses of at most 3
+tokens: 40 possible responses whose exact probabilities come from teacher-forced forwards. Many seeded
+draws are compared with them by Pearson's chi-square test; the seeds are fixed, so each p-value is a
+fixed number, and the thresholds leave orders of magnitude to the p-values of the correct rule and of
+the deliberate bugs of tests/mutations.yaml.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from streamrl.engine import speculative
+from streamrl.engine.base import Draft, GenRequest, GenResult
+from streamrl.engine.continuous import ContinuousDecoder
+from streamrl.engine.hf import HFEngine
+from streamrl.engine.sampling import sampling_probs
+
+VOCAB, STOP = 4, 1
+PROMPT = [2, 3, 3]
+N = 4000  # draws per distribution test
+FIT = 1e-3  # a correct sampler's p-value stays above this (fixed seeds: fixed p-values)
+
+
+class _Tok:
+    """What HFEngine reads of a tokenizer."""
+
+    pad_token_id = 0
+    eos_token_id = STOP
+    unk_token_id = None
+
+    def convert_tokens_to_ids(self, token: str) -> None:
+        return None
+
+
+def small_lm(seed: int) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        eos_token_id=STOP,
+        pad_token_id=0,
+    )
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(25)  # logits a few nats apart: far from uniform
+    return model
+
+
+@pytest.fixture(scope="module")
+def lms() -> tuple[LlamaForCausalLM, LlamaForCausalLM]:
+    """(the current policy, other weights the drafts come from)"""
+    return small_lm(0), small_lm(1)
+
+
+def next_probs(model, ids: list[int], temperature: float = 1.0, top_p: float = 1.0) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, -1]
+    return sampling_probs(logits[None], temperature, top_p)[0]
+
+
+Rule = Callable[[tuple[int, ...], torch.Tensor], torch.Tensor]
+
+
+def response_probs(
+    model, max_new: int, temperature: float = 1.0, top_p: float = 1.0, rule: Rule | None = None
+):
+    """Every response to PROMPT with its exact probability; `rule(prefix, p)` changes the distribution
+    the next token is drawn from (the lenient rule's mixture)."""
+    out: dict[tuple[int, ...], float] = {}
+
+    def walk(prefix: tuple[int, ...], prob: float) -> None:
+        p = next_probs(model, PROMPT + list(prefix), temperature, top_p)
+        if rule is not None:
+            p = rule(prefix, p)
+        for tok in range(VOCAB):
+            q = prob * float(p[tok])
+            if q == 0:
+                continue
+            seq = (*prefix, tok)
+            if tok == STOP or len(seq) == max_new:
+                out[seq] = q
+            else:
+                walk(seq, q)
+
+    walk((), 1.0)
+    return out
+
+
+def fit_pvalue(results: list[GenResult], probs: dict[tuple[int, ...], float]) -> float:
+    """Pearson's chi-square goodness of fit of the responses to `probs`; the least likely responses are
+    pooled until each bin expects at least 5. An impossible response fails at once."""
+    counts = Counter(tuple(r.token_ids) for r in results)
+    assert set(counts) <= set(probs), f"impossible responses: {set(counts) - set(probs)}"
+    n = len(results)
+    bins: list[tuple[float, float]] = []
+    obs = exp = 0.0
+    for seq in sorted(probs, key=probs.__getitem__):
+        obs, exp = obs + counts[seq], exp + probs[seq] * n
+        if exp >= 5:
+            bins.append((obs, exp))
+            obs = exp = 0.0
+    if exp:
+        o, e = bins.pop()
+        bins.append((o + obs, e + exp))
+    stat = sum((o - e) ** 2 / e for o, e in bins)
+    df = torch.tensor((len(bins) - 1) / 2, dtype=torch.float64)
+    return float(torch.special.gammaincc(df, torch.tensor(stat / 2, dtype=torch.float64)))
+
+
+def draw(model, requests: list[GenRequest], seed: int, version: int = 0) -> list[GenResult]:
+    engine = HFEngine(model, _Tok(), max_batch=1000, seed=seed)
+    engine.update_weights(None, version)
+    return engine.generate(requests)
+
+
+def as_draft(res: GenResult) -> Draft:
+    return Draft(tuple(res.token_ids), tuple(res.logprobs))
+
+
+def old_responses(lms, n: int, max_new: int = 3, temperature: float = 1.0, top_p: float = 1.0) -> list[Draft]:
+    """n responses sampled from the other weights: the drafts a store would hold."""
+    reqs = [GenRequest(PROMPT, max_new, temperature, top_p) for _ in range(n)]
+    return [as_draft(r) for r in draw(lms[1], reqs, seed=99)]
+
+
+def test_plain_sampling_fits_the_exact_distribution(lms):
+    """The harness itself: plain sampling passes, a sampler from the other weights does not."""
+    reqs = [GenRequest(PROMPT, 3) for _ in range(N)]
+    exact = response_probs(lms[0], 3)
+    assert fit_pvalue(draw(lms[0], reqs, seed=1), exact) > FIT
+    assert fit_pvalue(draw(lms[1], reqs, seed=1), exact) < 1e-9
+
+
+def _cases(lms) -> dict[str, tuple[list[tuple[Draft, ...]], float, float]]:
+    """name -> (each request's drafts, temperature, top_p)"""
+    greedy: list[int] = []  # the current policy's most likely response: its tokens are often accepted
+    while len(greedy) < 3 and STOP not in greedy:
+        greedy.append(int(next_probs(lms[0], PROMPT + greedy).argmax()))
+    fixed = Draft(tuple(greedy), tuple([math.log(0.5)] * len(greedy)))
+    per_row = old_responses(lms, N)
+    shared = tuple(old_responses(lms, 6))
+    shared_cold = tuple(old_responses(lms, 6, temperature=0.7, top_p=0.85))
+    return {
+        "one fixed draft": ([(fixed,)] * N, 1.0, 1.0),
+        "a draft per row from other weights": ([(d,) for d in per_row], 1.0, 1.0),
+        "a shared set of drafts from other weights": ([shared] * N, 1.0, 1.0),
+        "temperature 0.7 and top-p 0.85": ([shared_cold] * N, 0.7, 0.85),
+    }
+
+
+CASES = [
+    "one fixed draft",
+    "a draft per row from other weights",
+    "a shared set of drafts from other weights",
+    "temperature 0.7 and top-p 0.85",
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_verified_drafts_leave_the_current_policy_exact(lms, case):
+    drafts, temperature, top_p = _cases(lms)[case]
+    reqs = [GenRequest(PROMPT, 3, temperature, top_p, drafts=d) for d in drafts]
+    results = draw(lms[0], reqs, seed=2)
+    verified = sum(r.draft_tokens for r in results)
+    accepted = sum(r.draft_accepted for r in results)
+    # the drafts were really used: many tokens accepted, many rejected
+    assert accepted > 0.2 * N and verified - accepted > 0.1 * N
+    for r, d in zip(results, drafts):
+        assert any(tuple(r.token_ids[: r.draft_accepted]) == x.token_ids[: r.draft_accepted] for x in d)
+    assert fit_pvalue(results, response_probs(lms[0], 3, temperature, top_p)) > FIT
+
+
+def test_lenient_acceptance_is_biased_and_records_the_probability_it_sampled_with(lms):
+    """SPEC-RL's rule: x accepted with a = min(1, lenience * p(x) / p_draft(x)), else drawn from p. The
+    responses follow the mixture b = a [y = x] + (1 - a) p(y) along the draft, not p, and each token's
+    recorded log-prob is log b of it (the decoupled-PPO weight corrects through it)."""
+    lenience = 2.0
+    draft = Draft((2, 3, 2), (math.log(0.6), math.log(0.3), math.log(0.9)))
+
+    def lenient(prefix: tuple[int, ...], p: torch.Tensor) -> torch.Tensor:
+        i = len(prefix)
+        if i >= len(draft.token_ids) or prefix != draft.token_ids[:i]:
+            return p
+        x = draft.token_ids[i]
+        a = min(1.0, lenience * float(p[x]) / math.exp(draft.logprobs[i]))
+        b = (1 - a) * p
+        b[x] += a
+        return b
+
+    reqs = [GenRequest(PROMPT, 3, drafts=(draft,), lenience=lenience) for _ in range(N)]
+    results = draw(lms[0], reqs, seed=3)
+    assert fit_pvalue(results, response_probs(lms[0], 3, rule=lenient)) > FIT
+    assert fit_pvalue(results, response_probs(lms[0], 3)) < 1e-9  # biased: not the current policy
+    for r in results[:200]:
+        for i, tok in enumerate(r.token_ids):
+            b = lenient(tuple(r.token_ids[:i]), next_probs(lms[0], PROMPT + r.token_ids[:i]))
+            assert r.logprobs[i] == pytest.approx(math.log(float(b[tok])), abs=1e-5)
+
+
+def test_a_draft_stops_at_its_stop_token_and_at_max_new_tokens(lms):
+    """lenience 1e9 accepts every draft token: the rest is decided by the stop token and the length."""
+    lp = (-1.0,) * 5
+    reqs = [
+        GenRequest(PROMPT, 5, drafts=(Draft((2, STOP, 3), lp[:3]),), lenience=1e9),
+        GenRequest(PROMPT, 3, drafts=(Draft((2, 3, 2, 3, 2), lp),), lenience=1e9),
+        GenRequest(PROMPT, 6, drafts=(Draft((3, 3), lp[:2]),), lenience=1e9),
+    ]
+    stop, length, short = draw(lms[0], reqs, seed=4, version=5)
+    assert (stop.token_ids, stop.finish_reason, stop.draft_tokens, stop.draft_accepted) == (
+        [2, STOP],
+        "stop",
+        2,
+        2,
+    )
+    assert (length.token_ids, length.finish_reason, length.draft_tokens) == ([2, 3, 2], "length", 3)
+    assert short.token_ids[:2] == [3, 3] and (short.draft_tokens, short.draft_accepted) == (2, 2)
+    assert len(short.token_ids) > 2  # decoding went on past the draft
+    for r in (stop, length, short):
+        assert r.versions == [5] * len(r.token_ids)
+        assert r.logprobs[: r.draft_accepted] == [0.0] * r.draft_accepted  # b = 1: a = 1
+
+
+def teacher_forced(model, r: GenResult, temperature: float) -> list[float]:
+    ids = torch.tensor([r.request.prompt_ids + r.token_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(r.request.prompt_ids) - 1 : -1]
+    probs = sampling_probs(logits, temperature, 1.0)
+    return probs.gather(-1, torch.tensor(r.token_ids)[:, None]).squeeze(-1).log().tolist()
+
+
+def _mixed_requests(lms, temperature: float, max_new: int) -> list[GenRequest]:
+    """Prompts of three lengths (left padding), drafts of the current policy (long accepted runs) and of
+    the other weights, and a request without drafts, in one batch."""
+    own = [
+        as_draft(r)
+        for r in draw(
+            lms[0], [GenRequest([2] * k, max_new, temperature) for k in (1, 2, 4) for _ in range(3)], 7
+        )
+    ]
+    other = old_responses(lms, 4, max_new=max_new, temperature=temperature)
+    reqs = []
+    for j, k in enumerate((1, 2, 4)):
+        for n in range(4):
+            drafts = tuple(own[3 * j : 3 * j + 3]) if n < 2 else (other[n],)
+            reqs.append(GenRequest([2] * k, max_new, temperature, drafts=drafts))
+    reqs.append(GenRequest([3, 2], max_new, temperature))
+    return reqs
+
+
+def test_tokens_carry_the_verifying_weights_logprobs_and_version(lms, monkeypatch):
+    """Batched rows with left padding, verified two draft columns per forward: every token's log-prob is
+    the current policy's on the full sequence (rejected draft columns are invisible, positions run on
+    from the accepted ones) and its version the verifying weights'."""
+    temperature, max_new = 0.5, 8
+    reqs = _mixed_requests(lms, temperature, max_new)
+    monkeypatch.setattr(speculative, "VERIFY_ELEMENTS", 2 * len(reqs) * VOCAB)
+    results = draw(lms[0], reqs, seed=5, version=7)
+    assert max(r.draft_accepted for r in results) > 2  # accepted runs crossed a chunk boundary
+    assert sum(r.draft_tokens > r.draft_accepted for r in results) >= 3  # and some were rejected
+    assert results[-1].draft_tokens == 0
+    for r in results:
+        assert r.versions == [7] * len(r.token_ids)
+        assert r.logprobs == pytest.approx(teacher_forced(lms[0], r, temperature), abs=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["inflight", "interrupt"])
+def test_weight_updates_after_verification(lms, mode):
+    """The first decoder step verifies (k accepted + 1 token) and samples one more, under version 0. New
+    weights then arrive: in flight the next token still comes from logits computed before them; by
+    interrupt the cache is recomputed and it comes from the new weights. Every version-0 token is the
+    old policy's on the full sequence, every version-1 token after an interrupt the new one's."""
+    old, new = small_lm(0), small_lm(2)
+    temperature, max_new = 0.5, 8
+    engine = HFEngine(old, _Tok(), max_batch=64, seed=6)
+    engine.stop_ids = set()  # every row runs to max_new_tokens: a fixed version script
+    dec = ContinuousDecoder(engine, mode)
+    dec.add(_mixed_requests((old, lms[1]), temperature, max_new))
+    out = dec.step()
+    old.load_state_dict(new.state_dict())
+    before = small_lm(0)
+    dec.update_weights(None, version=1)
+    while not dec.idle:
+        out.extend(dec.step())
+    assert sum(r.draft_accepted for r in out) > len(out)
+    for r in out:
+        zeros = min(max_new, r.draft_accepted + (3 if mode == "inflight" else 2))
+        assert r.versions == [0] * zeros + [1] * (max_new - zeros)
+        assert r.logprobs[:zeros] == pytest.approx(teacher_forced(before, r, temperature)[:zeros], abs=1e-5)
+        if mode == "interrupt":
+            assert r.logprobs[zeros:] == pytest.approx(teacher_forced(new, r, temperature)[zeros:], abs=1e-5)

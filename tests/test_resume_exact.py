@@ -27,7 +27,7 @@ from streamrl.observe.live import RunObserver
 
 SYNC = [*TINY, "runtime.mode=colocated", "max_staleness=0", "max_steps=4", "train.lr=1e-3"]
 # step metrics that measure time, not what was computed
-TIMING = re.compile(r"(^time$|_time$|_s$|per_s$|_share$)")
+TIMING = re.compile(r"(^time$|_time$|_s$|per_s$|_share$|_elapsed$)")
 
 
 def _rows(run):

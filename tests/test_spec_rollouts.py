@@ -27,7 +27,7 @@ from streamrl.rollout.worker import GroupRequest
 from streamrl.types import Group, Problem, Trajectory
 
 # step metrics that measure time, not what was computed
-TIMING = re.compile(r"(^time$|_time$|_s$|per_s$|_share$)")
+TIMING = re.compile(r"(^time$|_time$|_s$|per_s$|_share$|_elapsed$)")
 ROWS = [{"prompt": f"What is {a} + 1?", "answer": str(a + 1)} for a in range(3)]
 
 
@@ -128,7 +128,7 @@ def _async_runner(tiny, state: RunState):
     from streamrl.trainer.trainer import Trainer
 
     cfg = load_config(
-        None, ["rollout.spec_drafts=2", "rollout.prompts_per_step=2", "runtime.elastic_cores=false"]
+        None, ["rollout.spec_drafts=2", "rollout.prompts_per_step=2", "runtime.elastic_cores=fixed"]
     )
     trainer = Trainer.from_config(copy.deepcopy(tiny[0]), cfg, pad_id=0)
     stream = itertools.islice(_chain_sum().train_stream(0, set()), state.problems_drawn, None)

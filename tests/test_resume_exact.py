@@ -9,13 +9,12 @@ piece against the saved state, so a piece that is saved but not loaded fails her
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
-import signal
 
 import pytest
 import torch
+from interrupt import stop_after  # tests/ is on sys.path
 from safetensors.torch import load_file
 from tiny_args import TINY
 
@@ -23,7 +22,6 @@ from streamrl.cli import main
 from streamrl.config import load_config
 from streamrl.loop import job
 from streamrl.loop.state import load_state
-from streamrl.observe.live import RunObserver
 
 SYNC = [*TINY, "runtime.mode=colocated", "max_staleness=0", "max_steps=4", "train.lr=1e-3"]
 # step metrics that measure time, not what was computed
@@ -32,18 +30,6 @@ TIMING = re.compile(r"(^time$|_time$|_s$|per_s$|_share$|_elapsed$)")
 
 def _rows(run):
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-
-
-def _stop_after(monkeypatch, step: int) -> None:
-    """Deliver a Ctrl-C to this process right after `step` is logged (the run's own handler takes it)."""
-    original = RunObserver.on_step
-
-    def on_step(self, record):
-        original(self, record)
-        if record["step"] == step:
-            os.kill(os.getpid(), signal.SIGINT)
-
-    monkeypatch.setattr(RunObserver, "on_step", on_step)
 
 
 def _tensors(run):
@@ -67,7 +53,7 @@ def runs(tmp_path_factory):
     whole, split = base / "whole", base / "split"
     assert main(["train", *SYNC, f"run_dir={whole}"]) == 0
     with pytest.MonkeyPatch.context() as mp:
-        _stop_after(mp, 2)
+        stop_after(mp, 2)
         assert main(["train", *SYNC, f"run_dir={split}"]) == 0
     assert [r["step"] for r in _rows(split)] == [1, 2]
     assert main(["train", f"resume={split}"]) == 0

@@ -7,12 +7,11 @@ import copy
 import itertools
 import json
 import math
-import os
 import re
-import signal
 from pathlib import Path
 
 import pytest
+from interrupt import stop_after  # tests/ is on sys.path
 from tiny_args import TINY
 
 from streamrl.cli import main
@@ -21,7 +20,6 @@ from streamrl.engine.base import Draft
 from streamrl.loop.ledger import Ledger
 from streamrl.loop.state import RunState, load_state
 from streamrl.loop.step_metrics import speculative_stats
-from streamrl.observe.live import RunObserver
 from streamrl.rollout.drafts import DraftStore
 from streamrl.rollout.worker import GroupRequest
 from streamrl.types import Group, Problem, Trajectory
@@ -181,17 +179,6 @@ def _rows(run: Path) -> list[dict]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def _stop_after(monkeypatch, step: int) -> None:
-    original = RunObserver.on_step
-
-    def on_step(self, record):
-        original(self, record)
-        if record["step"] == step:
-            os.kill(os.getpid(), signal.SIGINT)
-
-    monkeypatch.setattr(RunObserver, "on_step", on_step)
-
-
 def test_a_resumed_run_offers_the_same_drafts(tmp_path):
     """Colocated and synchronous: stopped after step 2 and resumed, the run logs the same steps as an
     uninterrupted one, speculative metrics included (the store is part of the saved state)."""
@@ -199,7 +186,7 @@ def test_a_resumed_run_offers_the_same_drafts(tmp_path):
     whole, split = tmp_path / "whole", tmp_path / "split"
     assert main(["train", *sync, f"run_dir={whole}"]) == 0
     with pytest.MonkeyPatch.context() as mp:
-        _stop_after(mp, 2)
+        stop_after(mp, 2)
         assert main(["train", *sync, f"run_dir={split}"]) == 0
     state, _, _ = load_state(split)
     assert sorted(pid for pid, _ in state.drafts) == sorted(_problem_ids(split))

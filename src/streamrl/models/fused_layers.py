@@ -3,10 +3,11 @@
 Why: under autocast the Llama decoder keeps an fp32 residual stream, so transformers' RMSNorm returns
 fp32 that every projection casts to bf16 again (q, k, v, gate, up: five casts per layer), RoPE multiplies
 bf16 queries by fp32 cos / sin into fp32 tensors that the attention casts back, and each composite
-saves several full-size intermediates for autograd's elementwise backwards. Here each layer reads its
-input once, writes its output directly in the compute dtype, saves only its inputs (plus one scalar
-per row for RMSNorm) and recomputes the rest in the backward. Eager PyTorch on CPU has no fused
-kernels for these, so the gain is in passes and casts, not in a single loop per element.
+saves several full-size intermediates for autograd's elementwise backwards. Here RMSNorm and RoPE
+write their output directly in the compute dtype and save only their inputs (plus one scalar per row
+for RMSNorm, the cos / sin tables for RoPE), recomputing the rest in the backward; SwiGLU works on the
+two contiguous halves of the fused gate / up projection's output. Eager PyTorch on CPU has no fused
+kernels for these, so the gain is in passes, casts and layouts, not in a single loop per element.
 
 Formulas (per row, H features; g = the gradient of the output):
     RMSNorm   r = (mean(x^2) + eps)^-1/2,  y = w * x * r
@@ -71,19 +72,21 @@ class _SwiGLU(torch.autograd.Function):
     def forward(ctx: FunctionCtx, gate_up: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         a, b = gate_up.chunk(2)
         with torch.autocast(device_type=gate_up.device.type, enabled=False):
-            y = torch.nn.functional.silu(a).mul_(b)
-        ctx.save_for_backward(gate_up)
+            s = torch.nn.functional.silu(a)
+            y = torch.mul(s, b)
+        # silu(a) is kept rather than recomputed: one pass less in the backward for one [I, ...] tensor
+        ctx.save_for_backward(gate_up, s)
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: FunctionCtx, g: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        (gate_up,) = ctx.saved_tensors  # type: ignore[attr-defined]
+        gate_up, s = ctx.saved_tensors  # type: ignore[attr-defined]
         a, b = gate_up.chunk(2)
         grad = torch.empty_like(gate_up, memory_format=torch.contiguous_format)
         da, db = grad.chunk(2)
         with torch.autocast(device_type=gate_up.device.type, enabled=False):
-            torch.mul(g, torch.nn.functional.silu(a), out=db)  # db = g * silu(a)
+            torch.mul(g, s, out=db)  # db = g * silu(a)
             torch.ops.aten.silu_backward(torch.mul(g, b), a, grad_input=da)  # da = silu'(a) * g * b
         return grad
 

@@ -6,7 +6,8 @@ bf16 queries by fp32 cos / sin into fp32 tensors that the attention casts back, 
 saves several full-size intermediates for autograd's elementwise backwards. Here RMSNorm and RoPE
 write their output directly in the compute dtype and save only their inputs (plus one scalar per row
 for RMSNorm, the cos / sin tables for RoPE), recomputing the rest in the backward; SwiGLU works on the
-two contiguous halves of the fused gate / up projection's output. Eager PyTorch on CPU has no fused
+two contiguous halves of the fused gate / up projection's output and keeps silu(gate), as autograd
+does (recomputing it cost more than it saved). Eager PyTorch on CPU has no fused
 kernels for these, so the gain is in passes, casts and layouts, not in a single loop per element.
 
 Formulas (per row, H features; g = the gradient of the output):

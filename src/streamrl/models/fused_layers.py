@@ -4,11 +4,11 @@ Why: under autocast the Llama decoder keeps an fp32 residual stream, so transfor
 fp32 that every projection casts to bf16 again (q, k, v, gate, up: five casts per layer), RoPE multiplies
 bf16 queries by fp32 cos / sin into fp32 tensors that the attention casts back, and each composite
 saves several full-size intermediates for autograd's elementwise backwards. Here RMSNorm and RoPE
-write their output directly in the compute dtype and save only their inputs (plus one scalar per row
-for RMSNorm, the cos / sin tables for RoPE), recomputing the rest in the backward; SwiGLU works on the
-two contiguous halves of the fused gate / up projection's output and keeps silu(gate), as autograd
-does (recomputing it cost more than it saved). Eager PyTorch on CPU has no fused
-kernels for these, so the gain is in passes, casts and layouts, not in a single loop per element.
+write their output directly in the compute dtype; RMSNorm saves its input and one scalar per row,
+RoPE only its cos / sin tables, and the rest is recomputed in the backward. SwiGLU works on the two
+contiguous halves of the fused gate / up projection's output and keeps silu(gate), as autograd does
+(recomputing it cost more than it saved). Eager PyTorch on CPU has no fused kernels for these, so
+the gain is in passes, casts and layouts, not in a single loop per element.
 
 Formulas (per row, H features; g = the gradient of the output):
     RMSNorm   r = (mean(x^2) + eps)^-1/2,  y = w * x * r

@@ -56,9 +56,13 @@ def load_model(model_dir: Path, device: str = "cpu") -> Any:
     from transformers import AutoModelForCausalLM
 
     from streamrl.models.attention import register
+    from streamrl.models.fused_llama import install
 
     # CPU: the trainer's backward avoids the CPU flash-attention kernel (models/attention.py)
-    attn = register() if str(device).startswith("cpu") else "sdpa"
+    cpu = str(device).startswith("cpu")
+    attn = register() if cpu else "sdpa"
     with no_progress_bars():
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attn)
+    if cpu:  # the trainer's fused layers on compute weights (models/fused_llama.py); GPU: transformers'
+        install(model)
     return model.to(device)

@@ -16,8 +16,10 @@ from streamrl.algo.aggregation import batch_normalizer
 from streamrl.algo.token_weights import entropy_top_q_mask, sign_weights
 from streamrl.config import AdvantageConfig, Config, LossConfig, TrainConfig
 from streamrl.models import lora
+from streamrl.models.compute_weights import compute_weights, installed
 from streamrl.models.export import save_model
 from streamrl.models.lora import apply_lora, is_lora, merged_state
+from streamrl.trainer.allocator import keep_freed_memory
 from streamrl.trainer.batching import MicroBatch, collate, split_by_token_budget
 from streamrl.trainer.critic import CriticTargets, ValueHead, clipped_value_loss, gae_targets
 from streamrl.trainer.logprobs import completion_forward, completion_logprobs
@@ -67,6 +69,13 @@ class Trainer:
             dev = next(model.parameters()).device
             self.value_head = ValueHead(model.config.hidden_size).to(dev)
         self.forward_model: Any = model  # what trains: the model, or its DDP wrapper
+        if next(model.parameters()).device.type == "cpu":
+            keep_freed_memory()  # each step's activations reuse the last step's pages (trainer/allocator.py)
+        # the CPU Llama path (models/fused_llama.py): fused layers on weights cast once per optimizer step;
+        # LoRA and data parallel keep transformers' modules (PEFT's and DDP/FSDP2's hooks live there)
+        self.compute_dtype: torch.dtype | None = None
+        if installed(model) and t.lora_rank == 0 and t.strategy == "single":
+            self.compute_dtype = torch.bfloat16 if t.precision == "bf16" else next(model.parameters()).dtype
         self._distribute()  # hook: data-parallel wrapping/sharding, before the optimizer sees the params
         self.params = [p for p in model.parameters() if p.requires_grad]
         if self.value_head is not None:
@@ -143,6 +152,12 @@ class Trainer:
             dev = next(self.model.parameters()).device.type
             return torch.autocast(device_type=dev, dtype=torch.bfloat16)
         return contextlib.nullcontext()
+
+    def _compute_weights(self) -> contextlib.AbstractContextManager[Any]:
+        """Context of one optimizer step's micro-batches (the weights do not change inside)."""
+        if self.compute_dtype is None:
+            return contextlib.nullcontext()
+        return compute_weights(self.model, self.compute_dtype)
 
     def _shares_prompts(self, batch: TrainBatch) -> bool:
         """train.shared_prompt on a batch whose groups repeat prompts (one trainer rank, no packing:
@@ -335,11 +350,12 @@ class Trainer:
             masks = [mbs[i].loss_mask for i in idx]
             norm = batch_normalizer(self.loss.aggregation, masks, self.max_new_tokens)
             mine = self._my_share(idx)
-            for n, (i, w) in enumerate(mine):
-                if self.boundary is not None:
-                    self.boundary()
-                with self._grad_sync(last=n == len(mine) - 1):
-                    loss_sum += self._micro_step(mbs[i], norm, prox[i], totals, critic[i], w)
+            with self._compute_weights():
+                for n, (i, w) in enumerate(mine):
+                    if self.boundary is not None:
+                        self.boundary()
+                    with self._grad_sync(last=n == len(mine) - 1):
+                        loss_sum += self._micro_step(mbs[i], norm, prox[i], totals, critic[i], w)
             grad_norms.append(self._clip_grads())
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)

@@ -304,3 +304,29 @@ def test_weight_updates_after_verification(lms, mode):
         assert r.logprobs[:zeros] == pytest.approx(teacher_forced(before, r, temperature)[:zeros], abs=1e-5)
         if mode == "interrupt":
             assert r.logprobs[zeros:] == pytest.approx(teacher_forced(new, r, temperature)[zeros:], abs=1e-5)
+
+
+def test_a_row_still_on_its_draft_when_verification_stops_decodes_on_exactly(lms, monkeypatch):
+    """One row with a long draft of the current policy, seven with one-token drafts, two columns per verify
+    forward: after the first chunk one row in eight is on its draft, verification stops, and that row
+    decodes on from its last accepted token (not yet in the KV cache). Its log-probs still equal the
+    teacher-forced ones at every position, and so do everyone else's."""
+    temperature, max_new = 0.3, 8
+    own = draw(lms[0], [GenRequest(PROMPT, max_new, temperature) for _ in range(40)], seed=11)
+    long = as_draft(max(own, key=lambda r: len(r.token_ids)))
+    assert len(long.token_ids) >= 5
+    short = Draft(long.token_ids[:1], long.logprobs[:1])
+    monkeypatch.setattr(speculative, "VERIFY_ELEMENTS", 2 * 8 * VOCAB)
+    stopped_on_draft = 0
+    for seed in range(60):
+        drafts = [(long,)] + [(short,)] * 7
+        reqs = [GenRequest(PROMPT, max_new, temperature, drafts=d) for d in drafts]
+        results = draw(lms[0], reqs, seed=seed)
+        first = results[0]
+        # verified 3 draft tokens (positions 0-2) without a rejection, then left the draft by stopping
+        if first.draft_tokens == first.draft_accepted == 3:
+            stopped_on_draft += 1
+        for r in results:
+            assert r.versions == [0] * len(r.token_ids)
+            assert r.logprobs == pytest.approx(teacher_forced(lms[0], r, temperature), abs=1e-5)
+    assert stopped_on_draft >= 4

@@ -23,9 +23,14 @@ the token is drawn from p (drawing x again counts as accepting it). The token th
 b = a [y = x] + (1 - a) p(y), and log b is recorded as its behaviour log-prob, so the decoupled-PPO
 weight pi_prox / pi_behav corrects the bias token by token.
 
-The drafts' tokens are forwarded in column chunks of at most VERIFY_ELEMENTS logits, so a batch of long
-drafts over a large vocabulary never holds all their logits at once, and verification stops early once
-every row has left its draft. Accepted columns stay in the KV cache; rejected ones are masked out.
+The drafts' tokens are forwarded in column chunks of at most VERIFY_COLUMNS columns and VERIFY_ELEMENTS
+logits: every chunk costs a forward over all the batch's rows, so a batch whose drafts are mostly short
+does not pay for its longest one. Verification stops once fewer than a quarter of the rows are still on
+their drafts (another chunk would then cost more than the decode steps it saves); a row still on its
+draft then decodes on from its last accepted token, a plain sample from there, so the stopping rule
+(which never looks at a row's own future tokens) keeps every response exact. Lenient rows are verified
+to the end of their drafts. Accepted columns stay in
+the KV cache; rejected ones are masked out.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from streamrl.engine.base import GenResult
 from streamrl.engine.sampling import sample_inverse_cdf, sampling_probs
 
 VERIFY_ELEMENTS = 1 << 26  # logits per verify forward (rows x columns x vocabulary): 128 MB in bf16
+VERIFY_COLUMNS = 8  # draft columns per verify forward
 
 
 class VerifiedBatch(Protocol):
@@ -70,6 +76,7 @@ class _Row:
     alive: list[tuple[int, ...]]  # the drafts matching the tokens emitted so far (exact rule's proposal)
     lenience: float
     pos: int = 0  # the next position to decide
+    accepted: int = 0  # draft tokens accepted in this verification
     stopped: bool = False  # left the draft: rejected, sampled past it, or finished
     finished: bool = False
     tokens: list[int] = field(default_factory=list)
@@ -77,8 +84,9 @@ class _Row:
 
 def verify_drafts(batch: VerifiedBatch) -> list[GenResult]:
     """Verify every row's draft and emit its accepted tokens plus one more (the correction drawn at the
-    rejection, or the next token past an accepted draft; a row without a draft gets a plain sample).
-    Leaves the batch as after a step; returns the results that finished."""
+    rejection, or the next token past an accepted draft; a row without a draft gets a plain sample; a row
+    still on its draft when verification stops, none). Leaves the batch as after a step; returns the
+    results that finished."""
     gen = batch.engine.generator
     version = batch._logits_version
     rows = [_pick(batch.results[i], gen) for i in batch.active]
@@ -86,8 +94,9 @@ def verify_drafts(batch: VerifiedBatch) -> list[GenResult]:
     for r, row in enumerate(rows):
         _decide_run(batch, row, first[r : r + 1], version)
     forwarded = _verify_columns(batch, rows, version)
-    # accepted draft tokens stay in the KV cache; the columns past them are masked out
-    accepted = torch.tensor([row.res.draft_accepted for row in rows])
+    # accepted draft tokens stay in the KV cache, the columns past them are masked out; a row stopped on
+    # its draft has its last accepted token past the forwarded columns: it is fed below like a sample
+    accepted = torch.tensor([min(row.accepted, forwarded) for row in rows])
     block = (torch.arange(forwarded)[None, :] < accepted[:, None]).to(batch.attn.dtype)
     batch.attn = torch.cat([batch.attn, block], dim=1)
     batch.next_pos = batch.next_pos + accepted
@@ -116,10 +125,10 @@ def _verify_columns(batch: VerifiedBatch, rows: list[_Row], version: int) -> int
     for r, row in enumerate(rows):
         ids[r, : len(row.draft)] = torch.tensor(row.draft, dtype=ids.dtype)
     vocab = batch._logits.shape[-1]
-    step = max(1, VERIFY_ELEMENTS // (len(rows) * vocab))
+    step = max(1, min(VERIFY_COLUMNS, VERIFY_ELEMENTS // (len(rows) * vocab)))
     real = torch.zeros(len(rows), width, dtype=batch.attn.dtype)
     start = 0
-    while start < width and any(not row.stopped for row in rows):
+    while start < width and _worth_a_chunk(rows):
         end = min(width, start + step)
         for r, row in enumerate(rows):
             if not row.stopped:
@@ -132,6 +141,17 @@ def _verify_columns(batch: VerifiedBatch, rows: list[_Row], version: int) -> int
                 _decide_run(batch, row, probs, version)
         start = end
     return start
+
+
+def _worth_a_chunk(rows: list[_Row]) -> bool:
+    """Whether enough rows are still on their drafts for another verify forward; if not, the rest stop
+    there and decode on (exact: the rule depends on the other rows, never on a row's own next tokens)."""
+    on_draft = [row for row in rows if not row.stopped]
+    if on_draft and (4 * len(on_draft) >= len(rows) or any(row.lenience > 0 for row in on_draft)):
+        return True  # lenient rows keep SPEC-RL's rule along their whole drafts
+    for row in rows:
+        row.stopped = True
+    return False
 
 
 def _forward(batch: VerifiedBatch, ids: torch.Tensor, start: int, attn: torch.Tensor) -> torch.Tensor:
@@ -211,5 +231,6 @@ def _emit(
     if accepted is not None:
         row.res.draft_tokens += 1
         row.res.draft_accepted += int(accepted)
+        row.accepted += int(accepted)
     row.pos += 1
     row.stopped = row.finished or accepted is not True

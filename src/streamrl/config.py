@@ -50,7 +50,7 @@ class RolloutConfig:
     replay_share: float = 0.0
     replay_capacity: int = 256  # rollout replay: recent successes kept to draw from
     # speculative rollouts: each prompt's last N responses are drafts when it comes round again; a sample
-    # verifies one in one forward and decodes on from the first rejected token, still exactly a sample of
+    # verifies one in a few forwards and decodes on from the first rejected token, still exactly a sample of
     # the current policy (engine/speculative.py); 0 = off
     spec_drafts: int = 0
     spec_prompts: int = 4096  # speculative rollouts: prompts whose responses are kept (oldest dropped)

@@ -31,7 +31,11 @@ Impl = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
 
 def autograd_reference(
-    logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0, with_entropy: bool = True
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = True,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The plain autograd path the trainer used before fused_logprobs (same signature)."""
     x = logits.float()
@@ -41,7 +45,7 @@ def autograd_reference(
     lp = logp.gather(-1, tokens[..., None]).squeeze(-1)
     ent = None
     if with_entropy:
-        with torch.no_grad():
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             ent = -(logp.exp() * logp).sum(-1)
     return lp, ent
 
@@ -56,6 +60,16 @@ def time_kernel(impl: Impl, x: torch.Tensor, tokens: torch.Tensor, adv: torch.Te
         (lp * adv).sum().backward()
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def default_model(key: str) -> tuple[Any, Any, Any]:
+    """-> (the default job's config for MODELS[key], its model directory, its fp32 model)."""
+    from streamrl.config import load_config
+    from streamrl.models import load_model, resolve_model_dir
+
+    cfg = load_config(None, [f"model={MODELS[key]}", "eval.size=0"])
+    model_dir = resolve_model_dir(cfg.model, cfg.seed)
+    return cfg, model_dir, load_model(model_dir, cfg.device)
 
 
 def synthetic_batch(vocab: int, prompt_len: int, max_new: int, seed: int) -> Any:
@@ -99,13 +113,10 @@ def main() -> None:
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    from streamrl.config import load_config
-    from streamrl.models import load_model, load_tokenizer, resolve_model_dir
+    from streamrl.models import load_tokenizer
     from streamrl.trainer.trainer import Trainer
 
-    cfg = load_config(None, [f"model={MODELS[a.model]}", "eval.size=0"])
-    model_dir = resolve_model_dir(cfg.model, cfg.seed)
-    model = load_model(model_dir, cfg.device)
+    cfg, model_dir, model = default_model(a.model)
     vocab = model.config.vocab_size
     impls: dict[str, Impl] = {
         "autograd": autograd_reference,

@@ -27,7 +27,7 @@ import statistics
 import time
 
 import torch
-from logprob_kernel import MODELS, synthetic_batch
+from logprob_kernel import MODELS, default_model, synthetic_batch
 from mfu import gemm_peak, param_count
 
 Row = tuple[float, float, float, int, int]
@@ -100,14 +100,11 @@ def main() -> None:
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    from streamrl.config import load_config
-    from streamrl.models import load_model, load_tokenizer, resolve_model_dir
+    from streamrl.models import load_tokenizer
     from streamrl.trainer import trainer as trainer_module
     from streamrl.trainer.trainer import Trainer
 
-    cfg = load_config(None, [f"model={MODELS[a.model]}", "eval.size=0"])
-    model_dir = resolve_model_dir(cfg.model, cfg.seed)
-    model = load_model(model_dir, cfg.device)
+    cfg, model_dir, model = default_model(a.model)
     n_params = param_count(cfg.model)
     pad_id = int(load_tokenizer(model_dir).pad_token_id)
     keep = trainer_module.keep_freed_memory

@@ -325,3 +325,26 @@ def test_trainer_casts_once_per_optimizer_step_and_steps_like_transformers(tiny,
         moved = (b - start[name]).abs().max().item()
         assert moved > 0, name
         torch.testing.assert_close(a, b, rtol=0, atol=1e-4 * moved, msg=name)
+
+
+def test_fused_attention_honours_the_kv_cache_on_both_paths(tiny) -> None:
+    """Prefill 6 tokens into a DynamicCache, then decode 3 one at a time: the logits equal one forward
+    over all 9 tokens, with and without the fused path (the cache reaches the fused attention under
+    whichever keyword the installed transformers passes it by)."""
+    from transformers import DynamicCache
+
+    from streamrl.models.cache_kwarg import cache_kwargs
+
+    model = copy.deepcopy(tiny[0]).float()
+    ids = torch.randint(3, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
+    for fused in (None, torch.float32):
+        ctx = compute_weights(model, fused) if fused is not None else contextlib.nullcontext()
+        with ctx, torch.no_grad():
+            full = model(input_ids=ids).logits[:, 5:]
+            cache = DynamicCache()
+            steps = [model(input_ids=ids[:, :6], **cache_kwargs(model, cache)).logits[:, -1]]
+            for t in range(6, 9):
+                out = model(input_ids=ids[:, t : t + 1], **cache_kwargs(model, cache))
+                steps.append(out.logits[:, -1])
+        assert cache.get_seq_length() == 9, fused
+        torch.testing.assert_close(torch.stack(steps, 1), full, rtol=1e-5, atol=1e-5, msg=str(fused))

@@ -2,6 +2,7 @@ import torch
 from transformers import DynamicCache
 
 from streamrl.engine.kv_cache import growing_cache
+from streamrl.models.cache_kwarg import cache_kwargs
 
 
 def _decode(model, cache, ids, attn, steps, drop_at):
@@ -10,9 +11,9 @@ def _decode(model, cache, ids, attn, steps, drop_at):
     out = []
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache).logits[
-            :, -1
-        ]
+        logits = model(
+            input_ids=ids, attention_mask=attn, position_ids=pos, **cache_kwargs(model, cache)
+        ).logits[:, -1]
         nxt = pos[:, -1:] + 1
         for step in range(steps):
             out.append(logits)
@@ -23,7 +24,7 @@ def _decode(model, cache, ids, attn, steps, drop_at):
                 attn, nxt, tok = attn[keep], nxt[keep], tok[keep]
             attn = torch.cat([attn, torch.ones_like(tok)], dim=1)
             logits = model(
-                input_ids=tok, attention_mask=attn, position_ids=nxt, past_key_values=cache
+                input_ids=tok, attention_mask=attn, position_ids=nxt, **cache_kwargs(model, cache)
             ).logits[:, -1]
             nxt = nxt + 1
     return out
@@ -45,3 +46,30 @@ def test_growing_cache_decodes_exactly_like_dynamic_cache_across_growth_and_comp
     layer = cache.layers[0]
     assert layer.get_seq_length() == width + 12 and layer.keys.shape[0] == 2
     assert layer._k.shape[-2] == width + 12  # grew to the limit, not past it
+
+
+def test_the_cache_keyword_follows_the_forward_signature_and_its_deprecation_wrapper() -> None:
+    import functools
+    from types import SimpleNamespace
+
+    from streamrl.models.cache_kwarg import cache_kwarg_of, returned_cache
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None): ...
+
+    def renamed(fn):  # what transformers' deprecate_kwarg does to a forward: functools.wraps
+        @functools.wraps(fn)
+        def wrapper(*a, **k):
+            return fn(*a, **k)
+
+        return wrapper
+
+    class New(torch.nn.Module):
+        @renamed
+        def forward(self, input_ids=None, cache=None, **kwargs): ...
+
+    assert cache_kwarg_of(Old) == "past_key_values"
+    assert cache_kwarg_of(New) == "cache"
+    assert returned_cache(SimpleNamespace(cache="c", past_key_values=None)) == "c"
+    assert returned_cache(SimpleNamespace(past_key_values="p")) == "p"
+    assert returned_cache(SimpleNamespace(cache=None, past_key_values="p")) == "p"

@@ -16,6 +16,7 @@ from streamrl.engine.base import GenRequest, GenResult
 from streamrl.engine.kv_cache import growing_cache
 from streamrl.engine.sampling import sample_next
 from streamrl.engine.speculative import verify_drafts
+from streamrl.models.cache_kwarg import cache_kwargs
 from streamrl.models.precision import cast_params
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -84,7 +85,7 @@ class DecodeBatch:
             input_ids=ids.to(dev),
             attention_mask=attn.to(dev),
             position_ids=positions.to(dev),
-            past_key_values=self.cache,
+            **cache_kwargs(self.engine.model, self.cache),
             use_cache=True,
             logits_to_keep=1,
         )

@@ -44,6 +44,7 @@ import torch
 
 from streamrl.engine.base import GenResult
 from streamrl.engine.sampling import sample_inverse_cdf, sampling_probs
+from streamrl.models.cache_kwarg import cache_kwargs
 
 VERIFY_ELEMENTS = 1 << 26  # logits per verify forward (rows x columns x vocabulary): 128 MB in bf16
 VERIFY_COLUMNS = 8  # draft columns per verify forward
@@ -163,7 +164,7 @@ def _forward(batch: VerifiedBatch, ids: torch.Tensor, start: int, attn: torch.Te
         input_ids=ids.to(dev),
         attention_mask=attn.to(dev),
         position_ids=positions.to(dev),
-        past_key_values=batch.cache,
+        **cache_kwargs(batch.engine.model, batch.cache),
         use_cache=True,
         logits_to_keep=0,
     )

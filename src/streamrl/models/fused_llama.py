@@ -21,6 +21,7 @@ import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama import modeling_llama as llama
 
+from streamrl.models.cache_kwarg import cache_kwarg_of
 from streamrl.models.compute_weights import Fused, master_linear
 from streamrl.models.fused_layers import rms_norm, rope, swiglu
 
@@ -61,14 +62,16 @@ class FusedLlamaAttention(llama.LlamaAttention, Fused):
         hidden_states: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         attention_mask: torch.Tensor | None = None,
+        cache: Any = None,
         past_key_values: Any = None,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # the KV cache under either name: `cache` since transformers 5.24, `past_key_values` before
+        cache = cache if cache is not None else past_key_values
         cw = self._cw
         if cw is None:
-            return super().forward(
-                hidden_states, position_embeddings, attention_mask, past_key_values, **kwargs
-            )
+            kwargs[cache_kwarg_of(llama.LlamaAttention)] = cache
+            return super().forward(hidden_states, position_embeddings, attention_mask, **kwargs)
         assert position_embeddings is not None
         B, T, _ = hidden_states.shape
         D = self.head_dim
@@ -77,8 +80,8 @@ class FusedLlamaAttention(llama.LlamaAttention, Fused):
         )
         q, k, v = (t.view(B, T, -1, D).transpose(1, 2) for t in qkv.split(self._split, -1))
         q, k = rope(q, k, *position_embeddings)
-        if past_key_values is not None:
-            k, v = past_key_values.update(k, v, self.layer_idx)
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer_idx)
         attention: Callable[..., Any] = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, llama.eager_attention_forward
         )

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from streamrl.models.cache_kwarg import cache_kwargs, returned_cache
 from streamrl.trainer.batching import MicroBatch, check_fits, per_token
 from streamrl.trainer.fused_logprobs import token_logprobs_entropy
 from streamrl.types import Trajectory
@@ -136,14 +137,14 @@ def shared_forward(
         position_ids=(pmask.cumsum(-1) - 1).clamp(min=0),
         use_cache=True,
     )
-    cache = pre.past_key_values
+    cache = returned_cache(pre)
     cache.batch_select_indices(mb.prompt_rows.to(dev))  # [U, ...] -> [B, ...], differentiable indexing
     B, C = mb.completion_ids.shape
     out = body(
         input_ids=mb.input_ids.to(dev),
         attention_mask=mb.attention_mask.to(dev),
         position_ids=mb.position_ids.to(dev),
-        past_key_values=cache,
+        **cache_kwargs(body, cache),
         use_cache=True,
     )
     hidden = out.last_hidden_state  # [B, C, H]: row position j is the state before completion token j

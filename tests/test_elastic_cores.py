@@ -53,6 +53,31 @@ def test_an_idle_worker_lends_to_the_trainer():
     assert got == [1] and cores.held() == [1, 1]
 
 
+def test_the_seconds_and_thread_seconds_each_phase_held_are_counted_at_its_boundaries():
+    """Trainer and worker start on one thread each at t=0. t=2: the trainer waits, so from the worker's
+    boundary at t=3 it decodes on two threads; t=7: the worker waits; t=8: the trainer works on both,
+    still at its next micro-batch (t=11); t=12: the trainer waits."""
+    now = [0.0]
+    cores = ElasticCores([1, 1], CTX, policy="lend", clock=lambda: now[0])
+    for t, call in [
+        (2, "wait 0"),
+        (3, "work 1"),
+        (7, "wait 1"),
+        (8, "work 0"),
+        (11, "work 0"),
+        (12, "wait 0"),
+    ]:
+        now[0] = float(t)
+        verb, slot = call.split()
+        getattr(cores, verb)(int(slot))
+    assert cores.held() == [0, 0]
+    s = cores.stats()
+    # trainer: 1 thread over [0, 2), none until 8, 2 threads over [8, 12) -> 6 s held, 10 thread-s
+    assert (s["cores_trainer_held_s"], s["cores_trainer_thread_s"]) == (6.0, 10.0)
+    # worker: 1 thread over [0, 3), 2 over [3, 7) -> 7 s held, 11 thread-s
+    assert (s["cores_worker_held_s"], s["cores_worker_thread_s"]) == (7.0, 11.0)
+
+
 def test_two_borrowers_share_what_one_lender_lends_without_exceeding_the_cores():
     cores = ElasticCores([2, 1, 1], CTX, policy="lend")  # 4 cores: trainer 2, two workers 1 each
     cores.wait(0)

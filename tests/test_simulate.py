@@ -283,3 +283,41 @@ def test_cli_reads_the_optional_decode_exponent() -> None:
     assert build([])[3].decode_thread_scaling is None  # engines follow thread_scaling
     setup = build(["decode_thread_scaling=0.25", "thread_scaling=0.9"])[3]
     assert setup.decode_thread_scaling == 0.25 and setup.thread_scaling == 0.9
+
+
+def _lend_run(extra: dict) -> fit.Run:
+    """Async on 2 cores split 1 + 1, lending; 2 steps of B=2 x G=4 samples at 2 samples/s (8 s)."""
+    cfg = {
+        "max_staleness": 1,
+        "runtime": {"mode": "async", "elastic_cores": "lend", "rollout_workers": 1, "rollout_threads": 1},
+        "train": {"threads": 0},
+        "rollout": {"prompts_per_step": 2, "samples_per_prompt": 4, "max_new_tokens": 8},
+    }
+    row = {"train_time": 2.0, "trainer_wait_time": 1.0, "tokens_trained": 100, "tokens_generated": 40}
+    row |= {"response_length": 5.0, "samples_per_s": 2.0}
+    rows = [{**row, "step": 1}, {**row, "step": 2, "samples_per_s": 2.0, "engine_idle_share": 0.25, **extra}]
+    return fit.Run(None, cfg, rows, 2)
+
+
+def test_a_lending_runs_fit_counts_the_borrowed_threads_once() -> None:
+    # logged: the trainer held 4 s at 1.5 threads on average -> half its time on 2 threads; the engine
+    # 6 s at 1.25 -> a quarter
+    logged = _lend_run(
+        {
+            "cores_trainer_held_s": 4.0,
+            "cores_trainer_thread_s": 6.0,
+            "cores_worker_held_s": 6.0,
+            "cores_worker_thread_s": 7.5,
+        }
+    )
+    assert fit.borrowed_shares(logged) == (0.5, 0.25)
+    k_t, k_e = fit.speedups(logged, alpha=0.5, decode_alpha=0.66)
+    assert k_t == pytest.approx(0.5 + 0.5 * 2**0.5) and k_e == pytest.approx(0.75 + 0.25 * 2**0.66)
+    costs, _ = fit.fit_costs(logged, alpha=0.5, decode_alpha=0.66)
+    assert costs.train_token_s == pytest.approx(4.0 * k_t / 200)  # 4 s of training over 200 tokens
+    # not logged (older runs): the trainer borrows while the engine idles (0.25 x 8 s over 4 s of
+    # training), the engine while the trainer waits (2 s over its 0.75 x 8 = 6 s busy)
+    assert fit.borrowed_shares(_lend_run({})) == (0.5, pytest.approx(1 / 3))
+    fixed = _lend_run({})
+    fixed.config["runtime"]["elastic_cores"] = "fixed"
+    assert fit.borrowed_shares(fixed) == (0.0, 0.0) and fit.speedups(fixed, 0.5, 0.66) == (1.0, 1.0)

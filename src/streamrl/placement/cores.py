@@ -34,6 +34,7 @@ from typing import Any
 
 _HELD, _LENDING, _MAX = 0, 1, 2  # per-slot fields
 _PEAK, _BORROWS, _RECLAIMS, _TIMEOUTS = 0, 1, 2, 3  # global counters
+_THREAD_S, _HELD_S, _SINCE = 0, 1, 2  # per-slot clocks: thread-seconds held, seconds held, last change
 
 
 class ElasticCores:
@@ -42,10 +43,16 @@ class ElasticCores:
     base: threads each slot owns (slot 0: the trainer, slot 1 + i: rollout worker i).
     ctx: a multiprocessing context (its Array and Lock back the shared state).
     reclaim_timeout_s: how long `work` waits for a borrower to give threads back before it goes on with
-    its base anyway (counted as `timeouts`; a borrower's boundary is normally well under a second)."""
+    its base anyway (counted as `timeouts`; a borrower's boundary is normally well under a second).
+    clock: monotonic seconds (the thread-seconds each slot held are measured on it)."""
 
     def __init__(
-        self, base: list[int], ctx: Any, reclaim_timeout_s: float = 60.0, policy: str = "lend"
+        self,
+        base: list[int],
+        ctx: Any,
+        reclaim_timeout_s: float = 60.0,
+        policy: str = "lend",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not base or min(base) < 1:
             raise ValueError(f"every process needs at least one thread of its own, got {base}")
@@ -55,19 +62,23 @@ class ElasticCores:
         self.base = list(base)
         self.total = sum(base)
         self.reclaim_timeout_s = reclaim_timeout_s
+        self.clock = clock
         self._lock = ctx.Lock()
         self._slots = ctx.Array("i", 3 * len(base), lock=False)  # held, lending, max held per slot
         self._counts = ctx.Array("l", 4, lock=False)  # peak, borrows, reclaims waited, timeouts
+        self._clocks = ctx.Array("d", 3 * len(base), lock=False)  # thread-s, held s, since: per slot
+        now = clock()
         for p, b in enumerate(base):  # everyone starts on its own share
             self._slots[3 * p + _HELD] = b
             self._slots[3 * p + _MAX] = b
+            self._clocks[3 * p + _SINCE] = now
         self._counts[_PEAK] = self.total
 
     # ---- the two calls a process makes at its boundaries -----------------------------------------
     def wait(self, p: int) -> None:
         """Slot p is about to wait (no compute until its next `work`): it lends its threads."""
         with self._lock:
-            self._slots[3 * p + _HELD] = 0
+            self._set_held(p, 0)
             self._slots[3 * p + _LENDING] = 1
 
     def work(
@@ -108,7 +119,7 @@ class ElasticCores:
         s = self._slots
         n = len(self.base)
         s[3 * p + _LENDING] = 0
-        s[3 * p + _HELD] = 0  # at a boundary p runs nothing: recount from zero
+        self._set_held(p, 0)  # at a boundary p runs nothing: recount from zero
         others_held = sum(s[3 * q + _HELD] for q in range(n) if q != p)
         if self.policy == "alternate":
             if p == 0:  # the trainer takes every core once the workers have yielded
@@ -122,9 +133,19 @@ class ElasticCores:
             return 0
         return self._hold(p, take)
 
+    def _set_held(self, p: int, k: int) -> None:
+        """Slot p now holds k threads; the clocks count what it held since its last change."""
+        c, now = self._clocks, self.clock()
+        held, dt = self._slots[3 * p + _HELD], now - c[3 * p + _SINCE]
+        if held:
+            c[3 * p + _THREAD_S] += held * dt
+            c[3 * p + _HELD_S] += dt
+        c[3 * p + _SINCE] = now
+        self._slots[3 * p + _HELD] = k
+
     def _hold(self, p: int, k: int) -> int:
         s = self._slots
-        s[3 * p + _HELD] = k
+        self._set_held(p, k)
         s[3 * p + _MAX] = max(s[3 * p + _MAX], k)
         held = sum(s[3 * q + _HELD] for q in range(len(self.base)))
         self._counts[_PEAK] = max(self._counts[_PEAK], held)
@@ -137,12 +158,15 @@ class ElasticCores:
         with self._lock:
             return [self._slots[3 * p + _HELD] for p in range(len(self.base))]
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, float]:
         """Cumulative: the most threads ever held at once (never above the cores), boundaries at which
-        a process ran on borrowed threads, reclaims that waited for a borrower, reclaim timeouts, and
-        the most threads the trainer and the workers each held."""
+        a process ran on borrowed threads, reclaims that waited for a borrower, reclaim timeouts, the
+        most threads the trainer and the workers each held, and the seconds and thread-seconds the
+        trainer and the workers (summed) held threads, up to their last boundary: their ratio is the
+        mean threads a phase computed on (the simulator's fit, sim/fit.py, reads it)."""
         with self._lock:
             maxes = [self._slots[3 * p + _MAX] for p in range(len(self.base))]
+            c, workers = self._clocks, range(1, len(self.base))
             return {
                 "cores_total": self.total,
                 "cores_peak_held": int(self._counts[_PEAK]),
@@ -151,6 +175,10 @@ class ElasticCores:
                 "cores_reclaim_timeouts": int(self._counts[_TIMEOUTS]),
                 "cores_trainer_max": maxes[0],
                 "cores_worker_max": max(maxes[1:], default=0),
+                "cores_trainer_held_s": c[_HELD_S],
+                "cores_trainer_thread_s": c[_THREAD_S],
+                "cores_worker_held_s": sum(c[3 * p + _HELD_S] for p in workers),
+                "cores_worker_thread_s": sum(c[3 * p + _THREAD_S] for p in workers),
             }
 
 

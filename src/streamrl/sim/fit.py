@@ -6,6 +6,13 @@ by default; benchmarks/thread_scaling.py measures them: decoding is memory-bound
 decode cost fitted at 2 threads and used at 1 needs its own exponent).
 
 - train_token_s = sum(train_time) * k_train ** alpha / sum(tokens_trained)   (prompt + response tokens)
+- k ** alpha is a phase's speed-up over one thread. With elastic cores (lend) a phase computes part of
+  its time on threads another phase lent it, so the fit averages: a fraction f of its time on base + lent
+  threads, the rest on its base, speed-up (1 - f) base ** alpha + f (base + lent) ** alpha, with f from
+  the thread-seconds the run logged (cores_*_thread_s / cores_*_held_s), or for runs from before those
+  metrics estimated as the trainer's share of the engine's idle time and the engine's share of the
+  trainer's wait. Fitting on base alone would count the speed of borrowed threads twice: once in the
+  fitted cost, again when the simulator lends.
 - weight_sync_s = mean(weight_sync_time) (async runs; 0 for colocated, where the engine shares the module)
 - decode (with decode_alpha in place of alpha): colocated rows log generate_time per step. A row
   generated n = (B + dropped) groups in r = 1 + ceil(dropped / B) rounds; each round takes S decode
@@ -62,6 +69,13 @@ class Run:
     def G(self) -> int:
         return int(self.config["rollout"]["samples_per_prompt"])
 
+    @property
+    def lends(self) -> bool:
+        """Elastic cores with the lend policy (alternate is not modelled, runs from before the key ran
+        on a fixed split)."""
+        rt = self.config.get("runtime", {})
+        return not self.colocated and rt.get("elastic_cores", "fixed") in ("lend", True)
+
     def threads(self) -> tuple[int, int]:
         """(trainer threads, engine threads per worker), as loop/job.py splits the cores."""
         rt, tr = self.config.get("runtime", {}), self.config.get("train", {})
@@ -95,9 +109,48 @@ def _prompt_len(run: Run) -> float:
     return max(1.0, sum(per) / len(per))
 
 
-def fit_decode(run: Run, alpha: float = 1.0, shared_prefill: bool = False) -> tuple[float, float, str]:
-    """(decode_step_s, decode_token_s, how) in one-thread seconds; see the module docstring."""
+def borrowed_shares(run: Run) -> tuple[float, float]:
+    """(trainer, engine): the fraction of its computing time each phase ran on borrowed threads as well
+    as its own (0, 0 without lending; see the module docstring)."""
+    if not run.lends:
+        return 0.0, 0.0
     tt, et = run.threads()
+    workers = int(run.config.get("runtime", {}).get("rollout_workers", 1))
+    last = run.rows[-1]
+    if last.get("cores_trainer_held_s") and last.get("cores_worker_held_s"):
+        mt = last["cores_trainer_thread_s"] / last["cores_trainer_held_s"]
+        me = last["cores_worker_thread_s"] / last["cores_worker_held_s"]
+        f_t, f_e = (mt - tt) / (et * workers), (me - et) / tt
+    else:
+        train_s = sum(r["train_time"] for r in run.rows)
+        wait_s = sum(r.get("trainer_wait_time", 0.0) for r in run.rows)
+        elapsed = run.B * run.G * len(run.rows) / last["samples_per_s"]
+        f_t = last.get("engine_idle_share", 0.0) * elapsed / train_s if train_s else 0.0
+        busy = engine_busy(run)
+        f_e = wait_s / busy if busy else 0.0
+    return min(1.0, max(0.0, f_t)), min(1.0, max(0.0, f_e))
+
+
+def speedups(run: Run, alpha: float = 1.0, decode_alpha: float | None = None) -> tuple[float, float]:
+    """(trainer, engine): each phase's speed over one thread, averaged over the threads it ran on."""
+    tt, et = run.threads()
+    d_alpha = alpha if decode_alpha is None else decode_alpha
+    f_t, f_e = borrowed_shares(run)
+    workers = 1 if run.colocated else int(run.config.get("runtime", {}).get("rollout_workers", 1))
+    top_t, top_e = tt + et * workers, et + tt
+    return (
+        (1 - f_t) * tt**alpha + f_t * top_t**alpha,
+        (1 - f_e) * et**d_alpha + f_e * top_e**d_alpha,
+    )
+
+
+def fit_decode(
+    run: Run, alpha: float = 1.0, shared_prefill: bool = False, speedup: float | None = None
+) -> tuple[float, float, str]:
+    """(decode_step_s, decode_token_s, how) in one-thread seconds; see the module docstring.
+    speedup: the engine's speed over one thread in this run (default et ** alpha)."""
+    tt, et = run.threads()
+    k = et**alpha if speedup is None else speedup
     prompt, max_new = _prompt_len(run), int(run.config["rollout"]["max_new_tokens"])
     if run.colocated and all("generate_time" in r for r in run.rows):
         xs: list[tuple[float, float, float]] = []
@@ -109,7 +162,7 @@ def fit_decode(run: Run, alpha: float = 1.0, shared_prefill: bool = False) -> tu
             tokens = r["tokens_generated"] * n_groups / run.B + PREFILL * prompt * n_groups * _per_group(
                 run, shared_prefill
             )
-            xs.append((rounds * s_len, tokens, r["generate_time"] * et**alpha))
+            xs.append((rounds * s_len, tokens, r["generate_time"] * k))
         a, c = _nonneg_lstsq(xs)
         return a, c, f"least squares over {len(xs)} colocated steps' generate_time"
     busy = engine_busy(run)
@@ -120,7 +173,7 @@ def fit_decode(run: Run, alpha: float = 1.0, shared_prefill: bool = False) -> tu
         sum(r["tokens_generated"] for r in run.rows)
         + PREFILL * prompt * trained * _per_group(run, shared_prefill)
     ) * scale
-    return 0.0, busy * et**alpha / tokens, "engine busy time / tokens (a = 0 assumed)"
+    return 0.0, busy * k / tokens, "engine busy time / tokens (a = 0 assumed)"
 
 
 def engine_busy(run: Run) -> float:
@@ -186,9 +239,7 @@ def setup(run: Run, alpha: float = 1.0, decode_alpha: float | None = None) -> Se
         trainer_threads=tt,
         thread_scaling=alpha,
         decode_thread_scaling=decode_alpha,
-        # runs recorded before elastic cores existed have no key: they ran on a fixed split
-        # lend is modelled; alternate (never both phases at once) is not, nor runs from before the key
-        elastic=not run.colocated and rt.get("elastic_cores", "fixed") in ("lend", True),
+        elastic=run.lends,
     )
 
 
@@ -217,17 +268,18 @@ def fit_costs(
     scale_engine (with `engine`): keep the measured costs' proportions (per step, per row, prefill) but
     scale them so the simulated engines are busy as long as the run's were: an idle-machine benchmark
     misses what a loaded one adds (memory-bandwidth contention with the trainer, worker overhead)."""
-    tt, _ = run.threads()
     if engine is not None:
         a, c, p = engine.decode_step_s, engine.decode_token_s, engine.prefill_token_s
         shared_prefill = True
         notes = ["decode: measured engine costs"]
     else:
         d_alpha = alpha if decode_alpha is None else decode_alpha
-        a, c, how = fit_decode(decode_from or run, d_alpha, shared_prefill)
+        src = decode_from or run
+        a, c, how = fit_decode(src, d_alpha, shared_prefill, speedups(src, alpha, decode_alpha)[1])
         p = PREFILL * c
         notes = [f"decode: {how}" + (f" of {decode_from.path}" if decode_from else "")]
-    train = sum(r["train_time"] for r in run.rows) * tt**alpha / sum(r["tokens_trained"] for r in run.rows)
+    k_train = speedups(run, alpha, decode_alpha)[0]
+    train = sum(r["train_time"] for r in run.rows) * k_train / sum(r["tokens_trained"] for r in run.rows)
     syncs = [r["weight_sync_time"] for r in run.rows if "weight_sync_time" in r]
     costs = Costs(
         decode_step_s=a,

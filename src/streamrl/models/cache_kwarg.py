@@ -22,14 +22,9 @@ def cache_kwarg_of(cls: type) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def cache_kwarg(model: torch.nn.Module) -> str:
-    """The keyword `model.forward` takes its KV cache by: "cache" or "past_key_values"."""
-    return cache_kwarg_of(type(model))
-
-
 def cache_kwargs(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
-    """{name: cache} to splat into `model(...)`."""
-    return {cache_kwarg(model): cache}
+    """{name: cache} to splat into `model(...)`, under the keyword `model.forward` takes."""
+    return {cache_kwarg_of(type(model)): cache}
 
 
 def returned_cache(out: Any) -> Any:

@@ -76,12 +76,22 @@ class Run:
         rt = self.config.get("runtime", {})
         return not self.colocated and rt.get("elastic_cores", "fixed") in ("lend", True)
 
+    @property
+    def workers(self) -> int:
+        """Rollout workers (1 for colocated: the one engine)."""
+        return 1 if self.colocated else int(self.config.get("runtime", {}).get("rollout_workers", 1))
+
+    @property
+    def elapsed(self) -> float:
+        """The loop's seconds, from its final samples/s."""
+        return self.B * self.G * len(self.rows) / self.rows[-1]["samples_per_s"]
+
     def threads(self) -> tuple[int, int]:
         """(trainer threads, engine threads per worker), as loop/job.py splits the cores."""
         rt, tr = self.config.get("runtime", {}), self.config.get("train", {})
         if self.colocated:
             return int(tr.get("threads") or self.cores), int(tr.get("threads") or self.cores)
-        rollout = int(rt.get("rollout_workers", 1)) * int(rt.get("rollout_threads", 1))
+        rollout = self.workers * int(rt.get("rollout_threads", 1))
         return int(tr.get("threads") or max(1, self.cores - rollout)), int(rt.get("rollout_threads", 1))
 
 
@@ -115,17 +125,15 @@ def borrowed_shares(run: Run) -> tuple[float, float]:
     if not run.lends:
         return 0.0, 0.0
     tt, et = run.threads()
-    workers = int(run.config.get("runtime", {}).get("rollout_workers", 1))
     last = run.rows[-1]
     if last.get("cores_trainer_held_s") and last.get("cores_worker_held_s"):
         mt = last["cores_trainer_thread_s"] / last["cores_trainer_held_s"]
         me = last["cores_worker_thread_s"] / last["cores_worker_held_s"]
-        f_t, f_e = (mt - tt) / (et * workers), (me - et) / tt
+        f_t, f_e = (mt - tt) / (et * run.workers), (me - et) / tt
     else:
         train_s = sum(r["train_time"] for r in run.rows)
         wait_s = sum(r.get("trainer_wait_time", 0.0) for r in run.rows)
-        elapsed = run.B * run.G * len(run.rows) / last["samples_per_s"]
-        f_t = last.get("engine_idle_share", 0.0) * elapsed / train_s if train_s else 0.0
+        f_t = last.get("engine_idle_share", 0.0) * run.elapsed / train_s if train_s else 0.0
         busy = engine_busy(run)
         f_e = wait_s / busy if busy else 0.0
     return min(1.0, max(0.0, f_t)), min(1.0, max(0.0, f_e))
@@ -136,8 +144,7 @@ def speedups(run: Run, alpha: float = 1.0, decode_alpha: float | None = None) ->
     tt, et = run.threads()
     d_alpha = alpha if decode_alpha is None else decode_alpha
     f_t, f_e = borrowed_shares(run)
-    workers = 1 if run.colocated else int(run.config.get("runtime", {}).get("rollout_workers", 1))
-    top_t, top_e = tt + et * workers, et + tt
+    top_t, top_e = tt + et * run.workers, et + tt
     return (
         (1 - f_t) * tt**alpha + f_t * top_t**alpha,
         (1 - f_e) * et**d_alpha + f_e * top_e**d_alpha,
@@ -181,8 +188,7 @@ def engine_busy(run: Run) -> float:
     (1 - engine idle share) x the loop's elapsed time."""
     if run.colocated and all("generate_time" in r for r in run.rows):
         return float(sum(r["generate_time"] for r in run.rows))
-    elapsed = run.B * run.G * len(run.rows) / run.rows[-1]["samples_per_s"]
-    return (1.0 - run.rows[-1].get("engine_idle_share", 0.0)) * elapsed
+    return (1.0 - run.rows[-1].get("engine_idle_share", 0.0)) * run.elapsed
 
 
 def _per_group(run: Run, shared_prefill: bool) -> int:
@@ -232,7 +238,7 @@ def setup(run: Run, alpha: float = 1.0, decode_alpha: float | None = None) -> Se
         mode="sync" if run.colocated else "async",
         eta=int(run.config.get("max_staleness", 0)),
         weight_update=str(rt.get("weight_update", "inflight")),
-        engines=1 if run.colocated else int(rt.get("rollout_workers", 1)),
+        engines=run.workers,
         steps=len(run.rows),
         shared_cores=run.cores,
         engine_threads=et,

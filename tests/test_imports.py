@@ -16,7 +16,8 @@ LAYERS = [
     {"types", "config_parse", "presets", "user_code"},  # user_code imports nothing from streamrl
     {"algo"},
     {"config_bounds", "config_validate"},
-    {"config", "config_docs"},  # config_docs: `streamrl config`, read from config.py's field comments
+    # config_docs: `streamrl config`, read from the field comments of config.py and config_sections.py
+    {"config", "config_sections", "config_docs"},
     {"models", "observe", "rewards"},
     {"engine", "data"},
     {"envs"},

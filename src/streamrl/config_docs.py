@@ -1,8 +1,8 @@
 """`streamrl config [SECTION]`: every config key with its type, default, accepted range and meaning.
 
-The meaning is the field's comment in config.py, the one place it is written: the comment at the end
-of the field's line, else the comment lines right above it (a blank line or code in between ends them).
-A dataclass docstring describes its section.
+The meaning is the field's comment in config.py or config_sections.py, the one place it is written: the
+comment at the end of the field's line, else the comment lines right above it (a blank line or code in
+between ends them). A dataclass docstring describes its section.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import typing
 from functools import cache
 from typing import Any, Literal
 
-from streamrl import config as config_module
+from streamrl import config, config_sections
 from streamrl.config import Config
 from streamrl.config_bounds import BOUNDS
 from streamrl.config_parse import ConfigError
@@ -37,8 +37,15 @@ class KeyDoc:
 
 @cache
 def field_comments() -> dict[tuple[str, str], str]:
-    """(class name, field name) -> its comment in config.py, joined into one line."""
-    source = inspect.getsource(config_module)
+    """(class name, field name) -> its comment in config.py or config_sections.py, joined into one line."""
+    out: dict[tuple[str, str], str] = {}
+    for module in (config, config_sections):
+        out.update(_module_comments(inspect.getsource(module)))
+    return out
+
+
+def _module_comments(source: str) -> dict[tuple[str, str], str]:
+    """field_comments of one module's source."""
     comments: dict[int, str] = {}  # line -> comment text
     code_lines: set[int] = set()  # lines holding anything but a comment
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):

@@ -22,6 +22,7 @@ from streamrl.models.lora import apply_lora, is_lora, merged_state
 from streamrl.trainer.allocator import keep_freed_memory
 from streamrl.trainer.batching import MicroBatch, collate, split_by_token_budget
 from streamrl.trainer.critic import CriticTargets, ValueHead, clipped_value_loss, gae_targets
+from streamrl.trainer.layout import collate_group, split_batch
 from streamrl.trainer.logprobs import completion_forward, completion_logprobs
 from streamrl.trainer.objective import (
     accumulate,
@@ -32,8 +33,6 @@ from streamrl.trainer.objective import (
     token_rewards,
     whole_batch_advantages,
 )
-from streamrl.trainer.packing import collate_packed, pack_by_token_budget
-from streamrl.trainer.shared_prompt import collate_shared, shareable, split_shared
 from streamrl.types import TrainBatch
 
 
@@ -159,31 +158,9 @@ class Trainer:
             return contextlib.nullcontext()
         return compute_weights(self.model, self.compute_dtype)
 
-    def _shares_prompts(self, batch: TrainBatch) -> bool:
-        """train.shared_prompt on a batch whose groups repeat prompts (one trainer rank, no packing:
-        DDP/FSDP2 expect one forward per backward)."""
-        t = self.train
-        return t.shared_prompt and not t.packing and t.strategy == "single" and shareable(batch.trajectories)
-
-    def _groups(self, batch: TrainBatch) -> list[list[int]]:
-        trajs, budget = batch.trajectories, self.train.token_budget
-        lengths = [(len(t.prompt_ids), len(t.completion_ids)) for t in trajs]
-        if self.train.packing:
-            return pack_by_token_budget([p + c for p, c in lengths], budget)
-        if self._shares_prompts(batch):
-            return split_shared([tuple(t.prompt_ids) for t in trajs], [c for _, c in lengths], budget)
-        return split_by_token_budget(lengths, budget)
-
-    def _collate(self, batch: TrainBatch, group: list[int]) -> MicroBatch:
-        trajs, adv = [batch.trajectories[i] for i in group], [batch.advantages[i] for i in group]
-        if self.train.packing:
-            return collate_packed(trajs, adv, self.pad_id)
-        if self._shares_prompts(batch):
-            return collate_shared(trajs, adv, self.pad_id)
-        return collate(trajs, adv, self.pad_id)
-
     def micro_batches(self, batch: TrainBatch) -> list[MicroBatch]:
-        return [self._collate(batch, g) for g in self._groups(batch)]
+        """The batch in train.packing's or train.shared_prompt's layout, else padded (trainer/layout.py)."""
+        return [collate_group(self.train, batch, g, self.pad_id) for g in split_batch(self.train, batch)]
 
     def prepare(self, batch: TrainBatch) -> tuple[list[MicroBatch], list[CriticTargets | None]]:
         """Micro-batches to train on and, with advantage.name=gae, their critic targets.
@@ -194,8 +171,8 @@ class Trainer:
         computes V_old [B, C] per micro-batch, GAE gives advantages and returns for the value loss.
         reinforce_pp_token: one call over the whole batch (it whitens over all of its tokens).
         """
-        groups = self._groups(batch)
-        mbs = [self._collate(batch, g) for g in groups]
+        groups = split_batch(self.train, batch)
+        mbs = [collate_group(self.train, batch, g, self.pad_id) for g in groups]
         spec, a = self.advantage_spec, self.advantage
         if not spec.token_level:
             return mbs, [None] * len(mbs)

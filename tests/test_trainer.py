@@ -120,3 +120,26 @@ def test_no_micro_batch_exceeds_the_token_budget(tiny, layout):
         "can hold it: raise train.token_budget, or lower task_config.max_prompt_tokens or "
         "rollout.max_new_tokens"
     )
+
+
+@pytest.mark.parametrize("prox", ["recompute", "behav"])
+def test_the_boundary_runs_before_each_micro_batch_and_each_layers_forward_and_backward(tiny, prox):
+    """Elastic cores re-size the trainer's threads at its boundaries: before every micro-batch, and
+    before every decoder layer's forward (log-prob passes included) and backward."""
+    cfg = load_config(None, ["train.token_budget=16", "train.shared_prompt=false", f"loss.prox={prox}"])
+    trainer = Trainer.from_config(copy.deepcopy(tiny[0]), cfg, pad_id=0)
+    layers = trainer.model.config.num_hidden_layers
+    forwards: list[bool] = []  # one entry per model forward: with grad?
+    trainer.model.register_forward_pre_hook(lambda m, a: forwards.append(torch.is_grad_enabled()))
+    calls: list[int] = []
+    trainer.set_boundary(lambda: calls.append(1))
+    batch = TrainBatch([_traj(i, [5, 6, 7], [8 + i, 9, 10][: 1 + i % 3]) for i in range(6)], [1.0, -1.0] * 3)
+    mbs = len(trainer.micro_batches(batch))
+    trainer.step(batch)
+    backwards = sum(forwards)  # every forward with grad is followed by one backward
+    assert mbs >= 2 and backwards == mbs
+    assert len(calls) == mbs + layers * len(forwards) + layers * backwards
+    trainer.set_boundary(None)  # removed: the hooks no longer call it
+    calls.clear()
+    trainer.step(batch)
+    assert calls == []

@@ -205,7 +205,7 @@ class AsyncRunner:
         admitter = threading.Thread(target=self._admission_loop, daemon=True)
         admitter.start()
         if self.threads is not None:
-            self.trainer.boundary = self.threads.work
+            self.trainer.set_boundary(self.threads.work)
         budget = RunBudget(cfg.max_steps, cfg.max_time, self.stop)
         waited = 0.0
         try:
@@ -253,7 +253,7 @@ class AsyncRunner:
                 )
                 on_step(rec)
         finally:
-            self.trainer.boundary = None
+            self.trainer.set_boundary(None)
             self._threads_stop.set()
             admitter.join(timeout=10)
             self._carry_over(backend.stop())

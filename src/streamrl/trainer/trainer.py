@@ -19,6 +19,7 @@ from streamrl.models import lora
 from streamrl.models.compute_weights import compute_weights, installed
 from streamrl.models.export import save_model
 from streamrl.models.lora import apply_lora, is_lora, merged_state
+from streamrl.trainer import boundaries
 from streamrl.trainer.allocator import keep_freed_memory
 from streamrl.trainer.batching import MicroBatch, collate, split_by_token_budget
 from streamrl.trainer.critic import CriticTargets, ValueHead, clipped_value_loss, gae_targets
@@ -97,8 +98,19 @@ class Trainer:
         self.loss_params, self.correction_params = loss_params(loss), correction_params(loss)
         self.aggregate = aggregation_fn(loss.aggregation)
         self.kl = kl_fn(loss.kl_estimator)
-        # called before each micro-batch (the async loop's elastic cores re-size the threads there)
+        # called before each micro-batch and each decoder layer's forward and backward (set_boundary)
         self.boundary: Callable[[], object] | None = None
+        self._remove_boundaries: Callable[[], None] | None = None
+
+    def set_boundary(self, fn: Callable[[], object] | None) -> None:
+        """Where the async loop's elastic cores may re-size the threads (trainer/boundaries.py): before
+        each micro-batch and each decoder layer, forward and backward; None removes them."""
+        if self._remove_boundaries is not None:
+            self._remove_boundaries()
+            self._remove_boundaries = None
+        self.boundary = fn
+        if fn is not None:
+            self._remove_boundaries = boundaries.install(self.model, fn)
 
     @classmethod
     def from_config(cls, model: Any, cfg: Config, pad_id: int, **kw: Any) -> Trainer:

@@ -3,14 +3,15 @@
 On shared cores a fixed split idles a core whenever its phase waits: the trainer for rollouts, or a
 rollout worker for admissions when generation is ahead. Here every process p owns `base[p]` threads
 (the fixed split: slot 0 the trainer, slot 1 + i rollout worker i) and, at its boundaries (the trainer
-before each micro-batch, a worker before each decode step), asks for threads:
+before each micro-batch and each decoder layer's forward and backward, trainer/boundaries.py; a worker
+before each decode step), asks for threads:
 
     threads(p) = min(total, base[p] + sum(base[q] for every q that waits))
 
 A process about to wait calls `wait(p)`: it lends its base and holds 0 threads. A process about to
 compute calls `work(p)`: it takes what it is owed, and when a borrower still holds its base it waits
 until the borrower gives it back at its own next boundary (a worker's decode step, a trainer
-micro-batch). That is the `lend` policy: both phases run at once whenever both have work.
+layer). That is the `lend` policy: both phases run at once whenever both have work.
 
 The `alternate` policy never runs them at once: the trainer, when it has a batch, takes every core
 (the workers yield at their next boundary and wait), and the workers decode on every core while the

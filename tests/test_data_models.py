@@ -35,6 +35,9 @@ def test_reasoning_gym_counts_only_full_score_as_correct():
     assert 0 < task._scorer.score_answer(f"The answer is {p.answer}", p.meta["entry"]) < 1
     assert not task.is_correct(f"The answer is {p.answer}", p)
     assert not task.score(p, p.answer).formatted  # bare number: format not followed
+    # the answer first, then text the format does not ask for: correct, without the format bonus
+    rambling = task.score(p, f"The answer is {p.answer}.\n\nIn this example, the numbers add up.")
+    assert rambling.correct and not rambling.formatted
 
 
 def test_prompt_has_system_and_question():

@@ -3,7 +3,7 @@ import threading
 import pytest
 
 from streamrl.eval.stats import paired_difference_interval, wilson_interval
-from streamrl.rewards.extract import EXTRACTORS, extract_answer, reference_answer
+from streamrl.rewards.extract import EXTRACTORS, ends_with_answer, extract_answer, reference_answer
 from streamrl.rewards.math import math_equal
 
 
@@ -151,3 +151,32 @@ def test_math_verify_works_in_a_scoring_thread():
     t.start()
     t.join()
     assert out == [True, False]
+
+
+@pytest.mark.parametrize(
+    "text, style, expected",
+    [
+        ("58 + 26 = 84. The answer is 84.", "answer_is", True),
+        ("**The answer is 84.**\n", "answer_is", True),
+        ("The answer is $12.5$", "answer_is", True),
+        ("The answer is 17\n\nIn this example, the answer is 17, which is rounded down.", "answer_is", False),
+        ("The answer is 36 inches", "answer_is", False),
+        ("The answer is 3. No wait, the answer is 5!", "answer_is", True),
+        ("I think 84", "answer_is", False),
+        ("so $\\boxed{\\frac{1}{2}}$.", "boxed", True),
+        ("\\[\\boxed{2}\\]", "boxed", True),
+        ("\\boxed{2} I hope this helps", "boxed", False),
+        ("\\boxed{unclosed", "boxed", False),
+        ("... #### 72", "gsm8k", True),
+        ("#### 72 and more", "gsm8k", False),
+        ("a 3 then words", "last_number", True),
+        ("no digits", "last_number", False),
+    ],
+)
+def test_a_response_follows_the_format_only_when_its_answer_ends_it(text, style, expected):
+    assert ends_with_answer(text, style) is expected
+
+
+def test_ends_with_answer_names_the_formats_for_an_unknown_one():
+    with pytest.raises(ValueError, match="unknown answer format 'xml'; choose from answer_is, boxed"):
+        ends_with_answer("x", "xml")

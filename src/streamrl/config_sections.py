@@ -53,7 +53,7 @@ class RewardConfig:
     # how the answer is read from a response (rewards/extract.py): "The answer is N", the last \boxed{},
     # the last number, or gsm8k (the number after "####", as GSM8K's reference solutions end)
     extract: Literal["answer_is", "boxed", "last_number", "gsm8k"] = "answer_is"
-    format_weight: float = 0.1  # added to the correctness reward (0/1) when the answer format is followed
+    format_weight: float = 0.1  # added to the correctness reward (0/1) when the response ends with its answer
     overlong_buffer: int = 0  # DAPO overlong shaping: penalty ramps over the last N tokens; 0 = off
     overlong_penalty: float = 1.0  # DAPO overlong shaping: the penalty at max_new_tokens and beyond
     length_penalty: float = 0.0  # subtracted per generated token (a linear length cost; 0 = off)

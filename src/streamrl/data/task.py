@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamrl.data.prompts import build_messages
-from streamrl.rewards.extract import extract_answer
+from streamrl.rewards.extract import ends_with_answer, extract_answer
 from streamrl.types import Problem
 
 HELDOUT_SEED = 1_000_003
@@ -88,4 +88,4 @@ class Task:
         extracted = extract_answer(text, self.extract)
         if extracted is None:
             return Score(False, False, None)
-        return Score(self.is_correct(extracted, problem), True, extracted)
+        return Score(self.is_correct(extracted, problem), ends_with_answer(text, self.extract), extracted)

@@ -16,6 +16,9 @@ _NUM = (
 _ANSWER_IS = re.compile(rf"answer is:?\s*\$?\s*({_NUM})", re.IGNORECASE)
 _NUMBER = re.compile(_NUM)
 _GSM8K = re.compile(rf"####\s*\$?\s*({_NUM})")  # GSM8K's reference solutions end with "#### 72"
+# what may follow the answer statement at the end of a response: closing punctuation, markdown emphasis,
+# math delimiters (a unit or a sentence may not)
+_TRAILER = re.compile(r"[\s.!*_$)\]}]*(?:\\[\])][\s.!*_$)\]}]*)*")
 
 
 def _clean(number: str) -> str:
@@ -23,16 +26,17 @@ def _clean(number: str) -> str:
     return vulgar_to_ascii(number.replace(",", ""))
 
 
-def _last_boxed(text: str) -> str | None:
+def _last_boxed(text: str) -> tuple[str | None, int]:
+    """(the last box's content, the index after its closing brace); (None, -1) without a closed box."""
     start = text.rfind("\\boxed{")
     if start < 0:
-        return None
+        return None, -1
     i, depth = start + len("\\boxed{"), 1
     for j in range(i, len(text)):
         depth += {"{": 1, "}": -1}.get(text[j], 0)
         if depth == 0:
-            return ascii_numerals(text[i:j].strip()) or None  # an empty box is no answer
-    return None
+            return ascii_numerals(text[i:j].strip()) or None, j + 1  # an empty box is no answer
+    return None, -1
 
 
 def extract_answer(text: str, style: str) -> str | None:
@@ -48,7 +52,7 @@ def extract_answer(text: str, style: str) -> str | None:
         found = _ANSWER_IS.findall(text)
         return _clean(found[-1]) if found else None
     if style == "boxed":
-        return _last_boxed(text)
+        return _last_boxed(text)[0]
     if style == "last_number":
         found = _NUMBER.findall(text)
         return _clean(found[-1]) if found else None
@@ -65,3 +69,27 @@ def reference_answer(answer: str) -> str:
         return answer
     tail = answer.rsplit("####", 1)[1]
     return extract_answer("####" + tail, "gsm8k") or tail.strip()
+
+
+def ends_with_answer(text: str, style: str) -> bool:
+    """Whether the response ends with its answer statement, as the format asks ('Reply in the form
+    The answer is <number>.'): after the last 'The answer is N', '#### N' or \\boxed{...} come only
+    whitespace, closing punctuation and math delimiters. last_number: any number counts.
+
+    'Sums: 3 + 4 = 7. The answer is 7.' -> True; 'The answer is 7.\\n\\nIn this example, ...' -> False.
+    A response that rambles on after its answer earns the answer's correctness but not the format
+    bonus (reward.format_weight): without that, text after the answer costs nothing, and its length
+    drifts up to rollout.max_new_tokens.
+    """
+    text = ascii_digits(text)
+    if style == "last_number":
+        return _NUMBER.search(text) is not None
+    if style == "boxed":
+        end = _last_boxed(text)[1]
+    else:
+        pattern = {"answer_is": _ANSWER_IS, "gsm8k": _GSM8K}.get(style)
+        if pattern is None:
+            raise ValueError(f"unknown answer format '{style}'; choose from {', '.join(EXTRACTORS)}")
+        found = list(pattern.finditer(text))
+        end = found[-1].end() if found else -1
+    return end >= 0 and _TRAILER.fullmatch(text[end:]) is not None

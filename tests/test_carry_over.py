@@ -71,9 +71,16 @@ def test_stop_carries_over_finished_and_unfinished_groups_then_resume_trains_eac
         first.append(record)
         if record.step == 3:  # stop with finished, untrained groups waiting in the buffer
             deadline = time.monotonic() + 60
-            while not (runner.sh.buffer and runner.sh.inflight) and time.monotonic() < deadline:
+            while not buffered_and_held() and time.monotonic() < deadline:
                 time.sleep(0.01)
             stop.request("test")
+
+    def buffered_and_held() -> bool:
+        """A finished group waits and a held one (never finishes) is in flight. Any in-flight group is
+        not enough: g9-g11 may all return before the stop, and g12 may not be admitted yet."""
+        with runner.sh.cond:
+            held = [g for g in runner.sh.inflight if int(g.lstrip("g")) >= 12]
+            return bool(runner.sh.buffer) and bool(held)
 
     runner.run(on_step)
     c = runner.ledger.counts()

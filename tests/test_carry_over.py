@@ -7,6 +7,7 @@ import copy
 import itertools
 import time
 
+import pytest
 from scripted_worker import scripted_worker  # tests/ is on sys.path (rootdir conftest)
 
 from streamrl.config import load_config
@@ -114,6 +115,39 @@ def test_stop_carries_over_finished_and_unfinished_groups_then_resume_trains_eac
     assert len(everything) == len(set(everything)) == 18  # no group trained twice, none lost
     assert c2["lost"] == 0 and c2["trained"] == 18
     assert c2["admitted"] == c2["trained"] + c2["filtered"] + c2["carried_over"] == resumed_state.groups_made
+
+
+def test_a_rollout_error_after_the_last_batch_is_printed_once(tiny, capsys):
+    """A worker's failure that arrives after the trainer took its last batch (here: during a stop)
+    ends no step, so nothing raises it: it is printed at the end of the run, not dropped."""
+    stop = StopFlag()
+    state = RunState()
+    runner = _runner(tiny, state, stop)
+
+    def on_step(record):
+        with runner.sh.cond:
+            runner.sh.errors.append("rollout worker 1 failed:\nValueError: boom")
+        stop.request("test")
+
+    runner.run(on_step)
+    err = capsys.readouterr().err
+    assert state.step == 1
+    assert err.count("ValueError: boom") == 1
+    assert "streamrl: warning: at the end of the run, rollout worker 1 failed:" in err
+
+
+def test_a_rollout_error_that_ends_the_run_is_raised_and_not_printed_again(tiny, capsys):
+    state = RunState()
+    runner = _runner(tiny, state, StopFlag())
+
+    def on_step(record):
+        with runner.sh.cond:
+            runner.sh.errors.append("rollout worker 0 failed:\nValueError: boom")
+
+    with pytest.raises(RuntimeError, match="^rollout worker 0 failed:\nValueError: boom$"):
+        runner.run(on_step)
+    assert state.step == 1
+    assert "boom" not in capsys.readouterr().err
 
 
 def test_duplicate_result_is_dropped(tiny):

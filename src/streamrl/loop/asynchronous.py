@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 import threading
 import time
 from collections import deque
@@ -167,7 +168,7 @@ class AsyncRunner:
         with self.sh.cond:
             while len(taken) < self.B:
                 if self.sh.errors:
-                    raise RuntimeError(self.sh.errors[0])
+                    raise RuntimeError(self.sh.errors.pop(0))
                 if self.stop:
                     self.sh.buffer.extendleft(reversed(taken))  # put back: nothing is lost
                     return None
@@ -290,3 +291,6 @@ class AsyncRunner:
             self.state.ledger = self.ledger.state_dict()
             self.state.staleness = self.staleness.state_dict()
             self.state.drafts = self.drafts.state_dict() if self.drafts is not None else []
+            errors, self.sh.errors = self.sh.errors, []
+        for error in errors:  # arrived after the last batch was taken, or during a stop: never silent
+            print(f"streamrl: warning: at the end of the run, {error}", file=sys.stderr, flush=True)

@@ -85,6 +85,7 @@ test-vllm: $(STAMP_VLLM)
 
 lint: $(STAMP_TEST)
 	$(VENV)/bin/ruff check src tests benchmarks scripts
+	$(VENV)/bin/ruff format --check src tests benchmarks scripts
 
 clean:
 	rm -rf $(VENV) $(VENV_VLLM) runs

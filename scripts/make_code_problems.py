@@ -46,6 +46,8 @@ def sentence(r: random.Random) -> str:
 
 READ_LIST = "n = int(input())\nxs = list(map(int, input().split()))\n"
 # (prompt, reference solution, input generator)
+# one problem per two lines: the tables stay tables
+# fmt: off
 BASE: list[tuple[str, str, Gen]] = [
     ("Read two integers a and b on one line and print their sum.",
      "a, b = map(int, input().split())\nprint(a + b)\n", ints(2)),
@@ -178,6 +180,7 @@ FAMILIES: list[tuple[str, str, Gen, list[int]]] = [
     ("Read a positive integer n and print how many of 1..n are divisible by {k}.",
      "print(int(input()) // {k})\n", ints(1, 1, 500), [3, 7]),
 ]
+# fmt: on
 
 
 def run_reference(solution: str, stdin: str) -> str:

@@ -66,8 +66,12 @@ def build(args: list[str]) -> tuple[str, Costs, Workload, Setup, dict[str, list[
             raise ValueError(f"expected key=value, got '{item}'")
         params[key] = parse_override(item)[1]
     notes: list[str] = []
-    g: dict[str, list[Any]] = {"modes": ["sync", "async", "partial"], "etas": [0, 1, 2, 4],
-                               "engines": [1], "ranks": [1]}
+    g: dict[str, list[Any]] = {
+        "modes": ["sync", "async", "partial"],
+        "etas": [0, 1, 2, 4],
+        "engines": [1],
+        "ranks": [1],
+    }
     if "scenario" in params:
         title, costs, work, setup, g = scenario(str(params.pop("scenario")))
     elif source and Path(source).is_dir():
@@ -79,8 +83,10 @@ def build(args: list[str]) -> tuple[str, Costs, Workload, Setup, dict[str, list[
         costs, notes = fit.fit_costs(run, alpha, decode_alpha=decode_alpha, shared_prefill=shared)
         work, setup = fit.workload(run, shared), fit.setup(run, alpha, decode_alpha)
         g.update(engines=[setup.engines], ranks=[setup.ranks])
-        title = f"fitted from {source} ({len(run.rows)} steps, measured {run.rows[-1]['samples_per_s']:.3f}" \
-                " samples/s)"
+        title = (
+            f"fitted from {source} ({len(run.rows)} steps, measured {run.rows[-1]['samples_per_s']:.3f}"
+            " samples/s)"
+        )
     elif source:
         if not Path(source).is_file():
             raise FileNotFoundError(f"{source}: not a run directory or a params YAML file")

@@ -95,8 +95,10 @@ def validate(work: Workload, setup: Setup) -> None:
     """Raise ValueError with one clear line on an impossible setting."""
     checks = [
         (setup.mode in MODES, f"mode must be one of {', '.join(MODES)}, got '{setup.mode}'"),
-        (setup.weight_update in WEIGHT_UPDATES, f"weight_update must be inflight|interrupt, got "
-         f"'{setup.weight_update}'"),
+        (
+            setup.weight_update in WEIGHT_UPDATES,
+            f"weight_update must be inflight|interrupt, got '{setup.weight_update}'",
+        ),
         (setup.eta >= 0, f"eta must be >= 0, got {setup.eta}"),
         (setup.overprovision >= 1.0, f"overprovision must be >= 1, got {setup.overprovision}"),
         (setup.engines >= 1 and setup.ranks >= 1, "engines and ranks must be >= 1"),

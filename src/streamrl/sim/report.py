@@ -84,8 +84,15 @@ def to_json(rows: list[Row], extra: dict[str, Any] | None = None) -> str:
     for w in rows:
         d = asdict(w.result)
         d.pop("trace")
-        d.update(mode=w.mode, engines=w.engines, ranks=w.ranks, eta=w.eta, speedup=w.speedup,
-                 staleness_mean=w.result.staleness_mean, staleness_max=w.result.staleness_max)
+        d.update(
+            mode=w.mode,
+            engines=w.engines,
+            ranks=w.ranks,
+            eta=w.eta,
+            speedup=w.speedup,
+            staleness_mean=w.result.staleness_mean,
+            staleness_max=w.result.staleness_max,
+        )
         items.append(d)
     return json.dumps({**(extra or {}), "rows": items}, indent=2)
 
@@ -95,8 +102,13 @@ def to_json(rows: list[Row], extra: dict[str, Any] | None = None) -> str:
 # decode step 20 ms + 0.2 ms per running sequence, prefill 20 us per token, training 0.25 ms per
 # token per rank, a 2 s allreduce term, 3 s to publish weights. Lengths in `chunk`-token steps.
 GPU_COSTS = Costs(
-    decode_step_s=0.02, decode_token_s=2e-4, prefill_token_s=2e-5, train_token_s=2.5e-4,
-    train_step_s=1.0, allreduce_s=2.0, weight_sync_s=3.0,
+    decode_step_s=0.02,
+    decode_token_s=2e-4,
+    prefill_token_s=2e-5,
+    train_token_s=2.5e-4,
+    train_step_s=1.0,
+    allreduce_s=2.0,
+    weight_sync_s=3.0,
 )
 
 
@@ -112,9 +124,13 @@ def scenario(name: str) -> tuple[str, Costs, Workload, Setup, dict[str, list[Any
             "lengths log-normal (median 1500, sigma 1, cap 16384, mean "
             f"{long_tail.mean():.0f}); illustrative GPU costs"
         )
-        return desc, GPU_COSTS, work, base, {
-            "modes": ["sync", "async", "partial"], "etas": [1, 2, 4, 8], "engines": [12], "ranks": [4]
-        }
+        return (
+            desc,
+            GPU_COSTS,
+            work,
+            base,
+            {"modes": ["sync", "async", "partial"], "etas": [1, 2, 4, 8], "engines": [12], "ranks": [4]},
+        )
     if name == "april":
         work = Workload(long_tail, batch_groups=32, group_size=8, prompt_len=300, max_batch=128)
         base = Setup(steps=12, chunk=32, overprovision=2.0, weight_update="interrupt")
@@ -124,7 +140,11 @@ def scenario(name: str) -> tuple[str, Costs, Workload, Setup, dict[str, list[Any
             "to finish and carries the rest; "
             f"lengths log-normal (median 1500, sigma 1, cap 16384, mean {long_tail.mean():.0f})"
         )
-        return desc, GPU_COSTS, work, base, {
-            "modes": ["sync", "partial"], "etas": [1], "engines": [4], "ranks": [4]
-        }
+        return (
+            desc,
+            GPU_COSTS,
+            work,
+            base,
+            {"modes": ["sync", "partial"], "etas": [1], "engines": [4], "ranks": [4]},
+        )
     raise ValueError(f"unknown scenario '{name}': choose areal or april")

@@ -28,6 +28,9 @@ ARGS = [
 ]
 
 
+HOLD_FROM = 12  # the scripted worker never finishes groups g12 onwards (the stop test)
+
+
 def _task():
     from streamrl.data.task import default_task_args
     from streamrl.tasks import make_task
@@ -62,7 +65,7 @@ def test_lost_counts_running_and_buffered_groups():
 
 
 def test_stop_carries_over_finished_and_unfinished_groups_then_resume_trains_each_once(tiny, monkeypatch):
-    monkeypatch.setenv("SCRIPTED_HOLD_FROM", "12")  # g12 onwards stay in flight until the stop
+    monkeypatch.setenv("SCRIPTED_HOLD_FROM", str(HOLD_FROM))  # these groups stay in flight until the stop
     stop = StopFlag()
     state = RunState()
     runner = _runner(tiny, state, stop)
@@ -80,7 +83,7 @@ def test_stop_carries_over_finished_and_unfinished_groups_then_resume_trains_eac
         """A finished group waits and a held one (never finishes) is in flight. Any in-flight group is
         not enough: g9-g11 may all return before the stop, and g12 may not be admitted yet."""
         with runner.sh.cond:
-            held = [g for g in runner.sh.inflight if int(g.lstrip("g")) >= 12]
+            held = [g for g in runner.sh.inflight if int(g.lstrip("g")) >= HOLD_FROM]
             return bool(runner.sh.buffer) and bool(held)
 
     runner.run(on_step)

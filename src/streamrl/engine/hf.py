@@ -3,6 +3,12 @@
 A `DecodeBatch` advances all its rows one token per `step()`; finished rows are compacted out of the
 KV cache so a long tail does not pay for the whole batch. Steps are the points where new weights can
 be taken (in-flight) and where each token's policy version is stamped.
+
+Shared rows: rows whose tokens so far are identical (a GRPO group's samples share their prompt, and a
+confident policy's samples often share their first tokens or the whole answer) have one KV-cache row
+and one forward between them. Each row still draws its own next token from that row's logits, so every
+response is distributed exactly as when each row is forwarded alone; a cache row forks (a copy of its
+KV) when its rows draw different tokens. The forward then costs per distinct sequence, not per sample.
 """
 
 from __future__ import annotations
@@ -29,7 +35,10 @@ class DecodeBatch:
     def __init__(self, engine: HFEngine, requests: list[GenRequest]) -> None:
         self.engine = engine
         self.results = [GenResult(request=r) for r in requests]
-        self.active = list(range(len(requests)))  # result index of each cache row
+        self.active = list(range(len(requests)))  # result index of each row
+        # rows -> [R]: the KV-cache row of each row (rows with identical tokens so far share one);
+        # attn, next_pos and _logits are per cache row
+        self.rows = torch.arange(len(requests))
         self.temperature = requests[0].temperature
         self.top_p = requests[0].top_p
         width = max(len(r.prompt_ids) for r in requests)
@@ -41,13 +50,15 @@ class DecodeBatch:
         # speculative rollouts: each row's draft is verified right after the prompt (engine/speculative.py)
         drafts = max((min(len(d.token_ids), r.max_new_tokens) for r in requests for d in r.drafts), default=0)
         speculative = drafts > 0 and self.temperature > 0
-        self._prefill(ids, extra=drafts if speculative else 0)
+        # verification reads and extends each row's own cache row, so a speculative batch starts unshared
+        self._prefill(ids, extra=drafts if speculative else 0, share=engine.share_rows and not speculative)
         self._early = verify_drafts(self) if speculative else []  # finished there; step() returns them
 
-    def _prefill(self, ids: torch.Tensor, extra: int = 0) -> None:
-        """ids, self.attn: [R, W]. Distinct rows are prefilled once (a GRPO group's G samples share one
-        prompt): their KV and last logits are then copied to every row that repeats them. `extra`: KV
-        columns reserved for draft tokens."""
+    def _prefill(self, ids: torch.Tensor, extra: int = 0, share: bool = True) -> None:
+        """ids, self.attn: [R, W], one per active row. Distinct rows are prefilled once (a GRPO group's G
+        samples share one prompt); with `share` the rows that repeat one then share its cache row,
+        otherwise its KV and last logits are copied to each of them. `extra`: KV columns reserved for
+        draft tokens."""
         width = ids.shape[1] + extra
         room = max(
             self.results[i].request.max_new_tokens - len(self.results[i].token_ids) for i in self.active
@@ -56,11 +67,16 @@ class DecodeBatch:
         positions = (self.attn.cumsum(-1) - 1).clamp(min=0)
         rows = len(ids)
         distinct, inverse = torch.unique(torch.cat([ids, self.attn], dim=1), dim=0, return_inverse=True)
+        self.rows = torch.arange(rows)
         if len(distinct) < rows:
             first = torch.full((len(distinct),), rows).scatter_reduce(0, inverse, torch.arange(rows), "amin")
             logits = self._forward(ids[first], positions[first], self.attn[first])
-            self.cache.batch_select_indices(inverse.to(self.engine.device))
-            self._logits = logits[inverse.to(logits.device)]
+            if share:
+                self.rows, self.attn, positions = inverse, self.attn[first], positions[first]
+                self._logits = logits
+            else:
+                self.cache.batch_select_indices(inverse.to(self.engine.device))
+                self._logits = logits[inverse.to(logits.device)]
         else:
             self._logits = self._forward(ids, positions, self.attn)
         self.next_pos = positions[:, -1] + 1
@@ -75,7 +91,7 @@ class DecodeBatch:
         pad = self.engine.pad_id
         ids = torch.tensor([[pad] * (width - len(x)) + x for x in seqs])
         self.attn = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in seqs])
-        self._prefill(ids)
+        self._prefill(ids, share=self.engine.share_rows)
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         # the version of the weights that computed these logits: the tokens sampled from them carry it
@@ -100,7 +116,9 @@ class DecodeBatch:
         finished, self._early = self._early, []
         if not self.active:
             return finished
-        tokens, logprobs = sample_next(self._logits, self.temperature, self.top_p, self.engine.generator)
+        tokens, logprobs = sample_next(
+            self._logits, self.temperature, self.top_p, self.engine.generator, rows=self.rows
+        )
         version = self._logits_version
         keep: list[int] = []
         for row, res_idx in enumerate(self.active):
@@ -126,18 +144,28 @@ class DecodeBatch:
         return False
 
     def _feed(self, tokens: torch.Tensor, keep: list[int]) -> None:
-        """tokens [R]: every active row's newest token. Rows not in `keep` (finished) leave the cache;
-        the kept rows' tokens go through the model, whose logits the next step samples from."""
+        """tokens [R]: every active row's newest token. Rows not in `keep` (finished) leave; each kept
+        row's cache row goes on with its new token, one cache row per distinct (cache row, token) pair
+        (a cache row whose rows drew different tokens forks), and those tokens go through the model,
+        whose logits the next step samples from."""
         if not keep:
             self.active = []
             return
-        if len(keep) < len(self.active):
-            idx = torch.tensor(keep)
+        parents, toks = self.rows[keep].tolist(), tokens[keep].tolist()
+        if self.engine.share_rows:
+            seqs: dict[tuple[int, int], int] = {}
+            rows = [seqs.setdefault(pt, len(seqs)) for pt in zip(parents, toks)]
+            src, fed = [p for p, _ in seqs], [t for _, t in seqs]
+        else:
+            rows, src, fed = list(range(len(keep))), parents, toks
+        if src != list(range(len(self.next_pos))):  # a cache row left, forked or moved
+            idx = torch.tensor(src)
             self.cache.batch_select_indices(idx.to(self.engine.device))
-            self.attn, self.next_pos, tokens = self.attn[idx], self.next_pos[idx], tokens[idx]
-            self.active = [self.active[r] for r in keep]
-        self.attn = torch.cat([self.attn, torch.ones(len(keep), 1, dtype=self.attn.dtype)], dim=1)
-        self._logits = self._forward(tokens[:, None].cpu(), self.next_pos[:, None], self.attn)
+            self.attn, self.next_pos = self.attn[idx], self.next_pos[idx]
+        self.active = [self.active[r] for r in keep]
+        self.rows = torch.tensor(rows)
+        self.attn = torch.cat([self.attn, torch.ones(len(src), 1, dtype=self.attn.dtype)], dim=1)
+        self._logits = self._forward(torch.tensor(fed)[:, None], self.next_pos[:, None], self.attn)
         self.next_pos = self.next_pos + 1
 
 
@@ -157,6 +185,7 @@ class HFEngine:
         seed: int = 0,
         device: str = "cpu",
         dtype: torch.dtype | None = None,
+        share_rows: bool = True,
     ) -> None:
         self.owns_weights = dtype is not None and dtype != next(model.parameters()).dtype
         if self.owns_weights:
@@ -164,6 +193,7 @@ class HFEngine:
         self.model = model
         self.device = device
         self.max_batch = max_batch
+        self.share_rows = share_rows  # rows with identical tokens so far share a KV row (DecodeBatch)
         self.version = 0
         self.pad_id = int(tokenizer.pad_token_id)
         self.stop_ids = stop_token_ids(model, tokenizer)

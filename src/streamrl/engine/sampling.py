@@ -6,9 +6,15 @@ import torch
 
 
 def sample_next(
-    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+    logits: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | None,
+    rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits: [B, V] -> (tokens [B], logprobs [B]).
+    """logits: [K, V] -> (tokens [B], logprobs [B]), B = K, or one independent draw per entry of
+    `rows` [B] from logits[rows] (rows that share a sequence share its logits; the distribution is
+    computed once per logits row).
 
     temperature == 0 is greedy, and its log-prob is taken at temperature 1. With top_p < 1 the
     log-prob is under the renormalised nucleus, i.e. the distribution actually sampled from.
@@ -16,8 +22,11 @@ def sample_next(
     logits = logits.float()
     if temperature == 0:
         tokens = logits.argmax(dim=-1)
-        return tokens, torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+        return (tokens, logprobs) if rows is None else (tokens[rows], logprobs[rows])
     probs = sampling_probs(logits, temperature, top_p)
+    if rows is not None:
+        probs = probs[rows.to(probs.device)]
     tokens = sample_inverse_cdf(probs, generator)
     return tokens, probs.gather(-1, tokens[:, None]).squeeze(-1).log()
 

@@ -80,7 +80,7 @@ def main() -> None:
     print("{:>5} {:>12} {:>13} {:>6} {:>16} {:>7}".format(*head))
     for n in range(args.rounds):
         res = {}
-        for share in ((True, False) if n % 2 else (False, True)):
+        for share in (True, False) if n % 2 else (False, True):
             res[share] = run(share, 1000 + n)
             total[share][0] += res[share][0]
             total[share][1] += res[share][1]

@@ -117,3 +117,68 @@ def test_split_shared_separates_long_tails_when_padding_costs_more_than_a_micro_
         for mb in many
         if len(mb) > 1
     )
+
+
+def _with_repeats(seed: int) -> TrainBatch:
+    """4 groups x 8 samples where most samples repeat one of their group's 3 completions (a confident
+    policy's short answers), each row with its own advantage and behaviour log-probs. Every group's
+    first answer is the same completion (under different prompts: different samples)."""
+    g = torch.Generator().manual_seed(seed)
+    trajs = []
+    common = torch.randint(3, 200, (5,), generator=g).tolist()
+    for _ in range(4):
+        p = torch.randint(3, 200, (int(torch.randint(2, 16, (1,), generator=g)),), generator=g).tolist()
+        answers = [common] + [
+            torch.randint(3, 200, (int(torch.randint(1, 9, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(2)
+        ]
+        for j in range(8):
+            c = answers[min(j, int(torch.randint(3, (1,), generator=g)))]
+            lp = (-torch.rand(len(c), generator=g)).tolist()
+            trajs.append(make_traj(len(trajs), p, c, logprobs=lp))
+    return TrainBatch(trajectories=trajs, advantages=torch.randn(len(trajs), generator=g).tolist())
+
+
+def test_repeated_samples_run_their_completion_once_and_train_as_the_padded_path(tiny):
+    batch = _with_repeats(seed=4)
+    trajs, adv = batch.trajectories, batch.advantages
+    distinct = {(tuple(t.prompt_ids), tuple(t.completion_ids)) for t in trajs}
+    assert len(distinct) <= 12 < len(trajs)
+    mb = collate_shared(trajs, adv, 0)
+    assert mb.distinct_rows is not None and mb.sample_rows is not None
+    assert len(mb.distinct_rows) == len(distinct)
+    for i, t in enumerate(trajs):  # each row points at a row holding the same sample
+        j = int(mb.distinct_rows[mb.sample_rows[i]])
+        assert (trajs[j].prompt_ids, trajs[j].completion_ids) == (t.prompt_ids, t.completion_ids)
+    assert mb.num_tokens == mb.prefix_ids.numel() + len(distinct) * mb.input_ids.shape[1]
+    model = tiny[0]
+    rows: list[int] = []
+    hook = model.get_decoder().register_forward_pre_hook(
+        lambda m, a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        with torch.no_grad():
+            lp2, ent2, h2 = completion_forward(model, mb, 0.7, True, return_hidden=True)
+    finally:
+        hook.remove()
+    assert rows == [4, len(distinct)]  # 4 prefixes, then the distinct completions only
+    with torch.no_grad():
+        lp1, ent1, h1 = completion_forward(model, collate(trajs, adv, 0), 0.7, True, return_hidden=True)
+    mask = collate(trajs, adv, 0).loss_mask.bool()
+    for a, b in ((lp1, lp2), (ent1, ent2), (h1, h2)):
+        assert float((a - b)[mask].abs().max()) < 1e-5
+    # the training step: the same loss, gradient and entropy as the padded layout
+    base = ["train.lr=1e-3", "train.precision=fp32"]
+    trainers = [
+        Trainer.from_config(copy.deepcopy(model), load_config(None, base + extra), 0)
+        for extra in (["train.shared_prompt=false"], [])
+    ]
+    grads: list[list[torch.Tensor]] = []
+    for t in trainers:
+        t.optimizer.register_step_pre_hook(
+            lambda opt, a, kw, t=t: grads.append([p.grad.clone() for p in t.params])
+        )
+    m1, m2 = (t.step(batch) for t in trainers)
+    assert m2["loss"] == pytest.approx(m1["loss"], rel=1e-5, abs=1e-7)
+    assert m2["entropy"] == pytest.approx(m1["entropy"], rel=1e-5)
+    assert max(float((a - b).abs().max()) for a, b in zip(*grads)) < 1e-6

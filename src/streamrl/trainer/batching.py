@@ -36,12 +36,15 @@ class MicroBatch:
     prefix_mask: torch.Tensor | None = None
     prompt_rows: torch.Tensor | None = None
     completion_lengths: torch.Tensor | None = None  # [B]; shared prompt: the LM head runs on these only
+    distinct_rows: torch.Tensor | None = None  # [D]; shared prompt, repeated samples: the rows forwarded
+    sample_rows: torch.Tensor | None = None  # [B]; each row's index into distinct_rows
 
     @property
     def num_tokens(self) -> int:
         """Token positions the forward runs over, padding included."""
         extra = int(self.prefix_ids.numel()) if self.prefix_ids is not None else 0
-        return int(self.input_ids.numel()) + extra
+        rows = len(self.distinct_rows) if self.distinct_rows is not None else self.input_ids.shape[0]
+        return rows * int(self.input_ids.shape[1]) + extra
 
 
 def per_token(trajs: list[Trajectory], advantages: list[float], pad_id: int) -> dict[str, torch.Tensor]:

@@ -6,11 +6,17 @@ index-selected per row and the completions run on top of it, each row's input be
 [last prompt token, completion[:-1]], so position j predicts completion token j. Gradients flow
 through the selected cache back into the single prompt forward: the function computed is the same as
 the padded path's (tests/test_shared_prompt.py checks log-probs and gradients), with
-~(G - 1) / G of the prompt tokens removed from the forward and backward.
+~(G - 1) / G of the prompt tokens removed from the forward and backward. Identical samples (the same
+prompt and completion, frequent once a policy is confident about a short answer) run their completion
+once too: the distinct rows are forwarded and their log-probs indexed per sample, so each sample keeps
+its own advantage, mask and behaviour log-probs in the loss, and the gradient (summed through the
+index) is the same function's.
 
 Layout: prefix_ids / prefix_mask [U, P'] (U distinct prompts, left-padded, P' = longest prompt - 1),
 prompt_rows [B] (each row's prefix), input_ids / position_ids [B, C] (right-padded),
-attention_mask [B, P' + C]; the per-token tensors [B, C] as in batching.MicroBatch.
+attention_mask [B, P' + C]; the per-token tensors [B, C] as in batching.MicroBatch; with repeated
+samples, distinct_rows [D] (one row of each distinct sample) and sample_rows [B] (each row's index
+into them).
 """
 
 from __future__ import annotations
@@ -89,6 +95,16 @@ def collate_shared(trajs: list[Trajectory], advantages: list[float], pad_id: int
         prefix[u, Pp - n :] = torch.tensor(k[:-1])
         pmask[u, Pp - n :] = 1
     rows = torch.tensor([keys[tuple(t.prompt_ids)] for t in trajs])
+    samples: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+    first: list[int] = []
+    sample_rows = []
+    for i, t in enumerate(trajs):
+        key = (tuple(t.prompt_ids), tuple(t.completion_ids))
+        if key not in samples:
+            samples[key] = len(first)
+            first.append(i)
+        sample_rows.append(samples[key])
+    repeats = len(first) < B
     tok = per_token(trajs, advantages, pad_id)
     C = tok["completion_ids"].shape[1]
     ids = torch.full((B, C), pad_id, dtype=torch.long)
@@ -109,6 +125,8 @@ def collate_shared(trajs: list[Trajectory], advantages: list[float], pad_id: int
         prefix_mask=pmask,
         prompt_rows=rows,
         completion_lengths=torch.tensor([len(t.completion_ids) for t in trajs]),
+        distinct_rows=torch.tensor(first) if repeats else None,
+        sample_rows=torch.tensor(sample_rows) if repeats else None,
         **tok,
     )
 
@@ -123,11 +141,17 @@ def shared_forward(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """-> (logprobs [B, C], entropy [B, C] or None, hidden [B, C, H] or None), as completion_forward.
 
-    The decoder runs the prefixes (no LM head), then the completion rows on their selected caches; the
-    LM head and the log-softmax run on the real completion tokens only (not on the padding of ragged
-    completions, which at a 48-token cap and ~15-token answers is most of [B, C]). Zeros elsewhere."""
+    The decoder runs the prefixes (no LM head), then the distinct completion rows on their selected
+    caches; the LM head and the log-softmax run on the real completion tokens only (not on the padding
+    of ragged completions, which at a 48-token cap and ~15-token answers is most of [B, C]). Zeros
+    elsewhere. Repeated samples take their distinct row's outputs (sample_rows)."""
     assert mb.prefix_ids is not None and mb.prefix_mask is not None and mb.prompt_rows is not None
-    assert mb.attention_mask is not None
+    assert mb.attention_mask is not None and mb.completion_lengths is not None
+    distinct = mb.distinct_rows
+
+    def run(x: torch.Tensor) -> torch.Tensor:  # [B, ...] -> the rows the completion forward runs
+        return x if distinct is None else x[distinct]
+
     dev = next(model.parameters()).device
     body, head = model.get_decoder(), model.get_output_embeddings()
     pmask = mb.prefix_mask.to(dev)
@@ -138,23 +162,27 @@ def shared_forward(
         use_cache=True,
     )
     cache = returned_cache(pre)
-    cache.batch_select_indices(mb.prompt_rows.to(dev))  # [U, ...] -> [B, ...], differentiable indexing
-    B, C = mb.completion_ids.shape
+    # [U, ...] -> [R, ...] (R = B, or D distinct rows), differentiable indexing
+    cache.batch_select_indices(run(mb.prompt_rows).to(dev))
+    R, C = len(run(mb.prompt_rows)), mb.completion_ids.shape[1]
     out = body(
-        input_ids=mb.input_ids.to(dev),
-        attention_mask=mb.attention_mask.to(dev),
-        position_ids=mb.position_ids.to(dev),
+        input_ids=run(mb.input_ids).to(dev),
+        attention_mask=run(mb.attention_mask).to(dev),
+        position_ids=run(mb.position_ids).to(dev),
         **cache_kwargs(body, cache),
         use_cache=True,
     )
-    hidden = out.last_hidden_state  # [B, C, H]: row position j is the state before completion token j
-    assert mb.completion_lengths is not None
-    real = (torch.arange(C)[None, :] < mb.completion_lengths[:, None]).to(dev)  # [B, C]
+    hidden = out.last_hidden_state  # [R, C, H]: row position j is the state before completion token j
+    real = (torch.arange(C)[None, :] < run(mb.completion_lengths)[:, None]).to(dev)  # [R, C]
     logits = head(hidden[real])  # [N, V], N = real completion tokens
-    tokens = mb.completion_ids.to(dev)[real]
+    tokens = run(mb.completion_ids).to(dev)[real]
     lp_real, ent_real = token_logprobs_entropy(logits, tokens, temperature, return_entropy, entropy_grad)
-    lp = torch.zeros(B, C, dtype=lp_real.dtype, device=dev).masked_scatter(real, lp_real)
+    lp = torch.zeros(R, C, dtype=lp_real.dtype, device=dev).masked_scatter(real, lp_real)
     entropy = None
     if ent_real is not None:
-        entropy = torch.zeros(B, C, dtype=ent_real.dtype, device=dev).masked_scatter(real, ent_real)
+        entropy = torch.zeros(R, C, dtype=ent_real.dtype, device=dev).masked_scatter(real, ent_real)
+    if mb.sample_rows is not None:  # [D, ...] -> [B, ...]: each sample takes its distinct row's values
+        idx = mb.sample_rows.to(dev)
+        lp, hidden = lp[idx], hidden[idx]
+        entropy = entropy[idx] if entropy is not None else None
     return lp, entropy, hidden if return_hidden else None

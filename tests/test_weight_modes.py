@@ -56,18 +56,78 @@ def test_unknown_mode():
         ContinuousDecoder(None, "lazy")  # type: ignore[arg-type]
 
 
-def test_requests_arriving_while_a_batch_runs_wait_for_a_quarter_batch(tiny):
-    """One forward per batch per token: a group arriving alone must not start its own small batch."""
-    model, tok = tiny
-    engine = HFEngine(model, tok, max_batch=16, seed=0)  # a quarter = 4 rows
+def _full_forward_logprobs(model, r, temperature: float = 1.0) -> torch.Tensor:
+    ids = torch.tensor([r.request.prompt_ids + r.token_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(r.request.prompt_ids) - 1 : -1] / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(r.token_ids)[:, None]).squeeze(-1)
+
+
+def test_requests_arriving_while_a_batch_runs_join_it_and_decode_as_if_alone(tiny):
+    """One forward per step whatever the arrivals: later requests (a longer prompt, then shorter ones)
+    are prefilled and merged into the running batch; every token's log-prob is the full sequence's,
+    and the columns only departed rows needed are dropped at the next merge."""
+    model, tok = copy.deepcopy(tiny[0]), tiny[1]
+    new = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.mul_(1.5)
+    engine = HFEngine(model, tok, max_batch=16, seed=0)
+    engine.stop_ids = set()
     dec = ContinuousDecoder(engine, "inflight")
-    prompt = tok("<|im_start|>user\n1+1<|im_end|>\n").input_ids
-    dec.add([GenRequest(prompt, 6) for _ in range(2)])
-    dec.step()
-    assert len(dec.batches) == 1  # nothing ran: the first requests start at once
-    dec.add([GenRequest(prompt, 6) for _ in range(3)])
-    dec.step()
-    assert len(dec.batches) == 1 and len(dec.waiting) == 3  # 3 < a quarter: they wait
-    dec.add([GenRequest(prompt, 6)])
-    dec.step()
-    assert len(dec.batches) == 2 and not dec.waiting  # 4 waiting: a quarter, a batch of their own
+    short, long = tok("1+1").input_ids, tok("<|im_start|>user\nwhat is 12+30?<|im_end|>\n").input_ids
+    # tag -> (prompt, max_new_tokens, arrival step); the weights change before step 4
+    plan = {"A": (short, 10, 0), "B": (long, 3, 2), "C": (short, 5, 4), "D": (short, 3, 6)}
+    calls: list[int] = []
+    hook = model.register_forward_pre_hook(
+        lambda m, a, kw: calls.append(kw["input_ids"].shape[1]), with_kwargs=True
+    )
+    out, per_step = [], []
+    try:
+        for step in range(12):
+            if step == 4:
+                model.load_state_dict(new.state_dict())
+                dec.update_weights(None, version=1)
+            for tag, (prompt, n, at) in plan.items():
+                if at == step:
+                    dec.add([GenRequest(prompt, n, 1.0, tag=tag) for _ in range(3 if tag == "B" else 2)])
+            before = len(calls)
+            out.extend(dec.step())
+            per_step.append(calls[before:])
+            assert len(dec.batches) <= 1
+            if step == 6:  # A and C are left, each behind padding that B's wider prompt needed
+                b = dec.batches[0]
+                real = [len(b.results[i].request.prompt_ids) + len(b.results[i].token_ids) for i in b.active]
+                assert b.attn.shape[1] == max(real)
+    finally:
+        hook.remove()
+    assert dec.idle and len(out) == 9
+    # arrivals add one prefill forward (the prompt's columns) to the step's one decode forward
+    assert [len(c) for c in per_step] == [2, 1, 2, 1, 2, 1, 2, 1, 1, 0, 0, 0]
+    assert [per_step[s][0] for s in (0, 2, 4, 6)] == [len(short), len(long), len(short), len(short)]
+    assert all(c[-1] == 1 for c in per_step if c)
+    old_tokens = {"A": 4 - 0 + 1, "B": 4 - 2 + 1, "C": 0, "D": 0}  # sampled at steps before 5 from old logits
+    for r in out:
+        tag = r.request.tag
+        k = old_tokens[tag]
+        assert len(r.token_ids) == plan[tag][1]
+        assert r.versions == [0] * k + [1] * (len(r.token_ids) - k)
+        ref_old = _full_forward_logprobs(tiny[0], r)
+        assert torch.allclose(ref_old[:k], torch.tensor(r.logprobs[:k]), atol=1e-4)
+        if k == 0:  # prefilled and decoded on the new weights only
+            assert torch.allclose(_full_forward_logprobs(new, r), torch.tensor(r.logprobs), atol=1e-4)
+
+
+def test_a_greedy_request_next_to_sampled_ones_stays_greedy(tiny):
+    """ReMax's baseline joins its group's samples in the decoder: it runs at temperature 0 all the same."""
+    model, tok = tiny
+    prompt = tok("hello there").input_ids
+    greedy = HFEngine(model, tok).generate([GenRequest(prompt, 8, 0.0)])[0]
+    dec = ContinuousDecoder(HFEngine(model, tok, seed=1), "inflight")
+    dec.add([GenRequest(prompt, 8, 1.0, tag=k) for k in range(3)] + [GenRequest(prompt, 8, 0.0, tag="g")])
+    out = []
+    while not dec.idle:
+        out.extend(dec.step())
+    by_tag = {r.request.tag: r for r in out}
+    assert by_tag["g"].token_ids == greedy.token_ids
+    assert len({tuple(by_tag[k].token_ids) for k in range(3)} | {tuple(greedy.token_ids)}) > 1

@@ -1,8 +1,10 @@
-"""Keep the engine busy: several DecodeBatches stepped in turn, new requests joining as rows finish.
+"""Keep the engine busy: new requests join the running batch between steps, as rows finish.
 
-A DecodeBatch only loses rows, so when a batch's long tail leaves it small, a fresh batch of waiting
-requests is started next to it instead of waiting for the tail. Weight updates happen between steps:
-`inflight` keeps every KV cache (PipelineRL); `interrupt` recomputes them with the new weights (AReaL).
+Waiting requests are prefilled together and merged into the running DecodeBatch of their sampling
+parameters (DecodeBatch.merge), so each step is one forward over every row, and a long tail never
+decodes alone while requests wait. Requests with other sampling parameters (ReMax's greedy baseline
+next to its group's samples) run in their own batch. Weight updates happen between steps: `inflight`
+keeps every KV cache (PipelineRL); `interrupt` recomputes them with the new weights (AReaL).
 """
 
 from __future__ import annotations
@@ -48,21 +50,23 @@ class ContinuousDecoder:
                     b.recompute()
 
     def step(self) -> list[GenResult]:
-        """Start a batch from waiting requests if there is room, then advance every batch one token."""
+        """Start or join batches from waiting requests if there is room, then advance every batch one
+        token."""
         room = self.engine.max_batch - self.active_rows
         with torch.inference_mode():
-            # a new batch when nothing runs, or when it would be at least a quarter full: each batch costs
-            # one forward per token, so requests arriving one group at a time must not each start their
-            # own (8 batches of 8 rows cost ~8x the per-step overhead of one batch of 64)
-            quarter = max(1, self.engine.max_batch // 4)
-            if (
-                self.waiting
-                and (not self.batches or len(self.waiting) >= quarter)
-                and room >= min(len(self.waiting), quarter)
-            ):
+            if self.waiting and room > 0:
                 take, self.waiting = self.waiting[:room], self.waiting[room:]
-                take.sort(key=lambda r: len(r.prompt_ids))
-                self.batches.append(DecodeBatch(self.engine, take))
+                by_params: dict[tuple[float, float], list[GenRequest]] = {}
+                for r in take:
+                    by_params.setdefault((r.temperature, r.top_p), []).append(r)
+                for reqs in by_params.values():
+                    reqs.sort(key=lambda r: len(r.prompt_ids))
+                    new = DecodeBatch(self.engine, reqs)
+                    host = next((b for b in self.batches if b.can_merge(new)), None)
+                    if host is not None:
+                        host.merge(new)
+                    else:
+                        self.batches.append(new)
             finished: list[GenResult] = []
             for b in self.batches:
                 finished.extend(b.step())

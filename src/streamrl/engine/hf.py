@@ -9,6 +9,12 @@ confident policy's samples often share their first tokens or the whole answer) h
 and one forward between them. Each row still draws its own next token from that row's logits, so every
 response is distributed exactly as when each row is forwarded alone; a cache row forks (a copy of its
 KV) when its rows draw different tokens. The forward then costs per distinct sequence, not per sample.
+
+Joining: a batch of new requests, once prefilled (and its drafts verified), can be merged into a
+running batch with the same sampling parameters (`merge`), so the engine runs one forward per step
+however the requests arrived: a decode step streams all the weights whatever its row count, so a long
+tail of a few rows costs nearly what a full batch does. Each cache row keeps its own positions and
+attention mask, so rows of different lengths decode side by side exactly as they would apart.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 import torch
 
 from streamrl.engine.base import GenRequest, GenResult
-from streamrl.engine.kv_cache import growing_cache
+from streamrl.engine.kv_cache import GrowingLayer, growing_cache
 from streamrl.engine.sampling import sample_next
 from streamrl.engine.speculative import verify_drafts
 from streamrl.models.cache_kwarg import cache_kwargs
@@ -80,6 +86,7 @@ class DecodeBatch:
         else:
             self._logits = self._forward(ids, positions, self.attn)
         self.next_pos = positions[:, -1] + 1
+        self._versions = [self._logits_version] * len(self._logits)
 
     def recompute(self) -> None:
         """Interrupt mode: rebuild the KV cache of every active row (prompt + tokens so far) with the
@@ -119,11 +126,11 @@ class DecodeBatch:
         tokens, logprobs = sample_next(
             self._logits, self.temperature, self.top_p, self.engine.generator, rows=self.rows
         )
-        version = self._logits_version
+        versions = [self._versions[k] for k in self.rows.tolist()]
         keep: list[int] = []
         for row, res_idx in enumerate(self.active):
             res = self.results[res_idx]
-            if self._emit(res, int(tokens[row]), float(logprobs[row]), version):
+            if self._emit(res, int(tokens[row]), float(logprobs[row]), versions[row]):
                 finished.append(res)
             else:
                 keep.append(row)
@@ -166,7 +173,43 @@ class DecodeBatch:
         self.rows = torch.tensor(rows)
         self.attn = torch.cat([self.attn, torch.ones(len(src), 1, dtype=self.attn.dtype)], dim=1)
         self._logits = self._forward(torch.tensor(fed)[:, None], self.next_pos[:, None], self.attn)
+        self._versions = [self._logits_version] * len(fed)
         self.next_pos = self.next_pos + 1
+
+    def can_merge(self, other: DecodeBatch) -> bool:
+        """Whether `other` can join this batch: both decoding, the same sampling parameters, and KV
+        caches of GrowingLayers (the default engine's)."""
+        layers = [*self.cache.layers, *other.cache.layers]
+        return (
+            bool(self.active and other.active)
+            and (self.temperature, self.top_p) == (other.temperature, other.top_p)
+            and len(self.cache.layers) == len(other.cache.layers)
+            and all(isinstance(x, GrowingLayer) for x in layers)
+        )
+
+    def merge(self, other: DecodeBatch) -> None:
+        """Take over `other`'s requests (see can_merge): its rows join this batch's cache, logits and
+        masks; its results finished during verification are returned by this batch's next step.
+        Columns no row attends to any more (padding of rows that left) are dropped on the way."""
+        assert self.can_merge(other)
+        skip = int(self.attn.argmax(dim=1).min())  # every cache row's first real column is at or past it
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            mine.absorb(theirs, skip)
+        width = self.cache.layers[0].length
+        left = self.attn[:, skip:]
+
+        def pad(attn: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.pad(attn, (width - attn.shape[1], 0))
+
+        self.attn = torch.cat([pad(left), pad(other.attn)])
+        self.rows = torch.cat([self.rows, other.rows + len(self.next_pos)])
+        self.next_pos = torch.cat([self.next_pos, other.next_pos])
+        self._logits = torch.cat([self._logits, other._logits.to(self._logits.device)])
+        self._versions = self._versions + other._versions
+        offset = len(self.results)
+        self.active += [offset + i for i in other.active]
+        self.results += other.results
+        self._early += other._early
 
 
 class HFEngine:

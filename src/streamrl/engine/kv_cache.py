@@ -67,6 +67,26 @@ class GrowingLayer(DynamicLayer):
         self._k, self._v = k, v
         self.keys, self.values = k[:, :, : self.length], v[:, :, : self.length]
 
+    def absorb(self, other: GrowingLayer, skip: int) -> None:
+        """Append `other`'s rows below this layer's, both right-aligned (a row's newest column is the
+        last): this layer's first `skip` columns (padding to every row) are dropped, and the shorter
+        side is left-padded with zeros, which the caller's attention mask hides (zeros, not stale
+        memory: a NaN there would reach the output through 0 * NaN)."""
+        assert self._k is not None and self._v is not None and other._k is not None and other._v is not None
+        mine, theirs = self.length - skip, other.length
+        width = max(mine, theirs)
+        spare = max(self._k.shape[-2] - self.length, other._k.shape[-2] - other.length)
+        a = self._k.shape[0]
+        for name in ("_k", "_v"):
+            x, y = getattr(self, name), getattr(other, name)
+            buf = x.new_zeros(a + y.shape[0], x.shape[1], width + spare, x.shape[-1])
+            buf[:a, :, width - mine : width] = x[:, :, skip : self.length]
+            buf[a:, :, width - theirs : width] = y[:, :, :theirs]
+            setattr(self, name, buf)
+        self.limit = width + max(self.limit - self.length, other.limit - other.length)
+        self.length = width
+        self.keys, self.values = self._k[:, :, :width], self._v[:, :, :width]
+
     def reset(self) -> None:
         self._k = self._v = None
         self.length = 0

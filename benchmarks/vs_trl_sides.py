@@ -117,6 +117,11 @@ def run_streamrl(cfg: Config, work: Path, eval_every: int = 0) -> dict[str, Any]
             *saved_points(cfg, saved, seconds, last),
             point(last, seconds[last], verdicts["final"]),
         ]
+        # the loop's wall time at each step, pauses counted: a step's record precedes its own pauses
+        offset = float(rows[0]["time"]) - float(rows[0]["train_elapsed"])
+        walls = {int(r["step"]): float(r["time"]) - offset for r in rows}
+        for p in curve:
+            p["wall_seconds"] = walls.get(p["step"], 0.0)
     return {
         "steps": len(rows),
         "train_s": timings["train_clock"],

@@ -283,6 +283,23 @@ def test_report_prints_each_run_and_the_pooled_difference(capsys):
     assert tta.report({"run": {"streamrl": side(None, 0.0), "trl": side(TRL, 0.0)}}, None) is None
 
 
+def test_pauses_counted_puts_the_wall_seconds_on_the_clock(capsys):
+    # streamrl's points with its pauses counted: 20 -> 28 s, 30 -> 45 s, 35 -> 52 s
+    walls = {0: 0.0, 2: 8.0, 4: 28.0, 6: 45.0, 7: 52.0}
+    with_walls = [{**p, "wall_seconds": walls[p["step"]]} for p in STREAMRL]
+    counted = tta.pauses_counted(with_walls)
+    assert [p["seconds"] for p in counted] == [walls[p["step"]] for p in STREAMRL]
+    assert [p["accuracy"] for p in counted] == [p["accuracy"] for p in STREAMRL]
+    assert tta.pauses_counted(STREAMRL) is None  # TRL's side and older results carry no wall seconds
+    out = tta.report({"seed 0": {"streamrl": {"curve": with_walls}, "trl": {"curve": TRL}}}, target=None)[
+        "pauses_counted"
+    ]
+    # TRL's final 0.5 at 30 s; streamrl's first 0.5 now at 28 s (step 4) instead of 20 s
+    assert out["speedup_to_trl_final"] == {"seed 0": pytest.approx(30.0 / 28.0)}
+    assert out["pooled_equal_time"] == tta.pooled_equal_time([(counted, TRL)])
+    assert "by seed 0 1.07x" in capsys.readouterr().out
+
+
 class FakeTime:
     def __init__(self) -> None:
         self.t = 0.0

@@ -147,7 +147,8 @@ class TrainConfig:
     dist_timeout_s: float = 300.0  # a collective (or a rank joining) slower than this fails the run
     packing: bool = False  # pack trajectories into rows of <= token_budget tokens (no padding)
     # a group's samples share one forward of their common prompt (its KV cache feeds every completion):
-    # the same function, ~(G-1)/G of the prompt tokens fewer (one rank, not with packing)
+    # the same function, ~(G-1)/G of the prompt tokens fewer (one rank, not with packing); repeated
+    # samples (the same prompt and completion) run their completion once
     shared_prompt: bool = True
     lora_targets: tuple[str, ...] = (  # the modules that get LoRA adapters
         "q_proj",

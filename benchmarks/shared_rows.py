@@ -13,19 +13,12 @@ Not a test: figures, not assertions.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
+from spec_engine import engine_job
 
-from streamrl.data.prompts import render_prompt_ids
-from streamrl.data.task import default_task_args
 from streamrl.engine.base import GenRequest
-from streamrl.engine.hf import HFEngine
-from streamrl.models.startup import start_model
-from streamrl.tasks import make_task
-
-TASK = "rg:chain_sum"
 
 
 class ForwardRows:
@@ -43,19 +36,8 @@ class ForwardRows:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m-instruct", help="a model name or a checkpoint dir")
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--samples", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--max-new-tokens", type=int, default=48)
-    args = ap.parse_args()
-    torch.set_num_threads(1)
-    started = start_model(args.model, dtype=torch.bfloat16)
-    engine = HFEngine(started.model, started.tokenizer, max_batch=128, seed=0)
+    args, engine, prompts = engine_job(__doc__)
     counter = ForwardRows(engine.model)
-    task = make_task(TASK, default_task_args(TASK), "", "", "answer_is")
-    prompts = [render_prompt_ids(started.tokenizer, p.messages) for p in task.heldout(args.prompts)]
     requests = [
         GenRequest(ids, args.max_new_tokens, 1.0, 1.0, i)
         for i, ids in enumerate(prompts)

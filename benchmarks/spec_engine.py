@@ -34,8 +34,10 @@ def timed(engine: HFEngine, requests: list[GenRequest]) -> tuple[float, list[Gen
     return time.perf_counter() - t0, out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def engine_job(doc: str | None) -> tuple[argparse.Namespace, HFEngine, list[list[int]]]:
+    """The command line of the engine benchmarks (this one, shared_rows.py) and what it sets up: the
+    model in bf16 at one thread, the default engine, and --prompts held-out rg:chain_sum prompts."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct", help="a model name or a checkpoint dir")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--samples", type=int, default=8)
@@ -47,6 +49,11 @@ def main() -> None:
     engine = HFEngine(started.model, started.tokenizer, max_batch=128, seed=0)
     task = make_task(TASK, default_task_args(TASK), "", "", "answer_is")
     prompts = [render_prompt_ids(started.tokenizer, p.messages) for p in task.heldout(args.prompts)]
+    return args, engine, prompts
+
+
+def main() -> None:
+    args, engine, prompts = engine_job(__doc__)
 
     def requests(drafts: list[tuple[Draft, ...]] | None = None) -> list[GenRequest]:
         return [

@@ -10,12 +10,18 @@ from streamrl.engine.continuous import ContinuousDecoder
 from streamrl.engine.hf import HFEngine
 
 
-def _run(tiny, mode: str, update_after: int):
-    model, tok = copy.deepcopy(tiny[0]), tiny[1]
+def _two_policies(tiny):
+    """(a copy of the tiny model, the same with every weight x 1.5: the next version's weights)."""
+    model = copy.deepcopy(tiny[0])
     new = copy.deepcopy(model)
     with torch.no_grad():
         for p in new.parameters():
             p.mul_(1.5)
+    return model, new
+
+
+def _run(tiny, mode: str, update_after: int):
+    (model, new), tok = _two_policies(tiny), tiny[1]
     engine = HFEngine(model, tok, max_batch=4, seed=0)
     engine.stop_ids = set()  # run every row to max_new_tokens: a fixed script
     dec = ContinuousDecoder(engine, mode)
@@ -67,11 +73,7 @@ def test_requests_arriving_while_a_batch_runs_join_it_and_decode_as_if_alone(tin
     """One forward per step whatever the arrivals: later requests (a longer prompt, then shorter ones)
     are prefilled and merged into the running batch; every token's log-prob is the full sequence's,
     and the columns only departed rows needed are dropped at the next merge."""
-    model, tok = copy.deepcopy(tiny[0]), tiny[1]
-    new = copy.deepcopy(model)
-    with torch.no_grad():
-        for p in new.parameters():
-            p.mul_(1.5)
+    (model, new), tok = _two_policies(tiny), tiny[1]
     engine = HFEngine(model, tok, max_batch=16, seed=0)
     engine.stop_ids = set()
     dec = ContinuousDecoder(engine, "inflight")

@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
         checked = preflight(cfg)  # model, task, data: before the heavy imports and any file is written
         from streamrl.loop.job import run_train
+        from streamrl.loop.state import StateSaveError
         from streamrl.placement.backend import RolloutFailure
 
         try:
@@ -99,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"streamrl: stopped: {e}; the state is saved, continue with resume={cfg.run_dir}",
                 file=sys.stderr,
             )
+            return 1
+        except StateSaveError as e:  # the newest complete state is kept: say why, no traceback
+            print(f"streamrl: stopped: {e} with resume={cfg.run_dir}", file=sys.stderr)
             return 1
     except (ConfigError, ValueError, FileNotFoundError) as e:
         print(f"streamrl: error: {e}", file=sys.stderr)

@@ -75,6 +75,10 @@ def _sync_tree(path: Path) -> None:
         _sync_dir(d)
 
 
+class StateSaveError(RuntimeError):
+    """The run state could not be written (a full disk, most often); the newest complete state is kept."""
+
+
 def save_state(
     run_dir: Path,
     state: RunState,
@@ -86,13 +90,50 @@ def save_state(
     """Write state/step-<state.step>/ atomically and keep the newest `keep` states.
 
     engine_rng: the sampling generator's state of the engine in this process (colocated mode samples
-    with it), so a resumed run draws the same tokens an uninterrupted one would."""
+    with it), so a resumed run draws the same tokens an uninterrupted one would. A write that fails
+    removes its partial directory and raises StateSaveError naming the disk's free space and the
+    state a resume would start from."""
     root = run_dir / STATE_DIR
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{_PREFIX}{state.step:06d}"
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
+    try:
+        _write(tmp, state, trainer, tokenizer, engine_rng)
+    except (OSError, RuntimeError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise StateSaveError(_failure(run_dir, final, keep, e)) from e
+    if final.exists():  # the same step saved again (the final save right after a periodic one)
+        old = root / f".old-{final.name}-{os.getpid()}"
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(final)
+    _sync_dir(root)
+    for d in state_dirs(run_dir)[: -max(1, keep)]:
+        shutil.rmtree(d, ignore_errors=True)
+    for leftover in root.glob(".tmp-*"):  # a save interrupted by a crash
+        if not leftover.name.endswith(f"-{os.getpid()}"):
+            shutil.rmtree(leftover, ignore_errors=True)
+    return final
+
+
+def _failure(run_dir: Path, final: Path, keep: int, e: BaseException) -> str:
+    """One line: what failed, the free space, and what a resume starts from."""
+    free_mb = shutil.disk_usage(final.parent).free / 2**20
+    reason = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+    newest = latest_state(run_dir)
+    kept = f"the newest complete state, {newest.name}, is kept" if newest else "no earlier state was saved"
+    return (
+        f"could not write the run state {final} ({reason}); {free_mb:.0f} MB free on that disk. "
+        f"{kept}: free disk space (each state holds the weights and the optimizer; train.keep_states="
+        f"{keep} are kept) and resume"
+    )
+
+
+def _write(tmp: Path, state: RunState, trainer: Any, tokenizer: Any, engine_rng: torch.Tensor | None) -> None:
     trainer.save(str(tmp / "model"), tokenizer)
     torch.save(
         {
@@ -110,20 +151,6 @@ def save_state(
     with (tmp / "carried.pkl").open("wb") as f:
         pickle.dump({k: getattr(state, k) for k in carried}, f)
     _sync_tree(tmp)
-    if final.exists():  # the same step saved again (the final save right after a periodic one)
-        old = root / f".old-{final.name}-{os.getpid()}"
-        final.rename(old)
-        tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(final)
-    _sync_dir(root)
-    for d in state_dirs(run_dir)[: -max(1, keep)]:
-        shutil.rmtree(d, ignore_errors=True)
-    for leftover in root.glob(".tmp-*"):  # a save interrupted by a crash
-        if not leftover.name.endswith(f"-{os.getpid()}"):
-            shutil.rmtree(leftover, ignore_errors=True)
-    return final
 
 
 def load_state(run_dir: Path) -> tuple[RunState, Path, dict[str, Any]]:

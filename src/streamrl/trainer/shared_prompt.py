@@ -163,8 +163,9 @@ def shared_forward(
     )
     cache = returned_cache(pre)
     # [U, ...] -> [R, ...] (R = B, or D distinct rows), differentiable indexing
-    cache.batch_select_indices(run(mb.prompt_rows).to(dev))
-    R, C = len(run(mb.prompt_rows)), mb.completion_ids.shape[1]
+    prefixes = run(mb.prompt_rows)
+    cache.batch_select_indices(prefixes.to(dev))
+    R, C = len(prefixes), mb.completion_ids.shape[1]
     out = body(
         input_ids=run(mb.input_ids).to(dev),
         attention_mask=run(mb.attention_mask).to(dev),
@@ -183,6 +184,7 @@ def shared_forward(
         entropy = torch.zeros(R, C, dtype=ent_real.dtype, device=dev).masked_scatter(real, ent_real)
     if mb.sample_rows is not None:  # [D, ...] -> [B, ...]: each sample takes its distinct row's values
         idx = mb.sample_rows.to(dev)
-        lp, hidden = lp[idx], hidden[idx]
+        lp = lp[idx]
         entropy = entropy[idx] if entropy is not None else None
+        hidden = hidden[idx] if return_hidden else hidden
     return lp, entropy, hidden if return_hidden else None

@@ -7,7 +7,7 @@ import torch
 
 from streamrl.engine.base import GenRequest
 from streamrl.engine.continuous import ContinuousDecoder
-from streamrl.engine.hf import HFEngine
+from streamrl.engine.hf import DecodeBatch, HFEngine
 
 
 def _two_policies(tiny):
@@ -133,3 +133,5 @@ def test_a_greedy_request_next_to_sampled_ones_stays_greedy(tiny):
     by_tag = {r.request.tag: r for r in out}
     assert by_tag["g"].token_ids == greedy.token_ids
     assert len({tuple(by_tag[k].token_ids) for k in range(3)} | {tuple(greedy.token_ids)}) > 1
+    with pytest.raises(ValueError, match=r"requests of one \(temperature, top_p\)"):
+        DecodeBatch(HFEngine(model, tok), [GenRequest(prompt, 8, 1.0), GenRequest(prompt, 8, 0.0)])

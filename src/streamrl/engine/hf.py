@@ -47,6 +47,10 @@ class DecodeBatch:
         self.rows = torch.arange(len(requests))
         self.temperature = requests[0].temperature
         self.top_p = requests[0].top_p
+        if any((r.temperature, r.top_p) != (self.temperature, self.top_p) for r in requests):
+            raise ValueError(
+                "a DecodeBatch samples every row alike: give it requests of one (temperature, top_p)"
+            )
         width = max(len(r.prompt_ids) for r in requests)
         pad = engine.pad_id
         ids = torch.tensor([[pad] * (width - len(r.prompt_ids)) + r.prompt_ids for r in requests])

@@ -307,10 +307,11 @@ def test_weight_updates_after_verification(lms, mode):
 
 
 def test_a_row_still_on_its_draft_when_verification_stops_decodes_on_exactly(lms, monkeypatch):
-    """One row with a long draft of the current policy, seven with one-token drafts, two columns per verify
-    forward: after the first chunk one row in eight is on its draft, verification stops, and that row
-    decodes on from its last accepted token (not yet in the KV cache). Its log-probs still equal the
-    teacher-forced ones at every position, and so do everyone else's."""
+    """One row with a long draft of the current policy, seven with one-token drafts (prompts of their
+    own: no two share a verify row), two columns per verify forward: after the first chunk one verify
+    row in eight is on its draft, verification stops, and that row decodes on from its last accepted
+    token (not yet in the KV cache). Its log-probs still equal the teacher-forced ones at every
+    position, and so do everyone else's."""
     temperature, max_new = 0.3, 8
     own = draw(lms[0], [GenRequest(PROMPT, max_new, temperature) for _ in range(40)], seed=11)
     long = as_draft(max(own, key=lambda r: len(r.token_ids)))
@@ -319,8 +320,9 @@ def test_a_row_still_on_its_draft_when_verification_stops_decodes_on_exactly(lms
     monkeypatch.setattr(speculative, "VERIFY_ELEMENTS", 2 * 8 * VOCAB)
     stopped_on_draft = 0
     for seed in range(60):
-        drafts = [(long,)] + [(short,)] * 7
-        reqs = [GenRequest(PROMPT, max_new, temperature, drafts=d) for d in drafts]
+        reqs = [GenRequest(PROMPT, max_new, temperature, drafts=(long,))] + [
+            GenRequest([3] * k + PROMPT, max_new, temperature, drafts=(short,)) for k in range(1, 8)
+        ]
         results = draw(lms[0], reqs, seed=seed)
         first = results[0]
         # verified 3 draft tokens (positions 0-2) without a rejection, then left the draft by stopping
@@ -330,3 +332,46 @@ def test_a_row_still_on_its_draft_when_verification_stops_decodes_on_exactly(lms
             assert r.versions == [0] * len(r.token_ids)
             assert r.logprobs == pytest.approx(teacher_forced(lms[0], r, temperature), abs=1e-5)
     assert stopped_on_draft >= 4
+
+
+def test_rows_with_one_prompt_and_draft_are_verified_once(lms, monkeypatch):
+    """A GRPO group's rows share their prompt's cache row, and rows that picked the same draft share a
+    verify row: 24 rows of 2 prompts picking among 2 drafts each verify on at most 4 rows (24
+    unshared), then fork per (draft, tokens accepted). Same seed, same tokens, log-probs and versions
+    as with every row verified on its own cache row; the log-probs are the current policy's on the
+    full sequence."""
+    temperature, max_new = 0.7, 6
+    prompts = [PROMPT, [2, 2] + PROMPT]
+    own = draw(lms[0], [GenRequest(p, max_new, temperature) for p in prompts for _ in range(2)], seed=12)
+    reqs = [
+        GenRequest(p, max_new, temperature, drafts=tuple(as_draft(r) for r in own[2 * j : 2 * j + 2]))
+        for j, p in enumerate(prompts)
+        for _ in range(12)
+    ]
+    verify_rows: list[int] = []
+    forward = speculative._forward
+
+    def counting(batch, ids, start, attn):
+        verify_rows.append(ids.shape[0])
+        return forward(batch, ids, start, attn)
+
+    monkeypatch.setattr(speculative, "_forward", counting)
+    outs = {}
+    for share in (True, False):
+        engine = HFEngine(lms[0], _Tok(), max_batch=1000, seed=13, share_rows=share)
+        engine.update_weights(None, 3)
+        verify_rows.clear()
+        outs[share] = engine.generate(reqs)
+        assert verify_rows and (max(verify_rows) <= 4 if share else min(verify_rows) == len(reqs))
+    shared, alone = outs[True], outs[False]
+    assert sum(r.draft_accepted for r in shared) > len(reqs)
+    assert sum(r.draft_tokens > r.draft_accepted for r in shared) >= 2
+    for a, b in zip(shared, alone):
+        assert (a.token_ids, a.versions, a.draft_tokens, a.draft_accepted) == (
+            b.token_ids,
+            b.versions,
+            b.draft_tokens,
+            b.draft_accepted,
+        )
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-6)
+        assert a.logprobs == pytest.approx(teacher_forced(lms[0], a, temperature), abs=1e-5)

@@ -60,8 +60,7 @@ class DecodeBatch:
         # speculative rollouts: each row's draft is verified right after the prompt (engine/speculative.py)
         drafts = max((min(len(d.token_ids), r.max_new_tokens) for r in requests for d in r.drafts), default=0)
         speculative = drafts > 0 and self.temperature > 0
-        # verification reads and extends each row's own cache row, so a speculative batch starts unshared
-        self._prefill(ids, extra=drafts if speculative else 0, share=engine.share_rows and not speculative)
+        self._prefill(ids, extra=drafts if speculative else 0, share=engine.share_rows)
         self._early = verify_drafts(self) if speculative else []  # finished there; step() returns them
 
     def _prefill(self, ids: torch.Tensor, extra: int = 0, share: bool = True) -> None:

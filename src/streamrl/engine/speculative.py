@@ -23,14 +23,19 @@ the token is drawn from p (drawing x again counts as accepting it). The token th
 b = a [y = x] + (1 - a) p(y), and log b is recorded as its behaviour log-prob, so the decoupled-PPO
 weight pi_prox / pi_behav corrects the bias token by token.
 
+Rows that share a prompt's cache row (a GRPO group's samples) and picked the same draft share one
+verify row: its logits are the same for each of them, and each still decides with its own uniforms.
+After verification a verify row forks into one cache row per number of tokens accepted, which the next
+step forks again by sampled token (engine/hf.py): a confident policy's repeated answers are verified once.
+
 The drafts' tokens are forwarded in column chunks of at most VERIFY_COLUMNS columns and VERIFY_ELEMENTS
-logits: every chunk costs a forward over all the batch's rows, so a batch whose drafts are mostly short
-does not pay for its longest one. Verification stops once fewer than a quarter of the rows are still on
-their drafts (another chunk would then cost more than the decode steps it saves); a row still on its
-draft then decodes on from its last accepted token, a plain sample from there, so the stopping rule
-(which never looks at a row's own future tokens) keeps every response exact. Lenient rows are verified
-to the end of their drafts. Accepted columns stay in
-the KV cache; rejected ones are masked out.
+logits: every chunk costs a forward over all the verify rows, so a batch whose drafts are mostly short
+does not pay for its longest one. Verification stops once fewer than a quarter of the verify rows have
+a row still on its draft (another chunk would then cost more than the decode steps it saves); a row
+still on its draft then decodes on from its last accepted token, a plain sample from there, so the
+stopping rule (which never looks at a row's own future tokens) keeps every response exact. Lenient rows
+are verified to the end of their drafts. Accepted columns stay in the KV cache; rejected ones are
+masked out.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ class VerifiedBatch(Protocol):
     engine: Any
     results: list[GenResult]
     active: list[int]
+    rows: torch.Tensor
     cache: Any
     attn: torch.Tensor
     next_pos: torch.Tensor
@@ -81,6 +87,7 @@ class _Row:
     stopped: bool = False  # left the draft: rejected, sampled past it, or finished
     finished: bool = False
     tokens: list[int] = field(default_factory=list)
+    key: int = 0  # the verify row (then the cache row) whose logits the row reads
 
 
 def verify_drafts(batch: VerifiedBatch) -> list[GenResult]:
@@ -91,20 +98,51 @@ def verify_drafts(batch: VerifiedBatch) -> list[GenResult]:
     gen = batch.engine.generator
     version = batch._logits_version
     rows = [_pick(batch.results[i], gen) for i in batch.active]
+    parents = batch.rows.tolist()
     first = sampling_probs(batch._logits, batch.temperature, batch.top_p)
     for r, row in enumerate(rows):
-        _decide_run(batch, row, first[r : r + 1], version)
-    forwarded = _verify_columns(batch, rows, version)
-    # accepted draft tokens stay in the KV cache, the columns past them are masked out; a row stopped on
-    # its draft has its last accepted token past the forwarded columns: it is fed below like a sample
-    accepted = torch.tensor([min(row.accepted, forwarded) for row in rows])
-    block = (torch.arange(forwarded)[None, :] < accepted[:, None]).to(batch.attn.dtype)
-    batch.attn = torch.cat([batch.attn, block], dim=1)
-    batch.next_pos = batch.next_pos + accepted
+        _decide_run(batch, row, first[parents[r] : parents[r] + 1], version)
+    # one verify row per distinct (cache row, draft) still on its draft: rows that share a prompt's cache
+    # row and picked the same draft read the same logits (a confident policy's answers repeat); a row
+    # already off its draft takes any verify row of its prompt: it attends to none of the draft columns
+    # (one that accepted its first token and stopped has finished: it keeps no cache row)
+    keys: dict[tuple[int, tuple[int, ...]], int] = {}
+    for r, row in enumerate(rows):
+        if not row.stopped:
+            row.key = keys.setdefault((parents[r], row.draft), len(keys))
+    of_parent = {p: k for (p, _), k in keys.items()}
+    for r, row in enumerate(rows):
+        if row.stopped:
+            row.key = of_parent.get(parents[r], -1)
+            if row.key < 0:
+                row.key = of_parent[parents[r]] = keys.setdefault((parents[r], ()), len(keys))
+    _select(batch, [p for p, _ in keys], torch.zeros(len(keys), dtype=torch.long), 0)
+    forwarded = _verify_columns(batch, rows, [d for _, d in keys], version)
+    # accepted draft tokens stay in the KV cache, the columns past them are masked out: one cache row per
+    # distinct (verify row, tokens accepted); a row stopped on its draft has its last accepted token past
+    # the forwarded columns: it is fed below like a sample
+    ends: dict[tuple[int, int], int] = {}
+    for row in rows:
+        row.key = ends.setdefault((row.key, min(row.accepted, forwarded)), len(ends))
+    _select(batch, [k for k, _ in ends], torch.tensor([a for _, a in ends]), forwarded)
+    batch.rows = torch.tensor([row.key for row in rows])
     keep = [r for r, row in enumerate(rows) if not row.finished]
     last = torch.tensor([row.tokens[-1] for row in rows])
     batch._feed(last, keep)
     return [row.res for row in rows if row.finished]
+
+
+def _select(batch: VerifiedBatch, src: list[int], accepted: torch.Tensor, forwarded: int) -> None:
+    """The batch's cache rows become `src` (copies where one repeats); the last `forwarded` KV columns
+    (verified draft tokens) stay visible to the first `accepted` of them in each new cache row."""
+    if src != list(range(len(batch.next_pos))):
+        idx = torch.tensor(src)
+        batch.cache.batch_select_indices(idx.to(batch.engine.device))
+        batch.attn, batch.next_pos = batch.attn[idx], batch.next_pos[idx]
+    if forwarded:
+        block = (torch.arange(forwarded)[None, :] < accepted[:, None]).to(batch.attn.dtype)
+        batch.attn = torch.cat([batch.attn[:, :-forwarded], block], dim=1)
+        batch.next_pos = batch.next_pos + accepted
 
 
 def _pick(res: GenResult, gen: torch.Generator) -> _Row:
@@ -118,37 +156,46 @@ def _pick(res: GenResult, gen: torch.Generator) -> _Row:
     return _Row(res, chosen.token_ids[:room], chosen.logprobs[:room], alive, req.lenience)
 
 
-def _verify_columns(batch: VerifiedBatch, rows: list[_Row], version: int) -> int:
-    """Forward the drafts' tokens chunk by chunk while some row is still on its draft; each chunk's
-    logits decide the positions after its columns. Returns the columns forwarded."""
-    width = max((len(row.draft) for row in rows), default=0)
-    ids = torch.full((len(rows), width), batch.engine.pad_id)
-    for r, row in enumerate(rows):
-        ids[r, : len(row.draft)] = torch.tensor(row.draft, dtype=ids.dtype)
+def _verify_columns(
+    batch: VerifiedBatch, rows: list[_Row], drafts: list[tuple[int, ...]], version: int
+) -> int:
+    """Forward the verify rows' drafts chunk by chunk while enough of them have a row still on its
+    draft; each chunk's logits decide the positions after its columns for every row of that verify row
+    (row.key). Returns the columns forwarded; batch.attn then ends with them."""
+    width = max((len(d) for d in drafts), default=0)
+    ids = torch.full((len(drafts), width), batch.engine.pad_id)
+    for k, draft in enumerate(drafts):
+        ids[k, : len(draft)] = torch.tensor(draft, dtype=ids.dtype)
     vocab = batch._logits.shape[-1]
-    step = max(1, min(VERIFY_COLUMNS, VERIFY_ELEMENTS // (len(rows) * vocab)))
-    real = torch.zeros(len(rows), width, dtype=batch.attn.dtype)
+    step = max(1, min(VERIFY_COLUMNS, VERIFY_ELEMENTS // (len(drafts) * vocab)))
+    real = torch.zeros(len(drafts), width, dtype=batch.attn.dtype)
     start = 0
-    while start < width and _worth_a_chunk(rows):
+    while start < width and _worth_a_chunk(rows, len(drafts)):
         end = min(width, start + step)
-        for r, row in enumerate(rows):
+        for row in rows:
             if not row.stopped:
-                real[r, start : min(end, len(row.draft))] = 1
+                real[row.key, start : min(end, len(row.draft))] = 1
         logits = _forward(batch, ids[:, start:end], start, torch.cat([batch.attn, real[:, :end]], dim=1))
-        for r, row in enumerate(rows):
+        probs: dict[int, torch.Tensor] = {}
+        for row in rows:
             cols = min(end, len(row.draft)) - start
             if not row.stopped and cols > 0:
-                probs = sampling_probs(logits[r, :cols], batch.temperature, batch.top_p)
-                _decide_run(batch, row, probs, version)
+                if row.key not in probs:
+                    probs[row.key] = sampling_probs(logits[row.key, :cols], batch.temperature, batch.top_p)
+                _decide_run(batch, row, probs[row.key], version)
         start = end
+    batch.attn = torch.cat([batch.attn, real[:, :start]], dim=1)
     return start
 
 
-def _worth_a_chunk(rows: list[_Row]) -> bool:
-    """Whether enough rows are still on their drafts for another verify forward; if not, the rest stop
-    there and decode on (exact: the rule depends on the other rows, never on a row's own next tokens)."""
+def _worth_a_chunk(rows: list[_Row], verify_rows: int) -> bool:
+    """Whether enough verify rows still have a row on its draft for another forward (which costs every
+    verify row); if not, the rest stop there and decode on (exact: the rule depends on the rows'
+    decisions so far, never on a row's own next tokens)."""
     on_draft = [row for row in rows if not row.stopped]
-    if on_draft and (4 * len(on_draft) >= len(rows) or any(row.lenience > 0 for row in on_draft)):
+    if on_draft and (
+        4 * len({row.key for row in on_draft}) >= verify_rows or any(row.lenience > 0 for row in on_draft)
+    ):
         return True  # lenient rows keep SPEC-RL's rule along their whole drafts
     for row in rows:
         row.stopped = True

@@ -5,9 +5,10 @@ import copy
 import pytest
 import torch
 
-from streamrl.engine.base import GenRequest
+from streamrl.engine.base import Draft, GenRequest
 from streamrl.engine.continuous import ContinuousDecoder
-from streamrl.engine.hf import DecodeBatch, HFEngine
+from streamrl.engine.hf import HFEngine
+from streamrl.engine.sampling import sampling_probs
 
 
 def _two_policies(tiny):
@@ -120,18 +121,44 @@ def test_requests_arriving_while_a_batch_runs_join_it_and_decode_as_if_alone(tin
             assert torch.allclose(_full_forward_logprobs(new, r), torch.tensor(r.logprobs), atol=1e-4)
 
 
-def test_a_greedy_request_next_to_sampled_ones_stays_greedy(tiny):
-    """ReMax's baseline joins its group's samples in the decoder: it runs at temperature 0 all the same."""
+@pytest.mark.parametrize("drafts", [False, True])
+def test_rows_of_different_sampling_parameters_decode_in_one_batch(tiny, drafts):
+    """ReMax's greedy baseline next to its group's samples, and rows at another temperature and top-p,
+    all in one batch (one decode forward per step, sharing the prompt's KV row): the greedy row gives
+    the greedy tokens with log-probs at temperature 1 and takes no drafts; every sampled row's
+    log-probs are its own (temperature, top-p) distribution's on the full sequence."""
     model, tok = tiny
     prompt = tok("hello there").input_ids
     greedy = HFEngine(model, tok).generate([GenRequest(prompt, 8, 0.0)])[0]
+    own = HFEngine(model, tok, seed=3).generate([GenRequest(prompt, 8, 1.0) for _ in range(2)])
+    spec = tuple(Draft(tuple(r.token_ids), tuple(r.logprobs)) for r in own) if drafts else ()
+    params = {0: (1.0, 1.0), 1: (1.0, 1.0), 2: (0.7, 0.9), 3: (1.3, 1.0), "g": (0.0, 1.0)}
     dec = ContinuousDecoder(HFEngine(model, tok, seed=1), "inflight")
-    dec.add([GenRequest(prompt, 8, 1.0, tag=k) for k in range(3)] + [GenRequest(prompt, 8, 0.0, tag="g")])
-    out = []
-    while not dec.idle:
-        out.extend(dec.step())
+    dec.add([GenRequest(prompt, 8, t, p, tag=k, drafts=spec) for k, (t, p) in params.items()])
+    calls: list[int] = []
+    hook = model.register_forward_pre_hook(lambda m, a, kw: calls.append(1), with_kwargs=True)
+    out, per_step = [], []
+    try:
+        while not dec.idle:
+            before = len(calls)
+            out.extend(dec.step())
+            per_step.append(len(calls) - before)
+            assert len(dec.batches) <= 1
+    finally:
+        hook.remove()
+    # after the first step (prefill, verification), one forward per step; none once every row is done
+    assert set(per_step[1:-1]) == {1} and per_step[-1] == 0
     by_tag = {r.request.tag: r for r in out}
-    assert by_tag["g"].token_ids == greedy.token_ids
-    assert len({tuple(by_tag[k].token_ids) for k in range(3)} | {tuple(greedy.token_ids)}) > 1
-    with pytest.raises(ValueError, match=r"requests of one \(temperature, top_p\)"):
-        DecodeBatch(HFEngine(model, tok), [GenRequest(prompt, 8, 1.0), GenRequest(prompt, 8, 0.0)])
+    g = by_tag.pop("g")
+    assert (g.token_ids, g.draft_tokens) == (greedy.token_ids, 0)
+    assert torch.allclose(_full_forward_logprobs(model, g), torch.tensor(g.logprobs), atol=1e-4)
+    assert len({tuple(r.token_ids) for r in by_tag.values()} | {tuple(g.token_ids)}) > 1
+    if drafts:
+        assert sum(r.draft_tokens for r in by_tag.values()) > 0
+    for tag, r in by_tag.items():
+        ids = torch.tensor([r.request.prompt_ids + r.token_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(r.request.prompt_ids) - 1 : -1]
+        probs = sampling_probs(logits, *params[tag])
+        ref = probs.gather(-1, torch.tensor(r.token_ids)[:, None]).squeeze(-1).log()
+        assert torch.allclose(ref, torch.tensor(r.logprobs), atol=1e-4), tag

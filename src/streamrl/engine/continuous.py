@@ -1,9 +1,9 @@
 """Keep the engine busy: new requests join the running batch between steps, as rows finish.
 
-Waiting requests are prefilled together and merged into the running DecodeBatch of their sampling
-parameters (DecodeBatch.merge), so each step is one forward over every row, and a long tail never
-decodes alone while requests wait. Requests with other sampling parameters (ReMax's greedy baseline
-next to its group's samples) run in their own batch. Weight updates happen between steps: `inflight`
+Waiting requests are prefilled together and merged into the running DecodeBatch (DecodeBatch.merge),
+so each step is one forward over every row, and a long tail never decodes alone while requests wait.
+Each row samples with its own request's parameters (ReMax's greedy baseline decodes next to its
+group's samples, sharing their prompt's KV row). Weight updates happen between steps: `inflight`
 keeps every KV cache (PipelineRL); `interrupt` recomputes them with the new weights (AReaL).
 """
 
@@ -56,17 +56,13 @@ class ContinuousDecoder:
         with torch.inference_mode():
             if self.waiting and room > 0:
                 take, self.waiting = self.waiting[:room], self.waiting[room:]
-                by_params: dict[tuple[float, float], list[GenRequest]] = {}
-                for r in take:
-                    by_params.setdefault((r.temperature, r.top_p), []).append(r)
-                for reqs in by_params.values():
-                    reqs.sort(key=lambda r: len(r.prompt_ids))
-                    new = DecodeBatch(self.engine, reqs)
-                    host = next((b for b in self.batches if b.can_merge(new)), None)
-                    if host is not None:
-                        host.merge(new)
-                    else:
-                        self.batches.append(new)
+                take.sort(key=lambda r: len(r.prompt_ids))
+                new = DecodeBatch(self.engine, take)
+                host = next((b for b in self.batches if b.can_merge(new)), None)
+                if host is not None:
+                    host.merge(new)
+                else:
+                    self.batches.append(new)
             finished: list[GenResult] = []
             for b in self.batches:
                 finished.extend(b.step())

@@ -10,11 +10,12 @@ and one forward between them. Each row still draws its own next token from that 
 response is distributed exactly as when each row is forwarded alone; a cache row forks (a copy of its
 KV) when its rows draw different tokens. The forward then costs per distinct sequence, not per sample.
 
-Joining: a batch of new requests, once prefilled (and its drafts verified), can be merged into a
-running batch with the same sampling parameters (`merge`), so the engine runs one forward per step
-however the requests arrived: a decode step streams all the weights whatever its row count, so a long
-tail of a few rows costs nearly what a full batch does. Each cache row keeps its own positions and
-attention mask, so rows of different lengths decode side by side exactly as they would apart.
+Joining: a batch of new requests, once prefilled (and its drafts verified), can be merged into the
+running batch (`merge`), so the engine runs one forward per step however the requests arrived and
+whatever their sampling parameters (each row samples with its own temperature and top-p): a decode
+step streams all the weights whatever its row count, so a long tail of a few rows costs nearly what a
+full batch does. Each cache row keeps its own positions and attention mask, so rows of different
+lengths decode side by side exactly as they would apart.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 
 from streamrl.engine.base import GenRequest, GenResult
 from streamrl.engine.kv_cache import GrowingLayer, growing_cache
-from streamrl.engine.sampling import sample_next
+from streamrl.engine.sampling import sample_rows
 from streamrl.engine.speculative import verify_drafts
 from streamrl.models.cache_kwarg import cache_kwargs
 from streamrl.models.precision import cast_params
@@ -36,7 +37,8 @@ FIRST_COLUMNS = 256  # KV columns reserved past the prompt before the first doub
 
 
 class DecodeBatch:
-    """Rows that share (temperature, top_p). Prompts are left-padded; one forward per step."""
+    """Rows decoded together, each with its request's temperature and top-p. Prompts are left-padded;
+    one forward per step."""
 
     def __init__(self, engine: HFEngine, requests: list[GenRequest]) -> None:
         self.engine = engine
@@ -45,12 +47,6 @@ class DecodeBatch:
         # rows -> [R]: the KV-cache row of each row (rows with identical tokens so far share one);
         # attn, next_pos and _logits are per cache row
         self.rows = torch.arange(len(requests))
-        self.temperature = requests[0].temperature
-        self.top_p = requests[0].top_p
-        if any((r.temperature, r.top_p) != (self.temperature, self.top_p) for r in requests):
-            raise ValueError(
-                "a DecodeBatch samples every row alike: give it requests of one (temperature, top_p)"
-            )
         width = max(len(r.prompt_ids) for r in requests)
         pad = engine.pad_id
         ids = torch.tensor([[pad] * (width - len(r.prompt_ids)) + r.prompt_ids for r in requests])
@@ -58,8 +54,9 @@ class DecodeBatch:
             [[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in requests]
         )
         # speculative rollouts: each row's draft is verified right after the prompt (engine/speculative.py)
-        drafts = max((min(len(d.token_ids), r.max_new_tokens) for r in requests for d in r.drafts), default=0)
-        speculative = drafts > 0 and self.temperature > 0
+        sampled = [r for r in requests if r.temperature > 0]  # greedy rows take no drafts
+        drafts = max((min(len(d.token_ids), r.max_new_tokens) for r in sampled for d in r.drafts), default=0)
+        speculative = drafts > 0
         self._prefill(ids, extra=drafts if speculative else 0, share=engine.share_rows)
         self._early = verify_drafts(self) if speculative else []  # finished there; step() returns them
 
@@ -126,9 +123,8 @@ class DecodeBatch:
         finished, self._early = self._early, []
         if not self.active:
             return finished
-        tokens, logprobs = sample_next(
-            self._logits, self.temperature, self.top_p, self.engine.generator, rows=self.rows
-        )
+        params = [(self.results[i].request.temperature, self.results[i].request.top_p) for i in self.active]
+        tokens, logprobs = sample_rows(self._logits, params, self.engine.generator, rows=self.rows)
         versions = [self._versions[k] for k in self.rows.tolist()]
         keep: list[int] = []
         for row, res_idx in enumerate(self.active):
@@ -180,12 +176,11 @@ class DecodeBatch:
         self.next_pos = self.next_pos + 1
 
     def can_merge(self, other: DecodeBatch) -> bool:
-        """Whether `other` can join this batch: both decoding, the same sampling parameters, and KV
-        caches of GrowingLayers (the default engine's)."""
+        """Whether `other` can join this batch: both decoding, KV caches of GrowingLayers (the default
+        engine's)."""
         layers = [*self.cache.layers, *other.cache.layers]
         return (
             bool(self.active and other.active)
-            and (self.temperature, self.top_p) == (other.temperature, other.top_p)
             and len(self.cache.layers) == len(other.cache.layers)
             and all(isinstance(x, GrowingLayer) for x in layers)
         )
@@ -265,26 +260,22 @@ class HFEngine:
     def wait(self, handles: list[int]) -> list[GenResult]:
         if self._paused:
             raise RuntimeError("engine is paused; call resume() before wait()")
-        todo = [h for h in handles if h in self._pending]
-        by_params: dict[tuple[float, float], list[int]] = {}
-        for h in todo:
-            r = self._pending[h]
-            by_params.setdefault((r.temperature, r.top_p), []).append(h)
+        # similar prompt lengths together: less left padding per batch
+        todo = sorted(
+            (h for h in handles if h in self._pending), key=lambda h: len(self._pending[h].prompt_ids)
+        )
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.inference_mode():
-                for group in by_params.values():
-                    # similar prompt lengths together: less left padding per batch
-                    group.sort(key=lambda h: len(self._pending[h].prompt_ids))
-                    for i in range(0, len(group), self.max_batch):
-                        chunk = group[i : i + self.max_batch]
-                        batch = DecodeBatch(self, [self._pending[h] for h in chunk])
-                        while not batch.done:
-                            batch.step()
-                        for h, res in zip(chunk, batch.results):
-                            del self._pending[h]
-                            self._done[h] = res
+                for i in range(0, len(todo), self.max_batch):
+                    chunk = todo[i : i + self.max_batch]
+                    batch = DecodeBatch(self, [self._pending[h] for h in chunk])
+                    while not batch.done:
+                        batch.step()
+                    for h, res in zip(chunk, batch.results):
+                        del self._pending[h]
+                        self._done[h] = res
         finally:
             self.model.train(was_training)
         return [self._done.pop(h) for h in handles]

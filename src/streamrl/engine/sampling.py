@@ -31,6 +31,34 @@ def sample_next(
     return tokens, probs.gather(-1, tokens[:, None]).squeeze(-1).log()
 
 
+def sample_rows(
+    logits: torch.Tensor,
+    params: list[tuple[float, float]],
+    generator: torch.Generator | None,
+    rows: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """sample_next with each row's own (temperature, top_p): logits [K, V], params [B], rows [B] (each
+    row's logits row; None: B = K) -> (tokens [B], logprobs [B]). The rows of one set of parameters
+    are drawn together, sets in order of first appearance: with a single set, exactly sample_next's
+    draws."""
+    if rows is None:
+        rows = torch.arange(len(logits))
+    groups: dict[tuple[float, float], list[int]] = {}
+    for i, p in enumerate(params):
+        groups.setdefault(p, []).append(i)
+    if len(groups) == 1:
+        ((temperature, top_p),) = groups
+        return sample_next(logits, temperature, top_p, generator, rows=rows)
+    tokens = torch.empty(len(params), dtype=torch.long, device=logits.device)
+    logprobs = torch.empty(len(params), dtype=torch.float32, device=logits.device)
+    for (temperature, top_p), idx in groups.items():
+        sel = torch.tensor(idx)
+        needed, inverse = rows[sel].unique(return_inverse=True)  # each logits row's distribution once
+        tok, lp = sample_next(logits[needed.to(logits.device)], temperature, top_p, generator, rows=inverse)
+        tokens[sel.to(logits.device)], logprobs[sel.to(logits.device)] = tok, lp
+    return tokens, logprobs
+
+
 def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
     """logits [..., V] -> the distribution sampled from [..., V] (fp32): softmax(logits / temperature)
     restricted to the top-p nucleus and renormalised. temperature > 0."""

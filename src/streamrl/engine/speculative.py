@@ -48,7 +48,7 @@ from typing import Any, Protocol
 import torch
 
 from streamrl.engine.base import GenResult
-from streamrl.engine.sampling import sample_inverse_cdf, sampling_probs
+from streamrl.engine.sampling import sample_inverse_cdf, sample_next, sampling_probs
 from streamrl.models.cache_kwarg import cache_kwargs
 
 VERIFY_ELEMENTS = 1 << 26  # logits per verify forward (rows x columns x vocabulary): 128 MB in bf16
@@ -65,8 +65,6 @@ class VerifiedBatch(Protocol):
     cache: Any
     attn: torch.Tensor
     next_pos: torch.Tensor
-    temperature: float
-    top_p: float
     _logits: torch.Tensor
     _logits_version: int
 
@@ -82,6 +80,7 @@ class _Row:
     draft_logprobs: tuple[float, ...]
     alive: list[tuple[int, ...]]  # the drafts matching the tokens emitted so far (exact rule's proposal)
     lenience: float
+    params: tuple[float, float]  # (temperature, top_p) of the row's request; temperature 0: greedy
     pos: int = 0  # the next position to decide
     accepted: int = 0  # draft tokens accepted in this verification
     stopped: bool = False  # left the draft: rejected, sampled past it, or finished
@@ -99,9 +98,16 @@ def verify_drafts(batch: VerifiedBatch) -> list[GenResult]:
     version = batch._logits_version
     rows = [_pick(batch.results[i], gen) for i in batch.active]
     parents = batch.rows.tolist()
-    first = sampling_probs(batch._logits, batch.temperature, batch.top_p)
+    first: dict[tuple[int, tuple[float, float]], torch.Tensor] = {}
     for r, row in enumerate(rows):
-        _decide_run(batch, row, first[parents[r] : parents[r] + 1], version)
+        logits = batch._logits[parents[r] : parents[r] + 1]
+        if row.params[0] == 0:  # greedy: the argmax, its log-prob at temperature 1 (as sample_next)
+            tok, logprob = sample_next(logits, 0.0, 1.0, None)
+            _emit(batch, row, int(tok[0]), float(logprob[0]), version, accepted=None)
+            continue
+        if (parents[r], row.params) not in first:
+            first[parents[r], row.params] = sampling_probs(logits, *row.params)
+        _decide_run(batch, row, first[parents[r], row.params], version)
     # one verify row per distinct (cache row, draft) still on its draft: rows that share a prompt's cache
     # row and picked the same draft read the same logits (a confident policy's answers repeat); a row
     # already off its draft takes any verify row of its prompt: it attends to none of the draft columns
@@ -147,13 +153,14 @@ def _select(batch: VerifiedBatch, src: list[int], accepted: torch.Tensor, forwar
 
 def _pick(res: GenResult, gen: torch.Generator) -> _Row:
     req = res.request
+    params = (req.temperature, req.top_p)
     room = req.max_new_tokens - len(res.token_ids)
     drafts = [d for d in req.drafts if d.token_ids]
     if not drafts or room <= 0:
-        return _Row(res, (), (), [], req.lenience)
+        return _Row(res, (), (), [], req.lenience, params)
     chosen = drafts[int(torch.randint(len(drafts), (1,), generator=gen))]
     alive = [d.token_ids[:room] for d in drafts]
-    return _Row(res, chosen.token_ids[:room], chosen.logprobs[:room], alive, req.lenience)
+    return _Row(res, chosen.token_ids[:room], chosen.logprobs[:room], alive, req.lenience, params)
 
 
 def _verify_columns(
@@ -176,13 +183,13 @@ def _verify_columns(
             if not row.stopped:
                 real[row.key, start : min(end, len(row.draft))] = 1
         logits = _forward(batch, ids[:, start:end], start, torch.cat([batch.attn, real[:, :end]], dim=1))
-        probs: dict[int, torch.Tensor] = {}
+        probs: dict[tuple[int, tuple[float, float]], torch.Tensor] = {}
         for row in rows:
             cols = min(end, len(row.draft)) - start
             if not row.stopped and cols > 0:
-                if row.key not in probs:
-                    probs[row.key] = sampling_probs(logits[row.key, :cols], batch.temperature, batch.top_p)
-                _decide_run(batch, row, probs[row.key], version)
+                if (row.key, row.params) not in probs:
+                    probs[row.key, row.params] = sampling_probs(logits[row.key, :cols], *row.params)
+                _decide_run(batch, row, probs[row.key, row.params], version)
         start = end
     batch.attn = torch.cat([batch.attn, real[:, :start]], dim=1)
     return start

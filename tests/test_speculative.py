@@ -307,11 +307,11 @@ def test_weight_updates_after_verification(lms, mode):
 
 
 def test_a_row_still_on_its_draft_when_verification_stops_decodes_on_exactly(lms, monkeypatch):
-    """One row with a long draft of the current policy, seven with one-token drafts (prompts of their
-    own: no two share a verify row), two columns per verify forward: after the first chunk one verify
-    row in eight is on its draft, verification stops, and that row decodes on from its last accepted
-    token (not yet in the KV cache). Its log-probs still equal the teacher-forced ones at every
-    position, and so do everyone else's."""
+    """One row with a long draft of the current policy, seven with one-token drafts, two columns per verify
+    forward: after the first chunk one row in eight is on its draft, verification stops, and that row
+    decodes on from its last accepted token (not yet in the KV cache). Its log-probs still equal the
+    teacher-forced ones at every position, and so do everyone else's. (Two verify rows, one with a row
+    on its draft: a rule counting verify rows would look at the drafts picked, and go on.)"""
     temperature, max_new = 0.3, 8
     own = draw(lms[0], [GenRequest(PROMPT, max_new, temperature) for _ in range(40)], seed=11)
     long = as_draft(max(own, key=lambda r: len(r.token_ids)))
@@ -320,9 +320,8 @@ def test_a_row_still_on_its_draft_when_verification_stops_decodes_on_exactly(lms
     monkeypatch.setattr(speculative, "VERIFY_ELEMENTS", 2 * 8 * VOCAB)
     stopped_on_draft = 0
     for seed in range(60):
-        reqs = [GenRequest(PROMPT, max_new, temperature, drafts=(long,))] + [
-            GenRequest([3] * k + PROMPT, max_new, temperature, drafts=(short,)) for k in range(1, 8)
-        ]
+        drafts = [(long,)] + [(short,)] * 7
+        reqs = [GenRequest(PROMPT, max_new, temperature, drafts=d) for d in drafts]
         results = draw(lms[0], reqs, seed=seed)
         first = results[0]
         # verified 3 draft tokens (positions 0-2) without a rejection, then left the draft by stopping

@@ -30,12 +30,12 @@ step forks again by sampled token (engine/hf.py): a confident policy's repeated 
 
 The drafts' tokens are forwarded in column chunks of at most VERIFY_COLUMNS columns and VERIFY_ELEMENTS
 logits: every chunk costs a forward over all the verify rows, so a batch whose drafts are mostly short
-does not pay for its longest one. Verification stops once fewer than a quarter of the verify rows have
-a row still on its draft (another chunk would then cost more than the decode steps it saves); a row
-still on its draft then decodes on from its last accepted token, a plain sample from there, so the
-stopping rule (which never looks at a row's own future tokens) keeps every response exact. Lenient rows
-are verified to the end of their drafts. Accepted columns stay in the KV cache; rejected ones are
-masked out.
+does not pay for its longest one. Verification stops once fewer than a quarter of the rows are still on
+their drafts (another chunk would then cost more than the decode steps it saves); a row still on its
+draft then decodes on from its last accepted token, a plain sample from there, so the stopping rule
+(which never looks at a row's own future tokens, nor at the drafts ahead) keeps every response exact.
+Lenient rows are verified to the end of their drafts. Accepted columns stay in the KV cache; rejected
+ones are masked out.
 """
 
 from __future__ import annotations
@@ -128,9 +128,10 @@ def verify_drafts(batch: VerifiedBatch) -> list[GenResult]:
     # distinct (verify row, tokens accepted); a row stopped on its draft has its last accepted token past
     # the forwarded columns: it is fed below like a sample
     ends: dict[tuple[int, int], int] = {}
-    for row in rows:
-        row.key = ends.setdefault((row.key, min(row.accepted, forwarded)), len(ends))
-    _select(batch, [k for k, _ in ends], torch.tensor([a for _, a in ends]), forwarded)
+    for row in rows:  # a finished row keeps no cache row (it reads row 0's, and leaves in _feed)
+        row.key = 0 if row.finished else ends.setdefault((row.key, min(row.accepted, forwarded)), len(ends))
+    if ends:
+        _select(batch, [k for k, _ in ends], torch.tensor([a for _, a in ends]), forwarded)
     batch.rows = torch.tensor([row.key for row in rows])
     keep = [r for r, row in enumerate(rows) if not row.finished]
     last = torch.tensor([row.tokens[-1] for row in rows])
@@ -174,10 +175,13 @@ def _verify_columns(
     for k, draft in enumerate(drafts):
         ids[k, : len(draft)] = torch.tensor(draft, dtype=ids.dtype)
     vocab = batch._logits.shape[-1]
-    step = max(1, min(VERIFY_COLUMNS, VERIFY_ELEMENTS // (len(drafts) * vocab)))
+    # the chunk width and the stopping rule count rows, not verify rows: how many verify rows there are
+    # depends on the drafts the rows picked, i.e. on their future proposals, and a rule that looked at
+    # them would make verifying a position depend on what is proposed there (no longer exact)
+    step = max(1, min(VERIFY_COLUMNS, VERIFY_ELEMENTS // (len(rows) * vocab)))
     real = torch.zeros(len(drafts), width, dtype=batch.attn.dtype)
     start = 0
-    while start < width and _worth_a_chunk(rows, len(drafts)):
+    while start < width and _worth_a_chunk(rows):
         end = min(width, start + step)
         for row in rows:
             if not row.stopped:
@@ -195,14 +199,12 @@ def _verify_columns(
     return start
 
 
-def _worth_a_chunk(rows: list[_Row], verify_rows: int) -> bool:
-    """Whether enough verify rows still have a row on its draft for another forward (which costs every
-    verify row); if not, the rest stop there and decode on (exact: the rule depends on the rows'
-    decisions so far, never on a row's own next tokens)."""
+def _worth_a_chunk(rows: list[_Row]) -> bool:
+    """Whether enough rows are still on their drafts for another verify forward; if not, the rest stop
+    there and decode on (exact: the rule depends on the rows' decisions so far, never on a row's own
+    next tokens or the drafts ahead)."""
     on_draft = [row for row in rows if not row.stopped]
-    if on_draft and (
-        4 * len({row.key for row in on_draft}) >= verify_rows or any(row.lenience > 0 for row in on_draft)
-    ):
+    if on_draft and (4 * len(on_draft) >= len(rows) or any(row.lenience > 0 for row in on_draft)):
         return True  # lenient rows keep SPEC-RL's rule along their whole drafts
     for row in rows:
         row.stopped = True

@@ -1,12 +1,14 @@
-"""A run state that cannot be written (a full disk) stops the run with one line and keeps the newest
-complete state to resume from."""
+"""A run state or checkpoint that cannot be written (a full disk) stops the run with one line and keeps
+the newest complete state to resume from (and an earlier complete checkpoint)."""
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors import SafetensorError
 from tiny_args import TINY
 
 from streamrl.cli import main
@@ -48,6 +50,37 @@ def test_a_failed_save_removes_its_partial_state_and_names_the_one_kept(tiny, tm
     assert state.step == 1
 
 
+FULL = 'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left" })'
+
+
+@pytest.mark.parametrize(
+    ("error", "stops"),
+    [
+        (SafetensorError(FULL), True),  # save_pretrained's weights on a full disk
+        (OSError(28, "No space left on device"), True),  # the tokenizer or a JSON file
+        (RuntimeError("Error(s) in loading state_dict: size mismatch for lm_head.weight"), False),
+        (ValueError("bad config"), False),
+    ],
+)
+def test_only_a_failed_write_becomes_the_one_line_stop(tiny, tmp_path, monkeypatch, error, stops):
+    """A write that fails for lack of space, however its library reports it, is the one-line stop; any
+    other error (a bug in what is saved) is raised as it is. The partial directory goes either way."""
+    model, tok = tiny
+    trainer = Trainer.from_config(copy.deepcopy(model), load_config(None, ["train.precision=fp32"]), 0)
+
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(trainer, "save", fail)
+    with pytest.raises(StateSaveError if stops else type(error)) as err:
+        save_state(tmp_path, RunState(step=2, version=2), trainer, tok)
+    assert isinstance(err.value, StateSaveError) == stops
+    if stops:
+        assert str(err.value).startswith("could not write the run state ")
+        assert "no earlier state was saved" in str(err.value)
+    assert list((tmp_path / "state").iterdir()) == []
+
+
 def test_train_stops_with_one_line_when_its_state_cannot_be_written(tmp_path, monkeypatch, capsys):
     run = tmp_path / "run"
     args = [*TINY, "runtime.mode=colocated", "max_staleness=0", "max_steps=3", "train.save_every=1"]
@@ -63,3 +96,44 @@ def test_train_stops_with_one_line_when_its_state_cannot_be_written(tmp_path, mo
     )
     assert [d.name for d in state_dirs(run)] == ["step-000001"]
     assert load_state(run)[0].step == 1
+
+
+def _failing_checkpoints(monkeypatch):
+    """Trainer.save writes run states; on a checkpoint it writes the files, then fails as safetensors
+    does when a full disk cuts a file short."""
+    real = Trainer.save
+
+    def save(self, path, *args, **kwargs):
+        real(self, path, *args, **kwargs)
+        if Path(path).name.startswith(".tmp-checkpoint-"):
+            raise SafetensorError(FULL)
+
+    monkeypatch.setattr(Trainer, "save", save)
+
+
+def test_train_stops_with_one_line_when_its_checkpoint_cannot_be_written(tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    args = [*TINY, "runtime.mode=colocated", "max_staleness=0", "max_steps=2", "eval.after=false"]
+    assert main(["train", *args, "checkpoint.save=true", f"run_dir={run}"]) == 0
+    done = (run / "checkpoint" / "model.safetensors").read_bytes()
+    _failing_checkpoints(monkeypatch)
+    assert main(["train", *args, "max_steps=3", f"resume={run}", "checkpoint.save=true"]) == 1
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if x.startswith("streamrl: stopped:")]
+    assert len(lines) == 1 and "Traceback" not in err
+    assert lines[0] == (
+        f"streamrl: stopped: could not write the checkpoint {run / 'checkpoint'} ({FULL}); "
+        f"{lines[0].split('); ')[1].split(' MB')[0]} MB free on that disk. The run state in "
+        f"{run / 'state'} holds the same model (model/ in its newest step)"
+    )
+    # the earlier checkpoint is whole and nothing half-written is left beside it
+    assert (run / "checkpoint" / "model.safetensors").read_bytes() == done  # step 2's, not step 3's
+    assert sorted(p.name for p in run.iterdir() if "checkpoint" in p.name) == ["checkpoint"]
+    assert load_state(run)[0].step == 3
+    # a later export that succeeds replaces it whole
+    monkeypatch.undo()
+    assert main(["train", *args, "max_steps=4", f"resume={run}", "checkpoint.save=true"]) == 0
+    files = sorted(p.name for p in (run / "checkpoint").iterdir())
+    assert "README.md" in files and "model.safetensors" in files
+    assert (run / "checkpoint" / "model.safetensors").read_bytes() != done
+    assert sorted(p.name for p in run.iterdir() if "checkpoint" in p.name) == ["checkpoint"]

@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         from streamrl.preflight import preflight
 
         checked = preflight(cfg)  # model, task, data: before the heavy imports and any file is written
+        from streamrl.loop.export import CheckpointWriteError
         from streamrl.loop.job import run_train
         from streamrl.loop.state import StateSaveError
         from streamrl.placement.backend import RolloutFailure
@@ -103,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         except StateSaveError as e:  # the newest complete state is kept: say why, no traceback
             print(f"streamrl: stopped: {e} with resume={cfg.run_dir}", file=sys.stderr)
+            return 1
+        except CheckpointWriteError as e:  # the run state is kept: say why and where, no traceback
+            print(f"streamrl: stopped: {e}", file=sys.stderr)
             return 1
     except (ConfigError, ValueError, FileNotFoundError) as e:
         print(f"streamrl: error: {e}", file=sys.stderr)

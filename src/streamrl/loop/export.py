@@ -3,15 +3,22 @@ checkpoint.dtype with its tokenizer, a model card (README.md) and, with LoRA, th
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
 from streamrl.config import Config
 from streamrl.engine.hf import PRECISIONS
+from streamrl.loop.durable import could_not_write, swap_in, temp_beside, write_failed
+from streamrl.loop.state import STATE_DIR
 from streamrl.models import smollm2
 from streamrl.observe.model_card import Accuracy, model_card
 
 HUB_IDS = {"smollm2-135m-instruct": smollm2.HUB_ID}
+
+
+class CheckpointWriteError(RuntimeError):
+    """The checkpoint could not be written (a full disk, most often); the run state is kept."""
 
 
 def export_checkpoint(
@@ -23,7 +30,23 @@ def export_checkpoint(
     before: Accuracy | None,
     after: Accuracy | None,
 ) -> None:
-    """Write the checkpoint directory `path` (see the module docstring); before/after: for the card."""
-    trainer.save(str(path), tokenizer, PRECISIONS[cfg.checkpoint.dtype])
-    card = model_card(cfg, steps, before, after, HUB_IDS.get(cfg.model))
-    card.save(str(path / "README.md"))
+    """Write the checkpoint directory `path` (see the module docstring); before/after: for the card.
+
+    Written beside it first and renamed when complete, so an earlier checkpoint at `path` is only
+    replaced by a whole one; a write that fails (a full disk) removes its partial directory and raises
+    CheckpointWriteError naming where the newest run state keeps the model."""
+    tmp = temp_beside(path)
+    try:
+        trainer.save(str(tmp), tokenizer, PRECISIONS[cfg.checkpoint.dtype])
+        card = model_card(cfg, steps, before, after, HUB_IDS.get(cfg.model))
+        card.save(str(tmp / "README.md"))
+        swap_in(tmp, path)
+    except Exception as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not write_failed(e):
+            raise
+        state = Path(cfg.run_dir) / STATE_DIR
+        raise CheckpointWriteError(
+            f"{could_not_write('the checkpoint', path, e)} The run state in {state} holds the same "
+            "model (model/ in its newest step)"
+        ) from e

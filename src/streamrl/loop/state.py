@@ -9,7 +9,6 @@ at any moment (kill -9, power loss) leaves the newest complete state to resume f
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import random
 import shutil
@@ -18,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from streamrl.loop.durable import could_not_write, swap_in, temp_beside, write_failed
 
 STATE_DIR = "state"
 _PREFIX = "step-"
@@ -57,24 +58,6 @@ def latest_state(run_dir: Path) -> Path | None:
     return dirs[-1] if dirs else None
 
 
-def _sync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _sync_tree(path: Path) -> None:
-    """fsync every file below `path`, then the directories (names are durable only then)."""
-    for f in sorted(path.rglob("*")):
-        if f.is_file():
-            with f.open("rb") as fh:
-                os.fsync(fh.fileno())
-    for d in [path, *sorted(p for p in path.rglob("*") if p.is_dir())]:
-        _sync_dir(d)
-
-
 class StateSaveError(RuntimeError):
     """The run state could not be written (a full disk, most often); the newest complete state is kept."""
 
@@ -92,42 +75,32 @@ def save_state(
     engine_rng: the sampling generator's state of the engine in this process (colocated mode samples
     with it), so a resumed run draws the same tokens an uninterrupted one would. A write that fails
     removes its partial directory and raises StateSaveError naming the disk's free space and the
-    state a resume would start from."""
+    state a resume would start from; any other error is raised as it is, its partial directory removed
+    too."""
     root = run_dir / STATE_DIR
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"{_PREFIX}{state.step:06d}"
-    tmp = root / f".tmp-{final.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = temp_beside(final)
     try:
         _write(tmp, state, trainer, tokenizer, engine_rng)
-    except (OSError, RuntimeError) as e:
+        swap_in(tmp, final)  # the same step may be saved again (the final save right after a periodic one)
+    except Exception as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise StateSaveError(_failure(run_dir, final, keep, e)) from e
-    if final.exists():  # the same step saved again (the final save right after a periodic one)
-        old = root / f".old-{final.name}-{os.getpid()}"
-        final.rename(old)
-        tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(final)
-    _sync_dir(root)
+        if write_failed(e):
+            raise StateSaveError(_failure(run_dir, final, keep, e)) from e
+        raise
     for d in state_dirs(run_dir)[: -max(1, keep)]:
         shutil.rmtree(d, ignore_errors=True)
-    for leftover in root.glob(".tmp-*"):  # a save interrupted by a crash
-        if not leftover.name.endswith(f"-{os.getpid()}"):
-            shutil.rmtree(leftover, ignore_errors=True)
+    for leftover in [*root.glob(".tmp-*"), *root.glob(".old-*")]:  # a save interrupted by a crash
+        shutil.rmtree(leftover, ignore_errors=True)
     return final
 
 
 def _failure(run_dir: Path, final: Path, keep: int, e: BaseException) -> str:
     """One line: what failed, the free space, and what a resume starts from."""
-    free_mb = shutil.disk_usage(final.parent).free / 2**20
-    reason = (str(e).strip().splitlines() or [type(e).__name__])[-1]
     newest = latest_state(run_dir)
     kept = f"the newest complete state, {newest.name}, is kept" if newest else "no earlier state was saved"
     return (
-        f"could not write the run state {final} ({reason}); {free_mb:.0f} MB free on that disk. "
+        f"{could_not_write('the run state', final, e)} "
         f"{kept}: free disk space (each state holds the weights and the optimizer; train.keep_states="
         f"{keep} are kept) and resume"
     )
@@ -150,7 +123,6 @@ def _write(tmp: Path, state: RunState, trainer: Any, tokenizer: Any, engine_rng:
     (tmp / "run_state.json").write_text(json.dumps(meta, indent=1))
     with (tmp / "carried.pkl").open("wb") as f:
         pickle.dump({k: getattr(state, k) for k in carried}, f)
-    _sync_tree(tmp)
 
 
 def load_state(run_dir: Path) -> tuple[RunState, Path, dict[str, Any]]:

@@ -14,6 +14,7 @@ from tiny_args import TINY
 from streamrl.cli import main
 from streamrl.config import load_config
 from streamrl.loop import state as state_mod
+from streamrl.loop.durable import swap_in, temp_beside
 from streamrl.loop.state import RunState, StateSaveError, load_state, save_state, state_dirs
 from streamrl.trainer.trainer import Trainer
 
@@ -137,3 +138,39 @@ def test_train_stops_with_one_line_when_its_checkpoint_cannot_be_written(tmp_pat
     assert "README.md" in files and "model.safetensors" in files
     assert (run / "checkpoint" / "model.safetensors").read_bytes() != done
     assert sorted(p.name for p in run.iterdir() if "checkpoint" in p.name) == ["checkpoint"]
+
+
+def test_a_failed_swap_puts_the_replaced_directory_back(tmp_path, monkeypatch):
+    final = tmp_path / "checkpoint"
+    final.mkdir()
+    (final / "weights").write_text("old")
+    tmp = temp_beside(final)
+    (tmp / "weights").write_text("new")
+    real = Path.rename
+
+    def rename(self, target):
+        if self.name.startswith(".tmp-"):
+            raise OSError(28, "No space left on device")
+        return real(self, target)
+
+    monkeypatch.setattr(Path, "rename", rename)
+    with pytest.raises(OSError):
+        swap_in(tmp, final)
+    assert (final / "weights").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [tmp.name, "checkpoint"]  # the caller removes tmp
+
+
+def test_a_swap_cut_short_by_a_crash_is_finished(tiny, tmp_path):
+    """A crash after a state was moved aside, before its replacement took its name: resuming puts it
+    back; a moved-aside directory whose replacement did arrive is removed at the next save."""
+    model, tok = tiny
+    trainer = Trainer.from_config(copy.deepcopy(model), load_config(None, ["train.precision=fp32"]), 0)
+    save_state(tmp_path, RunState(step=1, version=1), trainer, tok)
+    root = tmp_path / "state"
+    (root / "step-000001").rename(root / ".old-step-000001-4242")
+    assert load_state(tmp_path)[0].step == 1
+    assert [p.name for p in root.iterdir()] == ["step-000001"]
+    save_state(tmp_path, RunState(step=2, version=2), trainer, tok)
+    (root / ".old-step-000002-4242").mkdir()  # moved aside, then replaced: the crash came after
+    save_state(tmp_path, RunState(step=3, version=3), trainer, tok)
+    assert sorted(p.name for p in root.iterdir()) == ["step-000002", "step-000003"]

@@ -167,9 +167,9 @@ def _pick(res: GenResult, gen: torch.Generator) -> _Row:
 def _verify_columns(
     batch: VerifiedBatch, rows: list[_Row], drafts: list[tuple[int, ...]], version: int
 ) -> int:
-    """Forward the verify rows' drafts chunk by chunk while enough of them have a row still on its
-    draft; each chunk's logits decide the positions after its columns for every row of that verify row
-    (row.key). Returns the columns forwarded; batch.attn then ends with them."""
+    """Forward the verify rows' drafts chunk by chunk while enough rows are still on their drafts; each
+    chunk's logits decide the positions after its columns for every row of that verify row (row.key).
+    Returns the columns forwarded; batch.attn then ends with them."""
     width = max((len(d) for d in drafts), default=0)
     ids = torch.full((len(drafts), width), batch.engine.pad_id)
     for k, draft in enumerate(drafts):

@@ -15,8 +15,9 @@ _WRITE_FAILURES = ("inline_container", "PytorchStreamWriter", "file write failed
 
 def temp_beside(final: Path) -> Path:
     """A fresh, empty temporary directory next to `final`, named for it and this process; leftovers of
-    other processes (a writer killed mid-write) are removed."""
+    other processes (a writer killed mid-write) are removed, a swap cut short is finished."""
     final.parent.mkdir(parents=True, exist_ok=True)
+    recover(final.parent)
     for leftover in final.parent.glob(f".tmp-{final.name}-*"):
         shutil.rmtree(leftover, ignore_errors=True)
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
@@ -32,11 +33,26 @@ def swap_in(tmp: Path, final: Path) -> None:
         old = final.parent / f".old-{final.name}-{os.getpid()}"
         shutil.rmtree(old, ignore_errors=True)
         final.rename(old)
-        tmp.rename(final)
+        try:
+            tmp.rename(final)
+        except OSError:
+            old.rename(final)
+            raise
         shutil.rmtree(old, ignore_errors=True)
     else:
         tmp.rename(final)
     sync_dir(final.parent)
+
+
+def recover(parent: Path) -> None:
+    """Finish swaps a crash cut short in `parent`: a directory moved aside whose replacement never
+    arrived goes back to its name; one that was replaced is removed."""
+    for old in parent.glob(".old-*"):
+        name = old.name[len(".old-") :].rsplit("-", 1)[0]
+        if (parent / name).exists():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.rename(parent / name)
 
 
 def sync_dir(d: Path) -> None:

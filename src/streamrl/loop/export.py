@@ -35,14 +35,16 @@ def export_checkpoint(
     Written beside it first and renamed when complete, so an earlier checkpoint at `path` is only
     replaced by a whole one; a write that fails (a full disk) removes its partial directory and raises
     CheckpointWriteError naming where the newest run state keeps the model."""
-    tmp = temp_beside(path)
+    tmp: Path | None = None
     try:
+        tmp = temp_beside(path)
         trainer.save(str(tmp), tokenizer, PRECISIONS[cfg.checkpoint.dtype])
         card = model_card(cfg, steps, before, after, HUB_IDS.get(cfg.model))
         card.save(str(tmp / "README.md"))
         swap_in(tmp, path)
     except Exception as e:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         if not write_failed(e):
             raise
         state = Path(cfg.run_dir) / STATE_DIR

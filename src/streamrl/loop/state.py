@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from streamrl.loop.durable import could_not_write, swap_in, temp_beside, write_failed
+from streamrl.loop.durable import could_not_write, recover, swap_in, temp_beside, write_failed
 
 STATE_DIR = "state"
 _PREFIX = "step-"
@@ -79,18 +79,20 @@ def save_state(
     too."""
     root = run_dir / STATE_DIR
     final = root / f"{_PREFIX}{state.step:06d}"
-    tmp = temp_beside(final)
+    tmp: Path | None = None
     try:
+        tmp = temp_beside(final)
         _write(tmp, state, trainer, tokenizer, engine_rng)
         swap_in(tmp, final)  # the same step may be saved again (the final save right after a periodic one)
     except Exception as e:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         if write_failed(e):
             raise StateSaveError(_failure(run_dir, final, keep, e)) from e
         raise
     for d in state_dirs(run_dir)[: -max(1, keep)]:
         shutil.rmtree(d, ignore_errors=True)
-    for leftover in [*root.glob(".tmp-*"), *root.glob(".old-*")]:  # a save interrupted by a crash
+    for leftover in root.glob(".tmp-*"):  # a save interrupted by a crash
         shutil.rmtree(leftover, ignore_errors=True)
     return final
 
@@ -127,6 +129,8 @@ def _write(tmp: Path, state: RunState, trainer: Any, tokenizer: Any, engine_rng:
 
 def load_state(run_dir: Path) -> tuple[RunState, Path, dict[str, Any]]:
     """The newest complete state -> (state, model dir, trainer tensors)."""
+    if (run_dir / STATE_DIR).is_dir():
+        recover(run_dir / STATE_DIR)  # a save whose swap a crash cut short
     d = latest_state(run_dir)
     if d is None:
         raise FileNotFoundError(

@@ -214,3 +214,24 @@ def test_a_run_lends_the_trainers_core_to_generation_and_loses_nothing(tmp_path,
     acc = json.loads((run_dir / "accounting.json").read_text())
     assert acc["lost"] == 0
     assert acc["admitted"] == acc["trained"] + acc["filtered"] + acc["carried_over"]
+
+
+def _die_holding_the_lock(cores: ElasticCores) -> None:
+    with cores._locked():
+        os.kill(os.getpid(), 9)  # SIGKILL at a boundary, inside the lock
+
+
+def test_a_worker_killed_inside_the_lock_does_not_stop_the_others():
+    """A SIGKILL can land while a worker holds the shared lock (it takes it at every decode step). The
+    supervisor's reset of that slot frees it on the dead holder's behalf; the trainer then goes on."""
+    cores = ElasticCores([1, 1], CTX, policy="lend")
+    child = mp.get_context("fork").Process(target=_die_holding_the_lock, args=(cores,))
+    child.start()
+    child.join()
+    assert child.exitcode == -9 and cores._owner.value == child.pid  # died holding it
+    t, out = _in_thread(cores.reset, 1)
+    t.join(timeout=60)  # a limit against a hang, not a speed check
+    assert not t.is_alive(), "reset waited forever for the dead worker's lock"
+    assert cores._owner.value == 0
+    assert cores.work(0) == 2  # the trainer takes the dead worker's lent thread too
+    assert cores.held() == [2, 0]

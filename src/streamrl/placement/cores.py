@@ -30,12 +30,24 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 _HELD, _LENDING, _MAX = 0, 1, 2  # per-slot fields
 _PEAK, _BORROWS, _RECLAIMS, _TIMEOUTS = 0, 1, 2, 3  # global counters
 _THREAD_S, _HELD_S, _SINCE = 0, 1, 2  # per-slot clocks: thread-seconds held, seconds held, last change
+RECOVER_S = 0.5  # the lock held this long while its holder's process is gone: freed on its behalf
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        pass
+    return True
 
 
 class ElasticCores:
@@ -65,6 +77,7 @@ class ElasticCores:
         self.reclaim_timeout_s = reclaim_timeout_s
         self.clock = clock
         self._lock = ctx.Lock()
+        self._owner = ctx.Value("i", 0, lock=False)  # the pid holding _lock (0: none)
         self._slots = ctx.Array("i", 3 * len(base), lock=False)  # held, lending, max held per slot
         self._counts = ctx.Array("l", 4, lock=False)  # peak, borrows, reclaims waited, timeouts
         self._clocks = ctx.Array("d", 3 * len(base), lock=False)  # thread-s, held s, since: per slot
@@ -78,7 +91,7 @@ class ElasticCores:
     # ---- the two calls a process makes at its boundaries -----------------------------------------
     def wait(self, p: int) -> None:
         """Slot p is about to wait (no compute until its next `work`): it lends its threads."""
-        with self._lock:
+        with self._locked():
             self._set_held(p, 0)
             self._slots[3 * p + _LENDING] = 1
 
@@ -93,7 +106,7 @@ class ElasticCores:
         deadline = time.monotonic() + self.reclaim_timeout_s
         waited = False
         while True:
-            with self._lock:
+            with self._locked():
                 got = self._take(p)
                 if got:
                     if waited:
@@ -111,8 +124,31 @@ class ElasticCores:
             time.sleep(0.002)
 
     def reset(self, p: int) -> None:
-        """Slot p's process died: it holds nothing (its replacement starts from `work`)."""
-        self.wait(p)
+        """Slot p's process died: it holds nothing (its replacement starts from `work`). If it died
+        holding the lock (every process takes it for microseconds at each boundary, so a SIGKILL can
+        land there), the lock is freed on its behalf: otherwise every process would wait for it forever."""
+        while not self._lock.acquire(timeout=RECOVER_S):
+            holder = self._owner.value
+            if holder == 0 or not _alive(holder):
+                self._owner.value = 0
+                self._lock.release()  # a Lock may be released by another process: the dead holder's
+        self._owner.value = os.getpid()
+        try:
+            self._set_held(p, 0)
+            self._slots[3 * p + _LENDING] = 1
+        finally:
+            self._owner.value = 0
+            self._lock.release()
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self._lock.acquire()
+        self._owner.value = os.getpid()
+        try:
+            yield
+        finally:
+            self._owner.value = 0
+            self._lock.release()
 
     # ---- under the lock ------------------------------------------------------------------------
     def _take(self, p: int) -> int:
@@ -156,7 +192,7 @@ class ElasticCores:
 
     # ---- what the run reports --------------------------------------------------------------------
     def held(self) -> list[int]:
-        with self._lock:
+        with self._locked():
             return [self._slots[3 * p + _HELD] for p in range(len(self.base))]
 
     def stats(self) -> dict[str, float]:
@@ -165,7 +201,7 @@ class ElasticCores:
         most threads the trainer and the workers each held, and the seconds and thread-seconds the
         trainer and the workers (summed) held threads, up to their last boundary: their ratio is the
         mean threads a phase computed on (the simulator's fit, sim/fit.py, reads it)."""
-        with self._lock:
+        with self._locked():
             maxes = [self._slots[3 * p + _MAX] for p in range(len(self.base))]
             c, workers = self._clocks, range(1, len(self.base))
             return {

@@ -164,16 +164,20 @@ class DecodeBatch:
             src, fed = [p for p, _ in seqs], [t for _, t in seqs]
         else:
             rows, src, fed = list(range(len(keep))), parents, toks
-        if src != list(range(len(self.next_pos))):  # a cache row left, forked or moved
-            idx = torch.tensor(src)
-            self.cache.batch_select_indices(idx.to(self.engine.device))
-            self.attn, self.next_pos = self.attn[idx], self.next_pos[idx]
+        self._select_cache_rows(src)
         self.active = [self.active[r] for r in keep]
         self.rows = torch.tensor(rows)
         self.attn = torch.cat([self.attn, torch.ones(len(src), 1, dtype=self.attn.dtype)], dim=1)
         self._logits = self._forward(torch.tensor(fed)[:, None], self.next_pos[:, None], self.attn)
         self._versions = [self._logits_version] * len(fed)
         self.next_pos = self.next_pos + 1
+
+    def _select_cache_rows(self, src: list[int]) -> None:
+        """The cache rows become `src` (copies where one repeats), with their masks and positions."""
+        if src != list(range(len(self.next_pos))):  # a cache row left, forked or moved
+            idx = torch.tensor(src)
+            self.cache.batch_select_indices(idx.to(self.engine.device))
+            self.attn, self.next_pos = self.attn[idx], self.next_pos[idx]
 
     def can_merge(self, other: DecodeBatch) -> bool:
         """Whether `other` can join this batch: both decoding, KV caches of GrowingLayers (the default

@@ -72,6 +72,8 @@ class VerifiedBatch(Protocol):
 
     def _feed(self, tokens: torch.Tensor, keep: list[int]) -> None: ...
 
+    def _select_cache_rows(self, src: list[int]) -> None: ...
+
 
 @dataclass
 class _Row:
@@ -142,10 +144,7 @@ def verify_drafts(batch: VerifiedBatch) -> list[GenResult]:
 def _select(batch: VerifiedBatch, src: list[int], accepted: torch.Tensor, forwarded: int) -> None:
     """The batch's cache rows become `src` (copies where one repeats); the last `forwarded` KV columns
     (verified draft tokens) stay visible to the first `accepted` of them in each new cache row."""
-    if src != list(range(len(batch.next_pos))):
-        idx = torch.tensor(src)
-        batch.cache.batch_select_indices(idx.to(batch.engine.device))
-        batch.attn, batch.next_pos = batch.attn[idx], batch.next_pos[idx]
+    batch._select_cache_rows(src)
     if forwarded:
         block = (torch.arange(forwarded)[None, :] < accepted[:, None]).to(batch.attn.dtype)
         batch.attn = torch.cat([batch.attn[:, :-forwarded], block], dim=1)

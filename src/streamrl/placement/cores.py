@@ -124,25 +124,19 @@ class ElasticCores:
             time.sleep(0.002)
 
     def reset(self, p: int) -> None:
-        """Slot p's process died: it holds nothing (its replacement starts from `work`). If it died
-        holding the lock (every process takes it for microseconds at each boundary, so a SIGKILL can
-        land there), the lock is freed on its behalf: otherwise every process would wait for it forever."""
+        """Slot p's process died: it holds nothing (its replacement starts from `work`)."""
+        self.wait(p)
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The lock, recording its holder. Every process takes it for microseconds at each boundary, so
+        a SIGKILL can land inside it: held over RECOVER_S by a process that no longer exists, it is
+        freed on that process's behalf (otherwise every process would wait for it forever)."""
         while not self._lock.acquire(timeout=RECOVER_S):
             holder = self._owner.value
             if holder == 0 or not _alive(holder):
                 self._owner.value = 0
                 self._lock.release()  # a Lock may be released by another process: the dead holder's
-        self._owner.value = os.getpid()
-        try:
-            self._set_held(p, 0)
-            self._slots[3 * p + _LENDING] = 1
-        finally:
-            self._owner.value = 0
-            self._lock.release()
-
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        self._lock.acquire()
         self._owner.value = os.getpid()
         try:
             yield

@@ -82,3 +82,13 @@ def meet(folder: str, name: str, n: int, limit_s: float = 30.0) -> float:
             return 1.0
         time.sleep(0.01)
     return 0.0
+
+
+def parity_unless_even_prompt(
+    prompts: list[str], completion_ids: list[list[int]], **_: object
+) -> list[float]:
+    """A user reward (TRL convention) for screening: 0 for every response to a prompt of even length (a
+    group all alike), else the parity of the response's first token (a group that usually disagrees)."""
+    if len(prompts[0]) % 2 == 0:
+        return [0.0]
+    return [float(completion_ids[0][0] % 2) if completion_ids[0] else 0.0]

@@ -82,6 +82,7 @@ BOUNDS: dict[str, Bound] = {
     "rollout.spec_prompts": POSITIVE,
     "rollout.spec_lenience": NON_NEGATIVE,  # 0: exact
     "rollout.dynamic_sampling_rounds": NON_NEGATIVE,
+    "rollout.screen_samples": NON_NEGATIVE,  # 0: off
     "rollout.sampler_pool": POSITIVE,
     "rollout.sampler_target": UNIT_OPEN,
     "rollout.curriculum_threshold": UNIT_OPEN,

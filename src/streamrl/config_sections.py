@@ -26,6 +26,12 @@ class RolloutConfig:
     # extra rollouts use engine time that would otherwise idle while the trainer trains.
     dynamic_sampling: bool = True
     dynamic_sampling_rounds: int = 8  # dynamic sampling: refills per step, each up to B groups
+    # screening (SPEED-RL): with dynamic sampling, a group's first N samples are drawn and scored first;
+    # if their rewards are all equal the group is dropped there, else its other G - N samples follow, so
+    # a group dynamic sampling drops costs N samples instead of G. Pays where generation cost follows the
+    # number of samples (large batches); on a small CPU it halves the rows per decode step and is slower
+    # (docs/benchmarks.md). Single-turn tasks; 0 (off) or 2 .. G - 1
+    screen_samples: int = 0
     # which problem comes next (data/samplers.py): uniform = the stream's order; mopps = Thompson
     # sampling of a Beta posterior per prompt toward sampler_target; online_filter = skip prompts whose
     # last pass rate was 0 or 1; curriculum = reasoning-gym difficulty raised by the rolling accuracy

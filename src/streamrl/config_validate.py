@@ -127,6 +127,11 @@ def validate(cfg: Any) -> None:
                 f"(not {cfg.advantage.name}) and loss.kl_in=loss"
             )
     _validate_speculative(cfg)
+    if cfg.rollout.screen_samples == 1:
+        raise ConfigError(
+            "config key 'rollout.screen_samples' is 1: one sample's rewards are always all equal, so every "
+            "group would be screened out; set 2 or more (fewer than rollout.samples_per_prompt), or 0 (off)"
+        )
     _validate_backend(cfg)
     if cfg.engine == "vllm":
         _validate_vllm(cfg)

@@ -11,7 +11,7 @@ from streamrl.envs.agent_task import AgentTask
 from streamrl.envs.base import EnvTask
 from streamrl.rollout.score import Scoring
 from streamrl.rollout.trajectory import GREEDY, RolloutSettings, greedy_request, make_trajectory
-from streamrl.types import Group, Problem
+from streamrl.types import Group, Problem, Trajectory
 
 
 def rollout_groups(
@@ -24,8 +24,9 @@ def rollout_groups(
     first: int = 0,
     drafts: list[tuple[Draft, ...]] | None = None,
 ) -> tuple[list[Group], dict[str, float]]:
-    """-> (groups, timing). Every problem yields exactly settings.samples trajectories,
-    plus a greedy baseline response per group when the advantage estimator needs one (ReMax).
+    """-> (groups, timing). Every problem yields settings.samples trajectories (with screening, those
+    whose first settings.screen samples scored alike only those), plus a greedy baseline response per
+    group when the advantage estimator needs one (ReMax).
     drafts: per problem, earlier responses its samples verify first (speculative rollouts).
 
     Group ids are "s{step}-{n}-{problem id}" with n counting the step's groups from `first`: a small
@@ -37,27 +38,66 @@ def rollout_groups(
         return _agent_groups(engine, tokenizer, scoring.task, problems, gids, settings, t0)
     prompts = [render_prompt_ids(tokenizer, p.messages) for p in problems]
     offered = drafts or [()] * len(problems)
-    requests = [
-        GenRequest(ids, r.max_new_tokens, r.temperature, r.top_p, (pi, k), offered[pi], r.spec_lenience)
-        for pi, ids in enumerate(prompts)
-        for k in range(r.samples)
-    ]
-    if r.greedy_baseline:
-        requests += [greedy_request(ids, r, (pi, GREEDY)) for pi, ids in enumerate(prompts)]
+
+    def sampled(pis: list[int], ks: range) -> list[GenRequest]:
+        return [
+            GenRequest(
+                prompts[pi], r.max_new_tokens, r.temperature, r.top_p, (pi, k), offered[pi], r.spec_lenience
+            )
+            for pi in pis
+            for k in ks
+        ]
+
+    everyone = list(range(len(problems)))
     if isinstance(scoring.task, EnvTask):  # multi-turn: the env scores each episode (rollout/episodes.py)
         from streamrl.rollout.episodes import rollout_episodes
 
+        requests = sampled(everyone, range(r.samples))
+        requests += [greedy_request(prompts[pi], r, (pi, GREEDY)) for pi in everyone if r.greedy_baseline]
         jobs = [(problems[q.tag[0]], q, gids[q.tag[0]]) for q in requests]
         trajs = rollout_episodes(engine, tokenizer, scoring.task, settings, jobs)
-        t1 = time.perf_counter()
+        generate_s = time.perf_counter() - t0
     else:
-        results = engine.generate(requests)  # in request order
-        t1 = time.perf_counter()
-        trajs = []
-        for res in results:
-            pi, k = res.request.tag
-            trajs.append(make_trajectory(problems[pi], res, tokenizer, settings, gids[pi], k))
-        scoring.score([(problems[q.tag[0]], t) for q, t in zip(requests, trajs)])
+        # screening (settings.screen): the first samples of every group, then the rest of the groups whose
+        # first samples' rewards differ; the others are returned with their first samples only
+        first = r.screen or r.samples
+        requests = sampled(everyone, range(first))
+        requests += [greedy_request(prompts[pi], r, (pi, GREEDY)) for pi in everyone if r.greedy_baseline]
+        trajs, generate_s = _generate(engine, tokenizer, scoring, problems, gids, settings, requests)
+        if first < r.samples:
+            screened = _groups(problems, requests, trajs)
+            finish = [pi for pi, g in enumerate(screened) if not g.uninformative]
+            more = sampled(finish, range(first, r.samples))
+            more_trajs, more_s = _generate(engine, tokenizer, scoring, problems, gids, settings, more)
+            requests, trajs, generate_s = requests + more, trajs + more_trajs, generate_s + more_s
+    groups = _groups(problems, requests, trajs)
+    return groups, {"generate_time": generate_s, "reward_time": time.perf_counter() - t0 - generate_s}
+
+
+def _generate(
+    engine: Any,
+    tokenizer: Any,
+    scoring: Scoring,
+    problems: list[Problem],
+    gids: list[str],
+    settings: RolloutSettings,
+    requests: list[GenRequest],
+) -> tuple[list[Trajectory], float]:
+    """Generate and score `requests` (tags (problem index, k)) -> (trajectories in request order, the
+    seconds generation took)."""
+    t0 = time.perf_counter()
+    results = engine.generate(requests)  # in request order
+    generate_s = time.perf_counter() - t0
+    trajs = []
+    for res in results:
+        pi, k = res.request.tag
+        trajs.append(make_trajectory(problems[pi], res, tokenizer, settings, gids[pi], k))
+    scoring.score([(problems[q.tag[0]], t) for q, t in zip(requests, trajs)])
+    return trajs, generate_s
+
+
+def _groups(problems: list[Problem], requests: list[GenRequest], trajs: list[Trajectory]) -> list[Group]:
+    """One group per problem: its samples in request order (that of k), its greedy baseline apart."""
     groups = [Group(problem=p, trajectories=[]) for p in problems]
     for traj, req in zip(trajs, requests, strict=True):
         pi, k = req.tag
@@ -65,8 +105,7 @@ def rollout_groups(
             groups[pi].baseline = traj
         else:
             groups[pi].trajectories.append(traj)
-    t2 = time.perf_counter()
-    return groups, {"generate_time": t1 - t0, "reward_time": t2 - t1}
+    return groups
 
 
 def _agent_groups(

@@ -163,13 +163,12 @@ def _loop(
     episodes = EpisodeTable(task, tokenizer, r) if isinstance(task, EnvTask) else None
     agents = AgentGroups(task, tokenizer, r) if isinstance(task, AgentTask) else None
     open_groups: dict[str, tuple[GroupRequest, list[Any]]] = {}
+    # samples asked for so far per group: screening (r.screen) asks for the first few, the rest only if
+    # those disagree
+    asked: dict[str, int] = {}
     busy = idle = 0.0
 
-    def take(req: GroupRequest) -> None:
-        if agents is not None:  # agent task: G agent threads whose calls reach the decoder via the proxy
-            agents.start(req)
-            return
-        open_groups[req.group_id] = (req, [])
+    def ask(req: GroupRequest, ks: range, baseline: bool) -> None:
         gens = [
             GenRequest(
                 req.prompt_ids,
@@ -180,13 +179,22 @@ def _loop(
                 drafts=req.drafts,
                 lenience=r.spec_lenience,
             )
-            for k in range(req.samples)
+            for k in ks
         ]
-        if req.greedy_baseline:
+        if baseline:
             gens.append(greedy_request(req.prompt_ids, r, (req.group_id, GREEDY)))
         if episodes is not None:  # env task: each sample is an episode starting with this request
             gens = [episodes.start(req.problem, g) for g in gens]
         decoder.add(gens)
+        asked[req.group_id] = ks.stop
+
+    def take(req: GroupRequest) -> None:
+        if agents is not None:  # agent task: G agent threads whose calls reach the decoder via the proxy
+            agents.start(req)
+            return
+        open_groups[req.group_id] = (req, [])
+        first = r.screen if 0 < r.screen < req.samples else req.samples
+        ask(req, range(first), req.greedy_baseline)
 
     scoring = Scoring(cfg, task)
 
@@ -201,18 +209,23 @@ def _loop(
             results.put(GroupResult(req.group_id, group, worker_id, busy_s=busy, idle_s=idle))
             busy = idle = 0.0
         for gid in [
-            g for g, (req, done) in open_groups.items() if len(done) == req.samples + req.greedy_baseline
+            g for g, (req, done) in open_groups.items() if len(done) == asked[g] + req.greedy_baseline
         ]:
             req, done = open_groups[gid]
             deadline = deadlines.setdefault(gid, scoring.deadline())
             scored = all(fut is None or fut.done() for _, _, fut in done)
             if not scored and time.monotonic() < deadline:
                 continue
-            del open_groups[gid], deadlines[gid]
+            del deadlines[gid]
             scoring.settle([(traj, fut) for _, traj, fut in done if fut is not None])  # None: env-scored
+            done[:] = [(k, traj, None) for k, traj, _ in done]  # settled once
             trajs = [t for _, t, _ in sorted(done, key=lambda d: d[0])]
             baseline = trajs.pop(0) if req.greedy_baseline else None  # GREEDY = -1 sorts first
             group = Group(req.problem, trajs, baseline)
+            if asked[gid] < req.samples and not group.uninformative:  # screened in: the rest of the group
+                ask(req, range(asked[gid], req.samples), False)
+                continue
+            del open_groups[gid], asked[gid]
             results.put(GroupResult(gid, group, worker_id, busy_s=busy, idle_s=idle))
             busy = idle = 0.0
 

@@ -22,6 +22,9 @@ def scripted_worker(
     hold_from = int(os.environ.get("SCRIPTED_HOLD_FROM", "-1"))  # groups g<N>, N >= this, never finish
     running: list[tuple[float, Any, list[int]]] = []  # (finish time, request, versions so far)
     hang = os.environ.get("SCRIPTED_HANG_FILE", "")  # while this file exists, worker 0's loop is stuck
+    starting = os.environ.get("SCRIPTED_STARTUP_FILE", "")  # while this file exists, no worker has started
+    while starting and os.path.exists(starting):
+        time.sleep(0.02)  # imports and a model load: the request queue is not polled yet
     while True:
         while worker_id == 0 and hang and os.path.exists(hang):
             time.sleep(0.05)  # a deadlock: the process and its threads live on, the loop does not

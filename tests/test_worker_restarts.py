@@ -113,3 +113,44 @@ def test_when_restarts_run_out_the_run_stops_with_its_groups_carried_over(tiny):
         runner.run(on_step)
     c = _balanced(runner, state, records)
     assert c["carried_over"] > 0  # what the workers held is in the state, for resume=
+
+
+def test_the_loop_starts_once_every_worker_is_ready(tiny, tmp_path, monkeypatch):
+    """start() spawns the workers (the job calls it before the base evaluation); wait_ready() returns
+    once each polls its requests, which is when the loop and its clock may start."""
+    starting = tmp_path / "starting"
+    starting.touch()
+    monkeypatch.setenv("SCRIPTED_STARTUP_FILE", str(starting))
+    runner, state = _runner(tiny, ["max_steps=2"])
+    runner.start()
+    workers = runner.backend.workers
+    try:
+        runner.backend.wait_ready(0.5)  # still starting: returns at the timeout
+        assert [w.heartbeat.value for w in workers] == [0.0, 0.0]
+        starting.unlink()
+        runner.wait_ready()
+        assert all(w.heartbeat.value > 0 for w in workers)
+        records: list = []
+        runner.run(records.append)  # the workers already started are the loop's
+    finally:
+        runner.close()
+    assert [r.step for r in records] == [1, 2]
+    assert all(not w.proc.is_alive() for w in workers)
+    _balanced(runner, state, records)
+
+
+@pytest.mark.parametrize("how", ["stopped", "never_run"])
+def test_workers_started_for_a_loop_that_never_runs_are_stopped(tiny, how):
+    """Ctrl-C during the base evaluation (the loop returns at once), or an error before the loop (the
+    job's closers call close): the started workers do not outlive the run."""
+    runner, state = _runner(tiny, [])
+    runner.start()
+    runner.wait_ready()
+    workers = runner.backend.workers
+    if how == "stopped":
+        runner.stop.request("SIGINT")
+        runner.run(lambda rec: None)
+    else:
+        runner.close()
+    assert workers and all(not w.proc.is_alive() for w in workers)
+    assert runner.ledger.counts()["admitted"] == 0 and state.step == 0

@@ -31,7 +31,7 @@ from streamrl.loop.signals import StopFlag
 from streamrl.loop.staleness import StalenessManager
 from streamrl.loop.state import RunState, sampler_state
 from streamrl.loop.step import StepRecord, train_on
-from streamrl.placement.backend import RolloutBackend, RolloutFailure, make_backend
+from streamrl.placement.backend import STARTUP_S, RolloutBackend, RolloutFailure, make_backend
 from streamrl.rollout.drafts import draft_store
 from streamrl.rollout.trajectory import RolloutSettings
 from streamrl.rollout.worker import GroupRequest, GroupResult, run_worker
@@ -91,6 +91,7 @@ class AsyncRunner:
             self.sh.buffer.append(res)
         self.readmit: deque[GroupRequest] = deque(state.unfinished)
         self._threads_stop = threading.Event()
+        self._started = self._closed = False  # the workers (start, close)
         # elastic cores: the trainer lends its threads while it waits for rollouts (placement/cores.py)
         self.threads = self.backend.trainer_threads()
 
@@ -193,16 +194,14 @@ class AsyncRunner:
 
     def run(self, on_step: Callable[[StepRecord], None]) -> None:
         cfg = self.cfg
-        if self.stop:  # stopped during the base evaluation: nothing to start
+        if self.stop:  # stopped during the base evaluation: nothing to generate
+            self.close()
             self.state.ledger = self.ledger.state_dict()
             self.state.staleness = self.staleness.state_dict()
             return
         backend = self.backend
-        try:
-            backend.start(self.trainer.policy_state(), self.trainer.version)
-        except BaseException:
-            self._carry_over(backend.stop())  # nothing started generating: all admitted work carries over
-            raise
+        self.start()
+        self.wait_ready()
         admitter = threading.Thread(target=self._admission_loop, daemon=True)
         admitter.start()
         if self.threads is not None:
@@ -257,7 +256,29 @@ class AsyncRunner:
             self.trainer.set_boundary(None)
             self._threads_stop.set()
             admitter.join(timeout=10)
-            self._carry_over(backend.stop())
+            self.close()
+
+    def start(self) -> None:
+        """Start the rollout workers on the trainer's weights (once; the job calls it before the base
+        evaluation, so their imports and model load overlap it)."""
+        if self._started:
+            return
+        self._started = True
+        try:
+            self.backend.start(self.trainer.policy_state(), self.trainer.version)
+        except BaseException:
+            self.close()  # nothing started generating: all admitted work carries over
+            raise
+
+    def wait_ready(self) -> float:
+        """Wait until the workers can generate (the loop's clock starts after it); -> seconds waited."""
+        return self.backend.wait_ready(STARTUP_S) if self._started else 0.0
+
+    def close(self) -> None:
+        """Stop workers started by `start` that no loop stopped (the run ended before or without it)."""
+        if self._started and not self._closed:
+            self._closed = True
+            self._carry_over(self.backend.stop())
 
     def _publish(self, step: int) -> None:
         """New weights to every worker; only then may admissions see the new version (eta = 0 is

@@ -102,6 +102,15 @@ class ColocatedRunner:
             raise RuntimeError(f"step {step}: the rollouts produced no group to train on")
         return kept, timing
 
+    def start(self) -> None:
+        """Nothing to start: the engine is this process's (the asynchronous loop starts its workers)."""
+
+    def wait_ready(self) -> float:
+        return 0.0
+
+    def close(self) -> None:
+        pass
+
     def snapshot(self) -> RunState:
         """The run's position between two steps: nothing is in flight in the colocated loop."""
         return dataclasses.replace(

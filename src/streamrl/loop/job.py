@@ -228,17 +228,6 @@ def _run_train(
             )
         )
 
-    base = final = None
-    old_eval = json.loads((run_dir / "eval.json").read_text()) if (run_dir / "eval.json").is_file() else {}
-    if cfg.eval.before and heldout and not cfg.resume:
-        console.print(f"evaluating the base model on {len(heldout)} held-out problems (greedy)...")
-        torch.set_num_threads(os.cpu_count() or 1)  # nothing else runs yet: use every core
-        base = evaluate(engine, tokenizer, task, heldout, cfg.eval.max_new_tokens)
-        torch.set_num_threads(train_threads)
-        timings["eval"] += base.seconds
-        console.print(f"base accuracy {base.accuracy:.3f} ({sum(base.correct)}/{len(base.correct)})")
-    before = Accuracy.from_summary(base.summary() if base else old_eval.get("base"))  # for model cards
-
     sampler = parts.stream
     replay = make_replay(cfg)
     if replay is not None and state.replay:
@@ -248,6 +237,20 @@ def _run_train(
         runner: Any = ColocatedRunner(cfg, trainer, engine, tokenizer, task, sampler, state, stop, **hooks)
     else:
         runner = AsyncRunner(cfg, trainer, tokenizer, sampler, state, stop, **hooks)
+    closers.append(runner.close)
+    runner.start()  # rollout workers load their model while the base model is evaluated
+
+    base = final = None
+    old_eval = json.loads((run_dir / "eval.json").read_text()) if (run_dir / "eval.json").is_file() else {}
+    if cfg.eval.before and heldout and not cfg.resume:
+        console.print(f"evaluating the base model on {len(heldout)} held-out problems (greedy)...")
+        torch.set_num_threads(os.cpu_count() or 1)  # the workers only load meanwhile: every core
+        base = evaluate(engine, tokenizer, task, heldout, cfg.eval.max_new_tokens)
+        torch.set_num_threads(train_threads)
+        timings["eval"] += base.seconds
+        console.print(f"base accuracy {base.accuracy:.3f} ({sum(base.correct)}/{len(base.correct)})")
+    before = Accuracy.from_summary(base.summary() if base else old_eval.get("base"))  # for model cards
+    timings["setup"] += runner.wait_ready()  # what is left of the workers' start: not training time
     observer = RunObserver(cfg, run_dir, console, purge_step=state.step + 1 if cfg.resume else None)
     groups_log = GroupLog(run_dir / "groups.jsonl")
 

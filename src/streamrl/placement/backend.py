@@ -31,6 +31,10 @@ class RolloutBackend(Protocol):
     def start(self, state: dict[str, torch.Tensor], version: int) -> None:
         """Start the workers; they begin on these weights."""
 
+    def wait_ready(self, timeout: float) -> float:
+        """Block until every worker is ready to generate (imports and model load done), one has ended, or
+        `timeout` s passed; returns the seconds waited."""
+
     def submit(self, req: GroupRequest) -> None:
         """Hand one admitted group to some worker (called by the admission thread only)."""
 
@@ -128,6 +132,15 @@ class LocalRollouts:
         self.workers = [_Worker(self.ctx, i) for i in range(self.cfg.runtime.rollout_workers)]
         for w in self.workers:
             self._spawn(w)
+
+    def wait_ready(self, timeout: float) -> float:
+        """A worker is ready once it polls its requests (its heartbeat's first beat)."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout and not all(
+            w.heartbeat.value > 0 or not w.proc.is_alive() for w in self.workers
+        ):
+            time.sleep(0.02)
+        return time.monotonic() - t0
 
     def submit(self, req: GroupRequest) -> None:
         w = min(self.workers, key=lambda w: len(w.held))

@@ -167,6 +167,7 @@ def _loop(
     # those disagree
     asked: dict[str, int] = {}
     busy = idle = 0.0
+    taken_any = False
 
     def ask(req: GroupRequest, ks: range, baseline: bool) -> None:
         gens = [
@@ -189,6 +190,8 @@ def _loop(
         asked[req.group_id] = ks.stop
 
     def take(req: GroupRequest) -> None:
+        nonlocal taken_any
+        taken_any = True
         if agents is not None:  # agent task: G agent threads whose calls reach the decoder via the proxy
             agents.start(req)
             return
@@ -250,7 +253,8 @@ def _loop(
             if agents is not None:
                 decoder.add(agents.requests())
             if decoder.idle:
-                idle += time.perf_counter() - t0
+                if taken_any:  # waiting for the first request is the job's start, not the loop idling
+                    idle += time.perf_counter() - t0
                 continue
             # newest weights between decode steps; never start a request on weights older than those it
             # was admitted under (publish happens before admission, so one load always suffices)

@@ -14,7 +14,7 @@ from streamrl.config import ConfigError, load_config, to_dict
 from streamrl.data.prompts import render_prompt_ids
 from streamrl.engine.hf import HFEngine
 from streamrl.rollout.generate import rollout_groups
-from streamrl.rollout.trajectory import RolloutSettings, screen_size
+from streamrl.rollout.trajectory import RolloutSettings
 from streamrl.rollout.worker import STOP, GroupRequest, serve
 from streamrl.tasks import task_from_config
 from streamrl.types import Problem
@@ -150,20 +150,22 @@ def test_worker_finishes_only_the_groups_whose_first_samples_disagree() -> None:
 
 
 @pytest.mark.parametrize(
-    ("overrides", "screen"),
+    ("overrides", "message"),
     [
-        ([], 0),  # the default: off
-        (["rollout.screen_samples=4"], 4),  # G = 8, dynamic sampling on
-        (["rollout.screen_samples=4", "rollout.dynamic_sampling=false"], 0),  # nothing drops them
-        (["rollout.screen_samples=4", "rollout.samples_per_prompt=4"], 0),  # not fewer than G
-        (["rollout.screen_samples=2"], 2),
-        (["rollout.screen_samples=4", "task=env:python_tool"], 0),  # rewards come after all turns
+        (["rollout.screen_samples=1"], r"'rollout.screen_samples' is 1: .* set 2 or more"),
+        (["rollout.screen_samples=8"], r"'rollout.screen_samples' is 8, not fewer than .*=8: set 2 \.\. 7"),
+        (
+            ["rollout.screen_samples=4", "rollout.dynamic_sampling=false"],
+            r"only dynamic sampling does: set rollout.dynamic_sampling=true",
+        ),
+        (["rollout.screen_samples=4", "task=env:python_tool"], r"task=env:python_tool runs multi-turn"),
     ],
 )
-def test_screen_size(overrides: list[str], screen: int) -> None:
-    assert screen_size(load_config(None, overrides)) == screen
+def test_screening_settings_it_cannot_apply_are_refused(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
 
 
-def test_one_screening_sample_is_refused() -> None:
-    with pytest.raises(ConfigError, match=r"'rollout.screen_samples' is 1: .* set 2 or more"):
-        load_config(None, ["rollout.screen_samples=1"])
+def test_screening_is_off_by_default_and_on_as_set() -> None:
+    assert RolloutSettings.from_config(load_config(None, [])).screen == 0
+    assert RolloutSettings.from_config(load_config(None, ["rollout.screen_samples=4"])).screen == 4

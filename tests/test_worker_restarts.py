@@ -125,10 +125,11 @@ def test_the_loop_starts_once_every_worker_is_ready(tiny, tmp_path, monkeypatch)
     runner.start()
     workers = runner.backend.workers
     try:
-        runner.backend.wait_ready(0.5)  # still starting: returns at the timeout
+        assert runner.backend.wait_ready(0.5) is False  # still starting: returns at the timeout
         assert [w.heartbeat.value for w in workers] == [0.0, 0.0]
         starting.unlink()
         runner.wait_ready()
+        assert runner.backend.wait_ready(0.0) is True
         assert all(w.heartbeat.value > 0 for w in workers)
         records: list = []
         runner.run(records.append)  # the workers already started are the loop's
@@ -154,3 +155,25 @@ def test_workers_started_for_a_loop_that_never_runs_are_stopped(tiny, how):
         runner.close()
     assert workers and all(not w.proc.is_alive() for w in workers)
     assert runner.ledger.counts()["admitted"] == 0 and state.step == 0
+
+
+def test_a_stop_ends_the_wait_for_starting_workers(tiny, tmp_path, monkeypatch):
+    """SIGTERM while the workers still load their model: the wait ends, the loop does not start."""
+    starting = tmp_path / "starting"
+    starting.touch()
+    monkeypatch.setenv("SCRIPTED_STARTUP_FILE", str(starting))
+    runner, state = _runner(tiny, [])
+    runner.start()
+    workers = runner.backend.workers
+    runner.stop.request("SIGTERM")
+    runner.wait_ready()  # returns although no worker is ready (the file is still there)
+    assert [w.heartbeat.value for w in workers] == [0.0, 0.0]
+    runner.run(lambda rec: None)
+    assert all(not w.proc.is_alive() for w in workers) and state.step == 0
+
+
+def test_nothing_to_train_starts_no_worker(tiny):
+    """max_steps reached (an evaluate-only run, a finished run resumed): no worker is spawned."""
+    runner, state = _runner(tiny, ["max_steps=0"])
+    runner.run(lambda rec: None)
+    assert runner.backend.workers == [] and state.step == 0

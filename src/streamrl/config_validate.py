@@ -127,11 +127,7 @@ def validate(cfg: Any) -> None:
                 f"(not {cfg.advantage.name}) and loss.kl_in=loss"
             )
     _validate_speculative(cfg)
-    if cfg.rollout.screen_samples == 1:
-        raise ConfigError(
-            "config key 'rollout.screen_samples' is 1: one sample's rewards are always all equal, so every "
-            "group would be screened out; set 2 or more (fewer than rollout.samples_per_prompt), or 0 (off)"
-        )
+    _validate_screening(cfg)
     _validate_backend(cfg)
     if cfg.engine == "vllm":
         _validate_vllm(cfg)
@@ -146,6 +142,33 @@ def validate(cfg: Any) -> None:
         raise ConfigError(
             "config key 'task_config.columns.answer' is null (no reference answers), but the task's verifier "
             "scores the rewards: score with your own reward.fn / reward.fns (without fn: task)"
+        )
+
+
+def _validate_screening(cfg: Any) -> None:
+    r = cfg.rollout
+    n, g = r.screen_samples, r.samples_per_prompt
+    if not n:
+        return
+    if n == 1:
+        raise ConfigError(
+            "config key 'rollout.screen_samples' is 1: one sample's rewards are always all equal, so every "
+            "group would be screened out; set 2 or more (fewer than rollout.samples_per_prompt), or 0 (off)"
+        )
+    if n >= g:
+        raise ConfigError(
+            f"config key 'rollout.screen_samples' is {n}, not fewer than rollout.samples_per_prompt={g}: "
+            f"set 2 .. {g - 1}, or 0 (off)"
+        )
+    if not r.dynamic_sampling:
+        raise ConfigError(
+            "rollout.screen_samples > 0 drops the groups whose first samples agree, which only dynamic "
+            "sampling does: set rollout.dynamic_sampling=true, or rollout.screen_samples=0"
+        )
+    if cfg.task.startswith(("env:", "agent:")):
+        raise ConfigError(
+            f"rollout.screen_samples > 0 screens single-turn responses; task={cfg.task} runs multi-turn "
+            "episodes: set rollout.screen_samples=0"
         )
 
 

@@ -194,10 +194,8 @@ class AsyncRunner:
 
     def run(self, on_step: Callable[[StepRecord], None]) -> None:
         cfg = self.cfg
-        if self.stop:  # stopped during the base evaluation: nothing to generate
+        if self.stop or self.state.step >= cfg.max_steps:  # stopped during the base evaluation, or done
             self.close()
-            self.state.ledger = self.ledger.state_dict()
-            self.state.staleness = self.staleness.state_dict()
             return
         backend = self.backend
         self.start()
@@ -271,14 +269,20 @@ class AsyncRunner:
             raise
 
     def wait_ready(self) -> float:
-        """Wait until the workers can generate (the loop's clock starts after it); -> seconds waited."""
-        return self.backend.wait_ready(STARTUP_S) if self._started else 0.0
+        """Wait until the workers can generate (the loop's clock starts after it), a stop is requested or
+        STARTUP_S passed; -> seconds waited."""
+        t0 = time.monotonic()
+        while self._started and not self.stop and time.monotonic() - t0 < STARTUP_S:
+            if self.backend.wait_ready(0.2):
+                break
+        return time.monotonic() - t0
 
     def close(self) -> None:
-        """Stop workers started by `start` that no loop stopped (the run ended before or without it)."""
-        if self._started and not self._closed:
+        """Stop the workers (if started) and carry over what was admitted and not trained; once (the loop
+        closes, and so does the job, however it ends)."""
+        if not self._closed:
             self._closed = True
-            self._carry_over(self.backend.stop())
+            self._carry_over(self.backend.stop() if self._started else [])
 
     def _publish(self, step: int) -> None:
         """New weights to every worker; only then may admissions see the new version (eta = 0 is

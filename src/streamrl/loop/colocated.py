@@ -109,7 +109,8 @@ class ColocatedRunner:
         return 0.0
 
     def close(self) -> None:
-        pass
+        """The reward service, made in the constructor (run closes it too; closing twice is harmless)."""
+        self.scoring.close()
 
     def snapshot(self) -> RunState:
         """The run's position between two steps: nothing is in flight in the colocated loop."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -160,16 +161,14 @@ def periodic_eval(
 def run_train(cfg: Config, console: Console | None = None, checked: Checked | None = None) -> dict[str, Any]:
     """Run the whole job; returns the summary dict (also written to the run directory). `checked`: the
     result of preflight(cfg) when the caller ran it already."""
-    closers: list[Any] = []
-    try:
+    # what must stop however the job ends (the rollout workers, the trainer's follower ranks of
+    # train.strategy=ddp|fsdp2): last registered first, each even if another raised
+    with contextlib.ExitStack() as closers:
         return _run_train(cfg, console, closers, checked)
-    finally:
-        for close in closers:  # the trainer's follower ranks (train.strategy=ddp|fsdp2)
-            close()
 
 
 def _run_train(
-    cfg: Config, console: Console | None, closers: list[Any], checked: Checked | None
+    cfg: Config, console: Console | None, closers: contextlib.ExitStack, checked: Checked | None
 ) -> dict[str, Any]:
     console = console or Console(stderr=True)
     t_start = time.perf_counter()
@@ -203,7 +202,7 @@ def _run_train(
 
     t0 = time.perf_counter()
     parts = build_components(cfg, task)
-    closers.append(parts.trainer.close)
+    closers.callback(parts.trainer.close)
     tokenizer, task, heldout, engine, trainer = (
         parts.tokenizer,
         parts.task,
@@ -237,8 +236,9 @@ def _run_train(
         runner: Any = ColocatedRunner(cfg, trainer, engine, tokenizer, task, sampler, state, stop, **hooks)
     else:
         runner = AsyncRunner(cfg, trainer, tokenizer, sampler, state, stop, **hooks)
-    closers.append(runner.close)
-    runner.start()  # rollout workers load their model while the base model is evaluated
+    closers.callback(runner.close)
+    if state.step < cfg.max_steps:
+        runner.start()  # rollout workers load their model while the base model is evaluated
 
     base = final = None
     old_eval = json.loads((run_dir / "eval.json").read_text()) if (run_dir / "eval.json").is_file() else {}

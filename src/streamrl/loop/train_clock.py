@@ -3,9 +3,10 @@
 Wall time since the loop started minus the time spent with the clock paused: periodic held-out
 evaluation (eval.every), periodic state saves (train.save_every) and checkpoint exports
 (checkpoint.every), work that a run without them would not do. The asynchronous loop starts once its
-rollout workers are ready: their imports and model load are set-up, as the trainer's model load is. A
-time-to-accuracy curve plots held-out accuracy against it (benchmarks/vs_trl.py --eval-every). In the
-asynchronous loop only the trainer pauses: the rollout workers keep generating meanwhile.
+rollout workers are ready (local ones; Ray actors are not waited for): their imports and model load
+are set-up, as the trainer's model load is. A time-to-accuracy curve plots held-out accuracy against
+it (benchmarks/vs_trl.py --eval-every). In the asynchronous loop only the trainer pauses: the rollout
+workers keep generating meanwhile.
 """
 
 from __future__ import annotations

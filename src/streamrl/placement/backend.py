@@ -31,9 +31,9 @@ class RolloutBackend(Protocol):
     def start(self, state: dict[str, torch.Tensor], version: int) -> None:
         """Start the workers; they begin on these weights."""
 
-    def wait_ready(self, timeout: float) -> float:
-        """Block until every worker is ready to generate (imports and model load done), one has ended, or
-        `timeout` s passed; returns the seconds waited."""
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait at most `timeout` s for every worker to be ready to generate (imports and model load
+        done) or to have ended; returns whether they all are."""
 
     def submit(self, req: GroupRequest) -> None:
         """Hand one admitted group to some worker (called by the admission thread only)."""
@@ -133,14 +133,14 @@ class LocalRollouts:
         for w in self.workers:
             self._spawn(w)
 
-    def wait_ready(self, timeout: float) -> float:
+    def wait_ready(self, timeout: float) -> bool:
         """A worker is ready once it polls its requests (its heartbeat's first beat)."""
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout and not all(
-            w.heartbeat.value > 0 or not w.proc.is_alive() for w in self.workers
-        ):
+        deadline = time.monotonic() + timeout
+        while not (ready := all(w.heartbeat.value > 0 or not w.proc.is_alive() for w in self.workers)):
+            if time.monotonic() >= deadline:
+                break
             time.sleep(0.02)
-        return time.monotonic() - t0
+        return ready
 
     def submit(self, req: GroupRequest) -> None:
         w = min(self.workers, key=lambda w: len(w.held))

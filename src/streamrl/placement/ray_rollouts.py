@@ -126,9 +126,9 @@ class RayRollouts:
         for slot in range(self.n):
             self._exchange(slot)
 
-    def wait_ready(self, timeout: float) -> float:
-        """Returns at once: Ray actors are not waited for (their start counts in the loop's time)."""
-        return 0.0
+    def wait_ready(self, timeout: float) -> bool:
+        """Ray actors are not waited for: their start counts in the loop's time."""
+        return True
 
     def trainer_threads(self) -> None:
         """Actors reserve their own CPUs (ray.rollout_cpus): nothing is lent."""

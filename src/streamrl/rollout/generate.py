@@ -60,14 +60,14 @@ def rollout_groups(
     else:
         # screening (settings.screen): the first samples of every group, then the rest of the groups whose
         # first samples' rewards differ; the others are returned with their first samples only
-        first = r.screen or r.samples
-        requests = sampled(everyone, range(first))
+        screened_k = r.screen or r.samples
+        requests = sampled(everyone, range(screened_k))
         requests += [greedy_request(prompts[pi], r, (pi, GREEDY)) for pi in everyone if r.greedy_baseline]
         trajs, generate_s = _generate(engine, tokenizer, scoring, problems, gids, settings, requests)
-        if first < r.samples:
+        if screened_k < r.samples:
             screened = _groups(problems, requests, trajs)
             finish = [pi for pi, g in enumerate(screened) if not g.uninformative]
-            more = sampled(finish, range(first, r.samples))
+            more = sampled(finish, range(screened_k, r.samples))
             more_trajs, more_s = _generate(engine, tokenizer, scoring, problems, gids, settings, more)
             requests, trajs, generate_s = requests + more, trajs + more_trajs, generate_s + more_s
     groups = _groups(problems, requests, trajs)

@@ -32,7 +32,7 @@ class RolloutSettings:
     format_weight: float  # reward bonus for following the answer format (reward.format_weight)
     spec_lenience: float = 0.0  # speculative rollouts: 0 exact verification, > 0 SPEC-RL's lenient rule
     # screening: a group's first `screen` samples are drawn and scored first, the rest only if their
-    # rewards differ (0: the whole group at once); set only with dynamic sampling, for single-turn tasks
+    # rewards differ (0: the whole group at once); validated: dynamic sampling on, single-turn tasks
     screen: int = 0
 
     @classmethod
@@ -48,18 +48,8 @@ class RolloutSettings:
             mask_truncated=cfg.loss.mask_truncated,
             format_weight=cfg.reward.format_weight,
             spec_lenience=r.spec_lenience,
-            screen=screen_size(cfg),
+            screen=r.screen_samples,
         )
-
-
-def screen_size(cfg: Config) -> int:
-    """The samples a group is screened with (rollout.screen_samples), 0 when screening is off: it needs
-    dynamic sampling (which drops the groups screened out), fewer screening samples than the group has,
-    and a single-turn task (an episode's reward comes at its end, after all of its turns)."""
-    r = cfg.rollout
-    single_turn = not cfg.task.startswith(("env:", "agent:"))
-    on = r.dynamic_sampling and single_turn and 0 < r.screen_samples < r.samples_per_prompt
-    return r.screen_samples if on else 0
 
 
 def greedy_request(prompt_ids: list[int], settings: RolloutSettings, tag: Any) -> GenRequest:

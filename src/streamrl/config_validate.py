@@ -165,10 +165,15 @@ def _validate_screening(cfg: Any) -> None:
             "rollout.screen_samples > 0 drops the groups whose first samples agree, which only dynamic "
             "sampling does: set rollout.dynamic_sampling=true, or rollout.screen_samples=0"
         )
+    _single_turn_only(cfg, "rollout.screen_samples", "screens")
+
+
+def _single_turn_only(cfg: Any, option: str, what: str) -> None:
+    """Options that work on single-turn responses are refused for env: and agent: tasks."""
     if cfg.task.startswith(("env:", "agent:")):
         raise ConfigError(
-            f"rollout.screen_samples > 0 screens single-turn responses; task={cfg.task} runs multi-turn "
-            "episodes: set rollout.screen_samples=0"
+            f"{option} > 0 {what} single-turn responses; task={cfg.task} runs multi-turn episodes: "
+            f"set {option}=0"
         )
 
 
@@ -185,11 +190,7 @@ def _validate_speculative(cfg: Any) -> None:
             "rollout.spec_drafts > 0 needs engine=hf: vLLM's API neither verifies a draft given per request "
             "nor returns the full next-token distribution the residual needs; set rollout.spec_drafts=0"
         )
-    if cfg.task.startswith(("env:", "agent:")):
-        raise ConfigError(
-            f"rollout.spec_drafts > 0 drafts single-turn responses; task={cfg.task} runs multi-turn "
-            "episodes: set rollout.spec_drafts=0"
-        )
+    _single_turn_only(cfg, "rollout.spec_drafts", "drafts")
     if r.temperature == 0:
         raise ConfigError(
             "rollout.spec_drafts > 0 verifies sampled responses; rollout.temperature=0 is greedy: "

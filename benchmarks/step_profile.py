@@ -45,7 +45,7 @@ def main(argv: list[str]) -> None:
     def on_step(rec: StepRecord) -> None:
         r = rec.metrics
         r["total"] = r["step_time"]
-        pad = 1 - r["tokens_trained"] / r["padded_tokens"]
+        pad = r["padding_frac"]
         print(
             f"{rec.step:>4} {r['total']:>8.2f} {r['generate_time']:>7.2f} {r['reward_time']:>8.3f} "
             f"{r['train_time']:>8.2f} {r['generate_tokens_per_s']:>9.0f} {r['train_tokens_per_s']:>11.0f} "

@@ -52,6 +52,9 @@ def test_collate_shared_layout():
     assert mb.attention_mask.tolist() == [[1, 1, 1, 1], [0, 1, 1, 0], [1, 1, 1, 0]]
     assert mb.completion_ids.tolist() == [[8, 9], [2, 0], [1, 0]]
     assert mb.num_tokens == 2 * 2 + 3 * 2  # prefixes + completion rows
+    assert mb.real_positions == 3 + 4  # the prefixes' tokens, each row's tokens (padding left out)
+    padded = collate([make_traj(0, [5, 6, 7], [8, 9]), make_traj(1, [4, 3], [2])], [1.0, -1.0], pad_id=0)
+    assert (padded.num_tokens, padded.real_positions) == (2 * 5, 5 + 3)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -91,6 +94,14 @@ def test_shared_step_equals_padded_step_with_fewer_tokens(tiny, aggregation, cap
     gd = max(float((a - b).abs().max()) for a, b in zip(*grads))
     assert gd < 1e-6
     assert m2["padded_tokens"] < 0.75 * m1["padded_tokens"]  # prompts run once per group
+    # the share of forwarded positions that are padding, in either layout
+    trajs = batch.trajectories
+    real = sum(len(t.completion_ids) for t in trajs)  # + each micro-batch's prefixes once
+    prompts, completions = [tuple(t.prompt_ids) for t in trajs], [len(t.completion_ids) for t in trajs]
+    for idx in split_shared(prompts, completions, 200):
+        real += sum(len(p) - 1 for p in {tuple(trajs[i].prompt_ids) for i in idx})
+    assert m2["padding_frac"] == pytest.approx(1 - real / m2["padded_tokens"])
+    assert m1["padding_frac"] == pytest.approx(1 - m1["tokens_trained"] / m1["padded_tokens"])
     with capsys.disabled():
         print(
             f"\n{aggregation}: forward tokens padded {m1['padded_tokens']} -> shared "
@@ -151,6 +162,8 @@ def test_repeated_samples_run_their_completion_once_and_train_as_the_padded_path
         j = int(mb.distinct_rows[mb.sample_rows[i]])
         assert (trajs[j].prompt_ids, trajs[j].completion_ids) == (t.prompt_ids, t.completion_ids)
     assert mb.num_tokens == mb.prefix_ids.numel() + len(distinct) * mb.input_ids.shape[1]
+    prefixes = {tuple(t.prompt_ids) for t in trajs}
+    assert mb.real_positions == sum(len(p) - 1 for p in prefixes) + sum(len(c) for _, c in distinct)
     model = tiny[0]
     rows: list[int] = []
     hook = model.get_decoder().register_forward_pre_hook(

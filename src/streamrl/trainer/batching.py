@@ -46,6 +46,20 @@ class MicroBatch:
         rows = len(self.distinct_rows) if self.distinct_rows is not None else self.input_ids.shape[0]
         return rows * int(self.input_ids.shape[1]) + extra
 
+    @property
+    def real_positions(self) -> int:
+        """Of num_tokens, the positions holding a token (not padding): packed rows have none; shared
+        prompts count each prefix once and each forwarded row's completion."""
+        if self.attention_mask is None:  # packed
+            return int(self.input_ids.numel())
+        if self.prefix_mask is None:
+            return int(self.attention_mask.sum())
+        width = self.input_ids.shape[1]
+        rows = self.attention_mask[:, -width:]
+        if self.distinct_rows is not None:
+            rows = rows[self.distinct_rows]
+        return int(self.prefix_mask.sum()) + int(rows.sum())
+
 
 def per_token(trajs: list[Trajectory], advantages: list[float], pad_id: int) -> dict[str, torch.Tensor]:
     """The [B, C] tensors every layout shares (C = longest completion, at least 1): completion_ids,

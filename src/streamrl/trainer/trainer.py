@@ -364,7 +364,8 @@ class Trainer:
             optimizer_steps=k,
             tokens_trained=real,
             padded_tokens=padded,
-            padding_frac=1.0 - real / max(padded, 1),  # train.packing makes it 0
+            # positions the forward ran on padding (train.packing makes it 0)
+            padding_frac=1.0 - sum(mb.real_positions for mb in mbs) / max(padded, 1),
             train_time=time.perf_counter() - start,
         )
         return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import os
 import signal
 import time
@@ -177,3 +178,39 @@ def test_nothing_to_train_starts_no_worker(tiny):
     runner, state = _runner(tiny, ["max_steps=0"])
     runner.run(lambda rec: None)
     assert runner.backend.workers == [] and state.step == 0
+
+
+def test_the_job_starts_its_workers_before_the_base_evaluation(tmp_path, monkeypatch):
+    """`streamrl train`: the workers load while the base model is evaluated; what is left of their start
+    (wait_ready's seconds) is set-up time, not training time."""
+    from tiny_args import TINY
+
+    from streamrl.cli import main
+    from streamrl.loop import job
+
+    events: list[str] = []
+    real_start, real_wait, real_eval = AsyncRunner.start, AsyncRunner.wait_ready, job.evaluate
+
+    def start(self):
+        events.append("start")
+        real_start(self)
+
+    def wait_ready(self):
+        events.append("wait_ready")
+        return real_wait(self) + 1000.0  # a start that took 1000 s more: all of it set-up
+
+    def evaluate(*args, **kw):
+        events.append("evaluate")
+        return real_eval(*args, **kw)
+
+    monkeypatch.setattr(AsyncRunner, "start", start)
+    monkeypatch.setattr(AsyncRunner, "wait_ready", wait_ready)
+    monkeypatch.setattr(job, "evaluate", evaluate)
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "max_steps=1", "eval.before=true", f"run_dir={run}"]) == 0
+    # the base evaluation between the start and the wait (the loop's own start and wait then return at
+    # once), the final evaluation last
+    assert events[:3] == ["start", "evaluate", "wait_ready"] and events.count("evaluate") == 2
+    assert events[-1] == "evaluate"
+    timings = json.loads((run / "summary.json").read_text())["timings"]
+    assert timings["setup"] >= 1000.0 > timings["train_clock"]

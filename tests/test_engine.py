@@ -153,3 +153,21 @@ def test_shared_prompts_are_prefilled_once_and_decode_as_if_alone(tiny):
     for i, r in enumerate(res):
         assert r.token_ids == alone[i % 3].token_ids
         assert r.logprobs == pytest.approx(alone[i % 3].logprobs, abs=1e-5)
+
+
+def test_a_prefill_never_copies_the_lm_head_per_row(tiny):
+    """The last position's hidden states of a prefill are a strided [R, 1, H] view; torch's linear would
+    broadcast a bf16 weight that does not require grad (the engine's copy, the rollout worker's model)
+    to a contiguous [R, H, V] copy."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model, tok = tiny
+    eng = HFEngine(model, tok, max_batch=16, dtype=torch.bfloat16)  # a frozen bf16 copy
+    prompts = [tok(f"question {i}: what is {i} + {i}?").input_ids for i in range(16)]
+    head = eng.model.get_output_embeddings().weight
+    per_row = head.numel() * head.element_size()  # one row's broadcast copy of the head
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        res = eng.generate([GenRequest(p, max_new_tokens=2, temperature=0.0) for p in prompts])
+    assert [len(r.token_ids) for r in res] == [2] * 16 or all(r.finish_reason for r in res)
+    largest = max(e.cpu_memory_usage for e in prof.events())
+    assert largest < 16 * per_row / 4, f"an allocation of {largest} bytes: the head copied per row"

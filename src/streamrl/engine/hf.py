@@ -30,6 +30,7 @@ from streamrl.engine.kv_cache import GrowingLayer, growing_cache
 from streamrl.engine.sampling import sample_rows
 from streamrl.engine.speculative import verify_drafts
 from streamrl.models.cache_kwarg import cache_kwargs
+from streamrl.models.frozen import contiguous_head_input, freeze
 from streamrl.models.precision import cast_params
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -234,8 +235,8 @@ class HFEngine:
     ) -> None:
         self.owns_weights = dtype is not None and dtype != next(model.parameters()).dtype
         if self.owns_weights:
-            model = cast_params(copy.deepcopy(model), dtype).eval().requires_grad_(False)
-        contiguous_head_input(model)
+            model = freeze(cast_params(copy.deepcopy(model), dtype))
+        contiguous_head_input(model)  # a caller's frozen model too
         self.model = model
         self.device = device
         self.max_batch = max_batch
@@ -304,19 +305,6 @@ class HFEngine:
 
     def resume(self) -> None:
         self._paused = False
-
-
-def contiguous_head_input(model: Any) -> None:
-    """Hand the LM head a contiguous input (once per model). A prefill keeps the last position's hidden
-    state only (logits_to_keep=1): a [R, 1, H] view with the rows T*H apart. For such a view and a weight
-    that does not require grad, torch's linear broadcasts the [V, H] weight to a contiguous [R, H, V]
-    copy for a batched matmul: R x 56 MB for SmolLM2 (11 GB for a 200-problem evaluation), copied on
-    every prefill. Its contiguous copy is R x H values."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if head is None or getattr(head, "_streamrl_contiguous", False):
-        return
-    head.register_forward_pre_hook(lambda _module, args: (args[0].contiguous(), *args[1:]))
-    head._streamrl_contiguous = True
 
 
 def stop_token_ids(model: Any, tokenizer: Any) -> set[int]:

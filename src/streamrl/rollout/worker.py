@@ -124,6 +124,7 @@ def _loop(
     from streamrl.envs.agent_task import AgentTask
     from streamrl.envs.base import EnvTask
     from streamrl.models import load_tokenizer, resolve_model_dir
+    from streamrl.models.frozen import freeze
     from streamrl.models.startup import start_model
     from streamrl.rollout.agent_worker import AgentGroups
     from streamrl.rollout.episodes import EpisodeTable
@@ -149,7 +150,7 @@ def _loop(
     else:
         # the shared fp32 weights are cast into this dtype on every load (copy_ casts)
         started = start_model(cfg.model, cfg.seed, cfg.device, PRECISIONS[cfg.rollout.precision])
-        model = started.model.eval().requires_grad_(False)
+        model = freeze(started.model)
         engine = HFEngine(
             model, tokenizer, cfg.rollout.max_batch, seed=cfg.seed * 1009 + worker_id, device=cfg.device
         )

@@ -18,6 +18,7 @@ from streamrl.config import AdvantageConfig, Config, LossConfig, TrainConfig
 from streamrl.models import lora
 from streamrl.models.compute_weights import compute_weights, installed
 from streamrl.models.export import save_model
+from streamrl.models.frozen import freeze
 from streamrl.models.lora import apply_lora, is_lora, merged_state
 from streamrl.trainer import boundaries
 from streamrl.trainer.allocator import keep_freed_memory
@@ -59,7 +60,7 @@ class Trainer:
         t = train
         self.ref_model = None
         if loss.kl_coef > 0:  # before any adapter: the reference is the initial policy
-            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+            self.ref_model = freeze(copy.deepcopy(model))
         if t.lora_rank > 0:
             apply_lora(model, t.lora_rank, t.lora_alpha, t.lora_targets)
         # a token-level advantage (GAE): a value head on the policy's last hidden state, trained with it

@@ -168,6 +168,43 @@ def test_a_prefill_never_copies_the_lm_head_per_row(tiny):
     per_row = head.numel() * head.element_size()  # one row's broadcast copy of the head
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         res = eng.generate([GenRequest(p, max_new_tokens=2, temperature=0.0) for p in prompts])
-    assert [len(r.token_ids) for r in res] == [2] * 16 or all(r.finish_reason for r in res)
+    assert all(1 <= len(r.token_ids) <= 2 for r in res)
     largest = max(e.cpu_memory_usage for e in prof.events())
     assert largest < 16 * per_row / 4, f"an allocation of {largest} bytes: the head copied per row"
+
+
+class _HeadOnly(torch.nn.Module):
+    """A model whose LM head is a plain nn.Linear (its forward takes `input=`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lm_head = torch.nn.Linear(8, 5, bias=False)
+
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self.lm_head
+
+
+def test_a_frozen_head_takes_a_contiguous_input_given_either_way(tiny):
+    """The hook applies to `head(x)` and `head(input=x)` (nn.Linear's keyword) alike, is added once, and
+    a frozen model still pickles (rollout workers are spawned processes)."""
+    import copy
+    import pickle
+
+    from streamrl.models.frozen import freeze
+
+    for model in (freeze(copy.deepcopy(tiny[0])), freeze(_HeadOnly())):
+        head = model.get_output_embeddings()
+        seen: list[torch.Tensor] = []
+        spy = head.register_forward_pre_hook(
+            lambda _m, args, kwargs, seen=seen: seen.append(args[0] if args else kwargs["input"]),
+            with_kwargs=True,
+        )
+        x = torch.randn(3, 5, head.in_features)[:, -1:, :]
+        assert not x.is_contiguous()
+        out = head(x)
+        if isinstance(model, _HeadOnly):
+            assert torch.equal(head(input=x), out)
+        assert seen and all(t.is_contiguous() for t in seen)
+        spy.remove()
+        assert freeze(model) is model and len(head._forward_pre_hooks) == 1  # added once
+        pickle.loads(pickle.dumps(model))

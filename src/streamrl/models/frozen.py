@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 
 def freeze(model: Any) -> Any:
     """eval mode, no gradients, and a contiguous LM-head input (contiguous_head_input); -> model."""
@@ -16,12 +18,23 @@ def contiguous_head_input(model: Any) -> None:
     """Hand the LM head a contiguous input (the hook is added once per model).
 
     transformers runs the head on the last positions only (`logits_to_keep`): a [R, K, H] view whose
-    rows are T x H apart. For such a view and a weight that does not require grad, torch's linear does
-    not fold it into one matrix product: it broadcasts the [V, H] weight to a contiguous [R, H, V] copy
-    for a batched product in bf16 (R x 56 MB for SmolLM2: 7 GB for a 128-row prefill). A contiguous
-    copy of the input costs R x K x H values."""
+    rows are T x H apart. For such a view and a bf16 weight that does not require grad, torch's linear
+    does not fold it into one matrix product: it broadcasts the [V, H] weight to a contiguous [R, H, V]
+    copy for a batched product (R x 56 MB for SmolLM2: 7 GB for a 128-row prefill). A contiguous copy of
+    the input costs R x K x H values."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is None or getattr(head, "_streamrl_contiguous_input", False):
         return
-    head.register_forward_pre_hook(lambda _module, args: (args[0].contiguous(), *args[1:]))
+    head.register_forward_pre_hook(_contiguous_input, with_kwargs=True)
     head._streamrl_contiguous_input = True
+
+
+def _contiguous_input(
+    _module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The forward pre-hook: the input tensor, positional or `input=`, made contiguous."""
+    if args and isinstance(args[0], torch.Tensor):
+        return (args[0].contiguous(), *args[1:]), kwargs
+    if isinstance(kwargs.get("input"), torch.Tensor):
+        return args, {**kwargs, "input": kwargs["input"].contiguous()}
+    return args, kwargs

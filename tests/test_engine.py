@@ -155,14 +155,24 @@ def test_shared_prompts_are_prefilled_once_and_decode_as_if_alone(tiny):
         assert r.logprobs == pytest.approx(alone[i % 3].logprobs, abs=1e-5)
 
 
-def test_a_prefill_never_copies_the_lm_head_per_row(tiny):
+@pytest.mark.parametrize("weights", ["engine copy", "caller's model"])
+def test_a_prefill_never_copies_the_lm_head_per_row(tiny, weights):
     """The last position's hidden states of a prefill are a strided [R, 1, H] view; torch's linear would
     broadcast a bf16 weight that does not require grad (the engine's copy, the rollout worker's model)
-    to a contiguous [R, H, V] copy."""
+    to a contiguous [R, H, V] copy. The engine hooks its own copy and a model it is handed alike."""
+    import copy
+
     from torch.profiler import ProfilerActivity, profile
 
+    from streamrl.models.precision import cast_params
+
     model, tok = tiny
-    eng = HFEngine(model, tok, max_batch=16, dtype=torch.bfloat16)  # a frozen bf16 copy
+    if weights == "engine copy":
+        eng = HFEngine(model, tok, max_batch=16, dtype=torch.bfloat16)  # a frozen bf16 copy
+    else:  # a bf16 model without gradients that the engine does not copy
+        handed = cast_params(copy.deepcopy(model), torch.bfloat16).eval().requires_grad_(False)
+        eng = HFEngine(handed, tok, max_batch=16)
+        assert eng.model is handed
     prompts = [tok(f"question {i}: what is {i} + {i}?").input_ids for i in range(16)]
     head = eng.model.get_output_embeddings().weight
     per_row = head.numel() * head.element_size()  # one row's broadcast copy of the head

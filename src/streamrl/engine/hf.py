@@ -236,7 +236,8 @@ class HFEngine:
         self.owns_weights = dtype is not None and dtype != next(model.parameters()).dtype
         if self.owns_weights:
             model = freeze(cast_params(copy.deepcopy(model), dtype))
-        contiguous_head_input(model)  # the caller's model too (the policy itself when shared)
+        else:
+            contiguous_head_input(model)  # the caller's model (the policy itself when shared)
         self.model = model
         self.device = device
         self.max_batch = max_batch

@@ -174,3 +174,27 @@ def test_a_swap_cut_short_by_a_crash_is_finished(tiny, tmp_path):
     (root / ".old-step-000002-4242").mkdir()  # moved aside, then replaced: the crash came after
     save_state(tmp_path, RunState(step=3, version=3), trainer, tok)
     assert sorted(p.name for p in root.iterdir()) == ["step-000002", "step-000003"]
+
+
+def test_a_file_written_atomically_is_old_or_new_never_torn(tmp_path, monkeypatch):
+    """eval.json and accounting.json, read by a resume: a write cut short (here the sync fails, as a kill
+    or a full disk would stop it) leaves the previous content under the name."""
+    import os
+
+    from streamrl.loop.durable import write_text_atomic
+
+    path = tmp_path / "eval.json"
+    write_text_atomic(path, '{"old": 1}')
+    assert path.read_text() == '{"old": 1}'
+
+    def cut(_fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", cut)
+    with pytest.raises(OSError):
+        write_text_atomic(path, '{"new": 2, "much": "' + "x" * 100_000 + '"}')
+    assert path.read_text() == '{"old": 1}'
+    monkeypatch.undo()
+    write_text_atomic(path, '{"new": 2}')
+    assert path.read_text() == '{"new": 2}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eval.json"]  # no temporary left behind

@@ -49,6 +49,9 @@ def _balanced(runner: AsyncRunner, state: RunState, records: list) -> dict:
     assert len(trained) == len(set(trained)) == c["trained"]
     assert c["lost"] == 0
     assert c["admitted"] == c["trained"] + c["filtered"] + c["carried_over"] == state.groups_made
+    # what the ledger calls carried over is what the saved state holds, each once
+    carried = sorted(g for g, s in runner.ledger.state.items() if s == "carried_over")
+    assert carried == sorted(r.group_id for r in [*state.finished, *state.unfinished])
     return c
 
 
@@ -114,6 +117,57 @@ def test_when_restarts_run_out_the_run_stops_with_its_groups_carried_over(tiny):
         runner.run(on_step)
     c = _balanced(runner, state, records)
     assert c["carried_over"] > 0  # what the workers held is in the state, for resume=
+
+
+def test_a_step_that_fails_carries_its_groups_over(tiny, monkeypatch):
+    """The second update raises (an out-of-memory error, say): the groups it took are carried over, not
+    dropped, and the runner says it stopped inside a step (so the job keeps its last complete state)."""
+    runner, state = _runner(tiny, [])
+    real = runner.trainer.step
+
+    def step(batch):
+        if runner.state.step == 1:
+            raise RuntimeError("injected failure")
+        return real(batch)
+
+    monkeypatch.setattr(runner.trainer, "step", step)
+    records: list = []
+    with pytest.raises(RuntimeError, match="injected failure"):
+        runner.run(records.append)
+    assert [r.step for r in records] == [1] and runner.in_step
+    c = _balanced(runner, state, records)
+    assert c["trained"] == 3 and c["carried_over"] >= 3  # the failed step's three groups at least
+
+
+def test_requests_are_admitted_under_weights_already_published(tiny, monkeypatch):
+    """Between the trainer's update and its publish (slowed here), groups dropped by dynamic sampling
+    free slots and new requests are admitted: they carry the published version, never one the workers
+    cannot load yet (a worker would reload its old weights every decode step until it arrives)."""
+    import threading
+
+    runner, state = _runner(tiny, ["rollout.dynamic_sampling=true", "max_steps=4"])
+    backend, published, seen = runner.backend, [0], []
+    real_publish, real_submit = backend.publish, backend.submit
+    in_publish = threading.Event()
+
+    def publish(weights, version):
+        in_publish.set()
+        time.sleep(0.3)
+        real_publish(weights, version)
+        published[0] = version
+        in_publish.clear()
+
+    def submit(req):
+        seen.append((req.admitted_version, published[0], in_publish.is_set()))
+        real_submit(req)
+
+    monkeypatch.setattr(backend, "publish", publish)
+    monkeypatch.setattr(backend, "submit", submit)
+    records: list = []
+    runner.run(records.append)
+    assert [r.step for r in records] == [1, 2, 3, 4]
+    assert any(during for _, _, during in seen), "no request was admitted during a publish"
+    assert all(admitted <= ready for admitted, ready, _ in seen), seen
 
 
 def test_the_loop_starts_once_every_worker_is_ready(tiny, tmp_path, monkeypatch):

@@ -92,6 +92,8 @@ class AsyncRunner:
         self.readmit: deque[GroupRequest] = deque(state.unfinished)
         self._threads_stop = threading.Event()
         self._started = self._closed = False  # the workers (start, close)
+        self.in_step = False  # between taking a batch and counting its step: nothing to save
+        self.published = trainer.version  # the newest weights the workers can load (backend.start)
         # elastic cores: the trainer lends its threads while it waits for rollouts (placement/cores.py)
         self.threads = self.backend.trainer_threads()
 
@@ -110,7 +112,9 @@ class AsyncRunner:
             if self.drafts is not None:
                 req.drafts = self.drafts.drafts(problem.id)
             self.ledger.admitted(gid)
-        req.admitted_version = self.trainer.version
+        # the published version: the trainer's own runs ahead between its update and the publish, and a
+        # request admitted under it would make its worker reload the old weights every decode step
+        req.admitted_version = self.published
         return req
 
     def _admission_loop(self) -> None:
@@ -167,29 +171,35 @@ class AsyncRunner:
         """B groups within the staleness bound, oldest first; None if a stop was requested."""
         taken: list[GroupResult] = []
         with self.sh.cond:
-            while len(taken) < self.B:
-                if self.sh.errors:
-                    raise RuntimeError(self.sh.errors.pop(0))
-                if self.stop:
-                    self.sh.buffer.extendleft(reversed(taken))  # put back: nothing is lost
-                    return None
-                if not self.sh.buffer:
-                    failure = self.backend.failure()
-                    if failure:
-                        raise RolloutFailure(failure)
-                    if self.threads is not None:
-                        self.threads.wait()
-                    self.sh.cond.wait(timeout=0.5)
-                    continue
-                res = self.sh.buffer.popleft()
-                assert res.group is not None
-                versions = (v for t in res.group.trajectories for v in t.versions)
-                oldest = min(versions, default=self.trainer.version)
-                if self.trainer.version - oldest > self.eta:
-                    self.ledger.filtered(res.group_id, "stale")
-                    self.staleness.release_accepted()
-                    continue
-                taken.append(res)
+            try:
+                while len(taken) < self.B:
+                    if self.sh.errors:
+                        raise RuntimeError(self.sh.errors.pop(0))
+                    if self.stop:
+                        break
+                    if not self.sh.buffer:
+                        failure = self.backend.failure()
+                        if failure:
+                            raise RolloutFailure(failure)
+                        if self.threads is not None:
+                            self.threads.wait()
+                        self.sh.cond.wait(timeout=0.5)
+                        continue
+                    res = self.sh.buffer.popleft()
+                    assert res.group is not None
+                    versions = (v for t in res.group.trajectories for v in t.versions)
+                    oldest = min(versions, default=self.trainer.version)
+                    if self.trainer.version - oldest > self.eta:
+                        self.ledger.filtered(res.group_id, "stale")
+                        self.staleness.release_accepted()
+                        continue
+                    taken.append(res)
+            except BaseException:
+                self.sh.buffer.extendleft(reversed(taken))  # a failure carries them over too
+                raise
+            if len(taken) < self.B:  # a stop: put back, nothing is lost
+                self.sh.buffer.extendleft(reversed(taken))
+                return None
         return taken
 
     def run(self, on_step: Callable[[StepRecord], None]) -> None:
@@ -205,13 +215,15 @@ class AsyncRunner:
         if self.threads is not None:
             self.trainer.set_boundary(self.threads.work)
         budget = RunBudget(cfg.max_steps, cfg.max_time, self.stop)
-        waited = 0.0
+        waited, first_step = 0.0, self.state.step  # a resumed run's rates count its own steps
+        per_step = self.B * cfg.rollout.samples_per_prompt
         try:
             while budget.more(self.state.step):
                 t0 = time.perf_counter()
                 taken = self._take_batch()
                 if taken is None:
                     break
+                self.in_step = True  # the weights may change before the step counts
                 if self.threads is not None:  # back from lending: take our threads (and any lent to us)
                     self.threads.work()
                 wait = time.perf_counter() - t0
@@ -221,7 +233,12 @@ class AsyncRunner:
                 step = self.state.step + 1
                 groups = [r.group for r in taken if r.group is not None]
                 publish = functools.partial(self._publish, step)
-                rec = train_on(step, groups, self.trainer, cfg, publish, self.replay)
+                try:
+                    rec = train_on(step, groups, self.trainer, cfg, publish, self.replay)
+                except BaseException:
+                    with self.sh.cond:
+                        self.sh.buffer.extendleft(reversed(taken))  # not trained: carried over
+                    raise
                 if self.threads is not None:  # give back borrowed threads a worker now wants
                     self.threads.work()
                 with self.sh.cond:
@@ -233,6 +250,7 @@ class AsyncRunner:
                     episode_errors = self.episode_errors.take()
                 self.state.step = step
                 self.state.version = self.trainer.version
+                self.in_step = False
                 m = rec.metrics
                 m.update(
                     tokens_per_s=(m["tokens_generated"] + m["tokens_trained"])
@@ -242,7 +260,7 @@ class AsyncRunner:
                     engine_idle_share=idle / max(busy + idle, 1e-9),
                     engine_busy_time=busy,  # cumulative seconds the rollout workers spent generating
                     groups_carried_over=in_flight,
-                    samples_per_s=step * self.B * cfg.rollout.samples_per_prompt / budget.elapsed,
+                    samples_per_s=(step - first_step) * per_step / budget.elapsed,
                     filtered_stale=self.ledger.filter_reasons.get("stale", 0),
                     filtered_zero_variance=self.ledger.filter_reasons.get("zero_variance", 0),
                     duplicate_results=self.sh.duplicates,
@@ -288,6 +306,7 @@ class AsyncRunner:
         """New weights to every worker; only then may admissions see the new version (eta = 0 is
         exactly synchronous). No admissions for a step that will not come."""
         self.backend.publish(self.trainer.policy_state(), self.trainer.version)
+        self.published = self.trainer.version
         if step < self.cfg.max_steps:
             self.staleness.set_version(self.trainer.version)
 

@@ -49,6 +49,7 @@ class ColocatedRunner:
         self.stream, self.state, self.stop = stream, state, stop
         self.on_group_scored, self.replay = on_group_scored, replay  # sampler feedback; rollout replay
         self.ledger = Ledger()
+        self.in_step = False  # from drawing a step's problems to counting it: nothing to save
         if state.ledger:
             self.ledger.load_state_dict(state.ledger)
         r = cfg.rollout
@@ -133,9 +134,11 @@ class ColocatedRunner:
     def _run(self, on_step: Callable[[StepRecord], None]) -> None:
         cfg = self.cfg
         budget = RunBudget(cfg.max_steps, cfg.max_time, self.stop)
+        first_step = self.state.step  # a resumed run's rates count its own steps
         while budget.more(self.state.step):
             t0 = time.perf_counter()
             step = self.state.step + 1
+            self.in_step = True
             groups, timing = self._batch(step)
             rec = train_on(
                 step, groups, self.trainer, cfg, lambda: push_policy(self.engine, self.trainer), self.replay
@@ -145,6 +148,7 @@ class ColocatedRunner:
             self.ledger.replayed(int(rec.metrics.get("replay_samples", 0)))
             self.state.step = step
             self.state.version = self.trainer.version
+            self.in_step = False
             wall = time.perf_counter() - t0
             m = rec.metrics
             m.update(
@@ -154,7 +158,7 @@ class ColocatedRunner:
                 groups_dropped_zero_variance=self.sampling.dropped,
                 trainer_wait_share=0.0,
                 engine_idle_share=0.0,
-                samples_per_s=step * self.B * cfg.rollout.samples_per_prompt / budget.elapsed,
+                samples_per_s=(step - first_step) * self.B * cfg.rollout.samples_per_prompt / budget.elapsed,
                 **timing,
                 **self.episode_errors.take(),
             )

@@ -44,6 +44,20 @@ def swap_in(tmp: Path, final: Path) -> None:
     sync_dir(final.parent)
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `path` whole or not at all: a temporary file beside it, synced, then renamed over it (a
+    kill mid-write leaves the previous version, never a torn file that a resume would read)."""
+    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def recover(parent: Path) -> None:
     """Finish swaps a crash cut short in `parent`: a directory moved aside whose replacement never
     arrived goes back to its name; one that was replaced is removed."""

@@ -28,11 +28,12 @@ from streamrl.eval.sampling_metrics import default_ks
 from streamrl.eval.stats import paired_difference_interval
 from streamrl.loop.asynchronous import AsyncRunner
 from streamrl.loop.colocated import ColocatedRunner
+from streamrl.loop.durable import write_text_atomic
 from streamrl.loop.export import export_checkpoint
 from streamrl.loop.ledger import Ledger
 from streamrl.loop.run_dir import PeriodicSaver, claim_run_dir, reconcile_logs
 from streamrl.loop.signals import StopFlag
-from streamrl.loop.state import RunState, load_state, save_state
+from streamrl.loop.state import RunState, latest_state, load_state, save_state
 from streamrl.loop.step import StepRecord
 from streamrl.loop.train_clock import TrainClock
 from streamrl.models.lora import is_lora
@@ -257,9 +258,11 @@ def _run_train(
     def save(snapshot: RunState) -> RunState:
         """weights, optimizer, position, carried groups, RNGs; accounting.json as of the same moment"""
         snapshot.replay = replay.state() if replay is not None else []
+        observer.sync()  # the logs up to this state are on disk before the state says they are
+        groups_log.sync()
         save_state(run_dir, snapshot, trainer, tokenizer, engine.generator.get_state(), cfg.train.keep_states)
         counts = _accounting(Ledger.from_state_dict(snapshot.ledger), parts.prompts)
-        (run_dir / "accounting.json").write_text(json.dumps(counts, indent=2))
+        write_text_atomic(run_dir / "accounting.json", json.dumps(counts, indent=2))
         return snapshot
 
     saver = PeriodicSaver(cfg.train.save_every, cfg.train.save_every_s, lambda: save(runner.snapshot()))
@@ -271,17 +274,19 @@ def _run_train(
             def on_step(rec: StepRecord) -> None:
                 record = rec.metrics
                 after = None  # this step's weights on the held-out set, for a checkpoint's card
-                if cfg.eval.every and heldout and rec.step % cfg.eval.every == 0:
-                    with clock.pause():
-                        push_policy(engine, trainer)
-                        record.update(periodic_eval(engine, tokenizer, task, heldout, cfg))
-                    acc, n = record["heldout_accuracy"], len(heldout)
-                    after = Accuracy(acc, round(acc * n), n, f"periodic evaluation at step {rec.step}")
-                record.update(sampler.metrics(), prompts_too_long=parts.prompts.skipped)
-                record["time"] = time.perf_counter() - t_start
-                record["train_elapsed"] = clock.elapsed
-                groups_log.write(rec.groups, rec.step, rec.advantages)
-                observer.on_step(record)
+                try:
+                    if cfg.eval.every and heldout and rec.step % cfg.eval.every == 0:
+                        with clock.pause():
+                            push_policy(engine, trainer)
+                            record.update(periodic_eval(engine, tokenizer, task, heldout, cfg))
+                        acc, n = record["heldout_accuracy"], len(heldout)
+                        after = Accuracy(acc, round(acc * n), n, f"periodic evaluation at step {rec.step}")
+                    record.update(sampler.metrics(), prompts_too_long=parts.prompts.skipped)
+                finally:  # the step is trained and counted: it is logged even if its evaluation failed
+                    record["time"] = time.perf_counter() - t_start
+                    record["train_elapsed"] = clock.elapsed
+                    groups_log.write(rec.groups, rec.step, rec.advantages)
+                    observer.on_step(record)
                 progress.update(record)
                 if rec.step < cfg.max_steps:  # the last step's state is saved when the loop ends
                     with clock.pause():
@@ -300,8 +305,13 @@ def _run_train(
         timings["periodic_saves"] = saver.seconds
         timings["train_clock"] = clock.elapsed  # the loop minus periodic evaluation, saves and exports
         t_save = time.perf_counter()
-        state.sampler = sampler.state_dict()
-        save(state)
+        if runner.in_step:  # failed inside a step: its half-applied update is not step `state.step`
+            newest = latest_state(run_dir)
+            kept = f"its newest saved state, {newest.name}, is kept" if newest else "no state was saved"
+            console.print(f"[yellow]the run failed inside step {state.step + 1}: {kept}[/]")
+        else:
+            state.sampler = sampler.state_dict()
+            save(state)
         timings["save"] = time.perf_counter() - t_save
     interrupted = bool(stop)
     if interrupted:
@@ -324,7 +334,7 @@ def _run_train(
         if final is not None and len(old_base) == len(final.correct):
             mean, lo, hi = paired_difference_interval([bool(c) for c in old_base], final.correct)
             evals["difference"] = {"mean": mean, "ci95": [lo, hi]}
-    (run_dir / "eval.json").write_text(json.dumps(evals, indent=2))
+    write_text_atomic(run_dir / "eval.json", json.dumps(evals, indent=2))
 
     ckpt = run_dir / "checkpoint"
     if cfg.checkpoint.save:
@@ -341,7 +351,7 @@ def _run_train(
         "eval": {k: v for k, v in evals.items() if k != "samples"},
         "checkpoint": str(ckpt) if cfg.checkpoint.save else None,
     }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     print_summary(summary, console)
     report = observer.report()
     if report is not None:

@@ -44,5 +44,8 @@ class RunObserver:
             self._report_failed = True
             return None
 
+    def sync(self) -> None:
+        self.writer.sync()
+
     def close(self) -> None:
         self.writer.close()

@@ -5,9 +5,17 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
+
+
+def sync_file(f: Any) -> None:
+    """Flush an open log and fsync it: lines as old as a saved run state survive a power loss too."""
+    if not f.closed:
+        f.flush()
+        os.fsync(f.fileno())
 
 
 class Sink(Protocol):
@@ -48,7 +56,11 @@ class MetricsWriter:
         for sink in self._sinks:
             sink.write(record)
 
+    def sync(self) -> None:
+        sync_file(self._file)
+
     def close(self) -> None:
+        self.sync()
         self._file.close()
         if self._tb is not None:
             self._tb.close()
@@ -84,5 +96,9 @@ class GroupLog:
                 row["greedy_reward"] = g.baseline.reward
             self._file.write(json.dumps(row) + "\n")
 
+    def sync(self) -> None:
+        sync_file(self._file)
+
     def close(self) -> None:
+        self.sync()
         self._file.close()

@@ -1,0 +1,120 @@
+"""A run that fails inside a step (its update applied in part) keeps its newest complete state, not the
+half-applied one; a step whose evaluation fails is still logged; a resumed run's rates count only the
+steps it ran. Each run resumes to the end with every step logged once and no group lost or repeated."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_args import TINY
+
+from streamrl.cli import main
+from streamrl.loop.state import latest_state
+from streamrl.trainer.trainer import Trainer
+
+ARGS = [*TINY, "max_staleness=1", "train.save_every=1", "train.lr=1e-3", "max_steps=4"]
+MODES = {"colocated": ["runtime.mode=colocated", "max_staleness=0"], "async": []}
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
+
+
+def _finishes_exactly_once(run: Path, steps: int) -> None:
+    """Resumed to the end: each step logged once, each group trained once, none lost."""
+    assert main(["train", f"resume={run}"]) == 0
+    assert [r["step"] for r in _lines(run / "metrics.jsonl")] == list(range(1, steps + 1))
+    trained = [g["group_id"] for g in _lines(run / "groups.jsonl")]
+    assert len(trained) == len(set(trained)) == 2 * steps
+    acc = json.loads((run / "accounting.json").read_text())
+    assert acc["lost"] == 0 and acc["trained"] == 2 * steps
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_failure_inside_a_step_keeps_the_last_complete_state(tmp_path, monkeypatch, mode):
+    """The third update is applied and then the step fails (an out-of-memory error, a dead rank): the
+    state left for resume= is the second step's, with the second step's weights."""
+    from safetensors.torch import load_file
+
+    real, calls, after_two = Trainer.step, [0], {}
+
+    def step(self, batch):
+        out = real(self, batch)
+        calls[0] += 1
+        if calls[0] == 2:
+            after_two.update({k: v.detach().clone() for k, v in self.model.state_dict().items()})
+        if calls[0] == 3:
+            raise RuntimeError("injected failure after the update")
+        return out
+
+    monkeypatch.setattr(Trainer, "step", step)
+    run = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="injected failure"):
+        main(["train", *ARGS, *MODES[mode], f"run_dir={run}"])
+    monkeypatch.undo()
+    newest = latest_state(run)
+    assert newest is not None and newest.name == "step-000002"
+    assert json.loads((newest / "run_state.json").read_text())["step"] == 2
+    saved = load_file(str(newest / "model" / "model.safetensors"))
+    shared = [k for k in saved if k in after_two]
+    assert shared and [k for k in shared if not torch.equal(saved[k], after_two[k])] == []
+    _finishes_exactly_once(run, 4)
+
+
+def test_a_step_whose_evaluation_fails_is_logged(tmp_path, monkeypatch):
+    """The periodic evaluation of step 2 raises: step 2 is trained and counted, so it has its line."""
+    import streamrl.loop.job as job
+
+    def failing(*_a, **_k):
+        raise RuntimeError("injected evaluation failure")
+
+    monkeypatch.setattr(job, "periodic_eval", failing)
+    run = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="injected evaluation failure"):
+        main(["train", *ARGS, *MODES["colocated"], "eval.every=2", f"run_dir={run}"])
+    monkeypatch.undo()
+    assert [r["step"] for r in _lines(run / "metrics.jsonl")] == [1, 2]
+    assert latest_state(run).name == "step-000002"
+    _finishes_exactly_once(run, 4)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_resumed_run_counts_its_own_samples_per_second(tmp_path, mode):
+    """samples_per_s is this run's samples over this run's seconds: after a resume at step 2, the one
+    step run (8 samples) cannot have taken less time than its own training."""
+    run = tmp_path / "run"
+    assert main(["train", *ARGS, *MODES[mode], "max_steps=2", f"run_dir={run}"]) == 0
+    assert main(["train", f"resume={run}", "max_steps=3"]) == 0
+    last = _lines(run / "metrics.jsonl")[-1]
+    assert last["step"] == 3
+    own = last["train_time"] + last.get("trainer_wait_time", 0.0)  # within the run's elapsed seconds
+    assert 0 < last["samples_per_s"] * own <= 8 * (1 + 1e-6)
+
+
+def test_the_logs_are_synced_before_each_state_that_counts_their_steps(tmp_path, monkeypatch):
+    """A state saved at step N says lines 1..N exist: they reach the disk first (a power loss after
+    the save must not leave a resumed run without them)."""
+    import streamrl.loop.job as job
+    import streamrl.observe.metrics as metrics
+
+    events: list[str] = []
+    real_sync, real_save = metrics.sync_file, job.save_state
+
+    def sync(f):
+        events.append(Path(f.name).name)
+        real_sync(f)
+
+    def save(run_dir, state, *a, **k):
+        events.append(f"save {state.step}")
+        return real_save(run_dir, state, *a, **k)
+
+    monkeypatch.setattr(metrics, "sync_file", sync)
+    monkeypatch.setattr(job, "save_state", save)
+    assert main(["train", *ARGS, *MODES["colocated"], "max_steps=2", f"run_dir={tmp_path / 'run'}"]) == 0
+    saves = [i for i, e in enumerate(events) if e.startswith("save")]
+    assert [events[i] for i in saves] == ["save 1", "save 2"]
+    for i in saves:
+        assert {"metrics.jsonl", "groups.jsonl"} <= set(events[i - 2 : i]), events

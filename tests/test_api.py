@@ -138,3 +138,34 @@ def test_rows_without_reference_answers_train_on_your_own_reward(workdir: Path) 
     )
     assert [m["step"] for m in run.metrics] == [1, 2]
     assert all(m["reward_mean"] == pytest.approx(m["reward/brevity"]) for m in run.metrics)
+
+
+def test_evaluate_takes_eval_data_as_the_held_out_rows_whatever_the_task(monkeypatch):
+    """task= says how rows are scored (here GSM8K's); eval_data= rows are what is evaluated."""
+    import streamrl.eval_cli as eval_cli
+
+    seen = []
+    monkeypatch.setattr(eval_cli, "run_eval", lambda cfg: seen.append(cfg) or {})
+    rows = [{"question": "What is 2+2?", "answer": "4"}]
+    streamrl.evaluate("tiny-random", task="hf:openai/gsm8k:main", eval_data=rows)
+    [cfg] = seen
+    assert cfg.task == "hf:openai/gsm8k:main"
+    assert cfg.task_config.eval_data.endswith(".jsonl") and Path(cfg.task_config.eval_data).is_file()
+    assert json.loads(Path(cfg.task_config.eval_data).read_text()) == rows[0]
+
+
+def test_two_reward_functions_of_one_name_are_told_apart_by_module(tmp_path, monkeypatch):
+    """The Python API has no `name:` field: a.score and b.score log as reward/a.score and reward/b.score."""
+    for module in ("a", "b"):
+        (tmp_path / f"{module}.py").write_text("def score(completions, **kw):\n    return [1.0]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import a
+    import b
+
+    from streamrl.api import make_config
+
+    cfg = make_config(None, reward_fn=[(a.score, 1.0), (b.score, 2.0)])
+    assert list(cfg.reward.fns) == [
+        {"fn": "a:score", "weight": 1.0, "name": "a.score"},
+        {"fn": "b:score", "weight": 2.0, "name": "b.score"},
+    ]

@@ -20,6 +20,38 @@ def test_yaml_file_then_overrides(tmp_path):
     assert cfg.task_config.args == {"min_terms": 2}
 
 
+def test_a_yaml_file_may_write_floats_as_pyyaml_reads_them(tmp_path):
+    """PyYAML (YAML 1.1) reads 1e-5 as the string '1e-5': a float key takes it as the number."""
+    f = tmp_path / "c.yaml"
+    f.write_text("train:\n  lr: 1e-5\n  grad_clip: 5E-1\nrollout:\n  top_p: .9\n")
+    cfg = load_config(f, [])
+    assert (cfg.train.lr, cfg.train.grad_clip, cfg.rollout.top_p) == (1e-5, 0.5, 0.9)
+    f.write_text("train:\n  lr: fast\n")
+    with pytest.raises(ConfigError, match="config key 'train.lr' expects float, got 'fast'"):
+        load_config(f, [])
+
+
+@pytest.mark.parametrize("key", ["eval_data", "eval_split"])
+def test_a_held_out_source_for_a_task_that_makes_its_own_is_refused(key):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["task=rg:chain_sum", f"task_config.{key}=test"])
+    assert str(e.value) == (
+        f"config key 'task_config.{key}' applies to data tasks (task=data:FILE or hf:NAME); "
+        "task 'rg:chain_sum' makes its own held-out set: drop it"
+    )
+
+
+def test_a_mix_source_without_answers_needs_a_reward_of_your_own():
+    src = "task_config.sources=[{task: data:a.jsonl, columns: {answer: null}}]"
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["task=mix", src])
+    assert str(e.value) == (
+        "config key 'task_config.sources[0].columns.answer' is null (no reference answers), but the task's "
+        "verifier scores the rewards: score with your own reward.fn / reward.fns (without fn: task)"
+    )
+    assert load_config(None, ["task=mix", src, "reward.fn=my_rewards.py:brevity"]).task == "mix"
+
+
 def test_unknown_key_names_key_and_valid_keys():
     with pytest.raises(ConfigError) as e:
         load_config(None, ["rollout.temprature=0.5"])

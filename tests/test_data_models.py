@@ -120,3 +120,20 @@ def test_tiny_random_is_deterministic_per_seed(tmp_path):
     c = load_file(build(tmp_path / "c", seed=2) / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_a_chat_that_ends_with_its_reply_is_not_a_prompt(tmp_path):
+    """An SFT-style `messages` row holds the answer as its last turn: as a prompt it would show the
+    model the reference solution. Such a row is skipped, named, with the fix."""
+    f = tmp_path / "chat.jsonl"
+    rows = [
+        {"messages": [{"role": "user", "content": "2+2?"}], "answer": "4"},
+        {"messages": [{"role": "user", "content": "3+3?"}, {"role": "assistant", "content": "6"}]},
+    ]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = make_task(str(f), {}, "", "", "boxed", columns={"messages": "messages"})
+    assert [r["question"] for r in task.rows] == ["2+2?"]
+    assert task.skipped == [
+        f"{f}:row 2: column 'messages' ends with an assistant turn: a prompt ends with the user's turn "
+        "(drop the reply from the column; map a reference with task_config.columns.answer)"
+    ]

@@ -32,6 +32,15 @@ USER_FILE = textwrap.dedent(
 
     def raises(prompts, completions, **columns):
         raise RuntimeError("boom")
+
+    async def async_brevity(prompts, completions, completion_ids, **columns):
+        return [1.0 / (1 + len(ids)) for ids in completion_ids]
+
+    def no_kwargs(prompts, completions, completion_ids):
+        return [1.0]
+
+    def answer_is_72(prompts, completions, answer, **columns):
+        return [float(a == "72") for a in answer]
     """
 )
 
@@ -177,3 +186,30 @@ def test_each_function_is_logged_in_metrics(user_file: Path) -> None:
         # every reward is brevity (in (0, 1/2]) + 0.5 * the verifier's (0, 0.05, 0.5 or 0.55)
         assert row["reward_mean"] == pytest.approx(sum(step) / len(step))
         assert row["reward_mean"] == pytest.approx(row["reward/brevity"] + 0.5 * row["reward/verifier"])
+
+
+def test_an_async_function_is_awaited(user_file: Path) -> None:
+    t = _scored(["reward.fn=my_rewards.py:async_brevity"], _problem(), _traj("so 7", [5, 6, 7]))
+    assert t.reward_info["reward/async_brevity"] == 0.25 and t.reward == 0.25
+
+
+def test_answer_is_the_parsed_reference_even_beside_a_raw_answer_column(user_file: Path) -> None:
+    """A GSM8K row: its raw `answer` column holds the worked solution, the task's reference is 72."""
+    problem = _problem("72")
+    problem.meta["columns"]["answer"] = "48 + 24 = 72 clips.\n#### 72"
+    t = _scored(["reward.fn=my_rewards.py:answer_is_72"], problem, _traj("so 72", [5]))
+    assert t.reward_info["reward/answer_is_72"] == 1.0
+
+
+def test_a_function_without_kwargs_is_refused_before_anything_is_written(
+    user_file: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run = user_file.parent / "run"
+    assert main(["train", *TINY, "reward.fn=my_rewards.py:no_kwargs", f"run_dir={run}"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "streamrl: error: config key 'reward.fn': my_rewards.py:no_kwargs takes no **kwargs; it is called "
+        "as fn(prompts=..., completions=..., completion_ids=..., **columns), as in TRL: add **kwargs to its "
+        "parameters\n"
+    )
+    assert not run.exists()

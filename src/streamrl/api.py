@@ -98,6 +98,11 @@ def _reward_settings(reward_fn: Any) -> dict[str, Any]:
     for i, item in enumerate(reward_fn):
         fn, weight = item if isinstance(item, tuple) else (item, 1.0)
         entries.append({"fn": _spec(fn, f"reward_fn[{i}]"), "weight": float(weight)})
+    names = [e["fn"].rpartition(":")[2] for e in entries]
+    for e, name in zip(entries, names):
+        if names.count(name) > 1:  # a.score and b.score: each logged as reward/<module>.<name>
+            where = e["fn"].rpartition(":")[0]
+            e["name"] = f"{Path(where).stem if where.endswith('.py') else where}.{name}"
     return {"reward.fns": entries}
 
 
@@ -204,9 +209,10 @@ def evaluate(
     task's held-out problems, or on eval_data rows; returns the result dict."""
     if model is not None:
         overrides["model"] = str(model)
-    if eval_data is not None:  # the rows are the held-out set itself
-        overrides.setdefault("task", f"data:{_data_file(eval_data, 'eval_data')}")
-        overrides.setdefault("task_config.eval_data", overrides["task"].removeprefix("data:"))
+    if eval_data is not None:  # the rows are the held-out set itself (the task: their scoring)
+        rows = _data_file(eval_data, "eval_data")
+        overrides.setdefault("task", f"data:{rows}")
+        overrides["task_config.eval_data"] = rows
     cfg = make_config(config, **overrides)
     from streamrl.eval_cli import run_eval
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from pathlib import Path
@@ -16,6 +17,7 @@ class ConfigError(ValueError):
     """Bad configuration; the message is one line naming the key and the fix."""
 
 
+_DECIMAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")  # 1e-5, 3.0E4, .5
 # keys that moved to another section: an old key fails with its new name
 MOVED_KEYS = {"train.save_checkpoint": "checkpoint.save", "train.checkpoint_every": "checkpoint.every"}
 
@@ -97,6 +99,8 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             raise bad
         return value
     if tp is float:
+        if isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):  # YAML 1.1 reads 1e-5 as a string
+            return float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad
         return float(value)

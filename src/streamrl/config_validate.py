@@ -103,6 +103,13 @@ def validate(cfg: Any) -> None:
         raise ConfigError(
             "config keys 'task_config.eval_split' and 'task_config.eval_data': set one, not both"
         )
+    tabular = cfg.task.startswith(("hf:", "data:")) or cfg.task.endswith((".jsonl", ".parquet"))
+    for key in ("eval_data", "eval_split"):
+        if getattr(tc, key) and not tabular:
+            raise ConfigError(
+                f"config key 'task_config.{key}' applies to data tasks (task=data:FILE or hf:NAME); "
+                f"task {cfg.task!r} makes its own held-out set: drop it"
+            )
     if cfg.runtime.mode == "colocated" and cfg.max_staleness != 0:
         raise ConfigError(
             "runtime.mode=colocated is synchronous: set max_staleness=0, or runtime.mode=async for eta > 0"
@@ -138,11 +145,17 @@ def validate(cfg: Any) -> None:
             raise ConfigError("observe.wandb=true needs the wandb package: pip install 'streamrl[wandb]'")
     _validate_reward_fns(cfg.reward)
     own_only = (cfg.reward.fn or cfg.reward.fns) and all(e.get("fn") != "task" for e in cfg.reward.fns)
-    if "answer" in cfg.task_config.columns and cfg.task_config.columns["answer"] is None and not own_only:
-        raise ConfigError(
-            "config key 'task_config.columns.answer' is null (no reference answers), but the task's verifier "
-            "scores the rewards: score with your own reward.fn / reward.fns (without fn: task)"
-        )
+    mappings = [("task_config.columns", cfg.task_config.columns)] + [
+        (f"task_config.sources[{i}].columns", src.get("columns"))
+        for i, src in enumerate(cfg.task_config.sources)
+        if isinstance(src, dict)
+    ]
+    for key, columns in mappings:
+        if isinstance(columns, dict) and "answer" in columns and columns["answer"] is None and not own_only:
+            raise ConfigError(
+                f"config key '{key}.answer' is null (no reference answers), but the task's verifier "
+                "scores the rewards: score with your own reward.fn / reward.fns (without fn: task)"
+            )
 
 
 def _validate_screening(cfg: Any) -> None:

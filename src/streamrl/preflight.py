@@ -17,7 +17,7 @@ from streamrl.models.resolve import load_model_config, load_tokenizer, resolve_m
 from streamrl.rewards.judge import judge_config
 from streamrl.rewards.judge_check import check_judge
 from streamrl.rewards.user_fns import configured_fns, load_fns
-from streamrl.tasks import task_from_config
+from streamrl.tasks import prepare_split, task_from_config
 
 
 @dataclass
@@ -33,10 +33,11 @@ def preflight(cfg: Any) -> Checked:
     load_fns(configured_fns(cfg.reward.fn, cfg.reward.fns))  # your reward functions import
     if cfg.reward.scorer == "judge":  # reachable, serving the model, grading a probe
         check_judge(judge_config(cfg.reward))
-    model_dir = resolve_model_dir(cfg.model, cfg.seed)  # before the task: a Hub lookup takes < 1 s
+    task = task_from_config(cfg)  # before the model: a typo in the data costs no weights download
+    _, exclude = prepare_split(task, cfg)  # eval.size and the few-shot examples fit the data
+    model_dir = resolve_model_dir(cfg.model, cfg.seed)
     limit = prompt_limit(cfg, load_model_config(model_dir))  # lengths that cannot fit: one line
-    task = task_from_config(cfg)
     # something to train on: every row held out, or every prompt too long, is one line
     prompts = PromptFilter(load_tokenizer(model_dir), limit, f"task {cfg.task}", warn=False)
-    next(prompts.apply(task.train_stream(cfg.seed, set())))
+    next(prompts.apply(task.train_stream(cfg.seed, exclude)))
     return Checked(task, model_dir)

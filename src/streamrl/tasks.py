@@ -17,6 +17,7 @@ held-out one is skipped, so the model is never trained on an evaluation problem.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -145,12 +146,18 @@ def prepare_split(task: Task, cfg: Any) -> tuple[list[Problem], set[str]]:
     if tc.few_shot_n:
         template = SHOT_TEMPLATES.get(cfg.reward.extract, "{answer}")
         seen: set[str] = set()
-        for p in task.train_stream(FEW_SHOT_SEED, exclude):
+        draws = itertools.islice(task.train_stream(FEW_SHOT_SEED, exclude), 50 * tc.few_shot_n + 1000)
+        for p in draws:
             if p.meta["question"] not in seen:
                 seen.add(p.meta["question"])
                 shots.append((p.meta["question"], template.format(answer=p.answer)))
             if len(seen) == tc.few_shot_n:
                 break
+        else:  # the stream repeats its prompts: there are fewer than few_shot_n
+            raise ValueError(
+                f"config key 'task_config.few_shot_n' is {tc.few_shot_n} but the training split has "
+                f"{len(seen)} distinct prompt(s) besides the held-out ones: lower it"
+            )
     if shots:
         task.set_few_shot(shots)
         for p in heldout:

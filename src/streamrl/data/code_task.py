@@ -83,11 +83,18 @@ class CodeTask(Task):
 
     def heldout(self, n: int) -> list[Problem]:
         if n >= len(self.rows):
-            raise ValueError(f"{self.name}: eval.size={n} leaves no training rows ({len(self.rows)} rows)")
+            raise ValueError(
+                f"{self.name}: eval.size={n} leaves no training rows ({len(self.rows)} rows): lower eval.size"
+            )
         return [self._make(i) for i in range(n)]
 
     def train_stream(self, seed: int, exclude: set[str]) -> Iterator[Problem]:
         order = [i for i, r in enumerate(self.rows) if r["prompt"] not in exclude]
+        if not order:
+            raise ValueError(
+                f"{self.name}: every row is held out or a few-shot example; lower eval.size or "
+                "task_config.few_shot_n"
+            )
         rng = random.Random(seed)
         while True:
             rng.shuffle(order)

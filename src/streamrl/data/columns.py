@@ -76,6 +76,11 @@ def _question(rec: dict[str, Any], columns: dict[str, str]) -> tuple[str, list[d
     users = [m["content"] for m in messages if m["role"] == "user"]
     if not users:
         raise ValueError(f"column '{columns['messages']}' has no user turn")
+    if messages[-1]["role"] == "assistant":  # an SFT-style chat: the reply would sit in the prompt
+        raise ValueError(
+            f"column '{columns['messages']}' ends with an assistant turn: a prompt ends with the user's "
+            "turn (drop the reply from the column; map a reference with task_config.columns.answer)"
+        )
     return users[-1], [{"role": str(m["role"]), "content": m["content"]} for m in messages]
 
 

@@ -81,7 +81,10 @@ class DataTask(RowTask):
         if self.eval_rows is not None:
             return [self._make(r) for r in self.eval_rows[:n]]
         if n >= len(self.rows):
-            raise ValueError(f"{self.name}: eval.size={n} leaves no training rows ({len(self.rows)} rows)")
+            raise ValueError(
+                f"{self.name}: eval.size={n} leaves no training rows ({len(self.rows)} rows): lower "
+                "eval.size, or give the held-out rows their own file (task_config.eval_data)"
+            )
         return [self._make(r) for r in self.rows[:n]]
 
     def train_stream(self, seed: int, exclude: set[str]) -> Iterator[Problem]:
@@ -89,7 +92,10 @@ class DataTask(RowTask):
         if not order and self.overlap:
             raise ValueError(f"{self.name}: every training row is also a held-out row")
         if not order:
-            raise ValueError(f"{self.name}: every row is held out; lower eval.size")
+            raise ValueError(
+                f"{self.name}: every row is held out or a few-shot example; lower eval.size or "
+                "task_config.few_shot_n"
+            )
         rng = random.Random(seed)
         while True:  # epochs over the training rows, reshuffled each time
             rng.shuffle(order)

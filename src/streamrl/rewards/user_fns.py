@@ -20,6 +20,8 @@ are imported before any model loads (preflight), so a wrong path or a broken mod
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,12 +55,27 @@ def configured_fns(fn: str, fns: Any) -> list[RewardFn]:
 
 
 def load_fns(fns: list[RewardFn]) -> dict[str, Callable[..., Any]]:
-    """name -> the imported function (the task entry excluded); ValueError of one line naming the key."""
-    return {
-        f.name: load_object(f.spec, "reward.fns" if len(fns) > 1 else "reward.fn")
-        for f in fns
-        if f.spec != TASK
-    }
+    """name -> the imported function (the task entry excluded); ValueError of one line naming the key,
+    also for a function that cannot take the batch's keyword arguments."""
+    key = "reward.fns" if len(fns) > 1 else "reward.fn"
+    loaded = {f.name: load_object(f.spec, key) for f in fns if f.spec != TASK}
+    for f in fns:
+        if f.spec != TASK:
+            _check_signature(loaded[f.name], f.spec, key)
+    return loaded
+
+
+def _check_signature(fn: Callable[..., Any], spec: str, key: str) -> None:
+    """Every call passes prompts, completions, completion_ids and the row's columns by keyword."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to check
+        return
+    if not any(p.kind is p.VAR_KEYWORD for p in params):
+        raise ValueError(
+            f"config key '{key}': {spec} takes no **kwargs; it is called as fn(prompts=..., completions=..., "
+            "completion_ids=..., **columns), as in TRL: add **kwargs to its parameters"
+        )
 
 
 def call_fn(
@@ -72,6 +89,8 @@ def call_fn(
         completion_ids=[ids],
         **{k: [v] for k, v in columns.items() if k not in RESERVED},
     )
+    if inspect.isawaitable(out):  # an async def function (TRL accepts them)
+        out = asyncio.run(_awaited(out))
     try:
         values = None if isinstance(out, (str, bytes)) else list(out)
     except TypeError:
@@ -95,3 +114,7 @@ def call_fn(
             f"reward function '{name}' returned {value} for a completion; expected a finite float"
         )
     return value
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable

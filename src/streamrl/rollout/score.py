@@ -97,7 +97,7 @@ class TaskScorer:
         if not self._fns:
             return reward, info
         # your own functions: reward = sum_i weight_i * value_i; "correct" stays the task's verdict
-        columns = {"answer": problem.answer, **problem.meta.get("columns", {})}
+        columns = {**problem.meta.get("columns", {}), "answer": problem.answer}  # the parsed reference
         question, total = problem.meta.get("question", ""), 0.0
         for f in self._fns:
             value = (

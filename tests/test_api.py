@@ -154,15 +154,19 @@ def test_evaluate_takes_eval_data_as_the_held_out_rows_whatever_the_task(monkeyp
     assert json.loads(Path(cfg.task_config.eval_data).read_text()) == rows[0]
 
 
-def test_two_reward_functions_of_one_name_are_told_apart_by_module(tmp_path, monkeypatch):
+def test_two_reward_functions_of_one_name_are_told_apart_by_module(tmp_path):
     """The Python API has no `name:` field: a.score and b.score log as reward/a.score and reward/b.score."""
-    for module in ("a", "b"):
-        (tmp_path / f"{module}.py").write_text("def score(completions, **kw):\n    return [1.0]\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    import a
-    import b
+    import importlib.util
 
     from streamrl.api import make_config
+
+    modules = []
+    for name in ("a", "b"):  # modules a and b, not registered in sys.modules
+        (tmp_path / f"{name}.py").write_text("def score(completions, **kw):\n    return [1.0]\n")
+        spec = importlib.util.spec_from_file_location(name, tmp_path / f"{name}.py")
+        modules.append(importlib.util.module_from_spec(spec))
+        spec.loader.exec_module(modules[-1])
+    a, b = modules
 
     cfg = make_config(None, reward_fn=[(a.score, 1.0), (b.score, 2.0)])
     assert list(cfg.reward.fns) == [

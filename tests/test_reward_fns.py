@@ -5,7 +5,9 @@ costing one sample's reward, and every bad setting refused in one line before an
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,7 +35,12 @@ USER_FILE = textwrap.dedent(
     def raises(prompts, completions, **columns):
         raise RuntimeError("boom")
 
+    LOOPS = []
+
     async def async_brevity(prompts, completions, completion_ids, **columns):
+        import asyncio
+
+        LOOPS.append(asyncio.get_running_loop())  # a client made on the first call is bound to it
         return [1.0 / (1 + len(ids)) for ids in completion_ids]
 
     def no_kwargs(prompts, completions, completion_ids):
@@ -69,10 +76,11 @@ def _traj(text: str, ids: list[int]) -> Trajectory:
 
 
 @pytest.fixture
-def user_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def user_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     (tmp_path / "my_rewards.py").write_text(USER_FILE)
     monkeypatch.chdir(tmp_path)
-    return tmp_path / "my_rewards.py"
+    yield tmp_path / "my_rewards.py"
+    sys.modules.pop("my_rewards", None)  # another test's my_rewards.py is another module
 
 
 def _scored(overrides: list[str], problem: Problem, traj: Trajectory) -> Trajectory:
@@ -188,15 +196,32 @@ def test_each_function_is_logged_in_metrics(user_file: Path) -> None:
         assert row["reward_mean"] == pytest.approx(row["reward/brevity"] + 0.5 * row["reward/verifier"])
 
 
-def test_an_async_function_is_awaited(user_file: Path) -> None:
+def test_an_async_function_is_awaited_on_one_loop_that_lives_on(user_file: Path) -> None:
+    """As TRL runs them: every call on the same running loop, so what a function keeps between calls
+    (an async HTTP client bound to its loop) still works on the next sample."""
+    from streamrl.rewards.user_fns import call_fn
+    from streamrl.user_code import load_object
+
     t = _scored(["reward.fn=my_rewards.py:async_brevity"], _problem(), _traj("so 7", [5, 6, 7]))
     assert t.reward_info["reward/async_brevity"] == 0.25 and t.reward == 0.25
+    fn = load_object("my_rewards.py:async_brevity", "reward.fn")
+    assert [call_fn(fn, "f", "q", "so 7", [5], {}) for _ in range(2)] == [0.5, 0.5]
+    loops = fn.__globals__["LOOPS"][-2:]
+    assert loops[0] is loops[1] and loops[0].is_running()
 
 
 def test_answer_is_the_parsed_reference_even_beside_a_raw_answer_column(user_file: Path) -> None:
     """A GSM8K row: its raw `answer` column holds the worked solution, the task's reference is 72."""
     problem = _problem("72")
     problem.meta["columns"]["answer"] = "48 + 24 = 72 clips.\n#### 72"
+    t = _scored(["reward.fn=my_rewards.py:answer_is_72"], problem, _traj("so 72", [5]))
+    assert t.reward_info["reward/answer_is_72"] == 1.0
+
+
+def test_without_a_mapped_answer_a_rows_answer_column_reaches_the_function(user_file: Path) -> None:
+    """task_config.columns.answer=null: no reference is parsed, and a row's own `answer` field stays."""
+    problem = _problem("")
+    problem.meta["columns"]["answer"] = "72"
     t = _scored(["reward.fn=my_rewards.py:answer_is_72"], problem, _traj("so 72", [5]))
     assert t.reward_info["reward/answer_is_72"] == 1.0
 

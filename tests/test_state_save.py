@@ -195,6 +195,7 @@ def test_a_file_written_atomically_is_old_or_new_never_torn(tmp_path, monkeypatc
         write_text_atomic(path, '{"new": 2, "much": "' + "x" * 100_000 + '"}')
     assert path.read_text() == '{"old": 1}'
     monkeypatch.undo()
+    (tmp_path / ".tmp-eval.json-99999").write_text('{"torn')  # a writer killed mid-write
     write_text_atomic(path, '{"new": 2}')
     assert path.read_text() == '{"new": 2}'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["eval.json"]  # no temporary left behind

@@ -64,6 +64,30 @@ def test_a_failure_inside_a_step_keeps_the_last_complete_state(tmp_path, monkeyp
     _finishes_exactly_once(run, 4)
 
 
+def test_a_colocated_rollout_failure_saves_the_step_before(tmp_path, monkeypatch):
+    """Generating does not change the weights: when step 3's rollouts fail, the state saved is step 2's
+    (here the only save), and what step 3 had generated is counted as dropped, not lost."""
+    from streamrl.loop.colocated import ColocatedRunner
+
+    real = ColocatedRunner._batch
+
+    def batch(self, step):
+        out = real(self, step)
+        if step == 3:
+            raise RuntimeError("injected rollout failure")
+        return out
+
+    monkeypatch.setattr(ColocatedRunner, "_batch", batch)
+    run = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="injected rollout failure"):
+        main(["train", *ARGS, *MODES["colocated"], "train.save_every=0", f"run_dir={run}"])
+    monkeypatch.undo()
+    assert latest_state(run).name == "step-000002"
+    acc = json.loads((run / "accounting.json").read_text())
+    assert acc["lost"] == 0 and acc["trained"] == 4 and acc["filtered"] >= 2
+    _finishes_exactly_once(run, 4)
+
+
 def test_a_step_whose_evaluation_fails_is_logged(tmp_path, monkeypatch):
     """The periodic evaluation of step 2 raises: step 2 is trained and counted, so it has its line."""
     import streamrl.loop.job as job

@@ -148,17 +148,19 @@ def test_requests_are_admitted_under_weights_already_published(tiny, monkeypatch
     runner, state = _runner(tiny, ["rollout.dynamic_sampling=true", "max_steps=4"])
     backend, published, seen = runner.backend, [0], []
     real_publish, real_submit = backend.publish, backend.submit
-    in_publish = threading.Event()
+    in_publish, admitted_meanwhile = threading.Event(), threading.Event()
 
     def publish(weights, version):
         in_publish.set()
-        time.sleep(0.3)
+        admitted_meanwhile.wait(timeout=30)  # once: until a request is admitted (a limit against a hang)
         real_publish(weights, version)
         published[0] = version
         in_publish.clear()
 
     def submit(req):
         seen.append((req.admitted_version, published[0], in_publish.is_set()))
+        if in_publish.is_set():
+            admitted_meanwhile.set()
         real_submit(req)
 
     monkeypatch.setattr(backend, "publish", publish)

@@ -18,12 +18,14 @@ from streamrl.rewards.judge import judge_config
 from streamrl.rewards.judge_check import check_judge
 from streamrl.rewards.user_fns import configured_fns, load_fns
 from streamrl.tasks import prepare_split, task_from_config
+from streamrl.types import Problem
 
 
 @dataclass
 class Checked:
     task: Task
     model_dir: Path
+    split: tuple[list[Problem], set[str]]  # prepare_split's (held-out problems, prompts never trained on)
 
 
 def preflight(cfg: Any) -> Checked:
@@ -34,10 +36,11 @@ def preflight(cfg: Any) -> Checked:
     if cfg.reward.scorer == "judge":  # reachable, serving the model, grading a probe
         check_judge(judge_config(cfg.reward))
     task = task_from_config(cfg)  # before the model: a typo in the data costs no weights download
-    _, exclude = prepare_split(task, cfg)  # eval.size and the few-shot examples fit the data
+    split = prepare_split(task, cfg)  # eval.size and the few-shot examples fit the data
+    exclude = split[1]
     model_dir = resolve_model_dir(cfg.model, cfg.seed)
     limit = prompt_limit(cfg, load_model_config(model_dir))  # lengths that cannot fit: one line
     # something to train on: every row held out, or every prompt too long, is one line
     prompts = PromptFilter(load_tokenizer(model_dir), limit, f"task {cfg.task}", warn=False)
     next(prompts.apply(task.train_stream(cfg.seed, exclude)))
-    return Checked(task, model_dir)
+    return Checked(task, model_dir, split)

@@ -49,7 +49,7 @@ class ColocatedRunner:
         self.stream, self.state, self.stop = stream, state, stop
         self.on_group_scored, self.replay = on_group_scored, replay  # sampler feedback; rollout replay
         self.ledger = Ledger()
-        self.in_step = False  # from drawing a step's problems to counting it: nothing to save
+        self.in_step = False  # from its update to counting the step: nothing to save
         if state.ledger:
             self.ledger.load_state_dict(state.ledger)
         r = cfg.rollout
@@ -138,8 +138,13 @@ class ColocatedRunner:
         while budget.more(self.state.step):
             t0 = time.perf_counter()
             step = self.state.step + 1
-            self.in_step = True
-            groups, timing = self._batch(step)
+            try:
+                groups, timing = self._batch(step)
+            except BaseException:  # the weights are the last step's: what this step generated is dropped
+                for gid in [g for g, s in self.ledger.state.items() if s == "buffered"]:
+                    self.ledger.filtered(gid, "failed_step")
+                raise
+            self.in_step = True  # the update may fail half-applied from here until the step counts
             rec = train_on(
                 step, groups, self.trainer, cfg, lambda: push_policy(self.engine, self.trainer), self.replay
             )

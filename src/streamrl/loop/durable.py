@@ -47,6 +47,8 @@ def swap_in(tmp: Path, final: Path) -> None:
 def write_text_atomic(path: Path, text: str) -> None:
     """Write `path` whole or not at all: a temporary file beside it, synced, then renamed over it (a
     kill mid-write leaves the previous version, never a torn file that a resume would read)."""
+    for leftover in path.parent.glob(f".tmp-{path.name}-*"):  # of a writer killed mid-write
+        leftover.unlink(missing_ok=True)
     tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
     try:
         with tmp.open("w", encoding="utf-8") as f:
@@ -54,6 +56,7 @@ def write_text_atomic(path: Path, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        sync_dir(path.parent)  # the new name is durable too
     finally:
         tmp.unlink(missing_ok=True)
 

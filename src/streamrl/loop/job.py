@@ -67,15 +67,18 @@ class Components:
     prompts: PromptFilter  # under the stream: skips (and counts) prompts too long to train on
 
 
-def build_components(cfg: Config, task: Task | None = None) -> Components:
-    """Model, tokenizer, task (held-out list + training stream), engine and trainer for `cfg`."""
+def build_components(
+    cfg: Config, task: Task | None = None, split: tuple[list[Problem], set[str]] | None = None
+) -> Components:
+    """Model, tokenizer, task (held-out list + training stream), engine and trainer for `cfg`; `task` and
+    its `split` (prepare_split's result) when preflight made them already."""
     if not cfg.task_config.args:
         cfg.task_config.args = default_task_args(cfg.task)
     if task is None:  # first: a bad task or a refused code sandbox fails before any download
         task = task_from_config(cfg)
     started = start_model(cfg.model, cfg.seed, cfg.device)  # fp32 master weights
     model, tokenizer = started.model, started.tokenizer
-    heldout, exclude = prepare_split(task, cfg)
+    heldout, exclude = split if split is not None else prepare_split(task, cfg)
     prompts = PromptFilter(tokenizer, prompt_limit(cfg, model.config), f"task {cfg.task}")
     stream = make_sampler(cfg, task, cfg.seed, exclude, prompts)
     # fsdp2 shards the trainer's model in place: the engine generates with its own full copy
@@ -179,7 +182,7 @@ def _run_train(
     stop = StopFlag()
     stop.install()
     # a bad task, a refused sandbox or a model that does not resolve fails before anything is written
-    task = (checked or preflight(cfg)).task
+    checked = checked or preflight(cfg)
     run_dir = claim_run_dir(cfg.run_dir, bool(cfg.resume), cfg.overwrite)
     cfg.run_dir = str(run_dir)
     name_semaphores_after_this_process()  # a later run can remove them if this one is killed
@@ -202,7 +205,7 @@ def _run_train(
     console.print(f"cores {os.cpu_count()}: {split}")
 
     t0 = time.perf_counter()
-    parts = build_components(cfg, task)
+    parts = build_components(cfg, checked.task, checked.split)
     closers.callback(parts.trainer.close)
     tokenizer, task, heldout, engine, trainer = (
         parts.tokenizer,

@@ -23,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -90,7 +92,7 @@ def call_fn(
         **{k: [v] for k, v in columns.items() if k not in RESERVED},
     )
     if inspect.isawaitable(out):  # an async def function (TRL accepts them)
-        out = asyncio.run(_awaited(out))
+        out = asyncio.run_coroutine_threadsafe(_awaited(out), _reward_loop()).result()
     try:
         values = None if isinstance(out, (str, bytes)) else list(out)
     except TypeError:
@@ -118,3 +120,20 @@ def call_fn(
 
 async def _awaited(awaitable: Any) -> Any:
     return await awaitable
+
+
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_pid = 0
+_loop_lock = threading.Lock()
+
+
+def _reward_loop() -> asyncio.AbstractEventLoop:
+    """One event loop per process, running on a daemon thread, for every async reward function (as TRL
+    runs them): a client a function keeps between calls (an async HTTP session, a judge) stays bound
+    to a loop that lives on, and a caller inside a running loop (a notebook) is not refused."""
+    global _loop, _loop_pid
+    with _loop_lock:
+        if _loop is None or _loop_pid != os.getpid():  # none yet, or a forked child's copy of none
+            _loop, _loop_pid = asyncio.new_event_loop(), os.getpid()
+            threading.Thread(target=_loop.run_forever, name="streamrl-async-rewards", daemon=True).start()
+        return _loop

@@ -97,7 +97,9 @@ class TaskScorer:
         if not self._fns:
             return reward, info
         # your own functions: reward = sum_i weight_i * value_i; "correct" stays the task's verdict
-        columns = {**problem.meta.get("columns", {}), "answer": problem.answer}  # the parsed reference
+        row = problem.meta.get("columns", {})
+        # `answer` is the parsed reference; with columns.answer=null (none) a row's own column stays
+        columns = {**row, "answer": problem.answer} if problem.answer else {"answer": "", **row}
         question, total = problem.meta.get("question", ""), 0.0
         for f in self._fns:
             value = (

@@ -141,8 +141,7 @@ class ColocatedRunner:
             try:
                 groups, timing = self._batch(step)
             except BaseException:  # the weights are the last step's: what this step generated is dropped
-                for gid in [g for g, s in self.ledger.state.items() if s == "buffered"]:
-                    self.ledger.filtered(gid, "failed_step")
+                self.ledger.drop_buffered("failed_step")
                 raise
             self.in_step = True  # the update may fail half-applied from here until the step counts
             rec = train_on(

@@ -56,6 +56,14 @@ class Ledger:
             self.state[g] = "carried_over"
         return ids
 
+    def drop_buffered(self, reason: str) -> list[str]:
+        """Every returned group not yet trained is filtered for `reason` (a colocated step that failed
+        before its update); returns those ids."""
+        ids = [g for g, s in self.state.items() if s == "buffered"]
+        for g in ids:
+            self.filtered(g, reason)
+        return ids
+
     def counts(self) -> dict[str, Any]:
         """Totals by final state. `lost` = groups still running or buffered: 0 after carry_over()."""
         by = {s: 0 for s in ("trained", "filtered", "carried_over", "running", "buffered")}

@@ -60,9 +60,10 @@ def load_fns(fns: list[RewardFn]) -> dict[str, Callable[..., Any]]:
     """name -> the imported function (the task entry excluded); ValueError of one line naming the key,
     also for a function that cannot take the batch's keyword arguments."""
     key = "reward.fns" if len(fns) > 1 else "reward.fn"
-    loaded = {f.name: load_object(f.spec, key) for f in fns if f.spec != TASK}
+    loaded = {}
     for f in fns:
         if f.spec != TASK:
+            loaded[f.name] = load_object(f.spec, key)
             _check_signature(loaded[f.name], f.spec, key)
     return loaded
 

@@ -1,6 +1,8 @@
-"""Attention forward + backward on the trainer's shapes: SDPA vs matmul attention, same run.
+"""Attention forward + backward on the trainer's shapes, or forward alone on the engine's: SDPA vs matmul
+attention, same run.
 
     python benchmarks/attention.py [--rows 64] [--queries 48] [--keys 147] [--threads 1] [--repeats 5]
+                                   [--no-grad]
 
 SmolLM2-135M's heads (9 query heads, 3 key/value heads, head dim 64), bf16, a causal mask over a
 left-padded prompt, fwd + bwd of one layer's attention, best of `repeats`:
@@ -10,7 +12,9 @@ left-padded prompt, fwd + bwd of one layer's attention, best of `repeats`:
                    at the default shape)
   matmul grouped   streamrl.models.attention.matmul_attention: each kv head's query heads stacked
 The default shape is the shared-prompt trainer's completion pass: 64 rows of 48 queries over a 99-token
-prompt cache + 48 keys. Not a test: figures (tests/test_attention.py checks values and gradients).
+prompt cache + 48 keys. `--no-grad`: the forward alone under no_grad, keys and values views of a KV-cache
+buffer with spare columns (engine/kv_cache.py), e.g. a decode step: `--no-grad --queries 1 --keys 150`.
+Not a test: figures (tests/test_attention.py checks values and gradients).
 """
 
 from __future__ import annotations
@@ -29,13 +33,19 @@ Attn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def best_time(
-    f: Attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad: torch.Tensor, n: int
+    f: Attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad: torch.Tensor | None, n: int
 ) -> float:
+    """grad None: the forward alone under no_grad; else forward + backward."""
     best = float("inf")
     for _ in range(n + 1):  # + 1 warm-up
-        leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-        t0 = time.perf_counter()
-        (f(*leaves).float() * grad).sum().backward()
+        if grad is None:
+            with torch.no_grad():
+                t0 = time.perf_counter()
+                f(q, k, v)
+        else:
+            leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+            t0 = time.perf_counter()
+            (f(*leaves).float() * grad).sum().backward()
         best = min(best, time.perf_counter() - t0)
     return best
 
@@ -47,16 +57,18 @@ def main() -> None:
     p.add_argument("--keys", type=int, default=147)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--no-grad", action="store_true", help="forward only, on KV-cache views (the engine)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     B, H, Hkv, Q, K, D = a.rows, 9, 3, a.queries, a.keys, 64
     g = H // Hkv
     q = torch.randn(B, Q, H, D).transpose(1, 2).to(torch.bfloat16)  # [B, H, Q, D] as a q_proj view
-    k, v = (torch.randn(B, Hkv, K, D).to(torch.bfloat16) for _ in range(2))
+    spare = 256 if a.no_grad else 0  # the engine's cache: views of the first K of K + spare columns
+    k, v = (torch.randn(B, Hkv, K + spare, D).to(torch.bfloat16)[:, :, :K] for _ in range(2))
     mask = torch.ones(Q, K, dtype=torch.bool).tril(K - Q).expand(B, 1, Q, K).clone()
     mask[: B // 2, :, :, :5] = False  # half the rows left-padded by 5 keys
-    grad = torch.randn(B, H, Q, D)
+    grad = None if a.no_grad else torch.randn(B, H, Q, D)
     impls: dict[str, Attn] = {
         "sdpa": lambda q, k, v: F.scaled_dot_product_attention(
             q, repeat_kv(k, g), repeat_kv(v, g), attn_mask=mask, scale=D**-0.5
@@ -64,8 +76,9 @@ def main() -> None:
         "matmul+repeat": lambda q, k, v: matmul_attention(q, repeat_kv(k, g), repeat_kv(v, g), mask, D**-0.5),
         "matmul grouped": lambda q, k, v: matmul_attention(q, k, v, mask, D**-0.5),
     }
+    what = "fwd (no grad)" if a.no_grad else "fwd + bwd"
     print(
-        f"one layer fwd + bwd: [{B} rows, {H}/{Hkv} heads, {Q} queries, {K} keys, dim {D}], bf16, "
+        f"one layer {what}: [{B} rows, {H}/{Hkv} heads, {Q} queries, {K} keys, dim {D}], bf16, "
         f"{a.threads} thread(s)"
     )
     times = {name: best_time(f, q, k, v, grad, a.repeats) for name, f in impls.items()}

@@ -4,7 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from streamrl.models.attention import NAME, matmul_attention
+from streamrl.models import attention
+from streamrl.models.attention import NAME, SHORT_QUERIES, matmul_attention
+from streamrl.models.cache_kwarg import cache_kwargs
 
 
 def test_matmul_attention_equals_sdpa_values_and_gradients():
@@ -111,5 +113,46 @@ def test_model_loaded_on_cpu_trains_with_the_same_logits_and_gradients_as_sdpa(t
         outs.append((logits * attn[..., None], grads))
     assert torch.allclose(outs[0][0], outs[1][0], atol=1e-5)
     assert (outs[0][1] - outs[1][1]).abs().max().item() < 1e-5
-    with torch.no_grad():  # no grad: the SDPA path itself
-        assert torch.equal(model(input_ids=ids).logits, ref(input_ids=ids).logits)
+    long_ids = torch.arange(5, 5 + SHORT_QUERIES + 1)[None]
+    with torch.no_grad():  # no grad past SHORT_QUERIES queries: the SDPA path itself
+        assert torch.equal(model(input_ids=long_ids).logits, ref(input_ids=long_ids).logits)
+        # no grad on few queries (a decode step): the matmul path, the same logits up to rounding
+        assert torch.allclose(model(input_ids=ids).logits, ref(input_ids=ids).logits, atol=1e-5)
+
+
+@pytest.mark.parametrize("queries", [1, 8])
+def test_no_grad_short_queries_on_kv_cache_views_equal_sdpa(queries):
+    # the engine's keys and values are views of a buffer with spare columns (engine/kv_cache.py); under
+    # no_grad the scores are computed as (key @ q^T)^T: the same values as SDPA's
+    g = torch.Generator().manual_seed(4)
+    B, K = 3, 11
+    q = torch.randn(B, 6, queries, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(B, 2, K + 5, 8, generator=g, dtype=torch.float64)[:, :, :K] for _ in range(2))
+    keep = torch.ones(queries, K, dtype=torch.bool).tril(K - queries).expand(B, 1, queries, K).clone()
+    keep[1, :, :, :3] = False  # row 1 left-padded by 3 keys
+    with torch.no_grad():
+        ours = matmul_attention(q, k, v, keep, 0.4)
+    ref = F.scaled_dot_product_attention(
+        q, k.repeat_interleave(3, dim=1), v.repeat_interleave(3, dim=1), attn_mask=keep, scale=0.4
+    )
+    torch.testing.assert_close(ours, ref, rtol=0, atol=1e-12)
+
+
+def test_decode_steps_take_the_matmul_path_and_long_no_grad_passes_sdpa(tiny, monkeypatch):
+    model, _ = tiny
+    calls: list[int] = []
+    real = attention.sdpa_attention_forward
+
+    def counted(module, query, *args, **kwargs):
+        calls.append(query.shape[2])
+        return real(module, query, *args, **kwargs)
+
+    monkeypatch.setattr(attention, "sdpa_attention_forward", counted)
+    layers = model.config.num_hidden_layers
+    prompt = torch.arange(5, 5 + SHORT_QUERIES + 1)[None]
+    with torch.no_grad():
+        out = model(input_ids=prompt, use_cache=True)  # a prefill of SHORT_QUERIES + 1 tokens: SDPA
+        assert calls == [SHORT_QUERIES + 1] * layers
+        model(input_ids=torch.tensor([[7]]), **cache_kwargs(model, out.past_key_values), use_cache=True)
+        model(input_ids=prompt[:, :SHORT_QUERIES])
+    assert calls == [SHORT_QUERIES + 1] * layers  # the decode step and the short pass: matmuls

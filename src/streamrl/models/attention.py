@@ -1,12 +1,15 @@
-"""Attention for training on CPU: SDPA's fused kernel where it is fast, plain matmuls where it is not.
+"""Attention on CPU: SDPA's fused kernel where it is fast, plain matmuls where it is not.
 
 PyTorch's CPU flash-attention backward runs one small oneDNN GEMM per (row, head, block), each
 creating its own primitive: on the trainer's shapes (64 rows x 9 heads, 48 queries over 147 keys, bf16,
 one thread) forward + backward costs 151 ms per layer against 33 ms for grouped matmul -> softmax ->
-matmul under autograd (benchmarks/attention.py; 67 vs 9 ms at 20 queries over 70 keys). Its forward
-alone is the fastest, so only grad-enabled multi-token calls (the trainer's) take the matmul path;
-decoding and no-grad passes keep SDPA. On a GPU SDPA's kernels are the right choice everywhere:
-`streamrl` attention is selected on CPU only (models/resolve.py).
+matmul under autograd (benchmarks/attention.py; 67 vs 9 ms at 20 queries over 70 keys). Its forward is
+slow on few queries too: a decode step (one query per row, 64 rows over 150 keys) costs 9-14 ms per
+layer against 0.7 ms in matmuls, two thirds of a SmolLM2 decode step (benchmarks/attention.py
+--no-grad). So grad-enabled calls (the trainer's) and no-grad calls of at most SHORT_QUERIES queries
+(decode steps, speculative verify chunks) take the matmul path; longer no-grad passes (prefills, the
+trainer's no-grad log-probs) keep SDPA, whose forward is as fast or faster there. On a GPU SDPA's
+kernels are the right choice everywhere: `streamrl` attention is selected on CPU only (models/resolve.py).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "streamrl"
+SHORT_QUERIES = 16  # no-grad calls up to this many queries take matmuls (beyond, SDPA is as fast or faster)
 
 
 def matmul_attention(
@@ -50,7 +54,12 @@ def matmul_attention(
     per_head = mask.shape[1] == H and H > 1
     mask = mask.reshape(mask.shape[0], Hkv if per_head else 1, g if per_head else 1, *mask.shape[-2:])
     q = (query * scaling).reshape(B, Hkv, g * Q, D)
-    scores = torch.matmul(q, key.transpose(-1, -2)).view(B, Hkv, g, Q, K)
+    if torch.is_grad_enabled():
+        scores = torch.matmul(q, key.transpose(-1, -2))
+    else:  # the same products, bit for bit; key as the left operand is not copied when it is a view of
+        # a longer KV-cache buffer (engine/kv_cache.py), which q @ key^T copies: 2x faster when decoding
+        scores = torch.matmul(key, q.transpose(-1, -2)).transpose(-1, -2)
+    scores = scores.reshape(B, Hkv, g, Q, K)
     # the dtype's lowest value, not -inf: a fully masked row (a left-pad query, never read) stays finite
     # instead of NaN, which would reach the gradients through softmax's backward
     scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
@@ -75,7 +84,8 @@ def streamrl_attention(
 ) -> tuple[torch.Tensor, None]:
     """transformers attention-function signature; returns ([B, Q, H, D], None) like SDPA's."""
     exotic = any(kwargs.get(k) is not None for k in ("softcap", "position_bias", "s_aux", "sinks"))
-    if not torch.is_grad_enabled() or query.shape[2] == 1 or exotic or kwargs.get("is_causal") is False:
+    long_no_grad = not torch.is_grad_enabled() and query.shape[2] > SHORT_QUERIES
+    if long_no_grad or exotic or kwargs.get("is_causal") is False:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )

@@ -280,11 +280,14 @@ def test_tokens_carry_the_verifying_weights_logprobs_and_version(lms, monkeypatc
 
 
 @pytest.mark.parametrize("mode", ["inflight", "interrupt"])
-def test_weight_updates_after_verification(lms, mode):
+def test_weight_updates_after_verification(lms, mode, monkeypatch):
     """The first decoder step verifies (k accepted + 1 token) and samples one more, under version 0. New
     weights then arrive: in flight the next token still comes from logits computed before them; by
     interrupt the cache is recomputed and it comes from the new weights. Every version-0 token is the
-    old policy's on the full sequence, every version-1 token after an interrupt the new one's."""
+    old policy's on the full sequence, every version-1 token after an interrupt the new one's.
+    Verification runs to the end of every draft here (a row still on its draft when the stopping rule
+    ends verification emits k tokens, not k + 1: tested on its own below), so the count is exact."""
+    monkeypatch.setattr(speculative, "_worth_a_chunk", lambda rows: any(not r.stopped for r in rows))
     old, new = small_lm(0), small_lm(2)
     temperature, max_new = 0.5, 8
     engine = HFEngine(old, _Tok(), max_batch=64, seed=6)

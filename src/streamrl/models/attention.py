@@ -5,10 +5,11 @@ creating its own primitive: on the trainer's shapes (64 rows x 9 heads, 48 queri
 one thread) forward + backward costs 151 ms per layer against 33 ms for grouped matmul -> softmax ->
 matmul under autograd (benchmarks/attention.py; 67 vs 9 ms at 20 queries over 70 keys). Its forward is
 slow on few queries too: a decode step (one query per row, 64 rows over 150 keys) costs 9-14 ms per
-layer against 0.7 ms in matmuls, two thirds of a SmolLM2 decode step (benchmarks/attention.py
+layer against about 1 ms in matmuls, two thirds of a SmolLM2 decode step (benchmarks/attention.py
 --no-grad). So grad-enabled calls (the trainer's) and no-grad calls of at most SHORT_QUERIES queries
-(decode steps, speculative verify chunks) take the matmul path; longer no-grad passes (prefills, the
-trainer's no-grad log-probs) keep SDPA, whose forward is as fast or faster there. On a GPU SDPA's
+(decode steps, speculative verify chunks, no-grad log-probs of short completions) take the matmul
+path; longer no-grad passes (prefills, long completions) keep SDPA, which is close in speed there and
+never holds the [rows, heads, queries, keys] scores. On a GPU SDPA's
 kernels are the right choice everywhere: `streamrl` attention is selected on CPU only (models/resolve.py).
 """
 
@@ -22,7 +23,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "streamrl"
-SHORT_QUERIES = 16  # no-grad calls up to this many queries take matmuls (beyond, SDPA is as fast or faster)
+SHORT_QUERIES = 16  # no-grad calls up to this many queries take matmuls (beyond, SDPA: close, less memory)
 
 
 def matmul_attention(

@@ -34,10 +34,15 @@ def timed(engine: HFEngine, requests: list[GenRequest]) -> tuple[float, list[Gen
     return time.perf_counter() - t0, out
 
 
-def engine_job(doc: str | None) -> tuple[argparse.Namespace, HFEngine, list[list[int]]]:
-    """The command line of the engine benchmarks (this one, shared_rows.py) and what it sets up: the
-    model in bf16 at one thread, the default engine, and --prompts held-out rg:chain_sum prompts."""
+def engine_job(
+    doc: str | None, more: dict[str, int] | None = None
+) -> tuple[argparse.Namespace, HFEngine, list[list[int]]]:
+    """The command line of the engine benchmarks (this one, shared_rows.py, prefix_cache.py) and what it
+    sets up: the model in bf16 at one thread, the default engine, and --prompts held-out rg:chain_sum
+    prompts. `more`: a benchmark's own integer options and their defaults."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for name, default in (more or {}).items():
+        ap.add_argument(name, type=int, default=default)
     ap.add_argument("--model", default="smollm2-135m-instruct", help="a model name or a checkpoint dir")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--samples", type=int, default=8)

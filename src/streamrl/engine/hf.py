@@ -27,6 +27,7 @@ import torch
 
 from streamrl.engine.base import GenRequest, GenResult
 from streamrl.engine.kv_cache import GrowingLayer, growing_cache
+from streamrl.engine.prefix_cache import PrefixCache
 from streamrl.engine.sampling import sample_rows
 from streamrl.engine.speculative import verify_drafts
 from streamrl.models.cache_kwarg import cache_kwargs
@@ -38,8 +39,8 @@ FIRST_COLUMNS = 256  # KV columns reserved past the prompt before the first doub
 
 
 class DecodeBatch:
-    """Rows decoded together, each with its request's temperature and top-p. Prompts are left-padded;
-    one forward per step."""
+    """Rows decoded together, each with its request's temperature and top-p. Prompts are left-padded
+    (after the prefix they share, if it is cached); one forward per step."""
 
     def __init__(self, engine: HFEngine, requests: list[GenRequest]) -> None:
         self.engine = engine
@@ -48,44 +49,43 @@ class DecodeBatch:
         # rows -> [R]: the KV-cache row of each row (rows with identical tokens so far share one);
         # attn, next_pos and _logits are per cache row
         self.rows = torch.arange(len(requests))
-        width = max(len(r.prompt_ids) for r in requests)
-        pad = engine.pad_id
-        ids = torch.tensor([[pad] * (width - len(r.prompt_ids)) + r.prompt_ids for r in requests])
-        self.attn = torch.tensor(
-            [[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in requests]
-        )
         # speculative rollouts: each row's draft is verified right after the prompt (engine/speculative.py)
         sampled = [r for r in requests if r.temperature > 0]  # greedy rows take no drafts
         drafts = max((min(len(d.token_ids), r.max_new_tokens) for r in sampled for d in r.drafts), default=0)
-        speculative = drafts > 0
-        self._prefill(ids, extra=drafts if speculative else 0, share=engine.share_rows)
-        self._early = verify_drafts(self) if speculative else []  # finished there; step() returns them
+        self._prefill([r.prompt_ids for r in requests], extra=drafts, share=engine.share_rows)
+        self._early = verify_drafts(self) if drafts else []  # finished there; step() returns them
 
-    def _prefill(self, ids: torch.Tensor, extra: int = 0, share: bool = True) -> None:
-        """ids, self.attn: [R, W], one per active row. Distinct rows are prefilled once (a GRPO group's G
+    def _prefill(self, seqs: list[list[int]], extra: int = 0, share: bool = True) -> None:
+        """seqs: each active row's tokens so far. Distinct sequences are prefilled once (a GRPO group's G
         samples share one prompt); with `share` the rows that repeat one then share its cache row,
-        otherwise its KV and last logits are copied to each of them. `extra`: KV columns reserved for
-        draft tokens."""
-        width = ids.shape[1] + extra
+        otherwise its KV and last logits are copied to each of them. A prefix every distinct sequence
+        starts with comes from the engine's prefix cache (engine/prefix_cache.py) and is not forwarded
+        again. `extra`: KV columns reserved for draft tokens."""
+        eng = self.engine
+        order = {s: k for k, s in enumerate(dict.fromkeys(map(tuple, seqs)))}
+        inverse = torch.tensor([order[tuple(s)] for s in seqs])
+        distinct = [list(s) for s in order]
+        n = eng.prefix_cache.prefix(eng.model, distinct, eng.version, eng.device) if eng.prefix_cache else 0
+        width = max(len(s) for s in seqs)
+        # [shared prefix][left padding][the rest]: positions count real tokens only
+        ids = torch.tensor([s[:n] + [eng.pad_id] * (width - len(s)) + s[n:] for s in distinct])
+        attn = torch.tensor([[1] * n + [0] * (width - len(s)) + [1] * (len(s) - n) for s in distinct])
         room = max(
             self.results[i].request.max_new_tokens - len(self.results[i].token_ids) for i in self.active
         )
-        self.cache = growing_cache(initial=width + min(room, FIRST_COLUMNS), limit=width + room)
-        positions = (self.attn.cumsum(-1) - 1).clamp(min=0)
-        rows = len(ids)
-        distinct, inverse = torch.unique(torch.cat([ids, self.attn], dim=1), dim=0, return_inverse=True)
-        self.rows = torch.arange(rows)
-        if len(distinct) < rows:
-            first = torch.full((len(distinct),), rows).scatter_reduce(0, inverse, torch.arange(rows), "amin")
-            logits = self._forward(ids[first], positions[first], self.attn[first])
-            if share:
-                self.rows, self.attn, positions = inverse, self.attn[first], positions[first]
-                self._logits = logits
-            else:
-                self.cache.batch_select_indices(inverse.to(self.engine.device))
-                self._logits = logits[inverse.to(logits.device)]
+        self.cache = growing_cache(
+            initial=width + extra + min(room, FIRST_COLUMNS), limit=width + extra + room
+        )
+        if n:
+            eng.prefix_cache.seed(self.cache, n, len(distinct))
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)
+        logits = self._forward(ids[:, n:], positions[:, n:], attn)
+        if share or len(distinct) == len(seqs):
+            self.rows, self.attn, self._logits = inverse, attn, logits
         else:
-            self._logits = self._forward(ids, positions, self.attn)
+            self.cache.batch_select_indices(inverse.to(eng.device))
+            self.rows, self.attn, positions = torch.arange(len(seqs)), attn[inverse], positions[inverse]
+            self._logits = logits[inverse.to(logits.device)]
         self.next_pos = positions[:, -1] + 1
         self._versions = [self._logits_version] * len(self._logits)
 
@@ -95,11 +95,7 @@ class DecodeBatch:
         if not self.active:
             return
         seqs = [self.results[i].request.prompt_ids + self.results[i].token_ids for i in self.active]
-        width = max(len(x) for x in seqs)
-        pad = self.engine.pad_id
-        ids = torch.tensor([[pad] * (width - len(x)) + x for x in seqs])
-        self.attn = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in seqs])
-        self._prefill(ids, share=self.engine.share_rows)
+        self._prefill(seqs, share=self.engine.share_rows)
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         # the version of the weights that computed these logits: the tokens sampled from them carry it
@@ -232,6 +228,7 @@ class HFEngine:
         device: str = "cpu",
         dtype: torch.dtype | None = None,
         share_rows: bool = True,
+        prefix_cache: bool = True,
     ) -> None:
         self.owns_weights = dtype is not None and dtype != next(model.parameters()).dtype
         if self.owns_weights:
@@ -242,6 +239,8 @@ class HFEngine:
         self.device = device
         self.max_batch = max_batch
         self.share_rows = share_rows  # rows with identical tokens so far share a KV row (DecodeBatch)
+        # the KV of the prefix the prompts share, prefilled once per weights (engine/prefix_cache.py)
+        self.prefix_cache = PrefixCache() if prefix_cache else None
         self.version = 0
         self.pad_id = int(tokenizer.pad_token_id)
         self.stop_ids = stop_token_ids(model, tokenizer)

@@ -15,8 +15,9 @@ other (never two at once on a small machine).
 Printed per arm, pooled over the seeds, from the second epoch on (the steps after the first
 problems / prompts_per_step, when every prompt has drafts):
 
-    rollout tok/s  tokens generated / seconds the engine spent generating (async: the workers' busy
-                   time; colocated: generate_time)
+    rollout tok/s  tokens generated / seconds the engine spent generating (async: every token the
+                   workers generated, groups dynamic sampling drops included, over their busy time;
+                   colocated: the trained samples' tokens over generate_time)
     samples/s      samples trained / wall seconds over those steps
     acceptance     draft tokens accepted / draft tokens verified (spec only), accepted tokens per draft
     held-out       final greedy accuracy over all seeds' held-out answers, with its 95% Wilson interval
@@ -116,8 +117,12 @@ def window(run: dict[str, Any], first_epoch_steps: int, per_step: int) -> dict[s
         gen_s = sum(r["generate_time"] for r in after)
     else:  # async: the workers' cumulative busy seconds
         gen_s = after[-1]["engine_busy_time"] - before[-1]["engine_busy_time"]
+    if "engine_tokens" in after[-1]:  # async: every token generated, dynamic sampling's dropped groups too
+        tokens = after[-1]["engine_tokens"] - before[-1]["engine_tokens"]
+    else:  # colocated: the trained samples' tokens
+        tokens = sum(r["tokens_generated"] for r in after)
     return {
-        "tokens": sum(r["tokens_generated"] for r in after),
+        "tokens": tokens,
         "generate_s": gen_s,
         "wall_s": after[-1]["time"] - before[-1]["time"],
         "steps": len(after),

@@ -78,6 +78,11 @@ def test_async_dynamic_sampling_trains_only_informative_groups(tiny):
     assert c["filter_reasons"].get("zero_variance", 0) > 0  # G = 2 with p = 0.5: half the groups
     assert c["trained"] == 18 and c["lost"] == 0
     assert c["admitted"] == c["trained"] + c["filtered"] + c["carried_over"]
+    # engine_tokens counts every returned group's tokens: the trained ones and the dropped ones
+    engine = [r.metrics["engine_tokens"] for r in records]
+    trained = [sum(r.metrics["tokens_generated"] for r in records[: i + 1]) for i in range(len(records))]
+    assert engine == sorted(engine) and all(e >= t for e, t in zip(engine, trained))
+    assert records[-1].metrics["filtered_zero_variance"] > 0 and engine[-1] > trained[-1]
 
 
 def test_async_dynamic_sampling_cannot_stall_on_a_saturated_task(tiny, monkeypatch):

@@ -50,6 +50,7 @@ class _Shared:
     duplicates: int = 0  # results of a group already returned (e.g. re-generated after an actor died)
     busy: float = 0.0
     idle: float = 0.0
+    generated: int = 0  # completion tokens of every group returned, kept or filtered
 
 
 class AsyncRunner:
@@ -147,6 +148,7 @@ class AsyncRunner:
                 self.sh.idle += res.idle_s
                 group = res.group
                 assert group is not None
+                self.sh.generated += sum(len(t.completion_ids) for t in group.trajectories)
                 self.episode_errors.add(group)
                 if self.drafts is not None:
                     self.drafts.add(group)
@@ -246,7 +248,7 @@ class AsyncRunner:
                     for r in taken:
                         self.ledger.trained(r.group_id)
                     self.ledger.replayed(int(rec.metrics.get("replay_samples", 0)))
-                    busy, idle = self.sh.busy, self.sh.idle
+                    busy, idle, generated = self.sh.busy, self.sh.idle, self.sh.generated
                     episode_errors = self.episode_errors.take()
                 self.state.step = step
                 self.state.version = self.trainer.version
@@ -259,6 +261,7 @@ class AsyncRunner:
                     trainer_wait_share=waited / budget.elapsed,
                     engine_idle_share=idle / max(busy + idle, 1e-9),
                     engine_busy_time=busy,  # cumulative seconds the rollout workers spent generating
+                    engine_tokens=generated,  # cumulative tokens they generated, filtered groups' too
                     groups_carried_over=in_flight,
                     samples_per_s=(step - first_step) * per_step / budget.elapsed,
                     filtered_stale=self.ledger.filter_reasons.get("stale", 0),

@@ -54,7 +54,7 @@ def weights_key(model: torch.nn.Module, version: int) -> tuple[int, int, int]:
 
 
 class PrefixCache:
-    """The KV of one prompt prefix under one set of weights; `hits` and `tokens_saved` count its use."""
+    """The KV of one prompt prefix under one set of weights; `hits` counts the batches it served as it was."""
 
     def __init__(self) -> None:
         self.tokens: list[int] = []
@@ -62,7 +62,6 @@ class PrefixCache:
         self.key: tuple[int, int, int] | None = None
         self.last: list[int] = []  # the previous batch's first prompt: where a new prefix is found
         self.hits = 0
-        self.tokens_saved = 0
 
     def prefix(self, model: torch.nn.Module, prompts: list[list[int]], version: int, device: Any) -> int:
         """The length P of the cached prefix `prompts` (the batch's distinct sequences) start with, after
@@ -81,8 +80,6 @@ class PrefixCache:
             self._compute(model, self.tokens[:n], key, device)
         else:
             self.hits += 1
-            self.tokens_saved += n
-        self.tokens_saved += n * (len(prompts) - 1)  # the computed prefix serves every row but one
         return n
 
     @torch.no_grad()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 
 import torch
-from spec_engine import engine_job
+from spec_engine import ab_rounds, engine_job
 
 from streamrl.engine.base import GenRequest
 from streamrl.engine.continuous import ContinuousDecoder
@@ -75,12 +75,9 @@ def main() -> None:
     )
     head = ("round", "plain tok/s", "cached tok/s", "ratio", "prompt tokens plain", "cached")
     print("{:>5} {:>12} {:>13} {:>6} {:>20} {:>7}".format(*head))
-    for n in range(args.rounds):
-        res = {}
-        for cached in (True, False) if n % 2 else (False, True):
-            res[cached] = run(cached, 1000 + n)
-            for k in range(3):
-                total[cached][k] += res[cached][k]
+    for n, res in ab_rounds(args.rounds, run):
+        for cached, r in res.items():
+            total[cached] = [a + b for a, b in zip(total[cached], r)]
         plain, cached = (res[c][1] / res[c][0] for c in (False, True))
         print(
             f"{n:>5} {plain:>12.1f} {cached:>13.1f} {cached / plain:>5.2f}x "

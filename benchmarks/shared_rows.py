@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 
 import torch
-from spec_engine import engine_job
+from spec_engine import ab_rounds, engine_job
 
 from streamrl.engine.base import GenRequest
 
@@ -60,12 +60,10 @@ def main() -> None:
     print(f"{args.model}: {args.prompts} prompts x {args.samples} samples, one thread, bf16")
     head = ("round", "plain tok/s", "shared tok/s", "ratio", "rows/step plain", "shared")
     print("{:>5} {:>12} {:>13} {:>6} {:>16} {:>7}".format(*head))
-    for n in range(args.rounds):
-        res = {}
-        for share in (True, False) if n % 2 else (False, True):
-            res[share] = run(share, 1000 + n)
-            total[share][0] += res[share][0]
-            total[share][1] += res[share][1]
+    for n, res in ab_rounds(args.rounds, run):
+        for share, r in res.items():
+            total[share][0] += r[0]
+            total[share][1] += r[1]
         shared_calls += res[True][2]
         shared_rows += res[True][3]
         plain_rows += res[False][3]

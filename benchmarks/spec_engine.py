@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -32,6 +33,13 @@ def timed(engine: HFEngine, requests: list[GenRequest]) -> tuple[float, list[Gen
     t0 = time.perf_counter()
     out = engine.generate(requests)
     return time.perf_counter() - t0, out
+
+
+def ab_rounds(rounds: int, run: Callable[[bool, int], tuple]) -> Iterator[tuple[int, dict[bool, tuple]]]:
+    """An A/B benchmark's rounds: round n runs both arms (False, True) from generator seed 1000 + n, the
+    order alternating between rounds; yields (n, {arm: what run(arm, seed) returned})."""
+    for n in range(rounds):
+        yield n, {arm: run(arm, 1000 + n) for arm in ((True, False) if n % 2 else (False, True))}
 
 
 def engine_job(

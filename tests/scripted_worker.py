@@ -65,4 +65,5 @@ def scripted_worker(
                     )
                 )
                 trajs[-1].correct = trajs[-1].reward == 1.0
-            results.put(GroupResult(req.group_id, Group(req.problem, trajs), worker_id, busy_s=0.01))
+            tokens = sum(len(t.completion_ids) for t in trajs)
+            results.put(GroupResult(req.group_id, Group(req.problem, trajs), worker_id, 0.01, tokens=tokens))

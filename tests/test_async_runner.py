@@ -56,7 +56,7 @@ def test_async_runner_bound_under_random_delays(tiny, eta):
     assert worst == eta  # stale data really reaches the bound, so a broken bound would show
 
 
-def _run(tiny, overrides):
+def _run(tiny, overrides, state=None):
     from streamrl.data.task import default_task_args
     from streamrl.tasks import make_task
     from streamrl.trainer.trainer import Trainer
@@ -65,11 +65,28 @@ def _run(tiny, overrides):
     task = make_task("rg:chain_sum", default_task_args("rg:chain_sum"), "", "", "answer_is")
     trainer = Trainer.from_config(copy.deepcopy(tiny[0]), cfg, pad_id=0)
     runner = AsyncRunner(
-        cfg, trainer, tiny[1], task.train_stream(0, set()), RunState(), StopFlag(), scripted_worker
+        cfg, trainer, tiny[1], task.train_stream(0, set()), state or RunState(), StopFlag(), scripted_worker
     )
     records = []
     runner.run(records.append)
+    if state is not None:  # what a stop saved, and what a periodic save would have saved now
+        state.engine = runner.state.engine
+        assert runner.snapshot().engine == state.engine
     return records, runner.ledger.counts()
+
+
+def test_engine_counters_continue_across_a_resume(tiny):
+    """engine_busy_time / engine_tokens are cumulative over the run: a resumed runner starts from the
+    saved counters, and the counters it saves include what it generated."""
+    fresh = RunState()
+    records, _ = _run(tiny, ["max_steps=2", "max_staleness=1"], fresh)
+    # groups may return after the last step: the saved counters include them
+    assert 0 < records[-1].metrics["engine_tokens"] <= fresh.engine["tokens"] < 10**6
+    assert records[-1].metrics["engine_busy_time"] <= fresh.engine["busy_s"] < 1000
+    resumed = RunState(engine={"busy_s": 1000.0, "idle_s": 0.0, "tokens": 10**6})
+    records, _ = _run(tiny, ["max_steps=2", "max_staleness=1"], resumed)
+    assert records[0].metrics["engine_tokens"] > 10**6 and records[0].metrics["engine_busy_time"] > 1000
+    assert resumed.engine["tokens"] >= records[-1].metrics["engine_tokens"]
 
 
 def test_async_dynamic_sampling_trains_only_informative_groups(tiny):

@@ -39,6 +39,10 @@ def test_env_search_trains_in_both_modes(tmp_path, mode):
         assert r["truncation_rate"] == 1.0 and r["staleness_max"] <= eta and r["tokens_trained"] > 0
     acc = json.loads((run / "accounting.json").read_text())
     assert acc["lost"] == 0 and acc["trained"] == 4
+    if mode == "async":  # engine_tokens counts sampled tokens, not the reminders spliced in between turns:
+        # at least the trained episodes' model tokens, at most 2 turns x 6 per returned episode
+        sampled = sum(sum(r["staleness_hist"].values()) for r in rows)
+        assert sampled <= rows[-1]["engine_tokens"] <= 2 * 6 * 2 * acc["generated"]
     ev = json.loads((run / "eval.json").read_text())
     assert ev["final"]["n"] == 2 and ev["base"] is None
 

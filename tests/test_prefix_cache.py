@@ -156,3 +156,31 @@ def test_logits_after_a_cached_prefix_match_a_full_prefill(tiny64):
         if cached:  # the second batch computed the prefix with the first prompt and forwarded the rest
             assert len(eng.prefix_cache.tokens) == shared_length(prompts[0], prompts[1:]) >= MIN_PREFIX
     torch.testing.assert_close(logits[True], logits[False], rtol=0, atol=1e-10)
+
+
+class _Built(Exception):
+    pass
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_rollout_prefix_cache_reaches_the_engine_of_the_job_and_of_a_rollout_worker(monkeypatch, on):
+    from tiny_args import TINY  # tests/ is on sys.path
+
+    from streamrl.config import load_config, to_dict
+    from streamrl.engine import hf
+    from streamrl.loop import job
+    from streamrl.rollout.worker import serve
+
+    cfg = load_config(None, [*TINY, f"rollout.prefix_cache={str(on).lower()}"])
+    assert (job.build_components(cfg).engine.prefix_cache is not None) is on
+    built, errors, real = [], [], hf.HFEngine
+
+    def engine(*args, **kwargs):  # the worker's engine: recorded, then the worker stops
+        built.append(real(*args, **kwargs))
+        raise _Built
+
+    monkeypatch.setattr(hf, "HFEngine", engine)
+    sink = type("Sink", (), {"put": lambda self, r: errors.append(r.error)})()
+    serve(0, to_dict(cfg), None, sink, None, lambda: True)
+    assert len(built) == 1 and "_Built" in errors[0]
+    assert (built[0].prefix_cache is not None) is on

@@ -21,6 +21,10 @@ class RolloutConfig:
     # dtype of the engine's weights: bf16 decodes ~2x faster than fp32 on CPUs with bf16 matmul units;
     # the trainer's decoupled-PPO behaviour weights correct the small engine/trainer log-prob gap
     precision: Literal["fp32", "bf16"] = "bf16"
+    # the engine keeps the KV of the prompt prefix a batch shares (chat template, system prompt) once per
+    # policy version and forwards only the rest of each prompt (engine/prefix_cache.py); with engine=vllm
+    # it sets vLLM's enable_prefix_caching
+    prefix_cache: bool = True
     # DAPO dynamic sampling: drop groups whose rewards are all equal and sample more until the batch
     # is full (at most dynamic_sampling_rounds * B dropped per step). On by default: in async mode the
     # extra rollouts use engine time that would otherwise idle while the trainer trains.

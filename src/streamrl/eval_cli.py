@@ -46,7 +46,14 @@ def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
         raise ValueError("config key 'eval.size' is 0: nothing to evaluate (set size=N)")
     started = start_model(cfg.model, cfg.seed, cfg.device, PRECISIONS[cfg.rollout.precision])
     tokenizer = started.tokenizer
-    engine = HFEngine(started.model, tokenizer, cfg.rollout.max_batch, cfg.seed, cfg.device)
+    engine = HFEngine(
+        started.model,
+        tokenizer,
+        cfg.rollout.max_batch,
+        cfg.seed,
+        cfg.device,
+        prefix_cache=cfg.rollout.prefix_cache,
+    )
     e = cfg.eval
     console.print(f"evaluating {cfg.model} on {len(problems)} held-out problems of {cfg.task} (n={e.n})...")
     start = time.perf_counter()

@@ -61,6 +61,7 @@ class VLLMDecoder:
         threads_bind: str = "nobind",
         gpu_memory_utilization: float = 0.5,
         device: str = "cpu",
+        prefix_cache: bool = True,
     ) -> None:
         check_weight_mode(weight_mode)
         # read by vLLM when the engine starts: in-process engine core (weights handed over as tensors),
@@ -87,7 +88,7 @@ class VLLMDecoder:
             max_num_seqs=max_batch,
             logprobs_mode="processed_logprobs",  # log-probs after temperature / top-p, as sampled
             async_scheduling=False,  # a step's tokens come from the weights loaded before that step
-            enable_prefix_caching=True,
+            enable_prefix_caching=prefix_cache,
             skip_tokenizer_init=True,  # token ids in, token ids out
             gpu_memory_utilization=gpu_memory_utilization,
         )
@@ -98,6 +99,7 @@ class VLLMDecoder:
         self._delta = RequestOutputKind.DELTA
         self.stop_ids = sorted(stop_ids)
         self.weight_mode = weight_mode
+        self.prefix_cache = prefix_cache
         self.version = 0
         self.paused = False
         self._rows: dict[str, _Row] = {}  # vLLM request id -> row
@@ -185,7 +187,8 @@ class VLLMDecoder:
                 del self._rows[r.vllm_id]
         # frees the old weights' prefix blocks (fails harmlessly while running requests hold blocks:
         # the version salt keeps new requests off them anyway)
-        self._engine.reset_prefix_cache()
+        if self.prefix_cache:
+            self._engine.reset_prefix_cache()
         for r in restart:
             self._submit(r)
 
@@ -259,4 +262,5 @@ def decoder_from_config(cfg: Any, model_dir: Path, stop_ids: set[int], worker_id
         threads_bind=v.threads_bind,
         gpu_memory_utilization=v.gpu_memory_utilization,
         device=cfg.device,
+        prefix_cache=cfg.rollout.prefix_cache,
     )

@@ -50,7 +50,7 @@ class _Shared:
     duplicates: int = 0  # results of a group already returned (e.g. re-generated after an actor died)
     busy: float = 0.0
     idle: float = 0.0
-    generated: int = 0  # completion tokens of every group returned, kept or filtered
+    generated: int = 0  # tokens the rollout workers sampled (GroupResult.tokens): kept and dropped groups'
 
 
 class AsyncRunner:
@@ -86,6 +86,9 @@ class AsyncRunner:
         # rebase on resume: trained groups + carried finished ones count as accepted (AReaL #1388)
         self.staleness = StalenessManager.resumed(self.B, self.eta, trainer.version, len(state.finished), 0)
         self.sh = _Shared()
+        e = state.engine  # the workers' cumulative counters continue after a resume
+        self.sh.busy, self.sh.idle = e.get("busy_s", 0.0), e.get("idle_s", 0.0)
+        self.sh.generated = int(e.get("tokens", 0))
         self.episode_errors = EpisodeErrors(cfg.task.startswith("agent:"))  # since the last step (sh.cond)
         for res in state.finished:
             self.ledger.requeue(res.group_id, "buffered")
@@ -135,6 +138,11 @@ class AsyncRunner:
 
     def _accept(self, res: GroupResult) -> None:
         with self.sh.cond:
+            # the work behind every result counts, a duplicate's too (the counters run since the
+            # worker's previous result)
+            self.sh.busy += res.busy_s
+            self.sh.idle += res.idle_s
+            self.sh.generated += res.tokens
             if res.error:
                 self.sh.errors.append(f"rollout worker {res.worker} failed:\n{res.error}")
             elif res.group_id not in self.sh.inflight:
@@ -144,11 +152,8 @@ class AsyncRunner:
             else:
                 del self.sh.inflight[res.group_id]
                 self.ledger.returned(res.group_id)
-                self.sh.busy += res.busy_s
-                self.sh.idle += res.idle_s
                 group = res.group
                 assert group is not None
-                self.sh.generated += sum(len(t.completion_ids) for t in group.trajectories)
                 self.episode_errors.add(group)
                 if self.drafts is not None:
                     self.drafts.add(group)
@@ -261,7 +266,7 @@ class AsyncRunner:
                     trainer_wait_share=waited / budget.elapsed,
                     engine_idle_share=idle / max(busy + idle, 1e-9),
                     engine_busy_time=busy,  # cumulative seconds the rollout workers spent generating
-                    engine_tokens=generated,  # cumulative tokens they generated, filtered groups' too
+                    engine_tokens=generated,  # cumulative tokens they sampled, dropped groups' too
                     groups_carried_over=in_flight,
                     samples_per_s=(step - first_step) * per_step / budget.elapsed,
                     filtered_stale=self.ledger.filter_reasons.get("stale", 0),
@@ -325,7 +330,11 @@ class AsyncRunner:
                 unfinished=list(self.readmit) + list(self.sh.inflight.values()),
                 sampler=sampler_state(self.stream),
                 drafts=self.drafts.state_dict() if self.drafts is not None else [],
+                engine=self._engine_counters(),
             )
+
+    def _engine_counters(self) -> dict[str, float]:
+        return {"busy_s": self.sh.busy, "idle_s": self.sh.idle, "tokens": self.sh.generated}
 
     def _carry_over(self, late: list[GroupResult]) -> None:
         """After the workers stopped: everything admitted and not trained goes into the run state."""
@@ -338,6 +347,7 @@ class AsyncRunner:
             self.state.ledger = self.ledger.state_dict()
             self.state.staleness = self.staleness.state_dict()
             self.state.drafts = self.drafts.state_dict() if self.drafts is not None else []
+            self.state.engine = self._engine_counters()
             errors, self.sh.errors = self.sh.errors, []
         for error in errors:  # arrived after the last batch was taken, or during a stop: never silent
             print(f"streamrl: warning: at the end of the run, {error}", file=sys.stderr, flush=True)

@@ -84,7 +84,15 @@ def build_components(
     # fsdp2 shards the trainer's model in place: the engine generates with its own full copy
     engine_model = copy.deepcopy(model) if cfg.train.strategy == "fsdp2" else model
     dtype = PRECISIONS[cfg.rollout.precision]
-    engine = HFEngine(engine_model, tokenizer, cfg.rollout.max_batch, cfg.seed, cfg.device, dtype)
+    engine = HFEngine(
+        engine_model,
+        tokenizer,
+        cfg.rollout.max_batch,
+        cfg.seed,
+        cfg.device,
+        dtype,
+        prefix_cache=cfg.rollout.prefix_cache,
+    )
     # train.strategy=ddp|fsdp2: this process becomes rank 0 and starts the follower ranks (trainer.close)
     trainer = make_trainer(model, cfg, pad_id=int(tokenizer.pad_token_id))
     return Components(

@@ -37,6 +37,8 @@ class RunState:
     sampler: dict[str, Any] = field(default_factory=dict)  # data/samplers.py state_dict (JSON)
     replay: list[Any] = field(default_factory=list)  # data/replay.py ReplayBuffer.state()
     drafts: list[Any] = field(default_factory=list)  # rollout/drafts.py DraftStore.state_dict()
+    # async: the rollout workers' cumulative busy_s, idle_s and tokens (engine_* metrics), kept across resume
+    engine: dict[str, float] = field(default_factory=dict)
 
 
 def sampler_state(stream: Any) -> dict[str, Any]:

@@ -46,6 +46,7 @@ class GroupResult:
     worker: int
     busy_s: float = 0.0  # seconds spent generating since the worker's previous result
     idle_s: float = 0.0  # seconds spent with nothing to generate since the previous result
+    tokens: int = 0  # tokens the engine sampled since the previous result (every request's, no tool output)
     error: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -152,7 +153,12 @@ def _loop(
         started = start_model(cfg.model, cfg.seed, cfg.device, PRECISIONS[cfg.rollout.precision])
         model = freeze(started.model)
         engine = HFEngine(
-            model, tokenizer, cfg.rollout.max_batch, seed=cfg.seed * 1009 + worker_id, device=cfg.device
+            model,
+            tokenizer,
+            cfg.rollout.max_batch,
+            seed=cfg.seed * 1009 + worker_id,
+            device=cfg.device,
+            prefix_cache=cfg.rollout.prefix_cache,
         )
         decoder = ContinuousDecoder(engine, cfg.runtime.weight_update)
 
@@ -168,6 +174,7 @@ def _loop(
     # those disagree
     asked: dict[str, int] = {}
     busy = idle = 0.0
+    sampled = 0  # tokens sampled since the previous result
     taken_any = False
 
     def ask(req: GroupRequest, ks: range, baseline: bool) -> None:
@@ -208,10 +215,10 @@ def _loop(
         """Send every group whose samples are all generated and scored (scoring runs in the reward
         service's threads/processes while this loop keeps decoding), or whose scores ran past
         reward.step_budget_s after its last sample was generated (those score 0, "step_budget")."""
-        nonlocal busy, idle
+        nonlocal busy, idle, sampled
         for req, group in agents.finished() if agents is not None else []:
-            results.put(GroupResult(req.group_id, group, worker_id, busy_s=busy, idle_s=idle))
-            busy = idle = 0.0
+            results.put(GroupResult(req.group_id, group, worker_id, busy, idle, sampled))
+            busy = idle = sampled = 0
         for gid in [
             g for g, (req, done) in open_groups.items() if len(done) == asked[g] + req.greedy_baseline
         ]:
@@ -230,8 +237,8 @@ def _loop(
                 ask(req, range(asked[gid], req.samples), False)
                 continue
             del open_groups[gid], asked[gid]
-            results.put(GroupResult(gid, group, worker_id, busy_s=busy, idle_s=idle))
-            busy = idle = 0.0
+            results.put(GroupResult(gid, group, worker_id, busy, idle, sampled))
+            busy = idle = sampled = 0
 
     try:
         while True:
@@ -264,6 +271,7 @@ def _loop(
             if weights.version > decoder.version or decoder.version < need:
                 refresh()
             for res in decoder.step():
+                sampled += len(res.token_ids)
                 if agents is not None and agents.owns(res):
                     agents.resolve(res)
                     continue

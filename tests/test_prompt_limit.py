@@ -5,8 +5,10 @@ training stream (skipped before admission, counted, the first one named) and a r
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -184,6 +186,13 @@ def test_run_skips_the_long_prompt_and_counts_it(tiny, tmp_path: Path, caplog) -
     assert json.loads((run / "accounting.json").read_text())["prompts_too_long"] == expected
     trained = {json.loads(x)["problem_id"] for x in (run / "groups.jsonl").read_text().splitlines()}
     long_problem = next(p for p in task.train_stream(0, set()) if p.meta["question"] == LONG_QUESTION)
+    # the opening every admitted prompt shared ("...What is "), the skipped one not counted
+    rows = [render_prompt_ids(tiny[1], p.messages) for p in itertools.islice(task.train_stream(0, set()), 3)]
+    short = [ids for ids in rows if len(ids) <= 1016]  # the limit named below
+    assert len(short) == 2
+    shared = len(os.path.commonprefix(short))
+    assert 0 < shared < min(map(len, short)) and recs[-1]["prompt_shared_tokens"] == shared
+    assert len(os.path.commonprefix([*short, render_prompt_ids(tiny[1], long_problem.messages)])) < shared
     assert long_problem.id not in trained and len(trained) == 2  # the two short rows
     n = len(render_prompt_ids(tiny[1], long_problem.messages))
     assert [r.getMessage() for r in caplog.records if r.name == "streamrl.data"] == [

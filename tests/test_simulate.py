@@ -142,6 +142,24 @@ def test_shared_prefill_charges_a_groups_prompt_once() -> None:
     assert each.time == pytest.approx(8.0) and shared.time == pytest.approx(4.0)
 
 
+def test_cached_prefix_is_prefilled_once_per_engine_and_version() -> None:
+    # 2 groups of 3 samples of 2 tokens, prompt 4 tokens at 0.5 s each, shared prefill, decode steps 1 s.
+    # A round's first step: 1 + 2 groups x 4 x 0.5 = 5 s without the prefix cache; with a 3-token cached
+    # prefix 1 + 2 x 1 x 0.5 + 3 x 0.5 (the prefix, once under this version) = 3.5 s; then 1 s.
+    # Two rounds, the second under new weights: 12 s against 9 s (7.5 s if the prefix were not recomputed)
+    costs = Costs(decode_step_s=1.0, decode_token_s=0.0, prefill_token_s=0.5, train_token_s=0.0)
+    work = Workload(Fixed(2), batch_groups=2, group_size=3, prompt_len=4, shared_prefill=True)
+    plain = simulate(costs, work, Setup(mode="sync", steps=2))
+    cached = simulate(costs, replace(work, cached_prefix=3), Setup(mode="sync", steps=2))
+    assert plain.time == pytest.approx(12.0) and cached.time == pytest.approx(9.0)
+    # one group at a time (max_batch 3): the second group joins 2 steps later under the same weights and
+    # prefills only its own token: 3 + 1 + 1.5 + 1 per round, 13 s (16 s if the prefix were charged again)
+    one = simulate(costs, replace(work, cached_prefix=3, max_batch=3), Setup(mode="sync", steps=2))
+    assert one.time == pytest.approx(13.0)
+    with pytest.raises(ValueError, match=r"cached_prefix must be 0 or below prompt_len \(4\)"):
+        simulate(costs, replace(work, cached_prefix=4), Setup(mode="sync", steps=1))
+
+
 def test_shared_cores_split_and_contention() -> None:
     # colocated sync on 2 shared cores, alpha = 1: every phase twice as fast as on 1 core
     one = simulate(UNIT, TINY, Setup(mode="sync", steps=3, shared_cores=1))
@@ -187,17 +205,18 @@ def test_elastic_cores_lend_a_waiting_phases_threads_by_hand() -> None:
     assert fit.setup(fit.Run(None, {"runtime": {"elastic_cores": True}}, [{}], 2)).elastic is True
 
 
-@pytest.mark.parametrize("decode_alpha, shared", [(None, False), (0.3, True)])
-def test_fit_recovers_costs_from_a_synthetic_run(tmp_path, decode_alpha, shared) -> None:
+@pytest.mark.parametrize("decode_alpha, shared, prefix", [(None, False, 0), (0.3, True, 0), (0.3, True, 30)])
+def test_fit_recovers_costs_from_a_synthetic_run(tmp_path, decode_alpha, shared, prefix) -> None:
     a, c, train = 0.05, 0.002, 0.01
     speedup = 2 ** (1.0 if decode_alpha is None else decode_alpha)  # decoding on 2 threads
-    B, G, prompt, max_new = 2, 4, 10, 20
+    B, G, prompt, max_new = 2, 4, 40, 20
     rows = []
     for step, (mean, trunc) in enumerate([(20.0, 1.0), (10.0, 0.5), (5.0, 0.0), (8.0, 0.25)], 1):
         gen = int(mean * B * G)
         s_len = max_new if trunc > 0 else 3 * mean
-        # 2 threads; shared: a group's G samples share one prefill of the prompt
-        gen_time = (a * s_len + c * (gen + prompt * B * (1 if shared else G))) / speedup
+        # 2 threads; shared: a group's G samples share one prefill of the prompt; prefix: its first
+        # `prefix` tokens come from the engine's prefix cache, computed once per step (version)
+        gen_time = (a * s_len + c * (gen + (prompt - prefix) * B * (1 if shared else G) + prefix)) / speedup
         rows.append(
             {
                 "step": step,
@@ -209,12 +228,14 @@ def test_fit_recovers_costs_from_a_synthetic_run(tmp_path, decode_alpha, shared)
                 "train_time": train * (gen + prompt * B * G) / 2,
                 "groups_dropped_zero_variance": 0,
                 "samples_per_s": 1.0,
+                "prompt_shared_tokens": prefix or 5,  # 5 < MIN_PREFIX: nothing cached
             }
         )
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     (tmp_path / "config.yaml").write_text(
         "max_staleness: 0\nruntime: {mode: colocated}\ntrain: {threads: 0}\n"
-        f"rollout: {{prompts_per_step: {B}, samples_per_prompt: {G}, max_new_tokens: {max_new}}}\n"
+        f"rollout: {{prompts_per_step: {B}, samples_per_prompt: {G}, max_new_tokens: {max_new}, "
+        "prefix_cache: true}\n"
     )
     run = fit.load_run(tmp_path, cores=2)
     costs, _ = fit.fit_costs(run, decode_alpha=decode_alpha, shared_prefill=shared)  # training: alpha 1
@@ -223,6 +244,7 @@ def test_fit_recovers_costs_from_a_synthetic_run(tmp_path, decode_alpha, shared)
     assert costs.train_token_s == pytest.approx(train, rel=1e-6)
     assert fit.setup(run).mode == "sync" and fit.workload(run).prompt_len == prompt
     assert fit.workload(run, shared).shared_prefill == shared
+    assert fit.workload(run).cached_prefix == prefix
     bench, notes = fit.fit_costs(run, engine=fit.EngineCosts(0.1, 0.2, 0.3))  # measured apart from the run
     assert (bench.decode_step_s, bench.decode_token_s, bench.prefill_token_s) == (0.1, 0.2, 0.3)
     assert bench.train_token_s == pytest.approx(train, rel=1e-6) and notes == [

@@ -14,11 +14,16 @@ exact), counted in `skipped` (`prompts_too_long` in metrics.jsonl and accounting
 one is named in a warning. If the stream offers only prompts that are too long (a problem comes round
 again, or MAX_SKIPS in a row), ValueError names the first of them; preflight draws one problem through
 the filter, so that happens before any weights load.
+
+The filter also keeps the leading tokens every admitted prompt has had in common (`shared_tokens`,
+`prompt_shared_tokens` in metrics.jsonl): what the engine's prefix cache can keep, and what the
+pipeline simulator (sim/fit.py) charges once per policy version instead of once per group.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -87,14 +92,23 @@ class PromptFilter:
     def __init__(self, tokenizer: Any, limit: PromptLimit, source: str, warn: bool = True) -> None:
         self.tokenizer, self.limit, self.source, self.warn = tokenizer, limit, source, warn
         self.skipped = 0  # problems skipped so far, in all
+        self._common: list[int] | None = None  # the token prefix of every prompt admitted so far
+
+    @property
+    def shared_tokens(self) -> int:
+        """How many leading tokens every prompt admitted so far has in common (0 before the first)."""
+        return len(self._common or [])
 
     def apply(self, stream: Iterator[Problem]) -> Iterator[Problem]:
         run: set[tuple[str, str]] = set()  # (id, question) of those skipped since the last that fit
         first = ""  # the first of them
         streak = 0  # how many in a row (at most MAX_SKIPS)
         for problem in stream:
-            n = len(render_prompt_ids(self.tokenizer, problem.messages))
+            ids = render_prompt_ids(self.tokenizer, problem.messages)
+            n = len(ids)
             if n <= self.limit.tokens:
+                common = ids if self._common is None else self._common
+                self._common = list(os.path.commonprefix([common, ids]))
                 run.clear()
                 streak = 0
                 yield problem

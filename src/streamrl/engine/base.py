@@ -10,6 +10,9 @@ from typing import Any, Protocol
 # how new weights reach sequences being decoded: `inflight` keeps their KV caches (PipelineRL),
 # `interrupt` recomputes them under the new weights before the next token (AReaL)
 WEIGHT_MODES = ("inflight", "interrupt")
+# the default engine's prefix cache (engine/prefix_cache.py) keeps shared prompt openings at least this
+# long; shorter ones are prefilled with the rest of the prompt (the pipeline simulator, sim/fit.py, too)
+MIN_PREFIX = 16
 
 
 @dataclass(frozen=True)

@@ -28,10 +28,11 @@ from typing import Any
 
 import torch
 
+from streamrl.engine.base import MIN_PREFIX
 from streamrl.engine.kv_cache import growing_cache
 from streamrl.models.cache_kwarg import cache_kwargs
 
-MIN_PREFIX = 16  # shorter shared openings are prefilled with the rest of the prompt
+__all__ = ["MIN_PREFIX", "PrefixCache", "shared_length", "weights_key"]
 
 
 def shared_length(ref: list[int], prompts: list[list[int]]) -> int:

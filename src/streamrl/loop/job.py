@@ -292,7 +292,11 @@ def _run_train(
                             record.update(periodic_eval(engine, tokenizer, task, heldout, cfg))
                         acc, n = record["heldout_accuracy"], len(heldout)
                         after = Accuracy(acc, round(acc * n), n, f"periodic evaluation at step {rec.step}")
-                    record.update(sampler.metrics(), prompts_too_long=parts.prompts.skipped)
+                    record.update(
+                        sampler.metrics(),
+                        prompts_too_long=parts.prompts.skipped,
+                        prompt_shared_tokens=parts.prompts.shared_tokens,
+                    )
                 finally:  # the step is trained and counted: it is logged even if its evaluation failed
                     record["time"] = time.perf_counter() - t_start
                     record["train_elapsed"] = clock.elapsed

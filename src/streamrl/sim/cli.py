@@ -3,7 +3,7 @@
 RUN_DIR: costs and lengths fitted from its config.yaml + metrics.jsonl (see sim/fit.py), the run's
 own mode first. params.yaml / key=value: any field of Costs (decode_step_s, decode_token_s,
 prefill_token_s, train_token_s, train_step_s, allreduce_s, weight_sync_s, startup_s), Workload
-(batch_groups, group_size, prompt_len, max_batch, filter_rate, shared_prefill,
+(batch_groups, group_size, prompt_len, max_batch, filter_rate, shared_prefill, cached_prefix,
 lengths=fixed:N|list:..|lognormal:..)
 and Setup (steps, weight_update, overprovision, shared_cores, engine_threads, trainer_threads,
 thread_scaling, decode_thread_scaling, contention, elastic, chunk, seed), plus the grid:

@@ -23,7 +23,8 @@ decode cost fitted at 2 threads and used at 1 needs its own exponent).
       generate_time * k ** alpha = a * r * S + c * (generated tokens + prompt tokens)
 
   (prompt tokens: G per group, or 1 with shared_prefill, as streamrl's engine computes them: it
-  prefills a group's G identical prompts once; with G the fitted c absorbs the prefill cost)
+  prefills a group's G identical prompts once; with G the fitted c absorbs the prefill cost; with the
+  engine's prefix cache on, each counts prompt - P tokens and the prefix's P tokens once per step)
   solved for (a, c) >= 0 by least squares over the rows. Async rows log no generate time: the engine's
   busy time (1 - engine_idle_share) * elapsed covers every token it generated, so a = 0 and
   c = busy * k ** alpha / (generated + prompt tokens), generated tokens scaled up by the groups it
@@ -31,6 +32,9 @@ decode cost fitted at 2 threads and used at 1 needs its own exponent).
 - startup_s (async): the measured first trainer wait minus the simulated one with startup 0
   (process spawn and model load of the rollout worker).
 - filter_rate: zero-variance groups filtered / (filtered + trained).
+- cached_prefix P: the leading tokens every training prompt shared (prompt_shared_tokens, logged per
+  step) when the run's default engine kept them in its prefix cache (rollout.prefix_cache) and they
+  reach MIN_PREFIX; 0 for runs logged before that metric.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrl.config_parse import read_yaml
+from streamrl.engine.base import MIN_PREFIX
 from streamrl.sim.lengths import StepStats
 from streamrl.sim.model import simulate
 from streamrl.sim.params import Costs, Setup, Workload
@@ -119,6 +124,15 @@ def _prompt_len(run: Run) -> float:
     return max(1.0, sum(per) / len(per))
 
 
+def cached_prefix(run: Run) -> int:
+    """The prompt prefix the run's engine prefilled once per policy version (see the module docstring)."""
+    shared = int(run.rows[-1].get("prompt_shared_tokens", 0))
+    on = run.config["rollout"].get("prefix_cache", False) and run.config.get("engine", "hf") == "hf"
+    if not on or shared < MIN_PREFIX:
+        return 0
+    return min(shared, round(_prompt_len(run)) - 1)
+
+
 def borrowed_shares(run: Run) -> tuple[float, float]:
     """(trainer, engine): the fraction of its computing time each phase ran on borrowed threads as well
     as its own (0, 0 without lending; see the module docstring)."""
@@ -159,6 +173,8 @@ def fit_decode(
     tt, et = run.threads()
     k = et**alpha if speedup is None else speedup
     prompt, max_new = _prompt_len(run), int(run.config["rollout"]["max_new_tokens"])
+    prefix = cached_prefix(run)
+    own = (prompt - prefix) * _per_group(run, shared_prefill)  # prompt tokens a group forwards
     if run.colocated and all("generate_time" in r for r in run.rows):
         xs: list[tuple[float, float, float]] = []
         for r in run.rows:
@@ -166,9 +182,7 @@ def fit_decode(
             n_groups = run.B + dropped
             rounds = 1 + math.ceil(dropped / run.B)
             s_len = max_new if r.get("truncation_rate", 0) > 0 else min(max_new, 3 * r["response_length"])
-            tokens = r["tokens_generated"] * n_groups / run.B + PREFILL * prompt * n_groups * _per_group(
-                run, shared_prefill
-            )
+            tokens = r["tokens_generated"] * n_groups / run.B + PREFILL * (own * n_groups + prefix)
             xs.append((rounds * s_len, tokens, r["generate_time"] * k))
         a, c = _nonneg_lstsq(xs)
         return a, c, f"least squares over {len(xs)} colocated steps' generate_time"
@@ -176,10 +190,8 @@ def fit_decode(
     trained = run.B * len(run.rows)
     carried = int(run.rows[-1].get("groups_carried_over", 0))
     scale = (trained + _filtered(run) + carried) / trained
-    tokens = (
-        sum(r["tokens_generated"] for r in run.rows)
-        + PREFILL * prompt * trained * _per_group(run, shared_prefill)
-    ) * scale
+    tokens = (sum(r["tokens_generated"] for r in run.rows) + PREFILL * own * trained) * scale
+    tokens += PREFILL * prefix * len(run.rows)
     return 0.0, busy * k / tokens, "engine busy time / tokens (a = 0 assumed)"
 
 
@@ -228,6 +240,7 @@ def workload(run: Run, shared_prefill: bool = False) -> Workload:
         max_batch=int(ro.get("max_batch", 128)),
         filter_rate=min(0.95, filtered / (filtered + trained)),
         shared_prefill=shared_prefill,
+        cached_prefix=cached_prefix(run),
     )
 
 

@@ -13,7 +13,9 @@ chunks trade resolution for speed on long sequences). At most `max_batch` sequen
 wait. Between steps an engine takes the newest published weights: `inflight` keeps the KV caches
 (free), `interrupt` recomputes them (prefill_token_s * (prompt + generated) per running sequence).
 Every token records the version of the weights that produced it. With shared_prefill a group's
-prompt is charged once, also when its samples join in different steps.
+prompt is charged once, also when its samples join in different steps. With cached_prefix P (the
+engine's prefix cache) a prompt is charged prompt_len - P tokens, and the prefix's P tokens once per
+engine and weights version, in the first step that prefills or recomputes under that version.
 
 Trainer. A step on a batch of T tokens (prompt + response) with R ranks costs
 
@@ -69,6 +71,7 @@ class _Engine:
     waiting: deque[_Seq] = field(default_factory=deque)
     running: list[_Seq] = field(default_factory=list)
     version: int = 0
+    prefix_version: int = -1  # the weights version whose prefix KV this engine holds (cached_prefix)
     work: float = 0.0  # remaining work of the step in progress
     stepping: bool = False
     busy: float = 0.0
@@ -139,16 +142,23 @@ class _Sim:
             if e.stepping or not (e.running or e.waiting):
                 continue
             work = 0.0
+            own = w.prompt_len - w.cached_prefix  # what each prefill forwards after the cached prefix
+            prefilled = 0  # prompts prefilled or recomputed in this step
             if e.version < self.version:
                 if self.s.weight_update == "interrupt":
-                    work += c.prefill_token_s * sum(w.prompt_len + q.made for q in e.running)
+                    work += c.prefill_token_s * sum(own + q.made for q in e.running)
+                    prefilled += len(e.running)
                 e.version = self.version
             while e.waiting and len(e.running) < w.max_batch:
                 q = e.waiting.popleft()
                 e.running.append(q)
                 if not (w.shared_prefill and q.group.prefilled):
-                    work += c.prefill_token_s * w.prompt_len
+                    work += c.prefill_token_s * own
+                    prefilled += 1
                     q.group.prefilled = True
+            if prefilled and w.cached_prefix and e.prefix_version != e.version:
+                work += c.prefill_token_s * w.cached_prefix
+                e.prefix_version = e.version
             work += self.s.chunk * (c.decode_step_s + c.decode_token_s * len(e.running))
             e.work, e.stepping = work, True
 

@@ -41,6 +41,9 @@ class Workload:
     max_batch: int = 128  # sequences one engine decodes at once
     filter_rate: float = 0.0
     shared_prefill: bool = False  # a group's G samples share one prompt prefill
+    # the leading prompt tokens every prompt shares (chat template, instruction), prefilled once per
+    # engine and weights version instead of once per prompt: the engine's prefix cache (0: none)
+    cached_prefix: int = 0
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,11 @@ def validate(work: Workload, setup: Setup) -> None:
         (work.batch_groups >= 1 and work.group_size >= 1, "batch_groups and group_size must be >= 1"),
         (work.max_batch >= 1, f"max_batch must be >= 1, got {work.max_batch}"),
         (0.0 <= work.filter_rate < 1.0, f"filter_rate must be in [0, 1), got {work.filter_rate}"),
+        (
+            work.cached_prefix == 0 or 0 < work.cached_prefix < work.prompt_len,
+            f"cached_prefix must be 0 or below prompt_len ({work.prompt_len}): every prompt forwards at "
+            f"least one token of its own, got {work.cached_prefix}",
+        ),
     ]
     for ok, msg in checks:
         if not ok:

@@ -107,8 +107,8 @@ class PromptFilter:
             ids = render_prompt_ids(self.tokenizer, problem.messages)
             n = len(ids)
             if n <= self.limit.tokens:
-                common = ids if self._common is None else self._common
-                self._common = list(os.path.commonprefix([common, ids]))
+                # a new list: commonprefix slices one of its arguments
+                self._common = os.path.commonprefix([ids if self._common is None else self._common, ids])
                 run.clear()
                 streak = 0
                 yield problem

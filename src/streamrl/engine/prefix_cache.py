@@ -32,8 +32,6 @@ from streamrl.engine.base import MIN_PREFIX
 from streamrl.engine.kv_cache import growing_cache
 from streamrl.models.cache_kwarg import cache_kwargs
 
-__all__ = ["MIN_PREFIX", "PrefixCache", "shared_length", "weights_key"]
-
 
 def shared_length(ref: list[int], prompts: list[list[int]]) -> int:
     """How many leading tokens `ref` and every prompt have in common."""

@@ -281,9 +281,10 @@ def test_tokens_carry_the_verifying_weights_logprobs_and_version(lms, monkeypatc
 
 @pytest.mark.parametrize("mode", ["inflight", "interrupt"])
 def test_weight_updates_after_verification(lms, mode, monkeypatch):
-    """The first decoder step verifies (k accepted + 1 token) and samples one more, under version 0. New
-    weights then arrive: in flight the next token still comes from logits computed before them; by
-    interrupt the cache is recomputed and it comes from the new weights. Every version-0 token is the
+    """The first decoder step verifies (k accepted + 1 token) under version 0 and forwards the last of
+    them (verification leaves it to the step). New weights then arrive: in flight the next token still
+    comes from logits computed before them; by interrupt the cache is recomputed and it comes from the
+    new weights. Every version-0 token is the
     old policy's on the full sequence, every version-1 token after an interrupt the new one's.
     Verification runs to the end of every draft here (a row still on its draft when the stopping rule
     ends verification emits k tokens, not k + 1: tested on its own below), so the count is exact."""
@@ -302,7 +303,7 @@ def test_weight_updates_after_verification(lms, mode, monkeypatch):
         out.extend(dec.step())
     assert sum(r.draft_accepted for r in out) > len(out)
     for r in out:
-        zeros = min(max_new, r.draft_accepted + (3 if mode == "inflight" else 2))
+        zeros = min(max_new, r.draft_accepted + (2 if mode == "inflight" else 1))
         assert r.versions == [0] * zeros + [1] * (max_new - zeros)
         assert r.logprobs[:zeros] == pytest.approx(teacher_forced(before, r, temperature)[:zeros], abs=1e-5)
         if mode == "interrupt":
@@ -377,3 +378,38 @@ def test_rows_with_one_prompt_and_draft_are_verified_once(lms, monkeypatch):
         )
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-6)
         assert a.logprobs == pytest.approx(teacher_forced(lms[0], a, temperature), abs=1e-5)
+
+
+def test_a_verified_batch_joins_a_running_one_and_its_last_tokens_ride_its_forward(lms):
+    """Rows verified while another batch decodes join it, and the last token each emitted during
+    verification goes through the model in the running batch's next forward: the step in which they
+    join runs the prefill, the verify chunk and one single-column forward for the running and the
+    joined rows together. The joined responses are still exactly the current policy's (goodness of
+    fit), and every token's log-prob, the running rows' included, is the teacher-forced one on the full
+    sequence."""
+    temperature, max_new = 1.0, 3
+    drafts = tuple(old_responses(lms, 6))
+    engine = HFEngine(lms[0], _Tok(), max_batch=10**5, seed=21)
+    dec = ContinuousDecoder(engine)
+    running = [GenRequest([2, 2, 2] + PROMPT, 8, temperature) for _ in range(8)]
+    dec.add(running)
+    out = dec.step()
+    columns: list[int] = []
+    hook = lms[0].register_forward_pre_hook(
+        lambda _m, _a, kw: columns.append(kw["input_ids"].shape[1]), with_kwargs=True
+    )
+    try:
+        dec.add([GenRequest(PROMPT, max_new, temperature, drafts=drafts) for _ in range(N)])
+        out += dec.step()
+        assert len(dec.batches) == 1  # joined the running batch
+        # the prompts, the drafts' columns, then the running rows' and the joined rows' tokens
+        assert columns == [len(PROMPT), 3, 1], columns
+    finally:
+        hook.remove()
+    while not dec.idle:
+        out += dec.step()
+    joined = [r for r in out if r.request.prompt_ids == PROMPT]
+    assert len(joined) == N and sum(r.draft_accepted for r in joined) > N // 2
+    assert fit_pvalue(joined, response_probs(lms[0], max_new, temperature)) > FIT
+    for r in [r for r in out if r.request in running] + joined[:200]:
+        assert r.logprobs == pytest.approx(teacher_forced(lms[0], r, temperature), abs=1e-5)

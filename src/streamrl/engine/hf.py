@@ -88,6 +88,7 @@ class DecodeBatch:
             self._logits = logits[inverse.to(logits.device)]
         self.next_pos = positions[:, -1] + 1
         self._versions = [self._logits_version] * len(self._logits)
+        self._unfed: torch.Tensor | None = None  # [C] a token to forward per cache row (-1: none)
 
     def recompute(self) -> None:
         """Interrupt mode: rebuild the KV cache of every active row (prompt + tokens so far) with the
@@ -116,18 +117,34 @@ class DecodeBatch:
         return not self.active and not self._early
 
     def step(self) -> list[GenResult]:
-        """Sample one token for every active row, drop finished rows from the cache; returns those."""
+        """Sample one token for every active row, drop finished rows from the cache; returns those. A
+        row whose last token is not forwarded yet (verification's, see `_feed`) samples nothing: its
+        token goes through the model in this step's forward with the others'."""
         finished, self._early = self._early, []
         if not self.active:
             return finished
         params = [(self.results[i].request.temperature, self.results[i].request.top_p) for i in self.active]
-        tokens, logprobs = sample_rows(self._logits, params, self.engine.generator, rows=self.rows)
+        waiting = [False] * len(self.active)
+        if self._unfed is None:
+            tokens, logprobs = sample_rows(self._logits, params, self.engine.generator, rows=self.rows)
+        else:
+            tokens = self._unfed[self.rows]
+            waiting = (tokens >= 0).tolist()
+            ready = [r for r, w in enumerate(waiting) if not w]
+            logprobs = torch.zeros(len(waiting))
+            if ready:
+                sel = torch.tensor(ready)
+                tok, lp = sample_rows(
+                    self._logits, [params[r] for r in ready], self.engine.generator, rows=self.rows[sel]
+                )
+                tokens[sel], logprobs[sel] = tok.to(tokens.dtype), lp.to(logprobs.dtype)
         versions = [self._versions[k] for k in self.rows.tolist()]
         keep: list[int] = []
         for row, res_idx in enumerate(self.active):
-            res = self.results[res_idx]
-            if self._emit(res, int(tokens[row]), float(logprobs[row]), versions[row]):
-                finished.append(res)
+            if waiting[row]:  # emitted already
+                keep.append(row)
+            elif self._emit(self.results[res_idx], int(tokens[row]), float(logprobs[row]), versions[row]):
+                finished.append(self.results[res_idx])
             else:
                 keep.append(row)
         self._feed(tokens, keep)
@@ -146,11 +163,13 @@ class DecodeBatch:
             return True
         return False
 
-    def _feed(self, tokens: torch.Tensor, keep: list[int]) -> None:
+    def _feed(self, tokens: torch.Tensor, keep: list[int], defer: bool = False) -> None:
         """tokens [R]: every active row's newest token. Rows not in `keep` (finished) leave; each kept
         row's cache row goes on with its new token, one cache row per distinct (cache row, token) pair
         (a cache row whose rows drew different tokens forks), and those tokens go through the model,
-        whose logits the next step samples from."""
+        whose logits the next step samples from. `defer`: the tokens wait in `_unfed` and go through
+        the model in the next step's forward (after verification: a batch that joins a running one then
+        costs no forward of its own)."""
         if not keep:
             self.active = []
             return
@@ -164,6 +183,12 @@ class DecodeBatch:
         self._select_cache_rows(src)
         self.active = [self.active[r] for r in keep]
         self.rows = torch.tensor(rows)
+        if defer:
+            self._unfed = torch.tensor(fed)
+            self._logits = self._logits.new_zeros(len(fed), self._logits.shape[-1])  # none yet
+            self._versions = [self._logits_version] * len(fed)
+            return
+        self._unfed = None
         self.attn = torch.cat([self.attn, torch.ones(len(src), 1, dtype=self.attn.dtype)], dim=1)
         self._logits = self._forward(torch.tensor(fed)[:, None], self.next_pos[:, None], self.attn)
         self._versions = [self._logits_version] * len(fed)
@@ -175,6 +200,10 @@ class DecodeBatch:
             idx = torch.tensor(src)
             self.cache.batch_select_indices(idx.to(self.engine.device))
             self.attn, self.next_pos = self.attn[idx], self.next_pos[idx]
+
+    def _unfed_or_none(self) -> torch.Tensor:
+        """[C] the token each cache row waits to forward, -1 for none."""
+        return self._unfed if self._unfed is not None else torch.full((len(self.next_pos),), -1)
 
     def can_merge(self, other: DecodeBatch) -> bool:
         """Whether `other` can join this batch: both decoding, KV caches of GrowingLayers (the default
@@ -191,6 +220,8 @@ class DecodeBatch:
         masks; its results finished during verification are returned by this batch's next step.
         Columns no row attends to any more (padding of rows that left) are dropped on the way."""
         assert self.can_merge(other)
+        if self._unfed is not None or other._unfed is not None:
+            self._unfed = torch.cat([b._unfed_or_none() for b in (self, other)])
         skip = int(self.attn.argmax(dim=1).min())  # every cache row's first real column is at or past it
         for mine, theirs in zip(self.cache.layers, other.cache.layers):
             mine.absorb(theirs, skip)

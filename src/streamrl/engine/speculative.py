@@ -70,7 +70,7 @@ class VerifiedBatch(Protocol):
 
     def _emit(self, res: GenResult, tok: int, logprob: float, version: int) -> bool: ...
 
-    def _feed(self, tokens: torch.Tensor, keep: list[int]) -> None: ...
+    def _feed(self, tokens: torch.Tensor, keep: list[int], defer: bool = False) -> None: ...
 
     def _select_cache_rows(self, src: list[int]) -> None: ...
 
@@ -94,8 +94,9 @@ class _Row:
 def verify_drafts(batch: VerifiedBatch) -> list[GenResult]:
     """Verify every row's draft and emit its accepted tokens plus one more (the correction drawn at the
     rejection, or the next token past an accepted draft; a row without a draft gets a plain sample; a row
-    still on its draft when verification stops, none). Leaves the batch as after a step; returns the
-    results that finished."""
+    still on its draft when verification stops, none). Leaves the batch as after a step whose tokens are
+    not forwarded yet (the next step forwards them, with any batch this one joins); returns the results
+    that finished."""
     gen = batch.engine.generator
     version = batch._logits_version
     rows = [_pick(batch.results[i], gen) for i in batch.active]
@@ -137,7 +138,7 @@ def verify_drafts(batch: VerifiedBatch) -> list[GenResult]:
     batch.rows = torch.tensor([row.key for row in rows])
     keep = [r for r, row in enumerate(rows) if not row.finished]
     last = torch.tensor([row.tokens[-1] for row in rows])
-    batch._feed(last, keep)
+    batch._feed(last, keep, defer=True)  # forwarded by the next step, with the batch it joins
     return [row.res for row in rows if row.finished]
 
 

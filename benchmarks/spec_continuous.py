@@ -1,0 +1,137 @@
+"""Speculative rollouts in continuous batching, plainly and with drafts: the rollout worker's steady state.
+
+    python benchmarks/spec_continuous.py [--model DIR_OR_NAME] [--prompts 32] [--samples 8]
+        [--inflight 16] [--epochs 3]
+
+A ContinuousDecoder keeps --inflight groups of --samples samples in flight, as the rollout worker does
+under the staleness bound: as soon as a group's last sample finishes, the next prompt's group joins the
+running batch. --prompts held-out rg:chain_sum prompts come round once per epoch; with drafts each
+group offers its prompt's previous responses (the first epoch has none). Both arms run the same epochs
+one after the other on the same weights, one thread. Prints each arm's tokens per second from the second
+epoch on, the forwards it ran (decode steps, and forwards of several columns: prefills and verify
+chunks) with their time, and the acceptance rate. Not a test: figures, not assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from collections import Counter, defaultdict
+
+import torch
+
+from benchmarks.spec_engine import engine_job
+from streamrl.engine.base import Draft, GenRequest, GenResult
+from streamrl.engine.continuous import ContinuousDecoder
+from streamrl.engine.hf import HFEngine
+
+
+class ForwardClock:
+    """Counts the model's forwards by kind (one column: a decode step; more: a prefill or verify chunk)
+    and the seconds they take."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.count: Counter[str] = Counter()
+        self.seconds: defaultdict[str, float] = defaultdict(float)
+        self.shapes: defaultdict[str, list[tuple[int, int, float]]] = defaultdict(list)  # rows, columns, s
+        self._t0 = 0.0
+        self._kind = ""
+        model.register_forward_pre_hook(self._pre, with_kwargs=True)
+        model.register_forward_hook(self._post, with_kwargs=True)
+
+    def _pre(self, _m: object, args: tuple, kwargs: dict) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        self._kind = "decode" if ids is not None and ids.shape[1] == 1 else "multi"
+        self._shape = (int(ids.shape[0]), int(ids.shape[1])) if ids is not None else (0, 0)
+        self._t0 = time.perf_counter()
+
+    def _post(self, _m: object, _a: tuple, _k: dict, _out: object) -> None:
+        self.count[self._kind] += 1
+        self.seconds[self._kind] += time.perf_counter() - self._t0
+        self.shapes[self._kind].append((*self._shape, time.perf_counter() - self._t0))
+
+    def reset(self) -> None:
+        self.count.clear()
+        self.seconds.clear()
+        self.shapes.clear()
+
+
+def run_arm(
+    engine: HFEngine, prompts: list[list[int]], args: argparse.Namespace, drafts_on: bool, clock: ForwardClock
+) -> dict[str, float]:
+    """One arm over --epochs epochs; figures from the second epoch's first group on."""
+    samples, inflight, epochs = args.samples, args.inflight, args.epochs
+    decoder = ContinuousDecoder(engine)
+    store: dict[int, tuple[Draft, ...]] = {}
+    todo = [p for _ in range(epochs) for p in range(len(prompts))]
+    open_: dict[int, list[GenResult]] = {}
+    n_groups = 0
+    tokens = verified = accepted = 0
+    t_start = 0.0
+    measuring = False
+
+    def admit() -> None:
+        nonlocal n_groups
+        p = todo.pop(0)
+        gid = n_groups
+        n_groups += 1
+        drafts = store.get(p, ()) if drafts_on else ()
+        new = GenRequest(prompts[p], args.max_new_tokens, 1.0, 1.0, (gid, p), drafts)
+        decoder.add([dataclasses.replace(new) for _ in range(samples)])
+        open_[gid] = []
+
+    while len(open_) < inflight and todo:
+        admit()
+    while open_:
+        if not measuring and n_groups > len(prompts):  # the second epoch's first group has joined
+            measuring, t_start = True, time.perf_counter()
+            clock.reset()
+            tokens = verified = accepted = 0
+        for res in decoder.step():
+            gid, p = res.request.tag
+            tokens += len(res.token_ids)
+            verified += res.draft_tokens
+            accepted += res.draft_accepted
+            open_[gid].append(res)
+            if len(open_[gid]) == samples:
+                store[p] = tuple(Draft(tuple(r.token_ids), tuple(r.logprobs)) for r in open_.pop(gid))
+                if todo:
+                    admit()
+    wall = time.perf_counter() - t_start
+    return {
+        "tok_s": tokens / wall,
+        "tokens": tokens,
+        "wall": wall,
+        "acceptance": accepted / max(verified, 1),
+        "from_drafts": accepted / max(tokens, 1),
+        "decode_n": clock.count["decode"],
+        "decode_s": clock.seconds["decode"],
+        "multi_n": clock.count["multi"],
+        "multi_s": clock.seconds["multi"],
+        "decode_rows": sum(r for r, _, _ in clock.shapes["decode"]) / max(clock.count["decode"], 1),
+        "multi_tokens": sum(r * c for r, c, _ in clock.shapes["multi"]) / max(clock.count["multi"], 1),
+    }
+
+
+def main() -> None:
+    args, engine, prompts = engine_job(__doc__, {"--inflight": 16, "--epochs": 3})
+    clock = ForwardClock(engine.model)
+    out = {}
+    for arm in (False, True):
+        torch.manual_seed(0)
+        engine.generator.manual_seed(0)
+        out[arm] = r = run_arm(engine, prompts, args, arm, clock)
+        name = "spec " if arm else "plain"
+        print(
+            f"{name}: {r['tok_s']:6.1f} tok/s ({r['tokens']} tokens in {r['wall']:.1f} s)  decode steps "
+            f"{r['decode_n']} ({r['decode_s']:.1f} s, {r['decode_rows']:.1f} rows each)  multi-column "
+            f"forwards {r['multi_n']} ({r['multi_s']:.1f} s, {r['multi_tokens']:.0f} tokens each)  "
+            f"acceptance {r['acceptance']:.2f}  from drafts {r['from_drafts']:.2f}",
+            flush=True,
+        )
+    print(f"spec / plain: {out[True]['tok_s'] / out[False]['tok_s']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -76,17 +76,25 @@ def _run(tiny, overrides, state=None):
 
 
 def test_engine_counters_continue_across_a_resume(tiny):
-    """engine_busy_time / engine_tokens are cumulative over the run: a resumed runner starts from the
-    saved counters, and the counters it saves include what it generated."""
+    """engine_busy_time / engine_tokens / engine_row_share are cumulative over the run: a resumed runner
+    starts from the saved counters, and the counters it saves include what it generated. (The scripted
+    engine decodes two sequences per cache row: a share of 0.5.)"""
     fresh = RunState()
     records, _ = _run(tiny, ["max_steps=2", "max_staleness=1"], fresh)
     # groups may return after the last step: the saved counters include them
     assert 0 < records[-1].metrics["engine_tokens"] <= fresh.engine["tokens"] < 10**6
     assert records[-1].metrics["engine_busy_time"] <= fresh.engine["busy_s"] < 1000
-    resumed = RunState(engine={"busy_s": 1000.0, "idle_s": 0.0, "tokens": 10**6})
+    assert [r.metrics["engine_row_share"] for r in records] == [0.5, 0.5]
+    assert fresh.engine["rows"] == 2 * fresh.engine["cache_rows"] == 2 * fresh.engine["tokens"]
+    saved = {"busy_s": 1000.0, "idle_s": 0.0, "tokens": 10**6, "rows": 10**6, "cache_rows": 10**6}
+    resumed = RunState(engine=dict(saved))
     records, _ = _run(tiny, ["max_steps=2", "max_staleness=1"], resumed)
     assert records[0].metrics["engine_tokens"] > 10**6 and records[0].metrics["engine_busy_time"] > 1000
     assert resumed.engine["tokens"] >= records[-1].metrics["engine_tokens"]
+    # (10**6 + t) / (10**6 + 2 t) for the t tokens generated since the resume
+    t = resumed.engine["tokens"] - 10**6
+    assert resumed.engine["rows"] == 10**6 + 2 * t and resumed.engine["cache_rows"] == 10**6 + t
+    assert 0.99 < records[-1].metrics["engine_row_share"] < 1.0
 
 
 def test_async_dynamic_sampling_trains_only_informative_groups(tiny):

@@ -120,6 +120,23 @@ def test_train_writes_a_complete_run_dir(tmp_path, monkeypatch, mode, eta, preci
         )
 
 
+@pytest.mark.parametrize("mode", ["colocated", "async"])
+def test_greedy_samples_of_a_group_decode_on_one_row(tmp_path, mode):
+    """rollout.temperature=0: a group's 4 samples are identical, so every decode step forwards one
+    KV-cache row per group and engine_row_share is exactly 1/4. The held-out evaluations before and
+    after (one sample per problem, a row each) are not counted in it."""
+    run = tmp_path / "run"
+    args = [*TINY, "max_steps=2", f"run_dir={run}", f"runtime.mode={mode}", "max_staleness=0"]
+    args += ["rollout.temperature=0", "rollout.dynamic_sampling=false"]
+    assert main(["train", *args]) == 0
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["engine_row_share"] for r in lines] == [0.25, 0.25]
+    if mode == "async":  # the worker reports its counters once each: every sample's tokens but its last
+        # were fed, and eta = 0 leaves nothing in flight after the 2 x 2 groups of 4 samples
+        engine = json.loads((latest_state(run) / "run_state.json").read_text())["engine"]
+        assert engine["rows"] == engine["tokens"] - 16 == 4 * engine["cache_rows"]
+
+
 def test_bad_task_fails_before_training(tmp_path, capsys):
     code = main(["train", "model=tiny-random", "task=rg:nope", f"run_dir={tmp_path / 'r'}"])
     assert code == 2

@@ -47,6 +47,19 @@ def test_shared_rows_draw_what_unshared_rows_draw_with_the_same_seed(tiny, tempe
     assert forwarded[True] < forwarded[False] if temperature < 0.1 else forwarded[True] <= forwarded[False]
 
 
+@pytest.mark.parametrize("share, cache_rows", [(True, 8), (False, 16)])
+def test_the_engine_counts_the_sequences_and_cache_rows_of_its_decode_steps(tiny, share, cache_rows):
+    """Greedy, 3 samples of one prompt and 1 of another, 5 tokens each (no stop token): 4 decode
+    forwards (the 5th token is never fed), each of 4 sequences on 2 cache rows when shared (identical
+    greedy samples never fork), on 4 unshared."""
+    model, tok = tiny
+    engine = HFEngine(model, tok, seed=0, share_rows=share)
+    engine.stop_ids = set()
+    a, b = (tok(s).input_ids for s in ["<|im_start|>user\n1+1<|im_end|>\n", "a longer prompt, 12345"])
+    engine.generate([GenRequest(p, 5, 0.0) for p in (a, a, a, b)])
+    assert (engine.decode_rows, engine.decode_cache_rows) == (16, cache_rows)
+
+
 def _check_rows(batch: DecodeBatch) -> None:
     """Every cache row holds exactly one distinct sequence, and every distinct sequence has one."""
     seqs = [tuple(batch.results[i].request.prompt_ids + batch.results[i].token_ids) for i in batch.active]

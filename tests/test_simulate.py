@@ -73,6 +73,17 @@ def test_decode_cost_and_interrupt_recompute_by_hand() -> None:
     assert r2.time == pytest.approx(11.0)
 
 
+def test_shared_decode_rows_cost_per_cache_row_by_hand() -> None:
+    # the case above with half a cache row per sequence: step 1 = 2 * 2 * 0.5 + 1 + 2 * 0.25 * 0.5 =
+    # 3.25, steps 2-3 (one sequence) = 1 + 0.25 * 0.5 = 1.125 each -> group done at 5.5, train 1 s
+    costs = Costs(decode_step_s=1.0, decode_token_s=0.25, prefill_token_s=0.5, train_token_s=0.125)
+    work = Workload(Cycle((1, 3)), batch_groups=1, group_size=2, prompt_len=2, row_share=0.5)
+    assert simulate(costs, work, Setup(mode="sync", steps=1)).time == pytest.approx(6.5)
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match=rf"row_share must be in \(0, 1\] .*got {bad}"):
+            simulate(costs, replace(work, row_share=bad), Setup(mode="sync", steps=1))
+
+
 def test_interrupt_costs_a_recompute_inflight_does_not() -> None:
     work = Workload(Cycle((1, 9)), batch_groups=1, group_size=1, prompt_len=4)
     costs = Costs(
@@ -205,19 +216,24 @@ def test_elastic_cores_lend_a_waiting_phases_threads_by_hand() -> None:
     assert fit.setup(fit.Run(None, {"runtime": {"elastic_cores": True}}, [{}], 2)).elastic is True
 
 
-@pytest.mark.parametrize("decode_alpha, shared, prefix", [(None, False, 0), (0.3, True, 0), (0.3, True, 30)])
-def test_fit_recovers_costs_from_a_synthetic_run(tmp_path, decode_alpha, shared, prefix) -> None:
+@pytest.mark.parametrize(
+    "decode_alpha, shared, prefix, rows",
+    [(None, False, 0, 1.0), (0.3, True, 0, 1.0), (0.3, True, 30, 1.0), (0.3, True, 30, 0.4)],
+)
+def test_fit_recovers_costs_from_a_synthetic_run(tmp_path, decode_alpha, shared, prefix, rows) -> None:
     a, c, train = 0.05, 0.002, 0.01
     speedup = 2 ** (1.0 if decode_alpha is None else decode_alpha)  # decoding on 2 threads
     B, G, prompt, max_new = 2, 4, 40, 20
-    rows = []
+    logged: list[dict] = []
     for step, (mean, trunc) in enumerate([(20.0, 1.0), (10.0, 0.5), (5.0, 0.0), (8.0, 0.25)], 1):
         gen = int(mean * B * G)
         s_len = max_new if trunc > 0 else 3 * mean
         # 2 threads; shared: a group's G samples share one prefill of the prompt; prefix: its first
-        # `prefix` tokens come from the engine's prefix cache, computed once per step (version)
-        gen_time = (a * s_len + c * (gen + (prompt - prefix) * B * (1 if shared else G) + prefix)) / speedup
-        rows.append(
+        # `prefix` tokens come from the engine's prefix cache, computed once per step (version); rows:
+        # KV-cache rows per decoded sequence
+        own = (prompt - prefix) * B * (1 if shared else G)
+        gen_time = (a * s_len + c * (rows * gen + own + prefix)) / speedup
+        logged.append(
             {
                 "step": step,
                 "response_length": mean,
@@ -229,9 +245,11 @@ def test_fit_recovers_costs_from_a_synthetic_run(tmp_path, decode_alpha, shared,
                 "groups_dropped_zero_variance": 0,
                 "samples_per_s": 1.0,
                 "prompt_shared_tokens": prefix or 5,  # 5 < MIN_PREFIX: nothing cached
+                # runs logged before engine_row_share: every sequence its own row
+                **({"engine_row_share": rows} if rows < 1 else {}),
             }
         )
-    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in logged))
     (tmp_path / "config.yaml").write_text(
         "max_staleness: 0\nruntime: {mode: colocated}\ntrain: {threads: 0}\n"
         f"rollout: {{prompts_per_step: {B}, samples_per_prompt: {G}, max_new_tokens: {max_new}, "
@@ -244,7 +262,7 @@ def test_fit_recovers_costs_from_a_synthetic_run(tmp_path, decode_alpha, shared,
     assert costs.train_token_s == pytest.approx(train, rel=1e-6)
     assert fit.setup(run).mode == "sync" and fit.workload(run).prompt_len == prompt
     assert fit.workload(run, shared).shared_prefill == shared
-    assert fit.workload(run).cached_prefix == prefix
+    assert fit.workload(run).cached_prefix == prefix and fit.workload(run).row_share == rows
     bench, notes = fit.fit_costs(run, engine=fit.EngineCosts(0.1, 0.2, 0.3))  # measured apart from the run
     assert (bench.decode_step_s, bench.decode_token_s, bench.prefill_token_s) == (0.1, 0.2, 0.3)
     assert bench.train_token_s == pytest.approx(train, rel=1e-6) and notes == [
@@ -256,7 +274,7 @@ def test_fit_recovers_costs_from_a_synthetic_run(tmp_path, decode_alpha, shared,
     assert scaled.decode_token_s == pytest.approx(0.2 * factor)
     assert scaled.prefill_token_s == pytest.approx(0.3 * factor)
     r = simulate(scaled, fit.workload(run, True), fit.setup(run))
-    assert fit.engine_busy(run) == pytest.approx(sum(row["generate_time"] for row in rows))
+    assert fit.engine_busy(run) == pytest.approx(sum(row["generate_time"] for row in logged))
     assert (1 - r.engine_idle) * r.time == pytest.approx(fit.engine_busy(run), rel=0.02)
     assert notes[0].startswith("decode: measured engine costs x ")
 
@@ -337,6 +355,12 @@ def test_a_lending_runs_fit_counts_the_borrowed_threads_once() -> None:
     assert k_t == pytest.approx(0.5 + 0.5 * 2**0.5) and k_e == pytest.approx(0.75 + 0.25 * 2**0.66)
     costs, _ = fit.fit_costs(logged, alpha=0.5, decode_alpha=0.66)
     assert costs.train_token_s == pytest.approx(4.0 * k_t / 200)  # 4 s of training over 200 tokens
+    # the engine was busy 0.75 x 8 s for 80 generated tokens and 2 steps x 2 groups x 4 prompts of 7.5
+    # tokens (120): c = 6 k_e / 200; with half a cache row per decoded sequence, 6 k_e / (40 + 120)
+    assert costs.decode_token_s == pytest.approx(6.0 * k_e / 200)
+    shared = _lend_run({**logged.rows[-1], "engine_row_share": 0.5})
+    assert fit.fit_costs(shared, 0.5, decode_alpha=0.66)[0].decode_token_s == pytest.approx(6.0 * k_e / 160)
+    assert fit.workload(shared).row_share == 0.5 and fit.workload(logged).row_share == 1.0
     # not logged (older runs): the trainer borrows while the engine idles (0.25 x 8 s over 4 s of
     # training), the engine while the trainer waits (2 s over its 0.75 x 8 = 6 s busy)
     assert fit.borrowed_shares(_lend_run({})) == (0.5, pytest.approx(1 / 3))

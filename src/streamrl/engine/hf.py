@@ -189,6 +189,8 @@ class DecodeBatch:
             self._versions = [self._logits_version] * len(fed)
             return
         self._unfed = None
+        self.engine.decode_rows += len(keep)
+        self.engine.decode_cache_rows += len(src)
         self.attn = torch.cat([self.attn, torch.ones(len(src), 1, dtype=self.attn.dtype)], dim=1)
         self._logits = self._forward(torch.tensor(fed)[:, None], self.next_pos[:, None], self.attn)
         self._versions = [self._logits_version] * len(fed)
@@ -280,6 +282,10 @@ class HFEngine:
         self._done: dict[int, GenResult] = {}
         self._next_handle = 0
         self._paused = False
+        # summed over decode steps: the sequences decoded and the KV-cache rows forwarded for them
+        # (shared rows: fewer); their ratio is the simulator's row_share (sim/fit.py)
+        self.decode_rows = 0
+        self.decode_cache_rows = 0
 
     def submit(self, request: GenRequest) -> int:
         if not request.prompt_ids:

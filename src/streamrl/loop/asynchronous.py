@@ -51,6 +51,8 @@ class _Shared:
     busy: float = 0.0
     idle: float = 0.0
     generated: int = 0  # tokens the rollout workers sampled (GroupResult.tokens): kept and dropped groups'
+    rows: int = 0  # sequences the workers' engines decoded, summed over decode steps (GroupResult.rows)
+    cache_rows: int = 0  # the KV-cache rows forwarded for them (GroupResult.cache_rows)
 
 
 class AsyncRunner:
@@ -89,6 +91,7 @@ class AsyncRunner:
         e = state.engine  # the workers' cumulative counters continue after a resume
         self.sh.busy, self.sh.idle = e.get("busy_s", 0.0), e.get("idle_s", 0.0)
         self.sh.generated = int(e.get("tokens", 0))
+        self.sh.rows, self.sh.cache_rows = int(e.get("rows", 0)), int(e.get("cache_rows", 0))
         self.episode_errors = EpisodeErrors(cfg.task.startswith("agent:"))  # since the last step (sh.cond)
         for res in state.finished:
             self.ledger.requeue(res.group_id, "buffered")
@@ -143,6 +146,8 @@ class AsyncRunner:
             self.sh.busy += res.busy_s
             self.sh.idle += res.idle_s
             self.sh.generated += res.tokens
+            self.sh.rows += res.rows
+            self.sh.cache_rows += res.cache_rows
             if res.error:
                 self.sh.errors.append(f"rollout worker {res.worker} failed:\n{res.error}")
             elif res.group_id not in self.sh.inflight:
@@ -254,6 +259,7 @@ class AsyncRunner:
                         self.ledger.trained(r.group_id)
                     self.ledger.replayed(int(rec.metrics.get("replay_samples", 0)))
                     busy, idle, generated = self.sh.busy, self.sh.idle, self.sh.generated
+                    row_share = self.sh.cache_rows / self.sh.rows if self.sh.rows else 1.0
                     episode_errors = self.episode_errors.take()
                 self.state.step = step
                 self.state.version = self.trainer.version
@@ -267,6 +273,7 @@ class AsyncRunner:
                     engine_idle_share=idle / max(busy + idle, 1e-9),
                     engine_busy_time=busy,  # cumulative seconds the rollout workers spent generating
                     engine_tokens=generated,  # cumulative tokens they sampled, dropped groups' too
+                    engine_row_share=row_share,  # KV-cache rows per sequence in their decode steps
                     groups_carried_over=in_flight,
                     samples_per_s=(step - first_step) * per_step / budget.elapsed,
                     filtered_stale=self.ledger.filter_reasons.get("stale", 0),
@@ -334,7 +341,14 @@ class AsyncRunner:
             )
 
     def _engine_counters(self) -> dict[str, float]:
-        return {"busy_s": self.sh.busy, "idle_s": self.sh.idle, "tokens": self.sh.generated}
+        sh = self.sh
+        return {
+            "busy_s": sh.busy,
+            "idle_s": sh.idle,
+            "tokens": sh.generated,
+            "rows": sh.rows,
+            "cache_rows": sh.cache_rows,
+        }
 
     def _carry_over(self, late: list[GroupResult]) -> None:
         """After the workers stopped: everything admitted and not trained goes into the run state."""

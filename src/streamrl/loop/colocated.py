@@ -60,6 +60,7 @@ class ColocatedRunner:
         self.episode_errors = EpisodeErrors(cfg.task.startswith("agent:"))
         push_policy(self.engine, trainer)
         self.scoring = Scoring(cfg, task)
+        self.decoded = [0, 0]  # sequences and KV-cache rows the rollouts' decode steps forwarded
 
     def _draw(self, n: int) -> list[Problem]:
         problems = list(itertools.islice(self.stream, n))
@@ -77,9 +78,11 @@ class ColocatedRunner:
         for _ in range(1 + self.cfg.rollout.dynamic_sampling_rounds):
             problems = self._draw(self.B - len(kept))
             drafts = [self.drafts.drafts(p.id) for p in problems] if self.drafts is not None else None
+            before = _decoded(self.engine)
             groups, t = rollout_groups(
                 self.engine, self.tokenizer, self.scoring, problems, self.settings, step, made, drafts
             )
+            self.decoded = [n + a - b for n, a, b in zip(self.decoded, _decoded(self.engine), before)]
             made += len(groups)
             timing = {k: timing[k] + t[k] for k in timing}
             for g in groups:
@@ -162,8 +165,16 @@ class ColocatedRunner:
                 groups_dropped_zero_variance=self.sampling.dropped,
                 trainer_wait_share=0.0,
                 engine_idle_share=0.0,
+                # KV-cache rows per sequence in the rollouts' decode steps (the evaluations' left out)
+                engine_row_share=self.decoded[1] / self.decoded[0] if self.decoded[0] else 1.0,
                 samples_per_s=(step - first_step) * self.B * cfg.rollout.samples_per_prompt / budget.elapsed,
                 **timing,
                 **self.episode_errors.take(),
             )
             on_step(rec)
+
+
+def _decoded(engine: Any) -> list[int]:
+    """[sequences, KV-cache rows] the engine forwarded over its decode steps so far ([0, 0] for an engine
+    that does not count them)."""
+    return [getattr(engine, "decode_rows", 0), getattr(engine, "decode_cache_rows", 0)]

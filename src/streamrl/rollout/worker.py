@@ -47,6 +47,10 @@ class GroupResult:
     busy_s: float = 0.0  # seconds spent generating since the worker's previous result
     idle_s: float = 0.0  # seconds spent with nothing to generate since the previous result
     tokens: int = 0  # tokens the engine sampled since the previous result (every request's, no tool output)
+    # summed over the engine's decode steps since the previous result: sequences decoded and the KV-cache
+    # rows forwarded for them (rows with identical tokens so far share one: engine/hf.py)
+    rows: int = 0
+    cache_rows: int = 0
     error: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -175,6 +179,20 @@ def _loop(
     asked: dict[str, int] = {}
     busy = idle = 0.0
     sampled = 0  # tokens sampled since the previous result
+    counted = [0, 0]  # the engine's decode rows and cache rows up to the previous result
+
+    def result(gid: str, group: Group) -> GroupResult:
+        """The group's result with the worker's counters since the previous one (then reset)."""
+        nonlocal busy, idle, sampled
+        eng = getattr(decoder, "engine", None)  # the default engine counts its rows (vLLM does not)
+        now = [getattr(eng, "decode_rows", 0), getattr(eng, "decode_cache_rows", 0)]
+        out = GroupResult(
+            gid, group, worker_id, busy, idle, sampled, now[0] - counted[0], now[1] - counted[1]
+        )
+        busy = idle = sampled = 0
+        counted[:] = now
+        return out
+
     taken_any = False
 
     def ask(req: GroupRequest, ks: range, baseline: bool) -> None:
@@ -215,10 +233,8 @@ def _loop(
         """Send every group whose samples are all generated and scored (scoring runs in the reward
         service's threads/processes while this loop keeps decoding), or whose scores ran past
         reward.step_budget_s after its last sample was generated (those score 0, "step_budget")."""
-        nonlocal busy, idle, sampled
         for req, group in agents.finished() if agents is not None else []:
-            results.put(GroupResult(req.group_id, group, worker_id, busy, idle, sampled))
-            busy = idle = sampled = 0
+            results.put(result(req.group_id, group))
         for gid in [
             g for g, (req, done) in open_groups.items() if len(done) == asked[g] + req.greedy_baseline
         ]:
@@ -237,8 +253,7 @@ def _loop(
                 ask(req, range(asked[gid], req.samples), False)
                 continue
             del open_groups[gid], asked[gid]
-            results.put(GroupResult(gid, group, worker_id, busy, idle, sampled))
-            busy = idle = sampled = 0
+            results.put(result(gid, group))
 
     try:
         while True:

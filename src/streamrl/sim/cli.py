@@ -4,7 +4,7 @@ RUN_DIR: costs and lengths fitted from its config.yaml + metrics.jsonl (see sim/
 own mode first. params.yaml / key=value: any field of Costs (decode_step_s, decode_token_s,
 prefill_token_s, train_token_s, train_step_s, allreduce_s, weight_sync_s, startup_s), Workload
 (batch_groups, group_size, prompt_len, max_batch, filter_rate, shared_prefill, cached_prefix,
-lengths=fixed:N|list:..|lognormal:..)
+row_share, lengths=fixed:N|list:..|lognormal:..)
 and Setup (steps, weight_update, overprovision, shared_cores, engine_threads, trainer_threads,
 thread_scaling, decode_thread_scaling, contention, elastic, chunk, seed), plus the grid:
 modes=sync,async,partial etas=0,1,2 engines=1,2 ranks=1 and colocated_sync=true|false.

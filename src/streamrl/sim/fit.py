@@ -35,6 +35,9 @@ decode cost fitted at 2 threads and used at 1 needs its own exponent).
 - cached_prefix P: the leading tokens every training prompt shared (prompt_shared_tokens, logged per
   step) when the run's default engine kept them in its prefix cache (rollout.prefix_cache) and they
   reach MIN_PREFIX; 0 for runs logged before that metric.
+- row_share: the KV-cache rows per sequence the run's decode steps forwarded (engine_row_share: samples
+  with identical tokens so far share a row); generated tokens enter both decode fits weighted by it,
+  so c is the cost of one cache row, and the simulator charges c x row_share per running sequence.
 """
 
 from __future__ import annotations
@@ -133,6 +136,12 @@ def cached_prefix(run: Run) -> int:
     return min(shared, round(_prompt_len(run)) - 1)
 
 
+def row_share(run: Run) -> float:
+    """KV-cache rows per sequence in the run's decode steps (engine_row_share, logged per step; 1.0 for
+    runs logged before it or by an engine that does not share rows)."""
+    return min(1.0, max(1e-3, float(run.rows[-1].get("engine_row_share", 1.0))))
+
+
 def borrowed_shares(run: Run) -> tuple[float, float]:
     """(trainer, engine): the fraction of its computing time each phase ran on borrowed threads as well
     as its own (0, 0 without lending; see the module docstring)."""
@@ -175,6 +184,7 @@ def fit_decode(
     prompt, max_new = _prompt_len(run), int(run.config["rollout"]["max_new_tokens"])
     prefix = cached_prefix(run)
     own = (prompt - prefix) * _per_group(run, shared_prefill)  # prompt tokens a group forwards
+    share = row_share(run)  # decoded tokens cost per cache row: shared rows count once
     if run.colocated and all("generate_time" in r for r in run.rows):
         xs: list[tuple[float, float, float]] = []
         for r in run.rows:
@@ -182,7 +192,7 @@ def fit_decode(
             n_groups = run.B + dropped
             rounds = 1 + math.ceil(dropped / run.B)
             s_len = max_new if r.get("truncation_rate", 0) > 0 else min(max_new, 3 * r["response_length"])
-            tokens = r["tokens_generated"] * n_groups / run.B + PREFILL * (own * n_groups + prefix)
+            tokens = share * r["tokens_generated"] * n_groups / run.B + PREFILL * (own * n_groups + prefix)
             xs.append((rounds * s_len, tokens, r["generate_time"] * k))
         a, c = _nonneg_lstsq(xs)
         return a, c, f"least squares over {len(xs)} colocated steps' generate_time"
@@ -190,7 +200,7 @@ def fit_decode(
     trained = run.B * len(run.rows)
     carried = int(run.rows[-1].get("groups_carried_over", 0))
     scale = (trained + _filtered(run) + carried) / trained
-    tokens = (sum(r["tokens_generated"] for r in run.rows) + PREFILL * own * trained) * scale
+    tokens = (share * sum(r["tokens_generated"] for r in run.rows) + PREFILL * own * trained) * scale
     tokens += PREFILL * prefix * len(run.rows)
     return 0.0, busy * k / tokens, "engine busy time / tokens (a = 0 assumed)"
 
@@ -241,6 +251,7 @@ def workload(run: Run, shared_prefill: bool = False) -> Workload:
         filter_rate=min(0.95, filtered / (filtered + trained)),
         shared_prefill=shared_prefill,
         cached_prefix=cached_prefix(run),
+        row_share=row_share(run),
     )
 
 

@@ -6,7 +6,7 @@ a running job progresses at `rate` units per wall second (processor sharing, see
 
 Engine (continuous batching). A decode step over b running sequences costs
 
-    chunk * (decode_step_s + decode_token_s * b)  +  prefill_token_s * (prompt tokens joining now)
+    chunk * (decode_step_s + decode_token_s * row_share * b)  +  prefill_token_s * (prompt tokens joining now)
 
 and gives every running sequence `chunk` tokens (chunk = 1 is exact token-level decoding; larger
 chunks trade resolution for speed on long sequences). At most `max_batch` sequences run; the rest
@@ -16,6 +16,8 @@ Every token records the version of the weights that produced it. With shared_pre
 prompt is charged once, also when its samples join in different steps. With cached_prefix P (the
 engine's prefix cache) a prompt is charged prompt_len - P tokens, and the prefix's P tokens once per
 engine and weights version, in the first step that prefills or recomputes under that version.
+row_share (<= 1) is the KV-cache rows per running sequence the engine forwards: samples whose tokens so
+far are identical share one row (a confident policy's repeated answers), measured by the run.
 
 Trainer. A step on a batch of T tokens (prompt + response) with R ranks costs
 
@@ -159,7 +161,7 @@ class _Sim:
             if prefilled and w.cached_prefix and e.prefix_version != e.version:
                 work += c.prefill_token_s * w.cached_prefix
                 e.prefix_version = e.version
-            work += self.s.chunk * (c.decode_step_s + c.decode_token_s * len(e.running))
+            work += self.s.chunk * (c.decode_step_s + c.decode_token_s * w.row_share * len(e.running))
             e.work, e.stepping = work, True
 
     def finish_step(self, e: _Engine) -> None:

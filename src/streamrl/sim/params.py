@@ -44,6 +44,9 @@ class Workload:
     # the leading prompt tokens every prompt shares (chat template, instruction), prefilled once per
     # engine and weights version instead of once per prompt: the engine's prefix cache (0: none)
     cached_prefix: int = 0
+    # KV-cache rows per running sequence in a decode step: the engine forwards samples whose tokens so far
+    # are identical (a confident policy's repeated answers) on one row (1.0: every sequence its own)
+    row_share: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,10 @@ def validate(work: Workload, setup: Setup) -> None:
             work.cached_prefix == 0 or 0 < work.cached_prefix < work.prompt_len,
             f"cached_prefix must be 0 or below prompt_len ({work.prompt_len}): every prompt forwards at "
             f"least one token of its own, got {work.cached_prefix}",
+        ),
+        (
+            0.0 < work.row_share <= 1.0,
+            f"row_share must be in (0, 1] (cache rows per running sequence), got {work.row_share}",
         ),
     ]
     for ok, msg in checks:

@@ -4,14 +4,16 @@ cost fitting on a synthetic run, the command line."""
 from __future__ import annotations
 
 import json
+import random
 import re
+import statistics
 from dataclasses import replace
 
 import pytest
 
 from streamrl.cli import main
 from streamrl.sim import fit
-from streamrl.sim.lengths import Cycle, Fixed, LogNormal, parse_lengths
+from streamrl.sim.lengths import Cycle, Fixed, LogNormal, StepStats, parse_lengths
 from streamrl.sim.model import simulate
 from streamrl.sim.params import Costs, Setup, Workload
 
@@ -82,6 +84,31 @@ def test_shared_decode_rows_cost_per_cache_row_by_hand() -> None:
     for bad in (0.0, 1.5):
         with pytest.raises(ValueError, match=rf"row_share must be in \(0, 1\] .*got {bad}"):
             simulate(costs, replace(work, row_share=bad), Setup(mode="sync", steps=1))
+
+
+def test_step_lengths_have_the_logged_mean_truncation_and_spread() -> None:
+    # no spread: every sample is the mean, and a round of one group of 4 is 8 decode steps (8 s) and
+    # trains 4 x 8 tokens (48 s); an exponential of mean 8 would run to its longest of 4 samples
+    still = StepStats((8.0,), (0.0,), 48, stds=(0.0,))
+    rng = random.Random(0)
+    assert {still.sample(0, rng) for _ in range(100)} == {8}
+    work = Workload(still, batch_groups=1, group_size=4, prompt_len=0)
+    assert simulate(UNIT, work, Setup(mode="sync", steps=1)).time == pytest.approx(56.0)
+    # m = 10, tr = 0.1, L = 40: untruncated mean (10 - 4) / 0.9 = 6.67; with their std at 2 the logged
+    # std is sqrt(0.9 (4 + 6.67^2) + 0.1 x 40^2 - 10^2) = 10.18
+    body = 6 / 0.9
+    s = (0.9 * (4 + body**2) + 0.1 * 1600 - 100) ** 0.5
+    stats = StepStats((10.0,), (0.1,), 40, stds=(s,))
+    draws = [stats.sample(0, rng) for _ in range(40000)]
+    untruncated = [x for x in draws if x < 40]
+    assert len(draws) - len(untruncated) == pytest.approx(0.1 * len(draws), rel=0.05)
+    assert statistics.fmean(untruncated) == pytest.approx(body, rel=0.02)
+    assert statistics.pstdev(untruncated) == pytest.approx(2.0, rel=0.05)
+    assert statistics.fmean(draws) == pytest.approx(10.0, rel=0.02)
+    # without a logged spread: exponential (the untruncated std equals their mean)
+    old = StepStats((10.0,), (0.1,), 40)
+    plain = [x for x in (old.sample(0, rng) for _ in range(40000)) if x < 40]
+    assert statistics.pstdev(plain) == pytest.approx(statistics.fmean(plain), rel=0.1)
 
 
 def test_interrupt_costs_a_recompute_inflight_does_not() -> None:
@@ -246,7 +273,7 @@ def test_fit_recovers_costs_from_a_synthetic_run(tmp_path, decode_alpha, shared,
                 "samples_per_s": 1.0,
                 "prompt_shared_tokens": prefix or 5,  # 5 < MIN_PREFIX: nothing cached
                 # runs logged before engine_row_share: every sequence its own row
-                **({"engine_row_share": rows} if rows < 1 else {}),
+                **({"engine_row_share": rows, "response_length_std": 2.0} if rows < 1 else {}),
             }
         )
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in logged))
@@ -263,6 +290,7 @@ def test_fit_recovers_costs_from_a_synthetic_run(tmp_path, decode_alpha, shared,
     assert fit.setup(run).mode == "sync" and fit.workload(run).prompt_len == prompt
     assert fit.workload(run, shared).shared_prefill == shared
     assert fit.workload(run).cached_prefix == prefix and fit.workload(run).row_share == rows
+    assert fit.workload(run).lengths.stds == ((2.0,) * 4 if rows < 1 else None)
     bench, notes = fit.fit_costs(run, engine=fit.EngineCosts(0.1, 0.2, 0.3))  # measured apart from the run
     assert (bench.decode_step_s, bench.decode_token_s, bench.prefill_token_s) == (0.1, 0.2, 0.3)
     assert bench.train_token_s == pytest.approx(train, rel=1e-6) and notes == [

@@ -23,7 +23,8 @@ def step_record(
     """
     trajs = [t for g in groups for t in g.trajectories]
     rewards = [t.reward for t in trajs]
-    gen_tokens = sum(len(t.completion_ids) for t in trajs)
+    lengths = [len(t.completion_ids) for t in trajs]
+    gen_tokens = sum(lengths)
     baseline_tokens = sum(len(g.baseline.completion_ids) for g in groups if g.baseline is not None)
     staleness = [version_before - v for t in trajs for v, m in zip(t.versions, t.loss_mask) if m]
     hist = Counter(staleness)
@@ -36,6 +37,8 @@ def step_record(
         "format_rate": statistics.fmean(float(t.reward_info.get("formatted", False)) for t in trajs),
         "zero_adv_group_frac": sum(1 for g in groups if g.uninformative) / len(groups),
         "response_length": gen_tokens / len(trajs),
+        "response_length_std": statistics.pstdev(lengths),
+        "response_length_max": max(lengths),
         "truncation_rate": statistics.fmean(float(t.finish_reason == "length") for t in trajs),
         "tokens_generated": gen_tokens + baseline_tokens,
         "staleness_max": max(staleness, default=0),

@@ -239,6 +239,10 @@ def workload(run: Run, shared_prefill: bool = False) -> Workload:
         tuple(float(r["response_length"]) for r in run.rows),
         tuple(float(r.get("truncation_rate", 0.0)) for r in run.rows),
         int(ro["max_new_tokens"]),
+        # the spread, where logged (runs before response_length_std: an assumed exponential shape)
+        tuple(float(r["response_length_std"]) for r in run.rows)
+        if all("response_length_std" in r for r in run.rows)
+        else None,
     )
     trained = run.B * len(run.rows)
     filtered = _filtered(run)

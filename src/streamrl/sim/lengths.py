@@ -50,25 +50,35 @@ class LogNormal:
 
 @dataclass(frozen=True)
 class StepStats:
-    """Lengths matching a run's per-step `response_length` (mean) and `truncation_rate`.
+    """Lengths matching a run's per-step `response_length` (mean m), `truncation_rate` (tr) and, when
+    logged, `response_length_std` (s).
 
-    A sample is truncated (max_len tokens) with probability tr; otherwise its length is exponential
-    with mean m' = (m - tr * max_len) / (1 - tr), clipped to [1, max_len - 1], so the mixture has the
-    logged mean m (up to the clipping). Samples admitted under version v use step v + 1's stats (the
-    last step's beyond the run). Only means and truncation rates are logged, so the shape is assumed.
+    A sample is truncated (max_len tokens L) with probability tr; otherwise its length has mean
+    m' = (m - tr L) / (1 - tr) and, with s, the variance v' = (s^2 + m^2 - tr L^2) / (1 - tr) - m'^2
+    that gives the mixture the logged mean and spread: gamma-distributed with those two moments (m' for
+    every sample when v' is 0: a confident policy's answers of one length), clipped to [1, L - 1]. Runs
+    logged without s get an exponential (v' = m'^2, an assumed shape). Samples admitted under version v
+    use step v + 1's stats (the last step's beyond the run).
     """
 
     means: tuple[float, ...]
     truncation: tuple[float, ...]
     max_len: int
+    stds: tuple[float, ...] | None = None
 
     def sample(self, version: int, rng: random.Random) -> int:
         i = min(version, len(self.means) - 1)
-        m, tr = self.means[i], self.truncation[i]
+        m, tr, cap = self.means[i], self.truncation[i], self.max_len
         if rng.random() < tr:
-            return self.max_len
-        body = max(1.0, (m - tr * self.max_len) / max(1e-9, 1.0 - tr))
-        return max(1, min(self.max_len - 1, round(rng.expovariate(1.0 / body))))
+            return cap
+        body = max(1.0, (m - tr * cap) / max(1e-9, 1.0 - tr))
+        if self.stds is None:
+            x = rng.expovariate(1.0 / body)
+        else:
+            s = self.stds[i]
+            var = max(0.0, (s * s + m * m - tr * cap * cap) / max(1e-9, 1.0 - tr) - body * body)
+            x = rng.gammavariate(body * body / var, var / body) if var > 1e-9 else body
+        return max(1, min(cap - 1, round(x)))
 
 
 def parse_lengths(spec: str) -> Fixed | Cycle | LogNormal:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 
 import torch
 
@@ -28,32 +28,32 @@ from streamrl.engine.hf import HFEngine
 
 
 class ForwardClock:
-    """Counts the model's forwards by kind (one column: a decode step; more: a prefill or verify chunk)
-    and the seconds they take."""
+    """Every forward of the model by kind (one column: a decode step; more: a prefill or a verify chunk),
+    with its rows, columns and seconds."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        self.count: Counter[str] = Counter()
-        self.seconds: defaultdict[str, float] = defaultdict(float)
-        self.shapes: defaultdict[str, list[tuple[int, int, float]]] = defaultdict(list)  # rows, columns, s
+        self.shapes: defaultdict[str, list[tuple[int, int, float]]] = defaultdict(list)
         self._t0 = 0.0
-        self._kind = ""
+        self._shape = (0, 0)
         model.register_forward_pre_hook(self._pre, with_kwargs=True)
         model.register_forward_hook(self._post, with_kwargs=True)
 
     def _pre(self, _m: object, args: tuple, kwargs: dict) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
-        self._kind = "decode" if ids is not None and ids.shape[1] == 1 else "multi"
         self._shape = (int(ids.shape[0]), int(ids.shape[1])) if ids is not None else (0, 0)
         self._t0 = time.perf_counter()
 
     def _post(self, _m: object, _a: tuple, _k: dict, _out: object) -> None:
-        self.count[self._kind] += 1
-        self.seconds[self._kind] += time.perf_counter() - self._t0
-        self.shapes[self._kind].append((*self._shape, time.perf_counter() - self._t0))
+        kind = "decode" if self._shape[1] == 1 else "multi"
+        self.shapes[kind].append((*self._shape, time.perf_counter() - self._t0))
+
+    def count(self, kind: str) -> int:
+        return len(self.shapes[kind])
+
+    def seconds(self, kind: str) -> float:
+        return sum(t for _, _, t in self.shapes[kind])
 
     def reset(self) -> None:
-        self.count.clear()
-        self.seconds.clear()
         self.shapes.clear()
 
 
@@ -105,12 +105,12 @@ def run_arm(
         "wall": wall,
         "acceptance": accepted / max(verified, 1),
         "from_drafts": accepted / max(tokens, 1),
-        "decode_n": clock.count["decode"],
-        "decode_s": clock.seconds["decode"],
-        "multi_n": clock.count["multi"],
-        "multi_s": clock.seconds["multi"],
-        "decode_rows": sum(r for r, _, _ in clock.shapes["decode"]) / max(clock.count["decode"], 1),
-        "multi_tokens": sum(r * c for r, c, _ in clock.shapes["multi"]) / max(clock.count["multi"], 1),
+        "decode_n": clock.count("decode"),
+        "decode_s": clock.seconds("decode"),
+        "multi_n": clock.count("multi"),
+        "multi_s": clock.seconds("multi"),
+        "decode_rows": sum(r for r, _, _ in clock.shapes["decode"]) / max(clock.count("decode"), 1),
+        "multi_tokens": sum(r * c for r, c, _ in clock.shapes["multi"]) / max(clock.count("multi"), 1),
     }
 
 

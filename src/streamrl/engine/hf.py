@@ -203,7 +203,7 @@ class DecodeBatch:
             self.cache.batch_select_indices(idx.to(self.engine.device))
             self.attn, self.next_pos = self.attn[idx], self.next_pos[idx]
 
-    def _unfed_or_none(self) -> torch.Tensor:
+    def _unfed_tokens(self) -> torch.Tensor:
         """[C] the token each cache row waits to forward, -1 for none."""
         return self._unfed if self._unfed is not None else torch.full((len(self.next_pos),), -1)
 
@@ -223,7 +223,7 @@ class DecodeBatch:
         Columns no row attends to any more (padding of rows that left) are dropped on the way."""
         assert self.can_merge(other)
         if self._unfed is not None or other._unfed is not None:
-            self._unfed = torch.cat([b._unfed_or_none() for b in (self, other)])
+            self._unfed = torch.cat([b._unfed_tokens() for b in (self, other)])
         skip = int(self.attn.argmax(dim=1).min())  # every cache row's first real column is at or past it
         for mine, theirs in zip(self.cache.layers, other.cache.layers):
             mine.absorb(theirs, skip)

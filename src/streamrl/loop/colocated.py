@@ -15,6 +15,7 @@ from typing import Any
 from streamrl.config import Config
 from streamrl.data.replay import ReplayBuffer
 from streamrl.data.task import Task
+from streamrl.engine.base import decoded_rows
 from streamrl.loop.budget import RunBudget
 from streamrl.loop.dynamic_sampling import DynamicSampling
 from streamrl.loop.episode_errors import EpisodeErrors
@@ -78,11 +79,11 @@ class ColocatedRunner:
         for _ in range(1 + self.cfg.rollout.dynamic_sampling_rounds):
             problems = self._draw(self.B - len(kept))
             drafts = [self.drafts.drafts(p.id) for p in problems] if self.drafts is not None else None
-            before = _decoded(self.engine)
+            before = decoded_rows(self.engine)
             groups, t = rollout_groups(
                 self.engine, self.tokenizer, self.scoring, problems, self.settings, step, made, drafts
             )
-            self.decoded = [n + a - b for n, a, b in zip(self.decoded, _decoded(self.engine), before)]
+            self.decoded = [n + a - b for n, a, b in zip(self.decoded, decoded_rows(self.engine), before)]
             made += len(groups)
             timing = {k: timing[k] + t[k] for k in timing}
             for g in groups:
@@ -172,9 +173,3 @@ class ColocatedRunner:
                 **self.episode_errors.take(),
             )
             on_step(rec)
-
-
-def _decoded(engine: Any) -> list[int]:
-    """[sequences, KV-cache rows] the engine forwarded over its decode steps so far ([0, 0] for an engine
-    that does not count them)."""
-    return [getattr(engine, "decode_rows", 0), getattr(engine, "decode_cache_rows", 0)]

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from streamrl.engine.base import Draft
+from streamrl.engine.base import Draft, decoded_rows
 from streamrl.types import Group, Problem
 
 
@@ -184,8 +184,7 @@ def _loop(
     def result(gid: str, group: Group) -> GroupResult:
         """The group's result with the worker's counters since the previous one (then reset)."""
         nonlocal busy, idle, sampled
-        eng = getattr(decoder, "engine", None)  # the default engine counts its rows (vLLM does not)
-        now = [getattr(eng, "decode_rows", 0), getattr(eng, "decode_cache_rows", 0)]
+        now = list(decoded_rows(getattr(decoder, "engine", None)))  # vLLM's decoder counts none
         out = GroupResult(
             gid, group, worker_id, busy, idle, sampled, now[0] - counted[0], now[1] - counted[1]
         )

@@ -8,8 +8,8 @@ under the staleness bound: as soon as a group's last sample finishes, the next p
 running batch. --prompts held-out rg:chain_sum prompts come round once per epoch; with drafts each
 group offers its prompt's previous responses (the first epoch has none). Both arms run the same epochs
 one after the other on the same weights, one thread. Prints each arm's tokens per second from the second
-epoch on, the forwards it ran (decode steps, and forwards of several columns: prefills and verify
-chunks) with their time, and the acceptance rate. Not a test: figures, not assertions.
+epoch on, the forwards it ran (decode steps, and forwards of several columns: prefills, with the drafts'
+trees when there are drafts) with their time, and the acceptance rate. Not a test: figures, not assertions.
 """
 
 from __future__ import annotations
@@ -28,24 +28,27 @@ from streamrl.engine.hf import HFEngine
 
 
 class ForwardClock:
-    """Every forward of the model by kind (one column: a decode step; more: a prefill or a verify chunk),
-    with its rows, columns and seconds."""
+    """Every forward of the model by kind (one column: a decode step; more: a prefill, with the drafts'
+    trees if any), with its rows, columns and seconds. A prefill with a tree calls the decoder alone
+    (the LM head then runs on the nodes rows reach, outside the clock): those calls count as well."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.shapes: defaultdict[str, list[tuple[int, int, float]]] = defaultdict(list)
-        self._t0 = 0.0
-        self._shape = (0, 0)
-        model.register_forward_pre_hook(self._pre, with_kwargs=True)
-        model.register_forward_hook(self._post, with_kwargs=True)
+        self._open: list[tuple[int, int, float]] = []  # forwards under way (the model's, the decoder's)
+        for module in (model, model.get_decoder()):
+            module.register_forward_pre_hook(self._pre, with_kwargs=True)
+            module.register_forward_hook(self._post, with_kwargs=True)
 
     def _pre(self, _m: object, args: tuple, kwargs: dict) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
-        self._shape = (int(ids.shape[0]), int(ids.shape[1])) if ids is not None else (0, 0)
-        self._t0 = time.perf_counter()
+        shape = (int(ids.shape[0]), int(ids.shape[1])) if ids is not None else (0, 0)
+        self._open.append((*shape, time.perf_counter()))
 
     def _post(self, _m: object, _a: tuple, _k: dict, _out: object) -> None:
-        kind = "decode" if self._shape[1] == 1 else "multi"
-        self.shapes[kind].append((*self._shape, time.perf_counter() - self._t0))
+        rows, cols, t0 = self._open.pop()
+        if not self._open:  # the outermost: a decoder called by the model is inside the model's forward
+            kind = "decode" if cols == 1 else "multi"
+            self.shapes[kind].append((rows, cols, time.perf_counter() - t0))
 
     def count(self, kind: str) -> int:
         return len(self.shapes[kind])

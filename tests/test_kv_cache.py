@@ -73,3 +73,18 @@ def test_the_cache_keyword_follows_the_forward_signature_and_its_deprecation_wra
     assert returned_cache(SimpleNamespace(cache="c", past_key_values=None)) == "c"
     assert returned_cache(SimpleNamespace(past_key_values="p")) == "p"
     assert returned_cache(SimpleNamespace(cache=None, past_key_values="p")) == "p"
+
+
+def test_select_columns_keeps_each_rows_own_columns_in_order_and_the_capacity():
+    """Row r of the result is row rows[r] restricted to columns[r]: keys and values alike, spare
+    capacity kept for the next writes."""
+    cache = growing_cache(initial=8, limit=8)
+    k = torch.arange(2 * 1 * 5 * 2, dtype=torch.float32).view(2, 1, 5, 2)  # k[b, 0, c] = [10b + 2c, +1]
+    cache.update(k, -k, 0)
+    layer = cache.layers[0]
+    layer.select_columns(torch.tensor([1, 1, 0]), torch.tensor([[0, 4, 2], [3, 3, 0], [1, 2, 3]]))
+    assert layer.length == 3 and layer._k.shape == (3, 1, 8, 2)
+    assert layer.keys[:, 0, :, 0].tolist() == [[10, 18, 14], [16, 16, 10], [2, 4, 6]]
+    assert torch.equal(layer.values, -layer.keys)
+    cache.update(torch.ones(3, 1, 1, 2), torch.ones(3, 1, 1, 2), 0)  # appends after the kept columns
+    assert layer.keys[:, 0, :, 0].tolist() == [[10, 18, 14, 1], [16, 16, 10, 1], [2, 4, 6, 1]]

@@ -181,8 +181,12 @@ def test_verified_drafts_leave_the_current_policy_exact(lms, case):
     accepted = sum(r.draft_accepted for r in results)
     # the drafts were really used: many tokens accepted, many rejected
     assert accepted > 0.2 * N and verified - accepted > 0.1 * N
-    for r, d in zip(results, drafts):
-        assert any(tuple(r.token_ids[: r.draft_accepted]) == x.token_ids[: r.draft_accepted] for x in d)
+    if case == "a shared set of drafts from other weights":  # a rejected row walks on along another draft
+        assert sum(r.draft_tokens - r.draft_accepted >= 2 for r in results) > 0.01 * N
+    # the drafts of the requests of one prompt form one tree: a response's tokens follow some of them
+    offered = {x.token_ids for d in drafts for x in d}
+    for r in results:
+        assert any(tuple(r.token_ids[: r.draft_accepted]) == x[: r.draft_accepted] for x in offered)
     assert fit_pvalue(results, response_probs(lms[0], 3, temperature, top_p)) > FIT
 
 
@@ -263,38 +267,49 @@ def _mixed_requests(lms, temperature: float, max_new: int) -> list[GenRequest]:
     return reqs
 
 
-def test_tokens_carry_the_verifying_weights_logprobs_and_version(lms, monkeypatch):
-    """Batched rows with left padding, verified two draft columns per forward: every token's log-prob is
-    the current policy's on the full sequence (rejected draft columns are invisible, positions run on
-    from the accepted ones) and its version the verifying weights'."""
+def test_tokens_carry_the_verifying_weights_logprobs_and_version(lms):
+    """Batched rows with left padding and trees of different sizes: every token's log-prob is the
+    current policy's on the full sequence (tree columns off a row's path are invisible to it, positions
+    run on from the nodes it reached) and its version the verifying weights'."""
     temperature, max_new = 0.5, 8
     reqs = _mixed_requests(lms, temperature, max_new)
-    monkeypatch.setattr(speculative, "VERIFY_ELEMENTS", 2 * len(reqs) * VOCAB)
     results = draw(lms[0], reqs, seed=5, version=7)
-    assert max(r.draft_accepted for r in results) > 2  # accepted runs crossed a chunk boundary
-    assert sum(r.draft_tokens > r.draft_accepted for r in results) >= 3  # and some were rejected
+    assert max(r.draft_accepted for r in results) > 2
+    assert sum(r.draft_tokens > r.draft_accepted for r in results) >= 1  # some were rejected
     assert results[-1].draft_tokens == 0
+    for k in (1, 2, 4):  # each prompt's tree branches: every row's path leaves nodes it must not see
+        offered = {d.token_ids for q in reqs if q.prompt_ids == [2] * k for d in q.drafts}
+        assert nodes(list(offered)) > max(map(len, offered))
     for r in results:
         assert r.versions == [7] * len(r.token_ids)
         assert r.logprobs == pytest.approx(teacher_forced(lms[0], r, temperature), abs=1e-5)
 
 
+def in_tree(tokens: list[int], drafts: list[tuple[int, ...]]) -> int:
+    """How many first tokens of a response are a path of the drafts' tree (a prefix of some draft)."""
+    prefixes = {d[:i] for d in drafts for i in range(1, len(d) + 1)}
+    return max((i for i in range(1, len(tokens) + 1) if tuple(tokens[:i]) in prefixes), default=0)
+
+
+def nodes(drafts: list[tuple[int, ...]]) -> int:
+    """The size of the drafts' tree: their distinct non-empty prefixes."""
+    return len({d[:i] for d in drafts for i in range(1, len(d) + 1)})
+
+
 @pytest.mark.parametrize("mode", ["inflight", "interrupt"])
-def test_weight_updates_after_verification(lms, mode, monkeypatch):
-    """The first decoder step verifies (k accepted + 1 token) under version 0 and forwards the last of
-    them (verification leaves it to the step). New weights then arrive: in flight the next token still
-    comes from logits computed before them; by interrupt the cache is recomputed and it comes from the
-    new weights. Every version-0 token is the
-    old policy's on the full sequence, every version-1 token after an interrupt the new one's.
-    Verification runs to the end of every draft here (a row still on its draft when the stopping rule
-    ends verification emits k tokens, not k + 1: tested on its own below), so the count is exact."""
-    monkeypatch.setattr(speculative, "_worth_a_chunk", lambda rows: any(not r.stopped for r in rows))
+def test_weight_updates_after_verification(lms, mode):
+    """The first decoder step verifies under version 0: each row emits its tokens along the tree plus
+    the first one outside it, and the step forwards that last token. New weights then arrive: in
+    flight the next token still comes from logits computed before them; by interrupt the cache is
+    recomputed and it comes from the new weights. Every version-0 token is the old policy's on the
+    full sequence, every version-1 token after an interrupt the new one's."""
     old, new = small_lm(0), small_lm(2)
     temperature, max_new = 0.5, 8
     engine = HFEngine(old, _Tok(), max_batch=64, seed=6)
     engine.stop_ids = set()  # every row runs to max_new_tokens: a fixed version script
     dec = ContinuousDecoder(engine, mode)
-    dec.add(_mixed_requests((old, lms[1]), temperature, max_new))
+    reqs = _mixed_requests((old, lms[1]), temperature, max_new)
+    dec.add(reqs)
     out = dec.step()
     old.load_state_dict(new.state_dict())
     before = small_lm(0)
@@ -303,69 +318,78 @@ def test_weight_updates_after_verification(lms, mode, monkeypatch):
         out.extend(dec.step())
     assert sum(r.draft_accepted for r in out) > len(out)
     for r in out:
-        zeros = min(max_new, r.draft_accepted + (2 if mode == "inflight" else 1))
+        offered = [d.token_ids for q in reqs if q.prompt_ids == r.request.prompt_ids for d in q.drafts]
+        verified = in_tree(r.token_ids, offered) + 1 if r.request.drafts else 1
+        zeros = min(max_new, verified + (1 if mode == "inflight" else 0))
         assert r.versions == [0] * zeros + [1] * (max_new - zeros)
         assert r.logprobs[:zeros] == pytest.approx(teacher_forced(before, r, temperature)[:zeros], abs=1e-5)
         if mode == "interrupt":
             assert r.logprobs[zeros:] == pytest.approx(teacher_forced(new, r, temperature)[zeros:], abs=1e-5)
 
 
-def test_a_row_still_on_its_draft_when_verification_stops_decodes_on_exactly(lms, monkeypatch):
-    """One row with a long draft of the current policy, seven with one-token drafts, two columns per verify
-    forward: after the first chunk one row in eight is on its draft, verification stops, and that row
-    decodes on from its last accepted token (not yet in the KV cache). Its log-probs still equal the
-    teacher-forced ones at every position, and so do everyone else's. (Two verify rows, one with a row
-    on its draft: a rule counting verify rows would look at the drafts picked, and go on.)"""
-    temperature, max_new = 0.3, 8
-    own = draw(lms[0], [GenRequest(PROMPT, max_new, temperature) for _ in range(40)], seed=11)
-    long = as_draft(max(own, key=lambda r: len(r.token_ids)))
-    assert len(long.token_ids) >= 5
-    short = Draft(long.token_ids[:1], long.logprobs[:1])
-    monkeypatch.setattr(speculative, "VERIFY_ELEMENTS", 2 * 8 * VOCAB)
-    stopped_on_draft = 0
-    for seed in range(60):
-        drafts = [(long,)] + [(short,)] * 7
-        reqs = [GenRequest(PROMPT, max_new, temperature, drafts=d) for d in drafts]
-        results = draw(lms[0], reqs, seed=seed)
-        first = results[0]
-        # verified 3 draft tokens (positions 0-2) without a rejection, then left the draft by stopping
-        if first.draft_tokens == first.draft_accepted == 3:
-            stopped_on_draft += 1
-        for r in results:
-            assert r.versions == [0] * len(r.token_ids)
-            assert r.logprobs == pytest.approx(teacher_forced(lms[0], r, temperature), abs=1e-5)
-    assert stopped_on_draft >= 4
+def test_draft_tree_by_hand():
+    """Nodes breadth-first with their parents, depths and draft counts; the node limit cuts the last
+    level; ancestry marks each node's path."""
+    tree = speculative.DraftTree([(5, 6, 7), (5, 6), (5, 8), (9,), (5, 6, 7)])
+    assert tree.tokens == [5, 9, 6, 8, 7]
+    assert tree.parent == [-1, -1, 0, 0, 2]
+    assert tree.depth == [0, 0, 1, 1, 2]
+    assert tree.count == [4, 1, 3, 1, 2]
+    assert tree.children == {-1: {5: 0, 9: 1}, 0: {6: 2, 8: 3}, 1: {}, 2: {7: 4}, 3: {}, 4: {}}
+    assert tree.ancestry(6).int().tolist() == [
+        [1, 0, 0, 0, 0, 0],
+        [0, 1, 0, 0, 0, 0],
+        [1, 0, 1, 0, 0, 0],
+        [1, 0, 0, 1, 0, 0],
+        [1, 0, 1, 0, 1, 0],
+        [0, 0, 0, 0, 0, 1],
+    ]
+    assert (tree.path(4), tree.path(3), tree.path(speculative.ROOT)) == ([0, 2, 4], [0, 3], [])
+    cut = speculative.DraftTree([(5, 6, 7), (5, 6), (5, 8), (9,)], limit=3)
+    assert (cut.tokens, cut.children[0]) == ([5, 9, 6], {6: 2})
 
 
-def test_rows_with_one_prompt_and_draft_are_verified_once(lms, monkeypatch):
-    """A GRPO group's rows share their prompt's cache row, and rows that picked the same draft share a
-    verify row: 24 rows of 2 prompts picking among 2 drafts each verify on at most 4 rows (24
-    unshared), then fork per (draft, tokens accepted). Same seed, same tokens, log-probs and versions
-    as with every row verified on its own cache row; the log-probs are the current policy's on the
-    full sequence."""
+def test_a_tree_cut_at_its_node_limit_leaves_the_policy_exact(lms, monkeypatch):
+    """A tree cut short proposes only the children it kept (a plain sample past them): still exact."""
+    monkeypatch.setattr(speculative, "TREE_NODES", 4)
+    drafts = tuple(old_responses(lms, 6))
+    assert nodes([d.token_ids for d in drafts]) > 4
+    results = draw(lms[0], [GenRequest(PROMPT, 3, drafts=drafts) for _ in range(N)], seed=14)
+    assert sum(r.draft_accepted for r in results) > 0.2 * N
+    assert fit_pvalue(results, response_probs(lms[0], 3)) > FIT
+
+
+def test_rows_of_one_prompt_are_verified_once_in_its_prefill(lms):
+    """A GRPO group's rows share their prompt's cache row, and the drafts of a prompt are one tree whose
+    nodes ride the prompt's prefill: 24 rows of 2 prompts verify in a single forward of 2 rows (24
+    unshared) whose columns are the longer prompt and the larger tree. Same seed, same tokens,
+    log-probs and versions as with every row on its own cache row; the log-probs are the current
+    policy's on the full sequence."""
     temperature, max_new = 0.7, 6
     prompts = [PROMPT, [2, 2] + PROMPT]
-    own = draw(lms[0], [GenRequest(p, max_new, temperature) for p in prompts for _ in range(2)], seed=12)
+    own = draw(lms[0], [GenRequest(p, max_new, temperature) for p in prompts for _ in range(3)], seed=12)
+    offered = [tuple(as_draft(r) for r in own[3 * j : 3 * j + 3]) for j in range(2)]
     reqs = [
-        GenRequest(p, max_new, temperature, drafts=tuple(as_draft(r) for r in own[2 * j : 2 * j + 2]))
+        GenRequest(p, max_new, temperature, drafts=offered[j])
         for j, p in enumerate(prompts)
         for _ in range(12)
     ]
-    verify_rows: list[int] = []
-    forward = speculative._forward
-
-    def counting(batch, ids, start, attn):
-        verify_rows.append(ids.shape[0])
-        return forward(batch, ids, start, attn)
-
-    monkeypatch.setattr(speculative, "_forward", counting)
+    width = len(prompts[1]) + max(nodes([d.token_ids for d in ds]) for ds in offered)
+    shapes: list[tuple[int, int]] = []
+    hook = lms[0].model.register_forward_pre_hook(
+        lambda _m, _a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
     outs = {}
-    for share in (True, False):
-        engine = HFEngine(lms[0], _Tok(), max_batch=1000, seed=13, share_rows=share)
-        engine.update_weights(None, 3)
-        verify_rows.clear()
-        outs[share] = engine.generate(reqs)
-        assert verify_rows and (max(verify_rows) <= 4 if share else min(verify_rows) == len(reqs))
+    try:
+        for share in (True, False):
+            engine = HFEngine(lms[0], _Tok(), max_batch=1000, seed=13, share_rows=share)
+            engine.update_weights(None, 3)
+            shapes.clear()
+            outs[share] = engine.generate(reqs)
+            assert shapes[0] == (2, width)
+            assert all(cols == 1 for _, cols in shapes[1:])  # then decode steps only
+    finally:
+        hook.remove()
     shared, alone = outs[True], outs[False]
     assert sum(r.draft_accepted for r in shared) > len(reqs)
     assert sum(r.draft_tokens > r.draft_accepted for r in shared) >= 2
@@ -383,7 +407,7 @@ def test_rows_with_one_prompt_and_draft_are_verified_once(lms, monkeypatch):
 def test_a_verified_batch_joins_a_running_one_and_its_last_tokens_ride_its_forward(lms):
     """Rows verified while another batch decodes join it, and the last token each emitted during
     verification goes through the model in the running batch's next forward: the step in which they
-    join runs the prefill, the verify chunk and one single-column forward for the running and the
+    join runs the prefill with the drafts' tree and one single-column forward for the running and the
     joined rows together. The joined responses are still exactly the current policy's (goodness of
     fit), and every token's log-prob, the running rows' included, is the teacher-forced one on the full
     sequence."""
@@ -395,15 +419,15 @@ def test_a_verified_batch_joins_a_running_one_and_its_last_tokens_ride_its_forwa
     dec.add(running)
     out = dec.step()
     columns: list[int] = []
-    hook = lms[0].register_forward_pre_hook(
+    hook = lms[0].model.register_forward_pre_hook(
         lambda _m, _a, kw: columns.append(kw["input_ids"].shape[1]), with_kwargs=True
     )
     try:
         dec.add([GenRequest(PROMPT, max_new, temperature, drafts=drafts) for _ in range(N)])
         out += dec.step()
         assert len(dec.batches) == 1  # joined the running batch
-        # the prompts, the drafts' columns, then the running rows' and the joined rows' tokens
-        assert columns == [len(PROMPT), 3, 1], columns
+        # the prompt with the drafts' tree, then the running rows' and the joined rows' tokens
+        assert columns == [len(PROMPT) + nodes([d.token_ids for d in drafts]), 1], columns
     finally:
         hook.remove()
     while not dec.idle:

@@ -48,9 +48,9 @@ class RolloutConfig:
     # behaviour log-probs and advantage (0 = off); drawn from the last replay_capacity successes
     replay_share: float = 0.0
     replay_capacity: int = 256  # rollout replay: recent successes kept to draw from
-    # speculative rollouts: each prompt's last N responses are drafts when it comes round again; a sample
-    # verifies one in a few forwards and decodes on from the first rejected token, still exactly a sample of
-    # the current policy (engine/speculative.py); 0 = off
+    # speculative rollouts: each prompt's last N responses are drafts when it comes round again; their
+    # token tree is verified in the prompt's prefill and a sample decodes on from where it leaves the
+    # tree, still exactly a sample of the current policy (engine/speculative.py); 0 = off
     spec_drafts: int = 0
     spec_prompts: int = 4096  # speculative rollouts: prompts whose responses are kept (oldest dropped)
     # 0 = exact verification; > 0 = SPEC-RL's lenient min(1, spec_lenience * p_now / p_draft): biased,

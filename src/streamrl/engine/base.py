@@ -42,9 +42,9 @@ class Draft:
 class GenRequest:
     """prompt_ids: [P]. temperature 0 means greedy.
 
-    drafts: earlier responses to this prompt; the engine verifies one of them (chosen at random) under
-    the current weights and decodes on from the first rejected token (engine/speculative.py). A greedy
-    request ignores them."""
+    drafts: earlier responses to this prompt; the engine verifies them as one token tree (with the
+    drafts of the other requests of the same prompt) under the current weights and decodes on from
+    where the response leaves the tree (engine/speculative.py). A greedy request ignores them."""
 
     prompt_ids: list[int]
     max_new_tokens: int
@@ -64,8 +64,8 @@ class GenResult:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     finish_reason: str = "length"  # "stop" (an end token was sampled) | "length" | "abort"
-    draft_tokens: int = 0  # draft tokens verified (accepted + the one rejected, if any)
-    draft_accepted: int = 0  # of which accepted: the first draft_accepted tokens are the draft's
+    draft_tokens: int = 0  # tokens decided against a draft proposal (accepted or drawn from the residual)
+    draft_accepted: int = 0  # of which the proposed token was accepted
 
 
 class Engine(Protocol):

@@ -21,6 +21,7 @@ lengths decode side by side exactly as they would apart.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -29,7 +30,7 @@ from streamrl.engine.base import GenRequest, GenResult
 from streamrl.engine.kv_cache import GrowingLayer, growing_cache
 from streamrl.engine.prefix_cache import PrefixCache
 from streamrl.engine.sampling import sample_rows
-from streamrl.engine.speculative import verify_drafts
+from streamrl.engine.speculative import DraftTree, tree_forward, verify_drafts
 from streamrl.models.cache_kwarg import cache_kwargs
 from streamrl.models.frozen import contiguous_head_input, freeze
 from streamrl.models.precision import cast_params
@@ -49,22 +50,33 @@ class DecodeBatch:
         # rows -> [R]: the KV-cache row of each row (rows with identical tokens so far share one);
         # attn, next_pos and _logits are per cache row
         self.rows = torch.arange(len(requests))
-        # speculative rollouts: each row's draft is verified right after the prompt (engine/speculative.py)
-        sampled = [r for r in requests if r.temperature > 0]  # greedy rows take no drafts
-        drafts = max((min(len(d.token_ids), r.max_new_tokens) for r in sampled for d in r.drafts), default=0)
-        self._prefill([r.prompt_ids for r in requests], extra=drafts, share=engine.share_rows)
-        self._early = verify_drafts(self) if drafts else []  # finished there; step() returns them
+        # speculative rollouts: the drafts are verified in the prompts' prefill (engine/speculative.py);
+        # greedy rows take none
+        drafts = [
+            tuple(d.token_ids[: r.max_new_tokens] for d in r.drafts) if r.temperature > 0 else ()
+            for r in requests
+        ]
+        self._prefill([r.prompt_ids for r in requests], share=engine.share_rows, drafts=drafts)
+        self._early = verify_drafts(self) if self._trees else []  # finished there; step() returns them
 
-    def _prefill(self, seqs: list[list[int]], extra: int = 0, share: bool = True) -> None:
+    def _prefill(
+        self, seqs: list[list[int]], share: bool = True, drafts: Sequence[tuple[tuple[int, ...], ...]] = ()
+    ) -> None:
         """seqs: each active row's tokens so far. Distinct sequences are prefilled once (a GRPO group's G
         samples share one prompt); with `share` the rows that repeat one then share its cache row,
         otherwise its KV and last logits are copied to each of them. A prefix every distinct sequence
         starts with comes from the engine's prefix cache (engine/prefix_cache.py) and is not forwarded
-        again. `extra`: KV columns reserved for draft tokens."""
+        again. `drafts`: each row's drafts; those of the rows of one sequence form its draft tree, whose
+        nodes ride this forward (`_trees`, `_tree_hidden`: what verify_drafts reads)."""
         eng = self.engine
         order = {s: k for k, s in enumerate(dict.fromkeys(map(tuple, seqs)))}
         inverse = torch.tensor([order[tuple(s)] for s in seqs])
         distinct = [list(s) for s in order]
+        offered: list[dict[tuple[tuple[int, ...], ...], None]] = [{} for _ in distinct]
+        for k, ds in zip(inverse.tolist(), drafts):
+            offered[k][ds] = None  # each distinct set of drafts once
+        trees = [DraftTree([d for ds in sets for d in ds]) for sets in offered]
+        extra = max(map(len, trees), default=0)
         n = eng.prefix_cache.prefix(eng.model, distinct, eng.version, eng.device) if eng.prefix_cache else 0
         width = max(len(s) for s in seqs)
         # [shared prefix][left padding][the rest]: positions count real tokens only
@@ -79,13 +91,21 @@ class DecodeBatch:
         if n:
             eng.prefix_cache.seed(self.cache, n, len(distinct))
         positions = (attn.cumsum(-1) - 1).clamp(min=0)
-        logits = self._forward(ids[:, n:], positions[:, n:], attn)
+        hidden = None
+        if extra:
+            logits, hidden = tree_forward(self, ids[:, n:], positions[:, n:], attn, trees)
+        else:
+            logits = self._forward(ids[:, n:], positions[:, n:], attn)
         if share or len(distinct) == len(seqs):
             self.rows, self.attn, self._logits = inverse, attn, logits
         else:
             self.cache.batch_select_indices(inverse.to(eng.device))
             self.rows, self.attn, positions = torch.arange(len(seqs)), attn[inverse], positions[inverse]
             self._logits = logits[inverse.to(logits.device)]
+            trees = [trees[k] for k in inverse.tolist()]
+            hidden = None if hidden is None else hidden[inverse.to(hidden.device)]
+        self._trees = trees if extra else []
+        self._tree_hidden = hidden
         self.next_pos = positions[:, -1] + 1
         self._versions = [self._logits_version] * len(self._logits)
         self._unfed: torch.Tensor | None = None  # [C] a token to forward per cache row (-1: none)

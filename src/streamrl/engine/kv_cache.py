@@ -67,6 +67,22 @@ class GrowingLayer(DynamicLayer):
         self._k, self._v = k, v
         self.keys, self.values = k[:, :, : self.length], v[:, :, : self.length]
 
+    def select_columns(self, rows: torch.Tensor, columns: torch.Tensor) -> None:
+        """rows [R], columns [R, L']: row r of the result holds row rows[r]'s columns columns[r] (in that
+        order), capacity kept. Keys carry their positions (rotary embeddings are applied before
+        caching), so the order of a row's columns does not matter to attention, only its mask."""
+        if self._k is None or self._v is None:
+            return
+        r, width = columns.shape
+        for name in ("_k", "_v"):
+            x = getattr(self, name)
+            idx = columns[:, None, :, None].expand(r, x.shape[1], width, x.shape[-1])
+            buf = x.new_empty(r, x.shape[1], max(x.shape[-2], width), x.shape[-1])
+            buf[:, :, :width] = torch.gather(x[rows, :, : self.length], 2, idx)
+            setattr(self, name, buf)
+        self.length = width
+        self.keys, self.values = self._k[:, :, :width], self._v[:, :, :width]
+
     def absorb(self, other: GrowingLayer, skip: int) -> None:
         """Append `other`'s rows below this layer's, both right-aligned (a row's newest column is the
         last): this layer's first `skip` columns (padding to every row) are dropped, and the shorter

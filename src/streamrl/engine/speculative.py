@@ -1,15 +1,23 @@
-"""Speculative rollouts: an earlier response to the same prompt is verified under the current weights in
-one forward pass, and decoding goes on from the first rejected token (SPEC-RL).
+"""Speculative rollouts: earlier responses to the same prompt are verified under the current weights in
+the prompt's own prefill forward, and decoding goes on from where a response leaves them (SPEC-RL).
 
-Exact verification (`lenience` 0) is speculative sampling whose proposal is known in full. A row picks
-one of its request's drafts uniformly at random; at position i the proposal q is the empirical
-distribution of the next token among the drafts that match the tokens emitted so far and go on past
-them (a single draft: a point mass on its token). The draft's token x is accepted with probability
-min(1, p(x) / q(x)); at the first rejection the token is drawn from the residual max(0, p - q),
-renormalised, and verification ends. p is the current policy's sampling distribution (temperature and
-top-p applied as in plain sampling). Each emitted token is then distributed exactly as p given the
-tokens before it, whatever the drafts are and however they were chosen, so a response is a plain
-sample from the current policy: its tokens carry log p and the verifying weights' version.
+The drafts offered for a prompt form a token tree (`DraftTree`, a trie: drafts that start alike share
+nodes). The tree's nodes ride the prompt's prefill as extra columns under a tree attention mask (each
+node sees the prompt and its own ancestors, at position prompt length + depth), so one forward gives
+the policy's next-token distribution after the prompt and after every node, whatever the number of
+drafts; the LM head runs only on the nodes some row reaches. Each row then walks the tree from its root.
+
+Exact verification (`lenience` 0) is speculative sampling with, at each node, the proposal q = the
+empirical distribution of the next token among the drafts through that node (its children, weighted by
+how many drafts pass through each). The row draws x ~ q and accepts it with probability
+min(1, p(x) / q(x)); otherwise it draws the token from the residual max(0, p - q), renormalised. p is
+the current policy's sampling distribution (temperature and top-p applied as in plain sampling), so
+each emitted token is distributed exactly as p given the tokens before it; q depends on the drafts and
+the tokens emitted so far only. Whichever way the token came, a row whose token is a child of its node
+walks on to that child (a rejected draft hands over to another draft that agrees with the correction),
+and leaves the tree otherwise; at a node without children it draws a plain sample from p. A response
+is therefore a plain sample from the current policy, its tokens carry log p and the verifying weights'
+version, and the rows of a group decide independently, each with its own uniforms.
 
 Why not the recorded log-probs in the exact rule: the residual needs the draft policy's whole
 distribution at the rejected position, and a stored response keeps only the probability of its own
@@ -17,31 +25,23 @@ token. Accepting with min(1, p(x) / p_draft(x)) and drawing from anything comput
 number is biased (three tokens, p uniform, p_draft (1/2, 1/2, 0) or (1/2, 0, 1/2): no rule can tell
 which mass is missing). The proposal above is what the drafts define exactly.
 
-Lenient verification (`lenience` > 0, SPEC-RL's rule, biased): x is accepted with probability
+Lenient verification (`lenience` > 0, SPEC-RL's rule, biased): the row picks one of its drafts
+uniformly at random and follows it; its token x is accepted with probability
 a = min(1, lenience * p(x) / p_draft(x)), p_draft(x) the draft's recorded behaviour probability; else
-the token is drawn from p (drawing x again counts as accepting it). The token then came from
-b = a [y = x] + (1 - a) p(y), and log b is recorded as its behaviour log-prob, so the decoupled-PPO
-weight pi_prox / pi_behav corrects the bias token by token.
+the token is drawn from p (drawing x again counts as accepting it) and the row leaves the draft. The
+token then came from b = a [y = x] + (1 - a) p(y), and log b is recorded as its behaviour log-prob, so
+the decoupled-PPO weight pi_prox / pi_behav corrects the bias token by token.
 
-Rows that share a prompt's cache row (a GRPO group's samples) and picked the same draft share one
-verify row: its logits are the same for each of them, and each still decides with its own uniforms.
-After verification a verify row forks into one cache row per number of tokens accepted, which the next
-step forks again by sampled token (engine/hf.py): a confident policy's repeated answers are verified once.
-
-The drafts' tokens are forwarded in column chunks of at most VERIFY_COLUMNS columns and VERIFY_ELEMENTS
-logits: every chunk costs a forward over all the verify rows, so a batch whose drafts are mostly short
-does not pay for its longest one. Verification stops once fewer than a quarter of the rows are still on
-their drafts (another chunk would then cost more than the decode steps it saves); a row still on its
-draft then decodes on from its last accepted token, a plain sample from there, so the stopping rule
-(which never looks at a row's own future tokens, nor at the drafts ahead) keeps every response exact.
-Lenient rows are verified to the end of their drafts. Accepted columns stay in the KV cache; rejected
-ones are masked out.
+Every row emits at least one token here (the last one drawn where it left the tree, unless it finished);
+that token goes through the model in the next decode step (DecodeBatch._feed with defer). Rows that end
+at the same node share a cache row, which keeps the prompt's columns and those of the row's path
+(the rest of the tree is dropped); the next step forks it by token. A tree has at most TREE_NODES
+nodes (kept in breadth-first order: a proposal then covers the children kept, still exact).
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -51,8 +51,119 @@ from streamrl.engine.base import GenResult
 from streamrl.engine.sampling import sample_inverse_cdf, sample_next, sampling_probs
 from streamrl.models.cache_kwarg import cache_kwargs
 
-VERIFY_ELEMENTS = 1 << 26  # logits per verify forward (rows x columns x vocabulary): 128 MB in bf16
-VERIFY_COLUMNS = 8  # draft columns per verify forward
+TREE_NODES = 1024  # nodes per prompt's draft tree (bounds the verify forward's columns and mask)
+ROOT = -1  # the node before the first response token
+HEAD_ELEMENTS = 1 << 27  # logits of every node at once up to this (256 MB in bf16); else level by level
+
+
+class DraftTree:
+    """The trie of a prompt's drafts. Nodes in breadth-first order: tokens [N], parent [N] (ROOT for the
+    first tokens), depth [N] (0 for the first tokens), count [N] (drafts through the node); `children`
+    maps a node (ROOT included) to {token: child}."""
+
+    def __init__(self, drafts: list[tuple[int, ...]], limit: int | None = None) -> None:
+        limit = TREE_NODES if limit is None else limit
+        self.tokens: list[int] = []
+        self.parent: list[int] = []
+        self.depth: list[int] = []
+        self.count: list[int] = []
+        self.children: dict[int, dict[int, int]] = {ROOT: {}}
+        level = [(ROOT, [d for d in drafts if d])]
+        while level and len(self.tokens) < limit:
+            nxt = []
+            for node, through in level:
+                by_token: dict[int, list[tuple[int, ...]]] = {}
+                for d in through:
+                    by_token.setdefault(d[self._depth_after(node)], []).append(d)
+                for tok, ds in by_token.items():
+                    if len(self.tokens) == limit:
+                        break
+                    child = self._add(node, tok, len(ds))
+                    nxt.append((child, [d for d in ds if len(d) > self.depth[child] + 1]))
+            level = nxt
+
+    def _depth_after(self, node: int) -> int:
+        return 0 if node == ROOT else self.depth[node] + 1
+
+    def _add(self, parent: int, token: int, count: int) -> int:
+        node = len(self.tokens)
+        self.tokens.append(token)
+        self.parent.append(parent)
+        self.depth.append(self._depth_after(parent))
+        self.count.append(count)
+        self.children[parent][token] = node
+        self.children[node] = {}
+        return node
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def ancestry(self, width: int) -> torch.Tensor:
+        """[width, width] bool: row i marks node i and its ancestors (rows past the tree: only i)."""
+        out = torch.eye(width, dtype=torch.bool)
+        for node, parent in enumerate(self.parent):  # breadth-first: a parent's row is complete
+            if parent != ROOT:
+                out[node] |= out[parent]
+        return out
+
+    def path(self, node: int) -> list[int]:
+        """The nodes from the first token down to `node` ([] for ROOT)."""
+        out = []
+        while node != ROOT:
+            out.append(node)
+            node = self.parent[node]
+        return out[::-1]
+
+
+def tree_forward(
+    batch: Any, ids: torch.Tensor, positions: torch.Tensor, attn: torch.Tensor, trees: list[DraftTree]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prefill of D distinct prompts with their draft trees' nodes as extra columns.
+    ids, positions [D, P]: the prompt columns forwarded (after any cached prefix); attn [D, W]: every
+    column's padding mask (W >= P) -> (logits after each prompt [D, V], hidden states of the nodes
+    [D, N, H], N = the largest tree). Node columns see the prompt and their own ancestors; the KV cache
+    ends with the N node columns of every row."""
+    eng = batch.engine
+    d, p = ids.shape
+    w, n = attn.shape[1], max(len(t) for t in trees)
+    node_ids = torch.full((d, n), eng.pad_id)
+    depth = torch.zeros(d, n, dtype=torch.long)
+    mask = torch.zeros(d, 1, p + n, w + n, dtype=torch.bool)
+    real = attn.bool()
+    mask[:, 0, :p, :w] = torch.ones(p, w, dtype=torch.bool).tril(w - p) & real[:, None, :]
+    mask[:, 0, p:, :w] = real[:, None, :]
+    for k, tree in enumerate(trees):
+        if len(tree):
+            node_ids[k, : len(tree)] = torch.tensor(tree.tokens)
+            depth[k, : len(tree)] = torch.tensor(tree.depth)
+        mask[k, 0, p:, w:] = tree.ancestry(n)
+    node_pos = positions[:, -1:] + 1 + depth
+    batch._logits_version = eng.version
+    model, dev = eng.model, eng.device
+    decoder = model.get_decoder()
+    out = decoder(
+        input_ids=torch.cat([ids, node_ids], dim=1).to(dev),
+        attention_mask=mask.to(dev),
+        position_ids=torch.cat([positions, node_pos], dim=1).to(dev),
+        **cache_kwargs(decoder, batch.cache),
+        use_cache=True,
+    )
+    hidden = out.last_hidden_state
+    return head_logits(model, hidden[:, p - 1]), hidden[:, p:]
+
+
+def head_logits(model: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """hidden [..., H] (the decoder's output) -> logits [..., V] as the model's forward computes them:
+    its LM head, then Gemma's final soft-capping or Cohere's logit scale where the config has one."""
+    logits = model.get_output_embeddings()(hidden)
+    config = getattr(model, "config", None)
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    scale = getattr(config, "logit_scale", None)
+    if isinstance(scale, (int, float)) and scale != 1:
+        logits = logits * scale
+    return logits
 
 
 class VerifiedBatch(Protocol):
@@ -67,227 +178,194 @@ class VerifiedBatch(Protocol):
     next_pos: torch.Tensor
     _logits: torch.Tensor
     _logits_version: int
+    _trees: list[DraftTree]  # per cache row
+    _tree_hidden: torch.Tensor | None  # [C, N, H] the nodes' hidden states
 
     def _emit(self, res: GenResult, tok: int, logprob: float, version: int) -> bool: ...
 
     def _feed(self, tokens: torch.Tensor, keep: list[int], defer: bool = False) -> None: ...
 
-    def _select_cache_rows(self, src: list[int]) -> None: ...
-
 
 @dataclass
 class _Row:
     res: GenResult
-    draft: tuple[int, ...]  # the chosen draft, cut at the row's room
-    draft_logprobs: tuple[float, ...]
-    alive: list[tuple[int, ...]]  # the drafts matching the tokens emitted so far (exact rule's proposal)
-    lenience: float
+    cache_row: int
+    tree: DraftTree
     params: tuple[float, float]  # (temperature, top_p) of the row's request; temperature 0: greedy
-    pos: int = 0  # the next position to decide
-    accepted: int = 0  # draft tokens accepted in this verification
-    stopped: bool = False  # left the draft: rejected, sampled past it, or finished
+    lenience: float
+    draft: tuple[int, ...] = ()  # lenient rows: the draft they follow
+    draft_logprobs: tuple[float, ...] = ()
+    node: int = ROOT  # the last tree node the row's tokens reached
+    stopped: bool = False  # left the tree (or finished)
     finished: bool = False
     tokens: list[int] = field(default_factory=list)
-    key: int = 0  # the verify row (then the cache row) whose logits the row reads
 
 
 def verify_drafts(batch: VerifiedBatch) -> list[GenResult]:
-    """Verify every row's draft and emit its accepted tokens plus one more (the correction drawn at the
-    rejection, or the next token past an accepted draft; a row without a draft gets a plain sample; a row
-    still on its draft when verification stops, none). Leaves the batch as after a step whose tokens are
-    not forwarded yet (the next step forwards them, with any batch this one joins); returns the results
-    that finished."""
+    """Walk every row through its prompt's draft tree (see the module docstring) and emit its tokens up
+    to and including the first one outside the tree. Leaves the batch as after a step whose tokens are not
+    forwarded yet (the next step forwards them, with any batch this one joins); returns the results that
+    finished."""
     gen = batch.engine.generator
     version = batch._logits_version
-    rows = [_pick(batch.results[i], gen) for i in batch.active]
     parents = batch.rows.tolist()
-    first: dict[tuple[int, tuple[float, float]], torch.Tensor] = {}
-    for r, row in enumerate(rows):
-        logits = batch._logits[parents[r] : parents[r] + 1]
-        if row.params[0] == 0:  # greedy: the argmax, its log-prob at temperature 1 (as sample_next)
-            tok, logprob = sample_next(logits, 0.0, 1.0, None)
-            _emit(batch, row, int(tok[0]), float(logprob[0]), version, accepted=None)
-            continue
-        if (parents[r], row.params) not in first:
-            first[parents[r], row.params] = sampling_probs(logits, *row.params)
-        _decide_run(batch, row, first[parents[r], row.params], version)
-    # one verify row per distinct (cache row, draft) still on its draft: rows that share a prompt's cache
-    # row and picked the same draft read the same logits (a confident policy's answers repeat); a row
-    # already off its draft takes any verify row of its prompt: it attends to none of the draft columns
-    # (one that accepted its first token and stopped has finished: it keeps no cache row)
-    keys: dict[tuple[int, tuple[int, ...]], int] = {}
-    for r, row in enumerate(rows):
-        if not row.stopped:
-            row.key = keys.setdefault((parents[r], row.draft), len(keys))
-    of_parent = {p: k for (p, _), k in keys.items()}
-    for r, row in enumerate(rows):
-        if row.stopped:
-            row.key = of_parent.get(parents[r], -1)
-            if row.key < 0:
-                row.key = of_parent[parents[r]] = keys.setdefault((parents[r], ()), len(keys))
-    _select(batch, [p for p, _ in keys], torch.zeros(len(keys), dtype=torch.long), 0)
-    forwarded = _verify_columns(batch, rows, [d for _, d in keys], version)
-    # accepted draft tokens stay in the KV cache, the columns past them are masked out: one cache row per
-    # distinct (verify row, tokens accepted); a row stopped on its draft has its last accepted token past
-    # the forwarded columns: it is fed below like a sample
+    rows = [
+        _start(batch.results[i], parents[r], batch._trees[parents[r]], gen)
+        for r, i in enumerate(batch.active)
+    ]
+    logits: dict[tuple[int, int], torch.Tensor] = {}
+    probs: dict[tuple[int, int, tuple[float, float]], torch.Tensor] = {}
+    every = [(c, v) for c in sorted(set(parents)) for v in range(len(batch._trees[c]))]
+    if every and len(every) * batch._logits.shape[-1] <= HEAD_ELEMENTS:
+        _head(batch, every, logits)  # one product: the head on a few rows at a time streams its weights
+    live = rows
+    while live:
+        needed = sorted({(r.cache_row, r.node) for r in live if (r.cache_row, r.node) not in logits})
+        _head(batch, [(c, v) for c, v in needed if v != ROOT], logits)
+        logits.update((key, batch._logits[key[0]]) for key in needed if key[1] == ROOT)
+        for row in live:
+            if row.params[0] == 0:  # greedy: the argmax, its log-prob at temperature 1 (as sample_next)
+                tok, logprob = sample_next(logits[row.cache_row, row.node][None], 0.0, 1.0, None)
+                _emit(batch, row, int(tok[0]), float(logprob[0]), version, accepted=None)
+                continue
+            key = (row.cache_row, row.node, row.params)
+            if key not in probs:
+                probs[key] = sampling_probs(logits[key[:2]][None], *row.params)[0]
+            _decide(batch, row, probs[key], version)
+        live = [r for r in live if not r.stopped]
+    # one cache row per distinct (prompt row, node reached), holding the prompt and the nodes on its
+    # path (the rest of the tree dropped); a finished row keeps no cache row (it leaves in _feed)
     ends: dict[tuple[int, int], int] = {}
-    for row in rows:  # a finished row keeps no cache row (it reads row 0's, and leaves in _feed)
-        row.key = 0 if row.finished else ends.setdefault((row.key, min(row.accepted, forwarded)), len(ends))
+    for row in rows:
+        row.cache_row = 0 if row.finished else ends.setdefault((row.cache_row, row.node), len(ends))
     if ends:
-        _select(batch, [k for k, _ in ends], torch.tensor([a for _, a in ends]), forwarded)
-    batch.rows = torch.tensor([row.key for row in rows])
+        _keep_paths(batch, [(batch._trees[c], c, v) for c, v in ends])
+    batch._trees, batch._tree_hidden = [], None
+    batch.rows = torch.tensor([row.cache_row for row in rows])
     keep = [r for r, row in enumerate(rows) if not row.finished]
     last = torch.tensor([row.tokens[-1] for row in rows])
     batch._feed(last, keep, defer=True)  # forwarded by the next step, with the batch it joins
     return [row.res for row in rows if row.finished]
 
 
-def _select(batch: VerifiedBatch, src: list[int], accepted: torch.Tensor, forwarded: int) -> None:
-    """The batch's cache rows become `src` (copies where one repeats); the last `forwarded` KV columns
-    (verified draft tokens) stay visible to the first `accepted` of them in each new cache row."""
-    batch._select_cache_rows(src)
-    if forwarded:
-        block = (torch.arange(forwarded)[None, :] < accepted[:, None]).to(batch.attn.dtype)
-        batch.attn = torch.cat([batch.attn[:, :-forwarded], block], dim=1)
-        batch.next_pos = batch.next_pos + accepted
+def _head(batch: VerifiedBatch, nodes: list[tuple[int, int]], logits: dict) -> None:
+    """logits[(cache row, node)] for `nodes`, from the nodes' hidden states."""
+    if nodes:
+        assert batch._tree_hidden is not None
+        idx = torch.tensor(nodes).to(batch._tree_hidden.device)
+        logits.update(zip(nodes, head_logits(batch.engine.model, batch._tree_hidden[idx[:, 0], idx[:, 1]])))
 
 
-def _pick(res: GenResult, gen: torch.Generator) -> _Row:
-    req = res.request
-    params = (req.temperature, req.top_p)
-    room = req.max_new_tokens - len(res.token_ids)
-    drafts = [d for d in req.drafts if d.token_ids]
-    if not drafts or room <= 0:
-        return _Row(res, (), (), [], req.lenience, params)
-    chosen = drafts[int(torch.randint(len(drafts), (1,), generator=gen))]
-    alive = [d.token_ids[:room] for d in drafts]
-    return _Row(res, chosen.token_ids[:room], chosen.logprobs[:room], alive, req.lenience, params)
-
-
-def _verify_columns(
-    batch: VerifiedBatch, rows: list[_Row], drafts: list[tuple[int, ...]], version: int
-) -> int:
-    """Forward the verify rows' drafts chunk by chunk while enough rows are still on their drafts; each
-    chunk's logits decide the positions after its columns for every row of that verify row (row.key).
-    Returns the columns forwarded; batch.attn then ends with them."""
-    width = max((len(d) for d in drafts), default=0)
-    ids = torch.full((len(drafts), width), batch.engine.pad_id)
-    for k, draft in enumerate(drafts):
-        ids[k, : len(draft)] = torch.tensor(draft, dtype=ids.dtype)
-    vocab = batch._logits.shape[-1]
-    # the chunk width and the stopping rule count rows, not verify rows: how many verify rows there are
-    # depends on the drafts the rows picked, i.e. on their future proposals, and a rule that looked at
-    # them would make verifying a position depend on what is proposed there (no longer exact)
-    step = max(1, min(VERIFY_COLUMNS, VERIFY_ELEMENTS // (len(rows) * vocab)))
-    real = torch.zeros(len(drafts), width, dtype=batch.attn.dtype)
-    start = 0
-    while start < width and _worth_a_chunk(rows):
-        end = min(width, start + step)
-        for row in rows:
-            if not row.stopped:
-                real[row.key, start : min(end, len(row.draft))] = 1
-        logits = _forward(batch, ids[:, start:end], start, torch.cat([batch.attn, real[:, :end]], dim=1))
-        probs: dict[tuple[int, tuple[float, float]], torch.Tensor] = {}
-        for row in rows:
-            cols = min(end, len(row.draft)) - start
-            if not row.stopped and cols > 0:
-                if (row.key, row.params) not in probs:
-                    probs[row.key, row.params] = sampling_probs(logits[row.key, :cols], *row.params)
-                _decide_run(batch, row, probs[row.key, row.params], version)
-        start = end
-    batch.attn = torch.cat([batch.attn, real[:, :start]], dim=1)
-    return start
-
-
-def _worth_a_chunk(rows: list[_Row]) -> bool:
-    """Whether enough rows are still on their drafts for another verify forward; if not, the rest stop
-    there and decode on (exact: the rule depends on the rows' decisions so far, never on a row's own
-    next tokens or the drafts ahead)."""
-    on_draft = [row for row in rows if not row.stopped]
-    if on_draft and (4 * len(on_draft) >= len(rows) or any(row.lenience > 0 for row in on_draft)):
-        return True  # lenient rows keep SPEC-RL's rule along their whole drafts
-    for row in rows:
-        row.stopped = True
-    return False
-
-
-def _forward(batch: VerifiedBatch, ids: torch.Tensor, start: int, attn: torch.Tensor) -> torch.Tensor:
-    """ids [R, C]: draft columns start.. of every row -> logits [R, C, V] (the C positions after them)."""
-    batch._logits_version = batch.engine.version
+def _keep_paths(batch: VerifiedBatch, ends: list[tuple[DraftTree, int, int]]) -> None:
+    """The cache rows become one per (tree, prompt cache row, node): the prompt's columns, then those of
+    the node's path (breadth-first order puts a node's columns at W + node), then masked padding."""
+    width = batch.attn.shape[1]
+    paths = [tree.path(node) for tree, _, node in ends]
+    longest = max(map(len, paths))
+    columns = torch.zeros(len(ends), width + longest, dtype=torch.long)
+    columns[:, :width] = torch.arange(width)
+    block = torch.zeros(len(ends), longest, dtype=batch.attn.dtype)
+    for e, path in enumerate(paths):
+        columns[e, width : width + len(path)] = width + torch.tensor(path, dtype=torch.long)
+        block[e, : len(path)] = 1
+    src = torch.tensor([c for _, c, _ in ends])
     dev = batch.engine.device
-    positions = batch.next_pos[:, None] + torch.arange(start, start + ids.shape[1])[None, :]
-    out = batch.engine.model(
-        input_ids=ids.to(dev),
-        attention_mask=attn.to(dev),
-        position_ids=positions.to(dev),
-        **cache_kwargs(batch.engine.model, batch.cache),
-        use_cache=True,
-        logits_to_keep=0,
-    )
-    return out.logits
+    for layer in batch.cache.layers:
+        layer.select_columns(src.to(dev), columns.to(dev))
+    batch.attn = torch.cat([batch.attn[src], block], dim=1)
+    batch.next_pos = batch.next_pos[src] + torch.tensor([len(p) for p in paths])
 
 
-def _decide_run(batch: VerifiedBatch, row: _Row, probs: torch.Tensor, version: int) -> None:
-    """probs [n, V]: the sampling distributions at the row's next n positions (n = 1 before the first
-    forward). Decides them in order until the row leaves its draft."""
-    n = probs.shape[0]
-    on_draft = [row.draft[row.pos + j] for j in range(n) if row.pos + j < len(row.draft)]
-    p_draft_tokens = probs[torch.arange(len(on_draft)), on_draft].tolist() if on_draft else []
-    uniforms = torch.rand(n, generator=batch.engine.generator, dtype=torch.float64).tolist()
-    for j in range(n):
-        if row.stopped:
+def _start(res: GenResult, cache_row: int, tree: DraftTree, gen: torch.Generator) -> _Row:
+    req = res.request
+    row = _Row(res, cache_row, tree, (req.temperature, req.top_p), req.lenience)
+    drafts = [d for d in req.drafts if d.token_ids]
+    if not drafts:
+        row.tree = DraftTree([])  # a request without drafts samples plainly, whatever shares its prompt
+    elif req.lenience > 0:
+        chosen = drafts[int(torch.randint(len(drafts), (1,), generator=gen))]
+        row.draft, row.draft_logprobs = chosen.token_ids, chosen.logprobs
+    return row
+
+
+def _decide(batch: VerifiedBatch, row: _Row, p: torch.Tensor, version: int) -> None:
+    """p [V]: the sampling distribution after the row's node. Decides the next token and moves the row."""
+    gen = batch.engine.generator
+    children = row.tree.children.get(row.node, {})
+    if row.lenience > 0:
+        pos = 0 if row.node == ROOT else row.tree.depth[row.node] + 1
+        x = row.draft[pos] if pos < len(row.draft) else None
+        if x is None or x not in children:  # past the draft (or the tree's cut): a plain sample
+            children = {}
+        else:
+            u = float(torch.rand(1, generator=gen, dtype=torch.float64))
+            tok, logprob = _lenient(p, x, math.exp(row.draft_logprobs[pos]), row.lenience, u, gen)
+            _emit(batch, row, tok, logprob, version, accepted=tok == x)
+            _move(row, children if tok == x else {})
             return
-        if row.pos >= len(row.draft):  # past the draft (or none): a plain sample
-            tok = int(sample_inverse_cdf(probs[j : j + 1], batch.engine.generator)[0])
-            _emit(batch, row, tok, math.log(float(probs[j, tok])), version, accepted=None)
-            row.stopped = True
-            return
-        x, px, u = row.draft[row.pos], p_draft_tokens[j], uniforms[j]
-        rule = _lenient if row.lenience > 0 else _exact
-        tok, logprob, accepted = rule(row, probs[j], x, px, u, batch.engine.generator)
-        _emit(batch, row, tok, logprob, version, accepted)
+    if not children:  # nothing proposed here: a plain sample, and the row leaves the tree
+        tok = int(sample_inverse_cdf(p[None], gen)[0])
+        _emit(batch, row, tok, math.log(float(p[tok])), version, accepted=None)
+        row.stopped = True
+        return
+    counts = {tok: row.tree.count[node] for tok, node in children.items()}
+    u = torch.rand(2, generator=gen, dtype=torch.float64).tolist()
+    tok, accepted = _exact(p, counts, u, gen)
+    _emit(batch, row, tok, math.log(float(p[tok])), version, accepted=accepted)
+    _move(row, children)
 
 
-def _exact(
-    row: _Row, p: torch.Tensor, x: int, px: float, u: float, gen: torch.Generator
-) -> tuple[int, float, bool]:
-    """Speculative sampling against the drafts' empirical proposal q at this position -> (token,
-    log p(token), accepted)."""
-    i = row.pos
-    going_on = [d for d in row.alive if len(d) > i]  # the chosen draft is one of them
-    counts = Counter(d[i] for d in going_on)
-    if u * counts[x] < px * len(going_on):  # u < p(x) / q(x)
-        row.alive = [d for d in going_on if d[i] == x]
-        return x, math.log(px), True
+def _move(row: _Row, children: dict[int, int]) -> None:
+    """After a decided token: to its child node if the tree has it, else out of the tree."""
+    if row.finished or row.tokens[-1] not in children:
+        row.stopped = True
+    else:
+        row.node = children[row.tokens[-1]]
+
+
+def _exact(p: torch.Tensor, counts: dict[int, int], u: list[float], gen: torch.Generator) -> tuple[int, bool]:
+    """Speculative sampling against the proposal q = counts / their total: x ~ q (uniform u[0]),
+    accepted if u[1] < p(x) / q(x), else a draw from the residual max(0, p - q) -> (token, accepted)."""
+    total = sum(counts.values())
+    x = _propose(counts, u[0] * total)
+    if u[1] * counts[x] < float(p[x]) * total:  # u < p(x) / q(x)
+        return x, True
     residual = p.clone()
     for y, c in counts.items():
-        residual[y] = (p[y] - c / len(going_on)).clamp(min=0.0)
+        residual[y] = (p[y] - c / total).clamp(min=0.0)
     if not float(residual.sum()) > 0:  # p <= q everywhere: a rejection of probability 0 (rounding)
         residual = p
-    tok = int(sample_inverse_cdf(residual[None], gen)[0])
-    return tok, math.log(float(p[tok])), False
+    return int(sample_inverse_cdf(residual[None], gen)[0]), False
+
+
+def _propose(counts: dict[int, int], target: float) -> int:
+    """The token whose share of the running count holds target (0 <= target < the total)."""
+    seen = 0
+    for x, c in counts.items():
+        seen += c
+        if target < seen:
+            return x
+    return x
 
 
 def _lenient(
-    row: _Row, p: torch.Tensor, x: int, px: float, u: float, gen: torch.Generator
-) -> tuple[int, float, bool]:
-    """SPEC-RL's acceptance -> (token, log b(token) of the mixture it was drawn from, accepted)."""
-    p_old = math.exp(row.draft_logprobs[row.pos])
-    a = min(1.0, row.lenience * px / p_old) if p_old > 0 else 1.0
+    p: torch.Tensor, x: int, p_old: float, lenience: float, u: float, gen: torch.Generator
+) -> tuple[int, float]:
+    """SPEC-RL's acceptance -> (token, log b(token) of the mixture it was drawn from)."""
+    a = min(1.0, lenience * float(p[x]) / p_old) if p_old > 0 else 1.0
     tok = x if u < a else int(sample_inverse_cdf(p[None], gen)[0])
     behaviour = (1.0 - a) * float(p[tok]) + (a if tok == x else 0.0)
-    return tok, math.log(behaviour), tok == x
+    return tok, math.log(behaviour)
 
 
 def _emit(
     batch: VerifiedBatch, row: _Row, tok: int, logprob: float, version: int, accepted: bool | None
 ) -> None:
-    """accepted: None for a token sampled past the draft (not a verified one)."""
+    """accepted: None for a token sampled where nothing was proposed (not a verified one)."""
     row.tokens.append(tok)
     row.finished = batch._emit(row.res, tok, logprob, version)
     if accepted is not None:
         row.res.draft_tokens += 1
         row.res.draft_accepted += int(accepted)
-        row.accepted += int(accepted)
-    row.pos += 1
-    row.stopped = row.finished or accepted is not True
+    if accepted is None or row.finished:
+        row.stopped = True

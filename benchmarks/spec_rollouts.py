@@ -127,7 +127,7 @@ def window(run: dict[str, Any], first_epoch_steps: int, per_step: int) -> dict[s
         "wall_s": after[-1]["time"] - before[-1]["time"],
         "steps": len(after),
         "verified": sum(r.get("spec_verified_tokens", 0) for r in after),
-        "accepted": sum(r.get("spec_decode_steps_saved", 0) for r in after),
+        "accepted": sum(r.get("spec_acceptance_rate", 0.0) * r.get("spec_verified_tokens", 0) for r in after),
         "drafted": sum(r.get("spec_draft_share", 0.0) for r in after) * per_step,
     }
 

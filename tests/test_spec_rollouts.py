@@ -28,10 +28,20 @@ TIMING = re.compile(r"(^time$|_time$|_s$|per_s$|_share$|_elapsed$)")
 ROWS = [{"prompt": f"What is {a} + 1?", "answer": str(a + 1)} for a in range(3)]
 
 
-def _traj(pid: str, ids: list[int], accepted: int = 0, verified: int = 0) -> Trajectory:
+def _traj(pid: str, ids: list[int], accepted: int = 0, verified: int = 0, tree: int = 0) -> Trajectory:
     n = len(ids)
     return Trajectory(
-        pid, "g", "g-0", [1], ids, [-0.5] * n, [0] * n, "stop", draft_tokens=verified, draft_accepted=accepted
+        pid,
+        "g",
+        "g-0",
+        [1],
+        ids,
+        [-0.5] * n,
+        [0] * n,
+        "stop",
+        draft_tokens=verified,
+        draft_accepted=accepted,
+        tree_tokens=tree,
     )
 
 
@@ -57,15 +67,15 @@ def test_the_store_keeps_the_newest_responses_of_the_newest_prompts():
 
 def test_speculative_step_metrics():
     trajs = [
-        _traj("a", [1, 2, 3, 4], accepted=3, verified=4),
-        _traj("a", [1, 2], accepted=2, verified=2),
+        _traj("a", [1, 2, 3, 4], accepted=2, verified=4, tree=3),  # a residual token stayed in the tree
+        _traj("a", [1, 2], accepted=2, verified=2, tree=2),
         _traj("a", [5, 6]),  # no draft
     ]
     assert speculative_stats(trajs) == {
         "spec_verified_tokens": 6,
-        "spec_acceptance_rate": 5 / 6,
-        "spec_accepted_per_draft": 2.5,
-        "spec_decode_steps_saved": 5,
+        "spec_acceptance_rate": 4 / 6,
+        "spec_accepted_per_draft": 2.0,
+        "spec_decode_steps_saved": 5,  # tree tokens, not the 4 accepted
         "spec_draft_share": 2 / 3,
         "spec_token_share": 5 / 8,
     }

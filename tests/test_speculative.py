@@ -234,6 +234,8 @@ def test_a_draft_stops_at_its_stop_token_and_at_max_new_tokens(lms):
     )
     assert (length.token_ids, length.finish_reason, length.draft_tokens) == ([2, 3, 2], "length", 3)
     assert short.token_ids[:2] == [3, 3] and (short.draft_tokens, short.draft_accepted) == (2, 2)
+    # emitted along the tree, without decode steps: the stop token included, the sample past it not
+    assert (stop.tree_tokens, length.tree_tokens, short.tree_tokens) == (2, 3, 2)
     assert len(short.token_ids) > 2  # decoding went on past the draft
     for r in (stop, length, short):
         assert r.versions == [5] * len(r.token_ids)
@@ -319,7 +321,8 @@ def test_weight_updates_after_verification(lms, mode):
     assert sum(r.draft_accepted for r in out) > len(out)
     for r in out:
         offered = [d.token_ids for q in reqs if q.prompt_ids == r.request.prompt_ids for d in q.drafts]
-        verified = in_tree(r.token_ids, offered) + 1 if r.request.drafts else 1
+        assert r.tree_tokens == (in_tree(r.token_ids, offered) if r.request.drafts else 0)
+        verified = r.tree_tokens + 1
         zeros = min(max_new, verified + (1 if mode == "inflight" else 0))
         assert r.versions == [0] * zeros + [1] * (max_new - zeros)
         assert r.logprobs[:zeros] == pytest.approx(teacher_forced(before, r, temperature)[:zeros], abs=1e-5)

@@ -42,9 +42,10 @@ class Trajectory:
     reward: float = 0.0
     correct: bool = False
     reward_info: dict[str, Any] = field(default_factory=dict)
-    # speculative rollouts: draft tokens verified, and how many of them were accepted (its first tokens)
+    # speculative rollouts: tokens decided against a draft proposal, and how many of them were accepted
     draft_tokens: int = 0
     draft_accepted: int = 0
+    tree_tokens: int = 0  # speculative rollouts: first tokens along the drafts' tree (no decode step)
 
     def __post_init__(self) -> None:
         if not self.loss_mask:

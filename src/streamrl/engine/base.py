@@ -66,6 +66,7 @@ class GenResult:
     finish_reason: str = "length"  # "stop" (an end token was sampled) | "length" | "abort"
     draft_tokens: int = 0  # tokens decided against a draft proposal (accepted or drawn from the residual)
     draft_accepted: int = 0  # of which the proposed token was accepted
+    tree_tokens: int = 0  # the first tokens that are a path of the drafts' tree: emitted with no decode step
 
 
 class Engine(Protocol):

@@ -316,11 +316,13 @@ def _decide(batch: VerifiedBatch, row: _Row, p: torch.Tensor, version: int) -> N
 
 
 def _move(row: _Row, children: dict[int, int]) -> None:
-    """After a decided token: to its child node if the tree has it, else out of the tree."""
-    if row.finished or row.tokens[-1] not in children:
-        row.stopped = True
-    else:
-        row.node = children[row.tokens[-1]]
+    """After a decided token: to its child node if the tree has it (the walk goes on unless the token
+    finished the row), else out of the tree."""
+    tok = row.tokens[-1]
+    if tok in children:
+        row.node = children[tok]
+        row.res.tree_tokens += 1
+    row.stopped = row.finished or tok not in children
 
 
 def _exact(p: torch.Tensor, counts: dict[int, int], u: list[float], gen: torch.Generator) -> tuple[int, bool]:

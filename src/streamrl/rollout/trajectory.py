@@ -76,4 +76,5 @@ def make_trajectory(
         loss_mask=[0] * len(res.token_ids) if masked else [],
         draft_tokens=res.draft_tokens,
         draft_accepted=res.draft_accepted,
+        tree_tokens=res.tree_tokens,
     )

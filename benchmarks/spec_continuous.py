@@ -9,13 +9,16 @@ running batch. --prompts held-out rg:chain_sum prompts come round once per epoch
 group offers its prompt's previous responses (the first epoch has none). Both arms run the same epochs
 one after the other on the same weights, one thread. Prints each arm's tokens per second from the second
 epoch on, the forwards it ran (decode steps, and forwards of several columns: prefills, with the drafts'
-trees when there are drafts) with their time, and the acceptance rate. Not a test: figures, not assertions.
+trees when there are drafts) with their time, the acceptance rate, and how many samples and groups were
+answered inside their drafts' tree (the rest decode on after verification). Not a test: figures, not
+assertions.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import statistics
 import time
 from collections import defaultdict
 
@@ -60,6 +63,15 @@ class ForwardClock:
         self.shapes.clear()
 
 
+def decoded_after_tree(res: GenResult) -> int:
+    """The tokens a response decoded after verification: past its longest prefix that is a path of its
+    drafts' tree, and the one token verification emits beyond it (0: answered inside the tree)."""
+    prefixes = {d.token_ids[:i] for d in res.request.drafts for i in range(1, len(d.token_ids) + 1)}
+    ids = tuple(res.token_ids)
+    path = max((i for i in range(1, len(ids) + 1) if ids[:i] in prefixes), default=0)
+    return max(0, len(ids) - path - 1)
+
+
 def run_arm(
     engine: HFEngine, prompts: list[list[int]], args: argparse.Namespace, drafts_on: bool, clock: ForwardClock
 ) -> dict[str, float]:
@@ -71,6 +83,8 @@ def run_arm(
     open_: dict[int, list[GenResult]] = {}
     n_groups = 0
     tokens = verified = accepted = 0
+    tails: list[int] = []  # per group with drafts: its samples' most decode steps after verification
+    inside = 0  # samples answered inside their prompt's draft tree
     t_start = 0.0
     measuring = False
 
@@ -90,7 +104,8 @@ def run_arm(
         if not measuring and n_groups > len(prompts):  # the second epoch's first group has joined
             measuring, t_start = True, time.perf_counter()
             clock.reset()
-            tokens = verified = accepted = 0
+            tokens = verified = accepted = inside = 0
+            tails.clear()
         for res in decoder.step():
             gid, p = res.request.tag
             tokens += len(res.token_ids)
@@ -98,7 +113,12 @@ def run_arm(
             accepted += res.draft_accepted
             open_[gid].append(res)
             if len(open_[gid]) == samples:
-                store[p] = tuple(Draft(tuple(r.token_ids), tuple(r.logprobs)) for r in open_.pop(gid))
+                group = open_.pop(gid)
+                if measuring and group[0].request.drafts:
+                    left = [decoded_after_tree(r) for r in group]
+                    tails.append(max(left))
+                    inside += sum(n == 0 for n in left)
+                store[p] = tuple(Draft(tuple(r.token_ids), tuple(r.logprobs)) for r in group)
                 if todo:
                     admit()
     wall = time.perf_counter() - t_start
@@ -112,6 +132,10 @@ def run_arm(
         "decode_s": clock.seconds("decode"),
         "multi_n": clock.count("multi"),
         "multi_s": clock.seconds("multi"),
+        "inside": inside / max(len(tails) * samples, 1),
+        "groups_inside": sum(t == 0 for t in tails) / max(len(tails), 1),
+        "tail_median": statistics.median(tails) if tails else 0,
+        "tail_max": max(tails, default=0),
         "decode_rows": sum(r for r, _, _ in clock.shapes["decode"]) / max(clock.count("decode"), 1),
         "multi_tokens": sum(r * c for r, c, _ in clock.shapes["multi"]) / max(clock.count("multi"), 1),
     }
@@ -133,6 +157,13 @@ def main() -> None:
             f"acceptance {r['acceptance']:.2f}  from drafts {r['from_drafts']:.2f}",
             flush=True,
         )
+        if arm:
+            print(
+                f"       answered inside the drafts' tree: {r['inside']:.0%} of samples, "
+                f"{r['groups_inside']:.0%} of groups; a group's decode steps after verification: "
+                f"median {r['tail_median']:g}, max {r['tail_max']}",
+                flush=True,
+            )
     print(f"spec / plain: {out[True]['tok_s'] / out[False]['tok_s']:.2f}x")
 
 

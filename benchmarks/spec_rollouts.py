@@ -1,7 +1,7 @@
 """Speculative rollouts on a multi-epoch job: the same job with and without them, over several seeds.
 
     python benchmarks/spec_rollouts.py [--model smollm2|tiny-random] [--problems 512] [--epochs 3]
-                                       [--seeds 3] [--eval-size 200] [--drafts 8] [--lenience 0]
+                                       [--seeds 3] [--eval-size 200] [--drafts 16] [--lenience 0]
                                        [--max-time 0] [--set KEY=VALUE ...] [--out results.json]
 
 A finite training set of --problems rg:chain_sum problems (the default task's generator), written to a
@@ -9,8 +9,9 @@ JSONL file, and --eval-size held-out problems in another; every run trains --epo
 (max_steps = epochs x problems / prompts_per_step, DAPO dynamic sampling off so that each step draws
 exactly prompts_per_step problems) or for --max-time seconds, whichever ends first: the same budget for
 both arms. Arm `plain` runs the default job as it is; arm `spec` adds rollout.spec_drafts=--drafts (and
-rollout.spec_lenience=--lenience). Each run is `streamrl train` in a fresh subprocess, one after the
-other (never two at once on a small machine).
+rollout.spec_lenience=--lenience; 16 = two rounds of a group of 8). Each run is `streamrl train` in a
+fresh subprocess, one after the other (never two at once on a small machine), the arms alternating seed
+by seed (plain 0, spec 0, plain 1, ...) so that a drift of the machine's speed reaches both alike.
 
 Printed per arm, pooled over the seeds, from the second epoch on (the steps after the first
 problems / prompts_per_step, when every prompt has drafts):
@@ -22,9 +23,10 @@ problems / prompts_per_step, when every prompt has drafts):
     acceptance     draft tokens accepted / draft tokens verified (spec only), accepted tokens per draft
     held-out       final greedy accuracy over all seeds' held-out answers, with its 95% Wilson interval
 
-and the paired difference spec - plain of held-out correctness (same problems, same seeds) with its
-95% interval. The defaults (SmolLM2, 512 problems, 3 epochs: 192 steps per run, 6 runs) take several
-hours on a 2-core CPU; --problems 128 --epochs 2 is a quicker look.
+then spec / plain of rollout tok/s and samples/s per seed, and the paired difference spec - plain of
+held-out correctness (same problems, same seeds) with its 95% interval. The defaults (SmolLM2, 512
+problems, 3 epochs: 192 steps per run, 6 runs) take several hours on a 2-core CPU; --problems 128
+--epochs 2 is a quicker look.
 """
 
 from __future__ import annotations
@@ -160,6 +162,19 @@ def summarise(arm: str, runs: list[dict[str, Any]], args: argparse.Namespace) ->
     }
 
 
+def per_seed_ratios(
+    plain: list[dict[str, Any]], spec: list[dict[str, Any]], args: argparse.Namespace
+) -> list[tuple[int, float, float]]:
+    """(seed, spec / plain rollout tok/s, spec / plain samples/s) for each seed both arms completed."""
+    out = []
+    for p_run, s_run in zip(plain, spec):
+        p, s = (summarise(r["arm"], [r], args) for r in (p_run, s_run))
+        if p["rollout_tokens_per_s"] > 0 and p["samples_per_s"] > 0:
+            tok = s["rollout_tokens_per_s"] / p["rollout_tokens_per_s"]
+            out.append((p_run["seed"], tok, s["samples_per_s"] / p["samples_per_s"]))
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=sorted(MODELS), default="smollm2")
@@ -167,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--epochs", type=int, default=3, help="epochs over it per run")
     ap.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per arm")
     ap.add_argument("--eval-size", type=int, default=200, help="held-out problems, the same for every run")
-    ap.add_argument("--drafts", type=int, default=8, help="rollout.spec_drafts of the spec arm")
+    ap.add_argument("--drafts", type=int, default=16, help="rollout.spec_drafts of the spec arm")
     ap.add_argument("--lenience", type=float, default=0.0, help="rollout.spec_lenience of the spec arm")
     ap.add_argument("--max-time", type=float, default=0.0, help="training seconds per run (0: no limit)")
     ap.add_argument(
@@ -182,11 +197,13 @@ def main(argv: list[str] | None = None) -> None:
     args.steps = args.epochs * args.problems // args.prompts
     root = Path(tempfile.mkdtemp(prefix="spec-rollouts-"))
     data = write_problems(root, args.problems, args.eval_size)
-    results = []
-    for arm in ("plain", "spec"):
-        runs = [run_one(arm, seed, args, data, root) for seed in range(args.seeds)]
-        results.append(summarise(arm, runs, args))
+    runs: dict[str, list[dict[str, Any]]] = {"plain": [], "spec": []}
+    for seed in range(args.seeds):
+        for arm in runs:
+            runs[arm].append(run_one(arm, seed, args, data, root))
+    results = [summarise(arm, arm_runs, args) for arm, arm_runs in runs.items()]
     plain, spec = results
+    ratios = per_seed_ratios(runs["plain"], runs["spec"], args)
     diff = None
     if plain["correct"] and len(plain["correct"]) == len(spec["correct"]):
         diff = paired_difference_interval(plain["correct"], spec["correct"])
@@ -207,13 +224,19 @@ def main(argv: list[str] | None = None) -> None:
             f"{100 * s['heldout_accuracy']:.1f}% ({100 * lo:.1f}-{100 * hi:.1f})"
             + (f"  failed seeds {s['failed']}" if s["failed"] else "")
         )
+    for seed, tok, smp in ratios:
+        print(f"seed {seed}: spec / plain rollout tok/s {tok:.2f}x, samples/s {smp:.2f}x")
     if diff is not None:
         print(
             f"held-out spec - plain (paired): {100 * diff[0]:+.1f} pts "
             f"(95% CI {100 * diff[1]:+.1f} to {100 * diff[2]:+.1f})"
         )
     out = Path(args.out) if args.out else root / "spec_rollouts.json"
-    out.write_text(json.dumps({"args": vars(args), "results": results, "difference": diff}, indent=2))
+    out.write_text(
+        json.dumps(
+            {"args": vars(args), "results": results, "per_seed_ratios": ratios, "difference": diff}, indent=2
+        )
+    )
     print(f"runs and results in {root}")
 
 

@@ -68,14 +68,14 @@ def test_the_store_keeps_the_newest_responses_of_the_newest_prompts():
 def test_speculative_step_metrics():
     trajs = [
         _traj("a", [1, 2, 3, 4], accepted=2, verified=4, tree=3),  # a residual token stayed in the tree
-        _traj("a", [1, 2], accepted=2, verified=2, tree=2),
+        _traj("a", [1, 2], accepted=2, verified=2, tree=2),  # ended on the tree: 1 step saved, not 2
         _traj("a", [5, 6]),  # no draft
     ]
     assert speculative_stats(trajs) == {
         "spec_verified_tokens": 6,
         "spec_acceptance_rate": 4 / 6,
         "spec_accepted_per_draft": 2.0,
-        "spec_decode_steps_saved": 5,  # tree tokens, not the 4 accepted
+        "spec_decode_steps_saved": 4,  # 3 + 1 tree tokens, not the 4 accepted
         "spec_draft_share": 2 / 3,
         "spec_token_share": 5 / 8,
     }

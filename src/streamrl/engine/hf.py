@@ -31,6 +31,7 @@ from streamrl.engine.kv_cache import GrowingLayer, growing_cache
 from streamrl.engine.prefix_cache import PrefixCache
 from streamrl.engine.sampling import sample_rows
 from streamrl.engine.speculative import DraftTree, tree_forward, verify_drafts
+from streamrl.engine.windows import column_positions, forward_masks, on_device, sliding_window
 from streamrl.models.cache_kwarg import cache_kwargs
 from streamrl.models.frozen import contiguous_head_input, freeze
 from streamrl.models.precision import cast_params
@@ -90,7 +91,7 @@ class DecodeBatch:
         )
         if n:
             eng.prefix_cache.seed(self.cache, n, len(distinct))
-        positions = (attn.cumsum(-1) - 1).clamp(min=0)
+        positions = column_positions(attn)
         hidden = None
         if extra:
             logits, hidden = tree_forward(self, ids[:, n:], positions[:, n:], attn, trees)
@@ -122,9 +123,12 @@ class DecodeBatch:
         # the version of the weights that computed these logits: the tokens sampled from them carry it
         self._logits_version = self.engine.version
         dev = self.engine.device
+        mask: Any = attn.to(dev)
+        if self.engine.window is not None:  # positions, not columns, bound the window
+            mask = on_device(forward_masks(self.engine.model.config, attn, positions), dev)
         out = self.engine.model(
             input_ids=ids.to(dev),
-            attention_mask=attn.to(dev),
+            attention_mask=mask,
             position_ids=positions.to(dev),
             **cache_kwargs(self.engine.model, self.cache),
             use_cache=True,
@@ -290,6 +294,7 @@ class HFEngine:
             contiguous_head_input(model)  # the caller's model (the policy itself when shared)
         self.model = model
         self.device = device
+        self.window = sliding_window(model.config)  # sliding-window layers: the engine builds their masks
         self.max_batch = max_batch
         self.share_rows = share_rows  # rows with identical tokens so far share a KV row (DecodeBatch)
         # the KV of the prefix the prompts share, prefilled once per weights (engine/prefix_cache.py)

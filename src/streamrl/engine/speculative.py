@@ -5,7 +5,8 @@ The drafts offered for a prompt form a token tree (`DraftTree`, a trie: drafts t
 nodes). The tree's nodes ride the prompt's prefill as extra columns under a tree attention mask (each
 node sees the prompt and its own ancestors, at position prompt length + depth), so one forward gives
 the policy's next-token distribution after the prompt and after every node, whatever the number of
-drafts; the LM head runs only on the nodes some row reaches. Each row then walks the tree from its root.
+drafts; the LM head runs once over every node (level by level, on the nodes some row reaches, when
+the logits would pass HEAD_ELEMENTS). Each row then walks the tree from its root.
 
 Exact verification (`lenience` 0) is speculative sampling with, at each node, the proposal q = the
 empirical distribution of the next token among the drafts through that node (its children, weighted by
@@ -48,12 +49,14 @@ from typing import Any, Protocol
 import torch
 
 from streamrl.engine.base import GenResult
+from streamrl.engine.head import check_head, head_logits
 from streamrl.engine.sampling import sample_inverse_cdf, sample_next, sampling_probs
+from streamrl.engine.windows import column_positions, layer_masks, on_device
 from streamrl.models.cache_kwarg import cache_kwargs
 
 TREE_NODES = 1024  # nodes per prompt's draft tree (bounds the verify forward's columns and mask)
 ROOT = -1  # the node before the first response token
-HEAD_ELEMENTS = 1 << 27  # logits of every node at once up to this (256 MB in bf16); else level by level
+HEAD_ELEMENTS = 1 << 27  # every node's logits at once up to this (256 MB in bf16, 512 in fp32), else by level
 
 
 class DraftTree:
@@ -124,6 +127,7 @@ def tree_forward(
     [D, N, H], N = the largest tree). Node columns see the prompt and their own ancestors; the KV cache
     ends with the N node columns of every row."""
     eng = batch.engine
+    check_head(eng.model, eng.device)
     d, p = ids.shape
     w, n = attn.shape[1], max(len(t) for t in trees)
     node_ids = torch.full((d, n), eng.pad_id)
@@ -140,30 +144,17 @@ def tree_forward(
     node_pos = positions[:, -1:] + 1 + depth
     batch._logits_version = eng.version
     model, dev = eng.model, eng.device
+    q_pos, k_pos = torch.cat([positions, node_pos], 1), torch.cat([column_positions(attn), node_pos], 1)
     decoder = model.get_decoder()
     out = decoder(
         input_ids=torch.cat([ids, node_ids], dim=1).to(dev),
-        attention_mask=mask.to(dev),
+        attention_mask=on_device(layer_masks(model.config, mask, q_pos, k_pos), dev),
         position_ids=torch.cat([positions, node_pos], dim=1).to(dev),
         **cache_kwargs(decoder, batch.cache),
         use_cache=True,
     )
     hidden = out.last_hidden_state
     return head_logits(model, hidden[:, p - 1]), hidden[:, p:]
-
-
-def head_logits(model: Any, hidden: torch.Tensor) -> torch.Tensor:
-    """hidden [..., H] (the decoder's output) -> logits [..., V] as the model's forward computes them:
-    its LM head, then Gemma's final soft-capping or Cohere's logit scale where the config has one."""
-    logits = model.get_output_embeddings()(hidden)
-    config = getattr(model, "config", None)
-    cap = getattr(config, "final_logit_softcapping", None)
-    if cap:
-        logits = torch.tanh(logits / cap) * cap
-    scale = getattr(config, "logit_scale", None)
-    if isinstance(scale, (int, float)) and scale != 1:
-        logits = logits * scale
-    return logits
 
 
 class VerifiedBatch(Protocol):
@@ -214,15 +205,15 @@ def verify_drafts(batch: VerifiedBatch) -> list[GenResult]:
         for r, i in enumerate(batch.active)
     ]
     logits: dict[tuple[int, int], torch.Tensor] = {}
-    probs: dict[tuple[int, int, tuple[float, float]], torch.Tensor] = {}
     every = [(c, v) for c in sorted(set(parents)) for v in range(len(batch._trees[c]))]
     if every and len(every) * batch._logits.shape[-1] <= HEAD_ELEMENTS:
         _head(batch, every, logits)  # one product: the head on a few rows at a time streams its weights
     live = rows
-    while live:
-        needed = sorted({(r.cache_row, r.node) for r in live if (r.cache_row, r.node) not in logits})
-        _head(batch, [(c, v) for c, v in needed if v != ROOT], logits)
-        logits.update((key, batch._logits[key[0]]) for key in needed if key[1] == ROOT)
+    while live:  # each pass takes every live row one level deeper: a node is visited in one pass only
+        here = sorted({(r.cache_row, r.node) for r in live})
+        _head(batch, [(c, v) for c, v in here if v != ROOT and (c, v) not in logits], logits)
+        logits.update((key, batch._logits[key[0]]) for key in here if key[1] == ROOT)
+        probs: dict[tuple[int, int, tuple[float, float]], torch.Tensor] = {}
         for row in live:
             if row.params[0] == 0:  # greedy: the argmax, its log-prob at temperature 1 (as sample_next)
                 tok, logprob = sample_next(logits[row.cache_row, row.node][None], 0.0, 1.0, None)
@@ -232,6 +223,8 @@ def verify_drafts(batch: VerifiedBatch) -> list[GenResult]:
             if key not in probs:
                 probs[key] = sampling_probs(logits[key[:2]][None], *row.params)[0]
             _decide(batch, row, probs[key], version)
+        for key in here:  # no row comes back to this level
+            del logits[key]
         live = [r for r in live if not r.stopped]
     # one cache row per distinct (prompt row, node reached), holding the prompt and the nodes on its
     # path (the rest of the tree dropped); a finished row keeps no cache row (it leaves in _feed)

@@ -1,0 +1,49 @@
+"""The LM head applied to a decoder's hidden states, as the model's own forward applies it.
+
+Speculative rollouts (engine/speculative.py) run the decoder over a prompt and its draft tree and the
+head only on the nodes they need, so they compute logits outside the model's forward: `head_logits`
+repeats what the forwards of the supported families do after the head, and `check_head` refuses a model
+whose forward does something else.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def head_logits(model: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """hidden [..., H] (the decoder's output) -> logits [..., V] as the model's forward computes them:
+    its LM head, then Gemma's final soft-capping, Cohere's logit scale or Granite's logit divisor where
+    the config has one (`check_head` makes sure that is all the forward does)."""
+    logits = model.get_output_embeddings()(hidden)
+    config = getattr(model, "config", None)
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    scale = getattr(config, "logit_scale", None)
+    if isinstance(scale, (int, float)) and scale != 1:
+        logits = logits * scale
+    divisor = getattr(config, "logits_scaling", None)
+    if isinstance(divisor, (int, float)) and divisor != 1:
+        logits = logits / divisor
+    return logits
+
+
+@torch.no_grad()
+def check_head(model: Any, device: Any) -> None:
+    """Once per model: `head_logits` of the decoder's output must be the model's own logits (on three
+    tokens), or the drafts would be verified against another distribution than the one plain decoding
+    samples from. Raises ValueError naming the model otherwise."""
+    if getattr(model, "_streamrl_head_checked", False):
+        return
+    ids = torch.arange(1, 4, device=device)[None]
+    own = model(input_ids=ids).logits[0, -1].float()
+    ours = head_logits(model, model.get_decoder()(input_ids=ids).last_hidden_state[0, -1]).float()
+    if not float((own - ours).abs().max()) <= 1e-3 * float(own.abs().max()) + 1e-6:
+        raise ValueError(
+            f"rollout.spec_drafts > 0: {type(model).__name__} computes its logits from the decoder's output "
+            "in a way speculative rollouts do not reproduce; set rollout.spec_drafts=0"
+        )
+    model._streamrl_head_checked = True

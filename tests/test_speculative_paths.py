@@ -1,0 +1,126 @@
+"""Speculative rollouts' less travelled paths (engine/speculative.py, engine/head.py): the LM head level
+by level, lenient rows choosing among several drafts, greedy rows beside a prompt's tree, the logits of
+a model family whose forward scales them, and the one-line refusal of a model whose logits the engine
+cannot reproduce. The harness (a Llama of vocabulary 4, exact response probabilities, seeded
+goodness-of-fit tests) is test_speculative's."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from test_speculative import (
+    FIT,
+    PROMPT,
+    N,
+    as_draft,
+    draw,
+    fit_pvalue,
+    in_tree,
+    old_responses,
+    response_probs,
+    small_lm,
+    teacher_forced,
+)
+from transformers import GraniteConfig, GraniteForCausalLM
+
+from streamrl.engine import speculative
+from streamrl.engine.base import Draft, GenRequest
+from streamrl.engine.head import check_head
+
+
+@pytest.fixture(scope="module")
+def lms():
+    """(the current policy, other weights the drafts come from), their heads checked once here (the
+    check's own forward would otherwise show up in tests that count forwards)."""
+    models = small_lm(0), small_lm(1)
+    for m in models:
+        check_head(m, "cpu")
+    return models
+
+
+def test_the_head_level_by_level_leaves_the_policy_exact(lms, monkeypatch):
+    """Logits past HEAD_ELEMENTS come level by level, only for the nodes some row reaches: the same
+    distribution, and each response's first tokens along the tree counted as tree tokens."""
+    monkeypatch.setattr(speculative, "HEAD_ELEMENTS", 0)
+    drafts = tuple(old_responses(lms, 6))
+    results = draw(lms[0], [GenRequest(PROMPT, 3, drafts=drafts) for _ in range(N)], seed=31)
+    offered = [d.token_ids for d in drafts]
+    assert sum(r.draft_accepted for r in results) > 0.2 * N
+    assert all(r.tree_tokens == in_tree(r.token_ids, offered) for r in results)
+    assert fit_pvalue(results, response_probs(lms[0], 3)) > FIT
+
+
+def test_lenient_rows_follow_each_of_several_drafts(lms):
+    """With a lenience no ratio can fall under, every lenient row copies the draft it chose, chosen
+    uniformly: two drafts, 400 rows, each copied by 200 +- 40 (the seed fixes the count)."""
+    drafts = (Draft((3, 3, 2), (-1.0, -1.0, -1.0)), Draft((2, 2, 3), (-1.0, -1.0, -1.0)))
+    reqs = [GenRequest(PROMPT, 3, drafts=drafts, lenience=1e9) for _ in range(400)]
+    results = draw(lms[0], reqs, seed=32)
+    copied = [tuple(r.token_ids) for r in results]
+    assert set(copied) == {(3, 3, 2), (2, 2, 3)}
+    assert abs(copied.count((3, 3, 2)) - 200) <= 40
+    assert all(r.draft_accepted == r.draft_tokens == r.tree_tokens == 3 for r in results)
+
+
+def test_a_greedy_row_beside_a_prompts_tree_decodes_as_alone(lms):
+    """A greedy request (it takes no drafts) shares its prompt's prefill with sampled rows that verify a
+    tree: its response, log-probs and tree tokens are those of the greedy request alone."""
+    drafts = tuple(old_responses(lms, 6, max_new=6))
+    alone = draw(lms[0], [GenRequest(PROMPT, 6, temperature=0.0)], seed=33)[0]
+    reqs = [GenRequest(PROMPT, 6, temperature=0.0, drafts=drafts)]
+    reqs += [GenRequest(PROMPT, 6, drafts=drafts) for _ in range(8)]
+    mixed = draw(lms[0], reqs, seed=33)
+    assert sum(r.draft_accepted for r in mixed[1:]) > 0  # the tree was there
+    assert (mixed[0].token_ids, mixed[0].tree_tokens) == (alone.token_ids, 0)
+    assert mixed[0].logprobs == pytest.approx(alone.logprobs, abs=1e-6)
+
+
+def _granite() -> GraniteForCausalLM:
+    torch.manual_seed(0)
+    config = GraniteConfig(
+        vocab_size=4,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        eos_token_id=1,
+        pad_token_id=0,
+        logits_scaling=0.25,  # the forward divides the head's output by it
+    )
+    model = GraniteForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(6)
+    return model
+
+
+def test_a_model_whose_forward_scales_its_logits_is_verified_with_them():
+    """Granite divides the head's output by logits_scaling: the root's and the nodes' logits do too, so
+    verified responses are exact samples and their log-probs the teacher-forced ones."""
+    model = _granite()
+    own = [as_draft(r) for r in draw(model, [GenRequest(PROMPT, 3) for _ in range(6)], seed=34)]
+    results = draw(model, [GenRequest(PROMPT, 3, drafts=tuple(own)) for _ in range(N)], seed=35)
+    assert sum(r.draft_accepted for r in results) > 0.2 * N
+    assert fit_pvalue(results, response_probs(model, 3)) > FIT
+    for r in results[:50]:
+        assert r.logprobs == pytest.approx(teacher_forced(model, r, 1.0), abs=1e-5)
+
+
+def test_a_model_whose_logits_the_head_cannot_reproduce_is_refused_in_one_line(lms):
+    """A config attribute the forward ignores (soft-capping on a Llama) makes the head's logits differ
+    from the model's: the first verification refuses with the key to change, before any token."""
+    model = copy.deepcopy(lms[0])
+    model._streamrl_head_checked = False
+    model.config.final_logit_softcapping = 0.5
+    drafts = tuple(old_responses(lms, 2))
+    with pytest.raises(ValueError) as err:
+        draw(model, [GenRequest(PROMPT, 3, drafts=drafts)], seed=36)
+    assert str(err.value) == (
+        "rollout.spec_drafts > 0: LlamaForCausalLM computes its logits from the decoder's output in a "
+        "way speculative rollouts do not reproduce; set rollout.spec_drafts=0"
+    )
+    assert draw(model, [GenRequest(PROMPT, 3)], seed=36)[0].token_ids  # plain sampling still works

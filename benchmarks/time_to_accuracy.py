@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamrl.eval.stats import paired_difference_interval
+from streamrl.eval.stats import paired_difference_interval, replicate_difference_interval
 
 Point = dict[str, Any]
 Curve = list[Point]
@@ -96,21 +96,25 @@ def compare(streamrl: Curve, trl: Curve, target: float | None) -> dict[str, Any]
 
 def pooled_equal_time(pairs: list[tuple[Curve, Curve]]) -> dict[str, Any]:
     """Over seeds ((streamrl, trl) curves of each): both sides at each seed's shorter final time, the
-    verdicts pooled, and streamrl - TRL with its paired 95% interval (the same problems per seed)."""
-    s_all: list[bool] = []
-    t_all: list[bool] = []
+    verdicts pooled, and streamrl - TRL with its paired 95% interval (the same problems per seed) and
+    its interval over seeds (Student's t: the run-to-run spread of training included)."""
+    s_runs: list[list[bool]] = []
+    t_runs: list[list[bool]] = []
     for streamrl, trl in pairs:
         _, ps, pt = equal_time(streamrl, trl)
         if len(ps["per_problem"]) != len(pt["per_problem"]):
             raise ValueError("the two sides were evaluated on different numbers of held-out problems")
-        s_all += [bool(c) for c in ps["per_problem"]]
-        t_all += [bool(c) for c in pt["per_problem"]]
+        s_runs.append([bool(c) for c in ps["per_problem"]])
+        t_runs.append([bool(c) for c in pt["per_problem"]])
+    s_all, t_all = sum(s_runs, []), sum(t_runs, [])
     mean, lo, hi = paired_difference_interval(t_all, s_all)  # after - before = streamrl - TRL
+    _, seeds_lo, seeds_hi = replicate_difference_interval(t_runs, s_runs)
     return {
         "streamrl": [sum(s_all), len(s_all)],
         "trl": [sum(t_all), len(t_all)],
         "difference": mean,
         "ci95": [lo, hi],
+        "ci95_over_seeds": [seeds_lo, seeds_hi],
     }
 
 
@@ -165,8 +169,13 @@ def print_pooled(p: dict[str, Any], seeds: int) -> None:
         f"  held-out accuracy at equal training seconds (each seed's shorter final time), pooled over "
         f"{seeds} run(s): streamrl {c1}/{n1} = {c1 / max(n1, 1):.1%}, "
         f"TRL {c2}/{n2} = {c2 / max(n2, 1):.1%}; difference {p['difference']:+.1%} "
-        f"(paired 95% CI {lo:+.1%} .. {hi:+.1%})"
+        f"(paired 95% CI {lo:+.1%} .. {hi:+.1%}{_over_seeds(p)})"
     )
+
+
+def _over_seeds(p: dict[str, Any]) -> str:
+    lo, hi = p["ci95_over_seeds"]
+    return "" if lo == float("-inf") else f"; over seeds {lo:+.1%} .. {hi:+.1%}"
 
 
 def report(pairs: dict[str, dict[str, dict[str, Any]]], target: float | None) -> dict[str, Any] | None:
@@ -208,6 +217,7 @@ def report_pauses_counted(pairs: dict[str, tuple[Curve, Curve]]) -> dict[str, An
     lo, hi = pooled["ci95"]
     print(
         f"  with streamrl's pauses counted in its clock: TRL's final accuracy reached sooner by {shown}; "
-        f"at equal seconds {pooled['difference']:+.1%} (paired 95% CI {lo:+.1%} .. {hi:+.1%})"
+        f"at equal seconds {pooled['difference']:+.1%} (paired 95% CI {lo:+.1%} .. {hi:+.1%}"
+        f"{_over_seeds(pooled)})"
     )
     return {"speedup_to_trl_final": ups, "pooled_equal_time": pooled}

@@ -2,7 +2,12 @@ import threading
 
 import pytest
 
-from streamrl.eval.stats import paired_difference_interval, wilson_interval
+from streamrl.eval.stats import (
+    paired_difference_interval,
+    replicate_difference_interval,
+    t_quantile,
+    wilson_interval,
+)
 from streamrl.rewards.extract import EXTRACTORS, ends_with_answer, extract_answer, reference_answer
 from streamrl.rewards.math import math_equal
 
@@ -23,6 +28,28 @@ def test_paired_difference_hand_value():
     assert (mean, lo, hi) == pytest.approx((0.0, -half, half), abs=1e-5)
     with pytest.raises(ValueError, match="equal lengths"):
         paired_difference_interval([True], [])
+
+
+@pytest.mark.parametrize(
+    "df, table", [(1, 12.7062), (2, 4.3027), (3, 3.1824), (5, 2.5706), (10, 2.2281), (30, 2.0423)]
+)
+def test_t_quantile_matches_the_table(df, table):
+    assert t_quantile(0.975, df) == pytest.approx(table, abs=1e-4)
+    assert t_quantile(0.5, df) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_replicate_difference_hand_value():
+    before = [[True, False, False, False], [True, True, False, False], [False] * 4]
+    after = [[True, True, False, False], [True, True, True, False], [True, True, False, False]]
+    # d = 1/4, 1/4, 1/2: mean 1/3, sd sqrt(((1/12)^2 * 2 + (1/6)^2) / 2) = 1/sqrt(48), t(0.975, 2) 4.302653
+    mean, lo, hi = replicate_difference_interval(before, after)
+    half = 4.302653 / 48**0.5 / 3**0.5
+    assert (mean, lo, hi) == pytest.approx((1 / 3, 1 / 3 - half, 1 / 3 + half), abs=1e-5)
+    assert replicate_difference_interval(before[:1], after[:1]) == (0.25, float("-inf"), float("inf"))
+    with pytest.raises(ValueError, match="the same runs in both arms, got 1 and 3"):
+        replicate_difference_interval(before[:1], after)
+    with pytest.raises(ValueError, match="t_quantile needs 0.5 <= p < 1 and df >= 1, got p=0.2, df=2"):
+        t_quantile(0.2, 2)
 
 
 @pytest.mark.parametrize(

@@ -253,6 +253,12 @@ def test_pooled_equal_time_pairs_the_problems_of_every_seed():
     assert out["difference"] == pytest.approx(0.25)
     half = 1.959963984540054 * 0.25
     assert out["ci95"] == [pytest.approx(0.25 - half), pytest.approx(0.25 + half)]
+    # over seeds: d_A = 1/4 and d_B = 1/4, no spread between them
+    assert out["ci95_over_seeds"] == [pytest.approx(0.25), pytest.approx(0.25)]
+    three = tta.pooled_equal_time([(STREAMRL, TRL), (STREAMRL_B, TRL_B), (STREAMRL, STREAMRL)])
+    # d = 1/4, 1/4, 0: mean 1/6, sd sqrt(((1/12)^2 * 2 + (1/6)^2) / 2) = 1/sqrt(48), t(0.975, 2) 4.302653
+    half = 4.302653 / 48**0.5 / 3**0.5
+    assert three["ci95_over_seeds"] == [pytest.approx(1 / 6 - half), pytest.approx(1 / 6 + half)]
     with pytest.raises(ValueError, match="different numbers of held-out problems"):
         tta.pooled_equal_time([(STREAMRL, [tta.point(0, 0.0, [0, 0])])])
 

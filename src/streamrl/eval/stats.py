@@ -1,4 +1,5 @@
-"""Accuracy intervals: Wilson for one proportion, paired normal interval for a difference."""
+"""Accuracy intervals: Wilson for one proportion, paired normal interval for a difference over problems,
+Student's t interval for a difference over replicate runs."""
 
 from __future__ import annotations
 
@@ -35,4 +36,48 @@ def paired_difference_interval(
     mean = sum(d) / n
     var = sum((x - mean) ** 2 for x in d) / (n - 1) if n > 1 else 0.0
     half = z * math.sqrt(var / n)
+    return (mean, mean - half, mean + half)
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile (0.5 <= p < 1, df >= 1): bisection on the CDF, whose density is integrated by
+    Simpson's rule (t_quantile(0.975, 2) = 4.3027, to 1e-6)."""
+    if not 0.5 <= p < 1 or df < 1:
+        raise ValueError(f"t_quantile needs 0.5 <= p < 1 and df >= 1, got p={p}, df={df}")
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def cdf(t: float, steps: int = 4000) -> float:
+        h = t / steps
+        f = [math.exp(log_c - (df + 1) / 2 * math.log1p((i * h) ** 2 / df)) for i in range(steps + 1)]
+        simpson = f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2])
+        return 0.5 + simpson * h / 3
+
+    lo, hi = 0.0, 1.0
+    while cdf(hi) < p:
+        lo, hi = hi, 2 * hi
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def replicate_difference_interval(
+    before: list[list[bool]], after: list[list[bool]], level: float = 0.95
+) -> tuple[float, float, float]:
+    """Replicate runs (seeds) of two arms, each evaluated on the same problems: per run r the mean
+    paired difference d_r = mean(after_r - before_r); -> (mean of the d_r, and Student's t interval over
+    the runs). It holds the run-to-run spread of training (seed, timing, the policy's path) that the
+    problem-paired interval leaves out, so it is the one for "does the arm change what training reaches"
+    (a single run: no interval, (d, -inf, inf))."""
+    if len(before) != len(after) or not before:
+        raise ValueError(
+            f"replicate interval needs the same runs in both arms, got {len(before)} and {len(after)}"
+        )
+    d = [paired_difference_interval(b, a)[0] for b, a in zip(before, after)]
+    n = len(d)
+    mean = sum(d) / n
+    if n == 1:
+        return (mean, -math.inf, math.inf)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    half = t_quantile(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
     return (mean, mean - half, mean + half)

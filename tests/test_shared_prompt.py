@@ -7,6 +7,7 @@ import torch
 from trajectories import make_traj
 
 from streamrl.config import load_config
+from streamrl.models.head import check_head
 from streamrl.trainer.batching import collate
 from streamrl.trainer.logprobs import completion_forward
 from streamrl.trainer.shared_prompt import collate_shared, shareable, split_shared
@@ -165,6 +166,7 @@ def test_repeated_samples_run_their_completion_once_and_train_as_the_padded_path
     prefixes = {tuple(t.prompt_ids) for t in trajs}
     assert mb.real_positions == sum(len(p) - 1 for p in prefixes) + sum(len(c) for _, c in distinct)
     model = tiny[0]
+    check_head(model, "cpu", "train.shared_prompt", "the shared-prompt forward", "fix")  # done once per model
     rows: list[int] = []
     hook = model.get_decoder().register_forward_pre_hook(
         lambda m, a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True
@@ -195,3 +197,21 @@ def test_repeated_samples_run_their_completion_once_and_train_as_the_padded_path
     assert m2["loss"] == pytest.approx(m1["loss"], rel=1e-5, abs=1e-7)
     assert m2["entropy"] == pytest.approx(m1["entropy"], rel=1e-5)
     assert max(float((a - b).abs().max()) for a, b in zip(*grads)) < 1e-6
+
+
+def test_a_model_whose_logits_the_shared_forward_cannot_reproduce_is_refused_in_one_line(tiny):
+    """The shared-prompt forward applies the LM head itself (models/head.py): a config attribute the
+    model's forward ignores (soft-capping on a Llama) makes the two differ, and the first shared forward
+    refuses with the key to change instead of training on other log-probs."""
+    model = copy.deepcopy(tiny[0])
+    model._streamrl_head_checked = False
+    model.config.final_logit_softcapping = 0.5
+    batch = _groups(2, 3, seed=1)
+    shared = collate_shared(batch.trajectories, batch.advantages, 0)
+    with pytest.raises(ValueError) as err:
+        completion_forward(model, shared, 1.0)
+    assert str(err.value) == (
+        "train.shared_prompt: LlamaForCausalLM computes its logits from the decoder's output in a way the "
+        "shared-prompt forward cannot reproduce; set train.shared_prompt=false"
+    )
+    assert model.training == tiny[0].training  # the check's eval mode was undone

@@ -5,15 +5,21 @@ prefix and the rest, holes left when finished rows are dropped or batches join, 
 nodes. A model whose layers see only the last `sliding_window` positions must see exactly those, as in
 a full forward of the sequence alone (what the trainer computes). Tiny random models whose responses
 run well past their window: Mistral (every layer sliding), Qwen2 with one full and one sliding layer,
-Gemma2 (alternating, logit soft-capping)."""
+Gemma2 (alternating, logit soft-capping). The trainer's layouts (padded, packed, shared prompts) give
+the same log-probs as the full forward too."""
 
 import pytest
 import torch
+from trajectories import make_traj
 from transformers import AutoModelForCausalLM, Gemma2Config, MistralConfig, Qwen2Config
 
 from streamrl.engine.base import Draft, GenRequest
 from streamrl.engine.hf import HFEngine
 from streamrl.models.attention import register
+from streamrl.trainer.batching import collate
+from streamrl.trainer.logprobs import completion_forward
+from streamrl.trainer.packing import collate_packed
+from streamrl.trainer.shared_prompt import collate_shared
 
 WINDOW = 6
 COMMON = dict(
@@ -92,3 +98,24 @@ def test_drafts_longer_than_the_window_are_verified_with_it(tiny, name):
     for r in results:
         ref = _reference(model, r.request.prompt_ids, r.token_ids, t)
         assert torch.allclose(ref, torch.tensor(r.logprobs, dtype=ref.dtype), atol=1e-6), name
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed", "shared"])
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_the_trainers_layouts_see_the_same_window(name, layout):
+    """Prompts of 2 lengths, 3 ragged completions each, all longer than the window: the trainer's
+    log-probs of every layout equal those of each sequence's own full forward."""
+    model = _model(name)
+    g = torch.Generator().manual_seed(0)
+    trajs = []
+    for length in (9, 14):
+        prompt = torch.randint(3, 250, (length,), generator=g).tolist()
+        for n in (8, 13, 17):
+            trajs.append(make_traj(len(trajs), prompt, torch.randint(3, 250, (n,), generator=g).tolist()))
+    collate_fn = {"padded": collate, "packed": collate_packed, "shared": collate_shared}[layout]
+    mb = collate_fn(trajs, [0.0] * len(trajs), 0)
+    with torch.no_grad():
+        lp, _, _ = completion_forward(model, mb, 0.7)
+    for i, t in enumerate(trajs):
+        ref = _reference(model, t.prompt_ids, t.completion_ids, 0.7)
+        assert torch.allclose(lp[i, : len(t.completion_ids)], ref, atol=1e-6), (name, layout, i)

@@ -19,12 +19,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from streamrl.engine import speculative
 from streamrl.engine.base import Draft, GenRequest, GenResult
 from streamrl.engine.continuous import ContinuousDecoder
-from streamrl.engine.head import check_head
 from streamrl.engine.hf import HFEngine
 from streamrl.engine.sampling import sampling_probs
+from streamrl.models.head import check_head
 
 VOCAB, STOP = 4, 1
 PROMPT = [2, 3, 3]
@@ -69,7 +68,7 @@ def lms() -> tuple[LlamaForCausalLM, LlamaForCausalLM]:
     check's own forward would otherwise show up in the tests that count forwards)."""
     models = small_lm(0), small_lm(1)
     for m in models:
-        check_head(m, "cpu")
+        check_head(m, "cpu", "rollout.spec_drafts > 0", "speculative rollouts", "set rollout.spec_drafts=0")
     return models
 
 
@@ -335,38 +334,6 @@ def test_weight_updates_after_verification(lms, mode):
         assert r.logprobs[:zeros] == pytest.approx(teacher_forced(before, r, temperature)[:zeros], abs=1e-5)
         if mode == "interrupt":
             assert r.logprobs[zeros:] == pytest.approx(teacher_forced(new, r, temperature)[zeros:], abs=1e-5)
-
-
-def test_draft_tree_by_hand():
-    """Nodes breadth-first with their parents, depths and draft counts; the node limit cuts the last
-    level; ancestry marks each node's path."""
-    tree = speculative.DraftTree([(5, 6, 7), (5, 6), (5, 8), (9,), (5, 6, 7)])
-    assert tree.tokens == [5, 9, 6, 8, 7]
-    assert tree.parent == [-1, -1, 0, 0, 2]
-    assert tree.depth == [0, 0, 1, 1, 2]
-    assert tree.count == [4, 1, 3, 1, 2]
-    assert tree.children == {-1: {5: 0, 9: 1}, 0: {6: 2, 8: 3}, 1: {}, 2: {7: 4}, 3: {}, 4: {}}
-    assert tree.ancestry(6).int().tolist() == [
-        [1, 0, 0, 0, 0, 0],
-        [0, 1, 0, 0, 0, 0],
-        [1, 0, 1, 0, 0, 0],
-        [1, 0, 0, 1, 0, 0],
-        [1, 0, 1, 0, 1, 0],
-        [0, 0, 0, 0, 0, 1],
-    ]
-    assert (tree.path(4), tree.path(3), tree.path(speculative.ROOT)) == ([0, 2, 4], [0, 3], [])
-    cut = speculative.DraftTree([(5, 6, 7), (5, 6), (5, 8), (9,)], limit=3)
-    assert (cut.tokens, cut.children[0]) == ([5, 9, 6], {6: 2})
-
-
-def test_a_tree_cut_at_its_node_limit_leaves_the_policy_exact(lms, monkeypatch):
-    """A tree cut short proposes only the children it kept (a plain sample past them): still exact."""
-    monkeypatch.setattr(speculative, "TREE_NODES", 4)
-    drafts = tuple(old_responses(lms, 6))
-    assert nodes([d.token_ids for d in drafts]) > 4
-    results = draw(lms[0], [GenRequest(PROMPT, 3, drafts=drafts) for _ in range(N)], seed=14)
-    assert sum(r.draft_accepted for r in results) > 0.2 * N
-    assert fit_pvalue(results, response_probs(lms[0], 3)) > FIT
 
 
 def test_rows_of_one_prompt_are_verified_once_in_its_prefill(lms):

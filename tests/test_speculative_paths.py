@@ -1,8 +1,9 @@
-"""Speculative rollouts' less travelled paths (engine/speculative.py, engine/head.py): the LM head level
-by level, lenient rows choosing among several drafts, greedy rows beside a prompt's tree, the logits of
-a model family whose forward scales them, and the one-line refusal of a model whose logits the engine
-cannot reproduce. The harness (a Llama of vocabulary 4, exact response probabilities, seeded
-goodness-of-fit tests) is test_speculative's."""
+"""Speculative rollouts' less travelled paths (engine/speculative.py, models/head.py): the draft tree
+built by hand and cut at its node limit, the LM head level by level, lenient rows choosing among
+several drafts, greedy rows beside a prompt's tree, the logits of a model family whose forward scales
+them, and the one-line refusal of a model whose logits the engine cannot reproduce. The harness (a
+Llama of vocabulary 4, exact response probabilities, seeded goodness-of-fit tests) is
+test_speculative's."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from test_speculative import (
     draw,
     fit_pvalue,
     in_tree,
+    nodes,
     old_responses,
     response_probs,
     small_lm,
@@ -27,7 +29,7 @@ from transformers import GraniteConfig, GraniteForCausalLM
 
 from streamrl.engine import speculative
 from streamrl.engine.base import Draft, GenRequest
-from streamrl.engine.head import check_head
+from streamrl.models.head import check_head
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,7 @@ def lms():
     check's own forward would otherwise show up in tests that count forwards)."""
     models = small_lm(0), small_lm(1)
     for m in models:
-        check_head(m, "cpu")
+        check_head(m, "cpu", "rollout.spec_drafts > 0", "speculative rollouts", "set rollout.spec_drafts=0")
     return models
 
 
@@ -121,6 +123,38 @@ def test_a_model_whose_logits_the_head_cannot_reproduce_is_refused_in_one_line(l
         draw(model, [GenRequest(PROMPT, 3, drafts=drafts)], seed=36)
     assert str(err.value) == (
         "rollout.spec_drafts > 0: LlamaForCausalLM computes its logits from the decoder's output in a "
-        "way speculative rollouts do not reproduce; set rollout.spec_drafts=0"
+        "way speculative rollouts cannot reproduce; set rollout.spec_drafts=0"
     )
     assert draw(model, [GenRequest(PROMPT, 3)], seed=36)[0].token_ids  # plain sampling still works
+
+
+def test_draft_tree_by_hand():
+    """Nodes breadth-first with their parents, depths and draft counts; the node limit cuts the last
+    level; ancestry marks each node's path."""
+    tree = speculative.DraftTree([(5, 6, 7), (5, 6), (5, 8), (9,), (5, 6, 7)])
+    assert tree.tokens == [5, 9, 6, 8, 7]
+    assert tree.parent == [-1, -1, 0, 0, 2]
+    assert tree.depth == [0, 0, 1, 1, 2]
+    assert tree.count == [4, 1, 3, 1, 2]
+    assert tree.children == {-1: {5: 0, 9: 1}, 0: {6: 2, 8: 3}, 1: {}, 2: {7: 4}, 3: {}, 4: {}}
+    assert tree.ancestry(6).int().tolist() == [
+        [1, 0, 0, 0, 0, 0],
+        [0, 1, 0, 0, 0, 0],
+        [1, 0, 1, 0, 0, 0],
+        [1, 0, 0, 1, 0, 0],
+        [1, 0, 1, 0, 1, 0],
+        [0, 0, 0, 0, 0, 1],
+    ]
+    assert (tree.path(4), tree.path(3), tree.path(speculative.ROOT)) == ([0, 2, 4], [0, 3], [])
+    cut = speculative.DraftTree([(5, 6, 7), (5, 6), (5, 8), (9,)], limit=3)
+    assert (cut.tokens, cut.children[0]) == ([5, 9, 6], {6: 2})
+
+
+def test_a_tree_cut_at_its_node_limit_leaves_the_policy_exact(lms, monkeypatch):
+    """A tree cut short proposes only the children it kept (a plain sample past them): still exact."""
+    monkeypatch.setattr(speculative, "TREE_NODES", 4)
+    drafts = tuple(old_responses(lms, 6))
+    assert nodes([d.token_ids for d in drafts]) > 4
+    results = draw(lms[0], [GenRequest(PROMPT, 3, drafts=drafts) for _ in range(N)], seed=14)
+    assert sum(r.draft_accepted for r in results) > 0.2 * N
+    assert fit_pvalue(results, response_probs(lms[0], 3)) > FIT

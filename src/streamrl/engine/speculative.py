@@ -49,10 +49,10 @@ from typing import Any, Protocol
 import torch
 
 from streamrl.engine.base import GenResult
-from streamrl.engine.head import check_head, head_logits
 from streamrl.engine.sampling import sample_inverse_cdf, sample_next, sampling_probs
 from streamrl.engine.windows import column_positions, layer_masks, on_device
 from streamrl.models.cache_kwarg import cache_kwargs
+from streamrl.models.head import check_head, head_logits
 
 TREE_NODES = 1024  # nodes per prompt's draft tree (bounds the verify forward's columns and mask)
 ROOT = -1  # the node before the first response token
@@ -127,7 +127,9 @@ def tree_forward(
     [D, N, H], N = the largest tree). Node columns see the prompt and their own ancestors; the KV cache
     ends with the N node columns of every row."""
     eng = batch.engine
-    check_head(eng.model, eng.device)
+    check_head(
+        eng.model, eng.device, "rollout.spec_drafts > 0", "speculative rollouts", "set rollout.spec_drafts=0"
+    )
     d, p = ids.shape
     w, n = attn.shape[1], max(len(t) for t in trees)
     node_ids = torch.full((d, n), eng.pad_id)

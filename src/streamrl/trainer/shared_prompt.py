@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from streamrl.models.cache_kwarg import cache_kwargs, returned_cache
+from streamrl.models.head import check_head, head_logits
 from streamrl.trainer.batching import MicroBatch, check_fits, per_token
 from streamrl.trainer.fused_logprobs import token_logprobs_entropy
 from streamrl.types import Trajectory
@@ -153,7 +154,10 @@ def shared_forward(
         return x if distinct is None else x[distinct]
 
     dev = next(model.parameters()).device
-    body, head = model.get_decoder(), model.get_output_embeddings()
+    check_head(
+        model, dev, "train.shared_prompt", "the shared-prompt forward", "set train.shared_prompt=false"
+    )
+    body = model.get_decoder()
     pmask = mb.prefix_mask.to(dev)
     pre = body(
         input_ids=mb.prefix_ids.to(dev),
@@ -175,7 +179,7 @@ def shared_forward(
     )
     hidden = out.last_hidden_state  # [R, C, H]: row position j is the state before completion token j
     real = (torch.arange(C)[None, :] < run(mb.completion_lengths)[:, None]).to(dev)  # [R, C]
-    logits = head(hidden[real])  # [N, V], N = real completion tokens
+    logits = head_logits(model, hidden[real])  # [N, V], N = real completion tokens
     tokens = run(mb.completion_ids).to(dev)[real]
     lp_real, ent_real = token_logprobs_entropy(logits, tokens, temperature, return_entropy, entropy_grad)
     lp = torch.zeros(R, C, dtype=lp_real.dtype, device=dev).masked_scatter(real, lp_real)

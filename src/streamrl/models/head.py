@@ -1,9 +1,10 @@
 """The LM head applied to a decoder's hidden states, as the model's own forward applies it.
 
-Speculative rollouts (engine/speculative.py) run the decoder over a prompt and its draft tree and the
-head only on the nodes they need, so they compute logits outside the model's forward: `head_logits`
-repeats what the forwards of the supported families do after the head, and `check_head` refuses a model
-whose forward does something else.
+Speculative rollouts (engine/speculative.py) and the trainer's shared-prompt forward
+(trainer/shared_prompt.py) run the decoder and then the head only on the positions they need, so they
+compute logits outside the model's forward: `head_logits` repeats what the forwards of the supported
+families do after the head (Gemma's final soft-capping, Cohere's and Granite's logit scales), and
+`check_head` refuses a model whose forward does something else.
 """
 
 from __future__ import annotations
@@ -32,18 +33,24 @@ def head_logits(model: Any, hidden: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def check_head(model: Any, device: Any) -> None:
+def check_head(model: Any, device: Any, setting: str, user: str, fix: str) -> None:
     """Once per model: `head_logits` of the decoder's output must be the model's own logits (on three
-    tokens), or the drafts would be verified against another distribution than the one plain decoding
-    samples from. Raises ValueError naming the model otherwise."""
+    tokens, in eval mode), or `user` would compute another distribution than the model's forward.
+    Raises ValueError naming the setting, the model and the fix otherwise."""
     if getattr(model, "_streamrl_head_checked", False):
         return
-    ids = torch.arange(1, 4, device=device)[None]
-    own = model(input_ids=ids).logits[0, -1].float()
-    ours = head_logits(model, model.get_decoder()(input_ids=ids).last_hidden_state[0, -1]).float()
+    training = model.training
+    model.eval()
+    try:
+        ids = torch.arange(1, 4, device=device)[None]
+        own = model(input_ids=ids, use_cache=False).logits[0, -1].float()
+        hidden = model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state[0, -1]
+        ours = head_logits(model, hidden).float()
+    finally:
+        model.train(training)
     if not float((own - ours).abs().max()) <= 1e-3 * float(own.abs().max()) + 1e-6:
         raise ValueError(
-            f"rollout.spec_drafts > 0: {type(model).__name__} computes its logits from the decoder's output "
-            "in a way speculative rollouts do not reproduce; set rollout.spec_drafts=0"
+            f"{setting}: {type(model).__name__} computes its logits from the decoder's output in a way "
+            f"{user} cannot reproduce; {fix}"
         )
     model._streamrl_head_checked = True

@@ -27,9 +27,8 @@ then spec / plain of rollout tok/s and samples/s per seed, and the difference sp
 correctness twice: paired over problems (same problems, same seeds; its 95% interval counts the
 problems' spread only) and over seeds (Student's t over the seeds' paired differences; its interval
 also holds the run-to-run spread of training, so it is the one that says whether speculation changes
-what training reaches). The defaults (SmolLM2, 512
-problems, 3 epochs: 192 steps per run, 6 runs) take several hours on a 2-core CPU; --problems 128
---epochs 2 is a quicker look.
+what training reaches). The defaults (SmolLM2, 512 problems, 3 epochs: 192 steps per run, 6 runs) take
+several hours on a 2-core CPU; --problems 128 --epochs 2 is a quicker look.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ def head_logits(model: Any, hidden: torch.Tensor) -> torch.Tensor:
     the config has one (`check_head` makes sure that is all the forward does)."""
     logits = model.get_output_embeddings()(hidden)
     config = getattr(model, "config", None)
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config  # multimodal
     cap = getattr(config, "final_logit_softcapping", None)
     if cap:
         logits = torch.tanh(logits / cap) * cap

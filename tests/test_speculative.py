@@ -42,21 +42,24 @@ class _Tok:
         return None
 
 
+# the sizes of every small model here (other families add their own keys)
+SMALL = dict(
+    vocab_size=VOCAB,
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    max_position_embeddings=64,
+    tie_word_embeddings=False,
+    eos_token_id=STOP,
+    pad_token_id=0,
+)
+
+
 def small_lm(seed: int) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-        eos_token_id=STOP,
-        pad_token_id=0,
-    )
-    model = LlamaForCausalLM(config).eval()
+    model = LlamaForCausalLM(LlamaConfig(**SMALL)).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(25)  # logits a few nats apart: far from uniform
     return model

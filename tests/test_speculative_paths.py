@@ -14,6 +14,7 @@ import torch
 from test_speculative import (
     FIT,
     PROMPT,
+    SMALL,
     N,
     as_draft,
     draw,
@@ -81,19 +82,7 @@ def test_a_greedy_row_beside_a_prompts_tree_decodes_as_alone(lms):
 
 def _granite() -> GraniteForCausalLM:
     torch.manual_seed(0)
-    config = GraniteConfig(
-        vocab_size=4,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-        eos_token_id=1,
-        pad_token_id=0,
-        logits_scaling=0.25,  # the forward divides the head's output by it
-    )
+    config = GraniteConfig(**SMALL, logits_scaling=0.25)  # the forward divides the head's output by it
     model = GraniteForCausalLM(config).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(6)

@@ -1,12 +1,12 @@
 """Speculative rollouts in continuous batching, plainly and with drafts: the rollout worker's steady state.
 
     python benchmarks/spec_continuous.py [--model DIR_OR_NAME] [--prompts 32] [--samples 8]
-        [--inflight 16] [--epochs 3]
+        [--inflight 16] [--epochs 3] [--drafts 8]
 
 A ContinuousDecoder keeps --inflight groups of --samples samples in flight, as the rollout worker does
 under the staleness bound: as soon as a group's last sample finishes, the next prompt's group joins the
 running batch. --prompts held-out rg:chain_sum prompts come round once per epoch; with drafts each
-group offers its prompt's previous responses (the first epoch has none). Both arms run the same epochs
+group offers its prompt's last --drafts responses (the first epoch has none). Both arms run the same epochs
 one after the other on the same weights, one thread. Prints each arm's tokens per second from the second
 epoch on, the forwards it ran (decode steps, and forwards of several columns: prefills, with the drafts'
 trees when there are drafts) with their time, the acceptance rate, and how many samples and groups were
@@ -118,7 +118,8 @@ def run_arm(
                     left = [decoded_after_tree(r) for r in group]
                     tails.append(max(left))
                     inside += sum(n == 0 for n in left)
-                store[p] = tuple(Draft(tuple(r.token_ids), tuple(r.logprobs)) for r in group)
+                fresh = tuple(Draft(tuple(r.token_ids), tuple(r.logprobs)) for r in group)
+                store[p] = (fresh + store.get(p, ()))[: args.drafts]
                 if todo:
                     admit()
     wall = time.perf_counter() - t_start
@@ -142,7 +143,7 @@ def run_arm(
 
 
 def main() -> None:
-    args, engine, prompts = engine_job(__doc__, {"--inflight": 16, "--epochs": 3})
+    args, engine, prompts = engine_job(__doc__, {"--inflight": 16, "--epochs": 3, "--drafts": 8})
     clock = ForwardClock(engine.model)
     out = {}
     for arm in (False, True):

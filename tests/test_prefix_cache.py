@@ -163,7 +163,8 @@ class _Built(Exception):
 
 
 @pytest.mark.parametrize("on", [True, False])
-def test_rollout_prefix_cache_reaches_the_engine_of_the_job_and_of_a_rollout_worker(monkeypatch, on):
+def test_rollout_engine_settings_reach_the_engine_of_the_job_and_of_a_rollout_worker(monkeypatch, on):
+    """rollout.prefix_cache and rollout.spec_branch_min (engine/speculative.py's tree cut)."""
     from tiny_args import TINY  # tests/ is on sys.path
 
     from streamrl.config import load_config, to_dict
@@ -171,8 +172,12 @@ def test_rollout_prefix_cache_reaches_the_engine_of_the_job_and_of_a_rollout_wor
     from streamrl.loop import job
     from streamrl.rollout.worker import serve
 
-    cfg = load_config(None, [*TINY, f"rollout.prefix_cache={str(on).lower()}"])
-    assert (job.build_components(cfg).engine.prefix_cache is not None) is on
+    branch_min = 3 if on else 1
+    cfg = load_config(
+        None, [*TINY, f"rollout.prefix_cache={str(on).lower()}", f"rollout.spec_branch_min={branch_min}"]
+    )
+    engine = job.build_components(cfg).engine
+    assert (engine.prefix_cache is not None, engine.branch_min) == (on, branch_min)
     built, errors, real = [], [], hf.HFEngine
 
     def engine(*args, **kwargs):  # the worker's engine: recorded, then the worker stops
@@ -183,4 +188,4 @@ def test_rollout_prefix_cache_reaches_the_engine_of_the_job_and_of_a_rollout_wor
     sink = type("Sink", (), {"put": lambda self, r: errors.append(r.error)})()
     serve(0, to_dict(cfg), None, sink, None, lambda: True)
     assert len(built) == 1 and "_Built" in errors[0]
-    assert (built[0].prefix_cache is not None) is on
+    assert (built[0].prefix_cache is not None, built[0].branch_min) == (on, branch_min)

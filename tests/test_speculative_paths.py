@@ -25,6 +25,7 @@ from test_speculative import (
     response_probs,
     small_lm,
     teacher_forced,
+    tree_prefixes,
 )
 from transformers import GraniteConfig, GraniteForCausalLM
 
@@ -49,9 +50,9 @@ def test_the_head_level_by_level_leaves_the_policy_exact(lms, monkeypatch):
     monkeypatch.setattr(speculative, "HEAD_ELEMENTS", 0)
     drafts = tuple(old_responses(lms, 6))
     results = draw(lms[0], [GenRequest(PROMPT, 3, drafts=drafts) for _ in range(N)], seed=31)
-    offered = [d.token_ids for d in drafts]
+    kept = tree_prefixes([d.token_ids for d in drafts])
     assert sum(r.draft_accepted for r in results) > 0.2 * N
-    assert all(r.tree_tokens == in_tree(r.token_ids, offered) for r in results)
+    assert all(r.tree_tokens == in_tree(r.token_ids, kept) for r in results)
     assert fit_pvalue(results, response_probs(lms[0], 3)) > FIT
 
 
@@ -60,7 +61,7 @@ def test_lenient_rows_follow_each_of_several_drafts(lms):
     uniformly: two drafts, 400 rows, each copied by 200 +- 40 (the seed fixes the count)."""
     drafts = (Draft((3, 3, 2), (-1.0, -1.0, -1.0)), Draft((2, 2, 3), (-1.0, -1.0, -1.0)))
     reqs = [GenRequest(PROMPT, 3, drafts=drafts, lenience=1e9) for _ in range(400)]
-    results = draw(lms[0], reqs, seed=32)
+    results = draw(lms[0], reqs, seed=32, branch_min=1)
     copied = [tuple(r.token_ids) for r in results]
     assert set(copied) == {(3, 3, 2), (2, 2, 3)}
     assert abs(copied.count((3, 3, 2)) - 200) <= 40
@@ -109,7 +110,7 @@ def test_a_model_whose_logits_the_head_cannot_reproduce_is_refused_in_one_line(l
     model.config.final_logit_softcapping = 0.5
     drafts = tuple(old_responses(lms, 2))
     with pytest.raises(ValueError) as err:
-        draw(model, [GenRequest(PROMPT, 3, drafts=drafts)], seed=36)
+        draw(model, [GenRequest(PROMPT, 3, drafts=drafts)], seed=36, branch_min=1)
     assert str(err.value) == (
         "rollout.spec_drafts > 0: LlamaForCausalLM computes its logits from the decoder's output in a "
         "way speculative rollouts cannot reproduce; set rollout.spec_drafts=0"
@@ -137,6 +138,11 @@ def test_draft_tree_by_hand():
     assert (tree.path(4), tree.path(3), tree.path(speculative.ROOT)) == ([0, 2, 4], [0, 3], [])
     cut = speculative.DraftTree([(5, 6, 7), (5, 6), (5, 8), (9,)], limit=3)
     assert (cut.tokens, cut.children[0]) == ([5, 9, 6], {6: 2})
+    # branch_min: only the nodes that many drafts pass (all of a lone draft's, empty drafts aside)
+    shared = speculative.DraftTree([(5, 6, 7), (5, 6), (5, 8), (9,), (5, 6, 7)], branch_min=2)
+    assert (shared.tokens, shared.count, shared.parent) == ([5, 6, 7], [4, 3, 2], [-1, 0, 1])
+    assert speculative.DraftTree([(5, 6, 7), (5, 6), (5, 8)], branch_min=3).tokens == [5]
+    assert speculative.DraftTree([(), (4, 3)], branch_min=2).tokens == [4, 3]
 
 
 def test_a_tree_cut_at_its_node_limit_leaves_the_policy_exact(lms, monkeypatch):

@@ -80,6 +80,7 @@ BOUNDS: dict[str, Bound] = {
     "rollout.max_batch": POSITIVE,
     "rollout.spec_drafts": NON_NEGATIVE,  # 0: off
     "rollout.spec_prompts": POSITIVE,
+    "rollout.spec_branch_min": POSITIVE,
     "rollout.spec_lenience": NON_NEGATIVE,  # 0: exact
     "rollout.dynamic_sampling_rounds": NON_NEGATIVE,
     "rollout.screen_samples": NON_NEGATIVE,  # 0: off

@@ -52,6 +52,9 @@ class RolloutConfig:
     # token tree is verified in the prompt's prefill and a sample decodes on from where it leaves the
     # tree, still exactly a sample of the current policy (engine/speculative.py); 0 = off
     spec_drafts: int = 0
+    # speculative rollouts: a draft tree's node is verified only where at least this many of the prompt's
+    # drafts pass through it (1: every node; a lone draft is kept whole)
+    spec_branch_min: int = 2
     spec_prompts: int = 4096  # speculative rollouts: prompts whose responses are kept (oldest dropped)
     # 0 = exact verification; > 0 = SPEC-RL's lenient min(1, spec_lenience * p_now / p_draft): biased,
     # corrected by the decoupled-PPO weight through the recorded behaviour log-probs

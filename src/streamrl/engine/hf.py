@@ -76,7 +76,7 @@ class DecodeBatch:
         offered: list[dict[tuple[tuple[int, ...], ...], None]] = [{} for _ in distinct]
         for k, ds in zip(inverse.tolist(), drafts):
             offered[k][ds] = None  # each distinct set of drafts once
-        trees = [DraftTree([d for ds in sets for d in ds]) for sets in offered]
+        trees = [DraftTree([d for ds in sets for d in ds], branch_min=eng.branch_min) for sets in offered]
         extra = max(map(len, trees), default=0)
         n = eng.prefix_cache.prefix(eng.model, distinct, eng.version, eng.device) if eng.prefix_cache else 0
         width = max(len(s) for s in seqs)
@@ -286,6 +286,7 @@ class HFEngine:
         dtype: torch.dtype | None = None,
         share_rows: bool = True,
         prefix_cache: bool = True,
+        branch_min: int = 2,
     ) -> None:
         self.owns_weights = dtype is not None and dtype != next(model.parameters()).dtype
         if self.owns_weights:
@@ -297,6 +298,7 @@ class HFEngine:
         self.window = sliding_window(model.config)  # sliding-window layers: the engine builds their masks
         self.max_batch = max_batch
         self.share_rows = share_rows  # rows with identical tokens so far share a KV row (DecodeBatch)
+        self.branch_min = branch_min  # draft trees keep nodes this many drafts pass (engine/speculative.py)
         # the KV of the prefix the prompts share, prefilled once per weights (engine/prefix_cache.py)
         self.prefix_cache = PrefixCache() if prefix_cache else None
         self.version = 0

@@ -36,8 +36,13 @@ the decoupled-PPO weight pi_prox / pi_behav corrects the bias token by token.
 Every row emits at least one token here (the last one drawn where it left the tree, unless it finished);
 that token goes through the model in the next decode step (DecodeBatch._feed with defer). Rows that end
 at the same node share a cache row, which keeps the prompt's columns and those of the row's path
-(the rest of the tree is dropped); the next step forks it by token. A tree has at most TREE_NODES
-nodes (kept in breadth-first order: a proposal then covers the children kept, still exact).
+(the rest of the tree is dropped); the next step forks it by token.
+
+The tree keeps a node only where at least `branch_min` drafts pass through it (HFEngine's, from
+rollout.spec_branch_min; 2 by default): a branch one stored response took alone is rarely walked by
+a new sample, yet it costs a forwarded column like any other node. It has at most TREE_NODES nodes
+(kept in breadth-first order). A cut tree stays exact: the proposal at a node covers the children
+kept, and where none is kept the row samples plainly.
 """
 
 from __future__ import annotations
@@ -62,16 +67,19 @@ HEAD_ELEMENTS = 1 << 27  # every node's logits at once up to this (256 MB in bf1
 class DraftTree:
     """The trie of a prompt's drafts. Nodes in breadth-first order: tokens [N], parent [N] (ROOT for the
     first tokens), depth [N] (0 for the first tokens), count [N] (drafts through the node); `children`
-    maps a node (ROOT included) to {token: child}."""
+    maps a node (ROOT included) to {token: child}. Only nodes at least `branch_min` drafts pass through
+    are kept (all of a lone draft's), at most `limit`."""
 
-    def __init__(self, drafts: list[tuple[int, ...]], limit: int | None = None) -> None:
+    def __init__(self, drafts: list[tuple[int, ...]], limit: int | None = None, branch_min: int = 1) -> None:
         limit = TREE_NODES if limit is None else limit
+        drafts = [d for d in drafts if d]
+        least = min(branch_min, len(drafts))  # a node needs this many drafts through it (a lone draft: 1)
         self.tokens: list[int] = []
         self.parent: list[int] = []
         self.depth: list[int] = []
         self.count: list[int] = []
         self.children: dict[int, dict[int, int]] = {ROOT: {}}
-        level = [(ROOT, [d for d in drafts if d])]
+        level = [(ROOT, drafts)]
         while level and len(self.tokens) < limit:
             nxt = []
             for node, through in level:
@@ -81,6 +89,8 @@ class DraftTree:
                 for tok, ds in by_token.items():
                     if len(self.tokens) == limit:
                         break
+                    if len(ds) < least:
+                        continue
                     child = self._add(node, tok, len(ds))
                     nxt.append((child, [d for d in ds if len(d) > self.depth[child] + 1]))
             level = nxt

@@ -92,6 +92,7 @@ def build_components(
         cfg.device,
         dtype,
         prefix_cache=cfg.rollout.prefix_cache,
+        branch_min=cfg.rollout.spec_branch_min,
     )
     # train.strategy=ddp|fsdp2: this process becomes rank 0 and starts the follower ranks (trainer.close)
     trainer = make_trainer(model, cfg, pad_id=int(tokenizer.pad_token_id))

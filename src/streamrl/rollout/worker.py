@@ -163,6 +163,7 @@ def _loop(
             seed=cfg.seed * 1009 + worker_id,
             device=cfg.device,
             prefix_cache=cfg.rollout.prefix_cache,
+            branch_min=cfg.rollout.spec_branch_min,
         )
         decoder = ContinuousDecoder(engine, cfg.runtime.weight_update)
 

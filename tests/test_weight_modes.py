@@ -133,7 +133,8 @@ def test_rows_of_different_sampling_parameters_decode_in_one_batch(tiny, drafts)
     own = HFEngine(model, tok, seed=3).generate([GenRequest(prompt, 8, 1.0) for _ in range(2)])
     spec = tuple(Draft(tuple(r.token_ids), tuple(r.logprobs)) for r in own) if drafts else ()
     params = {0: (1.0, 1.0), 1: (1.0, 1.0), 2: (0.7, 0.9), 3: (1.3, 1.0), "g": (0.0, 1.0)}
-    dec = ContinuousDecoder(HFEngine(model, tok, seed=1), "inflight")
+    # branch_min=1: the two drafts (a random model's) share no prefix, and each is verified all the same
+    dec = ContinuousDecoder(HFEngine(model, tok, seed=1, branch_min=1), "inflight")
     dec.add([GenRequest(prompt, 8, t, p, tag=k, drafts=spec) for k, (t, p) in params.items()])
     calls: list[int] = []
     hook = model.register_forward_pre_hook(lambda m, a, kw: calls.append(1), with_kwargs=True)

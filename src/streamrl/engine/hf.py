@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from streamrl.config_sections import RolloutConfig
 from streamrl.engine.base import GenRequest, GenResult
 from streamrl.engine.kv_cache import GrowingLayer, growing_cache
 from streamrl.engine.prefix_cache import PrefixCache
@@ -286,7 +287,7 @@ class HFEngine:
         dtype: torch.dtype | None = None,
         share_rows: bool = True,
         prefix_cache: bool = True,
-        branch_min: int = 2,
+        branch_min: int = RolloutConfig.spec_branch_min,
     ) -> None:
         self.owns_weights = dtype is not None and dtype != next(model.parameters()).dtype
         if self.owns_weights:

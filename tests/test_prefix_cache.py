@@ -174,7 +174,13 @@ def test_rollout_engine_settings_reach_the_engine_of_the_job_and_of_a_rollout_wo
 
     branch_min = 3 if on else 1
     cfg = load_config(
-        None, [*TINY, f"rollout.prefix_cache={str(on).lower()}", f"rollout.spec_branch_min={branch_min}"]
+        None,
+        [
+            *TINY,
+            f"rollout.prefix_cache={str(on).lower()}",
+            "rollout.spec_drafts=4",
+            f"rollout.spec_branch_min={branch_min}",
+        ],
     )
     engine = job.build_components(cfg).engine
     assert (engine.prefix_cache is not None, engine.branch_min) == (on, branch_min)

@@ -109,6 +109,22 @@ def test_refused_combinations(overrides, message):
     assert str(e.value) == message
 
 
+@pytest.mark.parametrize(
+    "override", ["rollout.spec_lenience=0.5", "rollout.spec_branch_min=3", "rollout.spec_prompts=10"]
+)
+def test_speculative_settings_without_drafts_are_refused(override):
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert str(e.value) == (f"config key '{key}' needs speculative rollouts: set rollout.spec_drafts > 0")
+    load_config(None, [override, "rollout.spec_drafts=4"])  # with drafts: accepted
+
+
+@pytest.mark.parametrize("override", ["rollout.spec_branch_min=2", "rollout.spec_prompts=4096"])
+def test_speculative_settings_at_their_defaults_need_no_drafts(override):
+    load_config(None, [override])
+
+
 def test_lenience_without_drafts_is_refused_before_anything_is_written(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", "rollout.spec_lenience=1.5", f"run_dir={run}"]) == 2

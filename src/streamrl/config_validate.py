@@ -190,13 +190,18 @@ def _single_turn_only(cfg: Any, option: str, what: str) -> None:
         )
 
 
+# what only speculative rollouts read: a non-default value without rollout.spec_drafts is refused
+SPEC_ONLY = ("spec_lenience", "spec_branch_min", "spec_prompts")
+
+
 def _validate_speculative(cfg: Any) -> None:
     r = cfg.rollout
-    if r.spec_lenience and not r.spec_drafts:
-        raise ConfigError(
-            "config key 'rollout.spec_lenience' needs speculative rollouts: set rollout.spec_drafts > 0"
-        )
     if not r.spec_drafts:
+        for key in SPEC_ONLY:
+            if getattr(r, key) != getattr(type(r), key):
+                raise ConfigError(
+                    f"config key 'rollout.{key}' needs speculative rollouts: set rollout.spec_drafts > 0"
+                )
         return
     if cfg.engine == "vllm":
         raise ConfigError(

@@ -88,3 +88,53 @@ def test_select_columns_keeps_each_rows_own_columns_in_order_and_the_capacity():
     assert torch.equal(layer.values, -layer.keys)
     cache.update(torch.ones(3, 1, 1, 2), torch.ones(3, 1, 1, 2), 0)  # appends after the kept columns
     assert layer.keys[:, 0, :, 0].tolist() == [[10, 18, 14, 1], [16, 16, 10, 1], [2, 4, 6, 1]]
+
+
+def _rows_cache(n: int):
+    """A one-layer growing cache of n rows, row b's keys all 10 b + column, values their negatives."""
+    cache = growing_cache(initial=6, limit=6)
+    k = (10 * torch.arange(n, dtype=torch.float32)[:, None] + torch.arange(3.0)).view(n, 1, 3, 1)
+    cache.update(k, -k, 0)
+    return cache, cache.layers[0]
+
+
+def test_select_indices_moves_only_the_rows_whose_index_changes_in_place():
+    cache, layer = _rows_cache(4)
+    buffer = layer._k.data_ptr()
+    layer._k[1, 0, 5, 0] = 99.0  # past the filled columns: a row copied whole would carry it along
+    cache.batch_select_indices(torch.tensor([0, 3, 3]))  # row 1 left, row 3 forked into its place
+    assert layer._k.data_ptr() == buffer and layer.rows == 3
+    assert layer.keys[:, 0, :, 0].tolist() == [[0, 1, 2], [30, 31, 32], [30, 31, 32]]
+    assert torch.equal(layer.values, -layer.keys)
+    assert layer._k[1, 0, 5, 0] == 99.0  # the filled columns only
+    cache.update(torch.full((3, 1, 1, 1), 7.0), torch.full((3, 1, 1, 1), -7.0), 0)
+    assert layer.keys[:, 0, :, 0].tolist() == [[0, 1, 2, 7], [30, 31, 32, 7], [30, 31, 32, 7]]
+    cache.batch_select_indices(torch.tensor([2, 0, 1, 1, 0]))  # more rows than the buffer: a new one
+    assert layer.rows == 5 and layer._k.shape[0] == 5 and layer._k.shape[-2] == 6
+    assert layer.keys[:, 0, :, 0].tolist() == [
+        [30, 31, 32, 7],
+        [0, 1, 2, 7],
+        [30, 31, 32, 7],
+        [30, 31, 32, 7],
+        [0, 1, 2, 7],
+    ]
+    assert torch.equal(layer.values, -layer.keys)
+
+
+def test_a_swap_of_rows_reads_every_source_before_it_is_overwritten():
+    cache, layer = _rows_cache(3)
+    cache.batch_select_indices(torch.tensor([2, 0, 1]))
+    assert layer.keys[:, 0, 0, 0].tolist() == [20, 0, 10]
+    assert torch.equal(layer.values, -layer.keys)
+
+
+def test_next_rows_keeps_continuations_in_their_parents_rows_and_fills_the_rows_that_left():
+    from streamrl.engine.kv_cache import next_rows
+
+    # cache row 0 forks (tokens 5 and 6), rows 3 and 4 share cache row 2 and token 8
+    rows, src, fed = next_rows([0, 0, 1, 2, 2, 3], [5, 6, 7, 8, 8, 9], share=True)
+    assert (rows, src, fed) == ([0, 4, 1, 2, 2, 3], [0, 1, 2, 3, 0], [5, 7, 8, 9, 6])
+    # cache row 1's rows finished: cache row 3 moves into its place, the others stay
+    assert next_rows([0, 2, 3], [1, 2, 3], share=True) == ([0, 2, 1], [0, 3, 2], [1, 3, 2])
+    # unshared: one cache row per row, even for equal tokens
+    assert next_rows([0, 0, 2], [4, 4, 4], share=False) == ([0, 1, 2], [0, 0, 2], [4, 4, 4])

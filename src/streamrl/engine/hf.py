@@ -28,7 +28,7 @@ import torch
 
 from streamrl.config_sections import RolloutConfig
 from streamrl.engine.base import GenRequest, GenResult
-from streamrl.engine.kv_cache import GrowingLayer, growing_cache
+from streamrl.engine.kv_cache import GrowingLayer, growing_cache, next_rows
 from streamrl.engine.prefix_cache import PrefixCache
 from streamrl.engine.sampling import sample_rows
 from streamrl.engine.speculative import DraftTree, tree_forward, verify_drafts
@@ -198,13 +198,7 @@ class DecodeBatch:
         if not keep:
             self.active = []
             return
-        parents, toks = self.rows[keep].tolist(), tokens[keep].tolist()
-        if self.engine.share_rows:
-            seqs: dict[tuple[int, int], int] = {}
-            rows = [seqs.setdefault(pt, len(seqs)) for pt in zip(parents, toks)]
-            src, fed = [p for p, _ in seqs], [t for _, t in seqs]
-        else:
-            rows, src, fed = list(range(len(keep))), parents, toks
+        rows, src, fed = next_rows(self.rows[keep].tolist(), tokens[keep].tolist(), self.engine.share_rows)
         self._select_cache_rows(src)
         self.active = [self.active[r] for r in keep]
         self.rows = torch.tensor(rows)

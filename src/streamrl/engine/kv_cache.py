@@ -16,13 +16,15 @@ from transformers.cache_utils import DynamicLayer
 
 
 class GrowingLayer(DynamicLayer):
-    """keys / values: [B, H, L, D] views of buffers [B, H, capacity, D]."""
+    """keys / values: [B, H, L, D] views of buffers [B', H, capacity, D], B' >= B (rows that left keep
+    their place in the buffer until a later row moves in or the buffer is replaced)."""
 
     def __init__(self, initial: int, limit: int) -> None:
         super().__init__()
         self.initial = initial
         self.limit = limit
         self.length = 0
+        self.rows = 0  # the rows in use: the first `rows` of the buffers
         self._k: torch.Tensor | None = None
         self._v: torch.Tensor | None = None
 
@@ -36,11 +38,19 @@ class GrowingLayer(DynamicLayer):
         if self._k is None or end > self._k.shape[-2]:
             self._grow(key_states, value_states, end)
         assert self._k is not None and self._v is not None
-        self._k[:, :, self.length : end].copy_(key_states)
-        self._v[:, :, self.length : end].copy_(value_states)
+        self.rows = key_states.shape[0]
+        self._k[: self.rows, :, self.length : end].copy_(key_states)
+        self._v[: self.rows, :, self.length : end].copy_(value_states)
         self.length = end
-        self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
+        self._views()
         return self.keys, self.values
+
+    def _views(self) -> None:
+        assert self._k is not None and self._v is not None
+        self.keys, self.values = (
+            self._k[: self.rows, :, : self.length],
+            self._v[: self.rows, :, : self.length],
+        )
 
     def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int) -> None:
         old = 0 if self._k is None else self._k.shape[-2]
@@ -49,23 +59,34 @@ class GrowingLayer(DynamicLayer):
         k = key_states.new_empty(b, h, capacity, d)
         v = value_states.new_empty(b, value_states.shape[1], capacity, value_states.shape[-1])
         if self._k is not None and self._v is not None and self.length:
-            k[:, :, : self.length].copy_(self._k[:, :, : self.length])
-            v[:, :, : self.length].copy_(self._v[:, :, : self.length])
+            k[:, :, : self.length].copy_(self._k[:b, :, : self.length])
+            v[:, :, : self.length].copy_(self._v[:b, :, : self.length])
         self._k, self._v = k, v
 
     def get_seq_length(self) -> int:
         return self.length
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Keep rows `indices`: a copy of the filled columns only, capacity kept."""
+        """Row i becomes row indices[i] (a row repeated: copies). In place: only the rows whose index
+        changes are copied, filled columns only (a decode step where one row of many finishes moves
+        one row, not the cache); a new buffer, capacity kept, only when the rows outgrow it."""
         if self._k is None or self._v is None:
             return
-        k = self._k.new_empty(len(indices), *self._k.shape[1:])
-        v = self._v.new_empty(len(indices), *self._v.shape[1:])
-        k[:, :, : self.length] = self._k[indices, :, : self.length]
-        v[:, :, : self.length] = self._v[indices, :, : self.length]
-        self._k, self._v = k, v
-        self.keys, self.values = k[:, :, : self.length], v[:, :, : self.length]
+        m = len(indices)
+        if m > self._k.shape[0]:
+            k = self._k.new_empty(m, *self._k.shape[1:])
+            v = self._v.new_empty(m, *self._v.shape[1:])
+            k[:, :, : self.length] = self._k[indices, :, : self.length]
+            v[:, :, : self.length] = self._v[indices, :, : self.length]
+            self._k, self._v = k, v
+        else:
+            moved = (indices != torch.arange(m, device=indices.device)).nonzero().flatten()
+            if len(moved):  # the sources are gathered before any row is overwritten
+                src = indices[moved]
+                self._k[moved, :, : self.length] = self._k[src, :, : self.length]
+                self._v[moved, :, : self.length] = self._v[src, :, : self.length]
+        self.rows = m
+        self._views()
 
     def select_columns(self, rows: torch.Tensor, columns: torch.Tensor) -> None:
         """rows [R], columns [R, L']: row r of the result holds row rows[r]'s columns columns[r] (in that
@@ -80,8 +101,8 @@ class GrowingLayer(DynamicLayer):
             buf = x.new_empty(r, x.shape[1], max(x.shape[-2], width), x.shape[-1])
             buf[:, :, :width] = torch.gather(x[rows, :, : self.length], 2, idx)
             setattr(self, name, buf)
-        self.length = width
-        self.keys, self.values = self._k[:, :, :width], self._v[:, :, :width]
+        self.length, self.rows = width, r
+        self._views()
 
     def absorb(self, other: GrowingLayer, skip: int) -> None:
         """Append `other`'s rows below this layer's, both right-aligned (a row's newest column is the
@@ -92,26 +113,26 @@ class GrowingLayer(DynamicLayer):
         mine, theirs = self.length - skip, other.length
         width = max(mine, theirs)
         spare = max(self._k.shape[-2] - self.length, other._k.shape[-2] - other.length)
-        a = self._k.shape[0]
+        a, b = self.rows, other.rows
         for name in ("_k", "_v"):
             x, y = getattr(self, name), getattr(other, name)
-            buf = x.new_zeros(a + y.shape[0], x.shape[1], width + spare, x.shape[-1])
-            buf[:a, :, width - mine : width] = x[:, :, skip : self.length]
-            buf[a:, :, width - theirs : width] = y[:, :, :theirs]
+            buf = x.new_zeros(a + b, x.shape[1], width + spare, x.shape[-1])
+            buf[:a, :, width - mine : width] = x[:a, :, skip : self.length]
+            buf[a:, :, width - theirs : width] = y[:b, :, :theirs]
             setattr(self, name, buf)
         self.limit = width + max(self.limit - self.length, other.limit - other.length)
-        self.length = width
-        self.keys, self.values = self._k[:, :, :width], self._v[:, :, :width]
+        self.length, self.rows = width, a + b
+        self._views()
 
     def reset(self) -> None:
         self._k = self._v = None
-        self.length = 0
+        self.length = self.rows = 0
         super().reset()
 
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove < 0 and self._k is not None and self._v is not None:
             self.length = max(0, self.length + tokens_to_remove)
-            self.keys, self.values = self._k[:, :, : self.length], self._v[:, :, : self.length]
+            self._views()
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         raise NotImplementedError("GrowingLayer is for sampling, not beam search")
@@ -124,3 +145,29 @@ def growing_cache(initial: int, limit: int) -> DynamicCache:
     cache = DynamicCache()
     cache.layer_class_to_replicate = lambda: GrowingLayer(initial, limit)  # type: ignore[assignment]
     return cache
+
+
+def next_rows(parents: list[int], tokens: list[int], share: bool) -> tuple[list[int], list[int], list[int]]:
+    """Row r continues cache row parents[r] with tokens[r] -> (rows, src, fed): the cache row of each row
+    after this step, and for each such cache row the one it continues and the token it forwards. With
+    `share` the rows that continue one cache row with one token share a cache row (those that drew
+    different tokens fork it). A continuation stays in its parent's cache row where it can (its first one
+    when the parent forks), the rest fill the rows that left: batch_select_indices(src) then moves only
+    those."""
+    if share:
+        seqs: dict[tuple[int, int], int] = {}
+        which = [seqs.setdefault(pt, len(seqs)) for pt in zip(parents, tokens)]
+        pairs = list(seqs)
+    else:
+        which, pairs = list(range(len(parents))), list(zip(parents, tokens))
+    m = len(pairs)
+    slot, taken = [-1] * m, [False] * m
+    for k, (parent, _) in enumerate(pairs):
+        if parent < m and not taken[parent]:
+            slot[k], taken[parent] = parent, True
+    free = (i for i in range(m) if not taken[i])
+    slot = [s if s >= 0 else next(free) for s in slot]
+    src, fed = [0] * m, [0] * m
+    for (parent, tok), s in zip(pairs, slot):
+        src[s], fed[s] = parent, tok
+    return [slot[k] for k in which], src, fed

@@ -29,7 +29,7 @@ from test_speculative import (
 )
 from transformers import GraniteConfig, GraniteForCausalLM
 
-from streamrl.engine import speculative
+from streamrl.engine import draft_tree, speculative
 from streamrl.engine.base import Draft, GenRequest
 from streamrl.models.head import check_head
 
@@ -56,12 +56,16 @@ def test_the_head_level_by_level_leaves_the_policy_exact(lms, monkeypatch):
     assert fit_pvalue(results, response_probs(lms[0], 3)) > FIT
 
 
-def test_lenient_rows_follow_each_of_several_drafts(lms):
+@pytest.mark.parametrize("branch_min", [1, 2])
+def test_lenient_rows_follow_each_of_several_drafts(lms, branch_min):
     """With a lenience no ratio can fall under, every lenient row copies the draft it chose, chosen
-    uniformly: two drafts, 400 rows, each copied by 200 +- 40 (the seed fixes the count)."""
+    uniformly: two drafts, 400 rows, each copied by 200 +- 40 (the seed fixes the count). The drafts
+    share no token, so a tree cut to shared branches (branch_min 2) would hold none of them: the
+    chosen drafts are kept whole."""
     drafts = (Draft((3, 3, 2), (-1.0, -1.0, -1.0)), Draft((2, 2, 3), (-1.0, -1.0, -1.0)))
+    assert nodes([d.token_ids for d in drafts], branch_min=2) == 0
     reqs = [GenRequest(PROMPT, 3, drafts=drafts, lenience=1e9) for _ in range(400)]
-    results = draw(lms[0], reqs, seed=32, branch_min=1)
+    results = draw(lms[0], reqs, seed=32, branch_min=branch_min)
     copied = [tuple(r.token_ids) for r in results]
     assert set(copied) == {(3, 3, 2), (2, 2, 3)}
     assert abs(copied.count((3, 3, 2)) - 200) <= 40
@@ -121,7 +125,7 @@ def test_a_model_whose_logits_the_head_cannot_reproduce_is_refused_in_one_line(l
 def test_draft_tree_by_hand():
     """Nodes breadth-first with their parents, depths and draft counts; the node limit cuts the last
     level; ancestry marks each node's path."""
-    tree = speculative.DraftTree([(5, 6, 7), (5, 6), (5, 8), (9,), (5, 6, 7)])
+    tree = draft_tree.DraftTree([(5, 6, 7), (5, 6), (5, 8), (9,), (5, 6, 7)])
     assert tree.tokens == [5, 9, 6, 8, 7]
     assert tree.parent == [-1, -1, 0, 0, 2]
     assert tree.depth == [0, 0, 1, 1, 2]
@@ -135,19 +139,22 @@ def test_draft_tree_by_hand():
         [1, 0, 1, 0, 1, 0],
         [0, 0, 0, 0, 0, 1],
     ]
-    assert (tree.path(4), tree.path(3), tree.path(speculative.ROOT)) == ([0, 2, 4], [0, 3], [])
-    cut = speculative.DraftTree([(5, 6, 7), (5, 6), (5, 8), (9,)], limit=3)
+    assert (tree.path(4), tree.path(3), tree.path(draft_tree.ROOT)) == ([0, 2, 4], [0, 3], [])
+    cut = draft_tree.DraftTree([(5, 6, 7), (5, 6), (5, 8), (9,)], limit=3)
     assert (cut.tokens, cut.children[0]) == ([5, 9, 6], {6: 2})
     # branch_min: only the nodes that many drafts pass (all of a lone draft's, empty drafts aside)
-    shared = speculative.DraftTree([(5, 6, 7), (5, 6), (5, 8), (9,), (5, 6, 7)], branch_min=2)
+    shared = draft_tree.DraftTree([(5, 6, 7), (5, 6), (5, 8), (9,), (5, 6, 7)], branch_min=2)
     assert (shared.tokens, shared.count, shared.parent) == ([5, 6, 7], [4, 3, 2], [-1, 0, 1])
-    assert speculative.DraftTree([(5, 6, 7), (5, 6), (5, 8)], branch_min=3).tokens == [5]
-    assert speculative.DraftTree([(), (4, 3)], branch_min=2).tokens == [4, 3]
+    assert draft_tree.DraftTree([(5, 6, 7), (5, 6), (5, 8)], branch_min=3).tokens == [5]
+    assert draft_tree.DraftTree([(), (4, 3)], branch_min=2).tokens == [4, 3]
+    # whole: a lenient row's chosen draft keeps every node, the others are cut as before
+    chosen = draft_tree.DraftTree([(5, 6, 7), (5, 6), (5, 8), (9,)], branch_min=2, whole=((5, 8),))
+    assert (chosen.tokens, chosen.count, chosen.parent) == ([5, 6, 8], [3, 2, 1], [-1, 0, 0])
 
 
 def test_a_tree_cut_at_its_node_limit_leaves_the_policy_exact(lms, monkeypatch):
     """A tree cut short proposes only the children it kept (a plain sample past them): still exact."""
-    monkeypatch.setattr(speculative, "TREE_NODES", 4)
+    monkeypatch.setattr(draft_tree, "TREE_NODES", 4)
     drafts = tuple(old_responses(lms, 6))
     assert nodes([d.token_ids for d in drafts]) > 4
     results = draw(lms[0], [GenRequest(PROMPT, 3, drafts=drafts) for _ in range(N)], seed=14)

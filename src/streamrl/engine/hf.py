@@ -28,10 +28,11 @@ import torch
 
 from streamrl.config_sections import RolloutConfig
 from streamrl.engine.base import GenRequest, GenResult
+from streamrl.engine.draft_tree import choose_drafts, prompt_trees
 from streamrl.engine.kv_cache import GrowingLayer, growing_cache, next_rows
 from streamrl.engine.prefix_cache import PrefixCache
 from streamrl.engine.sampling import sample_rows
-from streamrl.engine.speculative import DraftTree, tree_forward, verify_drafts
+from streamrl.engine.speculative import tree_forward, verify_drafts
 from streamrl.engine.windows import column_positions, forward_masks, on_device, sliding_window
 from streamrl.models.cache_kwarg import cache_kwargs
 from streamrl.models.frozen import contiguous_head_input, freeze
@@ -53,31 +54,34 @@ class DecodeBatch:
         # attn, next_pos and _logits are per cache row
         self.rows = torch.arange(len(requests))
         # speculative rollouts: the drafts are verified in the prompts' prefill (engine/speculative.py);
-        # greedy rows take none
+        # greedy rows take none; a lenient row's draft is chosen first and kept whole in the tree
         drafts = [
             tuple(d.token_ids[: r.max_new_tokens] for d in r.drafts) if r.temperature > 0 else ()
             for r in requests
         ]
-        self._prefill([r.prompt_ids for r in requests], share=engine.share_rows, drafts=drafts)
+        self._chosen, whole = choose_drafts(requests, engine.generator)
+        self._prefill([r.prompt_ids for r in requests], share=engine.share_rows, drafts=drafts, whole=whole)
         self._early = verify_drafts(self) if self._trees else []  # finished there; step() returns them
 
     def _prefill(
-        self, seqs: list[list[int]], share: bool = True, drafts: Sequence[tuple[tuple[int, ...], ...]] = ()
+        self,
+        seqs: list[list[int]],
+        share: bool = True,
+        drafts: Sequence[tuple[tuple[int, ...], ...]] = (),
+        whole: Sequence[tuple[tuple[int, ...], ...]] = (),
     ) -> None:
         """seqs: each active row's tokens so far. Distinct sequences are prefilled once (a GRPO group's G
         samples share one prompt); with `share` the rows that repeat one then share its cache row,
         otherwise its KV and last logits are copied to each of them. A prefix every distinct sequence
         starts with comes from the engine's prefix cache (engine/prefix_cache.py) and is not forwarded
         again. `drafts`: each row's drafts; those of the rows of one sequence form its draft tree, whose
-        nodes ride this forward (`_trees`, `_tree_hidden`: what verify_drafts reads)."""
+        nodes ride this forward (`_trees`, `_tree_hidden`: what verify_drafts reads), those of `whole`
+        (each row's drafts to keep whole) all of them."""
         eng = self.engine
         order = {s: k for k, s in enumerate(dict.fromkeys(map(tuple, seqs)))}
         inverse = torch.tensor([order[tuple(s)] for s in seqs])
         distinct = [list(s) for s in order]
-        offered: list[dict[tuple[tuple[int, ...], ...], None]] = [{} for _ in distinct]
-        for k, ds in zip(inverse.tolist(), drafts):
-            offered[k][ds] = None  # each distinct set of drafts once
-        trees = [DraftTree([d for ds in sets for d in ds], branch_min=eng.branch_min) for sets in offered]
+        trees = prompt_trees(inverse.tolist(), len(distinct), drafts, whole, eng.branch_min)
         extra = max(map(len, trees), default=0)
         n = eng.prefix_cache.prefix(eng.model, distinct, eng.version, eng.device) if eng.prefix_cache else 0
         width = max(len(s) for s in seqs)

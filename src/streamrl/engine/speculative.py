@@ -26,23 +26,21 @@ token. Accepting with min(1, p(x) / p_draft(x)) and drawing from anything comput
 number is biased (three tokens, p uniform, p_draft (1/2, 1/2, 0) or (1/2, 0, 1/2): no rule can tell
 which mass is missing). The proposal above is what the drafts define exactly.
 
-Lenient verification (`lenience` > 0, SPEC-RL's rule, biased): the row picks one of its drafts
-uniformly at random and follows it; its token x is accepted with probability
-a = min(1, lenience * p(x) / p_draft(x)), p_draft(x) the draft's recorded behaviour probability; else
-the token is drawn from p (drawing x again counts as accepting it) and the row leaves the draft. The
-token then came from b = a [y = x] + (1 - a) p(y), and log b is recorded as its behaviour log-prob, so
-the decoupled-PPO weight pi_prox / pi_behav corrects the bias token by token.
+Lenient verification (`lenience` > 0, SPEC-RL's rule, biased): the row follows one of its drafts,
+picked uniformly at random before the prefill (the tree keeps it whole); its token x is accepted with
+probability a = min(1, lenience * p(x) / p_draft(x)), p_draft(x) the draft's recorded behaviour
+probability; else the token is drawn from p (drawing x again counts as accepting it) and the row leaves
+the draft. The token then came from b = a [y = x] + (1 - a) p(y), and log b is recorded as its
+behaviour log-prob, so the decoupled-PPO weight pi_prox / pi_behav corrects the bias token by token.
 
 Every row emits at least one token here (the last one drawn where it left the tree, unless it finished);
 that token goes through the model in the next decode step (DecodeBatch._feed with defer). Rows that end
 at the same node share a cache row, which keeps the prompt's columns and those of the row's path
 (the rest of the tree is dropped); the next step forks it by token.
 
-The tree keeps a node only where at least `branch_min` drafts pass through it (HFEngine's, from
-rollout.spec_branch_min; 2 by default): a branch one stored response took alone is rarely walked by
-a new sample, yet it costs a forwarded column like any other node. It has at most TREE_NODES nodes
-(kept in breadth-first order). A cut tree stays exact: the proposal at a node covers the children
-kept, and where none is kept the row samples plainly.
+The tree (engine/draft_tree.py) keeps a node only where at least `branch_min` drafts pass through it,
+and every node of the drafts lenient rows chose. A cut tree stays exact: the proposal at a node covers
+the children kept, and where none is kept the row samples plainly.
 """
 
 from __future__ import annotations
@@ -53,79 +51,14 @@ from typing import Any, Protocol
 
 import torch
 
-from streamrl.engine.base import GenResult
+from streamrl.engine.base import Draft, GenResult
+from streamrl.engine.draft_tree import ROOT, DraftTree
 from streamrl.engine.sampling import sample_inverse_cdf, sample_next, sampling_probs
 from streamrl.engine.windows import column_positions, layer_masks, on_device
 from streamrl.models.cache_kwarg import cache_kwargs
 from streamrl.models.head import check_head, head_logits
 
-TREE_NODES = 1024  # nodes per prompt's draft tree (bounds the verify forward's columns and mask)
-ROOT = -1  # the node before the first response token
 HEAD_ELEMENTS = 1 << 27  # every node's logits at once up to this (256 MB in bf16, 512 in fp32), else by level
-
-
-class DraftTree:
-    """The trie of a prompt's drafts. Nodes in breadth-first order: tokens [N], parent [N] (ROOT for the
-    first tokens), depth [N] (0 for the first tokens), count [N] (drafts through the node); `children`
-    maps a node (ROOT included) to {token: child}. Only nodes at least `branch_min` drafts pass through
-    are kept (all of a lone draft's), at most `limit`."""
-
-    def __init__(self, drafts: list[tuple[int, ...]], limit: int | None = None, branch_min: int = 1) -> None:
-        limit = TREE_NODES if limit is None else limit
-        drafts = [d for d in drafts if d]
-        least = min(branch_min, len(drafts))  # a node needs this many drafts through it (a lone draft: 1)
-        self.tokens: list[int] = []
-        self.parent: list[int] = []
-        self.depth: list[int] = []
-        self.count: list[int] = []
-        self.children: dict[int, dict[int, int]] = {ROOT: {}}
-        level = [(ROOT, drafts)]
-        while level and len(self.tokens) < limit:
-            nxt = []
-            for node, through in level:
-                by_token: dict[int, list[tuple[int, ...]]] = {}
-                for d in through:
-                    by_token.setdefault(d[self._depth_after(node)], []).append(d)
-                for tok, ds in by_token.items():
-                    if len(self.tokens) == limit:
-                        break
-                    if len(ds) < least:
-                        continue
-                    child = self._add(node, tok, len(ds))
-                    nxt.append((child, [d for d in ds if len(d) > self.depth[child] + 1]))
-            level = nxt
-
-    def _depth_after(self, node: int) -> int:
-        return 0 if node == ROOT else self.depth[node] + 1
-
-    def _add(self, parent: int, token: int, count: int) -> int:
-        node = len(self.tokens)
-        self.tokens.append(token)
-        self.parent.append(parent)
-        self.depth.append(self._depth_after(parent))
-        self.count.append(count)
-        self.children[parent][token] = node
-        self.children[node] = {}
-        return node
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def ancestry(self, width: int) -> torch.Tensor:
-        """[width, width] bool: row i marks node i and its ancestors (rows past the tree: only i)."""
-        out = torch.eye(width, dtype=torch.bool)
-        for node, parent in enumerate(self.parent):  # breadth-first: a parent's row is complete
-            if parent != ROOT:
-                out[node] |= out[parent]
-        return out
-
-    def path(self, node: int) -> list[int]:
-        """The nodes from the first token down to `node` ([] for ROOT)."""
-        out = []
-        while node != ROOT:
-            out.append(node)
-            node = self.parent[node]
-        return out[::-1]
 
 
 def tree_forward(
@@ -183,6 +116,7 @@ class VerifiedBatch(Protocol):
     _logits_version: int
     _trees: list[DraftTree]  # per cache row
     _tree_hidden: torch.Tensor | None  # [C, N, H] the nodes' hidden states
+    _chosen: list[Draft | None]  # per result: the draft a lenient row follows (choose_drafts)
 
     def _emit(self, res: GenResult, tok: int, logprob: float, version: int) -> bool: ...
 
@@ -209,11 +143,10 @@ def verify_drafts(batch: VerifiedBatch) -> list[GenResult]:
     to and including the first one outside the tree. Leaves the batch as after a step whose tokens are not
     forwarded yet (the next step forwards them, with any batch this one joins); returns the results that
     finished."""
-    gen = batch.engine.generator
     version = batch._logits_version
     parents = batch.rows.tolist()
     rows = [
-        _start(batch.results[i], parents[r], batch._trees[parents[r]], gen)
+        _start(batch.results[i], parents[r], batch._trees[parents[r]], batch._chosen[i])
         for r, i in enumerate(batch.active)
     ]
     logits: dict[tuple[int, int], torch.Tensor] = {}
@@ -281,14 +214,12 @@ def _keep_paths(batch: VerifiedBatch, ends: list[tuple[DraftTree, int, int]]) ->
     batch.next_pos = batch.next_pos[src] + torch.tensor([len(p) for p in paths])
 
 
-def _start(res: GenResult, cache_row: int, tree: DraftTree, gen: torch.Generator) -> _Row:
+def _start(res: GenResult, cache_row: int, tree: DraftTree, chosen: Draft | None) -> _Row:
     req = res.request
     row = _Row(res, cache_row, tree, (req.temperature, req.top_p), req.lenience)
-    drafts = [d for d in req.drafts if d.token_ids]
-    if not drafts:
+    if not any(d.token_ids for d in req.drafts):
         row.tree = DraftTree([])  # a request without drafts samples plainly, whatever shares its prompt
-    elif req.lenience > 0:
-        chosen = drafts[int(torch.randint(len(drafts), (1,), generator=gen))]
+    elif chosen is not None:  # lenient: follows the draft chosen before the prefill (choose_drafts)
         row.draft, row.draft_logprobs = chosen.token_ids, chosen.logprobs
     return row
 

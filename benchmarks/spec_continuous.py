@@ -1,17 +1,19 @@
 """Speculative rollouts in continuous batching, plainly and with drafts: the rollout worker's steady state.
 
     python benchmarks/spec_continuous.py [--model DIR_OR_NAME] [--prompts 32] [--samples 8]
-        [--inflight 16] [--epochs 3] [--drafts 8]
+        [--inflight 16] [--epochs 3] [--drafts 8] [--unpacked-too 0]
 
 A ContinuousDecoder keeps --inflight groups of --samples samples in flight, as the rollout worker does
 under the staleness bound: as soon as a group's last sample finishes, the next prompt's group joins the
 running batch. --prompts held-out rg:chain_sum prompts come round once per epoch; with drafts each
 group offers its prompt's last --drafts responses (the first epoch has none). Both arms run the same epochs
 one after the other on the same weights, one thread. Prints each arm's tokens per second from the second
-epoch on, the forwards it ran (decode steps, and forwards of several columns: prefills, with the drafts'
-trees when there are drafts) with their time, the acceptance rate, and how many samples and groups were
-answered inside their drafts' tree (the rest decode on after verification). Not a test: figures, not
-assertions.
+epoch's first group to the last group's admission (the steady state: the groups in flight that remain
+then are not drained), the forwards it ran (decode steps, those of them that carry joining requests'
+prefills (engine/packed.py), and prefills run alone, with the drafts' trees when there are drafts)
+with their time, the acceptance rate, and how many samples and groups were answered inside their
+drafts' tree (the rest decode on after verification). --unpacked-too 1 runs each arm a second time
+with every prefill run alone, and prints packed / unpacked. Not a test: figures, not assertions.
 """
 
 from __future__ import annotations
@@ -25,15 +27,19 @@ from collections import defaultdict
 import torch
 
 from benchmarks.spec_engine import engine_job
+from streamrl.engine import continuous
 from streamrl.engine.base import Draft, GenRequest, GenResult
 from streamrl.engine.continuous import ContinuousDecoder
 from streamrl.engine.hf import HFEngine
+from streamrl.engine.packed import Segment
 
 
 class ForwardClock:
     """Every forward of the model by kind (one column: a decode step; more: a prefill, with the drafts'
-    trees if any), with its rows, columns and seconds. A prefill with a tree calls the decoder alone
-    (the LM head then runs on the nodes rows reach, outside the clock): those calls count as well."""
+    trees if any; packed: a decode step that carries joining requests' prefill, engine/packed.py),
+    with its rows, columns and seconds (packed: 1 row of all the tokens). A prefill with a tree calls
+    the decoder alone (the LM head then runs on the nodes rows reach, outside the clock): those calls
+    count as well."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.shapes: defaultdict[str, list[tuple[int, int, float]]] = defaultdict(list)
@@ -41,6 +47,15 @@ class ForwardClock:
         for module in (model, model.get_decoder()):
             module.register_forward_pre_hook(self._pre, with_kwargs=True)
             module.register_forward_hook(self._post, with_kwargs=True)
+        packed = continuous.packed_hidden
+
+        def timed_packed(model: torch.nn.Module, segments: list[Segment], device: object) -> list:
+            t0 = time.perf_counter()
+            out = packed(model, segments, device)
+            self.shapes["packed"].append((1, sum(s.tokens for s in segments), time.perf_counter() - t0))
+            return out
+
+        continuous.packed_hidden = timed_packed
 
     def _pre(self, _m: object, args: tuple, kwargs: dict) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
@@ -122,6 +137,8 @@ def run_arm(
                 store[p] = (fresh + store.get(p, ()))[: args.drafts]
                 if todo:
                     admit()
+        if not todo:  # the last group has been admitted: the drain that follows is no steady state
+            break
     wall = time.perf_counter() - t_start
     return {
         "tok_s": tokens / wall,
@@ -133,6 +150,8 @@ def run_arm(
         "decode_s": clock.seconds("decode"),
         "multi_n": clock.count("multi"),
         "multi_s": clock.seconds("multi"),
+        "packed_n": clock.count("packed"),
+        "packed_s": clock.seconds("packed"),
         "inside": inside / max(len(tails) * samples, 1),
         "groups_inside": sum(t == 0 for t in tails) / max(len(tails), 1),
         "tail_median": statistics.median(tails) if tails else 0,
@@ -143,29 +162,42 @@ def run_arm(
 
 
 def main() -> None:
-    args, engine, prompts = engine_job(__doc__, {"--inflight": 16, "--epochs": 3, "--drafts": 8})
+    args, engine, prompts = engine_job(
+        __doc__, {"--inflight": 16, "--epochs": 3, "--drafts": 8, "--unpacked-too": 0}
+    )
+    engine.packs()  # its one-time check, before the clock
     clock = ForwardClock(engine.model)
     out = {}
+    packings = (False, True) if args.unpacked_too else (engine.packs(),)
     for arm in (False, True):
-        torch.manual_seed(0)
-        engine.generator.manual_seed(0)
-        out[arm] = r = run_arm(engine, prompts, args, arm, clock)
-        name = "spec " if arm else "plain"
-        print(
-            f"{name}: {r['tok_s']:6.1f} tok/s ({r['tokens']} tokens in {r['wall']:.1f} s)  decode steps "
-            f"{r['decode_n']} ({r['decode_s']:.1f} s, {r['decode_rows']:.1f} rows each)  multi-column "
-            f"forwards {r['multi_n']} ({r['multi_s']:.1f} s, {r['multi_tokens']:.0f} tokens each)  "
-            f"acceptance {r['acceptance']:.2f}  from drafts {r['from_drafts']:.2f}",
-            flush=True,
-        )
-        if arm:
+        for pack in packings:
+            torch.manual_seed(0)
+            engine.generator.manual_seed(0)
+            engine._pack = pack
+            out[arm, pack] = r = run_arm(engine, prompts, args, arm, clock)
+            name = ("spec " if arm else "plain") + ("" if pack else ", unpacked")
             print(
-                f"       answered inside the drafts' tree: {r['inside']:.0%} of samples, "
-                f"{r['groups_inside']:.0%} of groups; a group's decode steps after verification: "
-                f"median {r['tail_median']:g}, max {r['tail_max']}",
+                f"{name}: {r['tok_s']:6.1f} tok/s ({r['tokens']} tokens in {r['wall']:.1f} s)  decode steps "
+                f"{r['decode_n'] + r['packed_n']} ({r['decode_s'] + r['packed_s']:.1f} s, of which "
+                f"{r['packed_n']} carry a prefill), {r['decode_rows']:.1f} rows each  prefills alone "
+                f"{r['multi_n']} ({r['multi_s']:.1f} s, {r['multi_tokens']:.0f} tokens each)  "
+                f"acceptance {r['acceptance']:.2f}  from drafts {r['from_drafts']:.2f}",
                 flush=True,
             )
-    print(f"spec / plain: {out[True]['tok_s'] / out[False]['tok_s']:.2f}x")
+            if arm:
+                print(
+                    f"       answered inside the drafts' tree: {r['inside']:.0%} of samples, "
+                    f"{r['groups_inside']:.0%} of groups; a group's decode steps after verification: "
+                    f"median {r['tail_median']:g}, max {r['tail_max']}",
+                    flush=True,
+                )
+    for pack in packings:
+        ratio = out[True, pack]["tok_s"] / out[False, pack]["tok_s"]
+        print(f"spec / plain{'' if pack else ', unpacked'}: {ratio:.2f}x")
+    if args.unpacked_too:
+        for arm in (False, True):
+            ratio = out[arm, True]["tok_s"] / out[arm, False]["tok_s"]
+            print(f"{'spec' if arm else 'plain'}: packed / unpacked {ratio:.2f}x")
 
 
 if __name__ == "__main__":

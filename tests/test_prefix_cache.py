@@ -8,7 +8,8 @@ import torch
 
 from streamrl.engine.base import Draft, GenRequest
 from streamrl.engine.continuous import ContinuousDecoder
-from streamrl.engine.hf import DecodeBatch, HFEngine
+from streamrl.engine.decode_batch import DecodeBatch
+from streamrl.engine.hf import HFEngine
 from streamrl.engine.prefix_cache import MIN_PREFIX, shared_length
 
 SYSTEM = "<|im_start|>system\nYou are a calculator. Reply in the form 'The answer is <number>.'<|im_end|>\n"

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from streamrl.engine.base import GenRequest
-from streamrl.engine.hf import DecodeBatch, HFEngine
+from streamrl.engine.decode_batch import DecodeBatch
+from streamrl.engine.hf import HFEngine
 
 
 def _requests(tok, samples: int, temperature: float, top_p: float = 1.0, max_new: int = 12):

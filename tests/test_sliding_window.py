@@ -14,6 +14,7 @@ from trajectories import make_traj
 from transformers import AutoModelForCausalLM, Gemma2Config, MistralConfig, Qwen2Config
 
 from streamrl.engine.base import Draft, GenRequest
+from streamrl.engine.continuous import ContinuousDecoder
 from streamrl.engine.hf import HFEngine
 from streamrl.models.attention import register
 from streamrl.trainer.batching import collate
@@ -73,6 +74,28 @@ def test_the_window_is_the_same_as_in_a_full_forward(tiny, name):
     results = eng.generate(reqs)
     assert max(len(r.token_ids) for r in results) > 2 * WINDOW
     for r in results:
+        ref = _reference(model, r.request.prompt_ids, r.token_ids, 1.0)
+        assert torch.allclose(ref, torch.tensor(r.logprobs, dtype=ref.dtype), atol=1e-6), name
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_requests_joining_a_running_batch_keep_the_window(tiny, name):
+    """Continuous batching: requests arriving while others decode join them (never in a packed
+    forward: its masks have no window) and every token still sees exactly its window."""
+    _, tok = tiny
+    model = _model(name)
+    eng = HFEngine(model, tok, max_batch=64, seed=3)
+    assert not eng.packs()
+    dec = ContinuousDecoder(eng)
+    out = []
+    for step in range(60):
+        if step < 8 and step % 2 == 0:
+            dec.add([GenRequest(_prompts()[step // 2], max_new_tokens=14, temperature=1.0) for _ in range(2)])
+        out += dec.step()
+        if dec.idle:
+            break
+    assert len(out) == 8 and max(len(r.token_ids) for r in out) > 2 * WINDOW
+    for r in out:
         ref = _reference(model, r.request.prompt_ids, r.token_ids, 1.0)
         assert torch.allclose(ref, torch.tensor(r.logprobs, dtype=ref.dtype), atol=1e-6), name
 

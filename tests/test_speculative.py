@@ -11,6 +11,7 @@ the deliberate bugs of tests/mutations.yaml.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from streamrl.engine.base import Draft, GenRequest, GenResult
 from streamrl.engine.continuous import ContinuousDecoder
 from streamrl.engine.hf import HFEngine
 from streamrl.engine.sampling import sampling_probs
+from streamrl.models.attention import register
 from streamrl.models.head import check_head
 
 VOCAB, STOP = 4, 1
@@ -429,6 +431,45 @@ def test_a_verified_batch_joins_a_running_one_and_its_last_tokens_ride_its_forwa
         assert len(dec.batches) == 1  # joined the running batch
         # the prompt with the drafts' tree, then the running rows' and the joined rows' tokens
         assert columns == [len(PROMPT) + nodes([d.token_ids for d in drafts]), 1], columns
+    finally:
+        hook.remove()
+    while not dec.idle:
+        out += dec.step()
+    joined = [r for r in out if r.request.prompt_ids == PROMPT]
+    assert len(joined) == N and sum(r.draft_accepted for r in joined) > N // 2
+    assert fit_pvalue(joined, response_probs(lms[0], max_new, temperature)) > FIT
+    for r in [r for r in out if r.request in running] + joined[:200]:
+        assert r.logprobs == pytest.approx(teacher_forced(lms[0], r, temperature), abs=1e-5)
+
+
+def test_a_batch_with_drafts_packed_into_a_running_ones_step_stays_exact(lms):
+    """Where the engine packs (the streamrl attention), the joining batch's prefill with its drafts'
+    tree rides the running batch's decode forward: the step in which it joins runs one forward of the
+    tree's columns and the running rows' tokens. Its responses are still exactly the current policy's
+    (goodness of fit), and every token's log-prob is the teacher-forced one."""
+    temperature, max_new = 1.0, 3
+    drafts = tuple(old_responses(lms, 6))
+    model = copy.deepcopy(lms[0])
+    model.config._attn_implementation = register()
+    vars(model).pop("_streamrl_packable", None)
+    engine = HFEngine(model, _Tok(), max_batch=10**5, seed=21)
+    assert engine.packs()  # (its one-time check forwards before the hook)
+    dec = ContinuousDecoder(engine)
+    running = [GenRequest([2, 2, 2] + PROMPT, 8, temperature) for _ in range(8)]
+    dec.add(running)
+    out = dec.step()
+    tokens: list[int] = []
+    hook = model.get_input_embeddings().register_forward_pre_hook(lambda _m, a: tokens.append(a[0].numel()))
+    try:
+        dec.add([GenRequest(PROMPT, max_new, temperature, drafts=drafts) for _ in range(N)])
+        rows = engine.decode_cache_rows
+        out += dec.step()
+        assert tokens == [
+            len(PROMPT) + nodes([d.token_ids for d in drafts]) + engine.decode_cache_rows - rows
+        ]
+        assert len(dec.batches) == 1  # joined the running batch after that forward
+        # the responses verification finished are returned by that step
+        assert any(r.request.prompt_ids == PROMPT for r in out)
     finally:
         hook.remove()
     while not dec.idle:

@@ -72,8 +72,9 @@ def _full_forward_logprobs(model, r, temperature: float = 1.0) -> torch.Tensor:
 
 def test_requests_arriving_while_a_batch_runs_join_it_and_decode_as_if_alone(tiny):
     """One forward per step whatever the arrivals: later requests (a longer prompt, then shorter ones)
-    are prefilled and merged into the running batch; every token's log-prob is the full sequence's,
-    and the columns only departed rows needed are dropped at the next merge."""
+    are prefilled in the running batch's decode forward (engine/packed.py) and merged into it after;
+    every token's log-prob is the full sequence's, and the columns only departed rows needed are
+    dropped at the next merge."""
     (model, new), tok = _two_policies(tiny), tiny[1]
     engine = HFEngine(model, tok, max_batch=16, seed=0)
     engine.stop_ids = set()
@@ -81,11 +82,10 @@ def test_requests_arriving_while_a_batch_runs_join_it_and_decode_as_if_alone(tin
     short, long = tok("1+1").input_ids, tok("<|im_start|>user\nwhat is 12+30?<|im_end|>\n").input_ids
     # tag -> (prompt, max_new_tokens, arrival step); the weights change before step 4
     plan = {"A": (short, 10, 0), "B": (long, 3, 2), "C": (short, 5, 4), "D": (short, 3, 6)}
-    calls: list[int] = []
-    hook = model.register_forward_pre_hook(
-        lambda m, a, kw: calls.append(kw["input_ids"].shape[1]), with_kwargs=True
-    )
-    out, per_step = [], []
+    assert engine.packs()  # (its one-time check forwards before the hook)
+    calls: list[int] = []  # the tokens of every forward (the embedding runs once per forward, packed or not)
+    hook = model.get_input_embeddings().register_forward_pre_hook(lambda m, a: calls.append(a[0].numel()))
+    out, per_step, decoded = [], [], []
     try:
         for step in range(12):
             if step == 4:
@@ -94,9 +94,10 @@ def test_requests_arriving_while_a_batch_runs_join_it_and_decode_as_if_alone(tin
             for tag, (prompt, n, at) in plan.items():
                 if at == step:
                     dec.add([GenRequest(prompt, n, 1.0, tag=tag) for _ in range(3 if tag == "B" else 2)])
-            before = len(calls)
+            before, rows = len(calls), engine.decode_cache_rows
             out.extend(dec.step())
             per_step.append(calls[before:])
+            decoded.append(engine.decode_cache_rows - rows)  # the cache rows this step's decode fed
             assert len(dec.batches) <= 1
             if step == 6:  # A and C are left, each behind padding that B's wider prompt needed
                 b = dec.batches[0]
@@ -105,11 +106,17 @@ def test_requests_arriving_while_a_batch_runs_join_it_and_decode_as_if_alone(tin
     finally:
         hook.remove()
     assert dec.idle and len(out) == 9
-    # arrivals add one prefill forward (the prompt's columns) to the step's one decode forward
-    assert [len(c) for c in per_step] == [2, 1, 2, 1, 2, 1, 2, 1, 1, 0, 0, 0]
-    assert [per_step[s][0] for s in (0, 2, 4, 6)] == [len(short), len(long), len(short), len(short)]
-    assert all(c[-1] == 1 for c in per_step if c)
-    old_tokens = {"A": 4 - 0 + 1, "B": 4 - 2 + 1, "C": 0, "D": 0}  # sampled at steps before 5 from old logits
+    # the first requests find no running batch: a prefill forward, then the decode forward; later
+    # arrivals' prompt columns ride the decode forward of the step they arrive in (one distinct prompt
+    # each: a group's samples share it); the last step samples the last tokens and forwards nothing
+    assert [len(c) for c in per_step] == [2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0]
+    assert per_step[0] == [len(short), decoded[0]]
+    arrivals = {2: len(long), 4: len(short), 6: len(short)}
+    assert [sum(c) for c in per_step] == [
+        len(short) * (s == 0) + arrivals.get(s, 0) + decoded[s] for s in range(12)
+    ]
+    # sampled at steps before 5 from old logits; an arrival samples its first token in the next step
+    old_tokens = {"A": 4 - 0 + 1, "B": 4 - 2, "C": 0, "D": 0}
     for r in out:
         tag = r.request.tag
         k = old_tokens[tag]

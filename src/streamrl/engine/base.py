@@ -17,8 +17,8 @@ MIN_PREFIX = 16
 
 def decoded_rows(engine: Any) -> tuple[int, int]:
     """(sequences, KV-cache rows) an engine's decode steps have forwarded so far: the default engine
-    counts them (engine/hf.py: rows with identical tokens so far share one); (0, 0) for an engine that
-    does not."""
+    counts them (engine/decode_batch.py: rows with identical tokens so far share one); (0, 0) for an
+    engine that does not."""
     return getattr(engine, "decode_rows", 0), getattr(engine, "decode_cache_rows", 0)
 
 

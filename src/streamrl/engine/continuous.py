@@ -14,7 +14,9 @@ from typing import Any
 import torch
 
 from streamrl.engine.base import GenRequest, GenResult, check_weight_mode
-from streamrl.engine.hf import DecodeBatch, HFEngine
+from streamrl.engine.decode_batch import DecodeBatch
+from streamrl.engine.hf import HFEngine
+from streamrl.engine.packed import packed_hidden
 
 
 class ContinuousDecoder:
@@ -51,20 +53,51 @@ class ContinuousDecoder:
 
     def step(self) -> list[GenResult]:
         """Start or join batches from waiting requests if there is room, then advance every batch one
-        token."""
+        token. A joining batch's prefill runs in one forward with the running batch's step where the
+        engine packs (engine/packed.py); it joins after that forward."""
         room = self.engine.max_batch - self.active_rows
+        finished: list[GenResult] = []
         with torch.inference_mode():
             if self.waiting and room > 0:
                 take, self.waiting = self.waiting[:room], self.waiting[room:]
                 take.sort(key=lambda r: len(r.prompt_ids))
-                new = DecodeBatch(self.engine, take)
-                host = next((b for b in self.batches if b.can_merge(new)), None)
-                if host is not None:
-                    host.merge(new)
-                else:
-                    self.batches.append(new)
-            finished: list[GenResult] = []
+                host = next((b for b in self.batches if b.active), None)
+                packed = host is not None and self.engine.packs()
+                new = DecodeBatch(self.engine, take, hold=packed)
+                if packed:
+                    assert host is not None
+                    finished.extend(host.step(hold=True))
+                    run_pending(self.engine, [host, new])
+                    finished.extend(new._early)  # answered in verification: done now
+                    new._early = []
+                    for b in self.batches:
+                        if b is not host:
+                            finished.extend(b.step())
+                    self._join(new)
+                    self.batches = [b for b in self.batches if not b.done]
+                    return finished
+                self._join(new)
             for b in self.batches:
                 finished.extend(b.step())
             self.batches = [b for b in self.batches if not b.done]
         return finished
+
+    def _join(self, new: DecodeBatch) -> None:
+        host = next((b for b in self.batches if b.can_merge(new)), None)
+        if host is not None:
+            host.merge(new)
+        else:
+            self.batches.append(new)
+
+
+def run_pending(engine: HFEngine, batches: list[DecodeBatch]) -> None:
+    """Run the forwards the batches hold as one (packed_hidden) and hand each its hidden states."""
+    held = [b for b in batches if b.pending is not None]
+    if not held:
+        return
+    hidden = packed_hidden(engine.model, [b.pending[0] for b in held if b.pending], engine.device)
+    for b, h in zip(held, hidden, strict=True):
+        assert b.pending is not None
+        done = b.pending[1]
+        b.pending = None
+        done(h)

@@ -61,14 +61,14 @@ from streamrl.models.head import check_head, head_logits
 HEAD_ELEMENTS = 1 << 27  # every node's logits at once up to this (256 MB in bf16, 512 in fp32), else by level
 
 
-def tree_forward(
+def tree_inputs(
     batch: Any, ids: torch.Tensor, positions: torch.Tensor, attn: torch.Tensor, trees: list[DraftTree]
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The prefill of D distinct prompts with their draft trees' nodes as extra columns.
     ids, positions [D, P]: the prompt columns forwarded (after any cached prefix); attn [D, W]: every
-    column's padding mask (W >= P) -> (logits after each prompt [D, V], hidden states of the nodes
-    [D, N, H], N = the largest tree). Node columns see the prompt and their own ancestors; the KV cache
-    ends with the N node columns of every row."""
+    column's padding mask (W >= P) -> (ids, positions [D, P + N], visible [D, 1, P + N, W + N] bool,
+    key positions [D, W + N]), N = the largest tree. Node columns see the prompt and their own
+    ancestors; the KV cache ends with the N node columns of every row."""
     eng = batch.engine
     check_head(
         eng.model, eng.device, "rollout.spec_drafts > 0", "speculative rollouts", "set rollout.spec_drafts=0"
@@ -87,23 +87,37 @@ def tree_forward(
             depth[k, : len(tree)] = torch.tensor(tree.depth)
         mask[k, 0, p:, w:] = tree.ancestry(n)
     node_pos = positions[:, -1:] + 1 + depth
+    k_pos = torch.cat([column_positions(attn), node_pos], 1)
+    return torch.cat([ids, node_ids], 1), torch.cat([positions, node_pos], 1), mask, k_pos
+
+
+def tree_forward(
+    batch: Any, ids: torch.Tensor, positions: torch.Tensor, attn: torch.Tensor, trees: list[DraftTree]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """tree_inputs' forward -> (logits after each prompt [D, V], hidden states of the nodes [D, N, H])."""
+    eng = batch.engine
+    all_ids, q_pos, mask, k_pos = tree_inputs(batch, ids, positions, attn, trees)
     batch._logits_version = eng.version
     model, dev = eng.model, eng.device
-    q_pos, k_pos = torch.cat([positions, node_pos], 1), torch.cat([column_positions(attn), node_pos], 1)
     decoder = model.get_decoder()
     out = decoder(
-        input_ids=torch.cat([ids, node_ids], dim=1).to(dev),
+        input_ids=all_ids.to(dev),
         attention_mask=on_device(layer_masks(model.config, mask, q_pos, k_pos), dev),
-        position_ids=torch.cat([positions, node_pos], dim=1).to(dev),
+        position_ids=q_pos.to(dev),
         **cache_kwargs(decoder, batch.cache),
         use_cache=True,
     )
-    hidden = out.last_hidden_state
+    return tree_outputs(model, out.last_hidden_state, ids.shape[1])
+
+
+def tree_outputs(model: Any, hidden: torch.Tensor, p: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden [D, P + N, H] of tree_inputs' columns -> (logits after each prompt, the nodes' hidden)."""
     return head_logits(model, hidden[:, p - 1]), hidden[:, p:]
 
 
 class VerifiedBatch(Protocol):
-    """What verification reads and advances of a DecodeBatch (engine/hf.py) right after its prefill."""
+    """What verification reads and advances of a DecodeBatch (engine/decode_batch.py) right after its
+    prefill."""
 
     engine: Any
     results: list[GenResult]

@@ -73,6 +73,34 @@ def matmul_attention(
     return torch.matmul(probs.view(B, Hkv, g * Q, K), value).view(B, H, Q, D)
 
 
+class SegmentedMask:
+    """The `attention_mask` of a packed forward (engine/packed.py): the queries are several rectangles'
+    tokens laid end to end, shapes[i] = (rows, columns) of rectangle i, and masks[i] [rows, 1, columns,
+    K_i] what each of its queries sees in its own KV cache (the key / value `attend` receives per
+    rectangle)."""
+
+    def __init__(self, shapes: list[torch.Size], masks: list[torch.Tensor]) -> None:
+        self.shapes = shapes
+        self.masks = masks
+
+    def attend(
+        self,
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+        scaling: float | None,
+    ) -> tuple[torch.Tensor, None]:
+        """query [1, H, T, D] (T = every rectangle's rows x columns) -> ([1, T, H, D], None)."""
+        outs, start = [], 0
+        for (r, c), mask, k, v in zip(self.shapes, self.masks, keys, values, strict=True):
+            q = query[0, :, start : start + r * c].unflatten(1, (r, c)).transpose(0, 1)  # [R, H, C, D]
+            out, _ = streamrl_attention(module, q, k, v, mask, scaling=scaling)
+            outs.append(out.reshape(r * c, *out.shape[2:]))
+            start += r * c
+        return torch.cat(outs)[None], None
+
+
 def streamrl_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -84,6 +112,8 @@ def streamrl_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers attention-function signature; returns ([B, Q, H, D], None) like SDPA's."""
+    if isinstance(attention_mask, SegmentedMask):  # a packed forward: key / value are lists
+        return attention_mask.attend(module, query, key, value, scaling)  # type: ignore[arg-type]
     exotic = any(kwargs.get(k) is not None for k in ("softcap", "position_bias", "s_aux", "sinks"))
     long_no_grad = not torch.is_grad_enabled() and query.shape[2] > SHORT_QUERIES
     if long_no_grad or exotic or kwargs.get("is_causal") is False:

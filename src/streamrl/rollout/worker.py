@@ -48,7 +48,7 @@ class GroupResult:
     idle_s: float = 0.0  # seconds spent with nothing to generate since the previous result
     tokens: int = 0  # tokens the engine sampled since the previous result (every request's, no tool output)
     # summed over the engine's decode steps since the previous result: sequences decoded and the KV-cache
-    # rows forwarded for them (rows with identical tokens so far share one: engine/hf.py)
+    # rows forwarded for them (rows with identical tokens so far share one: engine/decode_batch.py)
     rows: int = 0
     cache_rows: int = 0
     error: str = ""

@@ -173,7 +173,7 @@ def main() -> None:
         for pack in packings:
             torch.manual_seed(0)
             engine.generator.manual_seed(0)
-            engine._pack = pack
+            engine.pack = pack
             out[arm, pack] = r = run_arm(engine, prompts, args, arm, clock)
             name = ("spec " if arm else "plain") + ("" if pack else ", unpacked")
             print(

@@ -53,32 +53,27 @@ class ContinuousDecoder:
 
     def step(self) -> list[GenResult]:
         """Start or join batches from waiting requests if there is room, then advance every batch one
-        token. A joining batch's prefill runs in one forward with the running batch's step where the
-        engine packs (engine/packed.py); it joins after that forward."""
+        token. Where the engine packs (engine/packed.py), a joining batch's prefill runs in one forward
+        with the running batch's step, and it joins after that forward."""
         room = self.engine.max_batch - self.active_rows
         finished: list[GenResult] = []
         with torch.inference_mode():
+            host, joining = None, None
             if self.waiting and room > 0:
                 take, self.waiting = self.waiting[:room], self.waiting[room:]
                 take.sort(key=lambda r: len(r.prompt_ids))
                 host = next((b for b in self.batches if b.active), None)
                 packed = host is not None and self.engine.packs()
-                new = DecodeBatch(self.engine, take, hold=packed)
-                if packed:
-                    assert host is not None
-                    finished.extend(host.step(hold=True))
-                    run_pending(self.engine, [host, new])
-                    finished.extend(new._early)  # answered in verification: done now
-                    new._early = []
-                    for b in self.batches:
-                        if b is not host:
-                            finished.extend(b.step())
-                    self._join(new)
-                    self.batches = [b for b in self.batches if not b.done]
-                    return finished
-                self._join(new)
+                joining = DecodeBatch(self.engine, take, hold=packed)
+                if not packed:
+                    self._join(joining)
+                    joining = None
             for b in self.batches:
-                finished.extend(b.step())
+                finished.extend(b.step(hold=joining is not None and b is host))
+            if joining is not None:
+                run_pending(self.engine, [b for b in (host, joining) if b is not None])
+                finished.extend(joining.take_finished())  # answered in verification: done now
+                self._join(joining)
             self.batches = [b for b in self.batches if not b.done]
         return finished
 

@@ -175,6 +175,11 @@ class DecodeBatch:
         )
         return out.logits[:, -1, :]
 
+    def take_finished(self) -> list[GenResult]:
+        """The results verification finished (step() returns them otherwise), handed over once."""
+        finished, self._early = self._early, []
+        return finished
+
     @property
     def done(self) -> bool:
         return not self.active and not self._early
@@ -184,7 +189,7 @@ class DecodeBatch:
         row whose last token is not forwarded yet (verification's, see `_feed`) samples nothing: its
         token goes through the model in this step's forward with the others'. hold: that forward waits
         in `pending` (engine/packed.py runs it with another batch's)."""
-        finished, self._early = self._early, []
+        finished = self.take_finished()
         if not self.active:
             return finished
         params = [(self.results[i].request.temperature, self.results[i].request.top_p) for i in self.active]

@@ -56,7 +56,7 @@ class HFEngine:
         self.max_batch = max_batch
         self.share_rows = share_rows  # rows with identical tokens so far share a KV row (DecodeBatch)
         self.branch_min = branch_min  # draft trees keep nodes this many drafts pass (engine/speculative.py)
-        self._pack = pack  # a joining batch's prefill rides the running batch's decode step (packs())
+        self.pack = pack  # a joining batch's prefill rides the running batch's decode step (packs())
         # the KV of the prefix the prompts share, prefilled once per weights (engine/prefix_cache.py)
         self.prefix_cache = PrefixCache() if prefix_cache else None
         self.version = 0
@@ -75,8 +75,8 @@ class HFEngine:
     def packs(self) -> bool:
         """Whether batches' forwards can run as one (engine/packed.py): asked for, no sliding layers, and
         the model passes packable's check (once)."""
-        self._pack = self._pack and self.window is None and packable(self.model, self.device, self.pad_id)
-        return self._pack
+        self.pack = self.pack and self.window is None and packable(self.model, self.device, self.pad_id)
+        return self.pack
 
     def submit(self, request: GenRequest) -> int:
         if not request.prompt_ids:

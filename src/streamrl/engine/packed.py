@@ -7,7 +7,13 @@ one forward: each batch's input is a rectangle (rows x columns, its own padding)
 tokens are laid end to end as one sequence for the layers' matrix products, and attention alone is
 split back into the rectangles, each reading and extending its own KV cache under its own mask
 (`Segment`). Every token's hidden state is the one its batch's own forward computes (up to the
-rounding of differently shaped matrix products).
+rounding of differently shaped matrix products). The joining rows sample their first token in the
+next step (its logits come out of this forward), a step later than when their prefill ran alone before
+the step: one forward fewer per join, one step more per group (benchmarks/spec_continuous.py
+--unpacked-too measures both ways).
+
+Attention on packed inputs is the `streamrl` attention's (models/attention.py: `SegmentedMask`), the
+CPU one; elsewhere each batch runs its own forward.
 
 The layers are run here, not by the decoder's forward (which builds one mask and one cache for one
 rectangle): `packable` checks once per model, on a few tokens, that this loop computes what the

@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from streamrl.engine import packed as packed_module
 from streamrl.engine.base import GenRequest
 from streamrl.engine.continuous import ContinuousDecoder, run_pending
 from streamrl.engine.decode_batch import DecodeBatch
@@ -177,6 +178,20 @@ def test_a_model_the_packed_loop_does_not_reproduce_is_not_packed(tiny):
         assert len(calls) == 2
     finally:
         hook.remove()
+
+
+def test_a_model_whose_layers_fail_on_packed_inputs_runs_unpacked(tiny, monkeypatch):
+    """Any error of the one-time check (a layer of another architecture that takes other arguments)
+    leaves the model unpacked, not the worker failed."""
+    model, tok = tiny
+    odd = copy.deepcopy(model)
+    vars(odd).pop("_streamrl_packable", None)
+
+    def unknown(*args, **kwargs):
+        raise KeyError("a layer argument the packed loop does not pass")
+
+    monkeypatch.setattr(packed_module, "packed_hidden", unknown)
+    assert not HFEngine(odd, tok, max_batch=8).packs()
 
 
 @pytest.mark.parametrize("pack", [True, False])

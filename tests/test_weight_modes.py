@@ -70,19 +70,21 @@ def _full_forward_logprobs(model, r, temperature: float = 1.0) -> torch.Tensor:
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(r.token_ids)[:, None]).squeeze(-1)
 
 
-def test_requests_arriving_while_a_batch_runs_join_it_and_decode_as_if_alone(tiny):
-    """One forward per step whatever the arrivals: later requests (a longer prompt, then shorter ones)
-    are prefilled in the running batch's decode forward (engine/packed.py) and merged into it after;
-    every token's log-prob is the full sequence's, and the columns only departed rows needed are
-    dropped at the next merge."""
+@pytest.mark.parametrize("pack", [True, False])
+def test_requests_arriving_while_a_batch_runs_join_it_and_decode_as_if_alone(tiny, pack):
+    """Later requests (a longer prompt, then shorter ones) are prefilled and merged into the running
+    batch: packed, in the running batch's decode forward (engine/packed.py), one forward per step
+    whatever the arrivals; unpacked, in a forward of their own before the step's decode forward. Every
+    token's log-prob is the full sequence's, its version that of the weights that computed it, and the
+    columns only departed rows needed are dropped at the next merge."""
     (model, new), tok = _two_policies(tiny), tiny[1]
-    engine = HFEngine(model, tok, max_batch=16, seed=0)
+    engine = HFEngine(model, tok, max_batch=16, seed=0, pack=pack)
     engine.stop_ids = set()
     dec = ContinuousDecoder(engine, "inflight")
     short, long = tok("1+1").input_ids, tok("<|im_start|>user\nwhat is 12+30?<|im_end|>\n").input_ids
     # tag -> (prompt, max_new_tokens, arrival step); the weights change before step 4
     plan = {"A": (short, 10, 0), "B": (long, 3, 2), "C": (short, 5, 4), "D": (short, 3, 6)}
-    assert engine.packs()  # (its one-time check forwards before the hook)
+    assert engine.packs() == pack  # (its one-time check forwards before the hook)
     calls: list[int] = []  # the tokens of every forward (the embedding runs once per forward, packed or not)
     hook = model.get_input_embeddings().register_forward_pre_hook(lambda m, a: calls.append(a[0].numel()))
     out, per_step, decoded = [], [], []
@@ -107,16 +109,20 @@ def test_requests_arriving_while_a_batch_runs_join_it_and_decode_as_if_alone(tin
         hook.remove()
     assert dec.idle and len(out) == 9
     # the first requests find no running batch: a prefill forward, then the decode forward; later
-    # arrivals' prompt columns ride the decode forward of the step they arrive in (one distinct prompt
-    # each: a group's samples share it); the last step samples the last tokens and forwards nothing
-    assert [len(c) for c in per_step] == [2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0]
-    assert per_step[0] == [len(short), decoded[0]]
+    # arrivals' prompt columns (one distinct prompt each: a group's samples share it) ride the decode
+    # forward of the step they arrive in, or run before it unpacked; the last step samples the last
+    # tokens and forwards nothing
     arrivals = {2: len(long), 4: len(short), 6: len(short)}
-    assert [sum(c) for c in per_step] == [
-        len(short) * (s == 0) + arrivals.get(s, 0) + decoded[s] for s in range(12)
-    ]
-    # sampled at steps before 5 from old logits; an arrival samples its first token in the next step
-    old_tokens = {"A": 4 - 0 + 1, "B": 4 - 2, "C": 0, "D": 0}
+    assert per_step[0] == [len(short), decoded[0]]
+    if pack:
+        assert [len(c) for c in per_step] == [2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0]
+        assert [sum(c) for c in per_step[1:]] == [arrivals.get(s, 0) + decoded[s] for s in range(1, 12)]
+    else:
+        assert [len(c) for c in per_step] == [2, 1, 2, 1, 2, 1, 2, 1, 1, 0, 0, 0]
+        assert all(per_step[s] == [n, decoded[s]] for s, n in arrivals.items())
+    # sampled at steps before 5 from old logits; packed, an arrival samples its first token in the
+    # next step, unpacked in the step it arrives in
+    old_tokens = {"A": 4 - 0 + 1, "B": 4 - 2 + (not pack), "C": 0, "D": 0}
     for r in out:
         tag = r.request.tag
         k = old_tokens[tag]

@@ -163,7 +163,7 @@ def packable(model: Any, device: Any, pad_id: int) -> bool:
             float((a[attn] - b[attn]).abs().max()) <= tol * float(a.abs().max()) + 1e-6
             for a, b, attn in ((own[0], ours[0], attn_a.bool()), (own[1], ours[1], torch.ones(1, 2).bool()))
         )
-    except (TypeError, ValueError, AttributeError, RuntimeError, IndexError):
+    except Exception:  # whatever a layer of another architecture raises here: it runs unpacked
         ok = False
     finally:
         model.train(training)

@@ -433,13 +433,7 @@ def test_a_verified_batch_joins_a_running_one_and_its_last_tokens_ride_its_forwa
         assert columns == [len(PROMPT) + nodes([d.token_ids for d in drafts]), 1], columns
     finally:
         hook.remove()
-    while not dec.idle:
-        out += dec.step()
-    joined = [r for r in out if r.request.prompt_ids == PROMPT]
-    assert len(joined) == N and sum(r.draft_accepted for r in joined) > N // 2
-    assert fit_pvalue(joined, response_probs(lms[0], max_new, temperature)) > FIT
-    for r in [r for r in out if r.request in running] + joined[:200]:
-        assert r.logprobs == pytest.approx(teacher_forced(lms[0], r, temperature), abs=1e-5)
+    _decode_on_and_check(lms[0], dec, out, running, max_new, temperature)
 
 
 def test_a_batch_with_drafts_packed_into_a_running_ones_step_stays_exact(lms):
@@ -472,10 +466,23 @@ def test_a_batch_with_drafts_packed_into_a_running_ones_step_stays_exact(lms):
         assert any(r.request.prompt_ids == PROMPT for r in out)
     finally:
         hook.remove()
+    _decode_on_and_check(lms[0], dec, out, running, max_new, temperature)
+
+
+def _decode_on_and_check(
+    model,
+    dec: ContinuousDecoder,
+    out: list[GenResult],
+    running: list[GenRequest],
+    max_new: int,
+    temperature: float,
+) -> None:
+    """Decode to the end; the joined requests (prompt PROMPT) must be exactly the current policy's
+    responses (goodness of fit) and every token's log-prob, the running rows' too, the teacher-forced one."""
     while not dec.idle:
         out += dec.step()
     joined = [r for r in out if r.request.prompt_ids == PROMPT]
     assert len(joined) == N and sum(r.draft_accepted for r in joined) > N // 2
-    assert fit_pvalue(joined, response_probs(lms[0], max_new, temperature)) > FIT
+    assert fit_pvalue(joined, response_probs(model, max_new, temperature)) > FIT
     for r in [r for r in out if r.request in running] + joined[:200]:
-        assert r.logprobs == pytest.approx(teacher_forced(lms[0], r, temperature), abs=1e-5)
+        assert r.logprobs == pytest.approx(teacher_forced(model, r, temperature), abs=1e-5)

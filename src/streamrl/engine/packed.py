@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from streamrl.models.attention import SegmentedMask
+from streamrl.models.attention import SegmentedMask, rectangles, unpack_rows
 from streamrl.models.cache_kwarg import cache_kwarg_of
 
 
@@ -58,16 +58,12 @@ class _SegmentedCache:
     def update(
         self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        keys, values, start = [], [], 0
-        for seg in self.segments:
-            r, c = seg.ids.shape
-            part = slice(start, start + r * c)
-            k = key[0, :, part].unflatten(1, (r, c)).transpose(0, 1)  # [Hkv, R*C, D] -> [R, Hkv, C, D]
-            v = value[0, :, part].unflatten(1, (r, c)).transpose(0, 1)
+        keys, values = [], []
+        for seg, (r, c, part) in zip(self.segments, rectangles([s.ids.shape for s in self.segments])):
+            k, v = unpack_rows(key[0], r, c, part), unpack_rows(value[0], r, c, part)  # [R, Hkv, C, D]
             k_all, v_all = seg.cache.update(k, v, layer_idx)
             keys.append(k_all)
             values.append(v_all)
-            start += r * c
         return keys, values
 
 
@@ -93,12 +89,7 @@ def packed_hidden(model: Any, segments: list[Segment], device: Any) -> list[torc
         )
         hidden = out[0] if isinstance(out, tuple) else out  # older transformers return (hidden, ...)
     hidden = decoder.norm(hidden)[0]
-    parts, start = [], 0
-    for s in segments:
-        r, c = s.ids.shape
-        parts.append(hidden[start : start + r * c].view(r, c, -1))
-        start += r * c
-    return parts
+    return [hidden[part].view(r, c, -1) for r, c, part in rectangles([s.ids.shape for s in segments])]
 
 
 @torch.no_grad()

@@ -73,6 +73,21 @@ def matmul_attention(
     return torch.matmul(probs.view(B, Hkv, g * Q, K), value).view(B, H, Q, D)
 
 
+def rectangles(shapes: list[torch.Size]) -> list[tuple[int, int, slice]]:
+    """(rows, columns, the slice of their tokens) of rectangles laid end to end as one sequence, row by
+    row (a packed forward's layout, engine/packed.py)."""
+    out, start = [], 0
+    for r, c in shapes:
+        out.append((r, c, slice(start, start + r * c)))
+        start += r * c
+    return out
+
+
+def unpack_rows(x: torch.Tensor, rows: int, columns: int, part: slice) -> torch.Tensor:
+    """x [H, T, D] of a packed sequence -> the rectangle at `part` as [rows, H, columns, D]."""
+    return x[:, part].unflatten(1, (rows, columns)).transpose(0, 1)
+
+
 class SegmentedMask:
     """The `attention_mask` of a packed forward (engine/packed.py): the queries are several rectangles'
     tokens laid end to end, shapes[i] = (rows, columns) of rectangle i, and masks[i] [rows, 1, columns,
@@ -92,12 +107,12 @@ class SegmentedMask:
         scaling: float | None,
     ) -> tuple[torch.Tensor, None]:
         """query [1, H, T, D] (T = every rectangle's rows x columns) -> ([1, T, H, D], None)."""
-        outs, start = [], 0
-        for (r, c), mask, k, v in zip(self.shapes, self.masks, keys, values, strict=True):
-            q = query[0, :, start : start + r * c].unflatten(1, (r, c)).transpose(0, 1)  # [R, H, C, D]
-            out, _ = streamrl_attention(module, q, k, v, mask, scaling=scaling)
+        outs = []
+        for (r, c, part), mask, k, v in zip(rectangles(self.shapes), self.masks, keys, values, strict=True):
+            out, _ = streamrl_attention(
+                module, unpack_rows(query[0], r, c, part), k, v, mask, scaling=scaling
+            )
             outs.append(out.reshape(r * c, *out.shape[2:]))
-            start += r * c
         return torch.cat(outs)[None], None
 
 

@@ -28,13 +28,14 @@ def tiny64(tiny):
 
 
 def _prefill_tokens(model) -> tuple[list[tuple[int, int]], object]:
-    """Records (rows, columns) of every forward (a DecodeBatch's construction prefills, decodes nothing)."""
+    """Records (rows, columns) of every forward of the decoder, the LM head's included or not (a
+    DecodeBatch's construction prefills, decodes nothing)."""
     shapes: list[tuple[int, int]] = []
 
     def hook(module, args, kwargs):
         shapes.append(tuple(kwargs["input_ids"].shape))
 
-    return shapes, model.register_forward_pre_hook(hook, with_kwargs=True)
+    return shapes, model.get_decoder().register_forward_pre_hook(hook, with_kwargs=True)
 
 
 def test_shared_length():
@@ -51,9 +52,12 @@ def test_prefix_is_computed_once_per_weights_and_only_the_rest_is_prefilled(tiny
     p = shared_length(prompts[0], prompts[1:])
     assert p >= MIN_PREFIX
     shapes, hook = _prefill_tokens(model)
+    heads: list[int] = []  # the prefix's logits are never used: its forward skips the head
+    head_hook = model.get_output_embeddings().register_forward_pre_hook(lambda m, a: heads.append(1))
     try:
         for i, prompt in enumerate(prompts[:3]):
             DecodeBatch(eng, [GenRequest(prompt, 4, 1.0, 1.0, i)] * 4)  # one group: one distinct prompt
+        assert len(heads) == 3
         # first batch: nothing to share with yet; second: the prefix found with the first, computed
         # (one row of p tokens) and the rest prefilled; third: the rest only
         full = len(prompts[0])
@@ -69,8 +73,10 @@ def test_prefix_is_computed_once_per_weights_and_only_the_rest_is_prefilled(tiny
             next(model.parameters()).add_(0.01)
         DecodeBatch(eng, [GenRequest(prompts[3], 4, 1.0, 1.0, 0)])
         assert shapes == [(1, p), (1, len(prompts[3]) - p)]
+        assert len(heads) == 6
     finally:
         hook.remove()
+        head_hook.remove()
 
 
 def test_a_batch_of_several_prompts_finds_their_prefix_and_every_row_forwards_a_token(tiny64):

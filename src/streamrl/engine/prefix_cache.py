@@ -87,13 +87,13 @@ class PrefixCache:
     ) -> None:
         cache = growing_cache(len(tokens), len(tokens))
         ids = torch.tensor([tokens], device=device)
-        model(
+        decoder = model.get_decoder()  # the KV is all it keeps: no LM head
+        decoder(
             input_ids=ids,
             attention_mask=torch.ones_like(ids),
             position_ids=torch.arange(len(tokens), device=device)[None],
-            **cache_kwargs(model, cache),
+            **cache_kwargs(decoder, cache),
             use_cache=True,
-            logits_to_keep=1,
         )
         self.tokens, self.key = list(tokens), key
         self.kv = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]

@@ -20,8 +20,10 @@ def contiguous_head_input(model: Any) -> None:
     transformers runs the head on the last positions only (`logits_to_keep`): a [R, K, H] view whose
     rows are T x H apart. For such a view and a bf16 weight that does not require grad, torch's linear
     does not fold it into one matrix product: it broadcasts the [V, H] weight to a contiguous [R, H, V]
-    copy for a batched product (R x 56 MB for SmolLM2: 7 GB for a 128-row prefill). A contiguous copy of
-    the input costs R x K x H values."""
+    copy for a batched product (R x 56 MB for SmolLM2: 7 GB for a 128-row prefill). A one-row view
+    [1, 1, H] counts as contiguous (the strides of size-1 dimensions are ignored) and takes the same
+    path, so the hook looks at the strides themselves (`dense`). A copy of the input costs R x K x H
+    values."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is None or getattr(head, "_streamrl_contiguous_input", False):
         return
@@ -34,7 +36,18 @@ def _contiguous_input(
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The forward pre-hook: the input tensor, positional or `input=`, made contiguous."""
     if args and isinstance(args[0], torch.Tensor):
-        return (args[0].contiguous(), *args[1:]), kwargs
+        return (dense(args[0]), *args[1:]), kwargs
     if isinstance(kwargs.get("input"), torch.Tensor):
-        return args, {**kwargs, "input": kwargs["input"].contiguous()}
+        return args, {**kwargs, "input": dense(kwargs["input"])}
     return args, kwargs
+
+
+def dense(x: torch.Tensor) -> torch.Tensor:
+    """x itself if its strides are those of a new tensor of its shape, else such a copy of it."""
+    strides, step = [], 1
+    for n in reversed(x.shape):
+        strides.append(step)
+        step *= n
+    if x.stride() == tuple(reversed(strides)):
+        return x
+    return x.clone(memory_format=torch.contiguous_format)

@@ -74,9 +74,8 @@ class HFEngine:
 
     def packs(self) -> bool:
         """Whether batches' forwards can run as one (engine/packed.py): asked for, no sliding layers, and
-        the model passes packable's check (once)."""
-        self.pack = self.pack and self.window is None and packable(self.model, self.device, self.pad_id)
-        return self.pack
+        the model passes packable's check (run once per model, then read from the model)."""
+        return self.pack and self.window is None and packable(self.model, self.device, self.pad_id)
 
     def submit(self, request: GenRequest) -> int:
         if not request.prompt_ids:

@@ -155,6 +155,17 @@ def test_a_waiting_trainer_whose_cores_generate_is_not_starved():
     )
 
 
+def test_an_idle_engine_whose_cores_train_is_not_flagged():
+    rows = with_tail("engine_idle_share", [0.75])
+    rows[-1]["cores_total"] = 2  # elastic cores: the engine's threads trained while it idled
+    assert diagnose(rows) == []
+    msg = diagnose(with_tail("engine_idle_share", [0.75]))[0].last_message
+    assert msg == (
+        "rollout engines idled 75% of the time (> 50%): the trainer or the staleness bound is the "
+        "bottleneck (raise max_staleness or trainer threads)"
+    )
+
+
 def test_a_correction_that_masks_most_tokens_names_the_keys_to_loosen():
     assert diagnose(with_tail("rc_token_masked_frac", [0.5])) == []  # at the threshold: silent
     msg = diagnose(with_tail("rc_token_masked_frac", [0.9528]))[0].last_message

@@ -134,8 +134,11 @@ def _trainer_starved(history: Sequence[Record], limit: float) -> str | None:
 
 
 def _engine_idle(history: Sequence[Record], limit: float) -> str | None:
+    # The converse of _trainer_starved: with elastic cores an idle engine's threads train, so its idling
+    # costs no core (generation is simply ahead of the trainer)
     share = _num(history[-1], "engine_idle_share")
-    if len(history) >= MIN_STEPS_FOR_SHARES and share is not None and share > limit:
+    lending = _num(history[-1], "cores_total") is not None
+    if len(history) >= MIN_STEPS_FOR_SHARES and share is not None and share > limit and not lending:
         return (
             f"rollout engines idled {share:.0%} of the time (> {limit:.0%}): the trainer or the staleness "
             "bound is the bottleneck (raise max_staleness or trainer threads)"
@@ -200,7 +203,12 @@ RULES: tuple[Rule, ...] = (
         0.5,
         _trainer_starved,
     ),
-    Rule("engine_idle", "engine_idle_share above threshold", 0.5, _engine_idle),
+    Rule(
+        "engine_idle",
+        "engine_idle_share above threshold while the engines' cores are not lent to training",
+        0.5,
+        _engine_idle,
+    ),
     Rule(
         "rollout_correction_masks",
         "share of tokens the rollout correction masked in a step above threshold",

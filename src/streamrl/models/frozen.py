@@ -8,7 +8,7 @@ import torch
 
 
 def freeze(model: Any) -> Any:
-    """eval mode, no gradients, and a contiguous LM-head input (contiguous_head_input); -> model."""
+    """eval mode, no gradients, and a densely strided LM-head input (contiguous_head_input); -> model."""
     model.eval().requires_grad_(False)
     contiguous_head_input(model)
     return model
@@ -34,7 +34,7 @@ def contiguous_head_input(model: Any) -> None:
 def _contiguous_input(
     _module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The forward pre-hook: the input tensor, positional or `input=`, made contiguous."""
+    """The forward pre-hook: the input tensor, positional or `input=`, with dense strides (`dense`)."""
     if args and isinstance(args[0], torch.Tensor):
         return (dense(args[0]), *args[1:]), kwargs
     if isinstance(kwargs.get("input"), torch.Tensor):

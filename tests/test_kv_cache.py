@@ -138,3 +138,20 @@ def test_next_rows_keeps_continuations_in_their_parents_rows_and_fills_the_rows_
     assert next_rows([0, 2, 3], [1, 2, 3], share=True) == ([0, 2, 1], [0, 3, 2], [1, 3, 2])
     # unshared: one cache row per row, even for equal tokens
     assert next_rows([0, 0, 2], [4, 4, 4], share=False) == ([0, 1, 2], [0, 0, 2], [4, 4, 4])
+
+
+def test_the_cache_finds_the_moved_rows_once_for_all_its_layers(monkeypatch):
+    from streamrl.engine import kv_cache
+
+    calls = []
+    found = kv_cache.moved_rows
+    monkeypatch.setattr(kv_cache, "moved_rows", lambda indices: calls.append(1) or found(indices))
+    cache = growing_cache(initial=6, limit=6)
+    k = (10 * torch.arange(3, dtype=torch.float32)[:, None] + torch.arange(2.0)).view(3, 1, 2, 1)
+    for layer_idx in range(3):
+        cache.update(k + layer_idx, -k, layer_idx)
+    cache.batch_select_indices(torch.tensor([2, 1, 2]))  # row 0 takes row 2's place and keeps it
+    assert len(calls) == 1
+    for layer_idx, layer in enumerate(cache.layers):
+        assert (layer.keys[:, 0, :, 0] - layer_idx).tolist() == [[20, 21], [10, 11], [20, 21]]
+        assert layer.values[:, 0, :, 0].tolist() == [[-20, -21], [-10, -11], [-20, -21]]

@@ -66,10 +66,11 @@ class GrowingLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self.length
 
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
+    def batch_select_indices(self, indices: torch.Tensor, moved: torch.Tensor | None = None) -> None:
         """Row i becomes row indices[i] (a row repeated: copies). In place: only the rows whose index
         changes are copied, filled columns only (a decode step where one row of many finishes moves
-        one row, not the cache); a new buffer, capacity kept, only when the rows outgrow it."""
+        one row, not the cache); a new buffer, capacity kept, only when the rows outgrow it. moved:
+        moved_rows(indices) if the caller has it (GrowingCache finds them once for every layer)."""
         if self._k is None or self._v is None:
             return
         m = len(indices)
@@ -80,7 +81,7 @@ class GrowingLayer(DynamicLayer):
             v[:, :, : self.length] = self._v[indices, :, : self.length]
             self._k, self._v = k, v
         else:
-            moved = (indices != torch.arange(m, device=indices.device)).nonzero().flatten()
+            moved = moved_rows(indices) if moved is None else moved
             if len(moved):  # the sources are gathered before any row is overwritten
                 src = indices[moved]
                 self._k[moved, :, : self.length] = self._k[src, :, : self.length]
@@ -138,11 +139,28 @@ class GrowingLayer(DynamicLayer):
         raise NotImplementedError("GrowingLayer is for sampling, not beam search")
 
 
+def moved_rows(indices: torch.Tensor) -> torch.Tensor:
+    """The rows i with indices[i] != i: those batch_select_indices(indices) copies into."""
+    return (indices != torch.arange(len(indices), device=indices.device)).nonzero().flatten()
+
+
+class GrowingCache(DynamicCache):
+    """A DynamicCache of GrowingLayers whose row selection finds the moved rows once, not per layer (on
+    a GPU, `nonzero` waits for the device: once per step instead of once per layer)."""
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        moved = moved_rows(indices)
+        for layer in self.layers:
+            if isinstance(layer, GrowingLayer):
+                layer.batch_select_indices(indices, moved)
+            else:
+                layer.batch_select_indices(indices)
+
+
 def growing_cache(initial: int, limit: int) -> DynamicCache:
-    """A DynamicCache whose layers are GrowingLayers: `initial` columns at first (prompt + a first share
-    of the completion), doubling when full but not past `limit` (prompt + max_new_tokens) unless a
-    write needs more."""
-    cache = DynamicCache()
+    """A GrowingCache: `initial` columns at first (prompt + a first share of the completion), doubling
+    when full but not past `limit` (prompt + max_new_tokens) unless a write needs more."""
+    cache = GrowingCache()
     cache.layer_class_to_replicate = lambda: GrowingLayer(initial, limit)  # type: ignore[assignment]
     return cache
 

@@ -161,6 +161,7 @@ def summarise(arm: str, runs: list[dict[str, Any]], args: argparse.Namespace) ->
         "heldout_ci95": [lo, hi],
         "per_seed_accuracy": [sum(r["correct"]) / len(r["correct"]) if r["correct"] else None for r in runs],
         "correct": correct,
+        "windows": wins,  # each seed's totals (`window`), so that invocations can be pooled later
     }
 
 

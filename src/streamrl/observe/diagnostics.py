@@ -120,30 +120,35 @@ def _truncation(history: Sequence[Record], limit: float) -> str | None:
 MIN_STEPS_FOR_SHARES = 3  # the first batch always waits for rollouts: judge shares only after a few steps
 
 
-def _trainer_starved(history: Sequence[Record], limit: float) -> str | None:
-    # With elastic cores the waiting trainer's cores generate (cores_total is logged then): the wait
-    # costs no core, and on a machine whose cores are all in use there is no capacity to add.
-    share = _num(history[-1], "trainer_wait_share")
+def _share_costing_cores(history: Sequence[Record], key: str, limit: float) -> float | None:
+    """history[-1][key], a share of time one phase waited, when it is above `limit` after the first
+    steps and the waiting cost cores. With elastic cores (cores_total is logged then) a waiting phase's
+    threads compute for the other one, so its wait costs no core and there is nothing to act on."""
+    share = _num(history[-1], key)
     lending = _num(history[-1], "cores_total") is not None
     if len(history) >= MIN_STEPS_FOR_SHARES and share is not None and share > limit and not lending:
-        return (
-            f"the trainer waited for rollouts {share:.0%} of the time (> {limit:.0%}) with its cores idle: "
-            "set runtime.elastic_cores=lend, or add rollout capacity (runtime.rollout_workers, threads)"
-        )
+        return share
     return None
+
+
+def _trainer_starved(history: Sequence[Record], limit: float) -> str | None:
+    share = _share_costing_cores(history, "trainer_wait_share", limit)
+    if share is None:
+        return None
+    return (
+        f"the trainer waited for rollouts {share:.0%} of the time (> {limit:.0%}) with its cores idle: "
+        "set runtime.elastic_cores=lend, or add rollout capacity (runtime.rollout_workers, threads)"
+    )
 
 
 def _engine_idle(history: Sequence[Record], limit: float) -> str | None:
-    # The converse of _trainer_starved: with elastic cores an idle engine's threads train, so its idling
-    # costs no core (generation is simply ahead of the trainer)
-    share = _num(history[-1], "engine_idle_share")
-    lending = _num(history[-1], "cores_total") is not None
-    if len(history) >= MIN_STEPS_FOR_SHARES and share is not None and share > limit and not lending:
-        return (
-            f"rollout engines idled {share:.0%} of the time (> {limit:.0%}): the trainer or the staleness "
-            "bound is the bottleneck (raise max_staleness or trainer threads)"
-        )
-    return None
+    share = _share_costing_cores(history, "engine_idle_share", limit)
+    if share is None:
+        return None
+    return (
+        f"rollout engines idled {share:.0%} of the time (> {limit:.0%}): the trainer or the staleness "
+        "bound is the bottleneck (raise max_staleness or trainer threads)"
+    )
 
 
 def _episode_errors(history: Sequence[Record], limit: float) -> str | None:

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from streamrl.models.precision import resolve_precision
 from streamrl.trainer import fused_logprobs, logprobs, shared_prompt
 
 MODELS = {"smollm2": "smollm2-135m-instruct", "tiny": "tiny-random"}
@@ -134,7 +135,10 @@ def main() -> None:
     trainer = Trainer.from_config(model, cfg, pad_id=int(load_tokenizer(model_dir).pad_token_id))
     batch = synthetic_batch(vocab, a.prompt_len, cfg.rollout.max_new_tokens, cfg.seed)
     ntok = sum(len(t.prompt_ids) + len(t.completion_ids) for t in batch.trajectories)
-    print(f"trainer step: {len(batch.trajectories)} samples, {ntok} tokens, precision {cfg.train.precision}")
+    print(
+        f"trainer step: {len(batch.trajectories)} samples, {ntok} tokens, "
+        f"precision {resolve_precision(cfg.train.precision, cfg.device)}"
+    )
     times: dict[str, list[float]] = {name: [] for name in impls}
     for i in range(a.steps + 1):  # the first round warms up (allocator, thread pool)
         for name, f in impls.items():

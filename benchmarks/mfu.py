@@ -34,6 +34,8 @@ from pathlib import Path
 import torch
 import yaml
 
+from streamrl.models.precision import resolve_precision
+
 
 def gemm_peak(size: int, repeats: int, dtype: torch.dtype, threads: int) -> float:
     """Best FLOP/s of size x size matmuls at `threads` threads."""
@@ -128,14 +130,19 @@ def main() -> None:
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     n = param_count(cfg["model"])
-    dt = torch.bfloat16 if cfg["train"]["precision"] == "bf16" else torch.float32
+    # the precision the run trained in (environment.json records what `auto` chose on its machine)
+    env_path = run_dir / "environment.json"
+    env = json.loads(env_path.read_text()) if env_path.is_file() else {}
+    device = cfg.get("device") or "cpu"
+    prec = env.get("train_precision") or resolve_precision(cfg["train"]["precision"], device)
+    dt = torch.bfloat16 if prec == "bf16" else torch.float32
     gemms = model_gemms(cfg["model"], dt, args.gemm_tokens, args.repeats)
     per_token = sum(f for _, f, _ in gemms)
-    print(f"the model's forward GEMMs at {args.gemm_tokens} rows, 1 thread ({cfg['train']['precision']}):")
+    print(f"the model's forward GEMMs at {args.gemm_tokens} rows, 1 thread ({prec}):")
     for name, f, rate in gemms:
         print(f"  {name:<12} {f / per_token:5.1%} of the GEMM FLOPs  {rate / 1e9:7.1f} GFLOP/s")
     mixed = per_token / sum(f / rate for _, f, rate in gemms)
-    square = peaks[(cfg["train"]["precision"], 1)]
+    square = peaks[(prec, 1)]
     print(f"  FLOP-weighted {mixed / 1e9:.1f} GFLOP/s = {mixed / square:.0%} of the square peak at 1 thread")
     # steady state: the steps after the first, timed between consecutive step records (no set-up or eval)
     steady = rows[1:] if len(rows) > 1 else rows
@@ -158,7 +165,6 @@ def main() -> None:
             (6 + 2 * extra) * n * (padded if shared else trained),
         ),
     }
-    prec = cfg["train"]["precision"]
     mode = cfg["runtime"]["mode"]
     rollout = cfg["runtime"]["rollout_workers"] * cfg["runtime"]["rollout_threads"]
     t_threads = cfg["train"]["threads"] or (max(1, cores - rollout) if mode == "async" else cores)

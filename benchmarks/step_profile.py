@@ -19,6 +19,7 @@ from streamrl.loop.job import build_components
 from streamrl.loop.signals import StopFlag
 from streamrl.loop.state import RunState
 from streamrl.loop.step import StepRecord
+from streamrl.models.precision import resolve_precision
 
 
 def main(argv: list[str]) -> None:
@@ -33,7 +34,7 @@ def main(argv: list[str]) -> None:
     print(
         f"model {cfg.model} | task {cfg.task} | {cfg.rollout.prompts_per_step} prompts x "
         f"{cfg.rollout.samples_per_prompt} samples | max_new_tokens {cfg.rollout.max_new_tokens} | "
-        f"precision {cfg.train.precision} | threads {torch.get_num_threads()}"
+        f"precision {resolve_precision(cfg.train.precision, cfg.device)} | threads {torch.get_num_threads()}"
     )
     header = (
         f"{'step':>4} {'total s':>8} {'gen s':>7} {'reward s':>8} {'train s':>8} {'gen tok/s':>9} "

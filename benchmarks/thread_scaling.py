@@ -93,15 +93,15 @@ def main() -> None:
         p.error("--batch must be a multiple of 8 (8 distinct prompts) and --new-tokens at least 2")
     threads = sorted({int(t) for t in a.threads.split(",")} | {1})
     from streamrl.config import load_config
-    from streamrl.engine.hf import PRECISIONS
     from streamrl.models import load_model, load_tokenizer, resolve_model_dir
-    from streamrl.models.precision import cast_params
+    from streamrl.models.precision import cast_params, precision_dtype
     from streamrl.trainer.trainer import Trainer
 
     cfg = load_config(None, [f"model={MODELS[a.model]}", "eval.size=0"])
     model_dir = resolve_model_dir(cfg.model, cfg.seed)
     tokenizer = load_tokenizer(model_dir)
-    engine_model = cast_params(load_model(model_dir, cfg.device), PRECISIONS[cfg.rollout.precision])
+    engine_dtype = precision_dtype(cfg.rollout.precision, cfg.device)
+    engine_model = cast_params(load_model(model_dir, cfg.device), engine_dtype)
     decode: dict[int, float] = {}
     steps: dict[int, dict[str, float]] = {}
     for k in threads:

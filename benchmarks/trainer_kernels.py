@@ -101,6 +101,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     from streamrl.models import load_tokenizer
+    from streamrl.models.precision import resolve_precision
     from streamrl.trainer import trainer as trainer_module
     from streamrl.trainer.trainer import Trainer
 
@@ -118,7 +119,8 @@ def main() -> None:
     real = sum(len(t.prompt_ids) + len(t.completion_ids) for t in batch.trajectories)
     print(
         f"{cfg.model} N={n_params / 1e6:.1f}M, {len(batch.trajectories)} samples, {real} tokens, "
-        f"precision {cfg.train.precision}, {a.threads} thread(s), {a.steps} steps per variant and phase"
+        f"precision {resolve_precision(cfg.train.precision, cfg.device)}, {a.threads} thread(s), "
+        f"{a.steps} steps per variant and phase"
     )
     variants = {"transformers": None, "fused": fused}
     for phase in ("glibc's default malloc", "freed memory kept (trainer/allocator.py)"):

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from streamrl.models.precision import resolve_precision
+
 # fields of GRPOConfig that switch off what streamrl's job does not do, whatever the config says
 FIXED_FIELDS: dict[str, Any] = {
     "use_cpu": True,  # no GPU here; the benchmark compares the CPU stacks
@@ -122,7 +124,8 @@ def grpo_config_kwargs(cfg: Any, steps: int, micro_batch: int, output_dir: str) 
         "epsilon_high": loss.eps_high,
         "mask_truncated_completions": loss.mask_truncated,
         "top_entropy_quantile": loss.entropy_top_q,
-        "bf16": t.precision == "bf16",  # streamrl bf16 = fp32 weights + bf16 autocast; TRL's bf16 is amp too
+        # streamrl bf16 = fp32 weights + bf16 autocast; TRL's bf16 is amp too
+        "bf16": resolve_precision(t.precision, cfg.device) == "bf16",
     }
 
 
@@ -154,11 +157,12 @@ def unmatched_settings(cfg: Any) -> list[str]:
         if cfg.runtime.mode == "async"
         else "startup: both training times start with the model loaded"
     )
-    if cfg.rollout.precision != cfg.train.precision or cfg.rollout.precision == "bf16":
+    engine, trainer = (resolve_precision(p, cfg.device) for p in (cfg.rollout.precision, cfg.train.precision))
+    if engine != trainer or engine == "bf16":
         out.append(
-            f"precision: streamrl decodes with a {cfg.rollout.precision} copy of the weights "
-            f"(rollout.precision) and trains with train.precision={cfg.train.precision}; TRL generates and "
-            f"trains the one model under {'bf16 autocast' if cfg.train.precision == 'bf16' else 'fp32'}"
+            f"precision: streamrl decodes with a {engine} copy of the weights (rollout.precision) and "
+            f"trains with train.precision={trainer}; TRL generates and trains the one model under "
+            f"{'bf16 autocast' if trainer == 'bf16' else 'fp32'}"
         )
     if cfg.device == "cpu":
         out.append(

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrl.config import Config, load_config
+from streamrl.models.precision import resolve_precision
 
 
 def job_config(overrides: list[str], steps: int, budget_s: float, eval_size: int | None) -> Config:
@@ -51,11 +52,13 @@ def _accuracy(summary: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def heldout_eval(cfg: Config, model: Any, tokenizer: Any, task: Any, heldout: list[Any]) -> Any:
     """Greedy held-out evaluation as streamrl's job does it: its evaluator on an engine in
-    rollout.precision (bf16 by default: a bf16 weight copy): the sides compare like for like."""
-    from streamrl.engine.hf import PRECISIONS, HFEngine
+    rollout.precision (auto by default: a bf16 weight copy where the device has bf16 units): the sides
+    compare like for like."""
+    from streamrl.engine.hf import HFEngine
     from streamrl.eval.heldout import evaluate
+    from streamrl.models.precision import precision_dtype
 
-    dtype = PRECISIONS[cfg.rollout.precision]
+    dtype = precision_dtype(cfg.rollout.precision, cfg.device)
     engine = HFEngine(model, tokenizer, cfg.rollout.max_batch, cfg.seed, cfg.device, dtype)
     return evaluate(engine, tokenizer, task, heldout, cfg.eval.max_new_tokens)
 
@@ -99,7 +102,7 @@ def run_streamrl(cfg: Config, work: Path, eval_every: int = 0) -> dict[str, Any]
     if eval_every:
         cfg.checkpoint.every = eval_every
         # the evaluation engine's rollout.precision copy of a bf16 export equals that of the fp32 weights
-        cfg.checkpoint.dtype = "bf16" if cfg.rollout.precision == "bf16" else "fp32"
+        cfg.checkpoint.dtype = resolve_precision(cfg.rollout.precision, cfg.device)
     summary = run_train(cfg)
     run_dir = Path(cfg.run_dir)
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]

@@ -111,9 +111,10 @@ def test_config_command_prints_every_key_with_type_default_and_description(capsy
     assert "train.lr (float > 0, default 2e-05): AdamW learning rate" in lines
     assert "max_steps (int >= 0, default 20): training steps (0: evaluate only)" in lines
     assert (
-        "rollout.precision (fp32|bf16, default bf16): dtype of the engine's weights: bf16 decodes ~2x "
+        "rollout.precision (auto|fp32|bf16, default auto): dtype of the engine's weights: bf16 decodes ~2x "
         "faster than fp32 on CPUs with bf16 matmul units; the trainer's decoupled-PPO behaviour weights "
-        "correct the small engine/trainer log-prob gap"
+        "correct the small engine/trainer log-prob gap; auto: bf16 where the device has bf16 matrix units, "
+        "else fp32 (an AVX2-only CPU emulates bf16, far slower)"
     ) in lines  # a comment block above the field, joined into one line
     assert "loss.dual_clip (float 0 (off) or > 1, default 0.0): PPO dual clip c > 1 for A < 0 tokens " in (
         "\n".join(lines)

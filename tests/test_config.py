@@ -71,7 +71,10 @@ def test_unknown_top_level_key():
     [
         ("max_steps=abc", "config key 'max_steps' expects int, got 'abc'"),
         ("max_steps=1.5", "config key 'max_steps' expects int"),
-        ("train.precision=fp16", "config key 'train.precision' expects one of 'fp32', 'bf16', got 'fp16'"),
+        (
+            "train.precision=fp16",
+            "config key 'train.precision' expects one of 'auto', 'fp32', 'bf16', got 'fp16'",
+        ),
         ("train.betas=[0.9]", "config key 'train.betas' expects"),
         ("eval.before=maybe", "config key 'eval.before' expects bool"),
         (

@@ -18,6 +18,7 @@ from streamrl.models import compute_weights as cw_module
 from streamrl.models.compute_weights import compute_weights, installed, master_linear
 from streamrl.models.fused_layers import rms_norm, rope, swiglu
 from streamrl.models.fused_llama import install
+from streamrl.models.precision import precision_dtype
 from streamrl.trainer import trainer as trainer_module
 from streamrl.trainer.trainer import Trainer
 from streamrl.types import TrainBatch
@@ -283,8 +284,9 @@ def _batch() -> TrainBatch:
 
 def test_trainer_selects_the_fused_path_except_with_lora_or_data_parallel(tiny) -> None:
     model = tiny[0]
-    assert _trainer(copy.deepcopy(model)).compute_dtype == BF16
+    assert _trainer(copy.deepcopy(model), "train.precision=bf16").compute_dtype == BF16
     assert _trainer(copy.deepcopy(model), "train.precision=fp32").compute_dtype == torch.float32
+    assert _trainer(copy.deepcopy(model)).compute_dtype == precision_dtype("auto", "cpu")  # the default
     assert _trainer(copy.deepcopy(model), "train.lora_rank=2").compute_dtype is None
     assert _trainer(copy.deepcopy(model), "train.strategy=ddp").compute_dtype is None
 

@@ -18,10 +18,12 @@ import vs_trl  # noqa: E402
 from vs_trl_sides import RewardFromTask, progress_callback, prompt_ids_identical  # noqa: E402
 
 from streamrl.config import load_config  # noqa: E402
+from streamrl.models import precision  # noqa: E402
 from streamrl.tasks import task_from_config  # noqa: E402
 
 
-def test_default_job_maps_to_the_grpo_fields_of_the_same_job():
+def test_default_job_maps_to_the_grpo_fields_of_the_same_job(monkeypatch):
+    monkeypatch.setattr(precision, "_cpu_bf16_matmul", lambda: True)  # a CPU with bf16 units
     cfg = load_config(None, [])
     kw = trl_settings.grpo_config_kwargs(cfg, steps=10, micro_batch=16, output_dir="out")
     expected = {
@@ -46,7 +48,7 @@ def test_default_job_maps_to_the_grpo_fields_of_the_same_job():
         "epsilon_high": 0.28,
         "beta": 0.0,
         "scale_rewards": "group",
-        "bf16": True,  # streamrl's default train.precision=bf16 (fp32 master weights + bf16 autocast)
+        "bf16": True,  # train.precision=auto on a CPU with bf16 units (fp32 master weights + bf16 autocast)
         "gradient_checkpointing": False,
         "use_cpu": True,
         "use_vllm": False,
@@ -55,6 +57,8 @@ def test_default_job_maps_to_the_grpo_fields_of_the_same_job():
         "output_dir": "out",
     }
     assert {k: kw[k] for k in expected} == expected
+    monkeypatch.setattr(precision, "_cpu_bf16_matmul", lambda: False)  # auto trains in fp32 there
+    assert trl_settings.grpo_config_kwargs(cfg, steps=10, micro_batch=16, output_dir="out")["bf16"] is False
 
 
 def test_overrides_reach_the_trl_fields():
@@ -108,8 +112,9 @@ def test_unmatched_settings_name_the_known_differences():
     assert len(no_ds) == len(lines) - 1 and not any("dynamic sampling" in x for x in no_ds)
 
 
-def test_trl_accepts_the_mapping_and_aligns_generation_with_the_optimizer_step():
+def test_trl_accepts_the_mapping_and_aligns_generation_with_the_optimizer_step(monkeypatch):
     trl = pytest.importorskip("trl")
+    monkeypatch.setattr(precision, "_cpu_bf16_matmul", lambda: True)  # a CPU with bf16 units
     kw = trl_settings.grpo_config_kwargs(load_config(None, []), steps=3, micro_batch=16, output_dir="/tmp/x")
     args = trl.GRPOConfig(**kw)
     # one generation batch of 64 per optimizer step of 4 accumulated micro-batches: on-policy, ratio 1

@@ -19,8 +19,9 @@ class RolloutConfig:
     top_p: float = 1.0  # nucleus sampling: sample from the smallest token set of this probability mass
     max_batch: int = 128  # sequences decoded together by the engine
     # dtype of the engine's weights: bf16 decodes ~2x faster than fp32 on CPUs with bf16 matmul units;
-    # the trainer's decoupled-PPO behaviour weights correct the small engine/trainer log-prob gap
-    precision: Literal["fp32", "bf16"] = "bf16"
+    # the trainer's decoupled-PPO behaviour weights correct the small engine/trainer log-prob gap; auto:
+    # bf16 where the device has bf16 matrix units, else fp32 (an AVX2-only CPU emulates bf16, far slower)
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
     # the engine keeps the KV of the prompt prefix a batch shares (chat template, system prompt) once per
     # policy version and forwards only the rest of each prompt (engine/prefix_cache.py); with engine=vllm
     # it sets vLLM's enable_prefix_caching
@@ -147,7 +148,8 @@ class TrainConfig:
     warmup_steps: int = 0  # optimizer steps of linear learning-rate warmup (0: none)
     token_budget: int = 4096  # max padded tokens per micro-batch
     mini_batches: int = 1  # optimizer steps per batch (PPO mini-batches); the policy version bumps once
-    precision: Literal["fp32", "bf16"] = "bf16"  # bf16 = fp32 master weights, bf16 autocast compute
+    # bf16 = fp32 master weights, bf16 autocast compute; auto: bf16 where the device has bf16 matrix units
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
     threads: int = 0  # trainer torch threads; 0 = the cores not given to rollout workers (at least 1)
     save_every: int = 10  # save the resumable state every N steps (0: only when the run stops)
     save_every_s: float = 0.0  # also save it every N seconds (0: off)

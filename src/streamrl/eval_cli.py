@@ -31,9 +31,10 @@ def expand_shorthands(overrides: list[str]) -> list[str]:
 def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     import torch
 
-    from streamrl.engine.hf import PRECISIONS, HFEngine
+    from streamrl.engine.hf import HFEngine
     from streamrl.eval.heldout import evaluate
     from streamrl.eval.sampled import evaluate_sampled
+    from streamrl.models.precision import precision_dtype
     from streamrl.models.startup import start_model
     from streamrl.tasks import prepare_split, task_from_config
 
@@ -44,7 +45,7 @@ def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     problems, _ = prepare_split(task, cfg)  # the same held-out set and few-shot turns as training
     if not problems:
         raise ValueError("config key 'eval.size' is 0: nothing to evaluate (set size=N)")
-    started = start_model(cfg.model, cfg.seed, cfg.device, PRECISIONS[cfg.rollout.precision])
+    started = start_model(cfg.model, cfg.seed, cfg.device, precision_dtype(cfg.rollout.precision, cfg.device))
     tokenizer = started.tokenizer
     engine = HFEngine(
         started.model,

@@ -21,8 +21,6 @@ from streamrl.engine.windows import sliding_window
 from streamrl.models.frozen import contiguous_head_input, freeze
 from streamrl.models.precision import cast_params
 
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
 
 class HFEngine:
     """Engine over a transformers causal LM.

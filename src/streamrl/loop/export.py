@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from streamrl.config import Config
-from streamrl.engine.hf import PRECISIONS
 from streamrl.loop.durable import could_not_write, swap_in, temp_beside, write_failed
 from streamrl.loop.state import STATE_DIR
 from streamrl.models import smollm2
+from streamrl.models.precision import PRECISIONS
 from streamrl.observe.model_card import Accuracy, model_card
 
 HUB_IDS = {"smollm2-135m-instruct": smollm2.HUB_ID}

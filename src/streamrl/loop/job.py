@@ -21,7 +21,7 @@ from streamrl.data.prompt_limit import PromptFilter, prompt_limit
 from streamrl.data.replay import make_replay
 from streamrl.data.samplers import Sampler, make_sampler
 from streamrl.data.task import Task, default_task_args
-from streamrl.engine.hf import PRECISIONS, HFEngine
+from streamrl.engine.hf import HFEngine
 from streamrl.eval.heldout import EvalResult, evaluate
 from streamrl.eval.sampled import evaluate_sampled
 from streamrl.eval.sampling_metrics import default_ks
@@ -37,6 +37,7 @@ from streamrl.loop.state import RunState, latest_state, load_state, save_state
 from streamrl.loop.step import StepRecord
 from streamrl.loop.train_clock import TrainClock
 from streamrl.models.lora import is_lora
+from streamrl.models.precision import precision_dtype, precision_line, precision_warning, resolve_precision
 from streamrl.models.startup import start_model
 from streamrl.observe.environment import collect_environment, write_environment
 from streamrl.observe.live import RunObserver
@@ -83,7 +84,7 @@ def build_components(
     stream = make_sampler(cfg, task, cfg.seed, exclude, prompts)
     # fsdp2 shards the trainer's model in place: the engine generates with its own full copy
     engine_model = copy.deepcopy(model) if cfg.train.strategy == "fsdp2" else model
-    dtype = PRECISIONS[cfg.rollout.precision]
+    dtype = precision_dtype(cfg.rollout.precision, cfg.device)
     engine = HFEngine(
         engine_model,
         tokenizer,
@@ -199,9 +200,10 @@ def _run_train(
         console.print(f"removed {removed} semaphore(s) left in /dev/shm by killed runs")
     dump_config(cfg, run_dir / "config.yaml")
     workers = 0 if cfg.runtime.mode == "colocated" else cfg.runtime.rollout_workers
-    write_environment(
-        run_dir / "environment.json", collect_environment(cfg.model, train_threads, rollout_threads, workers)
-    )
+    env = collect_environment(cfg.model, train_threads, rollout_threads, workers)
+    env["rollout_precision"] = resolve_precision(cfg.rollout.precision, cfg.device)
+    env["train_precision"] = resolve_precision(cfg.train.precision, cfg.device)
+    write_environment(run_dir / "environment.json", env)
     split = (
         f"{train_threads} threads (colocated: generate and train in turn)"
         if cfg.runtime.mode == "colocated"
@@ -212,6 +214,10 @@ def _run_train(
     )
     console.print(f"[bold]streamrl[/] run dir {run_dir} | model {cfg.model} | task {cfg.task}")
     console.print(f"cores {os.cpu_count()}: {split}")
+    console.print(precision_line(cfg.rollout.precision, cfg.train.precision, cfg.device))
+    for key, name in (("rollout.precision", cfg.rollout.precision), ("train.precision", cfg.train.precision)):
+        if (warning := precision_warning(name, key, cfg.device)) is not None:
+            console.print(f"[yellow]warning[/]: {warning}")
 
     t0 = time.perf_counter()
     parts = build_components(cfg, checked.task, checked.split)

@@ -1,8 +1,71 @@
-"""Casting a model's weights to a compute dtype without touching its buffers."""
+"""Compute precision: which dtype the engine decodes in and the trainer computes in, and casting a
+model's weights to it without touching its buffers.
+
+`rollout.precision` and `train.precision` take `bf16`, `fp32` or `auto` (the default). `auto` is bf16
+where the device multiplies bf16 matrices natively and fp32 elsewhere: on a CPU without a bf16 path
+(an AVX2-only x86, e.g. AMD Zen 2/3 or most laptop Intel cores) torch falls back to a reference bf16
+GEMM tens of times slower than its fp32 one, so bf16 there would make the run slower, not faster. The
+choice is made in each process that computes (`resolve_precision`), so a run resumed on another
+machine, or a Ray actor on a GPU node, picks for its own hardware; config.yaml keeps `auto`.
+"""
 
 from __future__ import annotations
 
 import torch
+
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _cpu_bf16_matmul() -> bool:
+    """torch's fast bf16 CPU matmul (oneDNN): AVX-512 or AMX on x86, the BF16 extension on Arm."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a build without oneDNN
+        return False
+
+
+def native_bf16(device: str | torch.device) -> bool:
+    """Whether `device` multiplies bf16 matrices natively: a CUDA GPU that supports bf16 (Ampere and
+    later), a CPU with a bf16 matmul path; anything else (MPS, an older GPU) is taken as not."""
+    kind = torch.device(device).type
+    if kind == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return kind == "cpu" and _cpu_bf16_matmul()
+
+
+def resolve_precision(name: str, device: str | torch.device) -> str:
+    """A config's precision ('auto', 'bf16' or 'fp32') -> 'bf16' or 'fp32' on this device."""
+    if name == "auto":
+        return "bf16" if native_bf16(device) else "fp32"
+    if name not in PRECISIONS:
+        raise ValueError(f"precision '{name}': use one of auto, {', '.join(PRECISIONS)}")
+    return name
+
+
+def precision_dtype(name: str, device: str | torch.device) -> torch.dtype:
+    """The torch dtype of resolve_precision(name, device)."""
+    return PRECISIONS[resolve_precision(name, device)]
+
+
+def precision_warning(name: str, key: str, device: str | torch.device) -> str | None:
+    """One line when bf16 was asked for explicitly on a device that only emulates it, else None."""
+    if name != "bf16" or native_bf16(device):
+        return None
+    return (
+        f"{key}=bf16 on a device without bf16 matrix units ({torch.device(device).type}): torch emulates "
+        f"bf16 there, many times slower than fp32; {key}=auto picks fp32 on this machine"
+    )
+
+
+def precision_line(rollout: str, train: str, device: str | torch.device) -> str:
+    """The start-up line: the precision each side computes in, and why where `auto` chose it."""
+    engine, trainer = resolve_precision(rollout, device), resolve_precision(train, device)
+    why = ""
+    if "auto" in (rollout, train):
+        has = "has" if native_bf16(device) else "has no"
+        why = f" (auto: this {torch.device(device).type} {has} bf16 matrix units)"
+    autocast = " autocast on fp32 weights" if trainer == "bf16" else ""
+    return f"precision: engine {engine}, trainer {trainer}{autocast}{why}"
 
 
 def cast_params(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:

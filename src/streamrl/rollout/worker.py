@@ -125,11 +125,12 @@ def _loop(
     from streamrl.config import from_dict
     from streamrl.engine.base import Decoder, GenRequest
     from streamrl.engine.continuous import ContinuousDecoder
-    from streamrl.engine.hf import PRECISIONS, HFEngine
+    from streamrl.engine.hf import HFEngine
     from streamrl.envs.agent_task import AgentTask
     from streamrl.envs.base import EnvTask
     from streamrl.models import load_tokenizer, resolve_model_dir
     from streamrl.models.frozen import freeze
+    from streamrl.models.precision import precision_dtype
     from streamrl.models.startup import start_model
     from streamrl.rollout.agent_worker import AgentGroups
     from streamrl.rollout.episodes import EpisodeTable
@@ -154,7 +155,8 @@ def _loop(
 
     else:
         # the shared fp32 weights are cast into this dtype on every load (copy_ casts)
-        started = start_model(cfg.model, cfg.seed, cfg.device, PRECISIONS[cfg.rollout.precision])
+        dtype = precision_dtype(cfg.rollout.precision, cfg.device)
+        started = start_model(cfg.model, cfg.seed, cfg.device, dtype)
         model = freeze(started.model)
         engine = HFEngine(
             model,

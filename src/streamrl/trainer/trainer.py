@@ -20,6 +20,7 @@ from streamrl.models.compute_weights import compute_weights, installed
 from streamrl.models.export import save_model
 from streamrl.models.frozen import freeze
 from streamrl.models.lora import apply_lora, is_lora, merged_state
+from streamrl.models.precision import resolve_precision
 from streamrl.trainer import boundaries
 from streamrl.trainer.allocator import keep_freed_memory
 from streamrl.trainer.batching import MicroBatch, collate, split_by_token_budget
@@ -70,13 +71,15 @@ class Trainer:
             dev = next(model.parameters()).device
             self.value_head = ValueHead(model.config.hidden_size).to(dev)
         self.forward_model: Any = model  # what trains: the model, or its DDP wrapper
+        # bf16 autocast on fp32 master weights (train.precision; auto: where the device has bf16 units)
+        self.bf16 = resolve_precision(t.precision, next(model.parameters()).device) == "bf16"
         if next(model.parameters()).device.type == "cpu":
             keep_freed_memory()  # each step's activations reuse the last step's pages (trainer/allocator.py)
         # the CPU Llama path (models/fused_llama.py): fused layers on weights cast once per optimizer step;
         # LoRA and data parallel keep transformers' modules (PEFT's and DDP/FSDP2's hooks live there)
         self.compute_dtype: torch.dtype | None = None
         if installed(model) and t.lora_rank == 0 and t.strategy == "single":
-            self.compute_dtype = torch.bfloat16 if t.precision == "bf16" else next(model.parameters()).dtype
+            self.compute_dtype = torch.bfloat16 if self.bf16 else next(model.parameters()).dtype
         self._distribute()  # hook: data-parallel wrapping/sharding, before the optimizer sees the params
         self.params = [p for p in model.parameters() if p.requires_grad]
         if self.value_head is not None:
@@ -160,7 +163,7 @@ class Trainer:
         """Stop helper processes (distributed followers); idempotent."""
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.train.precision == "bf16":
+        if self.bf16:
             dev = next(self.model.parameters()).device.type
             return torch.autocast(device_type=dev, dtype=torch.bfloat16)
         return contextlib.nullcontext()

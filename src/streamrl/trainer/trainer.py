@@ -23,8 +23,8 @@ from streamrl.models.lora import apply_lora, is_lora, merged_state
 from streamrl.models.precision import resolve_precision
 from streamrl.trainer import boundaries
 from streamrl.trainer.allocator import keep_freed_memory
-from streamrl.trainer.batching import MicroBatch, collate, split_by_token_budget
-from streamrl.trainer.critic import CriticTargets, ValueHead, clipped_value_loss, gae_targets
+from streamrl.trainer.batching import MicroBatch
+from streamrl.trainer.critic import CriticTargets, ValueHead, clipped_value_loss
 from streamrl.trainer.layout import collate_group, split_batch
 from streamrl.trainer.logprobs import completion_forward, completion_logprobs
 from streamrl.trainer.objective import (
@@ -33,9 +33,8 @@ from streamrl.trainer.objective import (
     finish,
     loss_params,
     policy_objective,
-    token_rewards,
-    whole_batch_advantages,
 )
+from streamrl.trainer.prepare import kl_reward_penalty, prepare_batch
 from streamrl.types import TrainBatch
 
 
@@ -179,46 +178,8 @@ class Trainer:
         return [collate_group(self.train, batch, g, self.pad_id) for g in split_batch(self.train, batch)]
 
     def prepare(self, batch: TrainBatch) -> tuple[list[MicroBatch], list[CriticTargets | None]]:
-        """Micro-batches to train on and, with advantage.name=gae, their critic targets.
-
-        A token-level estimator puts each trajectory's reward (batch.rewards, else its own reward) on its
-        last loss token (minus kl_coef * KL per token with loss.kl_in=token_reward); its per-token
-        advantages overwrite the micro-batches' (batch.advantages are ignored). gae: a no-grad pass
-        computes V_old [B, C] per micro-batch, GAE gives advantages and returns for the value loss.
-        reinforce_pp_token: one call over the whole batch (it whitens over all of its tokens).
-        """
-        groups = split_batch(self.train, batch)
-        mbs = [collate_group(self.train, batch, g, self.pad_id) for g in groups]
-        spec, a = self.advantage_spec, self.advantage
-        if not spec.token_level:
-            return mbs, [None] * len(mbs)
-        rewards = torch.tensor(batch.rewards or [t.reward for t in batch.trajectories], dtype=torch.float)
-        per_mb = [
-            token_rewards(mb.loss_mask, rewards[g], self._token_kl(mb), self.loss.kl_coef)
-            for g, mb in zip(groups, mbs)
-        ]
-        if not spec.critic:
-            n = len(batch.trajectories)
-            masks = [mb.loss_mask for mb in mbs]
-            for mb, adv in zip(mbs, whole_batch_advantages(spec.fn, groups, per_mb, masks, n, a.gamma)):
-                mb.advantages = adv
-            return mbs, [None] * len(mbs)
-        assert self.value_head is not None
-        targets: list[CriticTargets | None] = []
-        for mb, tr in zip(mbs, per_mb):
-            with self._autocast():
-                tg = gae_targets(self.model, self.value_head, mb, tr, a.gamma, a.lam)
-            mb.advantages = tg.advantages
-            targets.append(tg)
-        return mbs, targets
-
-    def _token_kl(self, mb: MicroBatch) -> torch.Tensor | None:
-        """Per-token KL of the behaviour policy to the reference [B, C] (loss.kl_in=token_reward only)."""
-        if self.ref_model is None or self.loss.kl_in != "token_reward":
-            return None
-        with torch.no_grad(), self._autocast():
-            ref_lp, _ = completion_logprobs(self.ref_model, mb, self.temperature)
-        return self.kl(mb.old_logprobs, ref_lp.cpu())
+        """Micro-batches and critic targets for `batch` (trainer/prepare.py)."""
+        return prepare_batch(self, batch)
 
     def _needs_trainer_old(self) -> bool:
         """The trainer's log-probs before the step are read (decoupled PPO's proximal policy, a rollout
@@ -314,19 +275,8 @@ class Trainer:
         return float(loss.detach())
 
     def kl_reward_penalty(self, batch: TrainBatch) -> list[float]:
-        """kl_coef * sum over each trajectory's loss tokens of KL(behaviour || reference) (no grad)."""
-        if self.ref_model is None or self.loss.kl_in != "reward":
-            return [0.0] * len(batch.trajectories)
-        out = [0.0] * len(batch.trajectories)
-        lengths = [(len(t.prompt_ids), len(t.completion_ids)) for t in batch.trajectories]
-        for idx in split_by_token_budget(lengths, self.train.token_budget):
-            mb = collate([batch.trajectories[i] for i in idx], [0.0] * len(idx), self.pad_id)
-            with torch.no_grad(), self._autocast():
-                ref_lp, _ = completion_logprobs(self.ref_model, mb, self.temperature)
-            kl = self.kl(mb.old_logprobs, ref_lp.cpu()) * mb.loss_mask
-            for row, i in enumerate(idx):
-                out[i] = self.loss.kl_coef * float(kl[row].sum())
-        return out
+        """kl_coef * each trajectory's summed KL(behaviour || reference) (trainer/prepare.py)."""
+        return kl_reward_penalty(self, batch)
 
     def step(self, batch: TrainBatch) -> dict[str, float]:
         """One policy version: train.mini_batches clipped AdamW steps over the batch's micro-batches."""

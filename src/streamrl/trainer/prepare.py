@@ -1,9 +1,10 @@
 """What a batch needs before the policy's forward: its micro-batches, token-level advantages, critic
-targets, and the reference model's KL (loss.kl_in=token_reward or reward)."""
+targets, and the reference model's KL (loss.kl_in=token_reward or reward). Each function reads the
+Trainer `tr` (trainer/trainer.py) it is called for: its config sections, models and autocast."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
@@ -14,11 +15,8 @@ from streamrl.trainer.logprobs import completion_logprobs
 from streamrl.trainer.objective import token_rewards, whole_batch_advantages
 from streamrl.types import TrainBatch
 
-if TYPE_CHECKING:
-    from streamrl.trainer.trainer import Trainer
 
-
-def prepare_batch(tr: Trainer, batch: TrainBatch) -> tuple[list[MicroBatch], list[CriticTargets | None]]:
+def prepare_batch(tr: Any, batch: TrainBatch) -> tuple[list[MicroBatch], list[CriticTargets | None]]:
     """Micro-batches to train on and, with advantage.name=gae, their critic targets.
 
     A token-level estimator puts each trajectory's reward (batch.rewards, else its own reward) on its
@@ -53,7 +51,7 @@ def prepare_batch(tr: Trainer, batch: TrainBatch) -> tuple[list[MicroBatch], lis
     return mbs, targets
 
 
-def token_kl(tr: Trainer, mb: MicroBatch) -> torch.Tensor | None:
+def token_kl(tr: Any, mb: MicroBatch) -> torch.Tensor | None:
     """Per-token KL of the behaviour policy to the reference [B, C] (loss.kl_in=token_reward only)."""
     if tr.ref_model is None or tr.loss.kl_in != "token_reward":
         return None
@@ -62,7 +60,7 @@ def token_kl(tr: Trainer, mb: MicroBatch) -> torch.Tensor | None:
     return tr.kl(mb.old_logprobs, ref_lp.cpu())
 
 
-def kl_reward_penalty(tr: Trainer, batch: TrainBatch) -> list[float]:
+def kl_reward_penalty(tr: Any, batch: TrainBatch) -> list[float]:
     """kl_coef * sum over each trajectory's loss tokens of KL(behaviour || reference) (no grad)."""
     if tr.ref_model is None or tr.loss.kl_in != "reward":
         return [0.0] * len(batch.trajectories)

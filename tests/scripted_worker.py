@@ -19,6 +19,7 @@ def scripted_worker(
     seed = cfg_dict["seed"] * 100 + worker_id
     rng = random.Random(seed)
     constant = os.environ.get("SCRIPTED_CONSTANT_REWARD") == "1"  # a saturated task
+    scale = float(os.environ.get("SCRIPTED_DELAY_SCALE", "1"))  # slower groups: more in flight at a time
     hold_from = int(os.environ.get("SCRIPTED_HOLD_FROM", "-1"))  # groups g<N>, N >= this, never finish
     running: list[tuple[float, Any, list[int]]] = []  # (finish time, request, versions so far)
     hang = os.environ.get("SCRIPTED_HANG_FILE", "")  # while this file exists, worker 0's loop is stuck
@@ -32,7 +33,7 @@ def scripted_worker(
             item = requests.get(timeout=0.002)
             if item == STOP:
                 return
-            delay = rng.expovariate(1 / 0.01) * (15 if rng.random() < 0.15 else 1)  # long tail
+            delay = rng.expovariate(1 / 0.01) * (15 if rng.random() < 0.15 else 1) * scale  # long tail
             if 0 <= hold_from <= int(item.group_id.lstrip("g")):
                 delay = float("inf")  # in flight until the worker is stopped
             running.append((time.monotonic() + delay, item, []))
@@ -70,3 +71,19 @@ def scripted_worker(
             done = GroupResult(req.group_id, Group(req.problem, trajs), worker_id, 0.01, tokens=tokens)
             done.rows, done.cache_rows = 2 * tokens, tokens
             results.put(done)
+
+
+def reporting_worker(
+    worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any, weights: Any, threads: int
+) -> None:
+    """Reports what a started worker finds: STREAMRL_TEST_MARK from its environment, HF_HOME as
+    huggingface_hub read it at import, and whether the engine's modules were already imported before
+    its target ran; then waits for STOP."""
+    import sys
+
+    from huggingface_hub import constants
+
+    preloaded = "streamrl.engine.hf" in sys.modules
+    results.put((os.environ.get("STREAMRL_TEST_MARK"), constants.HF_HOME, preloaded))
+    while requests.get() != STOP:
+        pass

@@ -55,16 +55,33 @@ def _start(args: list[str], pids: set[str] | None = None, stderr: Path | None = 
     return proc
 
 
-def _rollout_workers(pid: int) -> list[int]:
-    """The rollout worker processes of the run `pid`: its children whose stderr is a worker log."""
-    out = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        try:
+            tasks = list(Path(f"/proc/{todo.pop()}/task").iterdir())
+        except OSError:  # gone meanwhile
+            continue
+        for task in tasks:
             try:
-                if "streamrl-worker" in os.readlink(f"/proc/{child}/fd/2"):
-                    out.append(int(child))
-            except OSError:  # gone meanwhile
-                pass
+                children = [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            out += children
+            todo += children
+    return out
+
+
+def _rollout_workers(pid: int) -> list[int]:
+    """The rollout worker processes of the run `pid` (forked by its fork server, a child of the run):
+    its descendants whose stderr is a worker log."""
+    out = []
+    for child in _descendants(pid):
+        try:
+            if "streamrl-worker" in os.readlink(f"/proc/{child}/fd/2"):
+                out.append(child)
+        except OSError:  # gone meanwhile
+            pass
     return out
 
 

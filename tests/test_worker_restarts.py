@@ -9,6 +9,7 @@ import itertools
 import json
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -18,6 +19,7 @@ from streamrl.config import load_config
 from streamrl.loop.asynchronous import AsyncRunner
 from streamrl.loop.signals import StopFlag
 from streamrl.loop.state import RunState
+from streamrl.placement import backend as backend_mod
 from streamrl.placement.backend import RolloutFailure
 from streamrl.trainer.trainer import Trainer
 
@@ -145,14 +147,23 @@ def test_requests_are_admitted_under_weights_already_published(tiny, monkeypatch
     cannot load yet (a worker would reload its old weights every decode step until it arrives)."""
     import threading
 
-    runner, state = _runner(tiny, ["rollout.dynamic_sampling=true", "max_steps=4"])
+    monkeypatch.setenv("SCRIPTED_DELAY_SCALE", "20")  # groups of ~0.2 s: some are in flight at a publish
+    runner, state = _runner(tiny, ["rollout.dynamic_sampling=true", "max_steps=6"])
     backend, published, seen = runner.backend, [0], []
     real_publish, real_submit = backend.publish, backend.submit
     in_publish, admitted_meanwhile = threading.Event(), threading.Event()
 
+    def in_flight() -> int:
+        with runner.sh.cond:
+            return len(runner.sh.inflight)
+
     def publish(weights, version):
         in_publish.set()
-        admitted_meanwhile.wait(timeout=30)  # once: until a request is admitted (a limit against a hang)
+        # held while groups are in flight (one dropped by dynamic sampling frees a slot) until a request
+        # is admitted; with none in flight nothing can be admitted before the publish
+        deadline = time.monotonic() + 30  # a limit against a hang
+        while not admitted_meanwhile.is_set() and in_flight() and time.monotonic() < deadline:
+            time.sleep(0.005)
         real_publish(weights, version)
         published[0] = version
         in_publish.clear()
@@ -167,7 +178,7 @@ def test_requests_are_admitted_under_weights_already_published(tiny, monkeypatch
     monkeypatch.setattr(backend, "submit", submit)
     records: list = []
     runner.run(records.append)
-    assert [r.step for r in records] == [1, 2, 3, 4]
+    assert [r.step for r in records] == [1, 2, 3, 4, 5, 6]
     assert any(during for _, _, during in seen), "no request was admitted during a publish"
     assert all(admitted <= ready for admitted, ready, _ in seen), seen
 
@@ -225,7 +236,13 @@ def test_a_stop_ends_the_wait_for_starting_workers(tiny, tmp_path, monkeypatch):
     runner.stop.request("SIGTERM")
     runner.wait_ready()  # returns although no worker is ready (the file is still there)
     assert [w.heartbeat.value for w in workers] == [0.0, 0.0]
-    runner.run(lambda rec: None)
+    # the stop does not wait for workers still loading their model (they hold nothing): with a stop
+    # timeout far beyond this test's limit, it ends at once all the same
+    monkeypatch.setattr(backend_mod, "STOP_TIMEOUT_S", 3600.0)
+    done = threading.Thread(target=runner.run, args=(lambda rec: None,), daemon=True)
+    done.start()
+    done.join(timeout=120)  # a limit against a hang, not a speed check
+    assert not done.is_alive(), "the stop waited for workers still loading their model"
     assert all(not w.proc.is_alive() for w in workers) and state.step == 0
 
 

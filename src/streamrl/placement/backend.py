@@ -1,14 +1,13 @@
 """Where rollout workers run, behind one small interface the AsyncRunner drives.
 
 The runner owns admission, staleness, the buffer and the ledger; a backend only moves requests to
-workers, results back and weights out. LocalRollouts: spawned processes, mp queues and SharedWeights.
+workers, results back and weights out. LocalRollouts: local processes, mp queues and SharedWeights.
 RayRollouts (placement/ray_rollouts.py): Ray actors, exactly-once re-dispatch when an actor dies, and
 object-store or broadcast weight sync.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import queue
 import signal
@@ -23,6 +22,7 @@ import torch
 
 from streamrl.config import Config, to_dict
 from streamrl.placement.cores import ElasticCores, ThreadSetter, elastic_enabled, thread_split
+from streamrl.placement.forkserver import apply_environment, worker_context
 from streamrl.placement.shared_weights import SharedWeights
 from streamrl.rollout.worker import STOP, GroupRequest, GroupResult
 
@@ -58,6 +58,7 @@ class RolloutBackend(Protocol):
 
 
 STARTUP_S = 600.0  # a worker that has not started (imports, model load) within this long is silent
+STOP_TIMEOUT_S = 30.0  # how long a stop waits for the workers to finish their decode step and exit
 
 
 class RolloutFailure(RuntimeError):
@@ -84,7 +85,8 @@ class _Worker:
 
 
 class LocalRollouts:
-    """Rollout workers as spawned processes on this machine; weights through shared memory.
+    """Rollout workers as processes on this machine (forked from a server, placement/forkserver.py);
+    weights through shared memory.
 
     A worker that dies, or whose heartbeat stops for runtime.worker_timeout_s (a hung or stopped
     process: it is killed), is restarted up to runtime.max_restarts times in all, and the groups it held
@@ -93,7 +95,7 @@ class LocalRollouts:
 
     def __init__(self, cfg: Config, worker_target: Callable[..., None]) -> None:
         self.cfg, self.worker_target = cfg, worker_target
-        self.ctx = mp.get_context("spawn")
+        self.ctx = worker_context()  # forked from a server with torch imported (placement/forkserver.py)
         self.workers: list[_Worker] = []
         self.weights: SharedWeights | None = None
         self.restarts = 0
@@ -121,7 +123,7 @@ class LocalRollouts:
             self.cores.reset(1 + w.index)
         w.proc = self.ctx.Process(
             target=_worker_main,
-            args=(self.worker_target, str(w.log), w.heartbeat, self.cores, *args),
+            args=(self.worker_target, str(w.log), w.heartbeat, self.cores, dict(os.environ), *args),
             daemon=True,
         )
         w.proc.start()
@@ -229,7 +231,9 @@ class LocalRollouts:
     def stop(self) -> list[GroupResult]:
         for w in self.workers:
             w.requests.put(STOP)
-        deadline = time.monotonic() + 30
+            if w.heartbeat.value == 0.0:  # still loading its model: it has read no request and holds
+                w.proc.kill()  # nothing, so a stop (Ctrl-C during start-up) does not wait for the load
+        deadline = time.monotonic() + STOP_TIMEOUT_S
         for w in self.workers:
             w.proc.join(timeout=max(0.1, deadline - time.monotonic()))
             if w.proc.is_alive():
@@ -294,10 +298,17 @@ class _BeatingRequests:
 
 
 def _worker_main(
-    target: Callable[..., None], log: str, heartbeat: Any, cores: ElasticCores | None, *args: Any
+    target: Callable[..., None],
+    log: str,
+    heartbeat: Any,
+    cores: ElasticCores | None,
+    env: dict[str, str],
+    *args: Any,
 ) -> None:
-    """A spawned worker: stderr to its log file (its tail is reported if it dies), then the worker
-    itself, whose polls of its request queue are the heartbeat the supervisor watches."""
+    """A started worker: the parent's environment, stderr to its log file (its tail is reported if it
+    dies), then the worker itself, whose polls of its request queue are the heartbeat the supervisor
+    watches."""
+    apply_environment(env)
     fd = os.open(log, os.O_WRONLY | os.O_APPEND)
     os.dup2(fd, 2)
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115

@@ -1,6 +1,6 @@
 """Rollout worker start-up: a spawned process against one forked from the preloaded fork server.
 
-    python benchmarks/worker_start.py [--model tiny-random] [--repeats 3]
+    python benchmarks/worker_start.py [--model tiny-random|smollm2-135m-instruct] [--repeats 3]
 
 Times `LocalRollouts.start` until `wait_ready` (the worker has imported its code, loaded the model and
 polls its requests: what a run waits for before its first step, and after a worker dies):

@@ -318,7 +318,7 @@ def test_trainer_casts_once_per_optimizer_step_and_steps_like_transformers(tiny,
 
     monkeypatch.setattr(trainer_module, "compute_weights", counting)
     batch = _batch()
-    assert len(fused.micro_batches(batch)) >= 4
+    assert len(fused.prepare(batch)[0]) >= 4
     out_plain, out_fused = plain.step(batch), fused.step(batch)
     assert len(entries) == 2 and out_fused["optimizer_steps"] == 2
     assert out_fused["loss"] == pytest.approx(out_plain["loss"], rel=1e-5)

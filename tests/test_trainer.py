@@ -107,14 +107,14 @@ def test_no_micro_batch_exceeds_the_token_budget(tiny, layout):
     trainer = Trainer.from_config(copy.deepcopy(tiny[0]), cfg, pad_id=0)
     for seed in range(20):  # samples of up to 40 + 23 tokens: each fits alone, many do not together
         batch = _groups_of(seed, groups=4, size=4, max_prompt=40, max_completion=23)
-        mbs = trainer.micro_batches(batch)
+        mbs = trainer.prepare(batch)[0]
         assert max(mb.num_tokens for mb in mbs) <= 64
         assert sum(mb.completion_ids.shape[0] for mb in mbs) == len(batch.trajectories)
     # a group sharing a 60-token prompt (every layout applies, shared prompts included), one sample
     # of which is 60 + 5 tokens
     too_long = TrainBatch([_traj(i, list(range(3, 63)), [7] * n) for i, n in enumerate([3, 5])], [1.0, 1.0])
     with pytest.raises(ValueError) as e:
-        trainer.micro_batches(too_long)
+        trainer.prepare(too_long)[0]
     assert str(e.value) == (
         "a sample of 65 tokens (prompt + completion) is longer than train.token_budget=64, so no micro-batch "
         "can hold it: raise train.token_budget, or lower task_config.max_prompt_tokens or "
@@ -134,7 +134,7 @@ def test_the_boundary_runs_before_each_micro_batch_and_each_layers_forward_and_b
     calls: list[int] = []
     trainer.set_boundary(lambda: calls.append(1))
     batch = TrainBatch([_traj(i, [5, 6, 7], [8 + i, 9, 10][: 1 + i % 3]) for i in range(6)], [1.0, -1.0] * 3)
-    mbs = len(trainer.micro_batches(batch))
+    mbs = len(trainer.prepare(batch)[0])
     trainer.step(batch)
     backwards = sum(forwards)  # every forward with grad is followed by one backward
     assert mbs >= 2 and backwards == mbs

@@ -45,8 +45,10 @@ def _import_time_env() -> dict[str, str]:
 
 def worker_context() -> Any:
     """The multiprocessing context rollout workers (and their queues, locks and shared arrays) use; the
-    fork server runs, on this process's current environment, when it returns. Call it once per job,
-    before any of the job's workers start: a restart would orphan running workers' exit codes."""
+    fork server runs, on this process's current environment, when it returns. A job calls it at its
+    start and again when its workers' backend is built; the second call, on the same environment, only
+    returns the context. A restart (the environment changed) orphans running workers' exit codes, so a
+    job's variables must not change once its workers run."""
     global _server_env
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")

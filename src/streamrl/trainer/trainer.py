@@ -25,7 +25,6 @@ from streamrl.trainer import boundaries
 from streamrl.trainer.allocator import keep_freed_memory
 from streamrl.trainer.batching import MicroBatch
 from streamrl.trainer.critic import CriticTargets, ValueHead, clipped_value_loss
-from streamrl.trainer.layout import collate_group, split_batch
 from streamrl.trainer.logprobs import completion_forward, completion_logprobs
 from streamrl.trainer.objective import (
     accumulate,
@@ -173,12 +172,9 @@ class Trainer:
             return contextlib.nullcontext()
         return compute_weights(self.model, self.compute_dtype)
 
-    def micro_batches(self, batch: TrainBatch) -> list[MicroBatch]:
-        """The batch in train.packing's or train.shared_prompt's layout, else padded (trainer/layout.py)."""
-        return [collate_group(self.train, batch, g, self.pad_id) for g in split_batch(self.train, batch)]
-
     def prepare(self, batch: TrainBatch) -> tuple[list[MicroBatch], list[CriticTargets | None]]:
-        """Micro-batches and critic targets for `batch` (trainer/prepare.py)."""
+        """Micro-batches (in train.packing's or train.shared_prompt's layout, else padded: trainer/layout.py)
+        and critic targets for `batch` (trainer/prepare.py)."""
         return prepare_batch(self, batch)
 
     def _needs_trainer_old(self) -> bool:

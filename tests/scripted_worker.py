@@ -44,7 +44,9 @@ def scripted_worker(
         for _, req, versions in running:
             versions.append(max(version, req.admitted_version))  # one "token" per tick, in flight
         hold = os.environ.get("SCRIPTED_HOLD_FILE", "")  # while this file exists, nothing finishes
-        done = [] if hold and os.path.exists(hold) else [r for r in running if r[0] <= now]
+        if hold and os.path.exists(hold):
+            continue  # what is due comes back once the file is gone
+        done = [r for r in running if r[0] <= now]
         running = [r for r in running if r[0] > now]
         for _, req, versions in done:
             n = min(len(versions), 6) or 1

@@ -120,9 +120,12 @@ def test_interrupt_costs_a_recompute_inflight_does_not() -> None:
     interrupt = simulate(costs, work, Setup(mode="async", eta=1, steps=2, weight_update="interrupt"))
     # step 1 (0-3) = prefill 2 * 4 * 0.25 + 1: g0 done, g1 (9 tokens) has 1; train g0 3-3.5 -> v1 admits
     # g2; step 2 (3-4) started under v0; step 3 at 4: g2 joins (prefill 1) + 1 and, with interrupt, g1
-    # recomputes prompt 4 + 2 tokens at 0.25 = 1.5 -> g2 done at 6 (inflight) or 7.5; train 0.5
-    assert inflight.time == pytest.approx(6.5)
-    assert interrupt.time == pytest.approx(8.0)
+    # recomputes prompt 4 + 2 tokens at 0.25 = 1.5 -> g2 done at 6 (inflight) or 7.5, g1 has 3 tokens.
+    # g1, admitted under v0, is on its last version at v1: the batch waits for it rather than take g2
+    # (6 more steps: done at 12 or 13.5, nothing else admitted meanwhile); train 0.5
+    assert inflight.time == pytest.approx(12.5)
+    assert interrupt.time == pytest.approx(14.0)
+    assert inflight.filtered_stale == interrupt.filtered_stale == 0
 
 
 @pytest.mark.parametrize("eta", [0, 1, 2, 3])
@@ -140,6 +143,8 @@ def test_staleness_bound_never_exceeded(eta: int, update: str) -> None:
         )
         assert r.staleness_max <= eta
         assert r.groups_trained == 15 * 3
+        if eta <= 1:  # a batch waits for the groups on their last version: none is generated in vain
+            assert r.filtered_stale == 0
         accounted = r.groups_trained + r.filtered_stale + r.filtered_other + r.groups_in_flight
         assert r.groups_admitted == accounted
 

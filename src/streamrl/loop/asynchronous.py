@@ -1,11 +1,12 @@
 """The asynchronous RL loop: rollout workers generate while the trainer trains.
 
 Main process: an admission thread feeds rollout workers under the staleness bound and collects
-their finished groups into a FIFO buffer; the main thread takes a batch of B groups as soon as one
-is ready, trains, publishes the weights to shared memory and only then raises the version, so that
-eta = 0 is exactly synchronous. Groups that come back staler than eta (a slow tail) are filtered and
-counted, never trained. Unfinished requests keep generating across steps (partial rollouts) and are
-carried into the checkpoint on stop.
+their finished groups into a buffer; the main thread takes a batch of B groups as soon as one is
+ready, trains, publishes the weights to shared memory and only then raises the version, so that
+eta = 0 is exactly synchronous. A batch takes first, and waits for, the groups on their last version
+within the bound (`_pick`), so with eta <= 1 no group comes back staler than eta; with a larger eta
+one that does is filtered and counted, never trained. Unfinished requests keep generating across
+steps (partial rollouts) and are carried into the checkpoint on stop.
 """
 
 from __future__ import annotations
@@ -189,7 +190,8 @@ class AsyncRunner:
                         raise RuntimeError(self.sh.errors.pop(0))
                     if self.stop:
                         break
-                    if not self.sh.buffer:
+                    res = self._pick(self.B - len(taken))
+                    if res is None:
                         failure = self.backend.failure()
                         if failure:
                             raise RolloutFailure(failure)
@@ -197,11 +199,7 @@ class AsyncRunner:
                             self.threads.wait()
                         self.sh.cond.wait(timeout=0.5)
                         continue
-                    res = self.sh.buffer.popleft()
-                    assert res.group is not None
-                    versions = (v for t in res.group.trajectories for v in t.versions)
-                    oldest = min(versions, default=self.trainer.version)
-                    if self.trainer.version - oldest > self.eta:
+                    if self.trainer.version - _oldest(res, self.trainer.version) > self.eta:
                         self.ledger.filtered(res.group_id, "stale")
                         self.staleness.release_accepted()
                         continue
@@ -213,6 +211,28 @@ class AsyncRunner:
                 self.sh.buffer.extendleft(reversed(taken))
                 return None
         return taken
+
+    def _pick(self, room: int) -> GroupResult | None:
+        """The next buffered group for a batch with `room` places left, or None to wait (under sh.cond).
+
+        A group is due when this step is its last within the bound: its oldest token (a running
+        group's admission) is eta versions old. Due groups come first, and while at least `room` are
+        still generating the batch waits for them rather than fill up with fresher groups that finished
+        sooner: otherwise they would come back too stale and their generation would be thrown away. The
+        admission bound lets at most B groups be due at once with eta <= 1, so none is ever lost to
+        staleness there; the rest of the batch is the groups that finished first, oldest first."""
+        v, buffer = self.trainer.version, self.sh.buffer
+        if not buffer:
+            return None
+        due = v - self.eta
+        best = min(range(len(buffer)), key=lambda i: (_oldest(buffer[i], v), i))
+        if _oldest(buffer[best], v) > due:  # nothing buffered is due: are enough due groups running?
+            running = sum(req.admitted_version <= due for req in self.sh.inflight.values())
+            if running >= room:
+                return None
+        res = buffer[best]
+        del buffer[best]
+        return res
 
     def run(self, on_step: Callable[[StepRecord], None]) -> None:
         cfg = self.cfg
@@ -365,3 +385,9 @@ class AsyncRunner:
             errors, self.sh.errors = self.sh.errors, []
         for error in errors:  # arrived after the last batch was taken, or during a stop: never silent
             print(f"streamrl: warning: at the end of the run, {error}", file=sys.stderr, flush=True)
+
+
+def _oldest(res: GroupResult, default: int) -> int:
+    """The policy version of a returned group's oldest token (`default` if it has none)."""
+    assert res.group is not None
+    return min((v for t in res.group.trajectories for v in t.versions), default=default)

@@ -26,13 +26,14 @@ Trainer. A step on a batch of T tokens (prompt + response) with R ranks costs
 then `weight_sync_s` (wall seconds) to publish; the version rises when the publish ends.
 
 Admission. mode=async uses the project's StalenessManager: a group is admitted only while
-accepted + running < (eta + v + 1) * B, and a group whose oldest token is more than eta versions old
-at training time is filtered (its slot freed). mode=sync and mode=partial run in rounds: engines
-generate until B groups are finished, pause at the next step boundary while the trainer trains, and
-resume under the new weights. sync keeps B groups in flight (generate-then-train); partial
-(APRIL) keeps ceil(overprovision * B) in flight, trains the first B to finish and carries the rest,
-with their tokens, into the next round. A group is filtered at completion with probability
-`filter_rate` (DAPO dynamic sampling) and its slot goes to a new group.
+accepted + running < (eta + v + 1) * B, and a group whose oldest token is more than eta versions old at
+training time is filtered (its slot freed); a batch takes first, and waits for, the groups on their last
+version within the bound, as the runner does (loop/asynchronous.py). mode=sync and mode=partial run in
+rounds: engines generate until B groups are finished, pause at the next step boundary while the trainer
+trains, and resume under the new weights. sync keeps B groups in flight (generate-then-train); partial
+(APRIL) keeps ceil(overprovision * B) in flight, trains the first B to finish and carries the rest, with
+their tokens, into the next round. A group is filtered at completion with probability `filter_rate`
+(DAPO dynamic sampling) and its slot goes to a new group.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class _Group:
     prefilled: bool = False  # shared_prefill: its prompt is already in the engine's cache
     tokens: int = 0  # prompt + response tokens over all samples (what the trainer trains)
     versions: dict[int, int] = field(default_factory=dict)  # policy version -> response tokens
+    admitted_version: int = 0
 
 
 @dataclass
@@ -89,6 +91,7 @@ class _Sim:
         self.engines = [_Engine(i) for i in range(setup.engines)]
         self.buffer: deque[_Group] = deque()
         self.running_groups = 0
+        self.in_flight: dict[int, _Group] = {}  # admitted, not returned
         self.admitted = 0
         self.staleness = StalenessManager(work.batch_groups, setup.eta)
         B = work.batch_groups
@@ -119,6 +122,8 @@ class _Sim:
     def admit(self) -> None:
         while self._can_admit():
             g = _Group(self.admitted, self.w.group_size, self.rng.random() < self.w.filter_rate)
+            g.admitted_version = self.version
+            self.in_flight[g.gid] = g
             self.admitted += 1
             self.running_groups += 1
             eng = min(self.engines, key=lambda e: (len(e.running) + len(e.waiting), e.idx))
@@ -184,6 +189,7 @@ class _Sim:
 
     def group_done(self, g: _Group) -> None:
         self.running_groups -= 1
+        del self.in_flight[g.gid]
         if self.s.mode == "async":
             self.staleness.on_return(kept=not g.filtered)
         if g.filtered:
@@ -200,8 +206,7 @@ class _Sim:
         if self.s.mode != "async" and any(e.stepping for e in self.engines):
             return  # rounds: wait for the engines to reach a step boundary
         B = self.w.batch_groups
-        while self.buffer and len(self.batch) < B:
-            g = self.buffer.popleft()
+        while len(self.batch) < B and (g := self._pick(B - len(self.batch))) is not None:
             if self.s.mode == "async" and self.version - min(g.versions) > self.s.eta:
                 self.filtered_stale += 1
                 self.staleness.release_accepted()
@@ -221,6 +226,23 @@ class _Sim:
         if self.first_batch < 0:
             self.first_batch = self.t
         self.log(f"train v{self.version} [{' '.join(f'g{g.gid}' for g in self.batch)}]")
+
+    def _pick(self, room: int) -> _Group | None:
+        """The next buffered group for the batch, or None to wait. Rounds: the order they finished in.
+        async: the runner's rule (AsyncRunner._pick): groups on their last version within the bound
+        first, waited for while at least `room` of them are generating; then the oldest, first finished."""
+        if not self.buffer:
+            return None
+        if self.s.mode != "async":
+            return self.buffer.popleft()
+        due, v = self.version - self.s.eta, self.version
+        best = min(range(len(self.buffer)), key=lambda i: (min(self.buffer[i].versions, default=v), i))
+        if min(self.buffer[best].versions, default=v) > due:
+            if sum(g.admitted_version <= due for g in self.in_flight.values()) >= room:
+                return None
+        g = self.buffer[best]
+        del self.buffer[best]
+        return g
 
     def finish_job(self) -> None:
         if self.job == "train":

@@ -29,7 +29,7 @@ from streamrl.loop.dynamic_sampling import DynamicSampling
 from streamrl.loop.episode_errors import EpisodeErrors
 from streamrl.loop.ledger import Ledger
 from streamrl.loop.signals import StopFlag
-from streamrl.loop.staleness import StalenessManager
+from streamrl.loop.staleness import StalenessManager, next_in_batch
 from streamrl.loop.state import RunState, sampler_state
 from streamrl.loop.step import StepRecord, train_on
 from streamrl.placement.backend import STARTUP_S, RolloutBackend, RolloutFailure, make_backend
@@ -213,25 +213,15 @@ class AsyncRunner:
         return taken
 
     def _pick(self, room: int) -> GroupResult | None:
-        """The next buffered group for a batch with `room` places left, or None to wait (under sh.cond).
-
-        A group is due when this step is its last within the bound: its oldest token (a running
-        group's admission) is eta versions old. Due groups come first, and while at least `room` are
-        still generating the batch waits for them rather than fill up with fresher groups that finished
-        sooner: otherwise they would come back too stale and their generation would be thrown away. The
-        admission bound lets at most B groups be due at once with eta <= 1, so none is ever lost to
-        staleness there; the rest of the batch is the groups that finished first, oldest first."""
+        """The next buffered group for a batch with `room` places left, or None to wait (under sh.cond):
+        groups on their last version within the bound first, waited for (loop/staleness.py)."""
         v, buffer = self.trainer.version, self.sh.buffer
-        if not buffer:
+        running = (req.admitted_version for req in self.sh.inflight.values())
+        i = next_in_batch([_oldest(r, v) for r in buffer], running, v, self.eta, room)
+        if i is None:
             return None
-        due = v - self.eta
-        best = min(range(len(buffer)), key=lambda i: (_oldest(buffer[i], v), i))
-        if _oldest(buffer[best], v) > due:  # nothing buffered is due: are enough due groups running?
-            running = sum(req.admitted_version <= due for req in self.sh.inflight.values())
-            if running >= room:
-                return None
-        res = buffer[best]
-        del buffer[best]
+        res = buffer[i]
+        del buffer[i]
         return res
 
     def run(self, on_step: Callable[[StepRecord], None]) -> None:

@@ -13,6 +13,7 @@ restored version (AReaL issue #1388: resetting them to 0 lets a resumed run admi
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 
@@ -78,3 +79,25 @@ class StalenessManager:
         buffer and `running` carried-over groups are re-submitted."""
         state = StalenessState(version=version, accepted=version * batch_groups + buffered, running=running)
         return cls(batch_groups, max_staleness, state)
+
+
+def next_in_batch(
+    oldest: Sequence[int], running: Iterable[int], version: int, eta: int, room: int
+) -> int | None:
+    """Which finished group a batch with `room` places left takes next, or None to wait for one.
+
+    oldest: each finished group's oldest token version, in the order they finished. running: the
+    version each group still generating was admitted under (a lower bound on its tokens'). A group is
+    due when this step is its last within the bound (oldest <= version - eta). Due groups come first,
+    and while at least `room` due groups are still generating the batch waits for them rather than
+    fill up with fresher groups that finished sooner, which would leave them to come back too stale.
+    With eta <= 1 at most B groups are due at once (those admitted under versions up to v - eta number
+    at most (v + 1) * B kept ones, v * B of which are trained), so none is thrown away. The rest of the
+    batch is the oldest, then the first finished."""
+    if not oldest:
+        return None
+    due = version - eta
+    best = min(range(len(oldest)), key=lambda i: (oldest[i], i))
+    if oldest[best] > due and sum(a <= due for a in running) >= room:
+        return None
+    return best

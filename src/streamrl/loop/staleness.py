@@ -2,10 +2,14 @@
 
 With trainer version v, batch size B (in groups) and bound eta, a new group is admitted only while
 
-    accepted + running < (eta + v + 1) * B
+    accepted + running < (min(eta, v) + v + 1) * B
 
 where `running` counts admitted groups not yet returned and `accepted` counts every group returned and
 kept (trained or waiting in the buffer). eta = 0 admits exactly one batch per version: synchronous RL.
+The lead ramps up: the base policy generates one batch only, and each step lets the workers run one
+batch further ahead until they are eta ahead. So the first step is synchronous, and the base policy's
+answers (the longest, and the ones that change fastest) are not generated for eta batches that would
+train on them eta steps late; with eta = 1 the ramp changes version 0 only.
 A group that comes back rejected (filtered) frees its slot. On resume the counters are rebased on the
 restored version (AReaL issue #1388: resetting them to 0 lets a resumed run admit far too much).
 """
@@ -35,16 +39,20 @@ class StalenessManager:
         self.state = state or StalenessState()
         self._lock = threading.Lock()
 
+    def _limit(self) -> int:
+        v = self.state.version
+        return (min(self.eta, v) + v + 1) * self.B
+
     def capacity(self) -> int:
         """How many more groups may be admitted now."""
         with self._lock:
             s = self.state
-            return max(0, (self.eta + s.version + 1) * self.B - (s.accepted + s.running))
+            return max(0, self._limit() - (s.accepted + s.running))
 
     def try_admit(self) -> bool:
         with self._lock:
             s = self.state
-            if s.accepted + s.running >= (self.eta + s.version + 1) * self.B:
+            if s.accepted + s.running >= self._limit():
                 return False
             s.running += 1
             return True

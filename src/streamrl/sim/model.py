@@ -25,8 +25,8 @@ Trainer. A step on a batch of T tokens (prompt + response) with R ranks costs
 
 then `weight_sync_s` (wall seconds) to publish; the version rises when the publish ends.
 
-Admission. mode=async uses the project's StalenessManager: a group is admitted only while
-accepted + running < (eta + v + 1) * B, and a group whose oldest token is more than eta versions old at
+Admission. mode=async uses the project's StalenessManager: a group is admitted only while accepted +
+running < (min(eta, v) + v + 1) * B, and a group whose oldest token is more than eta versions old at
 training time is filtered (its slot freed); a batch takes first, and waits for, the groups on their last
 version within the bound, as the runner does (loop/asynchronous.py). mode=sync and mode=partial run in
 rounds: engines generate until B groups are finished, pause at the next step boundary while the trainer

@@ -98,6 +98,9 @@ class AsyncRunner:
             self.ledger.requeue(res.group_id, "buffered")
             self.sh.buffer.append(res)
         self.readmit: deque[GroupRequest] = deque(state.unfinished)
+        # group id -> its oldest token's version, found once: a returned group's tokens never change,
+        # and a batch's picks read every buffered group's (under sh.cond)
+        self.oldest: dict[str, int] = {}
         self._threads_stop = threading.Event()
         self._started = self._closed = False  # the workers (start, close)
         self.in_step = False  # between taking a batch and counting its step: nothing to save
@@ -199,7 +202,8 @@ class AsyncRunner:
                             self.threads.wait()
                         self.sh.cond.wait(timeout=0.5)
                         continue
-                    if self.trainer.version - _oldest(res, self.trainer.version) > self.eta:
+                    if self.trainer.version - self._oldest(res) > self.eta:
+                        self.oldest.pop(res.group_id, None)
                         self.ledger.filtered(res.group_id, "stale")
                         self.staleness.release_accepted()
                         continue
@@ -217,12 +221,22 @@ class AsyncRunner:
         groups on their last version within the bound first, waited for (loop/staleness.py)."""
         v, buffer = self.trainer.version, self.sh.buffer
         running = (req.admitted_version for req in self.sh.inflight.values())
-        i = next_in_batch([_oldest(r, v) for r in buffer], running, v, self.eta, room)
+        i = next_in_batch([self._oldest(r) for r in buffer], running, v, self.eta, room)
         if i is None:
             return None
         res = buffer[i]
         del buffer[i]
         return res
+
+    def _oldest(self, res: GroupResult) -> int:
+        """The policy version of a returned group's oldest token (the trainer's if it has none)."""
+        if res.group_id not in self.oldest:
+            assert res.group is not None
+            versions = [min(t.versions) for t in res.group.trajectories if t.versions]
+            if not versions:
+                return self.trainer.version
+            self.oldest[res.group_id] = min(versions)
+        return self.oldest[res.group_id]
 
     def run(self, on_step: Callable[[StepRecord], None]) -> None:
         cfg = self.cfg
@@ -267,6 +281,7 @@ class AsyncRunner:
                     self.sampling.next_step()
                     for r in taken:
                         self.ledger.trained(r.group_id)
+                        self.oldest.pop(r.group_id, None)
                     self.ledger.replayed(int(rec.metrics.get("replay_samples", 0)))
                     busy, idle, generated = self.sh.busy, self.sh.idle, self.sh.generated
                     row_share = self.sh.cache_rows / self.sh.rows if self.sh.rows else 1.0
@@ -375,9 +390,3 @@ class AsyncRunner:
             errors, self.sh.errors = self.sh.errors, []
         for error in errors:  # arrived after the last batch was taken, or during a stop: never silent
             print(f"streamrl: warning: at the end of the run, {error}", file=sys.stderr, flush=True)
-
-
-def _oldest(res: GroupResult, default: int) -> int:
-    """The policy version of a returned group's oldest token (`default` if it has none)."""
-    assert res.group is not None
-    return min((v for t in res.group.trajectories for v in t.versions), default=default)

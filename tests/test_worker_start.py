@@ -12,7 +12,7 @@ from scripted_worker import reporting_worker  # tests/ is on sys.path (rootdir c
 
 from streamrl.config import load_config
 from streamrl.placement.backend import LocalRollouts
-from streamrl.placement.forkserver import PRELOAD
+from streamrl.placement.forkserver import PRELOAD, stop_server
 
 pytestmark = pytest.mark.skipif(
     "forkserver" not in mp.get_all_start_methods(), reason="this platform spawns workers"
@@ -67,7 +67,7 @@ def test_an_async_job_starts_the_fork_server_before_it_loads_its_model(
 
     from streamrl.loop import job
 
-    forkserver._forkserver._stop()  # whatever an earlier test started
+    stop_server()  # whatever an earlier test started
     running_at_load = []
 
     def build_components(*args: object, **kw: object) -> None:
@@ -82,3 +82,35 @@ def test_an_async_job_starts_the_fork_server_before_it_loads_its_model(
     with pytest.raises(_Loaded):
         job.run_train(cfg)
     assert running_at_load == [mode == "async"]  # colocated starts no worker
+
+
+def test_the_cli_starts_the_server_before_it_checks_the_model_and_keeps_it_through_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's imports (~7 s on one core) run while the CLI checks the model and the task; what
+    torch sets in the environment when the job imports it later does not start it again."""
+    from multiprocessing import forkserver
+
+    from tiny_args import TINY
+
+    import streamrl.preflight
+    from streamrl.cli import main
+    from streamrl.placement.forkserver import SET_BY_TORCH, worker_context
+
+    stop_server()  # whatever an earlier test started
+    for name in SET_BY_TORCH:
+        monkeypatch.delenv(name, raising=False)
+    at_preflight = []
+
+    def preflight(cfg: object) -> None:
+        at_preflight.append(forkserver._forkserver._forkserver_pid)
+        raise _Loaded
+
+    monkeypatch.setattr(streamrl.preflight, "preflight", preflight)
+    with pytest.raises(_Loaded):
+        main(["train", *TINY, f"run_dir={tmp_path}/run"])
+    assert at_preflight[0] is not None
+    assert not (tmp_path / "run").exists()  # nothing written before the checks
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # as importing torch._dynamo
+    worker_context()  # the job's own call, after its imports
+    assert forkserver._forkserver._forkserver_pid == at_preflight[0]

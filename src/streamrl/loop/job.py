@@ -47,7 +47,7 @@ from streamrl.observe.progress import StepProgress
 from streamrl.observe.summary import print_summary
 from streamrl.placement.colocated import push_policy
 from streamrl.placement.cores import elastic_enabled, thread_split
-from streamrl.placement.forkserver import worker_context
+from streamrl.placement.forkserver import start_server_for
 from streamrl.placement.leftovers import name_semaphores_after_this_process, remove_leftovers
 from streamrl.placement.trainer_ranks import make_trainer
 from streamrl.preflight import Checked, preflight
@@ -220,8 +220,7 @@ def _run_train(
         if (warning := precision_warning(name, key, cfg.device)) is not None:
             console.print(f"[yellow]warning[/]: {warning}")
 
-    if cfg.runtime.mode == "async" and cfg.runtime.backend == "local":
-        worker_context()  # the workers' fork server imports torch on another core while we load the model
+    start_server_for(cfg)  # the workers' fork server imports torch on another core while we load the model
     t0 = time.perf_counter()
     parts = build_components(cfg, checked.task, checked.split)
     closers.callback(parts.trainer.close)

@@ -5,8 +5,9 @@ A spawned worker begins as a fresh interpreter and imports torch and transformer
 can load weights: about 9 s on a 2-core CPU, paid at every start and every restart while the trainer
 waits for it (`wait_ready`). multiprocessing's forkserver start method pays it once: the server, itself
 a fresh interpreter (never a fork of the trainer, whose threads and torch state must not be copied),
-imports `PRELOAD` and then forks each worker from that state. The job starts the server before it loads
-its own model (`worker_context` at the start of the job), so the imports run on another core meanwhile.
+imports `PRELOAD` and then forks each worker from that state. `streamrl train` starts the server as
+soon as its config is valid (`start_server_for`), and a job started from Python before it loads its
+model, so the imports run on another core while the model and the task are checked and loaded.
 
 A forked worker still unpickles its arguments, imports its target's module and takes sys.path and the
 working directory as a spawned one does. Its environment is the subtle part: the server keeps the one
@@ -21,8 +22,10 @@ Where the platform has no fork server (Windows, macOS without it) workers are sp
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
+import signal
 from multiprocessing import forkserver
 from typing import Any
 
@@ -36,11 +39,14 @@ IMPORT_TIME_ENV = (
     "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "SAFETENSORS_", "USE_", "XDG_",
     "TORCH", "PYTORCH_", "CUDA", "NCCL_", "OMP_", "MKL_", "KMP_", "STREAMRL_",
 )  # fmt: skip
+# set by torch itself when torch._dynamo is imported (its default compile cache, read again at each use):
+# a job that imports it after starting the server must not restart the server for it
+SET_BY_TORCH = ("TORCHINDUCTOR_CACHE_DIR",)
 _server_env: dict[str, str] | None = None  # IMPORT_TIME_ENV's variables when the server started
 
 
 def _import_time_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k.startswith(IMPORT_TIME_ENV)}
+    return {k: v for k, v in os.environ.items() if k.startswith(IMPORT_TIME_ENV) and k not in SET_BY_TORCH}
 
 
 def worker_context() -> Any:
@@ -54,15 +60,34 @@ def worker_context() -> Any:
         return mp.get_context("spawn")
     env = _import_time_env()
     if _server_env is not None and env != _server_env:
-        stop = getattr(forkserver._forkserver, "_stop", None)  # CPython's own (its tests use it)
-        if stop is None:
+        if not stop_server():  # what it imported read the old environment: a new server imports it again
             return mp.get_context("spawn")
-        stop()  # what it imported read the old environment: a new server imports it again
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(list(PRELOAD))  # read when the server starts
     forkserver.ensure_running()  # returns at once; the server imports PRELOAD meanwhile
     _server_env = env
     return ctx
+
+
+def stop_server() -> bool:
+    """Stop the fork server now, even in the middle of its imports (a plain stop waits for them, and
+    until then the server holds the stdout and stderr it inherited); -> False if this Python cannot."""
+    server = forkserver._forkserver
+    stop = getattr(server, "_stop", None)  # CPython's own (its tests use it)
+    if stop is None:
+        return False
+    if (pid := getattr(server, "_forkserver_pid", None)) is not None:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    stop()
+    return True
+
+
+def start_server_for(cfg: Any) -> None:
+    """Start the fork server now if the job `cfg` runs local rollout workers: its imports then run on
+    another core while this process checks the config, the model and the task and loads its own model."""
+    if cfg.runtime.mode == "async" and cfg.runtime.backend == "local":
+        worker_context()
 
 
 def apply_environment(env: dict[str, str]) -> None:

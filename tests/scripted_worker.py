@@ -89,3 +89,15 @@ def reporting_worker(
     results.put((os.environ.get("STREAMRL_TEST_MARK"), constants.HF_HOME, preloaded))
     while requests.get() != STOP:
         pass
+
+
+def deaf_worker(
+    worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any, weights: Any, threads: int
+) -> None:
+    """Polls its requests once (so it counts as started), then never again: a stop request goes
+    unread, as with a worker stuck in a decode step or waiting for cores."""
+    try:
+        requests.get_nowait()
+    except queue.Empty:
+        pass
+    time.sleep(3600)

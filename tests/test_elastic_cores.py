@@ -183,9 +183,10 @@ def test_lending_only_where_the_phases_share_cores(overrides, on):
 
 
 @pytest.mark.parametrize("policy", ["lend", "alternate"])
-def test_a_run_lends_the_trainers_core_to_generation_and_loses_nothing(tmp_path, policy):
+def test_a_run_lends_the_trainers_core_to_generation_and_loses_nothing(tmp_path, policy, capfd):
     """The trainer waits for its first batch, so the worker decodes on every core; the peak stays at
-    the cores, the staleness bound holds and every admitted group is accounted for."""
+    the cores, the staleness bound holds, every admitted group is accounted for, and at the end the
+    worker reaches the stop request (under `alternate` it yields to a trainer that no longer trains)."""
     from streamrl.loop.job import run_train
 
     run_dir = tmp_path / "run"
@@ -214,6 +215,7 @@ def test_a_run_lends_the_trainers_core_to_generation_and_loses_nothing(tmp_path,
     acc = json.loads((run_dir / "accounting.json").read_text())
     assert acc["lost"] == 0
     assert acc["admitted"] == acc["trained"] + acc["filtered"] + acc["carried_over"]
+    assert "did not stop" not in capfd.readouterr().err  # not killed after the stop's time limit
 
 
 def _die_holding_the_lock(cores: ElasticCores) -> None:

@@ -287,3 +287,21 @@ def test_the_job_starts_its_workers_before_the_base_evaluation(tmp_path, monkeyp
     assert events[-1] == "evaluate"
     timings = json.loads((run / "summary.json").read_text())["timings"]
     assert timings["setup"] >= 1000.0 > timings["train_clock"]
+
+
+def test_a_worker_that_never_reads_the_stop_is_killed_with_one_line(monkeypatch, capfd):
+    import torch
+    from scripted_worker import deaf_worker
+
+    monkeypatch.setattr(backend_mod, "STOP_TIMEOUT_S", 0.5)
+    backend = backend_mod.LocalRollouts(load_config(None, ["runtime.elastic_cores=fixed"]), deaf_worker)
+    backend.start({"w": torch.zeros(2)}, 0)
+    assert backend.wait_ready(120)
+    assert backend.stop() == []
+    err = capfd.readouterr().err.splitlines()
+    killed = [x for x in err if "did not stop" in x]
+    assert len(killed) == 1 and killed[0].startswith(
+        "streamrl: warning: rollout worker 0 did not stop within 0.5 s: killed (the groups it held are "
+        "carried over)"
+    )
+    assert not backend.workers[0].proc.is_alive()

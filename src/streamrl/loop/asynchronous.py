@@ -310,6 +310,8 @@ class AsyncRunner:
                 on_step(rec)
         finally:
             self.trainer.set_boundary(None)
+            if self.threads is not None:  # the trainer computes no more: a worker yielding to it (alternate)
+                self.threads.wait()  # would otherwise never reach the stop request at its next decode step
             self._threads_stop.set()
             admitter.join(timeout=10)
             self.close()

@@ -237,6 +237,12 @@ class LocalRollouts:
         for w in self.workers:
             w.proc.join(timeout=max(0.1, deadline - time.monotonic()))
             if w.proc.is_alive():
+                print(
+                    f"streamrl: warning: rollout worker {w.index} did not stop within {STOP_TIMEOUT_S:g} s: "
+                    f"killed (the groups it held are carried over); its stderr ended: {_tail(w.log)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 w.proc.kill()
                 w.proc.join(timeout=10)
         out = []

@@ -289,7 +289,7 @@ def _run_train(
     t_train = time.perf_counter()
     clock = TrainClock()  # train_elapsed: the loop's time minus periodic evaluation, saves and exports
     try:
-        with StepProgress(cfg.max_steps, console, done=state.step) as progress:
+        with StepProgress(cfg.max_steps, console, done=state.step, max_time=cfg.max_time) as progress:
 
             def on_step(rec: StepRecord) -> None:
                 record = rec.metrics

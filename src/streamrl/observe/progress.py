@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from rich.console import Console
@@ -9,14 +12,39 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
+    Task,
     TextColumn,
     TimeElapsedColumn,
-    TimeRemainingColumn,
 )
+from rich.text import Text
+
+
+class RemainingColumn(ProgressColumn):
+    """The time left: the steps left at the steps' pace, or what is left of max_time if that ends the run
+    sooner (a run bounded by time has a nominal step count far beyond what it will reach)."""
+
+    max_refresh = 0.5
+
+    def __init__(self, deadline: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.deadline, self.clock = deadline, clock
+
+    def render(self, task: Task) -> Text:
+        left = task.time_remaining
+        if self.deadline is not None:
+            budget = max(0.0, self.deadline - self.clock())
+            left = budget if left is None else min(left, budget)
+        if left is None:
+            return Text("-:--:--", style="progress.remaining")
+        return Text(str(timedelta(seconds=int(left))), style="progress.remaining")
 
 
 class StepProgress:
-    def __init__(self, total: int, console: Console, done: int = 0) -> None:
+    def __init__(self, total: int, console: Console, done: int = 0, max_time: float = 0.0) -> None:
+        """total: max_steps; done: steps already trained (a resume); max_time: the run's time limit in
+        seconds from now (0: none)."""
+        deadline = time.monotonic() + max_time if max_time > 0 else None
         self.progress = Progress(
             TextColumn("[bold]train[/]"),
             BarColumn(),
@@ -26,7 +54,7 @@ class StepProgress:
             ),
             TimeElapsedColumn(),
             TextColumn("ETA"),
-            TimeRemainingColumn(),
+            RemainingColumn(deadline),
             console=console,
             transient=False,
         )

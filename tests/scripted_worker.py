@@ -24,6 +24,8 @@ def scripted_worker(
     running: list[tuple[float, Any, list[int]]] = []  # (finish time, request, versions so far)
     hang = os.environ.get("SCRIPTED_HANG_FILE", "")  # while this file exists, worker 0's loop is stuck
     starting = os.environ.get("SCRIPTED_STARTUP_FILE", "")  # while this file exists, no worker has started
+    # "GROUP:FILE": the first worker to take GROUP drops it (a bug that loses it) and creates FILE
+    drop_group, _, dropped = os.environ.get("SCRIPTED_DROP_ONCE", "").partition(":")
     while starting and os.path.exists(starting):
         time.sleep(0.02)  # imports and a model load: the request queue is not polled yet
     while True:
@@ -33,6 +35,9 @@ def scripted_worker(
             item = requests.get(timeout=0.002)
             if item == STOP:
                 return
+            if item.group_id == drop_group and not os.path.exists(dropped):
+                open(dropped, "w").close()  # noqa: SIM115
+                continue
             delay = rng.expovariate(1 / 0.01) * (15 if rng.random() < 0.15 else 1) * scale  # long tail
             if 0 <= hold_from <= int(item.group_id.lstrip("g")):
                 delay = float("inf")  # in flight until the worker is stopped

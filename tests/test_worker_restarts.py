@@ -305,3 +305,28 @@ def test_a_worker_that_never_reads_the_stop_is_killed_with_one_line(monkeypatch,
         "carried over)"
     )
     assert not backend.workers[0].proc.is_alive()
+
+
+def test_a_group_lost_inside_a_live_worker_is_sent_again_and_trained_once(tiny, capfd, tmp_path, monkeypatch):
+    """The worker takes g4 and drops it without dying: its heartbeat goes on, nothing restarts it. Once
+    the trainer has waited runtime.worker_timeout_s with nothing coming back, what is in flight is sent
+    again with one line, and the run ends with every step and every group trained once."""
+    monkeypatch.setenv("SCRIPTED_DROP_ONCE", f"g4:{tmp_path / 'dropped'}")
+    runner, state = _runner(tiny, ["runtime.worker_timeout_s=2", "runtime.rollout_workers=1"])
+    records: list = []
+    limit = threading.Timer(120, runner.stop.request, args=("a limit against a hang",))
+    limit.start()
+    try:
+        runner.run(records.append)
+    finally:
+        limit.cancel()
+    assert (tmp_path / "dropped").exists()  # the worker did lose it
+    assert [r.step for r in records] == [1, 2, 3, 4, 5, 6]
+    c = _balanced(runner, state, records)
+    assert c["trained"] == 18 and "g4" in {g.trajectories[0].group_id for r in records for g in r.groups}
+    lines = [x for x in capfd.readouterr().err.splitlines() if "sent again" in x]
+    assert len(lines) >= 1 and "g4" in lines[0]
+    assert lines[0].startswith("streamrl: warning: the trainer has waited ")
+    assert records[-1].metrics["groups_resent"] >= 1
+    # copies that came back twice were dropped, never trained twice (_balanced)
+    assert records[-1].metrics["duplicate_results"] <= records[-1].metrics["groups_resent"]

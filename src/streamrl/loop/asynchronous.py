@@ -18,7 +18,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from streamrl.config import Config
@@ -28,8 +27,10 @@ from streamrl.loop.budget import RunBudget
 from streamrl.loop.dynamic_sampling import DynamicSampling
 from streamrl.loop.episode_errors import EpisodeErrors
 from streamrl.loop.ledger import Ledger
+from streamrl.loop.shared import Shared
 from streamrl.loop.signals import StopFlag
 from streamrl.loop.staleness import StalenessManager, next_in_batch
+from streamrl.loop.stall import StallWatch
 from streamrl.loop.state import RunState, sampler_state
 from streamrl.loop.step import StepRecord, train_on
 from streamrl.placement.backend import STARTUP_S, RolloutBackend, RolloutFailure, make_backend
@@ -38,22 +39,6 @@ from streamrl.rollout.trajectory import RolloutSettings
 from streamrl.rollout.worker import GroupRequest, GroupResult, run_worker
 from streamrl.trainer.trainer import Trainer
 from streamrl.types import Group, Problem
-
-
-@dataclass
-class _Shared:
-    """State shared by the admission thread and the trainer thread (guarded by `cond`)."""
-
-    cond: threading.Condition = field(default_factory=threading.Condition)
-    buffer: deque[GroupResult] = field(default_factory=deque)
-    inflight: dict[str, GroupRequest] = field(default_factory=dict)
-    errors: list[str] = field(default_factory=list)
-    duplicates: int = 0  # results of a group already returned (e.g. re-generated after an actor died)
-    busy: float = 0.0
-    idle: float = 0.0
-    generated: int = 0  # tokens the rollout workers sampled (GroupResult.tokens): kept and dropped groups'
-    rows: int = 0  # sequences the workers' engines decoded, summed over decode steps (GroupResult.rows)
-    cache_rows: int = 0  # the KV-cache rows forwarded for them (GroupResult.cache_rows)
 
 
 class AsyncRunner:
@@ -88,11 +73,7 @@ class AsyncRunner:
             self.ledger.load_state_dict(state.ledger)
         # rebase on resume: trained groups + carried finished ones count as accepted (AReaL #1388)
         self.staleness = StalenessManager.resumed(self.B, self.eta, trainer.version, len(state.finished), 0)
-        self.sh = _Shared()
-        e = state.engine  # the workers' cumulative counters continue after a resume
-        self.sh.busy, self.sh.idle = e.get("busy_s", 0.0), e.get("idle_s", 0.0)
-        self.sh.generated = int(e.get("tokens", 0))
-        self.sh.rows, self.sh.cache_rows = int(e.get("rows", 0)), int(e.get("cache_rows", 0))
+        self.sh = Shared.resumed(state.engine)  # the workers' cumulative counters continue after a resume
         self.episode_errors = EpisodeErrors(cfg.task.startswith("agent:"))  # since the last step (sh.cond)
         for res in state.finished:
             self.ledger.requeue(res.group_id, "buffered")
@@ -101,6 +82,7 @@ class AsyncRunner:
         # group id -> its oldest token's version, found once: a returned group's tokens never change,
         # and a batch's picks read every buffered group's (under sh.cond)
         self.oldest: dict[str, int] = {}
+        self.stall = StallWatch(cfg.runtime.worker_timeout_s)  # groups that never come back (sh.cond)
         self._threads_stop = threading.Event()
         self._started = self._closed = False  # the workers (start, close)
         self.in_step = False  # between taking a batch and counting its step: nothing to save
@@ -138,6 +120,12 @@ class AsyncRunner:
                     self.backend.submit(req)
                 for res in self.backend.poll(0.05):
                     self._accept(res)
+                with self.sh.cond:
+                    again, warning = self.stall.due(list(self.sh.inflight.values()))
+                for req in again:  # the first copy back counts (_accept), later ones are duplicates
+                    self.backend.submit(req)
+                if warning:
+                    print(warning, file=sys.stderr, flush=True)
         except Exception as e:  # a backend failure must reach the trainer thread, not die silently
             with self.sh.cond:
                 self.sh.errors.append(f"rollout admission failed: {type(e).__name__}: {e}")
@@ -160,6 +148,7 @@ class AsyncRunner:
                 self.sh.duplicates += 1
             else:
                 del self.sh.inflight[res.group_id]
+                self.stall.returned()
                 self.ledger.returned(res.group_id)
                 group = res.group
                 assert group is not None
@@ -200,6 +189,7 @@ class AsyncRunner:
                             raise RolloutFailure(failure)
                         if self.threads is not None:
                             self.threads.wait()
+                        self.stall.waiting(True)
                         self.sh.cond.wait(timeout=0.5)
                         continue
                     if self.trainer.version - self._oldest(res) > self.eta:
@@ -211,6 +201,8 @@ class AsyncRunner:
             except BaseException:
                 self.sh.buffer.extendleft(reversed(taken))  # a failure carries them over too
                 raise
+            finally:
+                self.stall.waiting(False)
             if len(taken) < self.B:  # a stop: put back, nothing is lost
                 self.sh.buffer.extendleft(reversed(taken))
                 return None
@@ -304,6 +296,7 @@ class AsyncRunner:
                     filtered_stale=self.ledger.filter_reasons.get("stale", 0),
                     filtered_zero_variance=self.ledger.filter_reasons.get("zero_variance", 0),
                     duplicate_results=self.sh.duplicates,
+                    groups_resent=self.stall.resent,
                     **backend.stats(),
                     **episode_errors,
                 )
@@ -364,18 +357,8 @@ class AsyncRunner:
                 unfinished=list(self.readmit) + list(self.sh.inflight.values()),
                 sampler=sampler_state(self.stream),
                 drafts=self.drafts.state_dict() if self.drafts is not None else [],
-                engine=self._engine_counters(),
+                engine=self.sh.engine_counters(),
             )
-
-    def _engine_counters(self) -> dict[str, float]:
-        sh = self.sh
-        return {
-            "busy_s": sh.busy,
-            "idle_s": sh.idle,
-            "tokens": sh.generated,
-            "rows": sh.rows,
-            "cache_rows": sh.cache_rows,
-        }
 
     def _carry_over(self, late: list[GroupResult]) -> None:
         """After the workers stopped: everything admitted and not trained goes into the run state."""
@@ -388,7 +371,7 @@ class AsyncRunner:
             self.state.ledger = self.ledger.state_dict()
             self.state.staleness = self.staleness.state_dict()
             self.state.drafts = self.drafts.state_dict() if self.drafts is not None else []
-            self.state.engine = self._engine_counters()
+            self.state.engine = self.sh.engine_counters()
             errors, self.sh.errors = self.sh.errors, []
         for error in errors:  # arrived after the last batch was taken, or during a stop: never silent
             print(f"streamrl: warning: at the end of the run, {error}", file=sys.stderr, flush=True)

@@ -220,6 +220,8 @@ def _loop(
     def take(req: GroupRequest) -> None:
         nonlocal taken_any
         taken_any = True
+        if req.group_id in open_groups or (agents is not None and req.group_id in agents.open):
+            return  # sent again while this worker still generates it (loop/stall.py): one copy
         if agents is not None:  # agent task: G agent threads whose calls reach the decoder via the proxy
             agents.start(req)
             return

@@ -1,0 +1,43 @@
+"""What the asynchronous loop's admission thread and trainer thread share, guarded by one condition."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Shared:
+    """The buffer of returned groups, the requests in flight, errors to raise in the trainer thread and
+    the rollout workers' cumulative counters (guarded by `cond`)."""
+
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    buffer: deque[Any] = field(default_factory=deque)  # GroupResult, oldest first
+    inflight: dict[str, Any] = field(default_factory=dict)  # group id -> GroupRequest
+    errors: list[str] = field(default_factory=list)
+    duplicates: int = 0  # results of a group already returned (e.g. re-generated after an actor died)
+    busy: float = 0.0
+    idle: float = 0.0
+    generated: int = 0  # tokens the rollout workers sampled (GroupResult.tokens): kept and dropped groups'
+    rows: int = 0  # sequences the workers' engines decoded, summed over decode steps (GroupResult.rows)
+    cache_rows: int = 0  # the KV-cache rows forwarded for them (GroupResult.cache_rows)
+
+    @classmethod
+    def resumed(cls, engine: dict[str, float]) -> Shared:
+        """Empty, with the workers' counters continuing from a saved state's `engine_counters()`."""
+        sh = cls()
+        sh.busy, sh.idle = engine.get("busy_s", 0.0), engine.get("idle_s", 0.0)
+        sh.generated = int(engine.get("tokens", 0))
+        sh.rows, sh.cache_rows = int(engine.get("rows", 0)), int(engine.get("cache_rows", 0))
+        return sh
+
+    def engine_counters(self) -> dict[str, float]:
+        return {
+            "busy_s": self.busy,
+            "idle_s": self.idle,
+            "tokens": self.generated,
+            "rows": self.rows,
+            "cache_rows": self.cache_rows,
+        }

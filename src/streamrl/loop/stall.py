@@ -1,0 +1,54 @@
+"""A wait for groups that never come back: the trainer waits, groups are in flight, none has come back.
+
+A worker that dies or stops beating is restarted and its groups re-sent (placement/backend.py). A group
+lost inside a live worker (a bug in its engine, say) would leave the trainer waiting for it forever. So
+once the trainer has waited `limit_s` with groups in flight and none has come back meanwhile, the groups
+still in flight are sent again, with one warning line: whichever copy comes back first counts, a later
+one is dropped as a duplicate (`duplicate_results`), as when a dead actor's groups are re-dispatched.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+class StallWatch:
+    """limit_s: seconds the trainer may wait, with groups in flight and none coming back, before they
+    are sent again. Not thread-safe: its caller holds the runner's lock."""
+
+    def __init__(self, limit_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit_s, self.clock = limit_s, clock
+        self.last_return = clock()
+        self.waiting_since: float | None = None  # the trainer's current wait for a batch began
+        self.resent = 0  # groups sent again, in all
+
+    def returned(self) -> None:
+        """A group came back."""
+        self.last_return = self.clock()
+
+    def waiting(self, yes: bool) -> None:
+        """The trainer begins (or ends) waiting for its batch."""
+        if not yes:
+            self.waiting_since = None
+        elif self.waiting_since is None:
+            self.waiting_since = self.clock()
+
+    def due(self, inflight: Sequence[Any]) -> tuple[list[Any], str | None]:
+        """The requests to send again and the warning line, or ([], None). The quiet time counts from the
+        later of the last return and the start of the trainer's wait, and starts again once they are sent."""
+        if self.waiting_since is None or not inflight:
+            return [], None
+        now = self.clock()
+        quiet = now - max(self.last_return, self.waiting_since)
+        if quiet < self.limit_s:
+            return [], None
+        self.last_return = now
+        self.resent += len(inflight)
+        ids = ", ".join(r.group_id for r in inflight[:5]) + (", ..." if len(inflight) > 5 else "")
+        return list(inflight), (
+            f"streamrl: warning: the trainer has waited {quiet:.0f} s and none of the {len(inflight)} "
+            f"group(s) in flight has come back ({ids}), though the rollout workers are alive; they are "
+            f"sent again (runtime.worker_timeout_s={self.limit_s:g})"
+        )

@@ -1,0 +1,122 @@
+"""StallWatch: groups in flight that never come back are sent again once the trainer has waited its
+limit with nothing returned (loop/stall.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from streamrl.loop.stall import StallWatch
+
+
+@dataclass
+class _Req:
+    group_id: str
+
+
+def _watch(now: list[float], limit: float = 10.0) -> StallWatch:
+    return StallWatch(limit, clock=lambda: now[0])
+
+
+def test_nothing_is_sent_again_before_the_limit_or_while_the_trainer_trains() -> None:
+    now = [0.0]
+    w = _watch(now)
+    inflight = [_Req("g1"), _Req("g2")]
+    now[0] = 50.0
+    assert w.due(inflight) == ([], None)  # the trainer is not waiting: nothing is due back
+    w.waiting(True)  # it starts waiting at 50
+    now[0] = 59.9
+    assert w.due(inflight) == ([], None)  # 9.9 s of its wait: under the limit though 59.9 s since a return
+
+
+def test_after_the_limit_what_is_in_flight_is_sent_again_once() -> None:
+    now = [0.0]
+    w = _watch(now)
+    inflight = [_Req("g1"), _Req("g2")]
+    w.waiting(True)
+    now[0] = 10.0
+    again, line = w.due(inflight)
+    assert again == inflight and w.resent == 2
+    assert line == (
+        "streamrl: warning: the trainer has waited 10 s and none of the 2 group(s) in flight has come "
+        "back (g1, g2), though the rollout workers are alive; they are sent again "
+        "(runtime.worker_timeout_s=10)"
+    )
+    now[0] = 19.9
+    assert w.due(inflight) == ([], None)  # the next try after another full limit
+    now[0] = 20.0
+    assert w.due(inflight)[0] == inflight and w.resent == 4
+
+
+def test_a_return_restarts_the_quiet_time_and_an_end_of_the_wait_stops_it() -> None:
+    now = [0.0]
+    w = _watch(now)
+    w.waiting(True)
+    now[0] = 8.0
+    w.returned()
+    now[0] = 17.9
+    assert w.due([_Req("g1")]) == ([], None)  # 9.9 s since the last return
+    w.waiting(False)
+    now[0] = 100.0
+    assert w.due([_Req("g1")]) == ([], None)
+    w.waiting(True)  # a new wait begins at 100
+    w.waiting(True)  # and its start does not move while it lasts
+    now[0] = 110.0
+    assert w.due([_Req("g1")])[0] == [_Req("g1")]
+
+
+def test_nothing_in_flight_is_nothing_to_send_and_long_lists_are_cut() -> None:
+    now = [0.0]
+    w = _watch(now)
+    w.waiting(True)
+    now[0] = 99.0
+    assert w.due([]) == ([], None) and w.resent == 0
+    again, line = w.due([_Req(f"g{i}") for i in range(7)])
+    assert len(again) == 7 and "(g0, g1, g2, g3, g4, ...)" in line and "none of the 7 group(s)" in line
+
+
+class _StillWeights:
+    """Shared weights that never change (the worker keeps the tiny model it loaded)."""
+
+    version = 0
+
+    def load_into(self, model: object) -> int:
+        return 0
+
+    def read(self, consume: object) -> int:
+        return 0
+
+
+def test_a_worker_sent_a_group_it_still_generates_keeps_one_copy() -> None:
+    import queue
+    import threading
+
+    from tiny_args import TINY
+
+    from streamrl.config import load_config, to_dict
+    from streamrl.data.prompts import render_prompt_ids
+    from streamrl.models import load_tokenizer, resolve_model_dir
+    from streamrl.rollout.worker import STOP, GroupRequest, serve
+    from streamrl.tasks import task_from_config
+
+    cfg = load_config(None, [*TINY, "rollout.dynamic_sampling=false"])
+    tokenizer = load_tokenizer(resolve_model_dir(cfg.model, cfg.seed))
+    stream = task_from_config(cfg).train_stream(cfg.seed, set())
+    requests: queue.Queue = queue.Queue()
+    results: queue.Queue = queue.Queue()
+    a, b = next(stream), next(stream)
+    first = GroupRequest("g0", a, render_prompt_ids(tokenizer, a.messages), 4, 0)
+    for req in (first, first, GroupRequest("g1", b, render_prompt_ids(tokenizer, b.messages), 4, 0)):
+        requests.put(req)  # g0 twice: sent again while the worker generates it
+    worker = threading.Thread(
+        target=serve, args=(0, to_dict(cfg), requests, results, _StillWeights(), lambda: False)
+    )
+    worker.start()
+    try:
+        out = [results.get(timeout=120) for _ in range(2)]
+    finally:
+        requests.put(STOP)
+        worker.join(timeout=60)
+    assert not [r.error for r in out if r.error]
+    assert sorted(r.group_id for r in out) == ["g0", "g1"]
+    assert [len(r.group.trajectories) for r in out] == [4, 4]
+    assert results.empty()  # no second g0

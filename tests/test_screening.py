@@ -8,6 +8,7 @@ import threading
 from typing import Any
 
 import pytest
+from scripted_worker import StillWeights
 from tiny_args import TINY
 
 from streamrl.config import ConfigError, load_config, to_dict
@@ -92,18 +93,6 @@ def test_colocated_without_screening_every_group_is_whole(engine: CountingEngine
     same, mixed = _run(engine, tiny, ["same", "mixed"], _settings(screen=0))
     assert engine.calls == [16]
     assert len(same.trajectories) == len(mixed.trajectories) == 8
-
-
-class StillWeights:
-    """The weights the worker started with, version 0."""
-
-    version = 0
-
-    def load_into(self, model: Any) -> int:
-        return 0
-
-    def read(self, consume: Any) -> int:
-        return 0
 
 
 def test_worker_finishes_only_the_groups_whose_first_samples_disagree() -> None:

@@ -74,22 +74,11 @@ def test_nothing_in_flight_is_nothing_to_send_and_long_lists_are_cut() -> None:
     assert len(again) == 7 and "(g0, g1, g2, g3, g4, ...)" in line and "none of the 7 group(s)" in line
 
 
-class _StillWeights:
-    """Shared weights that never change (the worker keeps the tiny model it loaded)."""
-
-    version = 0
-
-    def load_into(self, model: object) -> int:
-        return 0
-
-    def read(self, consume: object) -> int:
-        return 0
-
-
 def test_a_worker_sent_a_group_it_still_generates_keeps_one_copy() -> None:
     import queue
     import threading
 
+    from scripted_worker import StillWeights
     from tiny_args import TINY
 
     from streamrl.config import load_config, to_dict
@@ -108,7 +97,7 @@ def test_a_worker_sent_a_group_it_still_generates_keeps_one_copy() -> None:
     for req in (first, first, GroupRequest("g1", b, render_prompt_ids(tokenizer, b.messages), 4, 0)):
         requests.put(req)  # g0 twice: sent again while the worker generates it
     worker = threading.Thread(
-        target=serve, args=(0, to_dict(cfg), requests, results, _StillWeights(), lambda: False)
+        target=serve, args=(0, to_dict(cfg), requests, results, StillWeights(), lambda: False)
     )
     worker.start()
     try:

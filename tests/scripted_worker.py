@@ -35,6 +35,8 @@ def scripted_worker(
             item = requests.get(timeout=0.002)
             if item == STOP:
                 return
+            if any(r.group_id == item.group_id for _, r, _ in running):
+                continue  # sent again while still generated: one copy, as serve()'s take does
             if item.group_id == drop_group and not os.path.exists(dropped):
                 open(dropped, "w").close()  # noqa: SIM115
                 continue

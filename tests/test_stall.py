@@ -13,6 +13,11 @@ class _Req:
     group_id: str
 
 
+def _held(*group_ids: str) -> dict:
+    """group id -> request, as the runner's in-flight map and a worker's held groups are"""
+    return {g: _Req(g) for g in group_ids}
+
+
 def _watch(now: list[float], limit: float = 10.0) -> StallWatch:
     return StallWatch(limit, clock=lambda: now[0])
 
@@ -20,7 +25,7 @@ def _watch(now: list[float], limit: float = 10.0) -> StallWatch:
 def test_nothing_is_sent_again_before_the_limit_or_while_the_trainer_trains() -> None:
     now = [0.0]
     w = _watch(now)
-    inflight = [_Req("g1"), _Req("g2")]
+    inflight = _held("g1", "g2")
     now[0] = 50.0
     assert w.due(inflight) == ([], None)  # the trainer is not waiting: nothing is due back
     w.waiting(True)  # it starts waiting at 50
@@ -31,11 +36,11 @@ def test_nothing_is_sent_again_before_the_limit_or_while_the_trainer_trains() ->
 def test_after_the_limit_what_is_in_flight_is_sent_again_once() -> None:
     now = [0.0]
     w = _watch(now)
-    inflight = [_Req("g1"), _Req("g2")]
+    inflight = _held("g1", "g2")
     w.waiting(True)
     now[0] = 10.0
     again, line = w.due(inflight)
-    assert again == inflight and w.resent == 2
+    assert again == list(inflight.values()) and w.resent == 2
     assert line == (
         "streamrl: warning: the trainer has waited 10 s and none of the 2 group(s) in flight has come "
         "back (g1, g2), though the rollout workers are alive; they are sent again "
@@ -44,7 +49,7 @@ def test_after_the_limit_what_is_in_flight_is_sent_again_once() -> None:
     now[0] = 19.9
     assert w.due(inflight) == ([], None)  # the next try after another full limit
     now[0] = 20.0
-    assert w.due(inflight)[0] == inflight and w.resent == 4
+    assert w.due(inflight)[0] == list(inflight.values()) and w.resent == 4
 
 
 def test_a_return_restarts_the_quiet_time_and_an_end_of_the_wait_stops_it() -> None:
@@ -54,14 +59,14 @@ def test_a_return_restarts_the_quiet_time_and_an_end_of_the_wait_stops_it() -> N
     now[0] = 8.0
     w.returned()
     now[0] = 17.9
-    assert w.due([_Req("g1")]) == ([], None)  # 9.9 s since the last return
+    assert w.due(_held("g1")) == ([], None)  # 9.9 s since the last return
     w.waiting(False)
     now[0] = 100.0
-    assert w.due([_Req("g1")]) == ([], None)
+    assert w.due(_held("g1")) == ([], None)
     w.waiting(True)  # a new wait begins at 100
     w.waiting(True)  # and its start does not move while it lasts
     now[0] = 110.0
-    assert w.due([_Req("g1")])[0] == [_Req("g1")]
+    assert w.due(_held("g1"))[0] == [_Req("g1")]
 
 
 def test_nothing_in_flight_is_nothing_to_send_and_long_lists_are_cut() -> None:
@@ -69,8 +74,8 @@ def test_nothing_in_flight_is_nothing_to_send_and_long_lists_are_cut() -> None:
     w = _watch(now)
     w.waiting(True)
     now[0] = 99.0
-    assert w.due([]) == ([], None) and w.resent == 0
-    again, line = w.due([_Req(f"g{i}") for i in range(7)])
+    assert w.due({}) == ([], None) and w.resent == 0
+    again, line = w.due(_held(*(f"g{i}" for i in range(7))))
     assert len(again) == 7 and "(g0, g1, g2, g3, g4, ...)" in line and "none of the 7 group(s)" in line
 
 
@@ -109,3 +114,40 @@ def test_a_worker_sent_a_group_it_still_generates_keeps_one_copy() -> None:
     assert sorted(r.group_id for r in out) == ["g0", "g1"]
     assert [len(r.group.trajectories) for r in out] == [4, 4]
     assert results.empty()  # no second g0
+
+
+def test_local_workers_get_the_copy_of_a_group_they_hold() -> None:
+    """A copy goes to the worker holding the group (which ignores it while it generates it), not to the
+    least-loaded one, which would generate it a second time; a group no worker holds goes to the
+    least-loaded."""
+    import queue
+    from types import SimpleNamespace
+
+    from streamrl.config import load_config
+    from streamrl.placement.backend import LocalRollouts
+
+    backend = LocalRollouts(load_config(None, ["runtime.elastic_cores=fixed"]), lambda *a: None)
+    busy = SimpleNamespace(held=_held("g1", "g2", "g3"), requests=queue.Queue())
+    idle = SimpleNamespace(held=_held("g4"), requests=queue.Queue())
+    backend.workers = [idle, busy]
+    backend.resend(_Req("g2"))
+    assert [busy.requests.get_nowait().group_id] == ["g2"] and idle.requests.empty()
+    assert set(busy.held) == {"g1", "g2", "g3"} and set(idle.held) == {"g4"}
+    backend.resend(_Req("g9"))  # came back meanwhile, or never reached a worker
+    assert idle.requests.get_nowait().group_id == "g9" and "g9" in idle.held and busy.requests.empty()
+
+
+def test_ray_actors_get_the_copy_of_a_group_they_hold() -> None:
+    from streamrl.config import load_config
+    from streamrl.placement.ray_rollouts import RayRollouts
+
+    backend = RayRollouts(load_config(None, ["runtime.backend=ray", "runtime.rollout_workers=3"]))
+    backend.held = [_held("g4"), _held("g1", "g2"), {}]
+    backend.outbox = [[], [], [_Req("g5")]]
+    backend.resend(_Req("g2"))
+    assert [[r.group_id for r in box] for box in backend.outbox] == [[], ["g2"], ["g5"]]
+    backend.resend(_Req("g5"))  # not sent yet: the copy waiting in the outbox is the one
+    assert [[r.group_id for r in box] for box in backend.outbox] == [[], ["g2"], ["g5"]]
+    backend.retired = {1}  # its actor is gone for good: a group it held goes to a live one
+    backend.resend(_Req("g1"))
+    assert [[r.group_id for r in box] for box in backend.outbox] == [["g1"], ["g2"], ["g5"]]

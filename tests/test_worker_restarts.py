@@ -313,6 +313,9 @@ def test_a_group_lost_inside_a_live_worker_is_sent_again_and_trained_once(tiny, 
     again with one line, and the run ends with every step and every group trained once."""
     monkeypatch.setenv("SCRIPTED_DROP_ONCE", f"g4:{tmp_path / 'dropped'}")
     runner, state = _runner(tiny, ["runtime.worker_timeout_s=2", "runtime.rollout_workers=1"])
+    resent: list[str] = []
+    real_resend = runner.backend.resend
+    monkeypatch.setattr(runner.backend, "resend", lambda req: (resent.append(req.group_id), real_resend(req)))
     records: list = []
     limit = threading.Timer(120, runner.stop.request, args=("a limit against a hang",))
     limit.start()
@@ -327,6 +330,6 @@ def test_a_group_lost_inside_a_live_worker_is_sent_again_and_trained_once(tiny, 
     lines = [x for x in capfd.readouterr().err.splitlines() if "sent again" in x]
     assert len(lines) >= 1 and "g4" in lines[0]
     assert lines[0].startswith("streamrl: warning: the trainer has waited ")
-    assert records[-1].metrics["groups_resent"] >= 1
+    assert records[-1].metrics["groups_resent"] == len(resent) >= 1 and "g4" in resent  # to their holder
     # copies that came back twice were dropped, never trained twice (_balanced)
     assert records[-1].metrics["duplicate_results"] <= records[-1].metrics["groups_resent"]

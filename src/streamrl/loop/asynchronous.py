@@ -121,9 +121,9 @@ class AsyncRunner:
                 for res in self.backend.poll(0.05):
                     self._accept(res)
                 with self.sh.cond:
-                    again, warning = self.stall.due(list(self.sh.inflight.values()))
+                    again, warning = self.stall.due(self.sh.inflight)
                 for req in again:  # the first copy back counts (_accept), later ones are duplicates
-                    self.backend.submit(req)
+                    self.backend.resend(req)
                 if warning:
                     print(warning, file=sys.stderr, flush=True)
         except Exception as e:  # a backend failure must reach the trainer thread, not die silently

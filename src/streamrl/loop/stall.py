@@ -3,14 +3,16 @@
 A worker that dies or stops beating is restarted and its groups re-sent (placement/backend.py). A group
 lost inside a live worker (a bug in its engine, say) would leave the trainer waiting for it forever. So
 once the trainer has waited `limit_s` with groups in flight and none has come back meanwhile, the groups
-still in flight are sent again, with one warning line: whichever copy comes back first counts, a later
-one is dropped as a duplicate (`duplicate_results`), as when a dead actor's groups are re-dispatched.
+still in flight are sent again, with one warning line, each to the worker that holds it
+(`RolloutBackend.resend`): a worker that still generates the group ignores the copy, one that lost it
+generates it again. Should two results come back, the first counts and the later one is dropped as a
+duplicate (`duplicate_results`), as when a dead actor's groups are re-dispatched.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 
@@ -35,9 +37,10 @@ class StallWatch:
         elif self.waiting_since is None:
             self.waiting_since = self.clock()
 
-    def due(self, inflight: Sequence[Any]) -> tuple[list[Any], str | None]:
-        """The requests to send again and the warning line, or ([], None). The quiet time counts from the
-        later of the last return and the start of the trainer's wait, and starts again once they are sent."""
+    def due(self, inflight: Mapping[str, Any]) -> tuple[list[Any], str | None]:
+        """inflight: group id -> request. The requests to send again and the warning line, or ([], None).
+        The quiet time counts from the later of the last return and the start of the trainer's wait, and
+        starts again once they are sent."""
         if self.waiting_since is None or not inflight:
             return [], None
         now = self.clock()
@@ -45,10 +48,11 @@ class StallWatch:
         if quiet < self.limit_s:
             return [], None
         self.last_return = now
-        self.resent += len(inflight)
-        ids = ", ".join(r.group_id for r in inflight[:5]) + (", ..." if len(inflight) > 5 else "")
-        return list(inflight), (
-            f"streamrl: warning: the trainer has waited {quiet:.0f} s and none of the {len(inflight)} "
+        again = list(inflight.values())
+        self.resent += len(again)
+        ids = ", ".join(r.group_id for r in again[:5]) + (", ..." if len(again) > 5 else "")
+        return again, (
+            f"streamrl: warning: the trainer has waited {quiet:.0f} s and none of the {len(again)} "
             f"group(s) in flight has come back ({ids}), though the rollout workers are alive; they are "
             f"sent again (runtime.worker_timeout_s={self.limit_s:g})"
         )

@@ -38,6 +38,10 @@ class RolloutBackend(Protocol):
     def submit(self, req: GroupRequest) -> None:
         """Hand one admitted group to some worker (called by the admission thread only)."""
 
+    def resend(self, req: GroupRequest) -> None:
+        """Send a group in flight again to the worker that holds it, which ignores a copy of a group it
+        still generates; to some worker if none holds it (admission thread only, loop/stall.py)."""
+
     def poll(self, timeout: float) -> list[GroupResult]:
         """Finished groups, waiting at most about `timeout` s (admission thread only)."""
 
@@ -148,6 +152,13 @@ class LocalRollouts:
         w = min(self.workers, key=lambda w: len(w.held))
         w.held[req.group_id] = req
         w.requests.put(req)
+
+    def resend(self, req: GroupRequest) -> None:
+        holder = next((w for w in self.workers if req.group_id in w.held), None)
+        if holder is None:
+            self.submit(req)
+        else:
+            holder.requests.put(req)
 
     def poll(self, timeout: float) -> list[GroupResult]:
         """Finished groups from any worker: waits (blocking, no spinning) up to about `timeout` s."""

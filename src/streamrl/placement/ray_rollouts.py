@@ -169,6 +169,16 @@ class RayRollouts:
         slot = min(live, key=lambda s: len(self.held[s]) + len(self.outbox[s]))
         self.outbox[slot].append(req)
 
+    def resend(self, req: GroupRequest) -> None:
+        gid = req.group_id
+        if any(r.group_id == gid for box in [*self.outbox, self.orphans] for r in box):
+            return  # not sent yet: the copy waiting to go is the one
+        holder = next((s for s in self._live() if gid in self.held[s]), None)
+        if holder is None:
+            self.submit(req)
+        else:
+            self.outbox[holder].append(req)
+
     def _exchange(self, slot: int) -> None:
         reqs, self.outbox[slot] = self.outbox[slot], []
         for r in reqs:

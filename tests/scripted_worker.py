@@ -26,6 +26,8 @@ def scripted_worker(
     starting = os.environ.get("SCRIPTED_STARTUP_FILE", "")  # while this file exists, no worker has started
     # "GROUP:FILE": the first worker to take GROUP drops it (a bug that loses it) and creates FILE
     drop_group, _, dropped = os.environ.get("SCRIPTED_DROP_ONCE", "").partition(":")
+    # "GROUP:FILE": the first worker to take GROUP never finishes it (stuck on it, still beating)
+    stuck_group, _, stuck = os.environ.get("SCRIPTED_STUCK_ONCE", "").partition(":")
     while starting and os.path.exists(starting):
         time.sleep(0.02)  # imports and a model load: the request queue is not polled yet
     while True:
@@ -43,6 +45,9 @@ def scripted_worker(
             delay = rng.expovariate(1 / 0.01) * (15 if rng.random() < 0.15 else 1) * scale  # long tail
             if 0 <= hold_from <= int(item.group_id.lstrip("g")):
                 delay = float("inf")  # in flight until the worker is stopped
+            if item.group_id == stuck_group and not os.path.exists(stuck):
+                open(stuck, "w").close()  # noqa: SIM115
+                delay = float("inf")
             running.append((time.monotonic() + delay, item, []))
         except queue.Empty:
             pass
@@ -120,3 +125,34 @@ class StillWeights:
 
     def read(self, consume: Any) -> int:
         return 0
+
+
+LATE_PAYLOAD = 300_000  # characters: several times a pipe's 64 KiB
+
+
+def late_sender_worker(
+    worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any, weights: Any, threads: int
+) -> None:
+    """Waits for STOP, then sends one large result ("late", as a group of long answers finished just
+    before the stop) and returns: its process exits only once that result has left the pipe."""
+    while requests.get() != STOP:
+        pass
+    results.put(GroupResult("late", None, worker_id, extra={"payload": "x" * LATE_PAYLOAD}))
+
+
+def failing_once_worker(
+    worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any, weights: Any, threads: int
+) -> None:
+    """The first process fails as serve() reports a failure: one error result, then a clean exit (code
+    0). Its restart (SCRIPTED_FAILED_FILE exists) waits for STOP."""
+    try:
+        requests.get_nowait()  # a poll: the worker has started
+    except queue.Empty:
+        pass
+    marker = os.environ["SCRIPTED_FAILED_FILE"]
+    if not os.path.exists(marker):
+        open(marker, "w").close()  # noqa: SIM115
+        results.put(GroupResult("", None, worker_id, error="Traceback ...\nValueError: boom"))
+        return
+    while requests.get() != STOP:
+        pass

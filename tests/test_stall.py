@@ -69,6 +69,22 @@ def test_a_return_restarts_the_quiet_time_and_an_end_of_the_wait_stops_it() -> N
     assert w.due(_held("g1"))[0] == [_Req("g1")]
 
 
+def test_a_group_still_in_flight_at_the_next_firing_is_named_as_stuck() -> None:
+    now = [0.0]
+    w = _watch(now)
+    w.waiting(True)
+    now[0] = 10.0
+    assert w.due(_held("g1", "g2"))[0] == [_Req("g1"), _Req("g2")] and w.repeated == set()
+    now[0] = 20.0  # g2 came back meanwhile (a return would restart the quiet time: not modelled here)
+    again, line = w.due(_held("g1", "g3"))
+    assert again == [_Req("g1"), _Req("g3")] and w.repeated == {"g1"}
+    assert line.endswith(
+        "are sent again (runtime.worker_timeout_s=10); g1 sent before: to another worker, if there is one"
+    )
+    now[0] = 30.0
+    assert w.due(_held("g4"))[0] == [_Req("g4")] and w.repeated == set()
+
+
 def test_nothing_in_flight_is_nothing_to_send_and_long_lists_are_cut() -> None:
     now = [0.0]
     w = _watch(now)
@@ -135,6 +151,13 @@ def test_local_workers_get_the_copy_of_a_group_they_hold() -> None:
     assert set(busy.held) == {"g1", "g2", "g3"} and set(idle.held) == {"g4"}
     backend.resend(_Req("g9"))  # came back meanwhile, or never reached a worker
     assert idle.requests.get_nowait().group_id == "g9" and "g9" in idle.held and busy.requests.empty()
+    backend.resend(_Req("g2"), elsewhere=True)  # its worker is stuck on it: another one generates it
+    assert idle.requests.get_nowait().group_id == "g2" and "g2" in idle.held and busy.requests.empty()
+    backend._returned(_Req("g2"))  # one copy came back: neither worker holds it any more
+    assert "g2" not in idle.held and "g2" not in busy.held
+    backend.workers = [busy]
+    backend.resend(_Req("g3"), elsewhere=True)  # no other worker: its own
+    assert busy.requests.get_nowait().group_id == "g3"
 
 
 def test_ray_actors_get_the_copy_of_a_group_they_hold() -> None:
@@ -151,3 +174,24 @@ def test_ray_actors_get_the_copy_of_a_group_they_hold() -> None:
     backend.retired = {1}  # its actor is gone for good: a group it held goes to a live one
     backend.resend(_Req("g1"))
     assert [[r.group_id for r in box] for box in backend.outbox] == [["g1"], ["g2"], ["g5"]]
+    backend.retired, backend.outbox = set(), [[], [], []]
+    backend.resend(_Req("g4"), elsewhere=True)  # its actor is stuck on it: the least-loaded other one
+    assert [[r.group_id for r in box] for box in backend.outbox] == [[], [], ["g4"]]
+
+
+def test_a_dead_actors_groups_are_dispatched_again_once_each() -> None:
+    """A copy sent again waits in the outbox of the actor that also holds the group: when that actor
+    dies, the group is dispatched again once, and not at all if its restart already has it."""
+    from streamrl.config import load_config
+    from streamrl.placement.ray_rollouts import RayRollouts
+
+    backend = RayRollouts(load_config(None, ["runtime.backend=ray", "runtime.rollout_workers=2"]))
+    backend.held = [_held("g1", "g2"), {}]
+    backend.outbox = [[_Req("g2"), _Req("g3")], []]
+    backend._redispatch(0)
+    assert sorted(r.group_id for box in backend.outbox for r in box) == ["g1", "g2", "g3"]
+    assert backend.redispatched == 3
+    backend.held = [_held("g1", "g2"), {}]
+    backend.outbox = [[_Req("g2")], []]
+    backend._redispatch(0, keep={"g2"})  # its new incarnation has g2
+    assert sorted(r.group_id for box in backend.outbox for r in box) == ["g1"]

@@ -315,7 +315,9 @@ def test_a_group_lost_inside_a_live_worker_is_sent_again_and_trained_once(tiny, 
     runner, state = _runner(tiny, ["runtime.worker_timeout_s=2", "runtime.rollout_workers=1"])
     resent: list[str] = []
     real_resend = runner.backend.resend
-    monkeypatch.setattr(runner.backend, "resend", lambda req: (resent.append(req.group_id), real_resend(req)))
+    monkeypatch.setattr(
+        runner.backend, "resend", lambda req, **kw: (resent.append(req.group_id), real_resend(req, **kw))
+    )
     records: list = []
     limit = threading.Timer(120, runner.stop.request, args=("a limit against a hang",))
     limit.start()
@@ -333,3 +335,100 @@ def test_a_group_lost_inside_a_live_worker_is_sent_again_and_trained_once(tiny, 
     assert records[-1].metrics["groups_resent"] == len(resent) >= 1 and "g4" in resent  # to their holder
     # copies that came back twice were dropped, never trained twice (_balanced)
     assert records[-1].metrics["duplicate_results"] <= records[-1].metrics["groups_resent"]
+
+
+def test_a_group_stuck_inside_a_live_worker_is_generated_by_another(tiny, capfd, tmp_path, monkeypatch):
+    """Worker A never finishes g4 but keeps beating. The first copy goes to A, which ignores it (it still
+    generates g4); at the next firing g4 is still in flight, so the copy goes to worker B, and the run
+    trains every step with g4 once."""
+    monkeypatch.setenv("SCRIPTED_STUCK_ONCE", f"g4:{tmp_path / 'stuck'}")
+    runner, state = _runner(tiny, ["runtime.worker_timeout_s=2"])  # two workers
+    records: list = []
+    limit = threading.Timer(60, runner.stop.request, args=("a limit against a hang",))
+    limit.start()
+    try:
+        runner.run(records.append)
+    finally:
+        limit.cancel()
+    assert (tmp_path / "stuck").exists()
+    assert [r.step for r in records] == [1, 2, 3, 4, 5, 6]
+    c = _balanced(runner, state, records)
+    assert c["trained"] == 18 and "g4" in {g.trajectories[0].group_id for r in records for g in r.groups}
+    lines = [x for x in capfd.readouterr().err.splitlines() if "sent again" in x]
+    assert any("g4 sent before: to another worker" in x for x in lines), lines
+
+
+def test_a_failing_worker_reports_its_traceback_on_its_stderr_too(capfd):
+    """serve() sends the error to the controller and prints it, so a worker's log tail names it even if
+    the report is lost with its process."""
+    import queue as queue_mod
+
+    from scripted_worker import StillWeights
+
+    from streamrl.rollout.worker import serve
+
+    results: queue_mod.Queue = queue_mod.Queue()
+    serve(0, {"no_such_key": 1}, queue_mod.Queue(), results, StillWeights(), lambda: False)
+    report = results.get_nowait().error
+    assert report.startswith("Traceback") and report.strip() in capfd.readouterr().err
+
+
+def test_a_large_result_sent_just_before_the_stop_is_kept_and_its_worker_exits(monkeypatch, capfd):
+    """A worker's process exits only once what it put on its result queue has left the pipe: the stop
+    reads the results while the workers exit, instead of waiting for them to exit first."""
+    import torch
+    from scripted_worker import LATE_PAYLOAD, late_sender_worker
+
+    monkeypatch.setattr(backend_mod, "STOP_TIMEOUT_S", 5.0)
+    cfg = load_config(None, ["runtime.elastic_cores=fixed"])
+    backend = backend_mod.LocalRollouts(cfg, late_sender_worker)
+    backend.start({"w": torch.zeros(2)}, 0)
+    assert backend.wait_ready(120)
+    got: list = []
+    stopping = threading.Thread(target=lambda: got.append(backend.stop()), daemon=True)
+    stopping.start()
+    stopping.join(timeout=60)  # a limit against a hang: a read of a killed worker's half-sent result
+    assert got, "the stop did not return"
+    assert [(r.group_id, len(r.extra["payload"])) for r in got[0]] == [("late", LATE_PAYLOAD)]
+    assert "did not stop" not in capfd.readouterr().err
+    assert backend.workers[0].proc.exitcode == 0
+
+
+def test_a_worker_that_reports_an_error_and_exits_keeps_its_report(monkeypatch, tmp_path):
+    """A failing worker sends its traceback and exits with code 0. Found dead before its report was
+    read, the report is still read (not dropped with the queue its restart replaces)."""
+    import torch
+    from scripted_worker import failing_once_worker
+
+    monkeypatch.setenv("SCRIPTED_FAILED_FILE", str(tmp_path / "failed"))
+    cfg = load_config(None, ["runtime.elastic_cores=fixed", "runtime.max_restarts=2"])
+    backend = backend_mod.LocalRollouts(cfg, failing_once_worker)
+    backend.start({"w": torch.zeros(2)}, 0)
+    try:
+        first = backend.workers[0].proc
+        first.join(timeout=120)  # it exited before anyone read its queue
+        assert first.exitcode == 0
+        got = backend.poll(0.1)
+        assert [r.error for r in got] == ["Traceback ...\nValueError: boom"]
+        assert backend.restarts == 1 and backend.workers[0].proc is not first
+    finally:
+        backend.stop()
+
+
+def test_a_stop_that_fails_still_carries_everything_over(tiny, monkeypatch):
+    """The backend's stop raises: the run's state still carries over every group admitted and not
+    trained, so a resume neither loses nor trains one twice."""
+    runner, state = _runner(tiny, ["max_steps=2"])
+    real_stop = runner.backend.stop
+
+    def failing_stop():
+        real_stop()
+        raise RuntimeError("the stop failed")
+
+    monkeypatch.setattr(runner.backend, "stop", failing_stop)
+    records: list = []
+    with pytest.raises(RuntimeError, match="the stop failed"):
+        runner.run(records.append)
+    assert [r.step for r in records] == [1, 2]
+    c = _balanced(runner, state, records)
+    assert c["carried_over"] > 0

@@ -123,7 +123,7 @@ class AsyncRunner:
                 with self.sh.cond:
                     again, warning = self.stall.due(self.sh.inflight)
                 for req in again:  # the first copy back counts (_accept), later ones are duplicates
-                    self.backend.resend(req)
+                    self.backend.resend(req, elsewhere=req.group_id in self.stall.repeated)
                 if warning:
                     print(warning, file=sys.stderr, flush=True)
         except Exception as e:  # a backend failure must reach the trainer thread, not die silently
@@ -335,7 +335,11 @@ class AsyncRunner:
         closes, and so does the job, however it ends)."""
         if not self._closed:
             self._closed = True
-            self._carry_over(self.backend.stop() if self._started else [])
+            late: list[GroupResult] = []
+            try:
+                late = self.backend.stop() if self._started else []
+            finally:  # a stop that fails still leaves the state's carry-over exact
+                self._carry_over(late)
 
     def _publish(self, step: int) -> None:
         """New weights to every worker; only then may admissions see the new version (eta = 0 is

@@ -5,8 +5,10 @@ lost inside a live worker (a bug in its engine, say) would leave the trainer wai
 once the trainer has waited `limit_s` with groups in flight and none has come back meanwhile, the groups
 still in flight are sent again, with one warning line, each to the worker that holds it
 (`RolloutBackend.resend`): a worker that still generates the group ignores the copy, one that lost it
-generates it again. Should two results come back, the first counts and the later one is dropped as a
-duplicate (`duplicate_results`), as when a dead actor's groups are re-dispatched.
+generates it again. A group sent again that is still in flight at the next firing is stuck in its
+worker (an agent's call that never returns, say): that copy goes to another worker, if there is one.
+Should two results come back, the first counts and the later one is dropped as a duplicate
+(`duplicate_results`), as when a dead actor's groups are re-dispatched.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ class StallWatch:
         self.last_return = clock()
         self.waiting_since: float | None = None  # the trainer's current wait for a batch began
         self.resent = 0  # groups sent again, in all
+        self.sent: set[str] = set()  # the groups sent again at the last firing
+        self.repeated: set[str] = set()  # of those, the ones still in flight at this firing: stuck
 
     def returned(self) -> None:
         """A group came back."""
@@ -50,9 +54,18 @@ class StallWatch:
         self.last_return = now
         again = list(inflight.values())
         self.resent += len(again)
-        ids = ", ".join(r.group_id for r in again[:5]) + (", ..." if len(again) > 5 else "")
-        return again, (
+        self.repeated = self.sent & inflight.keys()
+        self.sent = set(inflight)
+        line = (
             f"streamrl: warning: the trainer has waited {quiet:.0f} s and none of the {len(again)} "
-            f"group(s) in flight has come back ({ids}), though the rollout workers are alive; they are "
-            f"sent again (runtime.worker_timeout_s={self.limit_s:g})"
+            f"group(s) in flight has come back ({_ids(again)}), though the rollout workers are alive; they "
+            f"are sent again (runtime.worker_timeout_s={self.limit_s:g})"
         )
+        if self.repeated:
+            stuck = [r for r in again if r.group_id in self.repeated]
+            line += f"; {_ids(stuck)} sent before: to another worker, if there is one"
+        return again, line
+
+
+def _ids(reqs: list[Any]) -> str:
+    return ", ".join(r.group_id for r in reqs[:5]) + (", ..." if len(reqs) > 5 else "")

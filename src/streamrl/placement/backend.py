@@ -38,9 +38,11 @@ class RolloutBackend(Protocol):
     def submit(self, req: GroupRequest) -> None:
         """Hand one admitted group to some worker (called by the admission thread only)."""
 
-    def resend(self, req: GroupRequest) -> None:
+    def resend(self, req: GroupRequest, elsewhere: bool = False) -> None:
         """Send a group in flight again to the worker that holds it, which ignores a copy of a group it
-        still generates; to some worker if none holds it (admission thread only, loop/stall.py)."""
+        still generates; to some worker if none holds it. `elsewhere`: to another worker than the one
+        that holds it (it has not returned it since the last copy: stuck on it), if there is one.
+        Admission thread only (loop/stall.py)."""
 
     def poll(self, timeout: float) -> list[GroupResult]:
         """Finished groups, waiting at most about `timeout` s (admission thread only)."""
@@ -153,17 +155,20 @@ class LocalRollouts:
         w.held[req.group_id] = req
         w.requests.put(req)
 
-    def resend(self, req: GroupRequest) -> None:
+    def resend(self, req: GroupRequest, elsewhere: bool = False) -> None:
         holder = next((w for w in self.workers if req.group_id in w.held), None)
-        if holder is None:
-            self.submit(req)
+        others = [w for w in self.workers if w is not holder]
+        if holder is None or (elsewhere and others):
+            w = min(others, key=lambda w: len(w.held))
+            w.held[req.group_id] = req
+            w.requests.put(req)
         else:
             holder.requests.put(req)
 
     def poll(self, timeout: float) -> list[GroupResult]:
         """Finished groups from any worker: waits (blocking, no spinning) up to about `timeout` s."""
-        self._supervise()
-        out = self._drain()
+        out = self._supervise()
+        out += self._drain()
         if out:
             return out
         per = timeout / max(1, len(self.workers))
@@ -172,25 +177,32 @@ class LocalRollouts:
                 res = w.results.get(timeout=per)
             except queue.Empty:
                 continue
-            w.held.pop(res.group_id, None)
+            self._returned(res)
             return [res, *self._drain()]
         return []
 
-    def _drain(self) -> list[GroupResult]:
+    def _drain(self, workers: list[_Worker] | None = None) -> list[GroupResult]:
         out: list[GroupResult] = []
-        for w in self.workers:
+        for w in self.workers if workers is None else workers:
             try:
                 while True:
                     res = w.results.get_nowait()
-                    w.held.pop(res.group_id, None)
+                    self._returned(res)
                     out.append(res)
             except queue.Empty:
                 pass
         return out
 
-    def _supervise(self) -> None:
-        """Restart dead or silent workers (the admission thread's call, between polls)."""
+    def _returned(self, res: GroupResult) -> None:
+        """No worker needs to generate this group any more (a copy sent elsewhere may be held twice)."""
+        for w in self.workers:
+            w.held.pop(res.group_id, None)
+
+    def _supervise(self) -> list[GroupResult]:
+        """Restart dead or silent workers (the admission thread's call, between polls); -> what a worker
+        that exited had sent before it did (an error report, say), read before its queues are replaced."""
         limit = self.cfg.runtime.worker_timeout_s
+        out: list[GroupResult] = []
         for w in self.workers:
             beat = w.heartbeat.value
             if beat:
@@ -206,13 +218,15 @@ class LocalRollouts:
             else:
                 code = w.proc.exitcode
                 how = f"killed by {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
+                if code is not None and code >= 0:  # it exited: what it sent has left it whole
+                    out += self._drain([w])
             tail = _tail(w.log)
             if self.restarts >= self.cfg.runtime.max_restarts:
                 self._failure = (
                     f"rollout worker {w.index} {how}; no restarts left (runtime.max_restarts="
                     f"{self.cfg.runtime.max_restarts}); its stderr ended: {tail}"
                 )
-                return
+                return out
             self.restarts += 1
             held = list(w.held.values())
             w.requests.cancel_join_thread()
@@ -228,6 +242,7 @@ class LocalRollouts:
             )
             self.events.append(event)
             print(f"streamrl: {event}", file=sys.stderr, flush=True)
+        return out
 
     def publish(self, state: dict[str, torch.Tensor], version: int) -> None:
         assert self.weights is not None, "start() first"
@@ -240,29 +255,31 @@ class LocalRollouts:
         return {"worker_restarts": self.restarts, **(self.cores.stats() if self.cores is not None else {})}
 
     def stop(self) -> list[GroupResult]:
+        """STOP to every worker; their results are read while they exit (a process does not exit before
+        what it put on its result queue has left through the pipe, about 64 KiB: a group of long answers
+        sent just before the stop would otherwise hold its worker until it is killed)."""
         for w in self.workers:
             w.requests.put(STOP)
             if w.heartbeat.value == 0.0:  # still loading its model: it has read no request and holds
                 w.proc.kill()  # nothing, so a stop (Ctrl-C during start-up) does not wait for the load
+        out: list[GroupResult] = []
         deadline = time.monotonic() + STOP_TIMEOUT_S
+        while any(w.proc.is_alive() for w in self.workers) and time.monotonic() < deadline:
+            out += self._drain()  # results that arrive while stopping are finished groups: kept
+            time.sleep(0.01)
+        killed = [w for w in self.workers if w.proc.is_alive()]
+        for w in killed:
+            print(
+                f"streamrl: warning: rollout worker {w.index} did not stop within {STOP_TIMEOUT_S:g} s: "
+                f"killed (the groups it held are carried over); its stderr ended: {_tail(w.log)}",
+                file=sys.stderr,
+                flush=True,
+            )
+            w.proc.kill()
         for w in self.workers:
-            w.proc.join(timeout=max(0.1, deadline - time.monotonic()))
-            if w.proc.is_alive():
-                print(
-                    f"streamrl: warning: rollout worker {w.index} did not stop within {STOP_TIMEOUT_S:g} s: "
-                    f"killed (the groups it held are carried over); its stderr ended: {_tail(w.log)}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                w.proc.kill()
-                w.proc.join(timeout=10)
-        out = []
-        for w in self.workers:  # results that arrived while stopping are finished groups: keep them
-            while True:
-                try:
-                    out.append(w.results.get(timeout=0.2))
-                except (queue.Empty, OSError, EOFError):
-                    break
+            w.proc.join(timeout=10)
+            if w not in killed:  # a killed worker's queue may end in half a result: a read would hang
+                out += self._drain([w])
             w.close()
         return out
 

@@ -169,13 +169,19 @@ class RayRollouts:
         slot = min(live, key=lambda s: len(self.held[s]) + len(self.outbox[s]))
         self.outbox[slot].append(req)
 
-    def resend(self, req: GroupRequest) -> None:
+    def resend(self, req: GroupRequest, elsewhere: bool = False) -> None:
         gid = req.group_id
         if any(r.group_id == gid for box in [*self.outbox, self.orphans] for r in box):
             return  # not sent yet: the copy waiting to go is the one
-        holder = next((s for s in self._live() if gid in self.held[s]), None)
-        if holder is None:
-            self.submit(req)
+        live = self._live()
+        holder = next((s for s in live if gid in self.held[s]), None)
+        others = [s for s in live if s != holder]
+        if holder is None or (elsewhere and others):
+            slot = min(others, key=lambda s: len(self.held[s]) + len(self.outbox[s]), default=None)
+            if slot is None:  # no live actor
+                self.orphans.append(req)
+            else:
+                self.outbox[slot].append(req)
         else:
             self.outbox[holder].append(req)
 
@@ -200,7 +206,7 @@ class RayRollouts:
             try:
                 incarnation, got = ray.get(ref)
             except ActorUnavailableError as e:  # unreachable for now, perhaps alive: re-dispatch, no death
-                n = len(self.held[slot]) + len(self.outbox[slot])
+                n = len(self._lost(slot))
                 self.events.append(f"actor {slot} unavailable ({str(e)[:80]}); {n} groups re-dispatched")
                 self._redispatch(slot)
                 self._exchange(slot)
@@ -223,17 +229,26 @@ class RayRollouts:
     def _redispatch(self, slot: int, keep: Set[str] = frozenset()) -> None:
         """The slot's groups (but `keep`: delivered to its new incarnation) go to the least-loaded live
         actors; a late copy of a group is dropped by the runner."""
-        lost = [r for g, r in self.held[slot].items() if g not in keep] + self.outbox[slot]
+        lost = self._lost(slot, keep)
         self.held[slot] = {g: r for g, r in self.held[slot].items() if g in keep}
         self.outbox[slot] = []
         self.redispatched += len(lost)
         for req in lost:
             self.submit(req)
 
+    def _lost(self, slot: int, keep: Set[str] = frozenset()) -> list[GroupRequest]:
+        """The slot's groups, held or waiting in its outbox (a copy sent again can be in both), each once,
+        but `keep`."""
+        reqs = {g: r for g, r in self.held[slot].items() if g not in keep}
+        for r in self.outbox[slot]:
+            if r.group_id not in keep:
+                reqs.setdefault(r.group_id, r)
+        return list(reqs.values())
+
     def _on_death(self, slot: int, err: Exception, keep: Set[str] = frozenset()) -> None:
         """`keep`: group ids the restarted actor already has (they are not re-dispatched)."""
         self.deaths[slot] += 1
-        n_lost = len([g for g in self.held[slot] if g not in keep]) + len(self.outbox[slot])
+        n_lost = len(self._lost(slot, keep))
         self.events.append(f"actor {slot} died ({type(err).__name__}: {err}); {n_lost} groups re-dispatched")
         cause = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
         if self.mode == "broadcast":

@@ -109,6 +109,7 @@ def serve(
     try:
         _loop(worker_id, cfg_dict, requests, results, weights, orphaned)
     except Exception:  # the controller sees the error instead of a silent hang
+        traceback.print_exc()  # and the worker's stderr has it, should the report be lost with the process
         results.put(GroupResult("", None, worker_id, error=traceback.format_exc()))
 
 

@@ -11,6 +11,8 @@ Runs, one after another (never two at once on 2 cores):
   alt-N      the same with runtime.elastic_cores=alternate (the phases take every core in turn), for
              the smallest eta; alternate=0 leaves it out
 each trained for `budget_s` seconds of wall clock, then evaluated greedily on the same held-out set.
+Every run is `run_train` in a fresh Python process, as `streamrl train` runs: none inherits the memory an
+earlier run faulted in (a trainer's first step maps GBs of fresh pages) or what it imported.
 Prints samples/s, trained tokens/s, the share of time the trainer waited for data and the rollout
 engine idled, and held-out accuracy; the speed-up is samples/s over `sync`.
 
@@ -26,18 +28,31 @@ Each run's samples/s is printed as a share of it.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from streamrl.config import load_config
+from streamrl.config import Config, load_config
 from streamrl.loop.job import run_train
+
+
+def _config(name: str, overrides: list[str], root: Path) -> Config:
+    run = [f"run_dir={root / name}", "eval.before=false", "checkpoint.save=false"]
+    return load_config(None, [*overrides, *run])
+
+
+def _train(name: str, root: Path, overrides: list[str]) -> None:
+    """The body of one run's process: train, then write its summary beside its run dir."""
+    summary = run_train(_config(name, overrides, root))
+    (root / f"{name}.summary.json").write_text(json.dumps(summary, default=str))
 
 
 def _one(name: str, overrides: list[str], root: Path) -> dict:
     run_dir = root / name
-    cfg = load_config(None, [*overrides, f"run_dir={run_dir}", "eval.before=false", "checkpoint.save=false"])
-    summary = run_train(cfg)
+    cfg = _config(name, overrides, root)
+    subprocess.run([sys.executable, __file__, "--one", name, str(root), *overrides], check=True)
+    summary = json.loads((root / f"{name}.summary.json").read_text())
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     last = rows[-1] if rows else {}
     trained_tokens = sum(r["tokens_trained"] for r in rows)
@@ -136,4 +151,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if sys.argv[1:2] == ["--one"]:
+        _train(sys.argv[2], Path(sys.argv[3]), sys.argv[4:])
+    else:
+        main(sys.argv[1:])

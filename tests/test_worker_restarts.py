@@ -307,6 +307,18 @@ def test_a_worker_that_never_reads_the_stop_is_killed_with_one_line(monkeypatch,
     assert not backend.workers[0].proc.is_alive()
 
 
+def _run_within(runner: AsyncRunner, limit_s: float) -> list:
+    """The run's step records; a stop is requested after limit_s (a limit against a hang)."""
+    records: list = []
+    limit = threading.Timer(limit_s, runner.stop.request, args=("a limit against a hang",))
+    limit.start()
+    try:
+        runner.run(records.append)
+    finally:
+        limit.cancel()
+    return records
+
+
 def test_a_group_lost_inside_a_live_worker_is_sent_again_and_trained_once(tiny, capfd, tmp_path, monkeypatch):
     """The worker takes g4 and drops it without dying: its heartbeat goes on, nothing restarts it. Once
     the trainer has waited runtime.worker_timeout_s with nothing coming back, what is in flight is sent
@@ -318,13 +330,7 @@ def test_a_group_lost_inside_a_live_worker_is_sent_again_and_trained_once(tiny, 
     monkeypatch.setattr(
         runner.backend, "resend", lambda req, **kw: (resent.append(req.group_id), real_resend(req, **kw))
     )
-    records: list = []
-    limit = threading.Timer(120, runner.stop.request, args=("a limit against a hang",))
-    limit.start()
-    try:
-        runner.run(records.append)
-    finally:
-        limit.cancel()
+    records = _run_within(runner, 120)
     assert (tmp_path / "dropped").exists()  # the worker did lose it
     assert [r.step for r in records] == [1, 2, 3, 4, 5, 6]
     c = _balanced(runner, state, records)
@@ -343,13 +349,7 @@ def test_a_group_stuck_inside_a_live_worker_is_generated_by_another(tiny, capfd,
     trains every step with g4 once."""
     monkeypatch.setenv("SCRIPTED_STUCK_ONCE", f"g4:{tmp_path / 'stuck'}")
     runner, state = _runner(tiny, ["runtime.worker_timeout_s=2"])  # two workers
-    records: list = []
-    limit = threading.Timer(60, runner.stop.request, args=("a limit against a hang",))
-    limit.start()
-    try:
-        runner.run(records.append)
-    finally:
-        limit.cancel()
+    records = _run_within(runner, 60)
     assert (tmp_path / "stuck").exists()
     assert [r.step for r in records] == [1, 2, 3, 4, 5, 6]
     c = _balanced(runner, state, records)

@@ -189,7 +189,7 @@ class LocalRollouts:
                     res = w.results.get_nowait()
                     self._returned(res)
                     out.append(res)
-            except queue.Empty:
+            except (queue.Empty, OSError, EOFError):  # a dead worker's broken queue: the supervisor's
                 pass
         return out
 

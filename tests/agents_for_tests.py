@@ -17,3 +17,12 @@ def fail_at_once_on_odd(client, messages):
         .choices[0]
         .message.content
     )
+
+
+def call_then_hang(client, messages):
+    """One call, then a tool that never returns (the episode's time limit must end it)."""
+    import time
+
+    client.chat.completions.create(model="policy", messages=messages, max_tokens=3)
+    time.sleep(3600)
+    return "never"

@@ -146,6 +146,7 @@ BOUNDS: dict[str, Bound] = {
     "env.top_k": POSITIVE,
     "env.max_observation_chars": POSITIVE,
     "env.code_timeout": POSITIVE,
+    "env.agent_timeout_s": NON_NEGATIVE,
     "vllm.kv_cache_gib": POSITIVE,
     "vllm.gpu_memory_utilization": UNIT_NO_ZERO,
     "observe.report_every": NON_NEGATIVE,

@@ -233,6 +233,9 @@ class EnvConfig:
     top_k: int = 3  # env:search: passages per search
     max_observation_chars: int = 400  # tool output / passages are truncated to this many characters
     code_timeout: float = 5.0  # env:python_tool: seconds per program
+    # task=agent: an episode whose agent has run this many seconds outside its model calls (its own code
+    # and tools) ends as EpisodeTimeout: reward 0, its calls so far trained on; 0 = no limit
+    agent_timeout_s: float = 300.0
 
 
 @dataclass

@@ -17,6 +17,11 @@ one per call and keeps it across its retries) is generated once; a retry of it, 
 after it finished, gets the same answer, and the call is recorded once. Answers are remembered until
 the episode is popped.
 
+The proxy also clocks each episode's time inside its calls (`model_seconds`): the agent runner
+subtracts it from the episode's age to get the agent's own time (its code and tools), which
+`env.agent_timeout_s` bounds. An episode ended that way (`end_episode`) is refused from then on
+(410: the client does not retry it), and whatever it still generates is not recorded.
+
 The server is uvicorn (envs/http_server.py: deep listen backlog, keep-alive); handlers await the
 engine's futures, so hundreds of concurrent calls cost no thread each. `engine` is anything with
 `submit(GenRequest) -> concurrent.futures.Future[GenResult]`: a BatchingEngine (colocated) or the
@@ -31,6 +36,7 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -60,6 +66,7 @@ class ChatProxy:
         max_tokens: int = 256,
         model_name: str = "policy",
         default_temperature: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -68,6 +75,12 @@ class ChatProxy:
         self.default_temperature = default_temperature  # for requests that do not set one
         self._episodes: dict[str, list[CallRecord]] = {}
         self._answers: dict[tuple[str, str], asyncio.Future[Completion]] = {}  # (episode, call id)
+        self._in_call: dict[str, tuple[int, float]] = {}  # episode -> (calls running, since when)
+        self._model_s: dict[str, float] = {}  # episode -> seconds with a call running, up to `since`
+        self._ended: set[str] = set()
+        self.clock = (
+            clock  # model time is measured on it  # episodes ended by their runner: later calls are refused
+        )
         self._lock = threading.Lock()
         self._renders_tools: bool | None = None
         self.replayed = 0  # retried calls answered from memory
@@ -82,18 +95,51 @@ class ChatProxy:
         with self._lock:
             return list(self._episodes.get(episode, []))
 
-    def pop_episode(self, episode: str) -> list[CallRecord]:
-        """The episode's calls in order, forgotten by the proxy (call once per finished episode)."""
+    def pop_episode(self, episode: str, refuse_later: bool = False) -> list[CallRecord]:
+        """The episode's calls in order, forgotten by the proxy (call once per finished episode).
+        `refuse_later`: the episode was ended while its agent still runs; its later calls get a 410."""
         with self._lock:
             for key in [k for k in self._answers if k[0] == episode]:
                 del self._answers[key]
+            self._model_s.pop(episode, None)
+            if refuse_later:
+                self._ended.add(episode)
             return self._episodes.pop(episode, [])
+
+    def model_seconds(self, episode: str, now: float) -> float:
+        """Seconds (on `clock`) the episode has had at least one call running, up to `now`."""
+        with self._lock:
+            running, since = self._in_call.get(episode, (0, now))
+            return self._model_s.get(episode, 0.0) + (now - since if running else 0.0)
+
+    def ended(self, episode: str) -> bool:
+        with self._lock:
+            return episode in self._ended
+
+    def _clock(self, episode: str, delta: int) -> None:
+        """A call of the episode starts (+1) or ends (-1): time with any call running is model time."""
+        now = self.clock()
+        with self._lock:
+            running, since = self._in_call.get(episode, (0, now))
+            if running and episode not in self._ended:
+                self._model_s[episode] = self._model_s.get(episode, 0.0) + now - since
+            if running + delta:
+                self._in_call[episode] = (running + delta, now)
+            else:
+                self._in_call.pop(episode, None)
 
     def parse(self, body: Any) -> ChatRequest:
         return parse_request(body, self.max_tokens, self.default_temperature)
 
     async def complete(self, episode: str, call_id: str, req: ChatRequest) -> Completion:
         """The call's completion; a call id seen before gets the first answer, generated once."""
+        self._clock(episode, +1)
+        try:
+            return await self._complete(episode, call_id, req)
+        finally:
+            self._clock(episode, -1)
+
+    async def _complete(self, episode: str, call_id: str, req: ChatRequest) -> Completion:
         if not call_id:
             return await self._generate(episode, req)
         key = (episode, call_id)
@@ -119,7 +165,8 @@ class ChatProxy:
         results = await asyncio.gather(*futures)
         choices = [make_choice(self.tokenizer, prompt_ids, res, req) for res in results]
         with self._lock:
-            self._episodes.setdefault(episode, []).extend(ch.record for ch in choices)
+            if episode not in self._ended:  # an ended episode's calls were taken: nothing more is kept
+                self._episodes.setdefault(episode, []).extend(ch.record for ch in choices)
         return Completion(f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time()), len(prompt_ids), choices)
 
     def _prompt_ids(self, req: ChatRequest) -> list[int]:
@@ -158,6 +205,8 @@ def _app(proxy: ChatProxy) -> Starlette:
     async def chat(request: Request) -> Response:
         auth = request.headers.get("authorization", "")
         episode = request.headers.get("x-episode-id") or auth.removeprefix("Bearer ").strip() or "default"
+        if proxy.ended(episode):
+            return _error(410, f"episode '{episode}' has ended (env.agent_timeout_s): stop calling")
         try:
             req = proxy.parse(json.loads(await request.body() or b"{}"))
             completion = await proxy.complete(episode, request.headers.get(CALL_ID_HEADER, ""), req)

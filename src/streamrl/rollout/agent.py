@@ -7,14 +7,20 @@ episode returns, its calls are assembled into trajectories (one per unbroken con
 envs/agent_trajectory.py), each tagged with its episode index in reward_info["episode"] so advantages
 are computed per episode (loop/step.py). An agent that raises costs its episode: reward 0, reason
 (the exception's type) in the group's episode_errors and reward_info["agent_error"] with the message;
-the calls it made are still trained on. The colocated loop runs all episodes of a step here
+the calls it made are still trained on. So does an agent whose own time (outside its model calls: its
+code and tools) passes `env.agent_timeout_s`: its episode ends as EpisodeTimeout, the proxy refuses its
+later calls, and its thread is left to finish on its own (threads cannot be killed; it is a daemon).
+Time inside model calls is not counted: under load those queue in the engine, and every generation
+ends by its token limit. The colocated loop runs all episodes of a step here
 (`rollout_agent_episodes`); the async worker runs them through rollout/agent_worker.py.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
+import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +34,8 @@ from streamrl.types import Group, Problem, Trajectory
 
 CLIENT_RETRIES = 4  # per call, with the client's exponential backoff; safe: retried calls are idempotent
 CLIENT_TIMEOUT_S = 600.0
+TIMEOUT_ERROR = "EpisodeTimeout"
+POLL_S = 0.05  # how often the colocated loop looks for episodes past their time limit
 
 
 @dataclass
@@ -67,6 +75,21 @@ def run_agent(task: AgentTask, base_url: str, episode: str, messages: list[dict[
         return AgentRun("", type(e).__name__, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}")
     finally:
         client.close()
+
+
+def overdue(proxy: ChatProxy, episode: str, started: float, limit: float, now: float) -> AgentRun | None:
+    """The run that ends an episode whose agent has spent over `limit` seconds (time.monotonic) of its
+    own since `started`, i.e. outside its model calls; None within it or with no limit (0)."""
+    if limit <= 0:
+        return None
+    own = now - started - proxy.model_seconds(episode, now)
+    if own <= limit:
+        return None
+    detail = (
+        f"{TIMEOUT_ERROR}: the agent ran {own:.0f} s outside its model calls, over env.agent_timeout_s="
+        f"{limit:g}; the episode was ended and its calls so far are trained on"
+    )
+    return AgentRun("", TIMEOUT_ERROR, detail)
 
 
 def score_episode(
@@ -111,16 +134,38 @@ def rollout_agent_episodes(
     r = settings
     front = BatchingEngine(engine, max_batch=r.max_batch)
     proxy = ChatProxy(front, tokenizer, max_tokens=r.max_new_tokens, default_temperature=r.temperature)
+    returned: queue.SimpleQueue[tuple[int, AgentRun]] = queue.SimpleQueue()
+
+    def episode(i: int, messages: list[dict[str, str]], name: str) -> None:
+        returned.put((i, run_agent(task, proxy.url, name, messages)))
+
     try:
-        with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
-            futures = [
-                pool.submit(run_agent, task, proxy.url, f"{gid}-{k}", problem.messages)
-                for problem, gid, k in jobs
-            ]
-            runs = [f.result() for f in futures]
+        started = time.monotonic()
+        names = [f"{gid}-{k}" for _, gid, k in jobs]
+        for i, (problem, _, _) in enumerate(jobs):  # daemons: an agent past its limit is left behind
+            threading.Thread(target=episode, args=(i, problem.messages, names[i]), daemon=True).start()
+        runs: dict[int, AgentRun] = {}
+        while len(runs) < len(jobs):
+            try:
+                i, run = returned.get(timeout=POLL_S)
+                runs.setdefault(i, run)  # an episode already ended keeps its timeout
+            except queue.Empty:
+                pass
+            now = time.monotonic()
+            for i, name in enumerate(names):
+                if i not in runs and (late := overdue(proxy, name, started, r.agent_timeout_s, now)):
+                    runs[i] = late
         return [
-            score_episode(task, settings, problem, gid, k, run, proxy.pop_episode(f"{gid}-{k}"))
-            for (problem, gid, k), run in zip(jobs, runs)
+            score_episode(
+                task,
+                settings,
+                problem,
+                gid,
+                k,
+                runs[i],
+                proxy.pop_episode(names[i], runs[i].error == TIMEOUT_ERROR),
+            )
+            for i, (problem, gid, k) in enumerate(jobs)
         ]
     finally:
         proxy.close()

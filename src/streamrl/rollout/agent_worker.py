@@ -11,20 +11,32 @@ when all G have returned, the episodes are scored and assembled into one Group.
     decoder.add(agents.requests())              # calls made since the last step
     for res in decoder.step():
         if agents.owns(res): agents.resolve(res)  # the waiting call is answered
-    for req, group in agents.finished(): ...    # groups whose G episodes all returned
+    for req, group in agents.finished(): ...    # groups whose G episodes all returned (or timed out)
+
+An episode whose agent passes `env.agent_timeout_s` of its own time (rollout/agent.py: `overdue`) is
+ended where `finished()` looks; what its thread returns later is dropped.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import Any
 
 from streamrl.engine.base import GenRequest, GenResult
 from streamrl.engine.serving import DecoderFront
 from streamrl.envs.agent_task import AgentTask
 from streamrl.envs.proxy import ChatProxy
-from streamrl.rollout.agent import AgentEpisode, AgentRun, episode_group, run_agent, score_episode
+from streamrl.rollout.agent import (
+    TIMEOUT_ERROR,
+    AgentEpisode,
+    AgentRun,
+    episode_group,
+    overdue,
+    run_agent,
+    score_episode,
+)
 from streamrl.rollout.trajectory import RolloutSettings
 from streamrl.types import Group
 
@@ -41,10 +53,12 @@ class AgentGroups:
         )
         self.open: dict[str, tuple[Any, dict[int, AgentEpisode]]] = {}
         self._returned: queue.SimpleQueue[tuple[str, int, AgentRun]] = queue.SimpleQueue()
+        self._started: dict[str, float] = {}  # group -> when its agents started (time.monotonic)
 
     def start(self, req: Any) -> None:
         """Run the G agent episodes of `req` (a worker GroupRequest), each in its own thread."""
         self.open[req.group_id] = (req, {})
+        self._started[req.group_id] = time.monotonic()
         for k in range(req.samples):
             name = f"agent-{req.group_id}-{k}"
             threading.Thread(target=self._episode, args=(req, k), name=name, daemon=True).start()
@@ -72,19 +86,31 @@ class AgentGroups:
         self.front.resolve(res)
 
     def finished(self) -> list[tuple[Any, Group]]:
-        """Groups whose G episodes have all returned, scored and assembled."""
-        out = []
+        """Groups whose G episodes have all returned or timed out, scored and assembled."""
+        out: list[tuple[Any, Group]] = []
         while True:
             try:
                 gid, k, run = self._returned.get_nowait()
             except queue.Empty:
-                return out
-            req, episodes = self.open[gid]
-            calls = self.proxy.pop_episode(f"{gid}-{k}")
-            episodes[k] = score_episode(self.task, self.settings, req.problem, gid, k, run, calls)
-            if len(episodes) == req.samples:
-                del self.open[gid]
-                out.append((req, episode_group(req.problem, [episodes[i] for i in range(req.samples)])))
+                break
+            if gid in self.open and k not in self.open[gid][1]:  # else it was ended earlier: dropped
+                self._settle(gid, k, run, out)
+        now, limit = time.monotonic(), self.settings.agent_timeout_s
+        for gid, (req, episodes) in list(self.open.items()):
+            for k in [k for k in range(req.samples) if k not in episodes]:
+                late = overdue(self.proxy, f"{gid}-{k}", self._started[gid], limit, now)
+                if late is not None:
+                    self._settle(gid, k, late, out)
+        return out
+
+    def _settle(self, gid: str, k: int, run: AgentRun, out: list[tuple[Any, Group]]) -> None:
+        """Episode k of group gid is over: score it; a group with all G over goes to `out`."""
+        req, episodes = self.open[gid]
+        calls = self.proxy.pop_episode(f"{gid}-{k}", refuse_later=run.error == TIMEOUT_ERROR)
+        episodes[k] = score_episode(self.task, self.settings, req.problem, gid, k, run, calls)
+        if len(episodes) == req.samples:
+            del self.open[gid], self._started[gid]
+            out.append((req, episode_group(req.problem, [episodes[i] for i in range(req.samples)])))
 
     def close(self) -> None:
         """Fail the calls still waiting (their agents return), then stop the proxy."""

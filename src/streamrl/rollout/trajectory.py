@@ -34,6 +34,7 @@ class RolloutSettings:
     # screening: a group's first `screen` samples are drawn and scored first, the rest only if their
     # rewards differ (0: the whole group at once); validated: dynamic sampling on, single-turn tasks
     screen: int = 0
+    agent_timeout_s: float = 0.0  # task=agent: an agent's own seconds (outside model calls); 0 = none
 
     @classmethod
     def from_config(cls, cfg: Config) -> RolloutSettings:
@@ -49,6 +50,7 @@ class RolloutSettings:
             format_weight=cfg.reward.format_weight,
             spec_lenience=r.spec_lenience,
             screen=r.screen_samples,
+            agent_timeout_s=cfg.env.agent_timeout_s,
         )
 
 

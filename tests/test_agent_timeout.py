@@ -1,0 +1,160 @@
+"""env.agent_timeout_s: an agent stuck in its code or tools ends its episode; model calls do not count."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import openai
+import pytest
+from scripted_chat import ScriptedEngine
+from test_agent_task import TINY
+
+from streamrl.engine.serving import BatchingEngine
+from streamrl.envs.proxy import ChatProxy
+from streamrl.rollout.agent import TIMEOUT_ERROR, agent_client, overdue
+
+MSGS = [{"role": "user", "content": "2+2?"}]
+
+
+class FakeClock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _wait_for(cond, what):
+    for _ in range(6000):
+        if cond():
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError(f"never happened: {what}")
+
+
+def test_the_proxy_clocks_the_time_an_episode_spends_in_model_calls(tiny):
+    _, tok = tiny
+    gate = threading.Event()
+    scripted = ScriptedEngine(tok, lambda prompt: "4" if gate.wait(60) else "")
+    front = BatchingEngine(scripted)
+    clock = FakeClock(10.0)
+    proxy = ChatProxy(front, tok, max_tokens=8, clock=clock)
+    try:
+        assert proxy.model_seconds("ep", 10.0) == 0.0
+        client = openai.OpenAI(base_url=proxy.url, api_key="ep", max_retries=0, timeout=60)
+        calls = [
+            threading.Thread(target=client.chat.completions.create, kwargs={"model": "p", "messages": MSGS})
+            for _ in range(2)
+        ]
+        calls[0].start()  # the first call starts at 10
+        _wait_for(lambda: proxy.model_seconds("ep", 12.0) == 2.0, "the first call clocked from 10")
+        clock.t = 11.0
+        calls[1].start()  # a second call at 11 overlaps the first: time counts once
+        _wait_for(lambda: proxy._in_call.get("ep", (0,))[0] == 2, "both calls in the proxy")
+        assert proxy.model_seconds("ep", 13.0) == 3.0  # 10 .. 13, in calls all along
+        clock.t = 15.0
+        gate.set()  # both end at 15
+        for c in calls:
+            c.join(60)
+        assert proxy.model_seconds("ep", 40.0) == 5.0  # 10 .. 15 and nothing since
+        assert proxy.model_seconds("other", 40.0) == 0.0
+        assert len(proxy.pop_episode("ep")) == 2
+        assert proxy.model_seconds("ep", 40.0) == 0.0  # popped: forgotten
+    finally:
+        gate.set()
+        proxy.close()
+        front.close()
+
+
+def test_an_ended_episode_is_refused_and_its_late_answers_are_not_recorded(tiny):
+    _, tok = tiny
+    gate = threading.Event()
+    scripted = ScriptedEngine(tok, lambda prompt: "4" if gate.wait(60) else "")
+    front = BatchingEngine(scripted)
+    proxy = ChatProxy(front, tok, max_tokens=8)
+    try:
+        client = agent_client(proxy.url, "ep")
+        running = threading.Thread(
+            target=client.chat.completions.create, kwargs={"model": "p", "messages": MSGS}
+        )
+        running.start()
+        _wait_for(lambda: len(scripted.prompts) == 1, "the call reaches the engine")
+        assert proxy.pop_episode("ep", refuse_later=True) == []  # ended while its call runs
+        gate.set()
+        running.join(60)
+        assert proxy.calls("ep") == []  # the call that finished after the end is not kept
+        with pytest.raises(openai.APIStatusError) as e:
+            client.chat.completions.create(model="p", messages=MSGS)
+        assert e.value.status_code == 410 and "episode 'ep' has ended (env.agent_timeout_s)" in str(e.value)
+        assert len(scripted.prompts) == 1  # refused before the engine, and not retried
+        assert proxy.pop_episode("ep2") == [] and not proxy.ended("ep2")  # a plain pop refuses nothing
+    finally:
+        gate.set()
+        proxy.close()
+        front.close()
+
+
+class ModelTime:
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def model_seconds(self, episode: str, now: float) -> float:
+        return self.seconds
+
+
+@pytest.mark.parametrize(
+    "model_s, limit, ends",
+    [(0.0, 5.0, True), (6.0, 5.0, False), (4.0, 5.0, True), (5.0, 5.0, False), (0.0, 0.0, False)],
+)
+def test_an_episode_is_overdue_when_its_own_time_passes_the_limit(model_s, limit, ends):
+    # started at 100, now 110: own time = 10 - model_s; the limit is passed when it is strictly over
+    run = overdue(ModelTime(model_s), "g1-0", 100.0, limit, 110.0)  # type: ignore[arg-type]
+    if not ends:
+        assert run is None
+        return
+    assert run is not None and run.error == TIMEOUT_ERROR and run.text == ""
+    own = int(10 - model_s)
+    assert run.detail == (
+        f"EpisodeTimeout: the agent ran {own} s outside its model calls, over env.agent_timeout_s=5; "
+        "the episode was ended and its calls so far are trained on"
+    )
+
+
+@pytest.mark.parametrize("mode", ["colocated", "async"])
+def test_a_hung_agent_ends_its_episode_and_the_run_goes_on(tmp_path, mode):
+    run = tmp_path / mode
+    args = list(TINY)
+    if mode == "async":
+        args = [a for a in TINY if not a.startswith(("runtime.mode", "max_staleness"))]
+        args += ["runtime.mode=async", "max_staleness=1"]
+    task = "task=agent:agents_for_tests:call_then_hang"
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamrl.cli",
+        "train",
+        task,
+        *args,
+        "env.agent_timeout_s=1",
+        f"run_dir={run}",
+    ]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
+    try:  # a run held by its hung agents would never end: a limit turns that into a failure
+        assert proc.wait(timeout=150) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policy_version"] for r in rows] == [1, 2]
+    for r in rows:  # every episode hung after its call (or before it, if slow to start): ended, reward 0
+        assert r["episodes"] >= 4 and r["episode_errors"] == r["episodes"]
+        assert r["episode_error_reasons"] == {TIMEOUT_ERROR: r["episodes"]}
+        assert r["reward_mean"] == 0 and r["tokens_trained"] > 0  # the calls made are trained on
+    if mode == "async":
+        acc = json.loads((run / "accounting.json").read_text())
+        assert acc["lost"] == 0 and acc["admitted"] == acc["trained"] + acc["filtered"] + acc["carried_over"]

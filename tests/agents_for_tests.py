@@ -26,3 +26,11 @@ def call_then_hang(client, messages):
     client.chat.completions.create(model="policy", messages=messages, max_tokens=3)
     time.sleep(3600)
     return "never"
+
+
+def call_then_exit(client, messages):
+    """One call, then a tool that calls sys.exit (a thread would end on it silently)."""
+    import sys
+
+    client.chat.completions.create(model="policy", messages=messages, max_tokens=3)
+    sys.exit(2)

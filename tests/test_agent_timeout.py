@@ -13,7 +13,8 @@ import pytest
 from scripted_chat import ScriptedEngine
 from test_agent_task import TINY
 
-from streamrl.engine.serving import BatchingEngine
+from streamrl.engine.base import GenRequest
+from streamrl.engine.serving import BatchingEngine, DecoderFront
 from streamrl.envs.proxy import ChatProxy
 from streamrl.rollout.agent import TIMEOUT_ERROR, agent_client, overdue
 
@@ -54,7 +55,7 @@ def test_the_proxy_clocks_the_time_an_episode_spends_in_model_calls(tiny):
         _wait_for(lambda: proxy.model_seconds("ep", 12.0) == 2.0, "the first call clocked from 10")
         clock.t = 11.0
         calls[1].start()  # a second call at 11 overlaps the first: time counts once
-        _wait_for(lambda: proxy._in_call.get("ep", (0,))[0] == 2, "both calls in the proxy")
+        _wait_for(lambda: "ep" in proxy._episodes and proxy._episodes["ep"].running == 2, "both calls in")
         assert proxy.model_seconds("ep", 13.0) == 3.0  # 10 .. 13, in calls all along
         clock.t = 15.0
         gate.set()  # both end at 15
@@ -70,7 +71,11 @@ def test_the_proxy_clocks_the_time_an_episode_spends_in_model_calls(tiny):
         front.close()
 
 
-def test_an_ended_episode_is_refused_and_its_late_answers_are_not_recorded(tiny):
+@pytest.mark.parametrize("refuse_later", [True, False])
+def test_a_call_running_when_its_episode_is_popped_is_not_recorded(tiny, refuse_later):
+    """An episode popped while one of its calls runs (ended by its time limit, or an agent that gave up on
+    a call and returned): the call's answer and time go nowhere; an ended episode is refused from then
+    on, with a 410 the client does not retry."""
     _, tok = tiny
     gate = threading.Event()
     scripted = ScriptedEngine(tok, lambda prompt: "4" if gate.wait(60) else "")
@@ -78,20 +83,23 @@ def test_an_ended_episode_is_refused_and_its_late_answers_are_not_recorded(tiny)
     proxy = ChatProxy(front, tok, max_tokens=8)
     try:
         client = agent_client(proxy.url, "ep")
-        running = threading.Thread(
-            target=client.chat.completions.create, kwargs={"model": "p", "messages": MSGS}
-        )
+        kwargs = {"model": "p", "messages": MSGS}
+        running = threading.Thread(target=client.chat.completions.create, kwargs=kwargs)
         running.start()
         _wait_for(lambda: len(scripted.prompts) == 1, "the call reaches the engine")
-        assert proxy.pop_episode("ep", refuse_later=True) == []  # ended while its call runs
+        assert proxy.pop_episode("ep", refuse_later=refuse_later) == []
         gate.set()
         running.join(60)
-        assert proxy.calls("ep") == []  # the call that finished after the end is not kept
+        assert proxy.calls("ep") == [] and proxy.model_seconds("ep", 1e9) == 0.0  # nothing left behind
+        assert proxy.refused("ep") == refuse_later
+        if not refuse_later:  # a plain pop refuses nothing: a new call of that name is a new episode
+            client.chat.completions.create(**kwargs)
+            assert len(proxy.calls("ep")) == 1
+            return
         with pytest.raises(openai.APIStatusError) as e:
-            client.chat.completions.create(model="p", messages=MSGS)
+            client.chat.completions.create(**kwargs)
         assert e.value.status_code == 410 and "episode 'ep' has ended (env.agent_timeout_s)" in str(e.value)
         assert len(scripted.prompts) == 1  # refused before the engine, and not retried
-        assert proxy.pop_episode("ep2") == [] and not proxy.ended("ep2")  # a plain pop refuses nothing
     finally:
         gate.set()
         proxy.close()
@@ -124,14 +132,22 @@ def test_an_episode_is_overdue_when_its_own_time_passes_the_limit(model_s, limit
     )
 
 
-@pytest.mark.parametrize("mode", ["colocated", "async"])
-def test_a_hung_agent_ends_its_episode_and_the_run_goes_on(tmp_path, mode):
+@pytest.mark.parametrize(
+    "mode, agent, limit, reason",
+    [
+        ("colocated", "call_then_hang", 1, TIMEOUT_ERROR),
+        ("async", "call_then_hang", 1, TIMEOUT_ERROR),
+        ("colocated", "call_then_exit", 0, "SystemExit"),  # no limit: the episode must return by itself
+        ("async", "call_then_exit", 0, "SystemExit"),
+    ],
+)
+def test_a_hung_or_exiting_agent_ends_its_episode_and_the_run_goes_on(tmp_path, mode, agent, limit, reason):
     run = tmp_path / mode
     args = list(TINY)
     if mode == "async":
         args = [a for a in TINY if not a.startswith(("runtime.mode", "max_staleness"))]
         args += ["runtime.mode=async", "max_staleness=1"]
-    task = "task=agent:agents_for_tests:call_then_hang"
+    task = f"task=agent:agents_for_tests:{agent}"
     cmd = [
         sys.executable,
         "-m",
@@ -139,22 +155,55 @@ def test_a_hung_agent_ends_its_episode_and_the_run_goes_on(tmp_path, mode):
         "train",
         task,
         *args,
-        "env.agent_timeout_s=1",
+        f"env.agent_timeout_s={limit}",
         f"run_dir={run}",
     ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
-    try:  # a run held by its hung agents would never end: a limit turns that into a failure
+    try:  # a run held by its agents would never end: a limit turns that into a failure
         assert proc.wait(timeout=150) == 0
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["policy_version"] for r in rows] == [1, 2]
-    for r in rows:  # every episode hung after its call (or before it, if slow to start): ended, reward 0
+    for r in rows:  # every episode ended after its call (or, timed out, before it if slow to start)
         assert r["episodes"] >= 4 and r["episode_errors"] == r["episodes"]
-        assert r["episode_error_reasons"] == {TIMEOUT_ERROR: r["episodes"]}
+        assert r["episode_error_reasons"] == {reason: r["episodes"]}
         assert r["reward_mean"] == 0 and r["tokens_trained"] > 0  # the calls made are trained on
     if mode == "async":
         acc = json.loads((run / "accounting.json").read_text())
         assert acc["lost"] == 0 and acc["admitted"] == acc["trained"] + acc["filtered"] + acc["carried_over"]
+
+
+def test_a_cancelled_call_is_not_generated_and_the_fronts_keep_serving(tiny):
+    """A caller that cancels its future (the proxy's handlers at its shutdown) must not break the
+    batching thread, the worker loop's drain or the fronts' close."""
+    _, tok = tiny
+    gate = threading.Event()
+    scripted = ScriptedEngine(tok, lambda prompt: "4" if gate.wait(60) else "")
+    batching = BatchingEngine(scripted)
+    try:
+        first = batching.submit(GenRequest([1, 2], 4, 1.0, 1.0))
+        _wait_for(lambda: len(scripted.prompts) == 1, "the first request runs")
+        assert not first.cancel()  # running: too late to cancel
+        second = batching.submit(GenRequest([3, 4], 4, 1.0, 1.0))
+        assert second.cancel()
+        gate.set()
+        assert first.result(60).finish_reason == "stop"
+        assert batching.submit(GenRequest([5, 6], 4, 1.0, 1.0)).result(60).finish_reason == "stop"
+        assert len(scripted.prompts) == 2  # the cancelled one was never generated
+    finally:
+        gate.set()
+        batching.close()
+    front = DecoderFront()
+    kept, dropped, left = (front.submit(GenRequest([i], 4, 1.0, 1.0)) for i in range(3))
+    assert dropped.cancel()
+    taken = front.drain()
+    assert [r.prompt_ids for r in taken] == [[0], [2]] and not kept.cancel()
+    assert front.pending == 2
+    late = front.submit(GenRequest([9], 4, 1.0, 1.0))
+    assert late.cancel()
+    front.close()  # fails what is open, the cancelled one included, without raising
+    assert isinstance(kept.exception(1), RuntimeError) and isinstance(left.exception(1), RuntimeError)
+    assert late.cancelled()

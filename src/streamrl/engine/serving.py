@@ -8,9 +8,10 @@ continuous decoder between its steps, next to the groups it is generating.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 from streamrl.engine.base import GenRequest, GenResult
@@ -54,6 +55,11 @@ class BatchingEngine:
                 if self._closed and not self._pending:
                     return
                 batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
+            # a caller that cancelled (an HTTP handler cancelled at the proxy's shutdown) is not generated;
+            # the rest run, and can no longer be cancelled, so setting their results below cannot fail
+            batch = [(req, fut) for req, fut in batch if fut.set_running_or_notify_cancel()]
+            if not batch:
+                continue
             try:
                 with self._engine_lock:
                     results = self.engine.generate([req for req, _ in batch])
@@ -110,9 +116,15 @@ class DecoderFront:
         return fut
 
     def drain(self) -> list[GenRequest]:
+        """The requests submitted since the last drain, but those whose callers cancelled them; the
+        ones returned can no longer be cancelled (their futures run)."""
         with self._lock:
             new, self._new = self._new, []
-        return new
+            taken = [req for req in new if self._open[req.tag[1]].set_running_or_notify_cancel()]
+            for req in new:
+                if self._open[req.tag[1]].cancelled():
+                    del self._open[req.tag[1]]
+        return taken
 
     def owns(self, res: GenResult) -> bool:
         tag = res.request.tag
@@ -133,4 +145,5 @@ class DecoderFront:
             self._closed = True
             open_futures, self._open, self._new = list(self._open.values()), {}, []
         for fut in open_futures:
-            fut.set_exception(RuntimeError("the rollout worker stopped before this call was generated"))
+            with contextlib.suppress(InvalidStateError):  # cancelled by its caller meanwhile: nothing to tell
+                fut.set_exception(RuntimeError("the rollout worker stopped before this call was generated"))

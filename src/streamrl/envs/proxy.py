@@ -19,8 +19,9 @@ the episode is popped.
 
 The proxy also clocks each episode's time inside its calls (`model_seconds`): the agent runner
 subtracts it from the episode's age to get the agent's own time (its code and tools), which
-`env.agent_timeout_s` bounds. An episode ended that way (`end_episode`) is refused from then on
-(410: the client does not retry it), and whatever it still generates is not recorded.
+`env.agent_timeout_s` bounds. An episode ended that way (`pop_episode(..., refuse_later=True)`) is
+refused from then on (410: the client does not retry it). A call still running when its episode is
+popped is not recorded, nor is its time.
 
 The server is uvicorn (envs/http_server.py: deep listen backlog, keep-alive); handlers await the
 engine's futures, so hundreds of concurrent calls cost no thread each. `engine` is anything with
@@ -36,7 +37,9 @@ import json
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
@@ -51,7 +54,21 @@ from streamrl.envs.chat_request import BadRequest, ChatRequest, parse_request
 from streamrl.envs.http_server import ThreadedServer
 
 CALL_ID_HEADER = "Idempotency-Key"
+REFUSED_KEPT = 1 << 16  # ended episodes remembered (and refused): the latest this many
 _PROBE_TOOL = {"type": "function", "function": {"name": "probe_tool_7f3a", "parameters": {"type": "object"}}}
+
+
+@dataclass
+class _Episode:
+    """One episode's calls and clock. A call holds its episode's object from start to end, so a call still
+    running when the episode is popped (an agent that gave up on it) writes into the popped object,
+    which nothing reads: its answer and its time are dropped with it."""
+
+    calls: list[CallRecord] = field(default_factory=list)
+    answers: dict[str, asyncio.Future[Completion]] = field(default_factory=dict)  # call id -> answer
+    running: int = 0  # calls in flight
+    since: float = 0.0  # when `running` last changed
+    model_s: float = 0.0  # seconds with a call in flight, up to `since`
 
 
 class ChatProxy:
@@ -73,14 +90,9 @@ class ChatProxy:
         self.max_tokens = max_tokens
         self.model_name = model_name
         self.default_temperature = default_temperature  # for requests that do not set one
-        self._episodes: dict[str, list[CallRecord]] = {}
-        self._answers: dict[tuple[str, str], asyncio.Future[Completion]] = {}  # (episode, call id)
-        self._in_call: dict[str, tuple[int, float]] = {}  # episode -> (calls running, since when)
-        self._model_s: dict[str, float] = {}  # episode -> seconds with a call running, up to `since`
-        self._ended: set[str] = set()
-        self.clock = (
-            clock  # model time is measured on it  # episodes ended by their runner: later calls are refused
-        )
+        self.clock = clock  # model time is measured on it
+        self._episodes: dict[str, _Episode] = {}
+        self._refused: OrderedDict[str, None] = OrderedDict()  # ended episodes, the latest REFUSED_KEPT
         self._lock = threading.Lock()
         self._renders_tools: bool | None = None
         self.replayed = 0  # retried calls answered from memory
@@ -93,80 +105,81 @@ class ChatProxy:
 
     def calls(self, episode: str) -> list[CallRecord]:
         with self._lock:
-            return list(self._episodes.get(episode, []))
+            ep = self._episodes.get(episode)
+            return list(ep.calls) if ep is not None else []
 
     def pop_episode(self, episode: str, refuse_later: bool = False) -> list[CallRecord]:
-        """The episode's calls in order, forgotten by the proxy (call once per finished episode).
-        `refuse_later`: the episode was ended while its agent still runs; its later calls get a 410."""
+        """The episode's calls in order, forgotten by the proxy (call once per finished episode); what its
+        calls still running finish later is dropped. `refuse_later`: the episode was ended while its agent
+        still runs, and its later calls get a 410."""
         with self._lock:
-            for key in [k for k in self._answers if k[0] == episode]:
-                del self._answers[key]
-            self._model_s.pop(episode, None)
             if refuse_later:
-                self._ended.add(episode)
-            return self._episodes.pop(episode, [])
+                self._refused[episode] = None
+                while len(self._refused) > REFUSED_KEPT:
+                    self._refused.popitem(last=False)
+            ep = self._episodes.pop(episode, None)
+            return ep.calls if ep is not None else []
 
     def model_seconds(self, episode: str, now: float) -> float:
         """Seconds (on `clock`) the episode has had at least one call running, up to `now`."""
         with self._lock:
-            running, since = self._in_call.get(episode, (0, now))
-            return self._model_s.get(episode, 0.0) + (now - since if running else 0.0)
+            ep = self._episodes.get(episode)
+            if ep is None:
+                return 0.0
+            return ep.model_s + (now - ep.since if ep.running else 0.0)
 
-    def ended(self, episode: str) -> bool:
+    def refused(self, episode: str) -> bool:
         with self._lock:
-            return episode in self._ended
+            return episode in self._refused
 
-    def _clock(self, episode: str, delta: int) -> None:
-        """A call of the episode starts (+1) or ends (-1): time with any call running is model time."""
+    def _tick(self, ep: _Episode, delta: int) -> None:
+        """A call of `ep` starts (+1) or ends (-1); time with any call in flight is model time."""
         now = self.clock()
         with self._lock:
-            running, since = self._in_call.get(episode, (0, now))
-            if running and episode not in self._ended:
-                self._model_s[episode] = self._model_s.get(episode, 0.0) + now - since
-            if running + delta:
-                self._in_call[episode] = (running + delta, now)
-            else:
-                self._in_call.pop(episode, None)
+            if ep.running:
+                ep.model_s += now - ep.since
+            ep.running += delta
+            ep.since = now
 
     def parse(self, body: Any) -> ChatRequest:
         return parse_request(body, self.max_tokens, self.default_temperature)
 
     async def complete(self, episode: str, call_id: str, req: ChatRequest) -> Completion:
         """The call's completion; a call id seen before gets the first answer, generated once."""
-        self._clock(episode, +1)
-        try:
-            return await self._complete(episode, call_id, req)
-        finally:
-            self._clock(episode, -1)
-
-    async def _complete(self, episode: str, call_id: str, req: ChatRequest) -> Completion:
-        if not call_id:
-            return await self._generate(episode, req)
-        key = (episode, call_id)
         with self._lock:
-            answer = self._answers.get(key)
+            ep = self._episodes.setdefault(episode, _Episode())
+        self._tick(ep, +1)
+        try:
+            return await self._complete(ep, call_id, req)
+        finally:
+            self._tick(ep, -1)
+
+    async def _complete(self, ep: _Episode, call_id: str, req: ChatRequest) -> Completion:
+        if not call_id:
+            return await self._generate(ep, req)
+        with self._lock:
+            answer = ep.answers.get(call_id)
             if answer is None:
-                answer = self._answers[key] = asyncio.ensure_future(self._generate(episode, req))
-                answer.add_done_callback(functools.partial(self._forget_failed, key))
+                answer = ep.answers[call_id] = asyncio.ensure_future(self._generate(ep, req))
+                answer.add_done_callback(functools.partial(self._forget_failed, ep, call_id))
             else:
                 self.replayed += 1
         return await asyncio.shield(answer)
 
-    def _forget_failed(self, key: tuple[str, str], answer: asyncio.Future[Completion]) -> None:
+    def _forget_failed(self, ep: _Episode, call_id: str, answer: asyncio.Future[Completion]) -> None:
         if answer.cancelled() or answer.exception() is not None:  # a retry generates afresh
             with self._lock:
-                if self._answers.get(key) is answer:
-                    del self._answers[key]
+                if ep.answers.get(call_id) is answer:
+                    del ep.answers[call_id]
 
-    async def _generate(self, episode: str, req: ChatRequest) -> Completion:
+    async def _generate(self, ep: _Episode, req: ChatRequest) -> Completion:
         prompt_ids = self._prompt_ids(req)
         gen = GenRequest(prompt_ids, req.max_new_tokens, req.temperature, req.top_p)
         futures = [asyncio.wrap_future(self.engine.submit(gen)) for _ in range(req.n)]
         results = await asyncio.gather(*futures)
         choices = [make_choice(self.tokenizer, prompt_ids, res, req) for res in results]
         with self._lock:
-            if episode not in self._ended:  # an ended episode's calls were taken: nothing more is kept
-                self._episodes.setdefault(episode, []).extend(ch.record for ch in choices)
+            ep.calls.extend(ch.record for ch in choices)  # into a popped episode: dropped with it
         return Completion(f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time()), len(prompt_ids), choices)
 
     def _prompt_ids(self, req: ChatRequest) -> list[int]:
@@ -205,7 +218,7 @@ def _app(proxy: ChatProxy) -> Starlette:
     async def chat(request: Request) -> Response:
         auth = request.headers.get("authorization", "")
         episode = request.headers.get("x-episode-id") or auth.removeprefix("Bearer ").strip() or "default"
-        if proxy.ended(episode):
+        if proxy.refused(episode):
             return _error(410, f"episode '{episode}' has ended (env.agent_timeout_s): stop calling")
         try:
             req = proxy.parse(json.loads(await request.body() or b"{}"))

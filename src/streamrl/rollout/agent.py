@@ -67,11 +67,12 @@ def agent_client(base_url: str, episode: str) -> Any:
 
 
 def run_agent(task: AgentTask, base_url: str, episode: str, messages: list[dict[str, str]]) -> AgentRun:
-    """The agent's own exceptions are caught: they cost only its episode."""
+    """The agent's own exceptions are caught: they cost only its episode. SystemExit too (a tool that
+    calls sys.exit): a thread would end on it without a word, and its episode would never return."""
     client = agent_client(base_url, episode)
     try:
         return AgentRun(str(task.agent(client, [dict(m) for m in messages]) or ""))
-    except Exception as e:
+    except BaseException as e:
         return AgentRun("", type(e).__name__, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}")
     finally:
         client.close()
@@ -144,27 +145,20 @@ def rollout_agent_episodes(
         names = [f"{gid}-{k}" for _, gid, k in jobs]
         for i, (problem, _, _) in enumerate(jobs):  # daemons: an agent past its limit is left behind
             threading.Thread(target=episode, args=(i, problem.messages, names[i]), daemon=True).start()
-        runs: dict[int, AgentRun] = {}
+        runs: dict[int, tuple[AgentRun, list[CallRecord]]] = {}  # the episodes over, with their calls
         while len(runs) < len(jobs):
             try:
                 i, run = returned.get(timeout=POLL_S)
-                runs.setdefault(i, run)  # an episode already ended keeps its timeout
+                if i not in runs:  # else it was ended earlier: what it returns now is dropped
+                    runs[i] = (run, proxy.pop_episode(names[i]))
             except queue.Empty:
                 pass
             now = time.monotonic()
             for i, name in enumerate(names):
                 if i not in runs and (late := overdue(proxy, name, started, r.agent_timeout_s, now)):
-                    runs[i] = late
+                    runs[i] = (late, proxy.pop_episode(name, refuse_later=True))  # ended now, refused on
         return [
-            score_episode(
-                task,
-                settings,
-                problem,
-                gid,
-                k,
-                runs[i],
-                proxy.pop_episode(names[i], runs[i].error == TIMEOUT_ERROR),
-            )
+            score_episode(task, settings, problem, gid, k, *runs[i])
             for i, (problem, gid, k) in enumerate(jobs)
         ]
     finally:

@@ -6,6 +6,7 @@ written."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -173,3 +174,54 @@ def test_two_reward_functions_of_one_name_are_told_apart_by_module(tmp_path):
         {"fn": "a:score", "weight": 1.0, "name": "a.score"},
         {"fn": "b:score", "weight": 2.0, "name": "b.score"},
     ]
+
+
+def test_a_script_without_a_main_guard_trains_once(tmp_path):
+    """`streamrl.train(reward_fn=f)` at the top level of a script: its reward function is read from the
+    running script, which is not run a second time (that would start a second, nested job)."""
+    settings = SETTINGS | {"max_steps": 1, "checkpoint.save": False, "eval.after": False}
+    settings |= {"runtime.mode": "colocated", "max_staleness": 0}  # no worker process re-runs the script
+    script = textwrap.dedent(
+        f"""
+        import streamrl
+
+        with open("ran.txt", "a") as f:
+            f.write("x")
+
+        def brevity(prompts, completions, completion_ids, **columns):
+            return [1.0 / (1 + len(ids)) for ids in completion_ids]
+
+        streamrl.train(reward_fn=brevity, run_dir="run", **{settings!r})
+        """
+    )
+    (tmp_path / "train.py").write_text(script)
+    res = subprocess.run(
+        [sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert (tmp_path / "ran.txt").read_text() == "x"  # the script's top level ran once
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1] and "reward/brevity" in rows[0]
+
+
+def test_a_function_from_a_notebook_cell_is_refused_with_where_to_put_it():
+    """A notebook registers its cells in linecache under names of files that do not exist: no worker
+    could import the function from there."""
+    import linecache
+
+    from streamrl.api import make_config
+
+    cell = "/nonexistent-kernel-dir/cell_3.py"
+    code = "def score(completions, **kw):\n    return [1.0]\n"
+    linecache.cache[cell] = (len(code), None, code.splitlines(True), cell)
+    namespace: dict = {"__name__": "__main__"}
+    exec(compile(code, cell, "exec"), namespace)
+    try:
+        with pytest.raises(ValueError) as e:
+            make_config(None, reward_fn=namespace["score"])
+        assert str(e.value) == (
+            "reward_fn: score is defined interactively; put it in a .py file and pass it from there "
+            "(rollout workers import it by name)"
+        )
+    finally:
+        linecache.cache.pop(cell, None)

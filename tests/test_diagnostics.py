@@ -25,6 +25,9 @@ def healthy(n: int = 12) -> list[dict]:
             "episodes": 100,
             "episode_errors": 1,  # 1%: at the threshold, not above it
             "episode_error_reasons": {"RuntimeError": 1},
+            "rewards_scored": 100,
+            "reward_errors": 3,  # 1 failed (at the threshold) and 2 cut off by the step budget
+            "reward_error_reasons": {"TypeError": 1, "step_budget": 2},
         }
         for i in range(1, n + 1)
     ]
@@ -56,6 +59,7 @@ TRIGGERS = {
     "rollout_correction_masks": with_tail("rc_token_masked_frac", [0.95]),
     "episode_errors": with_tail("episode_errors", [2]),
     "scoring_budget": with_tail("reward_step_budget_expired", [3]),
+    "reward_errors": with_tail("reward_error_reasons", [{"TypeError": 2, "step_budget": 2}]),
 }
 
 
@@ -174,3 +178,20 @@ def test_a_correction_that_masks_most_tokens_names_the_keys_to_loosen():
         "loosen its thresholds (loss.rc_geo_tol, rc_lower, rc_upper) to the engine/trainer gap "
         "(rc_ratio_mean, rc_ratio_max) or choose another correction"
     )
+
+
+def test_reward_errors_warn_above_one_percent_with_the_reasons_but_not_the_step_budget():
+    rows = healthy(3)
+    rows[-1].update(
+        rewards_scored=64,
+        reward_errors=40,
+        reward_error_reasons={"TypeError": 30, "timeout": 2, "step_budget": 8},
+    )
+    found = diagnose(rows)
+    assert [f.rule for f in found] == ["reward_errors"] and found[0].steps == [3]
+    assert found[0].first_message == (
+        "32 of 64 rewards (50.0%) failed and count as 0 (> 1%): TypeError x30, timeout x2; "
+        "the log names each error: fix the reward function or scorer, or raise reward.timeout_s"
+    )
+    rows[-1].update(reward_errors=8, reward_error_reasons={"step_budget": 8})  # the budget's own rule
+    assert diagnose(rows) == []

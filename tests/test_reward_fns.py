@@ -48,6 +48,12 @@ USER_FILE = textwrap.dedent(
 
     def answer_is_72(prompts, completions, answer, **columns):
         return [float(a == "72") for a in answer]
+
+    def text_score(prompts, completions, **columns):
+        return ["8"]  # a judge's raw text: not a reward
+
+    def keyed_score(prompts, completions, **columns):
+        return {0.7: completions[0]}  # a mapping iterates as its keys
     """
 )
 
@@ -119,7 +125,14 @@ def test_none_means_not_applicable(user_file: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("fn", "reason"), [("broken", "TypeError"), ("raises", "RuntimeError")], ids=["malformed", "raises"]
+    ("fn", "reason"),
+    [
+        ("broken", "TypeError"),
+        ("raises", "RuntimeError"),
+        ("text_score", "TypeError"),
+        ("keyed_score", "TypeError"),
+    ],
+    ids=["malformed", "raises", "text", "mapping"],
 )
 def test_a_failing_function_costs_that_sample_only(user_file: Path, fn: str, reason: str) -> None:
     t = _scored([f"reward.fn=my_rewards.py:{fn}"], _problem(), _traj("so 7", [5]))
@@ -145,7 +158,11 @@ def test_a_failing_function_costs_that_sample_only(user_file: Path, fn: str, rea
         ),
         (
             ["reward.fns=[{fn: task, weight: heavy}]"],
-            "config key 'reward.fns[0].weight' must be a number, got 'heavy'",
+            "config key 'reward.fns[0].weight' must be a finite number, got 'heavy'",
+        ),
+        (
+            ["reward.fns=[{fn: task, weight: .inf}]"],
+            "config key 'reward.fns[0].weight' must be a finite number, got inf",
         ),
         (
             ["reward.fn=my_rewards.brevity"],
@@ -238,3 +255,29 @@ def test_a_function_without_kwargs_is_refused_before_anything_is_written(
         "parameters\n"
     )
     assert not run.exists()
+
+
+def test_a_slow_import_in_a_reward_process_is_not_charged_to_the_first_scores_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """reward.service=process: a worker imports your module before it says ready (bounded by the
+    service's start-up limit), so a module that takes longer to import than reward.timeout_s (a model it
+    loads) still scores; before, every first score timed out, its worker was replaced, and so on."""
+    (tmp_path / "slow_rewards.py").write_text(
+        "import time\ntime.sleep(3)  # loads a classifier\n\n"
+        "def length(prompts, completions, **columns):\n    return [float(len(completions[0]))]\n"
+    )
+    (tmp_path / "rows.jsonl").write_text('{"prompt": "What is 3+4?", "answer": "7"}\n')
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(
+        None,
+        ["task=data:rows.jsonl", "reward.extract=last_number", "reward.service=process", "reward.timeout_s=1"]
+        + ["reward.workers=1", "reward.fn=slow_rewards.py:length"],
+    )
+    scoring = Scoring(cfg)
+    try:
+        t = _traj("so 7", [5])
+        scoring.score([(_problem(), t)])
+    finally:
+        scoring.close()
+    assert t.reward_info["reward_error"] is None and t.reward == 4.0  # len("so 7")

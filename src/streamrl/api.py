@@ -27,6 +27,7 @@ import copy
 import hashlib
 import inspect
 import json
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,7 +80,7 @@ def _spec(fn: Callable[..., Any] | str, key: str) -> str:
     module = getattr(fn, "__module__", "")
     if module in ("__main__", "__mp_main__") or not module:
         source = inspect.getsourcefile(fn)
-        if source is None:  # an interactive session: no file to import from
+        if source is None or not os.path.isfile(source):  # interactive (a notebook cell): no file to import
             raise ValueError(
                 f"{key}: {name} is defined interactively; put it in a .py file and pass it from there "
                 "(rollout workers import it by name)"

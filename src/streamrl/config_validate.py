@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -287,8 +288,8 @@ def _validate_reward_fns(rc: Any) -> None:
                 f"config key '{key}': unknown field(s) {', '.join(unknown)}; valid: {', '.join(FN_KEYS)}"
             )
         weight = entry.get("weight", 1.0)
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight != weight:
-            raise ConfigError(f"config key '{key}.weight' must be a number, got {weight!r}")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            raise ConfigError(f"config key '{key}.weight' must be a finite number, got {weight!r}")
         names.append(str(entry.get("name") or entry["fn"].rpartition(":")[2]))
         if entry["fn"] != "task":
             specs.append((f"{key}.fn", entry["fn"]))

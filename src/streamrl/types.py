@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# the reward_error of a score still outstanding when reward.step_budget_s ran out
+BUDGET_REASON = "step_budget"
+
 
 @dataclass
 class Problem:

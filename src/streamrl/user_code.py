@@ -57,6 +57,9 @@ def _import_file(path_text: str, key: str, spec: str) -> ModuleType:
         )
     if path in _FILE_MODULES:
         return _FILE_MODULES[path]
+    main = sys.modules.get("__main__")  # in a spawned worker: the script as multiprocessing re-ran it
+    if getattr(main, "__file__", None) and Path(main.__file__).resolve() == path:
+        return main  # the running script (streamrl.train(reward_fn=...) in it): never run it a second time
     name = (
         path.stem
         if path.stem.isidentifier() and path.stem not in sys.modules

@@ -6,8 +6,7 @@ import statistics
 from collections import Counter
 from typing import Any
 
-from streamrl.rollout.score import BUDGET_REASON
-from streamrl.types import Group
+from streamrl.types import BUDGET_REASON, Group
 
 
 def step_record(
@@ -96,6 +95,7 @@ def _scoring_stats(trajs: list[Any]) -> dict[str, Any]:
         return {}
     errors = Counter(i["reward_error"] for i in infos if i["reward_error"])
     return {
+        "rewards_scored": len(infos),
         "reward_errors": sum(errors.values()),
         "reward_timeouts": errors.get("timeout", 0) + errors.get(BUDGET_REASON, 0),
         "reward_step_budget_expired": errors.get(BUDGET_REASON, 0),

@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from streamrl.types import BUDGET_REASON
+
 Record = dict[str, Any]
 
 
@@ -164,6 +166,23 @@ def _episode_errors(history: Sequence[Record], limit: float) -> str | None:
     )
 
 
+def _reward_errors(history: Sequence[Record], limit: float) -> str | None:
+    """Scores that failed (reward 0), but those the step budget cut off (their own rule)."""
+    last = history[-1]
+    n, errors = _num(last, "rewards_scored"), _num(last, "reward_errors")
+    if not n or errors is None:
+        return None
+    reasons = {k: v for k, v in (last.get("reward_error_reasons") or {}).items() if k != BUDGET_REASON}
+    failed = sum(reasons.values())
+    if failed / n <= limit:
+        return None
+    top = ", ".join(f"{k} x{v}" for k, v in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:3])
+    return (
+        f"{failed} of {n:.0f} rewards ({failed / n:.1%}) failed and count as 0 (> {limit:.0%}): {top}; the "
+        "log names each error: fix the reward function or scorer, or raise reward.timeout_s"
+    )
+
+
 def _scoring_budget(history: Sequence[Record], limit: float) -> str | None:
     n = _num(history[-1], "reward_step_budget_expired")
     if n is not None and n > limit:
@@ -225,6 +244,12 @@ RULES: tuple[Rule, ...] = (
         "share of the step's agent episodes that ended in an error above threshold",
         0.01,
         _episode_errors,
+    ),
+    Rule(
+        "reward_errors",
+        "share of the step's scores that failed (an error or reward.timeout_s) above threshold",
+        0.01,
+        _reward_errors,
     ),
     Rule(
         "scoring_budget",

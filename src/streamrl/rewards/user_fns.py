@@ -25,7 +25,7 @@ import inspect
 import math
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,8 +94,8 @@ def call_fn(
     )
     if inspect.isawaitable(out):  # an async def function (TRL accepts them)
         out = asyncio.run_coroutine_threadsafe(_awaited(out), _reward_loop()).result()
-    try:
-        values = None if isinstance(out, (str, bytes)) else list(out)
+    try:  # a string or a mapping iterates as characters or keys: never a list of rewards
+        values = None if isinstance(out, (str, bytes, Mapping)) else list(out)
     except TypeError:
         values = None
     if values is None or len(values) != 1:
@@ -106,7 +106,9 @@ def call_fn(
     value = values[0]
     if value is None:
         return None
-    try:
+    try:  # numbers (Python, numpy, a 0-d tensor); a text that reads as one ("8") is not a reward
+        if isinstance(value, (str, bytes, bytearray)):
+            raise TypeError
         value = float(value)
     except (TypeError, ValueError):
         raise TypeError(

@@ -34,8 +34,15 @@ def call_scorer(scorer: Callable[..., Any], args: tuple) -> tuple:
 
 
 def serve(scorer: Callable[..., Any], conn: Connection) -> None:
-    """Worker loop (process or thread): announce readiness, then (task id, args) in, result out."""
+    """Worker loop (process or thread): set up (a scorer's optional `setup()`: importing your functions,
+    building the task, within the service's start_timeout_s rather than the first score's timeout_s),
+    announce readiness, then (task id, args) in, result out."""
     try:
+        if (setup := getattr(scorer, "setup", None)) is not None:
+            try:
+                setup()
+            except Exception:  # each score will fail the same way, and say why
+                pass
         conn.send(("ready",))
         while True:
             msg = conn.recv()

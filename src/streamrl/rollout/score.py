@@ -27,10 +27,9 @@ from streamrl.data.task import Task
 from streamrl.rewards.service import RewardOutcome, RewardService
 from streamrl.rewards.shaping import overlong_penalty
 from streamrl.rewards.user_fns import TASK, RewardFn, call_fn, configured_fns, load_fns
-from streamrl.types import Problem, Trajectory
+from streamrl.types import BUDGET_REASON, Problem, Trajectory
 
 log = logging.getLogger(__name__)
-BUDGET_REASON = "step_budget"  # the reward_error of a score still outstanding when the budget ran out
 
 
 def outcome_reward(
@@ -64,6 +63,10 @@ class TaskScorer:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["cfg_dict"])  # type: ignore[misc]
+
+    def setup(self) -> None:
+        """Build what scoring needs before the first score (the service's workers call it on start)."""
+        self._setup()
 
     def _setup(self) -> tuple[Any, Any]:
         """Config, task and judge, built once per process (scoring threads share them)."""

@@ -90,3 +90,23 @@ def test_hub_ids_are_told_from_paths() -> None:
     assert split_id("gpt2") == ("gpt2", None)
     assert split_id("org/name@v1.0") == ("org/name", "v1.0")
     assert split_id("a/b/c") is None and split_id("../x") is None and split_id("org/na me") is None
+
+
+def test_a_snapshot_this_project_downloaded_is_used_offline(tmp_path: Path) -> None:
+    """A download of the config, tokenizer and weights files also caches the repository's whole file list
+    (trees/COMMIT.json): the cache check must ask for those files only, or the README and the other
+    files never fetched make the snapshot look incomplete and an offline run refuses it."""
+    snap = _hub_cache(tmp_path / "hub", "testorg/tiny-chat")
+    files = [p.name for p in snap.iterdir()] + ["README.md", ".gitattributes", "model.bin", "onnx/model.onnx"]
+    code = (
+        "import sys; from huggingface_hub._tree_cache import TreeCacheEntry, write_tree_cache; "
+        f"write_tree_cache(sys.argv[1], '{COMMIT}', "
+        f"{{f: TreeCacheEntry(size=1, blob_id='0' * 40) for f in {files!r}}}); "
+        "from streamrl.models import resolve_model_dir; print(resolve_model_dir('testorg/tiny-chat'))"
+    )
+    entry = tmp_path / "hub" / "models--testorg--tiny-chat"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")}
+    res = subprocess.run([sys.executable, "-c", code, str(entry)], env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert (entry / "trees" / f"{COMMIT}.json").is_file()
+    assert res.stdout.strip().splitlines()[-1] == str(snap)

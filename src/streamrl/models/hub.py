@@ -52,12 +52,16 @@ def hub_snapshot(name: str) -> Path:
     if parsed is None:
         raise ValueError(f"model '{name}': not a local directory and not a Hugging Face Hub id (org/name)")
     repo, revision = parsed
-    try:
-        cached = Path(snapshot_download(repo, revision=revision, local_files_only=True))
-        if _has_weights(cached):
-            return cached
-    except (LocalEntryNotFoundError, FileNotFoundError):
-        pass
+    for weights in WEIGHTS:  # the files a download below fetched: the rest of the repo is not needed
+        try:
+            patterns = [*NEEDED, weights]
+            cached = Path(
+                snapshot_download(repo, revision=revision, local_files_only=True, allow_patterns=patterns)
+            )
+            if _has_weights(cached):
+                return cached
+        except (LocalEntryNotFoundError, FileNotFoundError):  # IncompleteSnapshotError among them
+            pass
     if constants.HF_HUB_OFFLINE:
         raise ValueError(
             f"model '{name}' is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) and "

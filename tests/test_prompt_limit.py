@@ -133,7 +133,16 @@ def test_every_prompt_too_long_names_the_first(tiny, monkeypatch) -> None:
         "task data:x.jsonl: every training prompt is longer than 976 tokens (why); the first: long-a "
         f"({n} tokens: {SHOWN})"
     )
-    assert f.skipped == 2  # one epoch: the first problem to come round again ends it
+    assert f.skipped == 4  # two epochs: the first problem to come round a third time ends it
+
+
+def test_long_prompts_ending_one_epoch_and_starting_the_next_are_not_every_prompt(tiny) -> None:
+    """Reshuffled epochs: long-a ends epoch 1 and starts epoch 2, before s0 fits again. Seen twice
+    with nothing fitting in between is not a whole epoch of long prompts."""
+    s0, long_a = _problem("s0", "What is 0 + 1?"), _problem("long-a", LONG_QUESTION)
+    f = PromptFilter(tiny[1], PromptLimit(976, "why"), "task data:x.jsonl", warn=False)
+    assert [p.id for p in f.apply(iter([s0, long_a, long_a, s0]))] == ["s0", "s0"]
+    assert f.skipped == 2
 
 
 def test_a_stream_that_never_repeats_gives_up_after_max_skips(tiny, monkeypatch) -> None:

@@ -11,9 +11,11 @@ completion tokens; it must fit the model's context (max_position_embeddings) and
 `PromptFilter.apply` wraps the task's training stream under the sampler: a problem whose chat-templated
 prompt is longer is skipped before it is admitted (so it never becomes a group and the ledger stays
 exact), counted in `skipped` (`prompts_too_long` in metrics.jsonl and accounting.json), and the first
-one is named in a warning. If the stream offers only prompts that are too long (a problem comes round
-again, or MAX_SKIPS in a row), ValueError names the first of them; preflight draws one problem through
-the filter, so that happens before any weights load.
+one is named in a warning. If the stream offers only prompts that are too long (a problem comes round a
+third time with none fitting in between, or MAX_SKIPS in a row), ValueError names the first of them.
+Twice is not enough: the last problems of one epoch can come first in the next, reshuffled, before the
+prompts that fit; a third showing means a whole epoch went by without one. Preflight draws one problem
+through the filter, so that happens before any weights load.
 
 The filter also keeps the leading tokens every admitted prompt has had in common (`shared_tokens`,
 `prompt_shared_tokens` in metrics.jsonl): what the engine's prefix cache can keep, and what the
@@ -100,7 +102,7 @@ class PromptFilter:
         return len(self._common or [])
 
     def apply(self, stream: Iterator[Problem]) -> Iterator[Problem]:
-        run: set[tuple[str, str]] = set()  # (id, question) of those skipped since the last that fit
+        run: dict[tuple[str, str], int] = {}  # (id, question) -> times skipped since the last that fit
         first = ""  # the first of them
         streak = 0  # how many in a row (at most MAX_SKIPS)
         for problem in stream:
@@ -114,14 +116,14 @@ class PromptFilter:
                 yield problem
                 continue
             key = (problem.id, str(problem.meta.get("question", "")))
-            if key in run or streak >= MAX_SKIPS:
+            if run.get(key, 0) >= 2 or streak >= MAX_SKIPS:
                 raise ValueError(
                     f"{self.source}: every training prompt is longer than {self.limit.tokens} tokens "
                     f"({self.limit.why}); the first: {first}"
                 )
             if not run:
                 first = _named(problem, n)
-            run.add(key)
+            run[key] = run.get(key, 0) + 1
             streak += 1
             self.skipped += 1
             if self.skipped == 1 and self.warn:

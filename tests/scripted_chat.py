@@ -8,7 +8,8 @@ has log-prob -0.25 and the engine's version. `prompts` records each request's pr
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from streamrl.engine.base import GenRequest, GenResult
@@ -32,3 +33,22 @@ class ScriptedEngine:
         finish = "stop" if len(ids) <= req.max_new_tokens else "length"
         ids = ids[: req.max_new_tokens]
         return GenResult(req, ids, [-0.25] * len(ids), [self.version] * len(ids), finish)
+
+
+@contextmanager
+def gated_proxy(tokenizer: Any, **proxy_kw: Any) -> Iterator[tuple[Any, ScriptedEngine, threading.Event]]:
+    """A ChatProxy over a ScriptedEngine whose every reply ("4") waits for `gate`: calls stay in flight
+    until the test sets it. Yields (proxy, engine, gate); everything is closed after."""
+    from streamrl.engine.serving import BatchingEngine
+    from streamrl.envs.proxy import ChatProxy
+
+    gate = threading.Event()
+    scripted = ScriptedEngine(tokenizer, lambda prompt: "4" if gate.wait(60) else "")
+    front = BatchingEngine(scripted)
+    proxy = ChatProxy(front, tokenizer, max_tokens=8, **proxy_kw)
+    try:
+        yield proxy, scripted, gate
+    finally:
+        gate.set()
+        proxy.close()
+        front.close()

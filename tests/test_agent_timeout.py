@@ -10,12 +10,11 @@ from pathlib import Path
 
 import openai
 import pytest
-from scripted_chat import ScriptedEngine
+from scripted_chat import ScriptedEngine, gated_proxy
 from test_agent_task import TINY
 
 from streamrl.engine.base import GenRequest
 from streamrl.engine.serving import BatchingEngine, DecoderFront
-from streamrl.envs.proxy import ChatProxy
 from streamrl.rollout.agent import TIMEOUT_ERROR, agent_client, overdue
 
 MSGS = [{"role": "user", "content": "2+2?"}]
@@ -38,13 +37,8 @@ def _wait_for(cond, what):
 
 
 def test_the_proxy_clocks_the_time_an_episode_spends_in_model_calls(tiny):
-    _, tok = tiny
-    gate = threading.Event()
-    scripted = ScriptedEngine(tok, lambda prompt: "4" if gate.wait(60) else "")
-    front = BatchingEngine(scripted)
     clock = FakeClock(10.0)
-    proxy = ChatProxy(front, tok, max_tokens=8, clock=clock)
-    try:
+    with gated_proxy(tiny[1], clock=clock) as (proxy, scripted, gate):
         assert proxy.model_seconds("ep", 10.0) == 0.0
         client = openai.OpenAI(base_url=proxy.url, api_key="ep", max_retries=0, timeout=60)
         calls = [
@@ -65,10 +59,6 @@ def test_the_proxy_clocks_the_time_an_episode_spends_in_model_calls(tiny):
         assert proxy.model_seconds("other", 40.0) == 0.0
         assert len(proxy.pop_episode("ep")) == 2
         assert proxy.model_seconds("ep", 40.0) == 0.0  # popped: forgotten
-    finally:
-        gate.set()
-        proxy.close()
-        front.close()
 
 
 @pytest.mark.parametrize("refuse_later", [True, False])
@@ -76,12 +66,7 @@ def test_a_call_running_when_its_episode_is_popped_is_not_recorded(tiny, refuse_
     """An episode popped while one of its calls runs (ended by its time limit, or an agent that gave up on
     a call and returned): the call's answer and time go nowhere; an ended episode is refused from then
     on, with a 410 the client does not retry."""
-    _, tok = tiny
-    gate = threading.Event()
-    scripted = ScriptedEngine(tok, lambda prompt: "4" if gate.wait(60) else "")
-    front = BatchingEngine(scripted)
-    proxy = ChatProxy(front, tok, max_tokens=8)
-    try:
+    with gated_proxy(tiny[1]) as (proxy, scripted, gate):
         client = agent_client(proxy.url, "ep")
         kwargs = {"model": "p", "messages": MSGS}
         running = threading.Thread(target=client.chat.completions.create, kwargs=kwargs)
@@ -100,10 +85,6 @@ def test_a_call_running_when_its_episode_is_popped_is_not_recorded(tiny, refuse_
             client.chat.completions.create(**kwargs)
         assert e.value.status_code == 410 and "episode 'ep' has ended (env.agent_timeout_s)" in str(e.value)
         assert len(scripted.prompts) == 1  # refused before the engine, and not retried
-    finally:
-        gate.set()
-        proxy.close()
-        front.close()
 
 
 class ModelTime:

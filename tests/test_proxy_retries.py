@@ -6,7 +6,7 @@ import threading
 
 import openai
 import pytest
-from scripted_chat import ScriptedEngine
+from scripted_chat import ScriptedEngine, gated_proxy
 
 from streamrl.engine.serving import BatchingEngine
 from streamrl.envs.proxy import ChatProxy
@@ -49,12 +49,7 @@ def test_a_repeated_call_id_is_answered_from_memory(served):
 
 
 def test_a_retry_while_the_call_runs_waits_for_the_same_generation(tiny):
-    _, tok = tiny
-    gate = threading.Event()
-    scripted = ScriptedEngine(tok, lambda prompt: "4" if gate.wait(60) else "")
-    front = BatchingEngine(scripted)
-    proxy = ChatProxy(front, tok, max_tokens=8)
-    try:
+    with gated_proxy(tiny[1]) as (proxy, scripted, gate):
         answers = []
 
         def call():
@@ -73,10 +68,6 @@ def test_a_retry_while_the_call_runs_waits_for_the_same_generation(tiny):
             t.join(timeout=60)
         assert len(answers) == 3 and len(set(answers)) == 1
         assert len(scripted.prompts) == 1 and len(proxy.calls("ep")) == 1
-    finally:
-        gate.set()
-        proxy.close()
-        front.close()
 
 
 class DropFirstResponse:

@@ -120,9 +120,11 @@ class DecoderFront:
         ones returned can no longer be cancelled (their futures run)."""
         with self._lock:
             new, self._new = self._new, []
-            taken = [req for req in new if self._open[req.tag[1]].set_running_or_notify_cancel()]
+            taken = []
             for req in new:
-                if self._open[req.tag[1]].cancelled():
+                if self._open[req.tag[1]].set_running_or_notify_cancel():
+                    taken.append(req)
+                else:  # cancelled by its caller: forgotten, never generated
                     del self._open[req.tag[1]]
         return taken
 

@@ -153,13 +153,18 @@ def _engine_idle(history: Sequence[Record], limit: float) -> str | None:
     )
 
 
+def _top_reasons(reasons: dict[str, Any]) -> str:
+    """{"KeyError": 4, "TimeoutError": 30} -> "TimeoutError x30, KeyError x4" (the three most frequent)."""
+    return ", ".join(f"{k} x{v}" for k, v in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:3])
+
+
 def _episode_errors(history: Sequence[Record], limit: float) -> str | None:
     last = history[-1]
     n, errors = _num(last, "episodes"), _num(last, "episode_errors")
     if not n or errors is None or errors / n <= limit:
         return None
     reasons = last.get("episode_error_reasons") or {}
-    top = ", ".join(f"{k} x{v}" for k, v in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:3])
+    top = _top_reasons(reasons)
     return (
         f"{errors:.0f} of {n:.0f} agent episodes ({errors / n:.1%}) ended in an error (> {limit:.0%}): "
         f"{top}; each costs its episode's reward"
@@ -176,7 +181,7 @@ def _reward_errors(history: Sequence[Record], limit: float) -> str | None:
     failed = sum(reasons.values())
     if failed / n <= limit:
         return None
-    top = ", ".join(f"{k} x{v}" for k, v in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:3])
+    top = _top_reasons(reasons)
     return (
         f"{failed} of {n:.0f} rewards ({failed / n:.1%}) failed and count as 0 (> {limit:.0%}): {top}; the "
         "log names each error: fix the reward function or scorer, or raise reward.timeout_s"

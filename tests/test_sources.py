@@ -106,6 +106,44 @@ def test_eval_file_overlap_is_reported_and_never_trained(tmp_path, caplog):
     assert seen == {f"p{i}" for i in range(10)} - {"p1", "p2"}
 
 
+@pytest.mark.parametrize("streaming", [False, True])
+def test_chat_rows_are_one_prompt_by_every_turn_not_by_their_last_user_turn(tmp_path, streaming):
+    f = tmp_path / "chats.jsonl"
+    chats = [
+        [
+            {"role": "user", "content": f"Tom has {i} apples."},
+            {"role": "assistant", "content": "Noted."},
+            {"role": "user", "content": "How many apples does Tom have?"},
+        ]
+        for i in range(6)
+    ]
+    f.write_text("".join(json.dumps({"chat": c, "answer": str(i)}) + "\n" for i, c in enumerate(chats)))
+    f.write_text(f.read_text() + json.dumps({"chat": chats[3], "answer": "3"}) + "\n")  # a true duplicate
+    cfg = load_config(
+        None,
+        [
+            f"task=data:{f}",
+            "task_config.columns={messages: chat}",
+            "eval.size=2",
+            "task_config.few_shot_n=1",
+            f"task_config.streaming={streaming}",
+        ],
+    )
+    task = task_from_config(cfg)
+    held, exclude = prepare_split(task, cfg)
+    train = list(itertools.islice(task.train_stream(0, exclude), 40))
+    held_answers, train_answers = {p.answer for p in held}, {p.answer for p in train}
+    assert len(held) == 2 and len(held_answers) == 2  # two different chats, not one twice
+    assert not held_answers & train_answers  # a held-out chat is never trained on
+    shot = task.few_shot[0][1].removeprefix("The answer is ").rstrip(".")
+    assert shot not in held_answers | train_answers  # nor is the chat drawn as the few-shot example
+    if not streaming:  # in memory: the duplicate collapses, every other chat is its own problem
+        assert len(task.rows) == 6 and held_answers | train_answers | {shot} == {str(i) for i in range(6)}
+    ids = {p.answer: p.id for p in held + train}
+    assert len(set(ids.values())) == len(ids)  # one id per chat
+    assert all(p.messages[-3]["content"] == f"Tom has {p.answer} apples." for p in held + train)
+
+
 def test_code_rows_from_a_tests_column(tmp_path):
     f = tmp_path / "c.jsonl"
     tests = [{"input": "2\n", "output": "4\n"}, {"input": "5\n", "output": "10\n"}]

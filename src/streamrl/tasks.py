@@ -11,8 +11,9 @@
 - `mix`: weighted sources, task_config.sources=[{task, weight, ...}, ...] (data/mixture.py).
 - `code` / `code:path/to/file.jsonl`: programs run against stdin/stdout tests (data/code_task.py).
 
-The held-out set is drawn first (fixed seed) and every training problem whose question text equals a
-held-out one is skipped, so the model is never trained on an evaluation problem.
+The held-out set is drawn first (fixed seed) and every training problem whose prompt equals a held-out
+one (its question text; for a chat row, every turn) is skipped, so the model is never trained on an
+evaluation problem.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 from streamrl.data.prompts import SHOT_TEMPLATES, shot_response
 from streamrl.data.reasoning_gym import ReasoningGymTask
-from streamrl.data.task import Task, default_task_args
+from streamrl.data.task import Task, default_task_args, prompt_key
 from streamrl.types import Problem
 
 
@@ -142,14 +143,14 @@ def prepare_split(task: Task, cfg: Any) -> tuple[list[Problem], set[str]]:
         shot_response(s, cfg.reward.extract, f"task_config.few_shot[{i}]") for i, s in enumerate(tc.few_shot)
     ]
     heldout = task.heldout(cfg.eval.size)
-    exclude = {p.meta["question"] for p in heldout}
+    exclude = {prompt_key(p) for p in heldout}
     if tc.few_shot_n:
         template = SHOT_TEMPLATES.get(cfg.reward.extract, "{answer}")
         seen: set[str] = set()
         draws = itertools.islice(task.train_stream(FEW_SHOT_SEED, exclude), 50 * tc.few_shot_n + 1000)
         for p in draws:
-            if p.meta["question"] not in seen:
-                seen.add(p.meta["question"])
+            if prompt_key(p) not in seen:
+                seen.add(prompt_key(p))
                 shots.append((p.meta["question"], template.format(answer=p.answer)))
             if len(seen) == tc.few_shot_n:
                 break
@@ -162,5 +163,5 @@ def prepare_split(task: Task, cfg: Any) -> tuple[list[Problem], set[str]]:
         task.set_few_shot(shots)
         for p in heldout:
             p.messages = task.render(p)
-        exclude |= {q for q, _ in shots}
+        exclude |= seen | {q for q, _ in shots}
     return heldout, exclude

@@ -84,9 +84,18 @@ def _question(rec: dict[str, Any], columns: dict[str, str]) -> tuple[str, list[d
     return users[-1], [{"role": str(m["role"]), "content": m["content"]} for m in messages]
 
 
+def row_key(question: str, messages: list[dict[str, str]] | None) -> str:
+    """What makes two rows the same prompt: the question text, or a chat's every turn (two chats that
+    end with the same user turn are different prompts)."""
+    if not messages:
+        return question
+    return json.dumps([[m["role"], m["content"]] for m in messages], ensure_ascii=False)
+
+
 def parse_row(rec: Any, columns: dict[str, str]) -> dict[str, Any]:
-    """One record -> {question, messages, answer, id, kind, tests, columns}; ValueError says what is
-    wrong. `columns`: the record's own fields, which reward functions receive (rewards/user_fns.py)."""
+    """One record -> {question, messages, key, answer, id, kind, tests, columns}; ValueError says what
+    is wrong. `key`: the prompt's identity (row_key); `columns`: the record's own fields, which reward
+    functions receive (rewards/user_fns.py)."""
     from streamrl.rewards.code import validate_tests
 
     if not isinstance(rec, dict):
@@ -116,6 +125,7 @@ def parse_row(rec: Any, columns: dict[str, str]) -> dict[str, Any]:
     return {
         "question": question,
         "messages": messages,
+        "key": row_key(question, messages),
         "answer": answer,
         "id": rid,
         "kind": kind,

@@ -54,7 +54,7 @@ class RowTask(Task):
             self.executor = LocalSandbox(min_isolation=self.min_isolation)
 
     def _make(self, row: dict[str, Any]) -> Problem:
-        pid = row["id"] or f"row-{hashlib.sha1(row['question'].encode()).hexdigest()[:10]}"
+        pid = row["id"] or f"row-{hashlib.sha1(row['key'].encode()).hexdigest()[:10]}"
         meta: dict[str, Any] = {"kind": row["kind"]}
         if row["tests"]:
             meta["tests"] = row["tests"]

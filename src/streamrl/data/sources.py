@@ -8,7 +8,8 @@ Splits: training rows come from `task_config.split` (default `train`). The held-
 `task_config.eval_split`, else the source's `test` split when it has one, else from the training split
 itself: distinct prompts are ordered by sha1(prompt), the first eval.size are held out and the rest
 train (reshuffled each epoch). `task_config.eval_data=PATH` takes the held-out rows from another source
-instead. Training rows whose prompt equals a held-out one are dropped and reported.
+instead. Training rows whose prompt equals a held-out one are dropped and reported. A chat row's prompt is
+its every turn, not only its last user turn.
 
 `task_config.streaming=true` reads the splits lazily instead (data/streamed.py).
 """
@@ -30,7 +31,8 @@ from streamrl.types import Problem
 
 
 def collect_rows(records: Iterable[Any], columns: dict[str, str], label: str) -> tuple[list[dict], list[str]]:
-    """Distinct-prompt rows in sha1(prompt) order, and one message per skipped row (`label:row N: why`)."""
+    """Distinct-prompt rows in sha1(key) order (data/columns.py row_key), and one message per skipped
+    row (`label:row N: why`)."""
     check_question_column(label, columns, getattr(records, "column_names", None))
     rows: dict[str, dict[str, Any]] = {}
     skipped: list[str] = []
@@ -40,11 +42,11 @@ def collect_rows(records: Iterable[Any], columns: dict[str, str], label: str) ->
         except ValueError as e:
             skipped.append(f"{label}:row {i}: {e}")
             continue
-        rows.setdefault(row["question"], row)  # exact duplicates: the first one wins
+        rows.setdefault(row["key"], row)  # exact duplicates: the first one wins
     report_skipped(label, skipped)
     if not rows:
         raise no_usable_rows(label, skipped, getattr(records, "column_names", None))
-    return sorted(rows.values(), key=lambda r: hashlib.sha1(r["question"].encode()).hexdigest()), skipped
+    return sorted(rows.values(), key=lambda r: hashlib.sha1(r["key"].encode()).hexdigest()), skipped
 
 
 class DataTask(RowTask):
@@ -65,8 +67,8 @@ class DataTask(RowTask):
         self.rows, self.eval_rows, self.skipped = rows, eval_rows, list(skipped or [])
         self.overlap = 0  # training rows dropped because a held-out row has the same prompt
         if eval_rows is not None:
-            held = {r["question"] for r in eval_rows}
-            self.rows = [r for r in rows if r["question"] not in held]
+            held = {r["key"] for r in eval_rows}
+            self.rows = [r for r in rows if r["key"] not in held]
             self.overlap = len(rows) - len(self.rows)
             if self.overlap:
                 log.warning(
@@ -88,7 +90,7 @@ class DataTask(RowTask):
         return [self._make(r) for r in self.rows[:n]]
 
     def train_stream(self, seed: int, exclude: set[str]) -> Iterator[Problem]:
-        order = [i for i, r in enumerate(self.rows) if r["question"] not in exclude]
+        order = [i for i, r in enumerate(self.rows) if r["key"] not in exclude]
         if not order and self.overlap:
             raise ValueError(f"{self.name}: every training row is also a held-out row")
         if not order:

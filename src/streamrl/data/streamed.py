@@ -79,7 +79,7 @@ class StreamedDataTask(RowTask):
             shuffled.set_epoch(epoch)
             fresh = 0
             for row in self._rows(shuffled, self.train_label):
-                if row["question"] not in exclude:
+                if row["key"] not in exclude:
                     fresh += 1
                     yield self._make(row)
             if not fresh:

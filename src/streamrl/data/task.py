@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from streamrl.data.columns import row_key
 from streamrl.data.prompts import build_messages
 from streamrl.rewards.extract import ends_with_answer, extract_answer
 from streamrl.types import Problem
@@ -36,6 +37,12 @@ def default_task_args(spec: str) -> dict[str, Any]:
     if spec == "env:python_tool":  # its problems come from reasoning-gym too
         return {"dataset": "basic_arithmetic", **SMALL_MODEL_ARGS["basic_arithmetic"]}
     return dict(SMALL_MODEL_ARGS.get(spec[3:], {})) if spec.startswith("rg:") else {}
+
+
+def prompt_key(problem: Problem) -> str:
+    """The identity that held-out and few-shot exclusion compare: the question text, or a chat row's
+    every turn (data/columns.py row_key)."""
+    return row_key(problem.meta["question"], problem.meta.get("chat"))
 
 
 @dataclass

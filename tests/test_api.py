@@ -155,6 +155,21 @@ def test_evaluate_takes_eval_data_as_the_held_out_rows_whatever_the_task(monkeyp
     assert json.loads(Path(cfg.task_config.eval_data).read_text()) == rows[0]
 
 
+@pytest.mark.parametrize(
+    ("train_data", "task"),
+    [
+        ("hf:openai/gsm8k:main", "hf:openai/gsm8k:main"),
+        ("data:rows.jsonl", "data:rows.jsonl"),
+        ("rows.jsonl", "data:rows.jsonl"),
+        ("some/dir", "data:some/dir"),
+    ],
+)
+def test_train_data_as_a_string_is_a_source_spec_or_a_path(train_data: str, task: str) -> None:
+    from streamrl.api import make_config
+
+    assert make_config(train_data=train_data).task == task
+
+
 def test_two_reward_functions_of_one_name_are_told_apart_by_module(tmp_path):
     """The Python API has no `name:` field: a.score and b.score log as reward/a.score and reward/b.score."""
     import importlib.util

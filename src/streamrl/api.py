@@ -109,7 +109,7 @@ def _reward_settings(reward_fn: Any) -> dict[str, Any]:
 
 def _data_file(rows: Any, key: str) -> str:
     """Rows (a list of dicts or a datasets.Dataset) -> a JSONL file in the cache named by its content;
-    a string is a path or spec already."""
+    a string is a path or a source spec (`hf:NAME[:CONFIG]`, `data:PATH`) already."""
     if isinstance(rows, (str, Path)):
         return str(rows)
     if type(rows).__name__ == "IterableDataset":
@@ -161,7 +161,8 @@ def make_config(
     """The validated Config of a train/evaluate call (nothing is written but the cache's data files)."""
     settings: dict[str, Any] = {**_reward_settings(reward_fn)}
     if train_data is not None:
-        settings["task"] = f"data:{_data_file(train_data, 'train_data')}"
+        source = _data_file(train_data, "train_data")
+        settings["task"] = source if source.startswith(("hf:", "data:")) else f"data:{source}"
     if eval_data is not None:
         settings["task_config.eval_data"] = _data_file(eval_data, "eval_data")
     if isinstance(config, Config):  # a Config made before: the overrides go on a copy
@@ -185,8 +186,8 @@ def train(
 ) -> Run:
     """Train as `streamrl train` does; returns the Run. Bad settings raise ValueError (ConfigError) of
     one line before anything is written. reward_fn: a function, a spec ('my_rewards.py:fn'), or a list
-    of them or of (function, weight) pairs. train_data / eval_data: a list of dicts, a datasets.Dataset
-    or a path (columns mapped with task_config={'columns': {...}})."""
+    of them or of (function, weight) pairs. train_data / eval_data: a list of dicts, a datasets.Dataset,
+    a path or 'hf:NAME[:CONFIG]' (columns mapped with task_config={'columns': {...}})."""
     _refuse_in_a_worker_bootstrap("train")
     cfg = make_config(config, reward_fn=reward_fn, train_data=train_data, eval_data=eval_data, **overrides)
     from streamrl.loop.job import run_train

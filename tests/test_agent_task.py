@@ -63,6 +63,26 @@ def test_agent_task_trains_end_to_end(tmp_path, agent):
         assert all(r["episode_errors"] == 0 and r["episode_error_reasons"] == {} for r in rows)
 
 
+def test_an_agent_over_a_data_file_reads_it_with_the_data_settings(tmp_path):
+    from streamrl.tasks import make_task
+
+    rows, held = tmp_path / "rows.jsonl", tmp_path / "held.jsonl"
+    rows.write_text("".join(json.dumps({"q": f"{i} + 1?", "a": str(i + 1)}) + "\n" for i in range(6)))
+    held.write_text(json.dumps({"q": "9 + 1?", "a": "10"}) + "\n")
+    task = make_task(
+        "agent:streamrl.envs.agents:calculator",
+        {"base": f"data:{rows}"},
+        "",
+        "",
+        "answer_is",
+        columns={"prompt": "q", "answer": "a"},
+        eval_data=str(held),
+        code_partial_credit=False,
+    )
+    assert [(p.meta["question"], p.answer) for p in task.heldout(5)] == [("9 + 1?", "10")]
+    assert len(task.base.rows) == 6 and task.base.partial_credit is False
+
+
 @pytest.mark.parametrize(
     "override, fragment",
     [

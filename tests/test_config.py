@@ -31,14 +31,74 @@ def test_a_yaml_file_may_write_floats_as_pyyaml_reads_them(tmp_path):
         load_config(f, [])
 
 
-@pytest.mark.parametrize("key", ["eval_data", "eval_split"])
-def test_a_held_out_source_for_a_task_that_makes_its_own_is_refused(key):
+DATA_ONLY = (
+    "applies to data tasks (task=data:FILE or hf:NAME); {who} makes its own problems and held-out set: "
+    "drop it"
+)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["task_config.eval_data=test"],
+            "'task_config.eval_data' " + DATA_ONLY.format(who="task 'rg:chain_sum'"),
+        ),
+        (
+            ["task_config.eval_split=test"],
+            "'task_config.eval_split' " + DATA_ONLY.format(who="task 'rg:chain_sum'"),
+        ),
+        (
+            ["task_config.columns={prompt: q}"],
+            "'task_config.columns' " + DATA_ONLY.format(who="task 'rg:chain_sum'"),
+        ),
+        (["task_config.split=dev"], "'task_config.split' " + DATA_ONLY.format(who="task 'rg:chain_sum'")),
+        (
+            ["task_config.streaming=true"],
+            "'task_config.streaming' " + DATA_ONLY.format(who="task 'rg:chain_sum'"),
+        ),
+        (
+            ["task=code", "task_config.shuffle_buffer=5"],
+            "'task_config.shuffle_buffer' " + DATA_ONLY.format(who="task 'code'"),
+        ),
+        (
+            ["task=agent:streamrl.envs.agents:calculator", "task_config.columns={prompt: q}"],
+            "'task_config.columns' "
+            + DATA_ONLY.format(who="the agent's base task 'rg:chain_sum' (task_config.args.base)"),
+        ),
+        (
+            ["task=mix", "task_config.sources=[{task: data:a.jsonl}]", "task_config.columns={prompt: q}"],
+            "'task_config.columns' is not read with task=mix: set it on each data source "
+            "(task_config.sources[i].columns)",
+        ),
+        (
+            [
+                "task=mix",
+                "task_config.sources=[{task: data:a.jsonl, eval_data: b.jsonl}, {task: rg:chain_sum, "
+                "columns: {prompt: q}}]",
+            ],
+            "'task_config.sources[1].columns' applies to data sources (hf:NAME, data:PATH); 'rg:chain_sum' "
+            "makes its own problems and held-out set: drop it",
+        ),
+    ],
+)
+def test_a_data_key_for_a_task_that_makes_its_own_problems_is_refused(overrides, message):
     with pytest.raises(ConfigError) as e:
-        load_config(None, ["task=rg:chain_sum", f"task_config.{key}=test"])
-    assert str(e.value) == (
-        f"config key 'task_config.{key}' applies to data tasks (task=data:FILE or hf:NAME); "
-        "task 'rg:chain_sum' makes its own held-out set: drop it"
+        load_config(None, ["task=rg:chain_sum", *overrides])
+    assert str(e.value) == f"config key {message}"
+
+
+def test_data_keys_are_read_by_an_agent_over_a_data_base_task():
+    cfg = load_config(
+        None,
+        [
+            "task=agent:streamrl.envs.agents:calculator",
+            "task_config.args={base: 'data:rows.jsonl'}",
+            "task_config.columns={prompt: q}",
+            "task_config.eval_data=held.jsonl",
+        ],
     )
+    assert cfg.task_config.columns == {"prompt": "q"} and cfg.task_config.eval_data == "held.jsonl"
 
 
 def test_a_mix_source_without_answers_needs_a_reward_of_your_own():

@@ -104,13 +104,7 @@ def validate(cfg: Any) -> None:
         raise ConfigError(
             "config keys 'task_config.eval_split' and 'task_config.eval_data': set one, not both"
         )
-    tabular = cfg.task.startswith(("hf:", "data:")) or cfg.task.endswith((".jsonl", ".parquet"))
-    for key in ("eval_data", "eval_split"):
-        if getattr(tc, key) and not tabular:
-            raise ConfigError(
-                f"config key 'task_config.{key}' applies to data tasks (task=data:FILE or hf:NAME); "
-                f"task {cfg.task!r} makes its own held-out set: drop it"
-            )
+    _validate_data_keys(cfg)
     if cfg.runtime.mode == "colocated" and cfg.max_staleness != 0:
         raise ConfigError(
             "runtime.mode=colocated is synchronous: set max_staleness=0, or runtime.mode=async for eta > 0"
@@ -156,6 +150,46 @@ def validate(cfg: Any) -> None:
             raise ConfigError(
                 f"config key '{key}.answer' is null (no reference answers), but the task's verifier "
                 "scores the rewards: score with your own reward.fn / reward.fns (without fn: task)"
+            )
+
+
+# the task_config keys only tabular sources read (data/sources.py); a mix source may set them on itself
+DATA_KEYS = ("columns", "split", "eval_split", "eval_data", "streaming", "shuffle_buffer")
+
+
+def is_data_source(spec: str) -> bool:
+    """A task spec whose rows are read with `datasets` and mapped with task_config.columns."""
+    return spec.startswith(("hf:", "data:")) or spec.endswith((".jsonl", ".parquet"))
+
+
+def _validate_data_keys(cfg: Any) -> None:
+    """A data key set for a task that makes its own problems would be ignored: refused instead."""
+    tc = cfg.task_config
+    spec, who = cfg.task, f"task {cfg.task!r}"
+    if spec.startswith("agent:"):  # the agent's problems come from its base task
+        spec = str(tc.args.get("base", "rg:chain_sum")) if isinstance(tc.args, dict) else ""
+        who = f"the agent's base task {spec!r} (task_config.args.base)"
+    default = type(tc)()
+    for key in DATA_KEYS:
+        if getattr(tc, key) == getattr(default, key) or is_data_source(spec):
+            continue
+        if spec == "mix":
+            raise ConfigError(
+                f"config key 'task_config.{key}' is not read with task=mix: set it on each data source "
+                f"(task_config.sources[i].{key})"
+            )
+        raise ConfigError(
+            f"config key 'task_config.{key}' applies to data tasks (task=data:FILE or hf:NAME); "
+            f"{who} makes its own problems and held-out set: drop it"
+        )
+    for i, src in enumerate(tc.sources if spec == "mix" else ()):
+        if not isinstance(src, dict) or not isinstance(src.get("task"), str) or is_data_source(src["task"]):
+            continue  # a malformed source is refused when the task is built, naming its field
+        key = next((k for k in DATA_KEYS if k in src), None)
+        if key is not None:
+            raise ConfigError(
+                f"config key 'task_config.sources[{i}].{key}' applies to data sources (hf:NAME, data:PATH); "
+                f"{src['task']!r} makes its own problems and held-out set: drop it"
             )
 
 

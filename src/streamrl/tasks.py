@@ -18,10 +18,12 @@ evaluation problem.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from pathlib import Path
 from typing import Any
 
+from streamrl.config_validate import is_data_source
 from streamrl.data.prompts import SHOT_TEMPLATES, shot_response
 from streamrl.data.reasoning_gym import ReasoningGymTask
 from streamrl.data.task import Task, default_task_args, prompt_key
@@ -51,10 +53,21 @@ def make_task(
     (task_config keys of the same names); `sources`: the `mix` task's list; `sandbox_min_isolation`:
     tasks that run model code check their sandbox against it when built."""
     kw = {"system_prompt": system_prompt, "instruction": instruction, "extract": extract}
-    if spec.startswith("agent:"):
+    if spec.startswith("agent:"):  # its problems and scores come from a base task with these settings
         from streamrl.envs.agent_task import AgentTask
 
-        return AgentTask(spec[6:], args, make_task, **kw)
+        base = functools.partial(
+            make_task,
+            code_partial_credit=code_partial_credit,
+            sandbox_min_isolation=sandbox_min_isolation,
+            columns=columns,
+            eval_data=eval_data,
+            split=split,
+            eval_split=eval_split,
+            streaming=streaming,
+            shuffle_buffer=shuffle_buffer,
+        )
+        return AgentTask(spec[6:], args, base, **kw)
     if spec == "mix":
         from streamrl.data.mixture import MixtureTask
 
@@ -85,7 +98,7 @@ def make_task(
         return CodeTask(path, code_partial_credit, min_isolation=sandbox_min_isolation, **kw)
     if spec.startswith("rg:"):
         return ReasoningGymTask(spec[3:], args, **kw)
-    if spec.startswith(("hf:", "data:")) or spec.endswith((".jsonl", ".parquet")):
+    if is_data_source(spec):
         from streamrl.data.sources import data_task
 
         return data_task(

@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
+from streamrl.config_validate import DATA_KEYS
 from streamrl.data.task import Score, Task, default_task_args
 from streamrl.types import Problem
 
-DATA_KEYS = ("columns", "split", "eval_split", "eval_data", "streaming", "shuffle_buffer")
 SOURCE_KEYS = ("task", "weight", "args", *DATA_KEYS)
 
 

@@ -204,6 +204,9 @@ class TaskConfig:
     # the system message of every chat
     system_prompt: str = "You are a calculator. Reply in the form 'The answer is <number>.'"
     instruction: str = ""  # appended to each question on its own line
+    # a Jinja chat template file for a model without one (a base model); "" = the model's own template.
+    # The exported checkpoint's tokenizer carries it.
+    chat_template: str = ""
     args: dict[str, Any] = field(default_factory=dict)  # passed to the task's generator
     # hf:NAME[:CONFIG] and data:PATH sources (data/sources.py): which column is which, {prompt|messages,
     # answer, id, task, tests}; answer: null for rows without a reference answer

@@ -45,7 +45,8 @@ def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     problems, _ = prepare_split(task, cfg)  # the same held-out set and few-shot turns as training
     if not problems:
         raise ValueError("config key 'eval.size' is 0: nothing to evaluate (set size=N)")
-    started = start_model(cfg.model, cfg.seed, cfg.device, precision_dtype(cfg.rollout.precision, cfg.device))
+    dtype = precision_dtype(cfg.rollout.precision, cfg.device)
+    started = start_model(cfg.model, cfg.seed, cfg.device, dtype, cfg.task_config.chat_template)
     tokenizer = started.tokenizer
     engine = HFEngine(
         started.model,

@@ -41,6 +41,10 @@ def preflight(cfg: Any) -> Checked:
     model_dir = resolve_model_dir(cfg.model, cfg.seed)
     limit = prompt_limit(cfg, load_model_config(model_dir))  # lengths that cannot fit: one line
     # something to train on: every row held out, or every prompt too long, is one line
-    prompts = PromptFilter(load_tokenizer(model_dir), limit, f"task {cfg.task}", warn=False)
+    tc = cfg.task_config
+    if tc.chat_template:  # recorded absolute: workers, resume and evaluation read the same file
+        tc.chat_template = str(Path(tc.chat_template).expanduser().resolve())
+    tokenizer = load_tokenizer(model_dir, tc.chat_template)  # a model without a template: one line
+    prompts = PromptFilter(tokenizer, limit, f"task {cfg.task}", warn=False)
     next(prompts.apply(task.train_stream(cfg.seed, exclude)))
     return Checked(task, model_dir, split)

@@ -78,7 +78,8 @@ def build_components(
         cfg.task_config.args = default_task_args(cfg.task)
     if task is None:  # first: a bad task or a refused code sandbox fails before any download
         task = task_from_config(cfg)
-    started = start_model(cfg.model, cfg.seed, cfg.device)  # fp32 master weights
+    # fp32 master weights
+    started = start_model(cfg.model, cfg.seed, cfg.device, chat_template=cfg.task_config.chat_template)
     model, tokenizer = started.model, started.tokenizer
     heldout, exclude = split if split is not None else prepare_split(task, cfg)
     prompts = PromptFilter(tokenizer, prompt_limit(cfg, model.config), f"task {cfg.task}")

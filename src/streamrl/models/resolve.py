@@ -34,10 +34,24 @@ def resolve_model_dir(name: str, seed: int = 0) -> Path:
     return hub_snapshot(name)
 
 
-def load_tokenizer(model_dir: Path) -> Any:
+def load_tokenizer(model_dir: Path, chat_template: str = "") -> Any:
+    """The model's tokenizer; `chat_template` (task_config.chat_template): a Jinja file that replaces
+    the model's template. ValueError (one line) for a missing file, or a model with no template."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
+    if chat_template:
+        path = Path(chat_template).expanduser()
+        if not path.is_file():
+            raise ValueError(
+                f"config key 'task_config.chat_template': no file '{chat_template}' (a Jinja chat template)"
+            )
+        tok.chat_template = path.read_text()
+    elif not tok.chat_template:
+        raise ValueError(
+            f"model '{model_dir}' has no chat template (a base model): give it one with "
+            "task_config.chat_template=FILE.jinja (docs/data.md#base-models), or use an instruct model"
+        )
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok

@@ -20,13 +20,16 @@ class StartedModel:
     resolve_seconds: float  # finding or converting the weights (a first SmolLM2 run converts the GGUF)
 
 
-def start_model(name: str, seed: int = 0, device: str = "cpu", dtype: Any = None) -> StartedModel:
+def start_model(
+    name: str, seed: int = 0, device: str = "cpu", dtype: Any = None, chat_template: str = ""
+) -> StartedModel:
     """dtype None keeps the fp32 master weights (the trainer); an engine passes its compute dtype
-    (parameters cast; buffers such as RoPE's inv_freq stay fp32, as transformers and vLLM load them)."""
+    (parameters cast; buffers such as RoPE's inv_freq stay fp32, as transformers and vLLM load them).
+    chat_template: task_config.chat_template (models/resolve.py load_tokenizer)."""
     t0 = time.perf_counter()
     model_dir = resolve_model_dir(name, seed)
     resolved = time.perf_counter() - t0
-    tokenizer = load_tokenizer(model_dir)
+    tokenizer = load_tokenizer(model_dir, chat_template)
     model = load_model(model_dir, device)
     if dtype is not None:
         model = cast_params(model, dtype)

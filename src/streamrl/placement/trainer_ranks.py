@@ -190,7 +190,8 @@ def _follow(
         device = f"cuda:{index}"
         torch.cuda.set_device(index)
         cfg.device = device
-    started = start_model(cfg.model, cfg.seed, device)  # fp32 master weights, as rank 0's
+    # fp32 master weights, as rank 0's
+    started = start_model(cfg.model, cfg.seed, device, chat_template=cfg.task_config.chat_template)
     init_group(cfg, rank, world, init_method)
     trainer = DistributedTrainer.from_config(started.model, cfg, int(started.tokenizer.pad_token_id))
     while True:

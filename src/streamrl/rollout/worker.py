@@ -141,7 +141,7 @@ def _loop(
 
     cfg = from_dict(cfg_dict)
     model_dir = resolve_model_dir(cfg.model, cfg.seed)
-    tokenizer = load_tokenizer(model_dir)
+    tokenizer = load_tokenizer(model_dir, cfg.task_config.chat_template)
     task = task_from_config(cfg)
     torch.manual_seed(cfg.seed * 1009 + worker_id)
     if cfg.engine == "vllm":
@@ -157,7 +157,7 @@ def _loop(
     else:
         # the shared fp32 weights are cast into this dtype on every load (copy_ casts)
         dtype = precision_dtype(cfg.rollout.precision, cfg.device)
-        started = start_model(cfg.model, cfg.seed, cfg.device, dtype)
+        started = start_model(cfg.model, cfg.seed, cfg.device, dtype, cfg.task_config.chat_template)
         model = freeze(started.model)
         engine = HFEngine(
             model,

@@ -136,8 +136,21 @@ def test_none_means_not_applicable(user_file: Path) -> None:
 )
 def test_a_failing_function_costs_that_sample_only(user_file: Path, fn: str, reason: str) -> None:
     t = _scored([f"reward.fn=my_rewards.py:{fn}"], _problem(), _traj("so 7", [5]))
-    assert t.reward == 0.0 and t.correct is False
+    assert t.reward == 0.0 and t.correct is True  # the reward fails; the task's verdict stands
     assert t.reward_info["reward_error"] == reason
+
+
+@pytest.mark.parametrize("service", ["inline", "thread", "process"])
+@pytest.mark.parametrize(("text", "correct"), [("so 7", True), ("so 8", False)])
+def test_accuracy_is_the_tasks_verdict_when_only_your_function_fails(
+    user_file: Path, service: str, text: str, correct: bool
+) -> None:
+    fns = "reward.fns=[{fn: task}, {fn: my_rewards.py:raises}]"
+    rows = user_file.parent / "rows.jsonl"  # a process worker builds the task from the config
+    rows.write_text(json.dumps({"prompt": "What is 3+4?", "answer": "7"}) + "\n")
+    t = _scored([fns, f"reward.service={service}", f"task=data:{rows}"], _problem(), _traj(text, [5]))
+    assert (t.reward, t.correct, t.reward_info["reward_error"]) == (0.0, correct, "RuntimeError")
+    assert t.reward_info["reward_latency_s"] > 0
 
 
 @pytest.mark.parametrize(

@@ -161,8 +161,8 @@ class RewardService:
                 self._pending.append(task)
                 self._wake()
                 return fut
-        status, a, b = call_scorer(self.scorer_fn, args)
-        outcome = RewardOutcome(a, b) if status == "ok" else self._failed(a, b, t0)
+        status, a, b, kept = call_scorer(self.scorer_fn, args)
+        outcome = RewardOutcome(a, b) if status == "ok" else self._failed(a, b, t0, kept)
         outcome.latency_s = time.monotonic() - t0
         with self._lock:
             self._complete(task, outcome)
@@ -221,8 +221,11 @@ class RewardService:
             return None
         return key
 
-    def _failed(self, reason: str, detail: str, t0: float) -> RewardOutcome:
-        return RewardOutcome(0.0, {"error_detail": detail}, reason, time.monotonic() - t0)
+    def _failed(
+        self, reason: str, detail: str, t0: float, kept: dict[str, Any] | None = None
+    ) -> RewardOutcome:
+        """Reward 0 for `reason`; `kept`: what the scorer still knew (a ScoreFailed's info)."""
+        return RewardOutcome(0.0, {**(kept or {}), "error_detail": detail}, reason, time.monotonic() - t0)
 
     def _finish(self, fut: Future, outcome: RewardOutcome) -> None:
         """Count one outcome and resolve its future. Caller holds the lock."""
@@ -357,7 +360,7 @@ class RewardService:
                         self._n_ready += 1
                         self._lock.notify_all()
                     continue
-                tid, status, a, b = msg
+                tid, status, a, b, kept = msg
                 task = w.task
                 if task is None or task.tid != tid:
                     continue
@@ -366,7 +369,10 @@ class RewardService:
                     lat = time.monotonic() - task.submitted
                     ok = status == "ok"
                     self._complete(
-                        task, RewardOutcome(a, b, latency_s=lat) if ok else self._failed(a, b, task.submitted)
+                        task,
+                        RewardOutcome(a, b, latency_s=lat)
+                        if ok
+                        else self._failed(a, b, task.submitted, kept),
                     )
         except (EOFError, OSError):
             code = None

@@ -1,8 +1,9 @@
 """The worker side of RewardService: the scoring loop, run in a spawned process or a thread.
 
 Protocol over one duplex pipe per worker: the worker sends ("ready",) once started; the parent sends
-(task id, args) one at a time, or None to stop; the worker answers (task id, "ok", reward, info) or
-(task id, "err", reason, detail). Scorer exceptions never leave the worker as exceptions.
+(task id, args) one at a time, or None to stop; the worker answers (task id, "ok", reward, info, {}) or
+(task id, "err", reason, detail, kept): kept is what a ScoreFailed carried (the task's verdict when only
+your own function failed). Scorer exceptions never leave the worker as exceptions.
 """
 
 from __future__ import annotations
@@ -20,17 +21,28 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 
+class ScoreFailed(Exception):
+    """A scorer's failure that keeps part of its result: `info` (e.g. {"correct": the task's verdict}
+    when only your own reward function failed) goes into the failed outcome's info."""
+
+    def __init__(self, cause: BaseException, info: dict[str, Any]) -> None:
+        super().__init__(str(cause))
+        self.cause, self.info = cause, info
+
+
 def call_scorer(scorer: Callable[..., Any], args: tuple) -> tuple:
-    """-> ("ok", reward, info) | ("err", reason, detail). Runs in the worker."""
+    """-> ("ok", reward, info, {}) | ("err", reason, detail, kept). Runs in the worker."""
     try:
         out = scorer(*args)
         reward, info = out if isinstance(out, tuple) else (out, {})
         reward = float(reward)
         if not math.isfinite(reward):
             raise ValueError(f"scorer returned a non-finite reward ({reward})")
-        return ("ok", reward, dict(info))
+        return ("ok", reward, dict(info), {})
+    except ScoreFailed as e:
+        return ("err", type(e.cause).__name__, str(e.cause)[:500], dict(e.info))
     except (Exception, SystemExit) as e:  # SystemExit too: sys.exit() in a scorer is one bad reward
-        return ("err", type(e).__name__, str(e)[:500])
+        return ("err", type(e).__name__, str(e)[:500], {})
 
 
 def serve(scorer: Callable[..., Any], conn: Connection) -> None:
@@ -53,7 +65,7 @@ def serve(scorer: Callable[..., Any], conn: Connection) -> None:
             try:
                 conn.send((tid, *result))
             except (pickle.PicklingError, TypeError, AttributeError) as e:  # pickled before any byte is sent
-                conn.send((tid, "err", "UnpicklableResult", f"scorer info could not be sent: {e}"))
+                conn.send((tid, "err", "UnpicklableResult", f"scorer info could not be sent: {e}", {}))
     except (EOFError, OSError):  # parent gone, or this thread was abandoned after a timeout
         return
     finally:

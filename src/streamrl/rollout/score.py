@@ -27,6 +27,7 @@ from streamrl.data.task import Task
 from streamrl.rewards.service import RewardOutcome, RewardService
 from streamrl.rewards.shaping import overlong_penalty
 from streamrl.rewards.user_fns import TASK, RewardFn, call_fn, configured_fns, load_fns
+from streamrl.rewards.workers import ScoreFailed
 from streamrl.types import BUDGET_REASON, Problem, Trajectory
 
 log = logging.getLogger(__name__)
@@ -105,11 +106,14 @@ class TaskScorer:
         columns = {**row, "answer": problem.answer} if problem.answer else {"answer": "", **row}
         question, total = problem.meta.get("question", ""), 0.0
         for f in self._fns:
-            value = (
-                reward
-                if f.spec == TASK
-                else call_fn(self._loaded[f.name], f.name, question, text, list(ids), columns)
-            )
+            try:
+                value = (
+                    reward
+                    if f.spec == TASK
+                    else call_fn(self._loaded[f.name], f.name, question, text, list(ids), columns)
+                )
+            except (Exception, SystemExit) as e:  # the sample's reward fails; its accuracy does not
+                raise ScoreFailed(e, {"correct": info["correct"]}) from e
             info[f"reward/{f.name}"] = value
             total += 0.0 if value is None else f.weight * value
         return total, info
@@ -159,7 +163,8 @@ class Scoring:
         """Reward = scorer reward (correctness + format_weight * format; 0 on failure) + DAPO overlong
         shaping - length_penalty * tokens; the scoring facts go into reward_info."""
         info = dict(outcome.info)
-        correct = bool(info.pop("correct", False)) and outcome.error is None
+        # a failed score is wrong unless it kept the task's verdict (only your own function failed)
+        correct = bool(info.pop("correct", False))
         info.pop("error_detail", None)
         rc, cap = self.cfg.reward, self.cfg.rollout.max_new_tokens
         n = len(traj.completion_ids)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,6 +43,17 @@ USER_FILE = textwrap.dedent(
 
         LOOPS.append(asyncio.get_running_loop())  # a client made on the first call is bound to it
         return [1.0 / (1 + len(ids)) for ids in completion_ids]
+
+    CANCELLED = []
+
+    async def async_hangs(prompts, completions, **columns):
+        import asyncio
+
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            CANCELLED.append(completions[0])
+            raise
 
     def no_kwargs(prompts, completions, completion_ids):
         return [1.0]
@@ -238,6 +250,35 @@ def test_an_async_function_is_awaited_on_one_loop_that_lives_on(user_file: Path)
     assert [call_fn(fn, "f", "q", "so 7", [5], {}) for _ in range(2)] == [0.5, 0.5]
     loops = fn.__globals__["LOOPS"][-2:]
     assert loops[0] is loops[1] and loops[0].is_running()
+
+
+@pytest.mark.parametrize("service", ["inline", "thread"])
+def test_an_async_function_past_the_timeout_is_cancelled_not_left_on_the_loop(
+    user_file: Path, service
+) -> None:
+    import time
+
+    fns = ["reward.fn=my_rewards.py:async_hangs", "reward.timeout_s=0.5", f"reward.service={service}"]
+    box: list[Trajectory] = []  # a daemon thread: a wait without a limit fails the test, not hangs it
+    th = threading.Thread(
+        target=lambda: box.append(_scored(fns, _problem(), _traj("so 7", [5]))), daemon=True
+    )
+    th.start()
+    th.join(60)
+    assert box, "the score never returned"
+    t = box[0]
+    if service == "inline":  # the function's own timeout: the verdict is kept
+        assert (t.reward, t.correct, t.reward_info["reward_error"]) == (0.0, True, "TimeoutError")
+    else:  # whichever gives up first: the service (the whole score, verdict lost) or the function's
+        error = t.reward_info["reward_error"]
+        assert t.reward == 0.0 and error in ("timeout", "TimeoutError") and t.correct is (error != "timeout")
+    import my_rewards
+
+    for _ in range(100):  # the abandoned thread wakes at its own timeout and cancels the coroutine
+        if my_rewards.CANCELLED:
+            break
+        time.sleep(0.1)
+    assert my_rewards.CANCELLED == ["so 7"]
 
 
 def test_answer_is_the_parsed_reference_even_beside_a_raw_answer_column(user_file: Path) -> None:

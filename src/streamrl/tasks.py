@@ -157,9 +157,9 @@ def prepare_split(task: Task, cfg: Any) -> tuple[list[Problem], set[str]]:
     ]
     heldout = task.heldout(cfg.eval.size)
     exclude = {prompt_key(p) for p in heldout}
+    seen: set[str] = set()  # the prompts of the drawn examples
     if tc.few_shot_n:
         template = SHOT_TEMPLATES.get(cfg.reward.extract, "{answer}")
-        seen: set[str] = set()
         draws = itertools.islice(task.train_stream(FEW_SHOT_SEED, exclude), 50 * tc.few_shot_n + 1000)
         for p in draws:
             if prompt_key(p) not in seen:

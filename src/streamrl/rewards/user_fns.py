@@ -82,10 +82,17 @@ def _check_signature(fn: Callable[..., Any], spec: str, key: str) -> None:
 
 
 def call_fn(
-    fn: Callable[..., Any], name: str, prompt: str, completion: str, ids: list[int], columns: dict
+    fn: Callable[..., Any],
+    name: str,
+    prompt: str,
+    completion: str,
+    ids: list[int],
+    columns: dict,
+    timeout_s: float | None = None,
 ) -> float | None:
     """One sample through `fn` in TRL's batch convention -> its value (None: not applicable).
-    TypeError (counted by the service as that sample's failure) when the result is malformed."""
+    TypeError (counted by the service as that sample's failure) when the result is malformed;
+    TimeoutError when an async function has no result within timeout_s (its coroutine is cancelled)."""
     out = fn(
         prompts=[prompt],
         completions=[completion],
@@ -93,7 +100,12 @@ def call_fn(
         **{k: [v] for k, v in columns.items() if k not in RESERVED},
     )
     if inspect.isawaitable(out):  # an async def function (TRL accepts them)
-        out = asyncio.run_coroutine_threadsafe(_awaited(out), _reward_loop()).result()
+        pending = asyncio.run_coroutine_threadsafe(_awaited(out), _reward_loop())
+        try:
+            out = pending.result(timeout=timeout_s)
+        except TimeoutError:
+            pending.cancel()  # cancelled in the shared loop, not left running there for good
+            raise TimeoutError(f"reward function '{name}' gave no result within {timeout_s:g} s") from None
     try:  # a string or a mapping iterates as characters or keys: never a list of rewards
         values = None if isinstance(out, (str, bytes, Mapping)) else list(out)
     except TypeError:

@@ -110,7 +110,9 @@ class TaskScorer:
                 value = (
                     reward
                     if f.spec == TASK
-                    else call_fn(self._loaded[f.name], f.name, question, text, list(ids), columns)
+                    else call_fn(
+                        self._loaded[f.name], f.name, question, text, list(ids), columns, cfg.reward.timeout_s
+                    )
                 )
             except (Exception, SystemExit) as e:  # the sample's reward fails; its accuracy does not
                 raise ScoreFailed(e, {"correct": info["correct"]}) from e

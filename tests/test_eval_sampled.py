@@ -17,14 +17,14 @@ SCRIPT = {  # question -> (samples in order, greedy response)
 
 
 class ScriptedEngine:
-    def __init__(self, tok):
-        self.tok = tok
+    def __init__(self, tok, script=SCRIPT):
+        self.tok, self.script = tok, script
 
     def generate(self, requests):
         out = []
         for r in requests:
             prompt = self.tok.decode(r.prompt_ids)
-            samples, greedy = next(v for q, v in SCRIPT.items() if q in prompt)
+            samples, greedy = next(v for q, v in self.script.items() if q in prompt)
             pi, j = r.tag
             text = greedy if j < 0 else samples[j]
             ids = self.tok(text, add_special_tokens=False).input_ids
@@ -60,6 +60,39 @@ def test_scripted_samples_give_hand_computed_metrics():
     assert (s["maj@1"], s["maj@2"], s["maj@4"]) == (1.0, 1.0, 0.5)
     assert s["greedy_accuracy"] == 0.5 and s["truncation_rate"] == pytest.approx(2 / 8)
     assert s["mean_length"] == pytest.approx(sum(len(t) for v in SCRIPT.values() for t in v[0]) / 8)
+
+
+GOOD, BAD = "```python\nprint(int(input()) + 1)\n```", "```python\nprint(0)\n```"
+VOTES = {
+    # string equality: "8" has 2 votes and wins; by value the 7s (7.0, 7) tie it and came first
+    "gamma": (["The answer is 7.0.", "The answer is 8.", "The answer is 8.", "The answer is 7."], "-"),
+    # programs: a tie between the passing and the failing one, the passing one first
+    "delta": ([GOOD, BAD, GOOD, BAD], "-"),
+}
+
+
+@pytest.mark.parametrize(
+    ("row", "columns", "verdicts"),
+    [
+        ({"prompt": "gamma", "answer": "7"}, None, [True, False, False, True]),
+        (
+            {
+                "prompt": "delta",
+                "tests": [{"input": "1\n", "output": "2\n"}, {"input": "5\n", "output": "6\n"}],
+            },
+            {"tests": "tests"},
+            [True, False, True, False],
+        ),
+    ],
+    ids=["math", "code"],
+)
+def test_maj_at_k_groups_by_the_tasks_equivalence_and_takes_each_samples_verdict(row, columns, verdicts):
+    task = task_from_rows([row], columns)
+    tok = build_tokenizer()
+    problems = [task._make(task.rows[0])]
+    res = evaluate_sampled(ScriptedEngine(tok, VOTES), tok, task, problems, 4, [1, 4], 1.0, 1.0, 32)
+    assert res.correct == [verdicts]
+    assert (res.summary()["maj@1"], res.summary()["maj@4"]) == (1.0, 1.0)
 
 
 def test_eval_command_writes_eval_json_and_keeps_a_training_record(tmp_path, capsys):

@@ -5,7 +5,7 @@ from math import comb
 
 import pytest
 
-from streamrl.eval.sampling_metrics import default_ks, maj_at_k, majority_answer, pass_at_k, summarize
+from streamrl.eval.sampling_metrics import default_ks, maj_at_k, majority_index, pass_at_k, summarize
 from streamrl.rewards.math import math_equal
 
 
@@ -41,21 +41,23 @@ def test_pass_at_k_rejects_impossible_counts(n, c, k):
 
 def test_majority_ties_go_to_the_first_seen_answer():
     answers = ["3", "4", "4", None, "3"]
-    assert majority_answer(answers) == "3"  # 2 votes each: "3" appeared first
-    assert majority_answer(answers[:3]) == "4"
-    assert majority_answer([None, None]) is None
-    assert majority_answer([" 7", "7 "]) == " 7"  # grouped after stripping
+    assert majority_index(answers) == 0  # 2 votes each: "3" appeared first
+    assert majority_index(answers[:3]) == 1
+    assert majority_index([None, None]) is None
+    assert majority_index([None, " 7", "7 "]) == 1  # grouped after stripping
 
 
-def test_maj_at_k_uses_the_first_k_samples_and_a_custom_equivalence():
+def test_maj_at_k_uses_the_first_k_samples_a_custom_equivalence_and_each_samples_verdict():
     answers = ["2", "0.5", "\\frac{1}{2}", "2", "2"]
-    is_half = lambda a: math_equal(a, "1/2")  # noqa: E731
-    assert maj_at_k(answers, is_half, 3, same=math_equal) is True  # 0.5 == 1/2: 2 votes against 1
-    assert maj_at_k(answers, is_half, 3) is False  # string equality: a three-way tie, "2" first
-    assert maj_at_k(answers, is_half, 5, same=math_equal) is False  # "2" x3 wins
-    assert maj_at_k([None, None], is_half, 2) is False
+    correct = [math_equal(a, "1/2") for a in answers]
+    assert maj_at_k(answers, correct, 3, same=math_equal) is True  # 0.5 == 1/2: 2 votes against 1
+    assert maj_at_k(answers, correct, 3) is False  # string equality: a three-way tie, "2" first
+    assert maj_at_k(answers, correct, 5, same=math_equal) is False  # "2" x3 wins
+    assert maj_at_k([None, None], [False, False], 2) is False
+    # the verdict is the winning cluster's first sample's (a program passing its tests, a scorer's)
+    assert maj_at_k(["p", "q", "q"], [False, True, False], 3) is True
     with pytest.raises(ValueError, match="maj@k needs 1 <= k <= n=2"):
-        maj_at_k([None, None], is_half, 3)
+        maj_at_k([None, None], [False, False], 3)
 
 
 def test_summarize_averages_over_problems():

@@ -121,3 +121,6 @@ class MixtureTask(Task):
 
     def score(self, problem: Problem, text: str) -> Score:
         return self.tasks[problem.meta["source"]].score(problem, text)
+
+    def same_answer(self, a: str, b: str, problem: Problem) -> bool:
+        return self.tasks[problem.meta["source"]].same_answer(a, b, problem)

@@ -69,6 +69,14 @@ class RowTask(Task):
 
         return math_equal(extracted, problem.answer)
 
+    def same_answer(self, a: str, b: str, problem: Problem) -> bool:
+        """Math rows: equivalent values ('0.5', '1/2') vote together; code rows: the same program."""
+        if problem.meta.get("kind") == "code":
+            return super().same_answer(a, b, problem)
+        from streamrl.rewards.math import math_equal
+
+        return math_equal(a, b)
+
     def score(self, problem: Problem, text: str) -> Score:
         if problem.meta.get("kind") != "code":
             return super().score(problem, text)

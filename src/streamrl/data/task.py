@@ -91,6 +91,10 @@ class Task:
     def is_correct(self, extracted: str, problem: Problem) -> bool:
         raise NotImplementedError
 
+    def same_answer(self, a: str, b: str, problem: Problem) -> bool:
+        """Do two extracted answers to `problem` vote together in maj@k? Default: equal text."""
+        return a.strip() == b.strip()
+
     def score(self, problem: Problem, text: str) -> Score:
         extracted = extract_answer(text, self.extract)
         if extracted is None:

@@ -59,3 +59,6 @@ class AgentTask(Task):
 
     def score(self, problem: Problem, text: str) -> Score:
         return self.base.score(problem, text)
+
+    def same_answer(self, a: str, b: str, problem: Problem) -> bool:
+        return self.base.same_answer(a, b, problem)

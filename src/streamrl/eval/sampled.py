@@ -85,9 +85,8 @@ def evaluate_sampled(
         truncated += res.finish_reason == "length"
         if j == 0 and len(examples) < 20:
             examples.append({"id": problems[pi].id, "answer": problems[pi].answer, "response": text})
-    same = getattr(task, "answers_equal", None)
     majority = [
-        [maj_at_k(answers[pi], lambda a, p=p: task.is_correct(a, p), k, same) for k in ks]
+        [maj_at_k(answers[pi], correct[pi], k, lambda a, b, p=p: task.same_answer(a, b, p)) for k in ks]
         for pi, p in enumerate(problems)
     ]
     out = SampledEval(n, list(ks), correct, answers, greedy, lengths, truncated, time.perf_counter() - start)

@@ -10,7 +10,9 @@ maj@k: majority vote over the extracted answers of the FIRST k samples (in sampl
 is deterministic for a given set of samples). Unextracted answers (None) do not vote; no vote at all is
 wrong. Ties go to the answer that appeared first among the k samples; that rule is what makes maj@k a
 deterministic function of the sample order. Answers are grouped with `same` (default: string equality
-after stripping; pass a math-equivalence test to group "0.5" with "1/2").
+after stripping; a task passes its own equivalence, Task.same_answer, to group "0.5" with "1/2"), and
+the vote is correct when the winning cluster's first sample was scored correct (so any task's verdict
+counts: a program's tests, a reasoning-gym scorer).
 """
 
 from __future__ import annotations
@@ -33,21 +35,22 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - miss
 
 
-def majority_answer(
+def majority_index(
     answers: Sequence[str | None], same: Callable[[str, str], bool] | None = None
-) -> str | None:
-    """The most frequent answer (first-seen wins ties); None if nothing was extracted."""
+) -> int | None:
+    """The index of the first sample of the most frequent answer (first-seen wins ties); None if
+    nothing was extracted."""
     eq = same or (lambda a, b: a.strip() == b.strip())
-    clusters: list[list[str]] = []  # in order of first appearance
-    for a in answers:
+    clusters: list[list[int]] = []  # sample indices, in order of first appearance
+    for i, a in enumerate(answers):
         if a is None:
             continue
         for cl in clusters:
-            if eq(cl[0], a):
-                cl.append(a)
+            if eq(answers[cl[0]], a):  # type: ignore[arg-type]
+                cl.append(i)
                 break
         else:
-            clusters.append([a])
+            clusters.append([i])
     if not clusters:
         return None
     best = max(len(cl) for cl in clusters)
@@ -56,15 +59,15 @@ def majority_answer(
 
 def maj_at_k(
     answers: Sequence[str | None],
-    is_correct: Callable[[str], bool],
+    correct: Sequence[bool],
     k: int,
     same: Callable[[str, str], bool] | None = None,
 ) -> bool:
-    """Is the majority answer of the first k samples correct? answers: [n] extracted answers."""
-    if not 1 <= k <= len(answers):
-        raise ValueError(f"maj@k needs 1 <= k <= n={len(answers)}, got k={k}")
-    winner = majority_answer(answers[:k], same)
-    return winner is not None and is_correct(winner)
+    """Is the majority answer of the first k samples correct? answers, correct: [n] per sample."""
+    if not 1 <= k <= len(answers) or len(correct) != len(answers):
+        raise ValueError(f"maj@k needs 1 <= k <= n={len(answers)} and n verdicts, got k={k}")
+    winner = majority_index(answers[:k], same)
+    return winner is not None and bool(correct[winner])
 
 
 def default_ks(n: int) -> list[int]:

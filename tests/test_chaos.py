@@ -221,7 +221,14 @@ def test_colocated_run_killed_and_resumed_ends_bitwise_equal(tmp_path: Path) -> 
     import torch
     from safetensors.torch import load_file
 
-    sync = [*ARGS, "runtime.mode=colocated", "max_staleness=0", "max_steps=6", "train.lr=1e-3"]
+    sync = [
+        *ARGS,
+        "runtime.mode=colocated",
+        "max_staleness=0",
+        "max_steps=6",
+        "train.lr=1e-3",
+        "eval.before=true",
+    ]
     whole, split = tmp_path / "whole", tmp_path / "split"
     assert main(["train", *sync, f"run_dir={whole}"]) == 0
     proc = _start([*sync, f"run_dir={split}"])
@@ -232,12 +239,19 @@ def test_colocated_run_killed_and_resumed_ends_bitwise_equal(tmp_path: Path) -> 
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
     assert latest_state(split) is not None and not latest_state(split).name.endswith("000006")
+    ev = json.loads((split / "eval.json").read_text())  # `streamrl eval run_dir=...` adds its record
+    (split / "eval.json").write_text(json.dumps({**ev, "sampled": {"model": "x", "pass@1": 0.5}}))
     assert main(["train", f"resume={split}"]) == 0
     a = load_file(str(latest_state(whole) / "model" / "model.safetensors"))
     b = load_file(str(latest_state(split) / "model" / "model.safetensors"))
     assert [k for k in a if not torch.equal(a[k], b[k])] == []
     assert [r["step"] for r in _lines(split / "metrics.jsonl")] == list(range(1, 7))
     assert _lines(whole / "groups.jsonl") == _lines(split / "groups.jsonl")
+    # the base model's evaluation was on disk before the kill: the resumed run compares against it
+    ev, ev_whole = (json.loads((d / "eval.json").read_text()) for d in (split, whole))
+    assert ev["per_problem_correct"] == ev_whole["per_problem_correct"] and ev["base"]["n"] == 4
+    assert ev["difference"] == ev_whole["difference"]
+    assert ev["sampled"] == {"model": "x", "pass@1": 0.5}  # the resume keeps what it did not measure
 
 
 def test_a_second_ctrl_c_during_the_stop_is_refused_and_nothing_is_lost(tmp_path: Path) -> None:

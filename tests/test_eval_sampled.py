@@ -116,6 +116,13 @@ def test_eval_command_writes_eval_json_and_keeps_a_training_record(tmp_path, cap
     assert {"maj@1", "maj@4", "greedy_accuracy", "mean_length", "truncation_rate"} <= set(s)
 
 
+def test_a_greedy_only_eval_records_no_samples_and_no_temperature(tmp_path):
+    args = ["eval", "model=tiny-random", "size=3", "eval.max_new_tokens=4", f"run_dir={tmp_path}"]
+    assert main([*args, "reward.extract=last_number"]) == 0
+    out = json.loads((tmp_path / "eval.json").read_text())
+    assert (out["problems"], out["n"], out["ks"], out["temperature"]) == (3, 0, [], 0.0)
+
+
 def test_eval_command_rejects_k_above_n(capsys):
     assert main(["eval", "model=tiny-random", "n=4", "k=8"]) == 2
     assert "config key 'eval.k' values must be <= eval.n (samples per problem), got k=[8] with eval.n=4" in (

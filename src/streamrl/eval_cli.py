@@ -15,6 +15,7 @@ from rich.table import Table
 
 from streamrl.config import Config
 from streamrl.eval.sampling_metrics import default_ks
+from streamrl.loop.durable import write_text_atomic
 
 SHORTHANDS = {"n": "eval.n", "k": "eval.k", "temperature": "eval.temperature", "size": "eval.size"}
 
@@ -68,16 +69,17 @@ def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     else:
         greedy = evaluate(engine, tokenizer, task, problems, e.max_new_tokens)
         s = greedy.summary()
-        result = {"problems": s["n"], "n": 0, "ks": [], "greedy_accuracy": s["accuracy"], **s}
+        result = {**s, "problems": s["n"], "n": 0, "ks": [], "greedy_accuracy": s["accuracy"]}
+    temperature = e.temperature if e.n > 0 else 0.0  # greedy alone: no sampling temperature
     result.update(
-        model=cfg.model, task=cfg.task, temperature=e.temperature, seconds=time.perf_counter() - start
+        model=cfg.model, task=cfg.task, temperature=temperature, seconds=time.perf_counter() - start
     )
     run_dir = Path(cfg.run_dir) if cfg.run_dir else Path("runs") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / "eval.json"
     old = json.loads(path.read_text()) if path.is_file() else {}
     out = {**old, "sampled": result} if old and "greedy_accuracy" not in old else result
-    path.write_text(json.dumps(out, indent=2))
+    write_text_atomic(path, json.dumps(out, indent=2))
     print_eval_table(result, console)
     console.print(f"written {path}")
     return result

@@ -271,6 +271,9 @@ def _run_train(
         torch.set_num_threads(train_threads)
         timings["eval"] += base.seconds
         console.print(f"base accuracy {base.accuracy:.3f} ({sum(base.correct)}/{len(base.correct)})")
+        # on disk now: a run that crashes or is killed keeps it, and its resume reads it back
+        old_eval = {**old_eval, **_eval_record(base, None)}
+        write_text_atomic(run_dir / "eval.json", json.dumps(old_eval, indent=2))
     before = Accuracy.from_summary(base.summary() if base else old_eval.get("base"))  # for model cards
     timings["setup"] += runner.wait_ready()  # what is left of the workers' start: not training time
     observer = RunObserver(cfg, run_dir, console, purge_step=state.step + 1 if cfg.resume else None)
@@ -359,6 +362,8 @@ def _run_train(
         if final is not None and len(old_base) == len(final.correct):
             mean, lo, hi = paired_difference_interval([bool(c) for c in old_base], final.correct)
             evals["difference"] = {"mean": mean, "ci95": [lo, hi]}
+    if "sampled" in old_eval:  # a `streamrl eval` of this run directory (it names the model it read)
+        evals["sampled"] = old_eval["sampled"]
     write_text_atomic(run_dir / "eval.json", json.dumps(evals, indent=2))
 
     ckpt = run_dir / "checkpoint"

@@ -22,7 +22,7 @@ import pytest
 from tiny_args import TINY
 
 from streamrl.cli import main
-from streamrl.loop.run_dir import reconcile_logs
+from streamrl.loop.run_dir import claim_run_dir, reconcile_logs
 from streamrl.loop.state import latest_state, state_dirs
 from streamrl.placement import leftovers
 
@@ -190,6 +190,16 @@ def test_a_resume_without_a_saved_state_changes_nothing(
     assert f"resume: {run} has no saved state (state/step-*)" in err and err.count("\n") == 1
     assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]
     assert (run / "config.yaml").read_text() == before
+
+
+def test_a_resume_finds_a_state_a_kill_left_moved_aside_mid_swap(tmp_path: Path) -> None:
+    """The same step saved twice (a periodic save, then the stop's): the first is moved aside before
+    the second takes its name; a kill between the two renames leaves it only under .old-*."""
+    run = tmp_path / "run"
+    (run / "state" / ".old-step-00000003-4242").mkdir(parents=True)
+    (run / "config.yaml").write_text("model: tiny-random\n")
+    assert claim_run_dir(str(run), resume=True, overwrite=False) == run
+    assert [d.name for d in state_dirs(run)] == ["step-00000003"]
 
 
 def test_reconcile_moves_lines_past_the_saved_step(tmp_path: Path) -> None:

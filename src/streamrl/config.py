@@ -50,7 +50,7 @@ __all__ = [
     "TaskConfig",
     "TrainConfig",
     "VLLMConfig",
-    "dump_config",
+    "config_yaml",
     "from_dict",
     "load_config",
     "parse_override",
@@ -167,5 +167,6 @@ def to_dict(cfg: Config) -> dict[str, Any]:
     return {k: plain(v) for k, v in dataclasses.asdict(cfg).items()}
 
 
-def dump_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+def config_yaml(cfg: Config) -> str:
+    """The config as the YAML text a run records in config.yaml (load_config reads it back)."""
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from streamrl.config import Config, dump_config
+from streamrl.config import Config, config_yaml
 from streamrl.config_validate import resolved_weight_sync
 from streamrl.data.prompt_limit import PromptFilter, prompt_limit
 from streamrl.data.replay import make_replay
@@ -39,7 +39,7 @@ from streamrl.loop.train_clock import TrainClock
 from streamrl.models.lora import is_lora
 from streamrl.models.precision import precision_dtype, precision_line, precision_warning, resolve_precision
 from streamrl.models.startup import start_model
-from streamrl.observe.environment import collect_environment, write_environment
+from streamrl.observe.environment import collect_environment
 from streamrl.observe.live import RunObserver
 from streamrl.observe.metrics import GroupLog
 from streamrl.observe.model_card import Accuracy
@@ -200,12 +200,12 @@ def _run_train(
     name_semaphores_after_this_process()  # a later run can remove them if this one is killed
     if (removed := remove_leftovers()) > 0:
         console.print(f"removed {removed} semaphore(s) left in /dev/shm by killed runs")
-    dump_config(cfg, run_dir / "config.yaml")
+    write_text_atomic(run_dir / "config.yaml", config_yaml(cfg))  # a resume's start, killed, keeps the old
     workers = 0 if cfg.runtime.mode == "colocated" else cfg.runtime.rollout_workers
     env = collect_environment(cfg.model, train_threads, rollout_threads, workers)
     env["rollout_precision"] = resolve_precision(cfg.rollout.precision, cfg.device)
     env["train_precision"] = resolve_precision(cfg.train.precision, cfg.device)
-    write_environment(run_dir / "environment.json", env)
+    write_text_atomic(run_dir / "environment.json", json.dumps(env, indent=2))
     split = (
         f"{train_threads} threads (colocated: generate and train in turn)"
         if cfg.runtime.mode == "colocated"

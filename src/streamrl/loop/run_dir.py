@@ -9,7 +9,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from streamrl.loop.state import RunState, latest_state
+from streamrl.loop.durable import recover
+from streamrl.loop.state import STATE_DIR, RunState, latest_state
 
 LOGS = ("metrics.jsonl", "groups.jsonl")  # one line per step / per trained group, each with "step"
 
@@ -20,6 +21,7 @@ def claim_run_dir(run_dir: str, resume: bool, overwrite: bool) -> Path:
     path = Path(run_dir) if run_dir else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     holds_run = (path / "config.yaml").is_file()
     if resume:
+        recover(path / STATE_DIR)  # a save's swap a kill cut short: its state is put back first
         if latest_state(path) is None:
             raise ValueError(
                 f"resume: {path} has no saved state (state/step-*): the run stopped before its first "

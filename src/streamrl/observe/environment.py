@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import sys
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 PACKAGES = ("torch", "transformers", "streamrl", "vllm", "ray")
@@ -44,7 +42,3 @@ def collect_environment(
     except ImportError:  # the report CLI may run where torch is absent
         pass
     return env
-
-
-def write_environment(path: Path, env: dict[str, Any]) -> None:
-    path.write_text(json.dumps(env, indent=2))

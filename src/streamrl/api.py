@@ -208,14 +208,19 @@ def evaluate(
     **overrides: Any,
 ) -> dict[str, Any]:
     """Evaluate as `streamrl eval` does (greedy accuracy; pass@k, avg@n, maj@k with eval={'n': N}) on the
-    task's held-out problems, or on eval_data rows; returns the result dict."""
+    task's held-out problems, or on eval_data rows (all of them when given from code, unless eval.size
+    says how many); returns the result dict."""
     if model is not None:
         overrides["model"] = str(model)
+    rows = None
     if eval_data is not None:  # the rows are the held-out set itself (the task: their scoring)
         rows = _data_file(eval_data, "eval_data")
         overrides.setdefault("task", f"data:{rows}")
         overrides["task_config.eval_data"] = rows
     cfg = make_config(config, **overrides)
+    size_given = "eval.size" in overrides or "size" in (overrides.get("eval") or {})
+    if rows is not None and not isinstance(eval_data, (str, Path)) and not size_given:
+        cfg.eval.size = len(Path(rows).read_text().splitlines())  # one JSONL line per row
     from streamrl.eval_cli import run_eval
 
     return run_eval(cfg)

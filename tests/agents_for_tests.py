@@ -34,3 +34,10 @@ def call_then_exit(client, messages):
 
     client.chat.completions.create(model="policy", messages=messages, max_tokens=3)
     sys.exit(2)
+
+
+def call_then_answer_seven(client, messages):
+    """One greedy call, then the same final answer whatever the model said (an evaluation checks the
+    agent's answer is what is scored, not the bare model's)."""
+    client.chat.completions.create(model="policy", messages=messages, max_tokens=3)
+    return "The answer is 7."

@@ -83,6 +83,29 @@ def test_an_agent_over_a_data_file_reads_it_with_the_data_settings(tmp_path):
     assert len(task.base.rows) == 6 and task.base.partial_credit is False
 
 
+def test_held_out_evaluation_runs_the_agent_and_scores_its_answer(tiny, tmp_path):
+    from streamrl.engine.hf import HFEngine
+    from streamrl.eval.heldout import evaluate
+    from streamrl.tasks import make_task
+
+    model, tok = tiny
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"q{a}", "answer": str(a)}) + "\n" for a in (7, 8)))
+    task = make_task(
+        "agent:agents_for_tests:call_then_answer_seven",
+        {"base": f"data:{rows}"},
+        "",
+        "",
+        "answer_is",
+        eval_data=str(rows),
+    )
+    problems = sorted(task.heldout(2), key=lambda p: p.answer)
+    res = evaluate(HFEngine(model, tok, 4, 0, "cpu"), tok, task, problems, 4, agent_timeout_s=60)
+    assert (res.correct, res.formatted) == ([True, False], [True, True])  # the agent's answer, scored
+    assert [s["response"] for s in res.samples] == ["The answer is 7."] * 2
+    assert 0 < res.mean_length <= 3  # its one call, greedy, max_tokens=3
+
+
 @pytest.mark.parametrize(
     "override, fragment",
     [

@@ -88,6 +88,15 @@ def test_a_data_key_for_a_task_that_makes_its_own_problems_is_refused(overrides,
     assert str(e.value) == f"config key {message}"
 
 
+@pytest.mark.parametrize("task", ["env:python_tool", "agent:streamrl.envs.agents:calculator"])
+def test_sampled_evaluation_of_multi_turn_tasks_is_refused(task):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"task={task}", "eval.n=4"])
+    assert str(e.value) == (
+        f"eval.n > 0 samples single-turn responses; task={task} runs multi-turn episodes: set eval.n=0"
+    )
+
+
 def test_data_keys_are_read_by_an_agent_over_a_data_base_task():
     cfg = load_config(
         None,

@@ -129,6 +129,8 @@ def validate(cfg: Any) -> None:
                 f"(not {cfg.advantage.name}) and loss.kl_in=loss"
             )
     _validate_speculative(cfg)
+    if cfg.eval.n:  # sampled evaluation generates single-turn responses (eval/sampled.py)
+        _single_turn_only(cfg, "eval.n", "samples")
     _validate_screening(cfg)
     _validate_backend(cfg)
     if cfg.engine == "vllm":

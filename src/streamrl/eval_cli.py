@@ -67,7 +67,7 @@ def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
         )
         result = {**res.summary(), "examples": res.examples}
     else:
-        greedy = evaluate(engine, tokenizer, task, problems, e.max_new_tokens)
+        greedy = evaluate(engine, tokenizer, task, problems, e.max_new_tokens, cfg.env.agent_timeout_s)
         s = greedy.summary()
         result = {**s, "problems": s["n"], "n": 0, "ks": [], "greedy_accuracy": s["accuracy"]}
     temperature = e.temperature if e.n > 0 else 0.0  # greedy alone: no sampling temperature

@@ -9,6 +9,7 @@ from typing import Any
 from streamrl.data.prompts import render_prompt_ids
 from streamrl.data.task import Task
 from streamrl.engine.base import GenRequest
+from streamrl.envs.agent_task import AgentTask
 from streamrl.envs.base import EnvTask
 from streamrl.eval.stats import wilson_interval
 from streamrl.types import Problem
@@ -40,12 +41,20 @@ class EvalResult:
 
 
 def evaluate(
-    engine: Any, tokenizer: Any, task: Task, problems: list[Problem], max_new_tokens: int
+    engine: Any,
+    tokenizer: Any,
+    task: Task,
+    problems: list[Problem],
+    max_new_tokens: int,
+    agent_timeout_s: float = 0.0,
 ) -> EvalResult:
     """Greedy decoding of every problem, scored by the task. Env tasks run greedy episodes (their
-    limits come from the env config; max_new_tokens is not used for them)."""
+    limits come from the env config; max_new_tokens is not used for them); agent tasks run the agent,
+    its calls greedy unless it asks for a temperature (agent_timeout_s: env.agent_timeout_s)."""
     if isinstance(task, EnvTask):
         return _evaluate_episodes(engine, tokenizer, task, problems)
+    if isinstance(task, AgentTask):
+        return _evaluate_agent(engine, tokenizer, task, problems, max_new_tokens, agent_timeout_s)
     start = time.perf_counter()
     reqs = [
         GenRequest(render_prompt_ids(tokenizer, p.messages), max_new_tokens, temperature=0.0)
@@ -62,6 +71,46 @@ def evaluate(
             samples.append({"id": p.id, "answer": p.answer, "response": text, "correct": s.correct})
     mean_len = sum(len(r.token_ids) for r in results) / max(len(results), 1)
     return EvalResult(correct, formatted, mean_len, time.perf_counter() - start, samples)
+
+
+def _evaluate_agent(
+    engine: Any,
+    tokenizer: Any,
+    task: AgentTask,
+    problems: list[Problem],
+    max_new_tokens: int,
+    timeout_s: float,
+) -> EvalResult:
+    """One agent run per problem through the chat proxy, scored as in training (rollout/agent.py)."""
+    from streamrl.rollout.agent import rollout_agent_episodes
+    from streamrl.rollout.trajectory import RolloutSettings
+
+    start = time.perf_counter()
+    greedy = RolloutSettings(
+        samples=1,
+        max_new_tokens=max_new_tokens,
+        temperature=0.0,
+        top_p=1.0,
+        max_batch=max(len(problems), 1),
+        greedy_baseline=False,
+        mask_truncated=False,
+        format_weight=0.0,
+        agent_timeout_s=timeout_s,
+    )
+    jobs = [(p, f"eval-{i}", 0) for i, p in enumerate(problems)]
+    episodes = rollout_agent_episodes(engine, tokenizer, task, greedy, jobs)
+    samples = [
+        {"id": p.id, "answer": p.answer, "response": ep.text, "correct": ep.correct}
+        for p, ep in list(zip(problems, episodes))[:20]
+    ]
+    tokens = [sum(len(t.completion_ids) for t in ep.trajectories) for ep in episodes]
+    return EvalResult(
+        [ep.correct for ep in episodes],
+        [ep.formatted for ep in episodes],
+        sum(tokens) / max(len(tokens), 1),
+        time.perf_counter() - start,
+        samples,
+    )
 
 
 def _evaluate_episodes(engine: Any, tokenizer: Any, task: EnvTask, problems: list[Problem]) -> EvalResult:

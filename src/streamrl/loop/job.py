@@ -170,7 +170,7 @@ def periodic_eval(
         s = res.summary()
         out = {f"heldout_{k}": v for k, v in s.items() if k.startswith(("pass@", "avg@", "maj@"))}
         return {"heldout_accuracy": s["greedy_accuracy"], "heldout_eval_time": res.seconds, **out}
-    res_g = evaluate(engine, tokenizer, task, heldout, cfg.eval.max_new_tokens)
+    res_g = evaluate(engine, tokenizer, task, heldout, cfg.eval.max_new_tokens, cfg.env.agent_timeout_s)
     return {"heldout_accuracy": res_g.accuracy, "heldout_eval_time": res_g.seconds}
 
 
@@ -267,7 +267,7 @@ def _run_train(
     if cfg.eval.before and heldout and not cfg.resume:
         console.print(f"evaluating the base model on {len(heldout)} held-out problems (greedy)...")
         torch.set_num_threads(os.cpu_count() or 1)  # the workers only load meanwhile: every core
-        base = evaluate(engine, tokenizer, task, heldout, cfg.eval.max_new_tokens)
+        base = evaluate(engine, tokenizer, task, heldout, cfg.eval.max_new_tokens, cfg.env.agent_timeout_s)
         torch.set_num_threads(train_threads)
         timings["eval"] += base.seconds
         console.print(f"base accuracy {base.accuracy:.3f} ({sum(base.correct)}/{len(base.correct)})")
@@ -352,7 +352,7 @@ def _run_train(
     if cfg.eval.after and heldout and not interrupted:
         console.print("evaluating the trained model on the same held-out problems...")
         push_policy(engine, trainer)
-        final = evaluate(engine, tokenizer, task, heldout, cfg.eval.max_new_tokens)
+        final = evaluate(engine, tokenizer, task, heldout, cfg.eval.max_new_tokens, cfg.env.agent_timeout_s)
         timings["eval"] += final.seconds
     evals = _eval_record(base, final)
     old_base = old_eval.get("per_problem_correct", {}).get("base")

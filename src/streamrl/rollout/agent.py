@@ -52,6 +52,9 @@ class AgentEpisode:
     reward: float
     trajectories: list[Trajectory]
     error: str
+    correct: bool = False  # the base task's verdict on the final text (False when the agent failed)
+    formatted: bool = False
+    text: str = ""  # the agent's final answer
 
 
 def agent_client(base_url: str, episode: str) -> Any:
@@ -111,7 +114,8 @@ def score_episode(
         info["agent_error"] = run.detail
     for t in trajs:
         t.reward_info = dict(info)
-    return AgentEpisode(reward, trajs, run.error)
+    ok = not run.error
+    return AgentEpisode(reward, trajs, run.error, s.correct and ok, s.formatted and ok, run.text)
 
 
 def episode_group(problem: Problem, episodes: list[AgentEpisode]) -> Group:

@@ -6,6 +6,7 @@ written."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import textwrap
@@ -53,6 +54,7 @@ def test_the_python_api_trains_on_a_dataset_with_weighted_functions(workdir: Pat
     import my_rewards
     from transformers import AutoModelForCausalLM
 
+    handlers = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
     run = streamrl.train(
         reward_fn=[(my_rewards.brevity, 0.5), my_rewards.has_digit],
         train_data=datasets.Dataset.from_list(ROWS),
@@ -60,6 +62,7 @@ def test_the_python_api_trains_on_a_dataset_with_weighted_functions(workdir: Pat
         **SETTINGS,
     )
     assert run.run_dir == workdir / "run" and run.steps == 2
+    assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == handlers  # Ctrl-C is yours again
     assert [m["step"] for m in run.metrics] == [1, 2]
     for m in run.metrics:
         assert m["reward_mean"] == pytest.approx(0.5 * m["reward/brevity"] + m["reward/has_digit"])

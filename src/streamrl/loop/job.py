@@ -191,10 +191,12 @@ def _run_train(
     train_threads, rollout_threads = thread_split(cfg)
     torch.set_num_threads(train_threads)
     _seed_everything(cfg.seed)
-    stop = StopFlag()
-    stop.install()
     # a bad task, a refused sandbox or a model that does not resolve fails before anything is written
+    # (a Ctrl-C meanwhile, during a model download say, stops it at once: nothing is written yet)
     checked = checked or preflight(cfg)
+    stop = StopFlag()  # from here on, Ctrl-C and SIGTERM stop the run at a safe point, state saved
+    stop.install()
+    closers.callback(stop.uninstall)  # the caller's handlers return when the run is over
     run_dir = claim_run_dir(cfg.run_dir, bool(cfg.resume), cfg.overwrite)
     cfg.run_dir = str(run_dir)
     name_semaphores_after_this_process()  # a later run can remove them if this one is killed

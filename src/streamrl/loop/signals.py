@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 from types import FrameType
+from typing import Any
 
 REFUSED = (
     "streamrl: already stopping; the state is being saved. Wait for it, or kill -9 the run: the newest "
@@ -20,6 +21,7 @@ class StopFlag:
     def __init__(self) -> None:
         self.event = threading.Event()
         self.reason = ""
+        self._previous: dict[int, Any] = {}  # the handlers install() replaced, put back by uninstall()
 
     def request(self, reason: str) -> None:
         self.reason = self.reason or reason
@@ -38,5 +40,11 @@ class StopFlag:
             self.request(signal.Signals(signum).name)
 
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, handler)
-            signal.signal(signal.SIGTERM, handler)
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, handler)
+
+    def uninstall(self) -> None:
+        """Put back the handlers install() replaced (a notebook's Ctrl-C works again after the run)."""
+        while self._previous:
+            sig, previous = self._previous.popitem()
+            signal.signal(sig, previous)

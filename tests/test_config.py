@@ -97,6 +97,32 @@ def test_sampled_evaluation_of_multi_turn_tasks_is_refused(task):
     )
 
 
+@pytest.mark.parametrize(
+    ("override", "key", "old", "new"),
+    [
+        ("train.lr=1e-3", "train.lr", 2e-05, 0.001),
+        ("seed=3", "seed", 0, 3),
+        ("runtime.mode=colocated", "runtime.mode", "async", "colocated"),
+        ("task=rg:products", "task", "rg:chain_sum", "rg:products"),
+    ],
+)
+def test_a_resume_refuses_an_override_its_saved_state_would_ignore(tmp_path, override, key, old, new):
+    from streamrl.config import RESUME_FIXED, config_yaml
+
+    (tmp_path / "config.yaml").write_text(config_yaml(load_config(None, [])))
+    assert load_config(None, [f"resume={tmp_path}", "max_steps=40"]).max_steps == 40  # what may change
+    extra = ["max_staleness=0"] if new == "colocated" else []
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"resume={tmp_path}", override, *extra])
+    assert str(e.value) == (
+        f"resume: config key '{key}' is {old!r} in {tmp_path}/config.yaml, not {new!r}: a resumed run keeps "
+        f"it ({RESUME_FIXED[key]}); drop the override, or start a new "
+        "run from its checkpoint"
+    )
+    with pytest.raises(ConfigError, match="resume: config key 'train.lr'"):  # a section dict, as from Python
+        load_config(None, [f"resume={tmp_path}"], values={"train": {"lr": 1e-3}})
+
+
 def test_data_keys_are_read_by_an_agent_over_a_data_base_task():
     cfg = load_config(
         None,

@@ -139,10 +139,44 @@ def load_config(
         apply_key(cfg, k, v)
     if resume:
         cfg.run_dir = resume
+        _refuse_changes_a_resume_would_ignore(data, cfg, resume)
     elif cfg.eval.k and not _sets(["eval", "n"], preset, data, dict(parsed)):
         cfg.eval.n = max(0, *cfg.eval.k)  # k=4 alone asks for 4 samples per problem
     validate(cfg)
     return cfg
+
+
+# what a resumed run takes from its saved state, so an override would be ignored or would corrupt it
+RESUME_FIXED = {
+    "model": "the weights are the saved state's",
+    "seed": "the data order and the random generators continue the saved ones",
+    "task": "the data position is the saved stream's",
+    "task_config.args": "the data position is the saved stream's",
+    "task_config.columns": "the data position is the saved stream's",
+    "task_config.split": "the data position is the saved stream's",
+    "task_config.sources": "the data position is the saved stream's",
+    "task_config.streaming": "the data position is the saved stream's",
+    "runtime.mode": "the groups one loop carries over are not read by the other",
+    "train.lr": "the optimizer and scheduler states restore the saved learning rate",
+    "train.weight_decay": "the optimizer state restores the saved value",
+    "train.betas": "the optimizer state restores the saved values",
+}
+
+
+def _refuse_changes_a_resume_would_ignore(saved: dict[str, Any], cfg: Config, resume: str) -> None:
+    """One line for an override of a key the saved state fixes (RESUME_FIXED)."""
+    base = Config()
+    for k, v in saved.items():
+        apply_key(base, str(k), v)
+    for key, why in RESUME_FIXED.items():
+        old, new = base, cfg
+        for part in key.split("."):
+            old, new = getattr(old, part), getattr(new, part)
+        if old != new:
+            raise ConfigError(
+                f"resume: config key '{key}' is {old!r} in {resume}/config.yaml, not {new!r}: a resumed run "
+                f"keeps it ({why}); drop the override, or start a new run from its checkpoint"
+            )
 
 
 def _sets(key: list[str], *sources: dict[str, Any]) -> bool:

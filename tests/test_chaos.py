@@ -255,7 +255,10 @@ def test_colocated_run_killed_and_resumed_ends_bitwise_equal(tmp_path: Path) -> 
     a = load_file(str(latest_state(whole) / "model" / "model.safetensors"))
     b = load_file(str(latest_state(split) / "model" / "model.safetensors"))
     assert [k for k in a if not torch.equal(a[k], b[k])] == []
-    assert [r["step"] for r in _lines(split / "metrics.jsonl")] == list(range(1, 7))
+    rows = _lines(split / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 7))
+    for key in ("time", "train_elapsed"):  # the resumed run's clocks continue the saved ones
+        assert all(a[key] < b[key] for a, b in zip(rows, rows[1:])), [r[key] for r in rows]
     assert _lines(whole / "groups.jsonl") == _lines(split / "groups.jsonl")
     # the base model's evaluation was on disk before the kill: the resumed run compares against it
     ev, ev_whole = (json.loads((d / "eval.json").read_text()) for d in (split, whole))

@@ -281,9 +281,12 @@ def _run_train(
     observer = RunObserver(cfg, run_dir, console, purge_step=state.step + 1 if cfg.resume else None)
     groups_log = GroupLog(run_dir / "groups.jsonl")
 
+    clock_at = {"time": 0.0, "train_elapsed": 0.0, **state.clock}  # as of the last logged step
+
     def save(snapshot: RunState) -> RunState:
         """weights, optimizer, position, carried groups, RNGs; accounting.json as of the same moment"""
         snapshot.replay = replay.state() if replay is not None else []
+        snapshot.clock = dict(clock_at)
         observer.sync()  # the logs up to this state are on disk before the state says they are
         groups_log.sync()
         save_state(run_dir, snapshot, trainer, tokenizer, engine.generator.get_state(), cfg.train.keep_states)
@@ -294,6 +297,7 @@ def _run_train(
     saver = PeriodicSaver(cfg.train.save_every, cfg.train.save_every_s, lambda: save(runner.snapshot()))
     t_train = time.perf_counter()
     clock = TrainClock()  # train_elapsed: the loop's time minus periodic evaluation, saves and exports
+    resumed_at = dict(clock_at)  # a resumed run's clocks continue the saved ones
     try:
         with StepProgress(cfg.max_steps, console, done=state.step, max_time=cfg.max_time) as progress:
 
@@ -313,8 +317,9 @@ def _run_train(
                         prompt_shared_tokens=parts.prompts.shared_tokens,
                     )
                 finally:  # the step is trained and counted: it is logged even if its evaluation failed
-                    record["time"] = time.perf_counter() - t_start
-                    record["train_elapsed"] = clock.elapsed
+                    record["time"] = resumed_at["time"] + time.perf_counter() - t_start
+                    record["train_elapsed"] = resumed_at["train_elapsed"] + clock.elapsed
+                    clock_at.update(time=record["time"], train_elapsed=record["train_elapsed"])
                     groups_log.write(rec.groups, rec.step, rec.advantages)
                     observer.on_step(record)
                 progress.update(record)

@@ -22,14 +22,12 @@ from streamrl.data.replay import make_replay
 from streamrl.data.samplers import Sampler, make_sampler
 from streamrl.data.task import Task, default_task_args
 from streamrl.engine.hf import HFEngine
-from streamrl.eval.heldout import EvalResult, evaluate
-from streamrl.eval.sampled import evaluate_sampled
-from streamrl.eval.sampling_metrics import default_ks
-from streamrl.eval.stats import paired_difference_interval
+from streamrl.eval.heldout import evaluate
 from streamrl.loop.asynchronous import AsyncRunner
 from streamrl.loop.colocated import ColocatedRunner
 from streamrl.loop.durable import write_text_atomic
 from streamrl.loop.export import export_checkpoint
+from streamrl.loop.heldout import eval_record, periodic_eval, run_eval_record
 from streamrl.loop.ledger import Ledger
 from streamrl.loop.run_dir import PeriodicSaver, claim_run_dir, reconcile_logs
 from streamrl.loop.signals import StopFlag
@@ -114,21 +112,6 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _eval_record(base: EvalResult | None, final: EvalResult | None) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "base": base.summary() if base else None,
-        "final": final.summary() if final else None,
-    }
-    if base and final:
-        mean, lo, hi = paired_difference_interval(base.correct, final.correct)
-        out["difference"] = {"mean": mean, "ci95": [lo, hi]}
-        out["samples"] = {"base": base.samples, "final": final.samples}
-    out["per_problem_correct"] = {
-        k: [int(c) for c in r.correct] for k, r in (("base", base), ("final", final)) if r is not None
-    }
-    return out
-
-
 def _restore(cfg: Config, parts: Components, run_dir: Path) -> RunState:
     """Load weights, optimizer and position of a stopped run into fresh components."""
     state, model_dir, tensors = load_state(run_dir)
@@ -155,23 +138,6 @@ def _restore(cfg: Config, parts: Components, run_dir: Path) -> RunState:
     else:  # a run saved before samplers: the uniform stream is deterministic, skip what was drawn
         Sampler.load_state_dict(parts.stream, {"base_drawn": state.problems_drawn})
     return state
-
-
-def periodic_eval(
-    engine: Any, tokenizer: Any, task: Task, heldout: list[Problem], cfg: Config
-) -> dict[str, Any]:
-    """Held-out metrics during training (eval.every): greedy accuracy, and pass@k etc. with eval.n > 0."""
-    if cfg.eval.n > 0:
-        ks = sorted(set(cfg.eval.k)) or default_ks(cfg.eval.n)
-        e = cfg.eval
-        res = evaluate_sampled(
-            engine, tokenizer, task, heldout, e.n, ks, e.temperature, cfg.rollout.top_p, e.max_new_tokens
-        )
-        s = res.summary()
-        out = {f"heldout_{k}": v for k, v in s.items() if k.startswith(("pass@", "avg@", "maj@"))}
-        return {"heldout_accuracy": s["greedy_accuracy"], "heldout_eval_time": res.seconds, **out}
-    res_g = evaluate(engine, tokenizer, task, heldout, cfg.eval.max_new_tokens, cfg.env.agent_timeout_s)
-    return {"heldout_accuracy": res_g.accuracy, "heldout_eval_time": res_g.seconds}
 
 
 def run_train(cfg: Config, console: Console | None = None, checked: Checked | None = None) -> dict[str, Any]:
@@ -274,7 +240,7 @@ def _run_train(
         timings["eval"] += base.seconds
         console.print(f"base accuracy {base.accuracy:.3f} ({sum(base.correct)}/{len(base.correct)})")
         # on disk now: a run that crashes or is killed keeps it, and its resume reads it back
-        old_eval = {**old_eval, **_eval_record(base, None)}
+        old_eval = {**old_eval, **eval_record(base, None)}
         write_text_atomic(run_dir / "eval.json", json.dumps(old_eval, indent=2))
     before = Accuracy.from_summary(base.summary() if base else old_eval.get("base"))  # for model cards
     timings["setup"] += runner.wait_ready()  # what is left of the workers' start: not training time
@@ -361,16 +327,7 @@ def _run_train(
         push_policy(engine, trainer)
         final = evaluate(engine, tokenizer, task, heldout, cfg.eval.max_new_tokens, cfg.env.agent_timeout_s)
         timings["eval"] += final.seconds
-    evals = _eval_record(base, final)
-    old_base = old_eval.get("per_problem_correct", {}).get("base")
-    if base is None and old_base:  # resumed: the base model was evaluated by the first run
-        evals["base"] = old_eval["base"]
-        evals["per_problem_correct"]["base"] = old_base
-        if final is not None and len(old_base) == len(final.correct):
-            mean, lo, hi = paired_difference_interval([bool(c) for c in old_base], final.correct)
-            evals["difference"] = {"mean": mean, "ci95": [lo, hi]}
-    if "sampled" in old_eval:  # a `streamrl eval` of this run directory (it names the model it read)
-        evals["sampled"] = old_eval["sampled"]
+    evals = run_eval_record(base, final, old_eval)
     write_text_atomic(run_dir / "eval.json", json.dumps(evals, indent=2))
 
     ckpt = run_dir / "checkpoint"

@@ -1,0 +1,77 @@
+"""Held-out evaluation inside a training run: the eval.json record of the base and final models (kept
+across a resume) and the periodic evaluation of eval.every."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from streamrl.config import Config
+from streamrl.data.task import Task
+from streamrl.eval.heldout import EvalResult, evaluate
+from streamrl.eval.sampled import evaluate_sampled
+from streamrl.eval.sampling_metrics import default_ks
+from streamrl.eval.stats import paired_difference_interval
+from streamrl.types import Problem
+
+
+def eval_record(base: EvalResult | None, final: EvalResult | None) -> dict[str, Any]:
+    """eval.json's record of a run's base and final evaluations (either may be None)."""
+    out: dict[str, Any] = {
+        "base": base.summary() if base else None,
+        "final": final.summary() if final else None,
+    }
+    if base and final:
+        mean, lo, hi = paired_difference_interval(base.correct, final.correct)
+        out["difference"] = {"mean": mean, "ci95": [lo, hi]}
+        out["samples"] = {"base": base.samples, "final": final.samples}
+    out["per_problem_correct"] = {
+        k: [int(c) for c in r.correct] for k, r in (("base", base), ("final", final)) if r is not None
+    }
+    return out
+
+
+def run_eval_record(base: EvalResult | None, final: EvalResult | None, old: dict[str, Any]) -> dict[str, Any]:
+    """The record at a run's end; `old`: eval.json as the run found it (a resumed run's base evaluation,
+    measured by the first run, and a `streamrl eval` record of the directory are kept)."""
+    evals = eval_record(base, final)
+    old_base = old.get("per_problem_correct", {}).get("base")
+    if base is None and old_base:  # resumed: the base model was evaluated by the first run
+        evals["base"] = old["base"]
+        evals["per_problem_correct"]["base"] = old_base
+        if final is not None and len(old_base) == len(final.correct):
+            mean, lo, hi = paired_difference_interval([bool(c) for c in old_base], final.correct)
+            evals["difference"] = {"mean": mean, "ci95": [lo, hi]}
+    if "sampled" in old:  # a `streamrl eval` of this run directory (it names the model it read)
+        evals["sampled"] = old["sampled"]
+    return evals
+
+
+EVAL_SEED = 1_000_037  # periodic sampled evaluation draws from its own generator
+
+
+def periodic_eval(
+    engine: Any, tokenizer: Any, task: Task, heldout: list[Problem], cfg: Config
+) -> dict[str, Any]:
+    """Held-out metrics during training (eval.every): greedy accuracy, and pass@k etc. with eval.n > 0.
+    The samples come from a generator of their own (the same stream at every evaluation), so the colocated
+    engine's, which draws the training rollouts, is left where it was."""
+    if cfg.eval.n > 0:
+        ks = sorted(set(cfg.eval.k)) or default_ks(cfg.eval.n)
+        e = cfg.eval
+        training_rng = getattr(engine, "generator", None)
+        if training_rng is not None:
+            engine.generator = torch.Generator().manual_seed(EVAL_SEED + cfg.seed)
+        try:
+            res = evaluate_sampled(
+                engine, tokenizer, task, heldout, e.n, ks, e.temperature, cfg.rollout.top_p, e.max_new_tokens
+            )
+        finally:
+            if training_rng is not None:
+                engine.generator = training_rng
+        s = res.summary()
+        out = {f"heldout_{k}": v for k, v in s.items() if k.startswith(("pass@", "avg@", "maj@"))}
+        return {"heldout_accuracy": s["greedy_accuracy"], "heldout_eval_time": res.seconds, **out}
+    res_g = evaluate(engine, tokenizer, task, heldout, cfg.eval.max_new_tokens, cfg.env.agent_timeout_s)
+    return {"heldout_accuracy": res_g.accuracy, "heldout_eval_time": res_g.seconds}

@@ -22,10 +22,19 @@ def test_wilson_hand_value():
 
 def test_paired_difference_hand_value():
     before = [False, False, True, True]
-    after = [True, False, True, False]  # d = 1, 0, 0, -1: mean 0, sd = sqrt(2/3)
+    after = [True, False, True, False]  # one problem each: both, neither, lost, gained; phi = 0
     mean, lo, hi = paired_difference_interval(before, after)
-    half = 1.959964 * (2 / 3) ** 0.5 / 2
-    assert (mean, lo, hi) == pytest.approx((0.0, -half, half), abs=1e-5)
+    # Wilson(2, 4) = 0.5 -+ 0.349962 for both arms; half = sqrt(0.349962^2 + 0.349962^2)
+    assert (mean, lo, hi) == pytest.approx((0.0, -0.494924, 0.494924), abs=1e-5)
+    # every problem flipped up: Wilson(0, 3) = (0, 0.561493), Wilson(3, 3) = (0.438507, 1), phi = 0
+    mean, lo, hi = paired_difference_interval([False] * 3, [True] * 3)
+    assert (mean, lo, hi) == pytest.approx((1.0, 1 - (2 * 0.561493**2) ** 0.5, 1.0), abs=1e-5)
+    # positively correlated pairs narrow it: 8 both, 8 neither, 2 gained, 2 lost vs. no correlation
+    corr = paired_difference_interval(
+        [True] * 10 + [False] * 10, [True] * 8 + [False] * 2 + [True] * 2 + [False] * 8
+    )
+    indep = paired_difference_interval([True] * 10 + [False] * 10, [True, False] * 10)
+    assert corr[0] == indep[0] == 0.0 and corr[2] - corr[1] < indep[2] - indep[1]
     with pytest.raises(ValueError, match="equal lengths"):
         paired_difference_interval([True], [])
 

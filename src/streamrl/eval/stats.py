@@ -1,5 +1,5 @@
-"""Accuracy intervals: Wilson for one proportion, paired normal interval for a difference over problems,
-Student's t interval for a difference over replicate runs."""
+"""Accuracy intervals: Wilson for one proportion, Newcombe's paired score interval for a difference over
+problems, Student's t interval for a difference over replicate runs."""
 
 from __future__ import annotations
 
@@ -22,21 +22,31 @@ def wilson_interval(correct: int, n: int, z: float = Z95) -> tuple[float, float]
 def paired_difference_interval(
     before: list[bool], after: list[bool], z: float = Z95
 ) -> tuple[float, float, float]:
-    """Mean of d_i = after_i - before_i over the same problems and its 95% normal interval.
+    """Mean of d_i = after_i - before_i over the same problems and its 95% interval.
 
     -> (mean, low, high). Pairing removes the between-problem variance, so the interval is the
-    right one for "did training help on these problems" (McNemar's setting).
+    right one for "did training help on these problems" (McNemar's setting). It is Newcombe's hybrid
+    score interval for paired proportions (Newcombe 1998, method 10): the two Wilson intervals
+    combined with the correlation of the pairs, so it keeps a width where the normal interval
+    collapses (every problem flipped the same way: [F, F, F] -> [T, T, T] gives (1.0, 0.206, 1.0)).
     """
     if len(before) != len(after):
         raise ValueError(f"paired interval needs equal lengths, got {len(before)} and {len(after)}")
     n = len(before)
     if n == 0:
         return (0.0, 0.0, 0.0)
-    d = [float(a) - float(b) for a, b in zip(after, before)]
-    mean = sum(d) / n
-    var = sum((x - mean) ** 2 for x in d) / (n - 1) if n > 1 else 0.0
-    half = z * math.sqrt(var / n)
-    return (mean, mean - half, mean + half)
+    both = sum(1 for b, a in zip(before, after) if a and b)
+    lost = sum(1 for b, a in zip(before, after) if b and not a)
+    gained = sum(1 for b, a in zip(before, after) if a and not b)
+    neither = n - both - lost - gained
+    p_b, p_a = (both + lost) / n, (both + gained) / n
+    (lb, ub), (la, ua) = wilson_interval(both + lost, n, z), wilson_interval(both + gained, n, z)
+    margins = (both + lost) * (gained + neither) * (both + gained) * (lost + neither)
+    phi = (both * neither - lost * gained) / math.sqrt(margins) if margins else 0.0
+    down = math.sqrt(max(0.0, (p_a - la) ** 2 - 2 * phi * (p_a - la) * (ub - p_b) + (ub - p_b) ** 2))
+    up = math.sqrt(max(0.0, (ua - p_a) ** 2 - 2 * phi * (ua - p_a) * (p_b - lb) + (p_b - lb) ** 2))
+    mean = p_a - p_b
+    return (mean, max(-1.0, mean - down), min(1.0, mean + up))
 
 
 def t_quantile(p: float, df: int) -> float:

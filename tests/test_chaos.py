@@ -202,6 +202,21 @@ def test_a_resume_finds_a_state_a_kill_left_moved_aside_mid_swap(tmp_path: Path)
     assert [d.name for d in state_dirs(run)] == ["step-00000003"]
 
 
+def test_pruning_exports_keeps_the_newest_and_sweeps_what_killed_writers_left(tmp_path: Path) -> None:
+    from streamrl.loop.export import prune_exports
+
+    for name in ("step-2", "step-10", "step-9", ".tmp-step-11-4242", f".tmp-step-12-{os.getpid()}", "other"):
+        (tmp_path / name).mkdir()
+    assert [d.name for d in prune_exports(tmp_path, 2)] == ["step-2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f".tmp-step-12-{os.getpid()}",
+        "other",
+        "step-10",
+        "step-9",
+    ]
+    assert prune_exports(tmp_path, 0) == [] and len(list(tmp_path.iterdir())) == 4  # 0: keep them all
+
+
 def test_reconcile_moves_lines_past_the_saved_step(tmp_path: Path) -> None:
     rows = [{"step": s, "group_id": f"g{s}"} for s in (1, 2, 3, 4)]
     (tmp_path / "groups.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 5, "gro')
@@ -216,9 +231,9 @@ def test_reconcile_moves_lines_past_the_saved_step(tmp_path: Path) -> None:
 def test_periodic_saves_keep_the_newest_states(tmp_path: Path) -> None:
     run = tmp_path / "run"
     args = [*ARGS, "runtime.mode=colocated", "max_staleness=0", "max_steps=5", "train.keep_states=3"]
-    assert main(["train", *args, "checkpoint.every=2", f"run_dir={run}"]) == 0
+    assert main(["train", *args, "checkpoint.every=1", "checkpoint.keep=2", f"run_dir={run}"]) == 0
     assert [d.name for d in state_dirs(run)] == ["step-000003", "step-000004", "step-000005"]
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-2", "step-4"]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-4", "step-5"]
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step-4")

@@ -130,6 +130,7 @@ BOUNDS: dict[str, Bound] = {
     "train.save_every_s": NON_NEGATIVE,
     "train.keep_states": POSITIVE,
     "checkpoint.every": NON_NEGATIVE,
+    "checkpoint.keep": NON_NEGATIVE,
     "train.lora_rank": NON_NEGATIVE,
     "train.lora_alpha": POSITIVE,
     "train.world_size": POSITIVE,

@@ -182,6 +182,7 @@ class CheckpointConfig:
 
     save: bool = True  # export RUN_DIR/checkpoint when the run ends
     every: int = 0  # also export RUN_DIR/checkpoints/step-N every N steps (0: off)
+    keep: int = 0  # of those, keep the newest this many (0: all)
     # dtype of the exported weights (the resume state in RUN_DIR/state/ always keeps fp32 master weights)
     dtype: Literal["bf16", "fp32"] = "bf16"
 

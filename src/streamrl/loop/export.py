@@ -3,6 +3,7 @@ checkpoint.dtype with its tokenizer, a model card (README.md) and, with LoRA, th
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,24 @@ HUB_IDS = {"smollm2-135m-instruct": smollm2.HUB_ID}
 
 class CheckpointWriteError(RuntimeError):
     """The checkpoint could not be written (a full disk, most often); the run state is kept."""
+
+
+def prune_exports(root: Path, keep: int) -> list[Path]:
+    """Remove all but the newest `keep` step-N exports in `root` (keep 0: none removed), and what
+    writers killed mid-export left there (.tmp-*); -> the exports removed, oldest first."""
+    if not root.is_dir():
+        return []
+    for leftover in root.glob(".tmp-*"):
+        if not leftover.name.endswith(f"-{os.getpid()}"):  # another process's: it is gone
+            shutil.rmtree(leftover, ignore_errors=True)
+    steps = sorted(
+        (d for d in root.iterdir() if d.is_dir() and d.name.startswith("step-") and d.name[5:].isdigit()),
+        key=lambda d: int(d.name[5:]),
+    )
+    old = steps[: max(0, len(steps) - keep)] if keep else []
+    for d in old:
+        shutil.rmtree(d, ignore_errors=True)
+    return old
 
 
 def export_checkpoint(

@@ -26,7 +26,7 @@ from streamrl.eval.heldout import evaluate
 from streamrl.loop.asynchronous import AsyncRunner
 from streamrl.loop.colocated import ColocatedRunner
 from streamrl.loop.durable import write_text_atomic
-from streamrl.loop.export import export_checkpoint
+from streamrl.loop.export import export_checkpoint, prune_exports
 from streamrl.loop.heldout import eval_record, periodic_eval, run_eval_record
 from streamrl.loop.ledger import Ledger
 from streamrl.loop.run_dir import PeriodicSaver, claim_run_dir, reconcile_logs
@@ -296,6 +296,7 @@ def _run_train(
                     path = run_dir / "checkpoints" / f"step-{rec.step}"
                     with clock.pause():
                         export_checkpoint(trainer, tokenizer, path, cfg, rec.step, before, after)
+                        prune_exports(path.parent, cfg.checkpoint.keep)
 
             runner.run(on_step)
     finally:

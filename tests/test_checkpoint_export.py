@@ -14,7 +14,7 @@ from tiny_args import TINY
 
 from streamrl.cli import main
 from streamrl.config import load_config
-from streamrl.loop import job
+from streamrl.loop import heldout, job
 from streamrl.loop.state import latest_state, state_dirs
 from streamrl.loop.train_clock import TrainClock
 from streamrl.models.resolve import load_model
@@ -72,7 +72,8 @@ def run(tmp_path_factory):
         write = fake.spend(1.0, job.GroupLog.write)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(job, "evaluate", fake.spend(100.0, evaluate))
+        mp.setattr(job, "evaluate", fake.spend(100.0, evaluate))  # base and final
+        mp.setattr(heldout, "evaluate", fake.spend(100.0, evaluate))  # periodic (eval.every)
         mp.setattr(job, "save_state", fake.spend(100.0, job.save_state))
         mp.setattr(job, "export_checkpoint", fake.spend(100.0, job.export_checkpoint))
         mp.setattr(job, "GroupLog", GroupLog)

@@ -19,6 +19,10 @@ from streamrl.types import TrainBatch
 
 # fp32, same weights, same micro-batches: only the order of float sums differs between 1 and 2 ranks
 ATOL, RTOL = 1e-6, 1e-5
+# the weights after AdamW steps: Adam divides each gradient by its own running scale, so for an entry
+# whose gradient is near 0 a float-order difference moves the update by a share of lr (1e-3 here);
+# 1% of lr still tells a rank that missed a sync or a step (its weights differ by whole updates)
+PARAM_ATOL = 1e-5
 
 
 def _batch(n: int, seed: int) -> TrainBatch:
@@ -105,7 +109,7 @@ def test_two_ranks_match_one_process(tiny, strategy, backend, capsys):
         s1, s2 = single.policy_state(), dist_trainer.policy_state()
         assert s1.keys() == s2.keys()
         diffs["params_after_2_adamw_steps"] = max(float((s1[k] - s2[k]).abs().max()) for k in s1)
-        assert diffs["params_after_2_adamw_steps"] <= ATOL
+        assert diffs["params_after_2_adamw_steps"] <= PARAM_ATOL
         with capsys.disabled():
             print(f"\n{strategy} ({backend}) 2 ranks vs 1 process, max abs diff: {diffs}")
     finally:

@@ -53,21 +53,20 @@ def make_task(
     (task_config keys of the same names); `sources`: the `mix` task's list; `sandbox_min_isolation`:
     tasks that run model code check their sandbox against it when built."""
     kw = {"system_prompt": system_prompt, "instruction": instruction, "extract": extract}
+    data = {  # what a tabular source reads (data/sources.py)
+        "columns": columns,
+        "eval_data": eval_data,
+        "split": split,
+        "eval_split": eval_split,
+        "streaming": streaming,
+        "shuffle_buffer": shuffle_buffer,
+        "code_partial_credit": code_partial_credit,
+        "sandbox_min_isolation": sandbox_min_isolation,
+    }
     if spec.startswith("agent:"):  # its problems and scores come from a base task with these settings
         from streamrl.envs.agent_task import AgentTask
 
-        base = functools.partial(
-            make_task,
-            code_partial_credit=code_partial_credit,
-            sandbox_min_isolation=sandbox_min_isolation,
-            columns=columns,
-            eval_data=eval_data,
-            split=split,
-            eval_split=eval_split,
-            streaming=streaming,
-            shuffle_buffer=shuffle_buffer,
-        )
-        return AgentTask(spec[6:], args, base, **kw)
+        return AgentTask(spec[6:], args, functools.partial(make_task, **data), **kw)
     if spec == "mix":
         from streamrl.data.mixture import MixtureTask
 
@@ -101,18 +100,7 @@ def make_task(
     if is_data_source(spec):
         from streamrl.data.sources import data_task
 
-        return data_task(
-            spec,
-            columns,
-            split=split,
-            eval_split=eval_split,
-            eval_data=eval_data,
-            streaming=streaming,
-            shuffle_buffer=shuffle_buffer,
-            code_partial_credit=code_partial_credit,
-            sandbox_min_isolation=sandbox_min_isolation,
-            **kw,
-        )
+        return data_task(spec, **data, **kw)
     raise ValueError(
         f"unknown task '{spec}': use 'rg:<reasoning-gym dataset>', 'hf:<dataset>[:<config>]', "
         "'data:<.jsonl/.json/.parquet/.csv file or directory>', 'mix', 'code', 'code:<file.jsonl>', "

@@ -172,6 +172,12 @@ def test_wandb_sink_logs_offline_through_the_api(tmp_path, monkeypatch):
     assert calls["init"]["mode"] == "offline" and calls["init"]["dir"] == str(tmp_path)
     assert calls["log"] == [(3, {"reward_mean": 0.5, "staleness_hist/0": 4})]
     assert calls["finished"]
+    first = calls["init"]["id"]
+    WandbSink(tmp_path, "proj", "offline", {"model": "m"})  # the same run directory, resumed
+    assert calls["init"]["id"] == first and calls["init"]["resume"] == "allow"
+    (tmp_path / "other").mkdir()
+    WandbSink(tmp_path / "other", "proj", "offline", {})
+    assert calls["init"]["id"] != first  # another run directory is another W&B run
 
 
 def test_wandb_missing_is_a_config_error(monkeypatch):

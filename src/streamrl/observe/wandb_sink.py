@@ -1,6 +1,7 @@
 """Optional Weights & Biases sink for the metrics stream (observe.wandb=true).
 
 Offline mode by default: wandb writes RUN_DIR/wandb/ without any network; `wandb sync` uploads later.
+The W&B run id is kept in RUN_DIR/wandb_run_id, so a resumed run logs on into the same W&B run.
 wandb is an optional extra (`pip install 'streamrl[wandb]'`); config validation rejects
 observe.wandb=true without it, so the import here only fails if it vanished since.
 """
@@ -8,8 +9,11 @@ observe.wandb=true without it, so the import here only fails if it vanished sinc
 from __future__ import annotations
 
 import math
+import uuid
 from pathlib import Path
 from typing import Any
+
+RUN_ID_FILE = "wandb_run_id"  # in the run directory
 
 
 class WandbSink:
@@ -20,8 +24,17 @@ class WandbSink:
             raise RuntimeError(
                 "observe.wandb=true needs the wandb package: pip install 'streamrl[wandb]'"
             ) from e
+        id_file = run_dir / RUN_ID_FILE  # a resumed run logs on into the W&B run it started
+        run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:16]
+        id_file.write_text(run_id + "\n")
         self._run = wandb.init(
-            project=project, mode=mode, dir=str(run_dir), name=run_dir.resolve().name, config=config
+            project=project,
+            mode=mode,
+            dir=str(run_dir),
+            name=run_dir.resolve().name,
+            config=config,
+            id=run_id,
+            resume="allow",
         )
 
     def write(self, record: dict[str, Any]) -> None:

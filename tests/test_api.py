@@ -159,7 +159,8 @@ def test_evaluate_takes_eval_data_as_the_held_out_rows_whatever_the_task(monkeyp
 
 
 @pytest.mark.parametrize(
-    ("size", "expected"), [({}, 450), ({"eval": {"size": 10}}, 10), ({"eval.size": 7}, 7)]
+    ("size", "expected"),
+    [({}, 450), ({"eval": {"size": 10}}, 10), ({"eval.size": 7}, 7), ({"config": {"eval": {"size": 9}}}, 9)],
 )
 def test_evaluate_takes_every_row_given_from_code_unless_told_how_many(monkeypatch, size, expected):
     import streamrl.eval_cli as eval_cli
@@ -169,6 +170,15 @@ def test_evaluate_takes_every_row_given_from_code_unless_told_how_many(monkeypat
     rows = [{"prompt": f"What is {i}+1?", "answer": str(i + 1)} for i in range(450)]
     streamrl.evaluate("tiny-random", eval_data=rows, **size)
     assert seen[0].eval.size == expected  # not the default 400 of a task's own held-out set
+
+
+def test_evaluate_takes_a_hub_name_as_eval_data(monkeypatch):
+    import streamrl.eval_cli as eval_cli
+
+    seen = []
+    monkeypatch.setattr(eval_cli, "run_eval", lambda cfg: seen.append(cfg) or {})
+    streamrl.evaluate("tiny-random", eval_data="hf:openai/gsm8k:main")
+    assert (seen[0].task, seen[0].task_config.eval_data) == ("hf:openai/gsm8k:main", "hf:openai/gsm8k:main")
 
 
 @pytest.mark.parametrize(

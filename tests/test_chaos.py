@@ -207,14 +207,15 @@ def test_pruning_exports_keeps_the_newest_and_sweeps_what_killed_writers_left(tm
 
     for name in ("step-2", "step-10", "step-9", ".tmp-step-11-4242", f".tmp-step-12-{os.getpid()}", "other"):
         (tmp_path / name).mkdir()
-    assert [d.name for d in prune_exports(tmp_path, 2)] == ["step-2"]
+    (tmp_path / "step-14").mkdir()  # a killed run's export, past the state its resume restored
+    assert [d.name for d in prune_exports(tmp_path, 2, 10)] == ["step-2", "step-14"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         f".tmp-step-12-{os.getpid()}",
         "other",
         "step-10",
         "step-9",
     ]
-    assert prune_exports(tmp_path, 0) == [] and len(list(tmp_path.iterdir())) == 4  # 0: keep them all
+    assert prune_exports(tmp_path, 0, 10) == [] and len(list(tmp_path.iterdir())) == 4  # 0: keep them all
 
 
 def test_reconcile_moves_lines_past_the_saved_step(tmp_path: Path) -> None:

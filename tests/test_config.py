@@ -62,6 +62,10 @@ DATA_ONLY = (
             "'task_config.shuffle_buffer' " + DATA_ONLY.format(who="task 'code'"),
         ),
         (
+            ["task=code:x.jsonl", "task_config.columns={prompt: q}"],
+            "'task_config.columns' " + DATA_ONLY.format(who="task 'code:x.jsonl'"),
+        ),
+        (
             ["task=agent:streamrl.envs.agents:calculator", "task_config.columns={prompt: q}"],
             "'task_config.columns' "
             + DATA_ONLY.format(who="the agent's base task 'rg:chain_sum' (task_config.args.base)"),
@@ -104,6 +108,8 @@ def test_sampled_evaluation_of_multi_turn_tasks_is_refused(task):
         ("seed=3", "seed", 0, 3),
         ("runtime.mode=colocated", "runtime.mode", "async", "colocated"),
         ("task=rg:products", "task", "rg:chain_sum", "rg:products"),
+        ("eval.size=10", "eval.size", 400, 10),
+        ("task_config.few_shot_n=2", "task_config.few_shot_n", 0, 2),
     ],
 )
 def test_a_resume_refuses_an_override_its_saved_state_would_ignore(tmp_path, override, key, old, new):

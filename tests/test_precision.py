@@ -49,6 +49,25 @@ def test_auto_is_bf16_exactly_where_the_cpu_has_bf16_units(units):
     assert precision_dtype("fp32", torch.device("cpu")) == torch.float32
 
 
+AVX512_ONLY = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512bw avx512_vnni\n"
+SAPPHIRE_RAPIDS = "flags\t\t: avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+GRAVITON3 = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n"
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "fast"), [(AVX512_ONLY, False), (SAPPHIRE_RAPIDS, True), (GRAVITON3, True), ("", False)]
+)
+def test_bf16_is_fast_only_with_bf16_instructions_not_on_plain_avx512(tmp_path, monkeypatch, cpuinfo, fast):
+    """oneDNN reports bf16 support on plain AVX-512, where a bf16 matmul is about 3x slower than fp32."""
+    f = tmp_path / "cpuinfo"
+    f.write_text(cpuinfo)
+    real = precision.cpu_flags
+    monkeypatch.setattr(precision, "cpu_flags", lambda: real(str(f)))
+    assert precision._cpu_bf16_matmul() is fast
+    assert resolve_precision("auto", "cpu") == ("bf16" if fast else "fp32")
+    assert real(str(tmp_path / "none")) is None  # not Linux: torch's oneDNN report decides
+
+
 def test_auto_on_a_gpu_asks_the_gpu_and_elsewhere_is_fp32(monkeypatch):
     monkeypatch.setattr(precision, "_cpu_bf16_matmul", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -144,6 +144,18 @@ def test_chat_rows_are_one_prompt_by_every_turn_not_by_their_last_user_turn(tmp_
     assert all(p.messages[-3]["content"] == f"Tom has {p.answer} apples." for p in held + train)
 
 
+def test_a_chat_asking_a_given_few_shot_question_is_not_trained_on(tmp_path):
+    f = tmp_path / "chats.jsonl"
+    chats = [[{"role": "user", "content": f"q{i}"}] for i in range(6)]
+    f.write_text("".join(json.dumps({"chat": c, "answer": str(i)}) + "\n" for i, c in enumerate(chats)))
+    overrides = ["task_config.columns={messages: chat}", "task_config.few_shot=[{question: q5, answer: 5}]"]
+    cfg = load_config(None, [f"task=data:{f}", *overrides, "eval.size=1"])
+    task = task_from_config(cfg)
+    held, exclude = prepare_split(task, cfg)
+    train = {p.meta["question"] for p in itertools.islice(task.train_stream(0, exclude), 40)}
+    assert train == {f"q{i}" for i in range(5)} - {held[0].meta["question"]}
+
+
 def test_given_few_shot_examples_alone_are_shown_and_not_trained_on(tmp_path):
     f = tmp_path / "x.jsonl"
     f.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": str(i)}) + "\n" for i in range(6)))

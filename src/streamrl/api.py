@@ -215,10 +215,14 @@ def evaluate(
     rows = None
     if eval_data is not None:  # the rows are the held-out set itself (the task: their scoring)
         rows = _data_file(eval_data, "eval_data")
-        overrides.setdefault("task", f"data:{rows}")
+        overrides.setdefault("task", rows if rows.startswith(("hf:", "data:")) else f"data:{rows}")
         overrides["task_config.eval_data"] = rows
     cfg = make_config(config, **overrides)
-    size_given = "eval.size" in overrides or "size" in (overrides.get("eval") or {})
+    size_given = (  # by a keyword, or by the config (anything but the default)
+        "eval.size" in overrides
+        or "size" in (overrides.get("eval") or {})
+        or cfg.eval.size != type(cfg.eval)().size
+    )
     if rows is not None and not isinstance(eval_data, (str, Path)) and not size_given:
         cfg.eval.size = len(Path(rows).read_text().splitlines())  # one JSONL line per row
     from streamrl.eval_cli import run_eval

@@ -160,7 +160,10 @@ DATA_KEYS = ("columns", "split", "eval_split", "eval_data", "streaming", "shuffl
 
 
 def is_data_source(spec: str) -> bool:
-    """A task spec whose rows are read with `datasets` and mapped with task_config.columns."""
+    """A task spec whose rows are read with `datasets` and mapped with task_config.columns (a bare
+    PATH.jsonl too, but not the code task's own file, code:PATH.jsonl)."""
+    if spec.startswith(("code:", "env:", "agent:", "rg:")):
+        return False
     return spec.startswith(("hf:", "data:")) or spec.endswith((".jsonl", ".parquet"))
 
 

@@ -164,5 +164,5 @@ def prepare_split(task: Task, cfg: Any) -> tuple[list[Problem], set[str]]:
         task.set_few_shot(shots)
         for p in heldout:
             p.messages = task.render(p)
-        exclude |= seen | {q for q, _ in shots}
+        exclude |= seen | {q for q, _ in shots[: len(tc.few_shot)]}  # drawn ones by key, given by text
     return heldout, exclude

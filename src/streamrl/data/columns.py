@@ -92,6 +92,13 @@ def row_key(question: str, messages: list[dict[str, str]] | None) -> str:
     return json.dumps([[m["role"], m["content"]] for m in messages], ensure_ascii=False)
 
 
+def excluded(row: dict[str, Any], exclude: set[str]) -> bool:
+    """Is a parsed row one never to train on? `exclude` holds prompt keys (held-out rows, drawn
+    few-shot examples) and question texts (given few-shot examples): a chat whose last user turn is a
+    given example's question is excluded, a chat that only shares a held-out chat's last turn is not."""
+    return row["key"] in exclude or row["question"] in exclude
+
+
 def parse_row(rec: Any, columns: dict[str, str]) -> dict[str, Any]:
     """One record -> {question, messages, key, answer, id, kind, tests, columns}; ValueError says what
     is wrong. `key`: the prompt's identity (row_key); `columns`: the record's own fields, which reward

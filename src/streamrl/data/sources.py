@@ -22,7 +22,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from streamrl.data.columns import check_question_column, parse_row, resolve_columns
+from streamrl.data.columns import check_question_column, excluded, parse_row, resolve_columns
 from streamrl.data.loading import held_split_name, open_splits, pick_split
 from streamrl.data.row_task import RowTask, log, no_usable_rows, report_skipped
 from streamrl.data.streamed import StreamedDataTask
@@ -90,7 +90,7 @@ class DataTask(RowTask):
         return [self._make(r) for r in self.rows[:n]]
 
     def train_stream(self, seed: int, exclude: set[str]) -> Iterator[Problem]:
-        order = [i for i, r in enumerate(self.rows) if r["key"] not in exclude]
+        order = [i for i, r in enumerate(self.rows) if not excluded(r, exclude)]
         if not order and self.overlap:
             raise ValueError(f"{self.name}: every training row is also a held-out row")
         if not order:

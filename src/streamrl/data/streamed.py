@@ -16,7 +16,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from streamrl.data.columns import check_question_column, parse_row
+from streamrl.data.columns import check_question_column, excluded, parse_row
 from streamrl.data.row_task import SHOWN_WARNINGS, RowTask, log, no_usable_rows, report_skipped
 from streamrl.types import Problem
 
@@ -79,7 +79,7 @@ class StreamedDataTask(RowTask):
             shuffled.set_epoch(epoch)
             fresh = 0
             for row in self._rows(shuffled, self.train_label):
-                if row["key"] not in exclude:
+                if not excluded(row, exclude):
                     fresh += 1
                     yield self._make(row)
             if not fresh:

@@ -22,9 +22,10 @@ class CheckpointWriteError(RuntimeError):
     """The checkpoint could not be written (a full disk, most often); the run state is kept."""
 
 
-def prune_exports(root: Path, keep: int) -> list[Path]:
-    """Remove all but the newest `keep` step-N exports in `root` (keep 0: none removed), and what
-    writers killed mid-export left there (.tmp-*); -> the exports removed, oldest first."""
+def prune_exports(root: Path, keep: int, step: int) -> list[Path]:
+    """After the export of `step`: remove exports of later steps (a killed run's, past the state its
+    resume restored), all but the newest `keep` of the rest (keep 0: none of them), and what writers
+    killed mid-export left (.tmp-*); -> the exports removed, in step order."""
     if not root.is_dir():
         return []
     for leftover in root.glob(".tmp-*"):
@@ -34,7 +35,9 @@ def prune_exports(root: Path, keep: int) -> list[Path]:
         (d for d in root.iterdir() if d.is_dir() and d.name.startswith("step-") and d.name[5:].isdigit()),
         key=lambda d: int(d.name[5:]),
     )
-    old = steps[: max(0, len(steps) - keep)] if keep else []
+    stale = [d for d in steps if int(d.name[5:]) > step]
+    steps = [d for d in steps if int(d.name[5:]) <= step]
+    old = (steps[: max(0, len(steps) - keep)] if keep else []) + stale
     for d in old:
         shutil.rmtree(d, ignore_errors=True)
     return old

@@ -296,7 +296,7 @@ def _run_train(
                     path = run_dir / "checkpoints" / f"step-{rec.step}"
                     with clock.pause():
                         export_checkpoint(trainer, tokenizer, path, cfg, rec.step, before, after)
-                        prune_exports(path.parent, cfg.checkpoint.keep)
+                        prune_exports(path.parent, cfg.checkpoint.keep, rec.step)
 
             runner.run(on_step)
     finally:

@@ -21,6 +21,7 @@ are imported before any model loads (preflight), so a wrong path or a broken mod
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import math
 import os
@@ -103,7 +104,7 @@ def call_fn(
         pending = asyncio.run_coroutine_threadsafe(_awaited(out), _reward_loop())
         try:
             out = pending.result(timeout=timeout_s)
-        except TimeoutError:
+        except concurrent.futures.TimeoutError:  # the builtin TimeoutError from Python 3.11 on
             pending.cancel()  # cancelled in the shared loop, not left running there for good
             raise TimeoutError(f"reward function '{name}' gave no result within {timeout_s:g} s") from None
     try:  # a string or a mapping iterates as characters or keys: never a list of rewards

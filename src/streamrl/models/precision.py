@@ -36,9 +36,8 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str] | None:
 
 def _cpu_bf16_matmul() -> bool:
     """A CPU whose bf16 matmul is fast: bf16 instructions in its flags (BF16_CPU_FLAGS). oneDNN also
-    reports bf16 support on plain AVX-512, where it converts to fp32 and runs about 3x slower than fp32
-    (a 576x1536 matmul, one thread: 48 ms against 14 ms), so that report is used only where the flags
-    cannot be read (not Linux)."""
+    reports bf16 support on plain AVX-512, where bf16 runs several times slower than fp32
+    (docs/benchmarks.md#precision), so that report is used only where the flags cannot be read."""
     flags = cpu_flags()
     if flags is not None:
         return bool(flags & BF16_CPU_FLAGS)

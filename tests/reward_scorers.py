@@ -72,6 +72,15 @@ def wait_for_gate(gate: str, value: float, started: str = "", limit_s: float = 6
     return value
 
 
+def keep_then_wait(gate: str, keep: str) -> float:
+    """Keeps {"kept": keep} for a failure to come (unless keep is empty), then waits for `gate`."""
+    from streamrl.rewards.workers import keep_on_failure
+
+    if keep:
+        keep_on_failure({"kept": keep})
+    return wait_for_gate(gate, 1.0)
+
+
 def meet(folder: str, name: str, n: int, limit_s: float = 30.0) -> float:
     """Touches folder/name, then waits for n such marks: -> 1.0 once n scorers are in this function
     at the same time, 0.0 if limit_s passes first (the calls ran one after another)."""

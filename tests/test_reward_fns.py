@@ -66,6 +66,17 @@ USER_FILE = textwrap.dedent(
 
     def keyed_score(prompts, completions, **columns):
         return {0.7: completions[0]}  # a mapping iterates as its keys
+
+    def hangs(prompts, completions, **columns):
+        import time
+
+        time.sleep(30)
+        return [1.0]
+
+    def exits(prompts, completions, **columns):
+        import os
+
+        os._exit(3)  # the worker process dies mid-score
     """
 )
 
@@ -163,6 +174,21 @@ def test_accuracy_is_the_tasks_verdict_when_only_your_function_fails(
     t = _scored([fns, f"reward.service={service}", f"task=data:{rows}"], _problem(), _traj(text, [5]))
     assert (t.reward, t.correct, t.reward_info["reward_error"]) == (0.0, correct, "RuntimeError")
     assert t.reward_info["reward_latency_s"] > 0
+
+
+@pytest.mark.parametrize(
+    ("service", "fn", "reason"),
+    [("thread", "hangs", "timeout"), ("process", "hangs", "timeout"), ("process", "exits", "WorkerDied")],
+)
+@pytest.mark.parametrize(("text", "correct"), [("so 7", True), ("so 8", False)])
+def test_accuracy_is_the_tasks_verdict_when_your_function_hangs_or_kills_its_worker(
+    user_file: Path, service: str, fn: str, reason: str, text: str, correct: bool
+) -> None:
+    rows = user_file.parent / "rows.jsonl"  # a process worker builds the task from the config
+    rows.write_text(json.dumps({"prompt": "What is 3+4?", "answer": "7"}) + "\n")
+    overrides = [f"reward.fn=my_rewards.py:{fn}", "reward.timeout_s=1", f"reward.service={service}"]
+    t = _scored([*overrides, f"task=data:{rows}"], _problem(), _traj(text, [5]))
+    assert (t.reward, t.correct, t.reward_info["reward_error"]) == (0.0, correct, reason)
 
 
 @pytest.mark.parametrize(
@@ -267,11 +293,11 @@ def test_an_async_function_past_the_timeout_is_cancelled_not_left_on_the_loop(
     th.join(60)
     assert box, "the score never returned"
     t = box[0]
-    if service == "inline":  # the function's own timeout: the verdict is kept
+    if service == "inline":  # the function's own timeout
         assert (t.reward, t.correct, t.reward_info["reward_error"]) == (0.0, True, "TimeoutError")
-    else:  # whichever gives up first: the service (the whole score, verdict lost) or the function's
+    else:  # whichever gives up first, the service or the function's own timeout: the verdict is kept
         error = t.reward_info["reward_error"]
-        assert t.reward == 0.0 and error in ("timeout", "TimeoutError") and t.correct is (error != "timeout")
+        assert t.reward == 0.0 and error in ("timeout", "TimeoutError") and t.correct is True
     import my_rewards
 
     for _ in range(100):  # the abandoned thread wakes at its own timeout and cancels the coroutine

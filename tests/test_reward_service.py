@@ -72,6 +72,23 @@ def test_timeout_costs_one_reward_and_the_next_call_works(service, mode: str, tm
     )
 
 
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_what_a_scorer_kept_survives_its_timeout_and_only_for_its_own_task(
+    service, mode: str, tmp_path: Path
+) -> None:
+    svc = service(rs.keep_then_wait, workers=1, timeout_s=0.5, mode=mode)
+    assert svc.wait_ready(60)
+    opened = tmp_path / "open"
+    opened.touch()
+    done = svc.submit(str(opened), "first").result(timeout=HANG_S)
+    assert (done.reward, done.error, done.info) == (1.0, None, {})  # kept, then scored: nothing extra
+    plain = svc.submit(str(tmp_path / "shut"), "").result(timeout=HANG_S)  # kept nothing, then timed out
+    assert plain.error == "timeout" and "kept" not in plain.info
+    kept = svc.submit(str(tmp_path / "shut"), "second").result(timeout=HANG_S)
+    assert kept.error == "timeout" and kept.info["kept"] == "second"
+    (tmp_path / "shut").touch()
+
+
 def test_hung_worker_process_is_killed_not_leaked(service, tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
     svc = service(rs.record_pid_then_sleep, workers=1, timeout_s=1.0)

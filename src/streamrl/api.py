@@ -139,6 +139,11 @@ def _data_file(rows: Any, key: str) -> str:
     return str(path)
 
 
+def _task_spec(source: str) -> str:
+    """A source spec (`hf:NAME[:CONFIG]`, `data:PATH`) as it is; a path -> `data:PATH`."""
+    return source if source.startswith(("hf:", "data:")) else f"data:{source}"
+
+
 def _refuse_in_a_worker_bootstrap(what: str) -> None:
     """A spawned worker imports the user's script as __mp_main__: an unguarded call would train again."""
     import multiprocessing
@@ -161,8 +166,7 @@ def make_config(
     """The validated Config of a train/evaluate call (nothing is written but the cache's data files)."""
     settings: dict[str, Any] = {**_reward_settings(reward_fn)}
     if train_data is not None:
-        source = _data_file(train_data, "train_data")
-        settings["task"] = source if source.startswith(("hf:", "data:")) else f"data:{source}"
+        settings["task"] = _task_spec(_data_file(train_data, "train_data"))
     if eval_data is not None:
         settings["task_config.eval_data"] = _data_file(eval_data, "eval_data")
     if isinstance(config, Config):  # a Config made before: the overrides go on a copy
@@ -215,7 +219,7 @@ def evaluate(
     rows = None
     if eval_data is not None:  # the rows are the held-out set itself (the task: their scoring)
         rows = _data_file(eval_data, "eval_data")
-        overrides.setdefault("task", rows if rows.startswith(("hf:", "data:")) else f"data:{rows}")
+        overrides.setdefault("task", _task_spec(rows))
         overrides["task_config.eval_data"] = rows
     cfg = make_config(config, **overrides)
     size_given = (  # by a keyword, or by the config (anything but the default)

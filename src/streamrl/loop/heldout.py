@@ -16,6 +16,12 @@ from streamrl.eval.stats import paired_difference_interval
 from streamrl.types import Problem
 
 
+def _difference(base: list[bool], final: list[bool]) -> dict[str, Any]:
+    """The paired difference final - base over the same problems, with its 95% interval."""
+    mean, lo, hi = paired_difference_interval(base, final)
+    return {"mean": mean, "ci95": [lo, hi]}
+
+
 def eval_record(base: EvalResult | None, final: EvalResult | None) -> dict[str, Any]:
     """eval.json's record of a run's base and final evaluations (either may be None)."""
     out: dict[str, Any] = {
@@ -23,8 +29,7 @@ def eval_record(base: EvalResult | None, final: EvalResult | None) -> dict[str, 
         "final": final.summary() if final else None,
     }
     if base and final:
-        mean, lo, hi = paired_difference_interval(base.correct, final.correct)
-        out["difference"] = {"mean": mean, "ci95": [lo, hi]}
+        out["difference"] = _difference(base.correct, final.correct)
         out["samples"] = {"base": base.samples, "final": final.samples}
     out["per_problem_correct"] = {
         k: [int(c) for c in r.correct] for k, r in (("base", base), ("final", final)) if r is not None
@@ -41,8 +46,7 @@ def run_eval_record(base: EvalResult | None, final: EvalResult | None, old: dict
         evals["base"] = old["base"]
         evals["per_problem_correct"]["base"] = old_base
         if final is not None and len(old_base) == len(final.correct):
-            mean, lo, hi = paired_difference_interval([bool(c) for c in old_base], final.correct)
-            evals["difference"] = {"mean": mean, "ci95": [lo, hi]}
+            evals["difference"] = _difference([bool(c) for c in old_base], final.correct)
     if "sampled" in old:  # a `streamrl eval` of this run directory (it names the model it read)
         evals["sampled"] = old["sampled"]
     return evals

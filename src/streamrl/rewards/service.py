@@ -297,7 +297,7 @@ class RewardService:
                 with self._lock:
                     self._n_ready -= w.ready
                     if w.task is not None:
-                        self._complete(w.task, self._failed(*reason, w.task.submitted))
+                        self._complete(w.task, self._failed(*reason, w.task.submitted, w.kept))
                     self._stats.restarts += 1
                     if start_failures >= 3:
                         self._break(f"3 workers in a row died before becoming ready (last: {reason[1]})")
@@ -324,7 +324,7 @@ class RewardService:
                     self._inflight.pop(task.key, None)
                 self._wake()  # the worker is still idle: hand it the next task now, not after a wait
             return
-        w.task, w.deadline = task, time.monotonic() + self.timeout_s
+        w.task, w.kept, w.deadline = task, {}, time.monotonic() + self.timeout_s
         try:
             w.conn.send((task.tid, task.args))
         except (OSError, pickle.PicklingError, TypeError, AttributeError) as e:
@@ -359,6 +359,10 @@ class RewardService:
                     with self._lock:
                         self._n_ready += 1
                         self._lock.notify_all()
+                    continue
+                if msg[0] == "kept":  # ("kept", task id, info): mid-score, for a failure to come
+                    if w.task is not None and w.task.tid == msg[1]:
+                        w.kept = msg[2]
                     continue
                 tid, status, a, b, kept = msg
                 task = w.task

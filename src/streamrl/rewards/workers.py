@@ -3,7 +3,9 @@
 Protocol over one duplex pipe per worker: the worker sends ("ready",) once started; the parent sends
 (task id, args) one at a time, or None to stop; the worker answers (task id, "ok", reward, info, {}) or
 (task id, "err", reason, detail, kept): kept is what a ScoreFailed carried (the task's verdict when only
-your own function failed). Scorer exceptions never leave the worker as exceptions.
+your own function failed). Mid-score, a scorer may send ("kept", task id, info) through keep_on_failure:
+what survives if the rest of the score hangs past its deadline or its worker dies. Scorer exceptions
+never leave the worker as exceptions.
 """
 
 from __future__ import annotations
@@ -19,6 +21,16 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
+
+_current = threading.local()  # the sender of the task this thread is scoring (keep_on_failure)
+
+
+def keep_on_failure(info: dict[str, Any]) -> None:
+    """Called by a scorer mid-score: `info` goes into the outcome if the rest of the score times out or
+    kills its worker (the task's verdict before your own functions run). A no-op outside a worker."""
+    send = getattr(_current, "send", None)
+    if send is not None:
+        send(dict(info))
 
 
 class ScoreFailed(Exception):
@@ -61,7 +73,9 @@ def serve(scorer: Callable[..., Any], conn: Connection) -> None:
             if msg is None:
                 return
             tid, args = msg
+            _current.send = lambda info, tid=tid: conn.send(("kept", tid, info))
             result = call_scorer(scorer, args)
+            _current.send = None
             try:
                 conn.send((tid, *result))
             except (pickle.PicklingError, TypeError, AttributeError) as e:  # pickled before any byte is sent
@@ -100,6 +114,7 @@ class Worker:
             threading.Thread(target=serve, args=(scorer, child), name=name, daemon=True).start()
         self.ready = False
         self.task: Task | None = None
+        self.kept: dict[str, Any] = {}  # what the current task's scorer kept (keep_on_failure)
         self.deadline = math.inf
         self.started = time.monotonic()
 

@@ -27,7 +27,7 @@ from streamrl.data.task import Task
 from streamrl.rewards.service import RewardOutcome, RewardService
 from streamrl.rewards.shaping import overlong_penalty
 from streamrl.rewards.user_fns import TASK, RewardFn, call_fn, configured_fns, load_fns
-from streamrl.rewards.workers import ScoreFailed
+from streamrl.rewards.workers import ScoreFailed, keep_on_failure
 from streamrl.types import BUDGET_REASON, Problem, Trajectory
 
 log = logging.getLogger(__name__)
@@ -105,6 +105,7 @@ class TaskScorer:
         # `answer` is the parsed reference; with columns.answer=null (none) a row's own column stays
         columns = {**row, "answer": problem.answer} if problem.answer else {"answer": "", **row}
         question, total = problem.meta.get("question", ""), 0.0
+        keep_on_failure({"correct": info["correct"]})  # a function that hangs or kills its worker
         for f in self._fns:
             try:
                 value = (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +14,10 @@ from streamrl.envs.agent_task import AgentTask
 from streamrl.envs.base import EnvTask
 from streamrl.eval.stats import wilson_interval
 from streamrl.types import Problem
+
+
+class EvalStopped(Exception):
+    """The evaluation was asked to stop (Ctrl-C, SIGTERM) before its last batch."""
 
 
 @dataclass
@@ -47,10 +52,12 @@ def evaluate(
     problems: list[Problem],
     max_new_tokens: int,
     agent_timeout_s: float = 0.0,
+    stop: Callable[[], bool] | None = None,
 ) -> EvalResult:
     """Greedy decoding of every problem, scored by the task. Env tasks run greedy episodes (their
     limits come from the env config; max_new_tokens is not used for them); agent tasks run the agent,
-    its calls greedy unless it asks for a temperature (agent_timeout_s: env.agent_timeout_s)."""
+    its calls greedy unless it asks for a temperature (agent_timeout_s: env.agent_timeout_s).
+    stop: asked before each of the engine's batches; True raises EvalStopped (single-turn tasks)."""
     if isinstance(task, EnvTask):
         return _evaluate_episodes(engine, tokenizer, task, problems)
     if isinstance(task, AgentTask):
@@ -60,7 +67,7 @@ def evaluate(
         GenRequest(render_prompt_ids(tokenizer, p.messages), max_new_tokens, temperature=0.0)
         for p in problems
     ]
-    results = engine.generate(reqs)
+    results = _generate(engine, reqs, stop) if stop is not None else engine.generate(reqs)
     correct, formatted, samples = [], [], []
     for p, r in zip(problems, results):
         text = tokenizer.decode(r.token_ids, skip_special_tokens=True)
@@ -71,6 +78,21 @@ def evaluate(
             samples.append({"id": p.id, "answer": p.answer, "response": text, "correct": s.correct})
     mean_len = sum(len(r.token_ids) for r in results) / max(len(results), 1)
     return EvalResult(correct, formatted, mean_len, time.perf_counter() - start, samples)
+
+
+def _generate(engine: Any, reqs: list[GenRequest], stop: Callable[[], bool]) -> list[Any]:
+    """engine.generate in the engine's own batches (prompts by length, max_batch at a time: the batches
+    it forms alone), asking `stop` before each."""
+    order = sorted(range(len(reqs)), key=lambda i: len(reqs[i].prompt_ids))
+    size = getattr(engine, "max_batch", 0) or len(reqs)
+    results: list[Any] = [None] * len(reqs)
+    for at in range(0, len(order), size):
+        if stop():
+            raise EvalStopped(f"stopped after {at} of {len(reqs)} problems")
+        chunk = order[at : at + size]
+        for i, r in zip(chunk, engine.generate([reqs[i] for i in chunk])):
+            results[i] = r
+    return results
 
 
 def _evaluate_agent(

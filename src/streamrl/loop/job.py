@@ -22,7 +22,7 @@ from streamrl.data.replay import make_replay
 from streamrl.data.samplers import Sampler, make_sampler
 from streamrl.data.task import Task, default_task_args
 from streamrl.engine.hf import HFEngine
-from streamrl.eval.heldout import evaluate
+from streamrl.eval.heldout import EvalStopped, evaluate
 from streamrl.loop.asynchronous import AsyncRunner
 from streamrl.loop.colocated import ColocatedRunner
 from streamrl.loop.durable import write_text_atomic
@@ -231,12 +231,19 @@ def _run_train(
         runner.start()  # rollout workers load their model while the base model is evaluated
 
     base = final = None
+    eval_limits = (cfg.eval.max_new_tokens, cfg.env.agent_timeout_s)
     old_eval = json.loads((run_dir / "eval.json").read_text()) if (run_dir / "eval.json").is_file() else {}
-    if cfg.eval.before and heldout and not cfg.resume:
+    # a resume evaluates the base model only if the first run was stopped before it was measured
+    base_due = not cfg.resume or (state.step == 0 and not old_eval.get("base"))
+    if cfg.eval.before and heldout and base_due:
         console.print(f"evaluating the base model on {len(heldout)} held-out problems (greedy)...")
         torch.set_num_threads(os.cpu_count() or 1)  # the workers only load meanwhile: every core
-        base = evaluate(engine, tokenizer, task, heldout, cfg.eval.max_new_tokens, cfg.env.agent_timeout_s)
+        try:
+            base = evaluate(engine, tokenizer, task, heldout, *eval_limits, stop=lambda: bool(stop))
+        except EvalStopped:  # the loop saves step 0 and stops; its resume measures the base model
+            console.print(f"[yellow]the base model's evaluation was stopped by {stop.reason}[/]")
         torch.set_num_threads(train_threads)
+    if base is not None:
         timings["eval"] += base.seconds
         console.print(f"base accuracy {base.accuracy:.3f} ({sum(base.correct)}/{len(base.correct)})")
         # on disk now: a run that crashes or is killed keeps it, and its resume reads it back
@@ -326,8 +333,15 @@ def _run_train(
     if cfg.eval.after and heldout and not interrupted:
         console.print("evaluating the trained model on the same held-out problems...")
         push_policy(engine, trainer)
-        final = evaluate(engine, tokenizer, task, heldout, cfg.eval.max_new_tokens, cfg.env.agent_timeout_s)
-        timings["eval"] += final.seconds
+        try:
+            final = evaluate(engine, tokenizer, task, heldout, *eval_limits, stop=lambda: bool(stop))
+            timings["eval"] += final.seconds
+        except EvalStopped:  # the state is saved: its resume evaluates it (and exports it again)
+            interrupted = True
+            console.print(
+                f"[yellow]stopped by {stop.reason} during the final evaluation; step {state.step} is saved: "
+                f"evaluate it with `streamrl train resume={run_dir}`[/]"
+            )
     evals = run_eval_record(base, final, old_eval)
     write_text_atomic(run_dir / "eval.json", json.dumps(evals, indent=2))
 

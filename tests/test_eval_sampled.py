@@ -1,6 +1,7 @@
 """Sampled evaluation end to end: scripted responses give hand-computed pass@k / avg@n / maj@k."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -121,6 +122,32 @@ def test_a_greedy_only_eval_records_no_samples_and_no_temperature(tmp_path):
     assert main([*args, "reward.extract=last_number"]) == 0
     out = json.loads((tmp_path / "eval.json").read_text())
     assert (out["problems"], out["n"], out["ks"], out["temperature"]) == (3, 0, [], 0.0)
+
+
+def test_eval_of_a_checkpoint_refuses_problems_its_run_trained_on(tmp_path, capsys, monkeypatch):
+    from tiny_args import TINY
+
+    monkeypatch.chdir(tmp_path)
+    rows = [{"prompt": f"What is {i}+1?", "answer": str(i + 1)} for i in range(17)]
+    Path("rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:12]))
+    Path("other.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[12:]))
+    run = tmp_path / "run"
+    trained = ["task=data:rows.jsonl", "max_steps=1", "checkpoint.save=true", "checkpoint.every=1"]
+    assert main(["train", *TINY, *trained, "eval.size=2", f"run_dir={run}"]) == 0
+    capsys.readouterr()
+    ev = ["eval", "task=data:rows.jsonl", "reward.extract=last_number", "eval.max_new_tokens=4"]
+    for model in (run / "checkpoint", run / "checkpoints" / "step-1"):
+        assert main([*ev, f"model={model}", "size=3", f"run_dir={tmp_path / 'e'}"]) == 2
+    assert capsys.readouterr().err.splitlines() == 2 * [
+        f"streamrl: error: config key 'eval.size' is 3, but the run in {run} held out only the first 2 "
+        "problems of data:rows.jsonl and trained on the rest: set size=2 or less, or evaluate on rows of "
+        "your own (task_config.eval_data)"
+    ]
+    assert not (tmp_path / "e").exists()  # refused before anything ran or was written
+    model = f"model={run / 'checkpoints' / 'step-1'}"
+    assert main([*ev, model, "size=2", f"run_dir={tmp_path / 'e2'}"]) == 0
+    other = main([*ev, model, "size=5", "task_config.eval_data=other.jsonl", f"run_dir={tmp_path / 'e3'}"])
+    assert other == 0  # rows of their own, apart from the training rows
 
 
 def test_eval_command_rejects_k_above_n(capsys):

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -29,6 +30,34 @@ def expand_shorthands(overrides: list[str]) -> list[str]:
     return out
 
 
+def trained_run(model: str) -> tuple[Path, dict[str, Any]] | None:
+    """(run directory, its config.yaml) of the run that exported `model` (RUN/checkpoint or
+    RUN/checkpoints/step-N); None for any other model."""
+    path = Path(model)
+    if not path.is_dir():
+        return None
+    for run in (path.parent, path.parent.parent):
+        if (run / "config.yaml").is_file() and (run / "metrics.jsonl").is_file():  # a run's directory
+            return run, yaml.safe_load((run / "config.yaml").read_text()) or {}
+    return None
+
+
+def refuse_trained_problems(cfg: Config, task: Any) -> None:
+    """A held-out set larger than the one the model's own run kept out would take problems it trained on
+    (when held-out problems are the first training ones): one line before any weights load."""
+    found = trained_run(cfg.model)
+    if found is None or not task.heldout_from_training():
+        return
+    run, trained = found
+    held = (trained.get("eval") or {}).get("size")
+    if trained.get("task") == cfg.task and isinstance(held, int) and cfg.eval.size > held:
+        raise ValueError(
+            f"config key 'eval.size' is {cfg.eval.size}, but the run in {run} held out only the first {held} "
+            f"problems of {cfg.task} and trained on the rest: set size={held} or less, or evaluate on rows "
+            "of your own (task_config.eval_data)"
+        )
+
+
 def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     import torch
 
@@ -43,6 +72,7 @@ def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     torch.set_num_threads(os.cpu_count() or 1)
     torch.manual_seed(cfg.seed)
     task = task_from_config(cfg)
+    refuse_trained_problems(cfg, task)
     problems, _ = prepare_split(task, cfg)  # the same held-out set and few-shot turns as training
     if not problems:
         raise ValueError("config key 'eval.size' is 0: nothing to evaluate (set size=N)")

@@ -105,6 +105,9 @@ class MixtureTask(Task):
     def _tag(problem: Problem, i: int) -> Problem:
         return replace(problem, id=f"m{i}-{problem.id}", meta={**problem.meta, "source": i})
 
+    def heldout_from_training(self) -> bool:
+        return any(t.heldout_from_training() for t in self.tasks)
+
     def heldout(self, n: int) -> list[Problem]:
         out: list[Problem] = []
         for i, (task, k) in enumerate(zip(self.tasks, split_by_weight(n, self.weights))):

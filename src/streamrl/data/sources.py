@@ -79,6 +79,9 @@ class DataTask(RowTask):
                 )
         self.use_sandbox_for(self.rows + (self.eval_rows or []))
 
+    def heldout_from_training(self) -> bool:
+        return self.eval_rows is None
+
     def heldout(self, n: int) -> list[Problem]:
         if self.eval_rows is not None:
             return [self._make(r) for r in self.eval_rows[:n]]

@@ -69,6 +69,9 @@ class StreamedDataTask(RowTask):
                 if len(self.skipped) <= SHOWN_WARNINGS:
                     log.warning("%s: skipped a malformed row: %s", label, e)
 
+    def heldout_from_training(self) -> bool:
+        return self.held is None
+
     def heldout(self, n: int) -> list[Problem]:
         ds, label = (self.held, self.held_label) if self.held is not None else (self.train, self.train_label)
         return [self._make(r) for r in itertools.islice(self._rows(ds, label), n)]

@@ -85,6 +85,12 @@ class Task:
     def heldout(self, n: int) -> list[Problem]:
         raise NotImplementedError
 
+    def heldout_from_training(self) -> bool:
+        """Are the held-out problems the first of the training problems (so an evaluation with a larger
+        eval.size than a run's takes problems it trained on)? False when they come from a split of
+        their own."""
+        return True
+
     def train_stream(self, seed: int, exclude: set[str]) -> Iterator[Problem]:
         raise NotImplementedError
 

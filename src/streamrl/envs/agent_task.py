@@ -51,6 +51,9 @@ class AgentTask(Task):
     def heldout(self, n: int) -> list[Problem]:
         return self.base.heldout(n)
 
+    def heldout_from_training(self) -> bool:
+        return self.base.heldout_from_training()
+
     def train_stream(self, seed: int, exclude: set[str]) -> Iterator[Problem]:
         return self.base.train_stream(seed, exclude)
 

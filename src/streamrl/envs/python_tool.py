@@ -94,6 +94,9 @@ class PythonToolTask(EnvTask):
     def heldout(self, n: int) -> list[Problem]:
         return self.inner.heldout(n)
 
+    def heldout_from_training(self) -> bool:
+        return self.inner.heldout_from_training()
+
     def train_stream(self, seed: int, exclude: set[str]) -> Iterator[Problem]:
         return self.inner.train_stream(seed, exclude)
 

@@ -229,6 +229,21 @@ def test_reconcile_moves_lines_past_the_saved_step(tmp_path: Path) -> None:
     assert orphaned[:2] == [json.dumps(rows[2]), json.dumps(rows[3])] and orphaned[2] == '{"step": 5, "gro'
 
 
+def test_a_reconcile_cut_short_moves_no_line_twice(tmp_path: Path) -> None:
+    lines = [json.dumps({"step": s}) for s in (1, 2, 3, 4)]
+    (tmp_path / "metrics.jsonl").write_text("".join(x + "\n" for x in lines))
+    # killed after setting lines 3 and 4 aside, before the log was rewritten
+    (tmp_path / "metrics.jsonl.orphaned").write_text(json.dumps({"step": 9}) + "\n" + lines[2] + "\n")
+    assert reconcile_logs(tmp_path, 2) == {"metrics.jsonl": 2}
+    assert (tmp_path / "metrics.jsonl.orphaned").read_text().splitlines() == [
+        json.dumps({"step": 9}),
+        lines[2],
+        lines[3],
+    ]
+    assert (tmp_path / "metrics.jsonl").read_text().splitlines() == lines[:2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "metrics.jsonl.orphaned"]
+
+
 def test_periodic_saves_keep_the_newest_states(tmp_path: Path) -> None:
     run = tmp_path / "run"
     args = [*ARGS, "runtime.mode=colocated", "max_staleness=0", "max_steps=5", "train.keep_states=3"]

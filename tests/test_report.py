@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import types
@@ -78,6 +79,16 @@ def test_line_chart_draws_every_point_and_gaps():
     assert 'data-points="2"' in svg and svg.count("<circle") == 2
     assert "no data" in line_chart("x", "X", [Series("a", [1], [None])])
     assert "no data" in stacked_bars("s", "S", [], {}, "step")
+
+
+def test_a_killed_renders_temporary_file_is_removed_a_running_ones_kept(tmp_path):
+    run = make_run(tmp_path / "run")
+    dead = run / ".report.html.4194305.tmp"  # above Linux's largest pid: its writer is gone
+    running = run / f".report.html.{os.getppid()}.tmp"  # a writer that still runs (this test's parent)
+    for p in (dead, running):
+        p.write_text("<html>half")
+    write_report([run])
+    assert not dead.exists() and running.read_text() == "<html>half"
 
 
 def test_single_run_report_has_every_plot_non_empty(tmp_path):

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from streamrl.loop.durable import recover
+from streamrl.loop.durable import recover, write_text_atomic
 from streamrl.loop.state import STATE_DIR, RunState, latest_state
 
 LOGS = ("metrics.jsonl", "groups.jsonl")  # one line per step / per trained group, each with "step"
@@ -55,12 +55,13 @@ def reconcile_logs(run_dir: Path, step: int) -> dict[str, int]:
                 orphaned.append(line)
                 continue
             (keep if int(row["step"]) <= step else orphaned).append(line)
-        if orphaned:
-            with (run_dir / f"{name}.orphaned").open("a") as f:
-                f.write("".join(x + "\n" for x in orphaned))
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text("".join(x + "\n" for x in keep))
-            tmp.replace(path)
+        if orphaned:  # both files whole; a kill between the two writes moves no line twice on the next try
+            aside = run_dir / f"{name}.orphaned"
+            before = aside.read_text().splitlines() if aside.is_file() else []
+            seen = set(before)
+            new = [x for x in orphaned if x not in seen]
+            write_text_atomic(aside, "".join(x + "\n" for x in before + new))
+            write_text_atomic(path, "".join(x + "\n" for x in keep))
         moved[name] = len(orphaned)
     return moved
 

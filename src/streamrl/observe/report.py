@@ -347,7 +347,26 @@ def write_report(paths: list[str | Path], out: str | Path | None = None) -> Path
     dirs = [Path(p) for p in paths]
     runs = [load_run(p, label) for p, label in zip(dirs, unique_labels(dirs))]
     target = Path(out) if out else dirs[0] / ("report.html" if len(dirs) == 1 else "compare.html")
+    for leftover in target.parent.glob(f".{target.name}.*.tmp"):  # of a render that was killed
+        if not _alive(leftover.name.split(".")[-2]):
+            leftover.unlink(missing_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(render_report(runs), encoding="utf-8")
-    os.replace(tmp, target)  # atomic on POSIX: readers see the old page or the new one
+    try:
+        tmp.write_text(render_report(runs), encoding="utf-8")
+        os.replace(tmp, target)  # atomic on POSIX: readers see the old page or the new one
+    finally:
+        tmp.unlink(missing_ok=True)
     return target
+
+
+def _alive(pid: str) -> bool:
+    """Is the process `pid` (a temporary file's writer) still running? Not a pid: no."""
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except PermissionError:  # another user's process
+        return True
+    except (ProcessLookupError, OverflowError):
+        return False
+    return True

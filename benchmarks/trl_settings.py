@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from streamrl.loop.dynamic_sampling import applies
 from streamrl.models.precision import resolve_precision
 
 # fields of GRPOConfig that switch off what streamrl's job does not do, whatever the config says
@@ -174,7 +175,7 @@ def unmatched_settings(cfg: Any) -> list[str]:
         out.append(
             "warm-up: streamrl's lr ramps (s + 1) / warmup_steps, TRL's s / warmup_steps (one step later)"
         )
-    if cfg.rollout.dynamic_sampling:
+    if applies(cfg):
         out.append(
             "dynamic sampling: streamrl drops groups whose rewards are all equal and samples more "
             f"(rollout.dynamic_sampling=true, up to {cfg.rollout.dynamic_sampling_rounds} rounds); "

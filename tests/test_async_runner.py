@@ -115,6 +115,12 @@ def test_async_dynamic_sampling_trains_only_informative_groups(tiny):
     assert records[-1].metrics["filtered_zero_variance"] > 0 and engine[-1] > trained[-1]
 
 
+def test_async_dynamic_sampling_drops_no_group_under_a_batch_baseline(tiny):
+    records, c = _run(tiny, ["max_steps=3", "max_staleness=1", "advantage.name=reinforce_pp"])
+    assert c["filter_reasons"].get("zero_variance", 0) == 0 and c["trained"] == 9
+    assert any(r.metrics["zero_adv_group_frac"] > 0 for r in records)  # all-equal groups were trained
+
+
 def test_async_dynamic_sampling_cannot_stall_on_a_saturated_task(tiny, monkeypatch):
     monkeypatch.setenv("SCRIPTED_CONSTANT_REWARD", "1")  # every group all-equal
     records, c = _run(

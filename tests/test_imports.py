@@ -15,7 +15,7 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 LAYERS = [
     {"types", "config_parse", "presets", "user_code"},  # user_code imports nothing from streamrl
     {"algo"},
-    {"config_bounds", "config_validate"},
+    {"config_algo", "config_bounds", "config_validate"},
     # config_docs: `streamrl config`, read from the field comments of config.py and config_sections.py
     {"config", "config_sections", "config_docs"},
     {"models", "observe", "rewards"},

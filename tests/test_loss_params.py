@@ -14,8 +14,8 @@ from streamrl.algo import registry
 from streamrl.algo.loss_inputs import LossParams, LossTensors
 from streamrl.algo.losses import decoupled_ppo, ppo_clip
 from streamrl.config import LossConfig, load_config
+from streamrl.config_algo import CORRECTION_KEYS, LOSS_KEYS
 from streamrl.config_parse import ConfigError
-from streamrl.config_validate import CORRECTION_KEYS, LOSS_KEYS
 from streamrl.presets import names
 from streamrl.trainer.objective import loss_params
 
@@ -175,6 +175,37 @@ def test_no_kl_estimator_is_non_finite_for_extreme_log_ratios(name):
             "loss.kl_in=token_reward shapes per-token rewards: it needs loss.kl_coef > 0 and a token-level "
             "advantage (advantage.name=gae or reinforce_pp_token), got grpo with kl_coef=0.1",
         ),
+        (  # the ratio's old policy is then pi_prox itself: the behaviour weight is 1
+            ["loss.behav_weight_cap=2", "loss.rollout_correction=token_tis"],
+            "config key 'loss.behav_weight_cap'=2.0 caps pi_prox / pi_behav, which is 1 with "
+            "loss.name=decoupled_ppo with loss.rollout_correction=token_tis: remove it, or use "
+            "loss.prox=recompute without a rollout correction",
+        ),
+        (
+            ["loss.behav_weight_cap=2", "loss.prox=behav"],
+            "config key 'loss.behav_weight_cap'=2.0 caps pi_prox / pi_behav, which is 1 with "
+            "loss.prox=behav: remove it, or use loss.prox=recompute without a rollout correction",
+        ),
+        (
+            ["loss.vf_coef=1"],
+            "config key 'loss.vf_coef'=1.0 is not read: advantage.name=grpo has no value head "
+            "(advantage.name=gae); remove it",
+        ),
+        (
+            ["advantage.name=rloo", "loss.value_clip=0.5"],
+            "config key 'loss.value_clip'=0.5 is not read: advantage.name=rloo has no value head",
+        ),
+        (
+            ["loss.kl_estimator=k1"],
+            "config key 'loss.kl_estimator'=k1 is not read: loss.kl_coef=0 has no KL term (set loss.kl_coef "
+            "> 0); remove it",
+        ),
+        (["loss.kl_in=reward"], "config key 'loss.kl_in'=reward is not read: loss.kl_coef=0 has no KL term"),
+        (
+            ["advantage.name=reinforce_pp", "rollout.screen_samples=2"],
+            "rollout.screen_samples > 0 drops the groups whose first samples agree as having zero advantage; "
+            "advantage.name=reinforce_pp gives them one",
+        ),
     ],
 )
 def test_validation_refuses_keys_the_chosen_pieces_ignore(overrides, message):
@@ -187,6 +218,10 @@ def test_validation_accepts_keys_the_chosen_pieces_read():
     load_config(None, ["loss.name=ppo_clip", "loss.dual_clip=3"])
     load_config(None, ["loss.rollout_correction=icepop", "loss.rc_lower=0.3", "loss.rc_upper=4"])
     load_config(None, ["advantage.name=reinforce_pp_token", "advantage.gamma=0.9"])
+    load_config(None, ["loss.behav_weight_cap=2"])  # decoupled_ppo against a recomputed pi_prox
+    load_config(None, ["loss.kl_coef=0.1", "loss.kl_estimator=k1", "loss.kl_in=reward"])
+    load_config(None, ["advantage.name=gae", "loss.name=ppo_clip", "loss.vf_coef=1", "loss.value_clip=0.5"])
+    load_config(None, ["advantage.name=remax", "rollout.screen_samples=2"])  # its baseline is the group's
     load_config(
         None, ["advantage.name=gae", "loss.kl_in=token_reward", "loss.kl_coef=0.1", "loss.name=ppo_clip"]
     )

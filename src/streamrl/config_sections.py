@@ -28,7 +28,8 @@ class RolloutConfig:
     prefix_cache: bool = True
     # DAPO dynamic sampling: drop groups whose rewards are all equal and sample more until the batch
     # is full (at most dynamic_sampling_rounds * B dropped per step). On by default: in async mode the
-    # extra rollouts use engine time that would otherwise idle while the trainer trains.
+    # extra rollouts use engine time that would otherwise idle while the trainer trains. Only with a
+    # group baseline: under reinforce_pp, reinforce_pp_token and gae an all-equal group is not dropped.
     dynamic_sampling: bool = True
     dynamic_sampling_rounds: int = 8  # dynamic sampling: refills per step, each up to B groups
     # screening (SPEED-RL): with dynamic sampling, a group's first N samples are drawn and scored first;

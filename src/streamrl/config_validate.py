@@ -6,6 +6,7 @@ import math
 import os
 from typing import Any
 
+from streamrl.config_algo import validate_algo
 from streamrl.config_bounds import check_bounds
 from streamrl.config_parse import ConfigError
 
@@ -81,7 +82,7 @@ def validate(cfg: Any) -> None:
             raise ConfigError(f"config key '{key}' must be one of {', '.join(sorted(reg))}, got {value!r}")
     check_bounds(cfg)
     token_level = registry.ADVANTAGES[cfg.advantage.name].token_level  # no per-sample advantage
-    _validate_algo(cfg, registry)
+    validate_algo(cfg, registry)
     if cfg.train.lora_rank and not cfg.train.lora_targets:
         raise ConfigError(
             "config key 'train.lora_targets' is empty: train.lora_rank > 0 needs target modules"
@@ -218,6 +219,14 @@ def _validate_screening(cfg: Any) -> None:
             "rollout.screen_samples > 0 drops the groups whose first samples agree, which only dynamic "
             "sampling does: set rollout.dynamic_sampling=true, or rollout.screen_samples=0"
         )
+    from streamrl.algo.registry import ADVANTAGES
+
+    if not ADVANTAGES[cfg.advantage.name].group_baseline:
+        raise ConfigError(
+            "rollout.screen_samples > 0 drops the groups whose first samples agree as having zero advantage; "
+            f"advantage.name={cfg.advantage.name} gives them one (its baseline is the batch's or a value "
+            "head's): set rollout.screen_samples=0"
+        )
     _single_turn_only(cfg, "rollout.screen_samples", "screens")
 
 
@@ -253,54 +262,6 @@ def _validate_speculative(cfg: Any) -> None:
         raise ConfigError(
             "rollout.spec_drafts > 0 verifies sampled responses; rollout.temperature=0 is greedy: "
             "set rollout.temperature > 0 or rollout.spec_drafts=0"
-        )
-
-
-# keys a loss, a rollout correction or an advantage estimator may read (LossSpec/CorrectionSpec/AdvantageSpec
-# .reads): a non-default value that none of the chosen pieces reads is refused rather than ignored
-LOSS_KEYS = ("eps_low", "eps_high", "dual_clip", "behav_weight_cap", "m2_threshold", "prox")
-CORRECTION_KEYS = ("rc_upper", "rc_lower", "rc_geo_tol", "rc_opsm_delta")
-ADVANTAGE_KEYS = ("std_normalize", "gamma", "lam")
-
-
-def _unread(
-    section: str, obj: Any, keys: tuple[str, ...], reads: frozenset[str], who: str, choose: str
-) -> None:
-    default = type(obj)()
-    for key in keys:
-        value = getattr(obj, key)
-        if value != getattr(default, key) and key not in reads:
-            read = ", ".join(f"{section}.{k}" for k in sorted(reads)) or "none of them"
-            raise ConfigError(
-                f"config key '{section}.{key}'={value} is not read by {who} (it reads {read}): "
-                f"remove it, or choose a {choose} that reads it"
-            )
-
-
-def _validate_algo(cfg: Any, registry: Any) -> None:
-    """Loss, correction and advantage keys: values in range, and none set that the chosen pieces ignore."""
-    lc, adv = cfg.loss, cfg.advantage
-    loss, rc = registry.POLICY_LOSSES[lc.name], registry.CORRECTIONS[lc.rollout_correction]
-    who = f"loss.name={lc.name}" + (f" with loss.rollout_correction={rc.name}" if rc.name != "none" else "")
-    reads = loss.reads if rc.name == "none" else loss.reads - {"prox"}
-    _unread("loss", lc, LOSS_KEYS, reads, who, "loss.name")
-    rc_who = f"loss.rollout_correction={rc.name}"
-    _unread("loss", lc, CORRECTION_KEYS, rc.reads, rc_who, "loss.rollout_correction")
-    adv_who = f"advantage.name={adv.name}"
-    _unread("advantage", adv, ADVANTAGE_KEYS, registry.ADVANTAGES[adv.name].reads, adv_who, "advantage.name")
-    if lc.behav_weight_cap and lc.behav_weight_cap < 1:
-        raise ConfigError(
-            f"config key 'loss.behav_weight_cap' must be 0 (off) or >= 1, got {lc.behav_weight_cap}"
-        )
-    if not 0 <= lc.rc_lower < lc.rc_upper:
-        raise ConfigError(
-            f"config keys 'loss.rc_lower' and 'loss.rc_upper' must satisfy 0 <= rc_lower < rc_upper, got "
-            f"{lc.rc_lower} and {lc.rc_upper}"
-        )
-    if lc.kl_in == "token_reward" and not (registry.ADVANTAGES[adv.name].token_level and lc.kl_coef > 0):
-        raise ConfigError(
-            "loss.kl_in=token_reward shapes per-token rewards: it needs loss.kl_coef > 0 and a token-level "
-            f"advantage (advantage.name=gae or reinforce_pp_token), got {adv.name} with kl_coef={lc.kl_coef}"
         )
 
 

@@ -105,7 +105,7 @@ def _batch_whiten(x: torch.Tensor, valid: torch.Tensor, eps: float) -> torch.Ten
     return torch.where(valid, out, torch.zeros_like(out))
 
 
-@advantage("reinforce_pp")
+@advantage("reinforce_pp", group_baseline=False)
 def reinforce_pp(
     rewards: torch.Tensor, valid: torch.Tensor | None = None, eps: float = 1e-6, **_: Any
 ) -> torch.Tensor:

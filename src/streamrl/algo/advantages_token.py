@@ -54,7 +54,7 @@ def _masked_whiten(x: torch.Tensor, valid: torch.Tensor, eps: float = 1e-8) -> t
     return torch.where(valid, out, torch.zeros_like(out))
 
 
-@advantage("reinforce_pp_token", token_level=True, reads=("gamma",))
+@advantage("reinforce_pp_token", token_level=True, reads=("gamma",), group_baseline=False)
 def reinforce_pp_token(
     token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, **_: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,7 +81,7 @@ def reinforce_pp_token(
     return _masked_whiten(returns, valid), returns
 
 
-@advantage("gae", token_level=True, critic=True, reads=("gamma", "lam"))
+@advantage("gae", token_level=True, critic=True, reads=("gamma", "lam"), group_baseline=False)
 def gae(
     token_rewards: torch.Tensor,
     values: torch.Tensor,

@@ -21,7 +21,9 @@ class AdvantageSpec:
     greedy_baseline: the rollout also decodes each prompt greedily and fn takes its reward
         (baseline_rewards [groups]) as the baseline (ReMax).
     reads: the advantage.* config keys fn reads (besides name); validation refuses a non-default
-        value of any other one."""
+        value of any other one.
+    group_baseline: a group whose rewards are all equal (its greedy baseline's too) gets zero advantage,
+        which is what dynamic sampling's drop assumes; False for a batch baseline or a value head."""
 
     name: str
     fn: Callable[..., Any]
@@ -29,6 +31,7 @@ class AdvantageSpec:
     greedy_baseline: bool = False
     critic: bool = False
     reads: frozenset[str] = frozenset()
+    group_baseline: bool = True
 
 
 @dataclass(frozen=True)
@@ -76,11 +79,11 @@ def advantage(
     greedy_baseline: bool = False,
     critic: bool = False,
     reads: tuple[str, ...] = (),
+    group_baseline: bool = True,
 ) -> Callable[[F], F]:
     def deco(fn: F) -> F:
-        _add(
-            ADVANTAGES, name, AdvantageSpec(name, fn, token_level, greedy_baseline, critic, frozenset(reads))
-        )
+        spec = AdvantageSpec(name, fn, token_level, greedy_baseline, critic, frozenset(reads), group_baseline)
+        _add(ADVANTAGES, name, spec)
         return fn
 
     return deco

@@ -24,7 +24,7 @@ from streamrl.config import Config
 from streamrl.data.prompts import render_prompt_ids
 from streamrl.data.replay import ReplayBuffer
 from streamrl.loop.budget import RunBudget
-from streamrl.loop.dynamic_sampling import DynamicSampling
+from streamrl.loop.dynamic_sampling import DynamicSampling, applies
 from streamrl.loop.episode_errors import EpisodeErrors
 from streamrl.loop.ledger import Ledger
 from streamrl.loop.shared import Shared
@@ -65,7 +65,7 @@ class AsyncRunner:
         self.eta = cfg.max_staleness
         r = cfg.rollout
         self.settings = RolloutSettings.from_config(cfg)
-        self.sampling = DynamicSampling(r.dynamic_sampling, self.B, r.dynamic_sampling_rounds)
+        self.sampling = DynamicSampling(applies(cfg), self.B, r.dynamic_sampling_rounds)
         # speculative rollouts: every returned group's responses are drafts for its prompt's next group
         self.drafts = draft_store(r.spec_drafts, r.spec_prompts, state.drafts)
         self.ledger = Ledger()

@@ -17,7 +17,7 @@ from streamrl.data.replay import ReplayBuffer
 from streamrl.data.task import Task
 from streamrl.engine.base import decoded_rows
 from streamrl.loop.budget import RunBudget
-from streamrl.loop.dynamic_sampling import DynamicSampling
+from streamrl.loop.dynamic_sampling import DynamicSampling, applies
 from streamrl.loop.episode_errors import EpisodeErrors
 from streamrl.loop.ledger import Ledger
 from streamrl.loop.signals import StopFlag
@@ -56,7 +56,7 @@ class ColocatedRunner:
         r = cfg.rollout
         self.B = r.prompts_per_step
         self.settings = RolloutSettings.from_config(cfg)
-        self.sampling = DynamicSampling(r.dynamic_sampling, self.B, r.dynamic_sampling_rounds)
+        self.sampling = DynamicSampling(applies(cfg), self.B, r.dynamic_sampling_rounds)
         self.drafts = draft_store(r.spec_drafts, r.spec_prompts, state.drafts)  # speculative rollouts
         self.episode_errors = EpisodeErrors(cfg.task.startswith("agent:"))
         push_policy(self.engine, trainer)

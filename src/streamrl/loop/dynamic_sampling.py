@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from streamrl.algo.registry import ADVANTAGES
 from streamrl.types import Group
+
+
+def applies(cfg: Any) -> bool:
+    """rollout.dynamic_sampling, where the advantage estimator gives a group of equal rewards zero
+    advantage (a group baseline); with a batch baseline or a value head such a group still has one, and
+    none is dropped."""
+    return cfg.rollout.dynamic_sampling and ADVANTAGES[cfg.advantage.name].group_baseline
 
 
 class DynamicSampling:

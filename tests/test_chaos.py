@@ -231,17 +231,18 @@ def test_reconcile_moves_lines_past_the_saved_step(tmp_path: Path) -> None:
 
 def test_a_reconcile_cut_short_moves_no_line_twice(tmp_path: Path) -> None:
     lines = [json.dumps({"step": s}) for s in (1, 2, 3, 4)]
-    (tmp_path / "metrics.jsonl").write_text("".join(x + "\n" for x in lines))
+    log, aside = tmp_path / "metrics.jsonl", tmp_path / "metrics.jsonl.orphaned"
+    log.write_text("".join(x + "\n" for x in lines))
     # killed after setting lines 3 and 4 aside, before the log was rewritten
-    (tmp_path / "metrics.jsonl.orphaned").write_text(json.dumps({"step": 9}) + "\n" + lines[2] + "\n")
+    aside.write_text("".join(x + "\n" for x in [json.dumps({"step": 9}), lines[2], lines[3]]))
     assert reconcile_logs(tmp_path, 2) == {"metrics.jsonl": 2}
-    assert (tmp_path / "metrics.jsonl.orphaned").read_text().splitlines() == [
-        json.dumps({"step": 9}),
-        lines[2],
-        lines[3],
-    ]
-    assert (tmp_path / "metrics.jsonl").read_text().splitlines() == lines[:2]
+    assert aside.read_text().splitlines() == [json.dumps({"step": 9}), lines[2], lines[3]]
+    assert log.read_text().splitlines() == lines[:2]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "metrics.jsonl.orphaned"]
+    # a later crash past step 1 orphans line 2, and lines 3 and 4 again: a second crash's lines are kept
+    log.write_text("".join(x + "\n" for x in lines))
+    assert reconcile_logs(tmp_path, 1) == {"metrics.jsonl": 3}
+    assert aside.read_text().splitlines() == [json.dumps({"step": 9}), *lines[2:], *lines[1:]]
 
 
 def test_periodic_saves_keep_the_newest_states(tmp_path: Path) -> None:

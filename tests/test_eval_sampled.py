@@ -140,14 +140,24 @@ def test_eval_of_a_checkpoint_refuses_problems_its_run_trained_on(tmp_path, caps
         assert main([*ev, f"model={model}", "size=3", f"run_dir={tmp_path / 'e'}"]) == 2
     assert capsys.readouterr().err.splitlines() == 2 * [
         f"streamrl: error: config key 'eval.size' is 3, but the run in {run} held out only the first 2 "
-        "problems of data:rows.jsonl and trained on the rest: set size=2 or less, or evaluate on rows of "
-        "your own (task_config.eval_data)"
+        "problems of data:rows.jsonl; the others were open to its training: set size=2 or less, or "
+        "evaluate on rows of your own (task_config.eval_data)"
     ]
     assert not (tmp_path / "e").exists()  # refused before anything ran or was written
     model = f"model={run / 'checkpoints' / 'step-1'}"
     assert main([*ev, model, "size=2", f"run_dir={tmp_path / 'e2'}"]) == 0
     other = main([*ev, model, "size=5", "task_config.eval_data=other.jsonl", f"run_dir={tmp_path / 'e3'}"])
     assert other == 0  # rows of their own, apart from the training rows
+    # a run that held out another file trained on every row of the training split: none is held out
+    run2 = tmp_path / "run2"
+    assert main(["train", *TINY, *trained, "task_config.eval_data=other.jsonl", f"run_dir={run2}"]) == 0
+    capsys.readouterr()
+    assert main([*ev, f"model={run2 / 'checkpoint'}", "size=1", f"run_dir={tmp_path / 'e4'}"]) == 2
+    err = capsys.readouterr().err
+    assert f"the run in {run2} held out task_config.eval_data=" in err
+    assert (
+        "and trained on every problem of data:rows.jsonl's training split, which this evaluation takes" in err
+    )
 
 
 def test_eval_command_rejects_k_above_n(capsys):

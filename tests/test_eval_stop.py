@@ -29,11 +29,13 @@ def test_batches_asked_to_stop_are_the_engines_own(tiny) -> None:
     whole = HFEngine(model, tok, max_batch=3).generate(_requests(tok))
     asked: list[int] = []
     engine = HFEngine(model, tok, max_batch=3)
-    calls: list[int] = []
+    calls: list[list[int]] = []
     real = engine.generate
-    engine.generate = lambda reqs: calls.append(len(reqs)) or real(reqs)  # type: ignore[method-assign]
-    parts = _generate(engine, _requests(tok), lambda: asked.append(1) and False)
-    assert calls == [3, 3, 1] and len(asked) == 3  # asked before each batch of max_batch
+    engine.generate = lambda reqs: calls.append([len(r.prompt_ids) for r in reqs]) or real(reqs)  # type: ignore[method-assign]
+    reqs = _requests(tok)
+    parts = _generate(engine, reqs, lambda: asked.append(1) and False)
+    by_length = sorted(len(r.prompt_ids) for r in reqs)
+    assert calls == [by_length[:3], by_length[3:6], by_length[6:]] and len(asked) == 3  # max_batch each
     # the same batches as one call forms (prompts by length), so the same tokens and log-probs
     assert [(r.token_ids, r.logprobs) for r in parts] == [(r.token_ids, r.logprobs) for r in whole]
     answers = iter([False, True])

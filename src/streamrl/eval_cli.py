@@ -14,7 +14,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from streamrl.config import Config
+from streamrl.config import Config, config_yaml
 from streamrl.eval.sampling_metrics import default_ks
 from streamrl.loop.durable import write_text_atomic
 
@@ -42,19 +42,37 @@ def trained_run(model: str) -> tuple[Path, dict[str, Any]] | None:
     return None
 
 
+HELDOUT_KEYS = ("eval_data", "eval_split", "split", "args", "columns")  # what decides the held-out rows
+
+
 def refuse_trained_problems(cfg: Config, task: Any) -> None:
-    """A held-out set larger than the one the model's own run kept out would take problems it trained on
-    (when held-out problems are the first training ones): one line before any weights load."""
+    """Held-out problems taken from the training split that the model's own run did not keep out of its
+    training (more than its eval.size, or any when it held out rows of another file or split): one line
+    before any weights load."""
     found = trained_run(cfg.model)
     if found is None or not task.heldout_from_training():
         return
     run, trained = found
+    ours = yaml.safe_load(config_yaml(cfg))["task_config"]  # as the run's config.yaml records it
+    theirs = trained.get("task_config") or {}
+    if trained.get("task") != cfg.task:
+        return
+    if any(theirs.get(k) != ours.get(k) for k in HELDOUT_KEYS):
+        if theirs.get("eval_data") or theirs.get("eval_split"):
+            key = "eval_data" if theirs.get("eval_data") else "eval_split"
+            raise ValueError(
+                f"the run in {run} held out task_config.{key}={theirs[key]} and trained on every problem of "
+                f"{cfg.task}'s training split, which this evaluation takes: evaluate with "
+                f"task_config.{key}={theirs[key]}"
+            )
+        return
     held = (trained.get("eval") or {}).get("size")
-    if trained.get("task") == cfg.task and isinstance(held, int) and cfg.eval.size > held:
+    if isinstance(held, int) and cfg.eval.size > held:
+        fix = f"set size={held} or less, or" if held else "held out none:"
         raise ValueError(
             f"config key 'eval.size' is {cfg.eval.size}, but the run in {run} held out only the first {held} "
-            f"problems of {cfg.task} and trained on the rest: set size={held} or less, or evaluate on rows "
-            "of your own (task_config.eval_data)"
+            f"problems of {cfg.task}; the others were open to its training: {fix} evaluate on rows of your "
+            "own (task_config.eval_data)"
         )
 
 

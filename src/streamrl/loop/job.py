@@ -322,7 +322,7 @@ def _run_train(
             state.sampler = sampler.state_dict()
             save(state)
         timings["save"] = time.perf_counter() - t_save
-    interrupted = bool(stop)
+    interrupted, final_eval_stopped = bool(stop), False
     if interrupted:
         console.print(
             f"[yellow]stopped by {stop.reason} at step {state.step}: state saved; continue with "
@@ -337,7 +337,7 @@ def _run_train(
             final = evaluate(engine, tokenizer, task, heldout, *eval_limits, stop=lambda: bool(stop))
             timings["eval"] += final.seconds
         except EvalStopped:  # the state is saved: its resume evaluates it (and exports it again)
-            interrupted = True
+            interrupted = final_eval_stopped = True
             console.print(
                 f"[yellow]stopped by {stop.reason} during the final evaluation; step {state.step} is saved: "
                 f"evaluate it with `streamrl train resume={run_dir}`[/]"
@@ -355,6 +355,7 @@ def _run_train(
         "run_dir": str(run_dir),
         "steps": state.step,
         "interrupted": interrupted,
+        "final_eval_stopped": final_eval_stopped,
         "timings": timings,
         "accounting": counts,
         "eval": {k: v for k, v in evals.items() if k != "samples"},

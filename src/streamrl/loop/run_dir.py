@@ -58,9 +58,8 @@ def reconcile_logs(run_dir: Path, step: int) -> dict[str, int]:
         if orphaned:  # both files whole; a kill between the two writes moves no line twice on the next try
             aside = run_dir / f"{name}.orphaned"
             before = aside.read_text().splitlines() if aside.is_file() else []
-            seen = set(before)
-            new = [x for x in orphaned if x not in seen]
-            write_text_atomic(aside, "".join(x + "\n" for x in before + new))
+            done = before[len(before) - len(orphaned) :] == orphaned  # set aside by a reconcile cut short
+            write_text_atomic(aside, "".join(x + "\n" for x in before + ([] if done else orphaned)))
             write_text_atomic(path, "".join(x + "\n" for x in keep))
         moved[name] = len(orphaned)
     return moved

@@ -31,7 +31,10 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
         f"eval {t['eval']:.0f} s, train {t['train']:.0f} s (periodic state saves "
         f"{t.get('periodic_saves', 0.0):.0f} s), final state save {t.get('save', 0.0):.0f} s)",
     )
-    table.add_row("steps", str(summary["steps"]) + (" (stopped early)" if summary["interrupted"] else ""))
+    stopped = (
+        " (stopped in the final evaluation)" if summary.get("final_eval_stopped") else " (stopped early)"
+    )
+    table.add_row("steps", str(summary["steps"]) + (stopped if summary["interrupted"] else ""))
     acc = summary.get("accounting")
     if acc:
         table.add_row(

@@ -148,6 +148,16 @@ def test_eval_of_a_checkpoint_refuses_problems_its_run_trained_on(tmp_path, caps
     assert main([*ev, model, "size=2", f"run_dir={tmp_path / 'e2'}"]) == 0
     other = main([*ev, model, "size=5", "task_config.eval_data=other.jsonl", f"run_dir={tmp_path / 'e3'}"])
     assert other == 0  # rows of their own, apart from the training rows
+    # a generated task: its run held out the first 2 problems of the held-out generator
+    run3 = tmp_path / "run3"
+    assert (
+        main(["train", *TINY, "max_steps=1", "checkpoint.save=true", "eval.size=2", f"run_dir={run3}"]) == 0
+    )
+    capsys.readouterr()
+    gen = ["eval", "eval.max_new_tokens=4", f"model={run3 / 'checkpoint'}"]
+    assert main([*gen, "size=3", f"run_dir={tmp_path / 'e5'}"]) == 2
+    assert "held out only the first 2 problems of rg:chain_sum; the others" in capsys.readouterr().err
+    assert main([*gen, "size=2", f"run_dir={tmp_path / 'e6'}"]) == 0
     # a run that held out another file trained on every row of the training split: none is held out
     run2 = tmp_path / "run2"
     assert main(["train", *TINY, *trained, "task_config.eval_data=other.jsonl", f"run_dir={run2}"]) == 0

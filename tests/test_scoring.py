@@ -72,6 +72,21 @@ def test_failures_cost_one_reward_each_and_are_counted(scoring):
     assert rec["response_length_std"] == pytest.approx((37 / 4 - 2.75**2) ** 0.5)
 
 
+@pytest.mark.parametrize(
+    ("rewards", "group_baseline", "share"),
+    [
+        ([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0]], True, 2 / 3),  # groups of equal rewards: zero advantage
+        ([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0]], False, 0.0),  # against the batch's mean they have one
+        ([[1.0, 1.0], [1.0, 1.0]], False, 1.0),  # a batch of equal rewards: nothing to learn from
+    ],
+)
+def test_zero_advantage_groups_follow_the_estimators_baseline(rewards, group_baseline, share):
+    problem = Problem("p", [], "7", {"question": "q"})
+    groups = [Group(problem, [make_traj(i, [1], [2], r) for i, r in enumerate(g)]) for g in rewards]
+    rec = step_record(1, groups, {}, 0, group_baseline=group_baseline)
+    assert rec["zero_adv_group_frac"] == pytest.approx(share)
+
+
 @pytest.mark.parametrize("mode", ["colocated", "async"])
 def test_code_task_trains_end_to_end_with_sandboxed_scoring(tmp_path, mode):
     import json

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from streamrl.config import Config, config_yaml
+from streamrl.data.task import default_task_args
 from streamrl.eval.sampling_metrics import default_ks
 from streamrl.loop.durable import write_text_atomic
 
@@ -42,37 +43,36 @@ def trained_run(model: str) -> tuple[Path, dict[str, Any]] | None:
     return None
 
 
-HELDOUT_KEYS = ("eval_data", "eval_split", "split", "args", "columns")  # what decides the held-out rows
+TRAINING_KEYS = ("split", "args", "columns", "sources")  # what decides the training split's rows
 
 
 def refuse_trained_problems(cfg: Config, task: Any) -> None:
     """Held-out problems taken from the training split that the model's own run did not keep out of its
     training (more than its eval.size, or any when it held out rows of another file or split): one line
-    before any weights load."""
+    before any weights load. Silent where the two read the training split differently."""
     found = trained_run(cfg.model)
     if found is None or not task.heldout_from_training():
         return
     run, trained = found
     ours = yaml.safe_load(config_yaml(cfg))["task_config"]  # as the run's config.yaml records it
     theirs = trained.get("task_config") or {}
-    if trained.get("task") != cfg.task:
+    for side in (ours, theirs):  # a run records the default args it filled in; the eval's are empty
+        side["args"] = side.get("args") or yaml.safe_load(yaml.safe_dump(default_task_args(cfg.task)))
+    if trained.get("task") != cfg.task or any(k in theirs and theirs[k] != ours[k] for k in TRAINING_KEYS):
         return
-    if any(theirs.get(k) != ours.get(k) for k in HELDOUT_KEYS):
-        if theirs.get("eval_data") or theirs.get("eval_split"):
-            key = "eval_data" if theirs.get("eval_data") else "eval_split"
-            raise ValueError(
-                f"the run in {run} held out task_config.{key}={theirs[key]} and trained on every problem of "
-                f"{cfg.task}'s training split, which this evaluation takes: evaluate with "
-                f"task_config.{key}={theirs[key]}"
-            )
-        return
+    if key := next((k for k in ("eval_data", "eval_split") if theirs.get(k)), None):
+        raise ValueError(  # its held-out rows were elsewhere: this evaluation takes what it trained on
+            f"the run in {run} held out task_config.{key}={theirs[key]} and trained on every problem of "
+            f"{cfg.task}'s training split, which this evaluation takes: evaluate with "
+            f"task_config.{key}={theirs[key]}"
+        )
     held = (trained.get("eval") or {}).get("size")
     if isinstance(held, int) and cfg.eval.size > held:
-        fix = f"set size={held} or less, or" if held else "held out none:"
+        kept = f"only the first {held} problems" if held else "no problems"
+        fix = f"set size={held} or less, or evaluate" if held else "evaluate"
         raise ValueError(
-            f"config key 'eval.size' is {cfg.eval.size}, but the run in {run} held out only the first {held} "
-            f"problems of {cfg.task}; the others were open to its training: {fix} evaluate on rows of your "
-            "own (task_config.eval_data)"
+            f"config key 'eval.size' is {cfg.eval.size}, but the run in {run} held out {kept} of {cfg.task}; "
+            f"the others were open to its training: {fix} on rows of your own (task_config.eval_data)"
         )
 
 

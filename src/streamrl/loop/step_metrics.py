@@ -15,6 +15,7 @@ def step_record(
     train: dict[str, float],
     version_before: int,
     advantages: list[float] | None = None,
+    group_baseline: bool = True,
 ) -> dict[str, Any]:
     """Reward, accuracy, lengths and staleness over the batch; `train` are the trainer's metrics.
 
@@ -34,7 +35,7 @@ def step_record(
         "reward_std": statistics.pstdev(rewards),
         "accuracy": statistics.fmean(float(t.correct) for t in trajs),
         "format_rate": statistics.fmean(float(t.reward_info.get("formatted", False)) for t in trajs),
-        "zero_adv_group_frac": sum(1 for g in groups if g.uninformative) / len(groups),
+        "zero_adv_group_frac": _zero_advantage_share(groups, rewards, group_baseline),
         "response_length": gen_tokens / len(trajs),
         "response_length_std": statistics.pstdev(lengths),
         "response_length_max": max(lengths),
@@ -108,6 +109,15 @@ def _scoring_stats(trajs: list[Any]) -> dict[str, Any]:
 def _baseline_stats(groups: list[Group]) -> dict[str, float]:
     greedy = [g.baseline.reward for g in groups if g.baseline is not None]
     return {"greedy_reward_mean": statistics.fmean(greedy)} if greedy else {}
+
+
+def _zero_advantage_share(groups: list[Group], rewards: list[float], group_baseline: bool) -> float:
+    """The share of groups with nothing to learn from: under a group baseline those whose rewards are all
+    equal; under the batch's (or a value head's), all of them when every reward of the batch is equal,
+    else none."""
+    if group_baseline:
+        return sum(1 for g in groups if g.uninformative) / len(groups)
+    return float(len(set(rewards)) <= 1)
 
 
 def _advantage_stats(adv: list[float]) -> dict[str, float]:

@@ -79,12 +79,7 @@ def _reward_stuck(history: Sequence[Record], steps: float) -> str | None:
     recent = history[-n:]
     if len(recent) < n:
         return None
-    # every group's rewards equal, and (where logged per sample) every advantage 0: a batch baseline
-    # gives equal-reward groups of different rewards an advantage
-    if all(
-        (_num(r, "zero_adv_group_frac") or 0.0) >= 1.0 and (_num(r, "advantage_zero_frac") or 1.0) >= 1.0
-        for r in recent
-    ):
+    if all((_num(r, "zero_adv_group_frac") or 0.0) >= 1.0 for r in recent):
         reward = _num(recent[-1], "reward_mean")
         return (
             f"every group had equal rewards (zero advantage) for {n} steps, reward {reward:.3g}: "

@@ -46,9 +46,9 @@ def train_on(
     t_sync = time.perf_counter()
     publish()
     sync = time.perf_counter() - t_sync
-    adv = None if advantage_spec(cfg.advantage.name).token_level else batch.advantages  # see gae_*
-    group_baseline = advantage_spec(cfg.advantage.name).group_baseline
-    metrics = step_record(step, groups, train, version_before, adv, group_baseline)
+    estimator = advantage_spec(cfg.advantage.name)
+    adv = None if estimator.token_level else batch.advantages  # see gae_*
+    metrics = step_record(step, groups, train, version_before, adv, estimator.group_baseline)
     metrics.update(
         weight_sync_time=sync,
         train_tokens_per_s=train["tokens_trained"] / max(train["train_time"], 1e-9),

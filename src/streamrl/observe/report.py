@@ -19,6 +19,7 @@ from streamrl.observe.diagnostics import RULES, diagnose
 from streamrl.observe.environment import collect_environment
 from streamrl.observe.plots import Series, line_chart, stacked_bars
 from streamrl.observe.run_data import RunData, flatten, load_run, unique_labels
+from streamrl.processes import pid_alive
 
 # (plot name, title, metric keys, fixed y range)
 LINE_PANELS: list[tuple[str, str, list[str], tuple[float, float] | None]] = [
@@ -348,7 +349,8 @@ def write_report(paths: list[str | Path], out: str | Path | None = None) -> Path
     runs = [load_run(p, label) for p, label in zip(dirs, unique_labels(dirs))]
     target = Path(out) if out else dirs[0] / ("report.html" if len(dirs) == 1 else "compare.html")
     for leftover in target.parent.glob(f".{target.name}.*.tmp"):  # of a render that was killed
-        if not _alive(leftover.name.split(".")[-2]):
+        pid = leftover.name.split(".")[-2]
+        if not (pid.isdigit() and pid_alive(int(pid))):
             leftover.unlink(missing_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
@@ -357,16 +359,3 @@ def write_report(paths: list[str | Path], out: str | Path | None = None) -> Path
     finally:
         tmp.unlink(missing_ok=True)
     return target
-
-
-def _alive(pid: str) -> bool:
-    """Is the process `pid` (a temporary file's writer) still running? Not a pid: no."""
-    if not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except PermissionError:  # another user's process
-        return True
-    except (ProcessLookupError, OverflowError):
-        return False
-    return True

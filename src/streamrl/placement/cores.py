@@ -34,20 +34,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from streamrl.processes import pid_alive
+
 _HELD, _LENDING, _MAX = 0, 1, 2  # per-slot fields
 _PEAK, _BORROWS, _RECLAIMS, _TIMEOUTS = 0, 1, 2, 3  # global counters
 _THREAD_S, _HELD_S, _SINCE = 0, 1, 2  # per-slot clocks: thread-seconds held, seconds held, last change
 RECOVER_S = 0.5  # the lock held this long while its holder's process is gone: freed on its behalf
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        pass
-    return True
 
 
 class ElasticCores:
@@ -134,7 +126,7 @@ class ElasticCores:
         freed on that process's behalf (otherwise every process would wait for it forever)."""
         while not self._lock.acquire(timeout=RECOVER_S):
             holder = self._owner.value
-            if holder == 0 or not _alive(holder):
+            if holder == 0 or not pid_alive(holder):
                 self._owner.value = 0
                 self._lock.release()  # a Lock may be released by another process: the dead holder's
         self._owner.value = os.getpid()

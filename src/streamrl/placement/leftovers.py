@@ -13,6 +13,8 @@ import multiprocessing
 import os
 from pathlib import Path
 
+from streamrl.processes import pid_alive
+
 PREFIX = "mp-streamrl-"
 SHM = Path("/dev/shm")
 
@@ -22,22 +24,12 @@ def name_semaphores_after_this_process() -> None:
     multiprocessing.current_process()._config["semprefix"] = f"/{PREFIX}{os.getpid()}"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's live process
-        return True
-    return True
-
-
 def remove_leftovers(shm: Path = SHM) -> int:
     """Unlink the semaphores of streamrl runs whose process no longer exists; returns how many."""
     removed = 0
     for f in shm.glob(f"sem.{PREFIX}*"):
         pid = f.name[len(f"sem.{PREFIX}") :].split("-")[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             f.unlink(missing_ok=True)
             removed += 1
     return removed

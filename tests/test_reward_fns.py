@@ -186,7 +186,8 @@ def test_accuracy_is_the_tasks_verdict_when_your_function_hangs_or_kills_its_wor
 ) -> None:
     rows = user_file.parent / "rows.jsonl"  # a process worker builds the task from the config
     rows.write_text(json.dumps({"prompt": "What is 3+4?", "answer": "7"}) + "\n")
-    overrides = [f"reward.fn=my_rewards.py:{fn}", "reward.timeout_s=1", f"reward.service={service}"]
+    timeout = 1 if fn == "hangs" else 60  # a worker that dies must not be overtaken by the deadline
+    overrides = [f"reward.fn=my_rewards.py:{fn}", f"reward.timeout_s={timeout}", f"reward.service={service}"]
     t = _scored([*overrides, f"task=data:{rows}"], _problem(), _traj(text, [5]))
     assert (t.reward, t.correct, t.reward_info["reward_error"]) == (0.0, correct, reason)
 

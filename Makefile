@@ -38,7 +38,7 @@ demo: $(STAMP_DEMO)
 	$(VENV)/bin/streamrl train
 
 test: $(STAMP_TEST) chromium
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=20
 
 # Plant each deliberate bug of tests/mutations.yaml in a copy of the repository and run the tests that
 # guard it; fails unless every one is caught. Not part of `make test` (about half an hour on 2 cores).

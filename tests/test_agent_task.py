@@ -159,3 +159,26 @@ def test_episodes_failing_before_any_call_are_counted_and_warned_about(tmp_path,
     assert acc["lost"] == 0 and acc["filter_reasons"]["no_calls"] >= errors // 2
     err = capsys.readouterr().err
     assert "warning [episode_errors]" in err and "agent episodes" in err
+
+
+def test_a_stop_cuts_off_the_held_out_agents(tiny, tmp_path):
+    from streamrl.engine.hf import HFEngine
+    from streamrl.eval.heldout import EvalStopped, evaluate
+    from streamrl.tasks import make_task
+
+    model, tok = tiny
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"q{a}", "answer": str(a)}) + "\n" for a in (7, 8)))
+    task = make_task(
+        "agent:agents_for_tests:call_then_answer_seven",
+        {"base": f"data:{rows}"},
+        "",
+        "",
+        "answer_is",
+        eval_data=str(rows),
+    )
+    problems = task.heldout(2)
+    with pytest.raises(EvalStopped, match="stopped with 0 of 2 agent runs over"):
+        evaluate(
+            HFEngine(model, tok, 4, 0, "cpu"), tok, task, problems, 4, agent_timeout_s=60, stop=lambda: True
+        )

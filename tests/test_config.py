@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from streamrl.cli import main
@@ -203,6 +205,19 @@ def test_parse_override_scalars():
     assert parse_override("a=true") == ("a", True)
     assert parse_override("a=[1, 2]") == ("a", [1, 2])
     assert parse_override("a=rg:chain_sum") == ("a", "rg:chain_sum")
+    assert parse_override("a={b: 1}") == ("a", {"b": 1}) and parse_override("a='x #1'") == ("a", "x #1")
+
+
+def test_a_text_override_is_kept_whole_where_yaml_would_cut_it():
+    cfg = load_config(
+        None,
+        [
+            "task_config.instruction=Put the final answer after #### at the end",
+            "task_config.system_prompt=Reply in the form: The answer is N",
+        ],
+    )
+    assert cfg.task_config.instruction == "Put the final answer after #### at the end"  # not a comment
+    assert cfg.task_config.system_prompt == "Reply in the form: The answer is N"  # not a mapping
 
 
 def test_cli_bad_key_exits_2_before_any_work(capsys):
@@ -252,3 +267,23 @@ def test_engine_vllm_config_errors(monkeypatch):
     with pytest.raises(ConfigError, match="engine"):
         load_config(None, ["engine=sglang"])
     assert load_config(None, ["vllm.dtype=bfloat16"]).vllm.dtype == "bfloat16"  # engine=hf ignores it
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ("weight: .nan", "'task_config.sources[0].weight' must be a finite number > 0, got nan"),
+        ("weight: .inf", "'task_config.sources[0].weight' must be a finite number > 0, got inf"),
+        ("columns: question", "'task_config.sources[0].columns' expects"),
+        ("shuffle_buffer: 0", "'task_config.sources[0].shuffle_buffer' must be > 0, got 0"),
+        ("streaming: maybe", "'task_config.sources[0].streaming' expects"),
+        ("args: 5", "'task_config.sources[0].args' must be a mapping of the task's settings, got 5"),
+    ],
+)
+def test_a_mixture_sources_keys_are_checked_as_the_same_top_level_keys(source, message):
+    with pytest.raises(ConfigError, match="^config key " + re.escape(message)):
+        load_config(None, ["task=mix", f"task_config.sources=[{{task: data:a.jsonl, {source}}}]"])
+    cfg = load_config(
+        None, ["task=mix", "task_config.sources=[{task: data:a.jsonl, shuffle_buffer: 8, weight: 2}]"]
+    )
+    assert cfg.task_config.sources[0]["shuffle_buffer"] == 8

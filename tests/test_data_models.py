@@ -137,3 +137,35 @@ def test_a_chat_that_ends_with_its_reply_is_not_a_prompt(tmp_path):
         f"{f}:row 2: column 'messages' ends with an assistant turn: a prompt ends with the user's turn "
         "(drop the reply from the column; map a reference with task_config.columns.answer)"
     ]
+
+
+def test_column_mappings_that_cannot_be_meant_are_refused_or_skipped(tmp_path):
+    """A prompt and a chat column both mapped (one would be ignored), a chat whose question is empty, a
+    row id that is empty or shared by two prompts (the id keys the reward cache and the sampler)."""
+    f = tmp_path / "rows.jsonl"
+    rows = [
+        {"messages": [{"role": "user", "content": "2+2?"}], "answer": "4", "uid": "a"},
+        {"messages": [{"role": "user", "content": "  "}], "answer": "5", "uid": "b"},
+        {"messages": [{"role": "user", "content": "3+3?"}], "answer": "6", "uid": None},
+    ]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match=r"^task_config.columns: set prompt or messages, not both"):
+        make_task(str(f), {}, "", "", "boxed", columns={"prompt": "q", "messages": "messages"})
+    task = make_task(str(f), {}, "", "", "boxed", columns={"messages": "messages", "id": "uid"})
+    assert [(r["question"], r["id"]) for r in task.rows] == [("2+2?", "a")]
+    assert task.skipped == [
+        f"{f}:row 2: column 'messages' has an empty last user turn",
+        f"{f}:row 3: column 'uid' (the row id) is empty",
+    ]
+    rows[1]["messages"][0]["content"], rows[1]["uid"], rows[2]["uid"] = "4+4?", "b", "a"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(
+        ValueError,
+        match=rf"^task_config.columns.id: column 'uid' repeats 'a' \({f}: rows 1 and 3, different prompts\): "
+        "map a column unique per row, or drop columns.id$",
+    ):
+        make_task(str(f), {}, "", "", "boxed", columns={"messages": "messages", "id": "uid"})
+    rows[2]["messages"] = rows[0]["messages"]  # the same prompt again: a duplicate row, dropped as before
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = make_task(str(f), {}, "", "", "boxed", columns={"messages": "messages", "id": "uid"})
+    assert sorted(r["id"] for r in task.rows) == ["a", "b"]

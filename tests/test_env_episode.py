@@ -191,3 +191,21 @@ def test_tiny_random_episodes_match_a_teacher_forced_forward(tiny):
             logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
         ref = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None]).squeeze(-1)
         torch.testing.assert_close(ref[mask], lp[mask], atol=2e-4, rtol=0)
+
+
+def test_a_stop_ends_the_episodes_at_the_engines_next_decode_step(tiny):
+    from streamrl.types import EvalStopped
+
+    model, tok = tiny
+    r = TurnRenderer(tok)
+    prompt = tok(
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+    ).input_ids
+    eps = [Episode(ScriptedEnv(turns=3), r, list(prompt), EpisodeLimits(3, 400, 6), tag=i) for i in range(3)]
+    asked: list[int] = []
+    with pytest.raises(EvalStopped, match="stopped with 0 of 3 episodes over"):
+        run_episodes(
+            HFEngine(model, tok, max_batch=4, seed=1), eps, stop=lambda: asked.append(1) or len(asked) > 2
+        )
+    assert len(asked) == 3  # two decode steps of the first turn, then the stop
+    assert not any(ep.done for ep in eps)

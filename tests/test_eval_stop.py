@@ -1,6 +1,6 @@
-"""Ctrl-C or SIGTERM during a run's held-out evaluation: the evaluation stops at the engine's next batch,
-nothing measured so far is claimed, and a resume measures what was stopped (the base model, before any
-step; the trained model, after the last)."""
+"""Ctrl-C or SIGTERM during a run's held-out evaluation: the evaluation stops at the engine's next
+decode step, nothing measured so far is claimed, and a resume measures what was stopped (the base
+model, before any step; the trained model, after the last)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tiny_args import TINY
 from streamrl.cli import main
 from streamrl.engine.base import GenRequest
 from streamrl.engine.hf import HFEngine
-from streamrl.eval.heldout import EvalStopped, _generate
+from streamrl.eval.heldout import EvalStopped, evaluate
 from streamrl.loop import job
 
 
@@ -24,23 +24,51 @@ def _requests(tok) -> list[GenRequest]:
     return [GenRequest(tok(t).input_ids, max_new_tokens=6, temperature=0.0) for t in texts]
 
 
-def test_batches_asked_to_stop_are_the_engines_own(tiny) -> None:
+def _asks_until(n: int, asked: list[int]):
+    """A stop flag that says True from its n-th question on, counting the questions in `asked`."""
+    return lambda: asked.append(1) or len(asked) >= n
+
+
+def test_the_engine_asks_stop_before_each_decode_step_and_aborts_what_is_unfinished(tiny) -> None:
     model, tok = tiny
     whole = HFEngine(model, tok, max_batch=3).generate(_requests(tok))
-    asked: list[int] = []
     engine = HFEngine(model, tok, max_batch=3)
-    calls: list[list[int]] = []
-    real = engine.generate
-    engine.generate = lambda reqs: calls.append([len(r.prompt_ids) for r in reqs]) or real(reqs)  # type: ignore[method-assign]
-    reqs = _requests(tok)
-    parts = _generate(engine, reqs, lambda: asked.append(1) and False)
-    by_length = sorted(len(r.prompt_ids) for r in reqs)
-    assert calls == [by_length[:3], by_length[3:6], by_length[6:]] and len(asked) == 3  # max_batch each
-    # the same batches as one call forms (prompts by length), so the same tokens and log-probs
-    assert [(r.token_ids, r.logprobs) for r in parts] == [(r.token_ids, r.logprobs) for r in whole]
-    answers = iter([False, True])
-    with pytest.raises(EvalStopped, match="stopped after 3 of 7 problems"):
-        _generate(engine, _requests(tok), lambda: next(answers))
+    asked: list[int] = []
+    never = engine.generate(_requests(tok), stop=_asks_until(10**9, asked))
+    assert [(r.token_ids, r.logprobs) for r in never] == [(r.token_ids, r.logprobs) for r in whole]
+    # the batches as the engine forms them (prompts by length, max_batch each): one question per step,
+    # a step per token of a batch's longest response
+    order = sorted(range(7), key=lambda i: len(_requests(tok)[i].prompt_ids))
+    steps = [max(len(whole[i].token_ids) for i in order[k : k + 3]) for k in (0, 3, 6)]
+    assert len(asked) == sum(steps)
+    asked.clear()  # stop at the second batch's first step: the first batch is kept, the rest aborted
+    parts = engine.generate(_requests(tok), stop=_asks_until(steps[0] + 1, asked))
+    first = set(order[:3])
+    assert [r.finish_reason == "abort" for r in parts] == [i not in first for i in range(7)]
+    assert all(parts[i].token_ids == whole[i].token_ids for i in first)
+    assert all(parts[i].token_ids == [] for i in range(7) if i not in first)
+    assert not engine._pending and not engine._done  # nothing left behind for the next call
+    again = engine.generate(_requests(tok))
+    assert [r.token_ids for r in again] == [r.token_ids for r in whole]
+
+
+def test_an_evaluation_told_to_stop_raises_and_claims_nothing(tiny) -> None:
+    from streamrl.data.task import default_task_args
+    from streamrl.tasks import make_task
+    from streamrl.types import Problem
+
+    model, tok = tiny
+    task = make_task("rg:chain_sum", default_task_args("rg:chain_sum"), "", "", "answer_is")
+    problems = [
+        Problem(id=str(i), messages=[{"role": "user", "content": f"{i}+1"}], answer=str(i + 1))
+        for i in range(5)
+    ]
+    engine = HFEngine(model, tok, max_batch=2)
+    asked: list[int] = []
+    with pytest.raises(EvalStopped, match="stopped with 0 of 5 problems answered"):
+        evaluate(engine, tok, task, problems, 4, stop=_asks_until(1, asked))
+    assert len(asked) == 1
+    assert len(evaluate(engine, tok, task, problems, 4, stop=lambda: False).correct) == 5
 
 
 def _stop_at_evaluation(monkeypatch, which: int) -> None:

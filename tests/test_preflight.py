@@ -74,3 +74,110 @@ def test_a_data_typo_fails_before_the_model_is_resolved(tmp_path, monkeypatch, c
     err = capsys.readouterr().err
     assert err.startswith("streamrl: error: ") and "typo.jsonl" in err and err.count("\n") == 1, err
     assert resolved == []
+
+
+@pytest.mark.parametrize(
+    "device, message",
+    [
+        ("gpu", "config key 'device': 'gpu' is not a torch device: use cpu, cuda, cuda:N, mps or xpu"),
+        (
+            "cuda",
+            "config key 'device': this machine has no cuda device (this torch is a CPU build): "
+            "use device=cpu",
+        ),
+        ("meta", "config key 'device': streamrl does not run on 'meta': use cpu, cuda, cuda:N, mps or xpu"),
+    ],
+)
+def test_a_device_this_machine_lacks_is_one_line_before_anything_is_written(
+    tmp_path, capsys, device, message
+):
+    import torch
+
+    if device == "cuda" and (torch.cuda.is_available() or torch.version.cuda is not None):
+        message = message.replace(" (this torch is a CPU build)", "")
+        if torch.cuda.is_available():
+            device, message = "cuda:99", "config key 'device': cuda:99, but this machine has"
+    run = tmp_path / "run"
+    assert _train([*TINY, f"device={device}", f"run_dir={run}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"streamrl: error: {message}") and err.count("\n") == 1, err
+    assert not run.exists()
+
+
+def test_a_run_dir_that_is_taken_fails_before_the_model_is_resolved(tmp_path, monkeypatch, capsys):
+    """A Hub id resolves by downloading the weights (GBs): a run_dir that cannot be used fails first."""
+    import streamrl.preflight as preflight
+
+    resolved: list[str] = []
+    monkeypatch.setattr(preflight, "resolve_model_dir", lambda name, seed=0: resolved.append(name))
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "config.yaml").write_text("model: tiny\n")
+    for run_dir, message in [
+        ("notes.txt", "is a file: choose a directory (a new name, or a run's)"),
+        ("old", "already holds a run: continue it with resume="),
+    ]:
+        assert _train([*TINY, "model=Qwen/Qwen2.5-7B-Instruct", f"run_dir={tmp_path / run_dir}"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"streamrl: error: run_dir {tmp_path / run_dir} ") and message in err, err
+        assert err.count("\n") == 1
+    assert resolved == [] and (tmp_path / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in (tmp_path / "old").iterdir()) == ["config.yaml"]
+
+
+def test_drawn_few_shot_examples_need_reference_answers(tmp_path: Path) -> None:
+    """columns.answer=null (your own reward function scores the rows): a drawn example would have no
+    answer to show, so few_shot_n is refused with the fix; given examples (few_shot) are accepted."""
+    from streamrl.config import load_config
+    from streamrl.tasks import prepare_split, task_from_config
+
+    args = [
+        f"task=data:{_data(tmp_path)}",
+        "task_config.columns={answer: null}",
+        "reward.fn=f.py:r",
+        "eval.size=2",
+    ]
+    cfg = load_config(None, [*args, "task_config.few_shot_n=1"])
+    with pytest.raises(ValueError, match=r"^config key 'task_config.few_shot_n' draws examples with their "):
+        prepare_split(task_from_config(cfg), cfg)
+    cfg = load_config(
+        None, [*args, "task_config.few_shot=[{question: '1+1?', response: 'The answer is 2.'}]"]
+    )
+    heldout, _ = prepare_split(task_from_config(cfg), cfg)
+    assert len(heldout) == 2
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["task=rg:acre", "rollout.sampler=curriculum"],
+            "rollout.sampler=curriculum: reasoning-gym has no curriculum for 'acre': choose another rg: task "
+            "or another rollout.sampler",
+        ),
+        (
+            ["train.lora_rank=2", "train.lora_targets=[q_projj]"],
+            "config key 'train.lora_targets': no linear layer named ['q_projj'] in this model; its linear "
+            "layers are ['down_proj', 'gate_proj', 'k_proj', 'lm_head', 'o_proj', 'q_proj', 'up_proj', "
+            "'v_proj']",
+        ),
+    ],
+    ids=["curriculum", "lora-targets"],
+)
+def test_settings_the_task_or_model_cannot_take_are_one_line_before_anything_is_written(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+    args: list[str],
+    message: str,
+) -> None:
+    import streamrl.models.startup as startup
+
+    loads: list[int] = []
+    real = startup.load_model
+    monkeypatch.setattr(startup, "load_model", lambda *a, **k: loads.append(1) or real(*a, **k))
+    run = tmp_path / "run"
+    assert _train([*TINY, *args, f"run_dir={run}"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"streamrl: error: {message}\n"
+    assert not run.exists() and loads == []  # no weights read

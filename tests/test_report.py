@@ -83,8 +83,8 @@ def test_line_chart_draws_every_point_and_gaps():
 
 def test_a_killed_renders_temporary_file_is_removed_a_running_ones_kept(tmp_path):
     run = make_run(tmp_path / "run")
-    dead = run / ".report.html.4194305.tmp"  # above Linux's largest pid: its writer is gone
-    running = run / f".report.html.{os.getppid()}.tmp"  # a writer that still runs (this test's parent)
+    dead = run / ".tmp-report.html-4194305"  # above Linux's largest pid: its writer is gone
+    running = run / f".tmp-report.html-{os.getppid()}"  # a writer that still runs (this test's parent)
     for p in (dead, running):
         p.write_text("<html>half")
     write_report([run])
@@ -94,7 +94,7 @@ def test_a_killed_renders_temporary_file_is_removed_a_running_ones_kept(tmp_path
 def test_single_run_report_has_every_plot_non_empty(tmp_path):
     run = make_run(tmp_path / "run")
     out = write_report([run])
-    assert out == run / "report.html" and not list(run.glob(".*.tmp"))  # temp file renamed away
+    assert out == run / "report.html" and not list(run.glob(".tmp-*"))  # temp file renamed away
     html = out.read_text()
     assert "<script" not in html and "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
     found = plots(html)
@@ -187,8 +187,11 @@ def test_wandb_sink_logs_offline_through_the_api(tmp_path, monkeypatch):
     WandbSink(tmp_path, "proj", "offline", {"model": "m"})  # the same run directory, resumed
     assert calls["init"]["id"] == first and calls["init"]["resume"] == "allow"
     (tmp_path / "other").mkdir()
+    (tmp_path / "other" / ".tmp-wandb_run_id-4194305").write_text("3f")  # a start killed mid-write
     WandbSink(tmp_path / "other", "proj", "offline", {})
     assert calls["init"]["id"] != first  # another run directory is another W&B run
+    assert sorted(p.name for p in (tmp_path / "other").iterdir()) == ["wandb_run_id"]
+    assert (tmp_path / "other" / "wandb_run_id").read_text() == calls["init"]["id"] + "\n"
 
 
 def test_wandb_missing_is_a_config_error(monkeypatch):

@@ -120,7 +120,7 @@ def test_run_dir_has_report_and_environment(tiny_run: Path):
     env = json.loads((tiny_run / "environment.json").read_text())
     assert {"python", "torch", "transformers", "trainer_threads", "model"} <= env.keys()
     html = (tiny_run / "report.html").read_text()
-    assert "streamrl run" in html and "finished" in html and not list(tiny_run.glob(".*.tmp"))
+    assert "streamrl run" in html and "finished" in html and not list(tiny_run.glob(".tmp-*"))
 
 
 def test_report_opens_in_headless_chromium(chromium: str, tiny_run: Path, tmp_path: Path):

@@ -58,6 +58,9 @@ USER_FILE = textwrap.dedent(
     def no_kwargs(prompts, completions, completion_ids):
         return [1.0]
 
+    def needs_solution(completions, solution, **kwargs):  # open-r1's accuracy reward: a `solution` column
+        return [float(s in c) for c, s in zip(completions, solution)]
+
     def answer_is_72(prompts, completions, answer, **columns):
         return [float(a == "72") for a in answer]
 
@@ -336,6 +339,27 @@ def test_a_function_without_kwargs_is_refused_before_anything_is_written(
         "parameters\n"
     )
     assert not run.exists()
+
+
+def test_a_function_that_needs_a_column_the_rows_lack_is_refused_before_anything_is_written(
+    user_file: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run = user_file.parent / "run"
+    assert main(["train", *TINY, "reward.fn=my_rewards.py:needs_solution", f"run_dir={run}"]) == 2
+    assert capsys.readouterr().err == (
+        "streamrl: error: config key 'reward.fn': my_rewards.py:needs_solution needs 'solution', which no "
+        "call passes (it is called with answer, completion_ids, completions, prompts): use one of those "
+        "names or give 'solution' a default\n"
+    )
+    assert not run.exists()
+    rows = user_file.parent / "rows.jsonl"  # rows with that column: the same function is accepted
+    rows.write_text(json.dumps({"prompt": "What is 3+4?", "answer": "7", "solution": "7"}) + "\n")
+    from streamrl.rewards.user_fns import check_arguments, configured_fns, load_fns, reward_columns
+    from streamrl.tasks import make_task
+
+    fns = configured_fns("my_rewards.py:needs_solution", [])
+    problem = next(make_task(f"data:{rows}", {}, "", "", "answer_is").train_stream(0, set()))
+    check_arguments(load_fns(fns), fns, reward_columns(problem))
 
 
 def test_a_slow_import_in_a_reward_process_is_not_charged_to_the_first_scores_timeout(

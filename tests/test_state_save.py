@@ -181,7 +181,7 @@ def test_a_file_written_atomically_is_old_or_new_never_torn(tmp_path, monkeypatc
     or a full disk would stop it) leaves the previous content under the name."""
     import os
 
-    from streamrl.loop.durable import write_text_atomic
+    from streamrl.files import write_text_atomic
 
     path = tmp_path / "eval.json"
     write_text_atomic(path, '{"old": 1}')
@@ -195,7 +195,7 @@ def test_a_file_written_atomically_is_old_or_new_never_torn(tmp_path, monkeypatc
         write_text_atomic(path, '{"new": 2, "much": "' + "x" * 100_000 + '"}')
     assert path.read_text() == '{"old": 1}'
     monkeypatch.undo()
-    (tmp_path / ".tmp-eval.json-99999").write_text('{"torn')  # a writer killed mid-write
+    (tmp_path / ".tmp-eval.json-4194305").write_text('{"torn')  # above Linux's largest pid: killed
     write_text_atomic(path, '{"new": 2}')
     assert path.read_text() == '{"new": 2}'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["eval.json"]  # no temporary left behind

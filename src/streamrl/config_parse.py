@@ -129,6 +129,12 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     raise bad
 
 
+def field_value(section: Any, name: str, key: str, value: Any) -> Any:
+    """`value` as field `name` of the dataclass `section` takes it (ConfigError naming `key` if it cannot):
+    for settings given outside the dataclass, such as a mixture source's data keys."""
+    return _coerce(key, value, _field_types(type(section))[name])
+
+
 def apply_key(obj: Any, key: str, value: Any, prefix: str = "") -> None:
     """Set dotted `key` on dataclass `obj`; dict values update nested sections key by key."""
     head, _, rest = key.partition(".")
@@ -167,6 +173,11 @@ def parse_override(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise ConfigError(f"override '{text}' must look like key=value (for example max_steps=10)")
     key, raw = text.split("=", 1)
+    plain = raw.strip()
+    if plain and plain[0] not in "[{\"'" and (" #" in plain or ": " in plain):
+        # YAML would read ' #...' as a comment and 'a: b' as a mapping: an instruction or a system
+        # prompt is meant as the text it is (a [list], a {mapping} or a quoted value is YAML)
+        return key.strip(), plain
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:

@@ -7,8 +7,8 @@ import os
 from typing import Any
 
 from streamrl.config_algo import validate_algo
-from streamrl.config_bounds import check_bounds
-from streamrl.config_parse import ConfigError
+from streamrl.config_bounds import BOUNDS, check_bounds
+from streamrl.config_parse import ConfigError, field_value
 
 # where reward.scorer=judge finds its endpoint when reward.judge_url / judge_model are empty
 # (rewards/judge.py resolve_judge_config reads the same variables, in this order)
@@ -189,6 +189,8 @@ def _validate_data_keys(cfg: Any) -> None:
             f"{who} makes its own problems and held-out set: drop it"
         )
     for i, src in enumerate(tc.sources if spec == "mix" else ()):
+        if isinstance(src, dict):
+            _check_source_values(tc, src, f"task_config.sources[{i}]")
         if not isinstance(src, dict) or not isinstance(src.get("task"), str) or is_data_source(src["task"]):
             continue  # a malformed source is refused when the task is built, naming its field
         key = next((k for k in DATA_KEYS if k in src), None)
@@ -197,6 +199,29 @@ def _validate_data_keys(cfg: Any) -> None:
                 f"config key 'task_config.sources[{i}].{key}' applies to data sources (hf:NAME, data:PATH); "
                 f"{src['task']!r} makes its own problems and held-out set: drop it"
             )
+
+
+def _check_source_values(tc: Any, src: dict[str, Any], where: str) -> None:
+    """A mixture source's weight, args and data keys, typed and bounded as the same keys of task_config
+    are (its columns' own keys are checked when its rows are read)."""
+    weight = src.get("weight", 1.0)
+    if (
+        isinstance(weight, bool)
+        or not isinstance(weight, (int, float))
+        or not math.isfinite(weight)
+        or weight <= 0
+    ):
+        raise ConfigError(f"config key '{where}.weight' must be a finite number > 0, got {weight!r}")
+    if not isinstance(src.get("args") or {}, dict):
+        raise ConfigError(
+            f"config key '{where}.args' must be a mapping of the task's settings, got {src['args']!r}"
+        )
+    for key in DATA_KEYS:
+        if key in src:
+            src[key] = value = field_value(tc, key, f"{where}.{key}", src[key])
+            bound = BOUNDS.get(f"task_config.{key}")
+            if bound is not None and not bound.accepts(value):
+                raise ConfigError(f"config key '{where}.{key}' must be {bound.text()}, got {value!r}")
 
 
 def _validate_screening(cfg: Any) -> None:

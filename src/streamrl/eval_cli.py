@@ -17,7 +17,7 @@ from rich.table import Table
 from streamrl.config import Config, config_yaml
 from streamrl.data.task import default_task_args
 from streamrl.eval.sampling_metrics import default_ks
-from streamrl.loop.durable import write_text_atomic
+from streamrl.files import write_text_atomic
 
 SHORTHANDS = {"n": "eval.n", "k": "eval.k", "temperature": "eval.temperature", "size": "eval.size"}
 
@@ -82,11 +82,16 @@ def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     from streamrl.engine.hf import HFEngine
     from streamrl.eval.heldout import evaluate
     from streamrl.eval.sampled import evaluate_sampled
+    from streamrl.models.device import check_device
     from streamrl.models.precision import precision_dtype
     from streamrl.models.startup import start_model
+    from streamrl.preflight import check_run_dir
     from streamrl.tasks import prepare_split, task_from_config
 
     console = console or Console(stderr=True)
+    check_device(cfg.device)
+    run_dir = Path(cfg.run_dir) if cfg.run_dir else Path("runs") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}"
+    check_run_dir(run_dir, may_hold_run=True)  # before the evaluation, not after it
     torch.set_num_threads(os.cpu_count() or 1)
     torch.manual_seed(cfg.seed)
     task = task_from_config(cfg)
@@ -122,7 +127,6 @@ def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     result.update(
         model=cfg.model, task=cfg.task, temperature=temperature, seconds=time.perf_counter() - start
     )
-    run_dir = Path(cfg.run_dir) if cfg.run_dir else Path("runs") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / "eval.json"
     old = json.loads(path.read_text()) if path.is_file() else {}

@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from streamrl.data.prompt_limit import PromptFilter, prompt_limit
+from streamrl.data.samplers import check_curriculum
 from streamrl.data.task import Task, default_task_args
+from streamrl.models.device import check_device
 from streamrl.models.resolve import load_model_config, load_tokenizer, resolve_model_dir
 from streamrl.rewards.judge import judge_config
 from streamrl.rewards.judge_check import check_judge
-from streamrl.rewards.user_fns import configured_fns, load_fns
+from streamrl.rewards.user_fns import check_arguments, configured_fns, load_fns, reward_columns
 from streamrl.tasks import prepare_split, task_from_config
 from streamrl.types import Problem
 
@@ -28,18 +30,43 @@ class Checked:
     split: tuple[list[Problem], set[str]]  # prepare_split's (held-out problems, prompts never trained on)
 
 
+def check_run_dir(path: Path, may_hold_run: bool) -> None:
+    """The run directory, before any work: not a file, and holding a run only where that is meant
+    (may_hold_run: a resume, overwrite=true, an evaluation adding its results)."""
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"run_dir {path} is a file: choose a directory (a new name, or a run's)")
+    if not may_hold_run and (path / "config.yaml").is_file():
+        raise ValueError(
+            f"run_dir {path} already holds a run: continue it with resume={path}, start it over with "
+            "overwrite=true, or choose another run_dir"
+        )
+
+
 def preflight(cfg: Any) -> Checked:
     """Build the task and resolve the model of `cfg` (task_config.args filled with the task's defaults)."""
+    check_device(cfg.device)
+    if cfg.run_dir:  # a run already there, before a model download
+        check_run_dir(Path(cfg.run_dir), bool(cfg.resume) or cfg.overwrite)
     if not cfg.task_config.args:
         cfg.task_config.args = default_task_args(cfg.task)  # recorded in config.yaml
-    load_fns(configured_fns(cfg.reward.fn, cfg.reward.fns))  # your reward functions import
+    fns = configured_fns(cfg.reward.fn, cfg.reward.fns)
+    loaded = load_fns(fns)  # your reward functions import
     if cfg.reward.scorer == "judge":  # reachable, serving the model, grading a probe
         check_judge(judge_config(cfg.reward))
     task = task_from_config(cfg)  # before the model: a typo in the data costs no weights download
+    if cfg.rollout.sampler == "curriculum" and cfg.task.startswith("rg:"):
+        check_curriculum(cfg.task.removeprefix("rg:"))
     split = prepare_split(task, cfg)  # eval.size and the few-shot examples fit the data
     exclude = split[1]
+    if loaded and (first := next(task.train_stream(cfg.seed, exclude), None)) is not None:
+        check_arguments(loaded, fns, reward_columns(first))  # each is passed what it needs
     model_dir = resolve_model_dir(cfg.model, cfg.seed)
-    limit = prompt_limit(cfg, load_model_config(model_dir))  # lengths that cannot fit: one line
+    model_config = load_model_config(model_dir)
+    limit = prompt_limit(cfg, model_config)  # lengths that cannot fit: one line
+    if cfg.train.lora_rank:  # the adapters' target layers exist (the layers built with no weights)
+        from streamrl.models.lora import check_targets_on_meta
+
+        check_targets_on_meta(model_config, cfg.train.lora_targets)
     # something to train on: every row held out, or every prompt too long, is one line
     tc = cfg.task_config
     if tc.chat_template:  # recorded absolute: workers, resume and evaluation read the same file

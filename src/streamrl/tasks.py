@@ -150,6 +150,12 @@ def prepare_split(task: Task, cfg: Any) -> tuple[list[Problem], set[str]]:
         template = SHOT_TEMPLATES.get(cfg.reward.extract, "{answer}")
         draws = itertools.islice(task.train_stream(FEW_SHOT_SEED, exclude), 50 * tc.few_shot_n + 1000)
         for p in draws:
+            if not p.answer.strip():  # an example would show "The answer is ." as its reply
+                raise ValueError(
+                    f"config key 'task_config.few_shot_n' draws examples with their reference answers, but "
+                    f"problem {p.id} has none (task_config.columns.answer is null, or a row without one): "
+                    "give the examples as task_config.few_shot=[{question, response}] instead"
+                )
             if prompt_key(p) not in seen:
                 seen.add(prompt_key(p))
                 shots.append((p.meta["question"], template.format(answer=p.answer)))

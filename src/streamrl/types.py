@@ -9,6 +9,10 @@ from typing import Any
 BUDGET_REASON = "step_budget"
 
 
+class EvalStopped(Exception):
+    """An evaluation was asked to stop (Ctrl-C, SIGTERM) before it finished: nothing of it counts."""
+
+
 @dataclass
 class Problem:
     """One prompt with what is needed to score an answer to it.

@@ -36,7 +36,12 @@ def resolve_columns(columns: dict[str, Any] | None) -> dict[str, str]:
         if not isinstance(v, str) or not v:
             raise ValueError(f"task_config.columns.{k} must be a column name, got {v!r}")
         out[k] = v
-    if "messages" in out and "prompt" not in (columns or {}):
+    if "messages" in out and "prompt" in (columns or {}):
+        raise ValueError(
+            "task_config.columns: set prompt or messages, not both (messages: a chat whose last user turn "
+            "is the question)"
+        )
+    if "messages" in out:
         del out["prompt"]  # a chat column replaces the default prompt column
     return out
 
@@ -76,6 +81,8 @@ def _question(rec: dict[str, Any], columns: dict[str, str]) -> tuple[str, list[d
     users = [m["content"] for m in messages if m["role"] == "user"]
     if not users:
         raise ValueError(f"column '{columns['messages']}' has no user turn")
+    if not users[-1].strip():
+        raise ValueError(f"column '{columns['messages']}' has an empty last user turn")
     if messages[-1]["role"] == "assistant":  # an SFT-style chat: the reply would sit in the prompt
         raise ValueError(
             f"column '{columns['messages']}' ends with an assistant turn: a prompt ends with the user's "
@@ -126,7 +133,12 @@ def parse_row(rec: Any, columns: dict[str, str]) -> dict[str, Any]:
             answer = reference_answer(str(answer)) if kind == "math" else str(answer)
             if kind == "math" and not answer:
                 raise ValueError(f"column '{columns['answer']}' has nothing after '####'")
-        rid = str(_get(rec, columns["id"])) if "id" in columns else None
+        rid = None
+        if "id" in columns:
+            rid = _get(rec, columns["id"])
+            if rid is None or str(rid).strip() == "":
+                raise ValueError(f"column '{columns['id']}' (the row id) is empty")
+            rid = str(rid)
     except KeyError as e:
         raise ValueError(e.args[0]) from None
     return {

@@ -234,6 +234,17 @@ class OnlineFilterSampler(Sampler):
         self.skipped, self.forced = d["counts"]
 
 
+def check_curriculum(dataset: str) -> None:
+    """One line (ValueError) when reasoning-gym has no curriculum for `dataset` (preflight asks first)."""
+    from reasoning_gym.factory import has_curriculum
+
+    if not has_curriculum(dataset):
+        raise ValueError(
+            f"rollout.sampler=curriculum: reasoning-gym has no curriculum for '{dataset}': choose another "
+            "rg: task or another rollout.sampler"
+        )
+
+
 class CurriculumSampler(Sampler):
     """`make_stream(args, raises)`: the reasoning-gym training stream with generator args at a level."""
 
@@ -244,10 +255,9 @@ class CurriculumSampler(Sampler):
         threshold: float,
         window: int,
     ) -> None:
-        from reasoning_gym.factory import create_curriculum, has_curriculum
+        from reasoning_gym.factory import create_curriculum
 
-        if not has_curriculum(dataset):
-            raise ValueError(f"rollout.sampler=curriculum: reasoning-gym has no curriculum for '{dataset}'")
+        check_curriculum(dataset)
         self.curriculum = create_curriculum(dataset)
         self.attrs = list(self.curriculum.attributes)
         self.make_stream, self.threshold = make_stream, threshold

@@ -36,13 +36,22 @@ def collect_rows(records: Iterable[Any], columns: dict[str, str], label: str) ->
     check_question_column(label, columns, getattr(records, "column_names", None))
     rows: dict[str, dict[str, Any]] = {}
     skipped: list[str] = []
+    id_rows: dict[str, int] = {}  # a mapped row id -> the row it was first seen in
     for i, rec in enumerate(records, 1):
         try:
             row = parse_row(rec, columns)
         except ValueError as e:
             skipped.append(f"{label}:row {i}: {e}")
             continue
-        rows.setdefault(row["key"], row)  # exact duplicates: the first one wins
+        if row["key"] in rows:  # exact duplicates: the first one wins
+            continue
+        if row["id"] is not None and (first := id_rows.setdefault(row["id"], i)) != i:
+            # the id keys the reward cache, the sampler's pool and the drafts: two prompts cannot share it
+            raise ValueError(
+                f"task_config.columns.id: column '{columns['id']}' repeats '{row['id']}' ({label}: rows "
+                f"{first} and {i}, different prompts): map a column unique per row, or drop columns.id"
+            )
+        rows[row["key"]] = row
     report_skipped(label, skipped)
     if not rows:
         raise no_usable_rows(label, skipped, getattr(records, "column_names", None))

@@ -4,6 +4,7 @@ steps), their request/result types and the weight-update modes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -76,8 +77,10 @@ class Engine(Protocol):
         """Queue a request; returns a handle."""
         ...
 
-    def wait(self, handles: list[int]) -> list[GenResult]:
-        """Generate until the given requests are finished; results in the order of `handles`."""
+    def wait(self, handles: list[int], stop: Callable[[], bool] | None = None) -> list[GenResult]:
+        """Generate until the given requests are finished; results in the order of `handles`. `stop` is
+        asked before each decode step: once it says True, the requests not finished end with
+        finish_reason "abort"."""
         ...
 
     def abort(self, handle: int) -> None: ...

@@ -8,6 +8,7 @@ batch joins a running one, as one packed forward (engine/packed.py).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -88,7 +89,7 @@ class HFEngine:
         if req is not None:
             self._done[handle] = GenResult(request=req, finish_reason="abort")
 
-    def wait(self, handles: list[int]) -> list[GenResult]:
+    def wait(self, handles: list[int], stop: Callable[[], bool] | None = None) -> list[GenResult]:
         if self._paused:
             raise RuntimeError("engine is paused; call resume() before wait()")
         # similar prompt lengths together: less left padding per batch
@@ -102,8 +103,12 @@ class HFEngine:
                 for i in range(0, len(todo), self.max_batch):
                     chunk = todo[i : i + self.max_batch]
                     batch = DecodeBatch(self, [self._pending[h] for h in chunk])
-                    while not batch.done:
+                    while not batch.done and not (stop is not None and stop()):
                         batch.step()
+                    if not batch.done:  # stopped: this batch and the ones after it end as aborted
+                        for h in todo[i:]:
+                            self.abort(h)
+                        break
                     for h, res in zip(chunk, batch.results):
                         del self._pending[h]
                         self._done[h] = res
@@ -111,8 +116,8 @@ class HFEngine:
             self.model.train(was_training)
         return [self._done.pop(h) for h in handles]
 
-    def generate(self, requests: list[GenRequest]) -> list[GenResult]:
-        return self.wait([self.submit(r) for r in requests])
+    def generate(self, requests: list[GenRequest], stop: Callable[[], bool] | None = None) -> list[GenResult]:
+        return self.wait([self.submit(r) for r in requests], stop)
 
     def update_weights(self, state: dict[str, Any] | None, version: int) -> None:
         """state None: the weights are already in `model` (shared module or copied in by the caller)."""

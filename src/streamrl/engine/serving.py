@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
@@ -18,11 +19,14 @@ from streamrl.engine.base import GenRequest, GenResult
 
 
 class BatchingEngine:
-    """engine: anything with `generate(list[GenRequest]) -> list[GenResult]` and a `version`."""
+    """engine: anything with `generate(list[GenRequest]) -> list[GenResult]` and a `version`; with
+    `stop`, its generate takes a `stop` callable too (asked before each decode step: once it says True,
+    the batch's unfinished requests end with finish_reason "abort")."""
 
-    def __init__(self, engine: Any, max_batch: int = 64) -> None:
+    def __init__(self, engine: Any, max_batch: int = 64, stop: Callable[[], bool] | None = None) -> None:
         self.engine = engine
         self.max_batch = max_batch
+        self.stop = stop
         self._pending: list[tuple[GenRequest, Future[GenResult]]] = []
         self._cond = threading.Condition()
         self._closed = False
@@ -62,7 +66,12 @@ class BatchingEngine:
                 continue
             try:
                 with self._engine_lock:
-                    results = self.engine.generate([req for req, _ in batch])
+                    reqs = [req for req, _ in batch]
+                    results = (
+                        self.engine.generate(reqs, stop=self.stop)
+                        if self.stop
+                        else self.engine.generate(reqs)
+                    )
             except Exception as e:  # every caller of this batch sees the error; the loop keeps serving
                 for _, fut in batch:
                     fut.set_exception(e)

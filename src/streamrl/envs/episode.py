@@ -26,12 +26,14 @@ after it: a final observation nobody answers is dropped), "abort" if the engine 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from streamrl.engine.base import GenRequest, GenResult
 from streamrl.envs.base import Environment
 from streamrl.envs.render import TurnRenderer
+from streamrl.types import EvalStopped
 
 
 @dataclass
@@ -113,13 +115,18 @@ class Episode:
         return self.request()
 
 
-def run_episodes(engine: Any, episodes: list[Episode]) -> None:
+def run_episodes(engine: Any, episodes: list[Episode], stop: Callable[[], bool] | None = None) -> None:
     """Drive episodes to the end with batched `engine.generate` (results in request order): one call
-    per round of live turns, so episodes that finish early leave the batch."""
+    per round of live turns, so episodes that finish early leave the batch. `stop` goes to the engine
+    (asked before each decode step); once it says True, EvalStopped is raised."""
     live = [ep for ep in episodes if not ep.done]
     requests = [ep.request() for ep in live]
     while live:
-        results = engine.generate(requests)
+        results = engine.generate(requests, stop=stop) if stop is not None else engine.generate(requests)
+        if stop is not None and any(r.finish_reason == "abort" for r in results):
+            raise EvalStopped(
+                f"stopped with {sum(ep.done for ep in episodes)} of {len(episodes)} episodes over"
+            )
         still: list[Episode] = []
         requests = []
         for ep, res in zip(live, results, strict=True):

@@ -13,11 +13,9 @@ from streamrl.engine.base import GenRequest
 from streamrl.envs.agent_task import AgentTask
 from streamrl.envs.base import EnvTask
 from streamrl.eval.stats import wilson_interval
-from streamrl.types import Problem
+from streamrl.types import EvalStopped, Problem
 
-
-class EvalStopped(Exception):
-    """The evaluation was asked to stop (Ctrl-C, SIGTERM) before its last batch."""
+__all__ = ["EvalResult", "EvalStopped", "evaluate"]
 
 
 @dataclass
@@ -57,17 +55,21 @@ def evaluate(
     """Greedy decoding of every problem, scored by the task. Env tasks run greedy episodes (their
     limits come from the env config; max_new_tokens is not used for them); agent tasks run the agent,
     its calls greedy unless it asks for a temperature (agent_timeout_s: env.agent_timeout_s).
-    stop: asked before each of the engine's batches; True raises EvalStopped (single-turn tasks)."""
+    stop: asked before each of the engine's decode steps (and, for agents, between their calls); True
+    raises EvalStopped."""
     if isinstance(task, EnvTask):
-        return _evaluate_episodes(engine, tokenizer, task, problems)
+        return _evaluate_episodes(engine, tokenizer, task, problems, stop)
     if isinstance(task, AgentTask):
-        return _evaluate_agent(engine, tokenizer, task, problems, max_new_tokens, agent_timeout_s)
+        return _evaluate_agent(engine, tokenizer, task, problems, max_new_tokens, agent_timeout_s, stop)
     start = time.perf_counter()
     reqs = [
         GenRequest(render_prompt_ids(tokenizer, p.messages), max_new_tokens, temperature=0.0)
         for p in problems
     ]
-    results = _generate(engine, reqs, stop) if stop is not None else engine.generate(reqs)
+    results = engine.generate(reqs, stop=stop)
+    if any(r.finish_reason == "abort" for r in results):
+        done = sum(r.finish_reason != "abort" for r in results)
+        raise EvalStopped(f"stopped with {done} of {len(reqs)} problems answered")
     correct, formatted, samples = [], [], []
     for p, r in zip(problems, results):
         text = tokenizer.decode(r.token_ids, skip_special_tokens=True)
@@ -80,21 +82,6 @@ def evaluate(
     return EvalResult(correct, formatted, mean_len, time.perf_counter() - start, samples)
 
 
-def _generate(engine: Any, reqs: list[GenRequest], stop: Callable[[], bool]) -> list[Any]:
-    """engine.generate in the engine's own batches (prompts by length, max_batch at a time: the batches
-    it forms alone), asking `stop` before each."""
-    order = sorted(range(len(reqs)), key=lambda i: len(reqs[i].prompt_ids))
-    size = getattr(engine, "max_batch", 0) or len(reqs)
-    results: list[Any] = [None] * len(reqs)
-    for at in range(0, len(order), size):
-        if stop():
-            raise EvalStopped(f"stopped after {at} of {len(reqs)} problems")
-        chunk = order[at : at + size]
-        for i, r in zip(chunk, engine.generate([reqs[i] for i in chunk])):
-            results[i] = r
-    return results
-
-
 def _evaluate_agent(
     engine: Any,
     tokenizer: Any,
@@ -102,6 +89,7 @@ def _evaluate_agent(
     problems: list[Problem],
     max_new_tokens: int,
     timeout_s: float,
+    stop: Callable[[], bool] | None,
 ) -> EvalResult:
     """One agent run per problem through the chat proxy, scored as in training (rollout/agent.py)."""
     from streamrl.rollout.agent import rollout_agent_episodes
@@ -120,7 +108,7 @@ def _evaluate_agent(
         agent_timeout_s=timeout_s,
     )
     jobs = [(p, f"eval-{i}", 0) for i, p in enumerate(problems)]
-    episodes = rollout_agent_episodes(engine, tokenizer, task, greedy, jobs)
+    episodes = rollout_agent_episodes(engine, tokenizer, task, greedy, jobs, stop)
     samples = [
         {"id": p.id, "answer": p.answer, "response": ep.text, "correct": ep.correct}
         for p, ep in list(zip(problems, episodes))[:20]
@@ -135,7 +123,9 @@ def _evaluate_agent(
     )
 
 
-def _evaluate_episodes(engine: Any, tokenizer: Any, task: EnvTask, problems: list[Problem]) -> EvalResult:
+def _evaluate_episodes(
+    engine: Any, tokenizer: Any, task: EnvTask, problems: list[Problem], stop: Callable[[], bool] | None
+) -> EvalResult:
     from streamrl.envs.episode import run_episodes
     from streamrl.envs.render import TurnRenderer
     from streamrl.rollout.episodes import new_episode
@@ -146,7 +136,7 @@ def _evaluate_episodes(engine: Any, tokenizer: Any, task: EnvTask, problems: lis
         new_episode(task, renderer, p, GenRequest(render_prompt_ids(tokenizer, p.messages), 1, 0.0))
         for p in problems
     ]
-    run_episodes(engine, episodes)
+    run_episodes(engine, episodes, stop)
     correct = [bool(ep.info.get("correct", False)) for ep in episodes]
     formatted = [bool(ep.info.get("formatted", False)) for ep in episodes]
     samples = [

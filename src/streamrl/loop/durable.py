@@ -8,6 +8,8 @@ import os
 import shutil
 from pathlib import Path
 
+from streamrl.files import sync_dir
+
 # how the writers of states and checkpoints report a failed write that is not an OSError: torch.save's
 # zip writer (RuntimeError) and safetensors under save_pretrained (SafetensorError, an Exception)
 _WRITE_FAILURES = ("inline_container", "PytorchStreamWriter", "file write failed", "IoError", "No space left")
@@ -44,23 +46,6 @@ def swap_in(tmp: Path, final: Path) -> None:
     sync_dir(final.parent)
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write `path` whole or not at all: a temporary file beside it, synced, then renamed over it (a
-    kill mid-write leaves the previous version, never a torn file that a resume would read)."""
-    for leftover in path.parent.glob(f".tmp-{path.name}-*"):  # of a writer killed mid-write
-        leftover.unlink(missing_ok=True)
-    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
-    try:
-        with tmp.open("w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        sync_dir(path.parent)  # the new name is durable too
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def recover(parent: Path) -> None:
     """Finish swaps a crash cut short in `parent`: a directory moved aside whose replacement never
     arrived goes back to its name; one that was replaced is removed."""
@@ -70,14 +55,6 @@ def recover(parent: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
         else:
             old.rename(parent / name)
-
-
-def sync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def sync_tree(path: Path) -> None:

@@ -23,9 +23,9 @@ from streamrl.data.samplers import Sampler, make_sampler
 from streamrl.data.task import Task, default_task_args
 from streamrl.engine.hf import HFEngine
 from streamrl.eval.heldout import EvalStopped, evaluate
+from streamrl.files import write_text_atomic
 from streamrl.loop.asynchronous import AsyncRunner
 from streamrl.loop.colocated import ColocatedRunner
-from streamrl.loop.durable import write_text_atomic
 from streamrl.loop.export import export_checkpoint, prune_exports
 from streamrl.loop.heldout import eval_record, periodic_eval, run_eval_record
 from streamrl.loop.ledger import Ledger

@@ -9,8 +9,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from streamrl.loop.durable import recover, write_text_atomic
+from streamrl.files import write_text_atomic
+from streamrl.loop.durable import recover
 from streamrl.loop.state import STATE_DIR, RunState, latest_state
+from streamrl.preflight import check_run_dir
 
 LOGS = ("metrics.jsonl", "groups.jsonl")  # one line per step / per trained group, each with "step"
 
@@ -19,7 +21,7 @@ def claim_run_dir(run_dir: str, resume: bool, overwrite: bool) -> Path:
     """The run's directory, checked before anything is written: a directory that holds a run is
     refused unless resumed or overwritten; a resume needs a saved state."""
     path = Path(run_dir) if run_dir else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
-    holds_run = (path / "config.yaml").is_file()
+    check_run_dir(path, resume or overwrite)
     if resume:
         recover(path / STATE_DIR)  # a save's swap a kill cut short: its state is put back first
         if latest_state(path) is None:
@@ -27,12 +29,7 @@ def claim_run_dir(run_dir: str, resume: bool, overwrite: bool) -> Path:
                 f"resume: {path} has no saved state (state/step-*): the run stopped before its first "
                 "save (train.save_every steps); start it again with overwrite=true"
             )
-    elif holds_run and not overwrite:
-        raise ValueError(
-            f"run_dir {path} already holds a run: continue it with resume={path}, start it over with "
-            "overwrite=true, or choose another run_dir"
-        )
-    elif holds_run:
+    elif overwrite and (path / "config.yaml").is_file():
         shutil.rmtree(path)
     path.mkdir(parents=True, exist_ok=True)
     return path

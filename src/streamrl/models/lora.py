@@ -25,13 +25,7 @@ def apply_lora(model: Any, rank: int, alpha: float, targets: tuple[str, ...], dr
     """Inject LoRA adapters into `targets` (module name suffixes); freeze everything else. -> model."""
     from peft import LoraConfig, inject_adapter_in_model
 
-    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-    missing = [t for t in targets if t not in names]
-    if missing:
-        raise ValueError(
-            f"config key 'train.lora_targets': no linear layer named {missing} in this model; "
-            f"its linear layers are {sorted(names)}"
-        )
+    check_targets(model, targets)
     config = LoraConfig(
         r=rank,
         lora_alpha=alpha,
@@ -44,6 +38,27 @@ def apply_lora(model: Any, rank: int, alpha: float, targets: tuple[str, ...], dr
     for name, p in model.named_parameters():
         p.requires_grad_("lora_" in name)
     return model
+
+
+def check_targets(model: Any, targets: tuple[str, ...]) -> None:
+    """One line (ValueError) when a target names no linear layer of `model` (its weights may be on the
+    meta device: preflight checks the targets before any weights load, with `targets_on_meta`)."""
+    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    missing = [t for t in targets if t not in names]
+    if missing:
+        raise ValueError(
+            f"config key 'train.lora_targets': no linear layer named {missing} in this model; "
+            f"its linear layers are {sorted(names)}"
+        )
+
+
+def check_targets_on_meta(model_config: Any, targets: tuple[str, ...]) -> None:
+    """check_targets on the model's layers built on the meta device from its config: no weights read."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(model_config)
+    check_targets(model, targets)
 
 
 def is_lora(model: Any) -> bool:

@@ -8,18 +8,17 @@ browser or a reader never sees half a page while training refreshes it.
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from html import escape
 from pathlib import Path
 from typing import Any
 
+from streamrl.files import write_text_atomic
 from streamrl.observe.diagnostics import RULES, diagnose
 from streamrl.observe.environment import collect_environment
 from streamrl.observe.plots import Series, line_chart, stacked_bars
 from streamrl.observe.run_data import RunData, flatten, load_run, unique_labels
-from streamrl.processes import pid_alive
 
 # (plot name, title, metric keys, fixed y range)
 LINE_PANELS: list[tuple[str, str, list[str], tuple[float, float] | None]] = [
@@ -342,20 +341,11 @@ def render_report(runs: list[RunData]) -> str:
 
 def write_report(paths: list[str | Path], out: str | Path | None = None) -> Path:
     """Render the run directories `paths` into `out` (default: RUN/report.html for one run,
-    FIRST_RUN/compare.html for several), atomically; returns the path written."""
+    FIRST_RUN/compare.html for several), whole (files.py); returns the path written."""
     if not paths:
         raise ValueError("report: give at least one run directory")
     dirs = [Path(p) for p in paths]
     runs = [load_run(p, label) for p, label in zip(dirs, unique_labels(dirs))]
     target = Path(out) if out else dirs[0] / ("report.html" if len(dirs) == 1 else "compare.html")
-    for leftover in target.parent.glob(f".{target.name}.*.tmp"):  # of a render that was killed
-        pid = leftover.name.split(".")[-2]
-        if not (pid.isdigit() and pid_alive(int(pid))):
-            leftover.unlink(missing_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(render_report(runs), encoding="utf-8")
-        os.replace(tmp, target)  # atomic on POSIX: readers see the old page or the new one
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_text_atomic(target, render_report(runs))  # readers see the old page or the new one
     return target

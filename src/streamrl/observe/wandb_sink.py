@@ -13,6 +13,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from streamrl.files import write_text_atomic
+
 RUN_ID_FILE = "wandb_run_id"  # in the run directory
 
 
@@ -25,8 +27,10 @@ class WandbSink:
                 "observe.wandb=true needs the wandb package: pip install 'streamrl[wandb]'"
             ) from e
         id_file = run_dir / RUN_ID_FILE  # a resumed run logs on into the W&B run it started
-        run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:16]
-        id_file.write_text(run_id + "\n")
+        run_id = id_file.read_text().strip() if id_file.is_file() else ""
+        if not run_id:  # written whole: a start killed mid-write leaves no id, never half of one
+            run_id = uuid.uuid4().hex[:16]
+            write_text_atomic(id_file, run_id + "\n")
         self._run = wandb.init(
             project=project,
             mode=mode,

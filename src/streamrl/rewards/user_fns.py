@@ -82,6 +82,36 @@ def _check_signature(fn: Callable[..., Any], spec: str, key: str) -> None:
         )
 
 
+def reward_columns(problem: Any) -> dict[str, Any]:
+    """The data row's columns a function is passed for `problem`, with `answer` the parsed reference
+    (with columns.answer=null, none: a row's own `answer` column stays)."""
+    row = problem.meta.get("columns", {})
+    return {**row, "answer": problem.answer} if problem.answer else {"answer": "", **row}
+
+
+def check_arguments(loaded: Mapping[str, Callable[..., Any]], fns: list[RewardFn], columns: Mapping) -> None:
+    """Each function's parameters without a default are among the keywords every call passes (the
+    batch's and the columns of `columns`, a first training problem's): ValueError of one line otherwise,
+    before any work, rather than a reward of 0 on every sample."""
+    passed = {"prompts", "completions", "completion_ids", *(k for k in columns if k not in RESERVED)}
+    key = "reward.fns" if len(fns) > 1 else "reward.fn"
+    for f in fns:
+        if f.spec == TASK:
+            continue
+        try:
+            params = inspect.signature(loaded[f.name]).parameters.values()
+        except (TypeError, ValueError):  # a builtin or C callable: nothing to check
+            continue
+        for p in params:
+            if p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                continue
+            if p.kind is p.POSITIONAL_ONLY or p.name not in passed:
+                raise ValueError(
+                    f"config key '{key}': {f.spec} needs '{p.name}', which no call passes (it is called "
+                    f"with {', '.join(sorted(passed))}): use one of those names or give '{p.name}' a default"
+                )
+
+
 def call_fn(
     fn: Callable[..., Any],
     name: str,

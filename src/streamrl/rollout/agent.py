@@ -21,6 +21,7 @@ import queue
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +31,7 @@ from streamrl.envs.agent_trajectory import assemble
 from streamrl.envs.chat_completion import CallRecord
 from streamrl.envs.proxy import CALL_ID_HEADER, ChatProxy
 from streamrl.rollout.trajectory import RolloutSettings
-from streamrl.types import Group, Problem, Trajectory
+from streamrl.types import EvalStopped, Group, Problem, Trajectory
 
 CLIENT_RETRIES = 4  # per call, with the client's exponential backoff; safe: retried calls are idempotent
 CLIENT_TIMEOUT_S = 600.0
@@ -134,10 +135,13 @@ def rollout_agent_episodes(
     task: AgentTask,
     settings: RolloutSettings,
     jobs: list[tuple[Problem, str, int]],
+    stop: Callable[[], bool] | None = None,
 ) -> list[AgentEpisode]:
-    """Colocated: jobs = (problem, group_id, sample index k) -> each episode, in job order."""
+    """Colocated: jobs = (problem, group_id, sample index k) -> each episode, in job order. `stop`
+    (evaluation) is asked before each decode step and between polls: once it says True, the agents
+    still running are cut off (the proxy closes) and EvalStopped is raised."""
     r = settings
-    front = BatchingEngine(engine, max_batch=r.max_batch)
+    front = BatchingEngine(engine, max_batch=r.max_batch, stop=stop)
     proxy = ChatProxy(front, tokenizer, max_tokens=r.max_new_tokens, default_temperature=r.temperature)
     returned: queue.SimpleQueue[tuple[int, AgentRun]] = queue.SimpleQueue()
 
@@ -151,6 +155,8 @@ def rollout_agent_episodes(
             threading.Thread(target=episode, args=(i, problem.messages, names[i]), daemon=True).start()
         runs: dict[int, tuple[AgentRun, list[CallRecord]]] = {}  # the episodes over, with their calls
         while len(runs) < len(jobs):
+            if stop is not None and stop():
+                raise EvalStopped(f"stopped with {len(runs)} of {len(jobs)} agent runs over")
             try:
                 i, run = returned.get(timeout=POLL_S)
                 if i not in runs:  # else it was ended earlier: what it returns now is dropped

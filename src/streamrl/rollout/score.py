@@ -26,7 +26,7 @@ from typing import Any
 from streamrl.data.task import Task
 from streamrl.rewards.service import RewardOutcome, RewardService
 from streamrl.rewards.shaping import overlong_penalty
-from streamrl.rewards.user_fns import TASK, RewardFn, call_fn, configured_fns, load_fns
+from streamrl.rewards.user_fns import TASK, RewardFn, call_fn, configured_fns, load_fns, reward_columns
 from streamrl.rewards.workers import ScoreFailed, keep_on_failure
 from streamrl.types import BUDGET_REASON, Problem, Trajectory
 
@@ -101,9 +101,7 @@ class TaskScorer:
         if not self._fns:
             return reward, info
         # your own functions: reward = sum_i weight_i * value_i; "correct" stays the task's verdict
-        row = problem.meta.get("columns", {})
-        # `answer` is the parsed reference; with columns.answer=null (none) a row's own column stays
-        columns = {**row, "answer": problem.answer} if problem.answer else {"answer": "", **row}
+        columns = reward_columns(problem)
         question, total = problem.meta.get("question", ""), 0.0
         keep_on_failure({"correct": info["correct"]})  # a function that hangs or kills its worker
         for f in self._fns:

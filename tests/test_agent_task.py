@@ -1,6 +1,7 @@
 """task=agent:...: an openai-client agent trains unchanged through the chat proxy."""
 
 import json
+import threading
 
 import pytest
 from trajectories import make_traj
@@ -83,12 +84,10 @@ def test_an_agent_over_a_data_file_reads_it_with_the_data_settings(tmp_path):
     assert len(task.base.rows) == 6 and task.base.partial_credit is False
 
 
-def test_held_out_evaluation_runs_the_agent_and_scores_its_answer(tiny, tmp_path):
-    from streamrl.engine.hf import HFEngine
-    from streamrl.eval.heldout import evaluate
+def _seven_agent_task(tmp_path):
+    """An agent that makes one call, then answers 7, on two held-out rows (answers 7 and 8)."""
     from streamrl.tasks import make_task
 
-    model, tok = tiny
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"prompt": f"q{a}", "answer": str(a)}) + "\n" for a in (7, 8)))
     task = make_task(
@@ -99,6 +98,15 @@ def test_held_out_evaluation_runs_the_agent_and_scores_its_answer(tiny, tmp_path
         "answer_is",
         eval_data=str(rows),
     )
+    return task
+
+
+def test_held_out_evaluation_runs_the_agent_and_scores_its_answer(tiny, tmp_path):
+    from streamrl.engine.hf import HFEngine
+    from streamrl.eval.heldout import evaluate
+
+    model, tok = tiny
+    task = _seven_agent_task(tmp_path)
     problems = sorted(task.heldout(2), key=lambda p: p.answer)
     res = evaluate(HFEngine(model, tok, 4, 0, "cpu"), tok, task, problems, 4, agent_timeout_s=60)
     assert (res.correct, res.formatted) == ([True, False], [True, True])  # the agent's answer, scored
@@ -164,21 +172,20 @@ def test_episodes_failing_before_any_call_are_counted_and_warned_about(tmp_path,
 def test_a_stop_cuts_off_the_held_out_agents(tiny, tmp_path):
     from streamrl.engine.hf import HFEngine
     from streamrl.eval.heldout import EvalStopped, evaluate
-    from streamrl.tasks import make_task
 
     model, tok = tiny
-    rows = tmp_path / "rows.jsonl"
-    rows.write_text("".join(json.dumps({"prompt": f"q{a}", "answer": str(a)}) + "\n" for a in (7, 8)))
-    task = make_task(
-        "agent:agents_for_tests:call_then_answer_seven",
-        {"base": f"data:{rows}"},
-        "",
-        "",
-        "answer_is",
-        eval_data=str(rows),
-    )
+    task = _seven_agent_task(tmp_path)
     problems = task.heldout(2)
-    with pytest.raises(EvalStopped, match="stopped with 0 of 2 agent runs over"):
+    with pytest.raises(EvalStopped, match="^stopped with 0 of 2 agent runs over$"):  # at the first poll
         evaluate(
             HFEngine(model, tok, 4, 0, "cpu"), tok, task, problems, 4, agent_timeout_s=60, stop=lambda: True
+        )
+
+    def engine_stops() -> bool:  # the stop as the engine's decode steps see it, not the polling loop
+        return threading.current_thread().name == "batching-engine"
+
+    # each agent gets its aborted call as an empty reply and answers on: its run ends, cut short
+    with pytest.raises(EvalStopped, match=r"stopped with 0 of 2 agent runs over \(2 cut short\)"):
+        evaluate(
+            HFEngine(model, tok, 4, 0, "cpu"), tok, task, problems, 4, agent_timeout_s=60, stop=engine_stops
         )

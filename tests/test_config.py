@@ -206,6 +206,7 @@ def test_parse_override_scalars():
     assert parse_override("a=[1, 2]") == ("a", [1, 2])
     assert parse_override("a=rg:chain_sum") == ("a", "rg:chain_sum")
     assert parse_override("a={b: 1}") == ("a", {"b": 1}) and parse_override("a='x #1'") == ("a", "x #1")
+    assert parse_override("a=null") == ("a", None) and parse_override("a=~") == ("a", None)
 
 
 def test_a_text_override_is_kept_whole_where_yaml_would_cut_it():
@@ -216,6 +217,8 @@ def test_a_text_override_is_kept_whole_where_yaml_would_cut_it():
             "task_config.system_prompt=Reply in the form: The answer is N",
         ],
     )
+    for text in ("Write your result after Answer:", "#### then the number"):  # a mapping, a comment
+        assert load_config(None, [f"task_config.instruction={text}"]).task_config.instruction == text
     assert cfg.task_config.instruction == "Put the final answer after #### at the end"  # not a comment
     assert cfg.task_config.system_prompt == "Reply in the form: The answer is N"  # not a mapping
 

@@ -123,6 +123,13 @@ def test_a_run_dir_that_is_taken_fails_before_the_model_is_resolved(tmp_path, mo
         assert err.count("\n") == 1
     assert resolved == [] and (tmp_path / "notes.txt").read_text() == "mine"
     assert sorted(p.name for p in (tmp_path / "old").iterdir()) == ["config.yaml"]
+    typo = ["model=Qwen/Qwen2.5-7B-Instruct", "task_config.chat_template=typo.jinja"]  # a template too
+    assert _train([*TINY, *typo, f"run_dir={tmp_path / 'new'}"]) == 2
+    assert capsys.readouterr().err == (
+        "streamrl: error: config key 'task_config.chat_template': no file 'typo.jinja' "
+        "(a Jinja chat template)\n"
+    )
+    assert resolved == [] and not (tmp_path / "new").exists()
 
 
 def test_drawn_few_shot_examples_need_reference_answers(tmp_path: Path) -> None:

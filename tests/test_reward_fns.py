@@ -360,6 +360,15 @@ def test_a_function_that_needs_a_column_the_rows_lack_is_refused_before_anything
     fns = configured_fns("my_rewards.py:needs_solution", [])
     problem = next(make_task(f"data:{rows}", {}, "", "", "answer_is").train_stream(0, set()))
     check_arguments(load_fns(fns), fns, reward_columns(problem))
+    # a mixture: every source's rows are checked, not only those the first problem came from
+    many = user_file.parent / "many.jsonl"
+    rows_with_solution = [{"prompt": f"{i}+1?", "answer": str(i + 1), "solution": "s"} for i in range(12)]
+    many.write_text("".join(json.dumps(r) + "\n" for r in rows_with_solution))
+    mix = f"task_config.sources=[{{task: data:{many}, weight: 1000}}, {{task: rg:chain_sum, weight: 1}}]"
+    args = [*TINY, "task=mix", mix, "reward.fn=my_rewards.py:needs_solution"]
+    assert main(["train", *args, f"run_dir={run}"]) == 2
+    assert "needs_solution needs 'solution', which no call passes" in capsys.readouterr().err
+    assert not run.exists()
 
 
 def test_a_slow_import_in_a_reward_process_is_not_charged_to_the_first_scores_timeout(

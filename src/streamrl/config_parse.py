@@ -168,20 +168,26 @@ def apply_key(obj: Any, key: str, value: Any, prefix: str = "") -> None:
     setattr(obj, head, _coerce(full, value, tp))
 
 
+YAML_NULLS = ("null", "Null", "NULL", "~")  # what an override spells to mean None
+
+
 def parse_override(text: str) -> tuple[str, Any]:
     """'train.lr=1e-5' -> ('train.lr', 1e-05); values are parsed as YAML scalars/lists/dicts."""
     if "=" not in text:
         raise ConfigError(f"override '{text}' must look like key=value (for example max_steps=10)")
     key, raw = text.split("=", 1)
+    # a plain value (not a [list], a {mapping} or quoted) that YAML would cut or turn into a mapping is
+    # meant as the text it is (an instruction, a system prompt): '... #### ...', 'Reply as: N', 'Answer:'
     plain = raw.strip()
-    if plain and plain[0] not in "[{\"'" and (" #" in plain or ": " in plain):
-        # YAML would read ' #...' as a comment and 'a: b' as a mapping: an instruction or a system
-        # prompt is meant as the text it is (a [list], a {mapping} or a quoted value is YAML)
+    text = bool(plain) and plain[0] not in "[{\"'"
+    if text and (plain.startswith("#") or " #" in plain):  # a YAML comment would drop the rest
         return key.strip(), plain
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml.safe_load(raw) if plain else ""
     except yaml.YAMLError:
         value = raw
+    if text and (isinstance(value, dict) or (value is None and plain not in YAML_NULLS)):
+        return key.strip(), plain
     # YAML reads 1e-5 as a string (it wants 1.0e-5); accept the usual float spelling.
     if isinstance(value, str):
         try:

@@ -7,6 +7,7 @@ created; each failure is one line (ValueError), so a bad run costs seconds and l
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from streamrl.data.prompt_limit import PromptFilter, prompt_limit
 from streamrl.data.samplers import check_curriculum
 from streamrl.data.task import Task, default_task_args
 from streamrl.models.device import check_device
-from streamrl.models.resolve import load_model_config, load_tokenizer, resolve_model_dir
+from streamrl.models.resolve import chat_template_file, load_model_config, load_tokenizer, resolve_model_dir
 from streamrl.rewards.judge import judge_config
 from streamrl.rewards.judge_check import check_judge
 from streamrl.rewards.user_fns import check_arguments, configured_fns, load_fns, reward_columns
@@ -58,8 +59,16 @@ def preflight(cfg: Any) -> Checked:
         check_curriculum(cfg.task.removeprefix("rg:"))
     split = prepare_split(task, cfg)  # eval.size and the few-shot examples fit the data
     exclude = split[1]
-    if loaded and (first := next(task.train_stream(cfg.seed, exclude), None)) is not None:
-        check_arguments(loaded, fns, reward_columns(first))  # each is passed what it needs
+    stream = task.train_stream(cfg.seed, exclude)  # read once: a streamed dataset fills its buffer once
+    first = next(stream, None)
+    if loaded:  # each function is passed what it needs, on every source's rows
+        for sub in getattr(task, "tasks", None) or [task]:  # a mixture's sources, or the task
+            problem = first if sub is task else next(sub.train_stream(cfg.seed, exclude), None)
+            if problem is not None:
+                check_arguments(loaded, fns, reward_columns(problem))
+    tc = cfg.task_config
+    if tc.chat_template:  # recorded absolute: workers, resume and evaluation read the same file
+        tc.chat_template = str(chat_template_file(tc.chat_template))  # before a model download
     model_dir = resolve_model_dir(cfg.model, cfg.seed)
     model_config = load_model_config(model_dir)
     limit = prompt_limit(cfg, model_config)  # lengths that cannot fit: one line
@@ -67,11 +76,8 @@ def preflight(cfg: Any) -> Checked:
         from streamrl.models.lora import check_targets_on_meta
 
         check_targets_on_meta(model_config, cfg.train.lora_targets)
-    # something to train on: every row held out, or every prompt too long, is one line
-    tc = cfg.task_config
-    if tc.chat_template:  # recorded absolute: workers, resume and evaluation read the same file
-        tc.chat_template = str(Path(tc.chat_template).expanduser().resolve())
     tokenizer = load_tokenizer(model_dir, tc.chat_template)  # a model without a template: one line
+    # something to train on: every row held out, or every prompt too long, is one line
     prompts = PromptFilter(tokenizer, limit, f"task {cfg.task}", warn=False)
-    next(prompts.apply(task.train_stream(cfg.seed, exclude)))
+    next(prompts.apply(itertools.chain([first] if first is not None else [], stream)))
     return Checked(task, model_dir, split)

@@ -34,6 +34,16 @@ def resolve_model_dir(name: str, seed: int = 0) -> Path:
     return hub_snapshot(name)
 
 
+def chat_template_file(chat_template: str) -> Path:
+    """task_config.chat_template as an absolute path; ValueError (one line) when there is no such file."""
+    path = Path(chat_template).expanduser()
+    if not path.is_file():
+        raise ValueError(
+            f"config key 'task_config.chat_template': no file '{chat_template}' (a Jinja chat template)"
+        )
+    return path.resolve()
+
+
 def load_tokenizer(model_dir: Path, chat_template: str = "") -> Any:
     """The model's tokenizer; `chat_template` (task_config.chat_template): a Jinja file that replaces
     the model's template. ValueError (one line) for a missing file, or a model with no template."""
@@ -41,12 +51,7 @@ def load_tokenizer(model_dir: Path, chat_template: str = "") -> Any:
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     if chat_template:
-        path = Path(chat_template).expanduser()
-        if not path.is_file():
-            raise ValueError(
-                f"config key 'task_config.chat_template': no file '{chat_template}' (a Jinja chat template)"
-            )
-        tok.chat_template = path.read_text()
+        tok.chat_template = chat_template_file(chat_template).read_text()
     elif not tok.chat_template:
         raise ValueError(
             f"model '{model_dir}' has no chat template (a base model): give it one with "

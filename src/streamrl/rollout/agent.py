@@ -167,6 +167,11 @@ def rollout_agent_episodes(
             for i, name in enumerate(names):
                 if i not in runs and (late := overdue(proxy, name, started, r.agent_timeout_s, now)):
                     runs[i] = (late, proxy.pop_episode(name, refuse_later=True))  # ended now, refused on
+        # a call the stop aborted reaches its agent as an empty reply: the run ended, but not as it would
+        cut = sum(any(c.finish_reason == "abort" for c in calls) for _, calls in runs.values())
+        if stop is not None and cut:
+            over = len(jobs) - cut
+            raise EvalStopped(f"stopped with {over} of {len(jobs)} agent runs over ({cut} cut short)")
         return [
             score_episode(task, settings, problem, gid, k, *runs[i])
             for i, (problem, gid, k) in enumerate(jobs)

@@ -42,7 +42,7 @@ def apply_lora(model: Any, rank: int, alpha: float, targets: tuple[str, ...], dr
 
 def check_targets(model: Any, targets: tuple[str, ...]) -> None:
     """One line (ValueError) when a target names no linear layer of `model` (its weights may be on the
-    meta device: preflight checks the targets before any weights load, with `targets_on_meta`)."""
+    meta device: preflight checks the targets before any weights load, check_targets_on_meta)."""
     names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     missing = [t for t in targets if t not in names]
     if missing:

@@ -64,7 +64,8 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> dict[str, Config]:
 
 def test_config_flag_reads_the_file_with_overrides_on_either_side(tmp_path, captured):
     f = tmp_path / "job.yaml"
-    f.write_text("max_steps: 7\ntrain:\n  lr: 0.001\nrollout:\n  prompts_per_step: 3\n")
+    # the tiny model: preflight resolves the model, and the default one is converted from its GGUF
+    f.write_text("model: tiny-random\nmax_steps: 7\ntrain:\n  lr: 0.001\nrollout:\n  prompts_per_step: 3\n")
     assert main(["train", "max_steps=2", "--config", str(f), "rollout.prompts_per_step=5"]) == 0
     cfg = captured["train"]
     assert (cfg.max_steps, cfg.train.lr, cfg.rollout.prompts_per_step) == (2, 0.001, 5)

@@ -1,19 +1,15 @@
 """Synchronous vs asynchronous RL on the same model, task, hyper-parameters and wall-clock budget.
 
-    python benchmarks/async_vs_sync.py [budget_s=240] [etas=0,1,2,4] [static=1] [alternate=1] [lend=1]
-                                       [key=value ...]
+    python benchmarks/async_vs_sync.py [budget_s=240] [etas=0,1,2,4] [static=1] [alternate=1] [key=value ...]
 
 Runs, one after another (never two at once on 2 cores):
   sync       colocated, eta = 0: generate then train, each with every core (the fastest synchronous setup)
   async-N    rollout worker + trainer processes, eta = N for N in etas, the default elastic cores
-             (runtime.elastic_cores=auto: lend, then alternate unless lending measured a clear gain,
-             placement/cores.py)
+             (runtime.elastic_cores=lend: a waiting phase lends its cores, placement/cores.py)
   static-N   the same with runtime.elastic_cores=fixed (the split alone), for the smallest eta in etas;
              static=0 leaves it out
   alt-N      the same with runtime.elastic_cores=alternate (the phases take every core in turn), for
              the smallest eta; alternate=0 leaves it out
-  lend-N     the same with runtime.elastic_cores=lend (a waiting phase lends its cores, the phases
-             run together otherwise), for the smallest eta; lend=0 leaves it out
 each trained for `budget_s` seconds of wall clock, then evaluated greedily on the same held-out set.
 Every run is `run_train` in a fresh Python process, as `streamrl train` runs: none inherits the memory an
 earlier run faulted in (a trainer's first step maps GBs of fresh pages) or what it imported.
@@ -25,8 +21,7 @@ threads, measured in this invocation: per trained sample, t2 and g2 are the sync
 generation seconds (both cores each), t1 and g1 the static run's trainer seconds and rollout worker busy
 seconds (one core each; generation includes the groups dynamic sampling drops). Over time fractions x
 (one core each), y (both cores generate), z (both train) with x + y + z = 1, the bound maximises r with
-x/g1 + y/g2 >= r and x/t1 + z/t2 >= r; colocated is the point y/g2 = z/t2 = r, a fixed split x = 1
-(`placement/core_policy.bound`, which the auto policy evaluates on speeds it measures in the run).
+x/g1 + y/g2 >= r and x/t1 + z/t2 >= r; colocated is the point y/g2 = z/t2 = r, a fixed split x = 1.
 Each run's samples/s is printed as a share of it.
 """
 
@@ -40,7 +35,6 @@ from pathlib import Path
 
 from streamrl.config import Config, load_config
 from streamrl.loop.job import run_train
-from streamrl.placement.core_policy import bound
 
 
 def _config(name: str, overrides: list[str], root: Path) -> Config:
@@ -84,13 +78,22 @@ def _one(name: str, overrides: list[str], root: Path) -> dict:
         / max(samples, 1),
         "cores_peak_held": last.get("cores_peak_held"),
         "cores_borrows": last.get("cores_borrows"),
-        "cores_alternating": last.get("cores_alternating"),
-        "cores_lend_gain": last.get("cores_lend_gain"),
     }
 
 
+def bound(g1: float, g2: float, t1: float, t2: float) -> float:
+    """Samples/s of ideal sharing of two cores (see the module docstring): the bottleneck phase gets
+    both cores for the share of time the other can spare."""
+    best = max(1 / (g2 + t2), min(1 / g1, 1 / t1))  # colocated; the fixed split
+    for slow, slow2, fast in ((g1, g2, t1), (t1, t2, g1)):  # double the slower phase part of the time
+        # x/fast = x/slow + (1 - x)/slow2  ->  x = (1/slow2) / (1/fast - 1/slow + 1/slow2)
+        x = min(1.0, (1 / slow2) / (1 / fast - 1 / slow + 1 / slow2))
+        best = max(best, min(x / fast, x / slow + (1 - x) / slow2))
+    return best
+
+
 def main(argv: list[str]) -> None:
-    budget, etas, static, alternate, lend, rest = 240.0, [0, 1, 2, 4], True, True, True, []
+    budget, etas, static, alternate, rest = 240.0, [0, 1, 2, 4], True, True, []
     for a in argv:
         if a.startswith("budget_s="):
             budget = float(a.split("=", 1)[1])
@@ -100,8 +103,6 @@ def main(argv: list[str]) -> None:
             static = a.split("=", 1)[1] not in ("0", "false")
         elif a.startswith("alternate="):
             alternate = a.split("=", 1)[1] not in ("0", "false")
-        elif a.startswith("lend="):
-            lend = a.split("=", 1)[1] not in ("0", "false")
         else:
             rest.append(a)
     common = [f"max_time={budget}", "max_steps=100000", *rest]
@@ -120,10 +121,6 @@ def main(argv: list[str]) -> None:
         eta = min(etas)
         overrides = [*common, "runtime.mode=async", f"max_staleness={eta}", "runtime.elastic_cores=alternate"]
         results.append(_one(f"alt-{eta}", overrides, root))
-    if lend:
-        eta = min(etas)
-        overrides = [*common, "runtime.mode=async", f"max_staleness={eta}", "runtime.elastic_cores=lend"]
-        results.append(_one(f"lend-{eta}", overrides, root))
     for eta in etas:
         results.append(_one(f"async-{eta}", [*common, "runtime.mode=async", f"max_staleness={eta}"], root))
     base = results[0]["samples_per_s"] or 1e-9
@@ -149,13 +146,6 @@ def main(argv: list[str]) -> None:
             f"{share} {r['train_tokens_per_s']:>11.0f} {100 * r['trainer_wait']:>11.0f}% "
             f"{100 * r['engine_idle']:>10.0f}% {r['staleness_max']:>9} {peak:>8} {100 * r['accuracy']:>8.1f}%"
         )
-    for r in results:
-        if r["name"].startswith("async-") and r["cores_lend_gain"]:
-            chose = "alternated" if r["cores_alternating"] else "kept lending"
-            gain = r["cores_lend_gain"]
-            print(f"{r['name']}: auto measured lending's bound at {gain:.2f}x alternating: {chose}")
-        elif r["name"].startswith("async-") and r["cores_lend_gain"] is not None:
-            print(f"{r['name']}: auto had too few timed boundaries to decide: kept lending")
     (root / "results.json").write_text(json.dumps({"bound": ideal, "runs": results}, indent=2))
     print(f"results: {root / 'results.json'}")
 

@@ -109,7 +109,7 @@ def test_a_borrower_that_never_returns_costs_a_counted_timeout():
 def test_every_process_needs_a_thread_and_a_known_policy():
     with pytest.raises(ValueError, match=r"at least one thread of its own, got \[1, 0\]"):
         ElasticCores([1, 0], CTX)
-    with pytest.raises(ValueError, match=r"^core policy 'share': use one of auto, lend, alternate$"):
+    with pytest.raises(ValueError, match=r"^core policy 'share': use one of lend, alternate$"):
         ElasticCores([1, 1], CTX, policy="share")
 
 
@@ -172,7 +172,6 @@ def test_processes_lending_at_random_never_hold_more_threads_than_cores(policy):
         ([], True),
         (["runtime.elastic_cores=fixed"], False),
         (["runtime.elastic_cores=lend"], True),
-        (["runtime.elastic_cores=alternate"], True),
         (["runtime.mode=colocated", "max_staleness=0"], False),
         (["runtime.backend=ray"], False),
         (["device=cuda"], False),
@@ -238,75 +237,3 @@ def test_a_worker_killed_inside_the_lock_does_not_stop_the_others():
     assert cores._owner.value == 0
     assert cores.work(0) == 2  # the trainer takes the dead worker's lent thread too
     assert cores.held() == [2, 0]
-
-
-def _timed(policy: str, gen_all_s: float, trainer_all_n: int = 20):
-    """Cores on a scripted clock: after the step `settle` does not measure, each phase runs 20-21 boundaries
-    of 2 s on its own thread, then (the trainer waiting) the worker 20 of `gen_all_s` on both cores and
-    waits 50 s (a wait's idle polling, not a boundary), then the trainer `trainer_all_n` of 1 s on both."""
-    now = [0.0]
-    cores = ElasticCores([1, 1], CTX, policy=policy, clock=lambda: now[0])
-
-    def at(dt: float, verb: str, slot: int) -> None:
-        now[0] += dt
-        getattr(cores, verb)(slot)
-
-    cores.settle()  # step 1: not measured
-    for i in range(21):  # both on their own thread since t=0; at the last the trainer waits instead
-        at(2, "wait" if i == 20 else "work", 0)
-        at(0, "work", 1)  # the worker's boundary at the same instant: it ran 2 s as well
-    for _ in range(20):  # the worker took both cores at its last boundary
-        at(gen_all_s, "work", 1)
-    at(50, "wait", 1)
-    at(0, "work", 0)
-    for _ in range(trainer_all_n):
-        at(1, "work", 0)
-    return cores
-
-
-@pytest.mark.parametrize(
-    ("gen_all_s", "alternating", "gain"),
-    [
-        # both phases twice as fast on both cores: side by side gains nothing
-        (1.0, 1, 1.0),
-        # generation gains nothing from a second core: g1 = g2 = 21 x 2 + 20 x 2 = 82 s, training
-        # t1 = 20 x 2 + 20 x 1 x 2 = 80 s, t2 = 40 s; the bound is the split's 1/82, alternating 1/122
-        (2.0, 0, 122 / 82),
-    ],
-)
-def test_auto_alternates_unless_lending_measured_a_clear_gain(gen_all_s, alternating, gain):
-    cores = _timed("auto", gen_all_s)
-    for _ in range(2):
-        cores.settle()
-        assert (cores.stats()["cores_alternating"], cores.stats()["cores_lend_gain"]) == (0, 0.0)
-    cores.settle()  # the third measured step: it decides
-    s = cores.stats()
-    assert s["cores_alternating"] == alternating and s["cores_lend_gain"] == pytest.approx(gain)
-    # from now on the policy it chose: the trainer wants its core back from a worker on both ...
-    cores.wait(0)
-    assert cores.work(1) == 2
-    t, got = _in_thread(cores.work, 0)
-    w, wgot = _in_thread(cores.work, 1)  # ... the worker's next boundary: it yields (alternate) or not
-    t.join(10)
-    w.join(0.3 if alternating else 10)
-    assert (got, wgot) == (([2], []) if alternating else ([1], [1]))
-    assert cores.stats()["cores_peak_held"] == 2
-    cores.wait(0)  # releases a yielding worker
-    w.join(10)
-
-
-def test_auto_keeps_lending_until_both_phases_have_enough_boundaries_on_both_thread_counts():
-    cores = _timed("auto", 1.0, trainer_all_n=19)
-    for _ in range(5):
-        cores.settle()
-    assert (cores.stats()["cores_alternating"], cores.stats()["cores_lend_gain"]) == (0, 0.0)
-    cores.work(0)  # a twentieth: the next step decides
-    cores.settle()
-    assert cores.stats()["cores_alternating"] == 1
-
-
-def test_lend_keeps_lending_where_auto_would_alternate():
-    cores = _timed("lend", 1.0)
-    for _ in range(4):
-        cores.settle()
-    assert (cores.stats()["cores_alternating"], cores.stats()["cores_lend_gain"]) == (0, 0.0)

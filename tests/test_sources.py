@@ -212,8 +212,11 @@ def test_mixture_draws_sources_by_weight_and_scores_with_each(tmp_path):
     assert rg.id.startswith("m0-") and data.id.startswith("m1-")
     assert task.score(rg, f"The answer is {rg.answer}.").correct  # reasoning-gym's scorer
     assert task.score(data, f"The answer is {float(data.answer)}.").correct  # math-verify: 3.0 == 3
-    with pytest.raises(ValueError, match=r"task_config.sources\[0\].weight must be a number > 0"):
-        make_task("mix", {}, "", "", "answer_is", sources=[{"task": "rg:chain_sum", "weight": 0}])
+    for weight in (0, float("nan")):  # the same check as at config load, for a mixture built without one
+        with pytest.raises(
+            ValueError, match=r"'task_config.sources\[0\].weight' must be a finite number > 0, got (0|nan)$"
+        ):
+            make_task("mix", {}, "", "", "answer_is", sources=[{"task": "rg:chain_sum", "weight": weight}])
     with pytest.raises(ValueError, match=r"task=mix needs task_config.sources="):
         make_task("mix", {}, "", "", "answer_is")
 

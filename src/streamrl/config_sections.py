@@ -263,9 +263,8 @@ class RuntimeConfig:
     # shared CPU cores (local backend, engine=hf; elsewhere each phase keeps its own device), in
     # placement/cores.py: lend = a waiting process lends its threads, the phases run together otherwise;
     # alternate = never together: the trainer takes every core for a step, the workers decode on every
-    # core while it waits; auto = lend for the first steps, then alternate for the rest of the run unless
-    # lending measured a clear gain (placement/core_policy.py); fixed = the split alone, nothing lent
-    elastic_cores: Literal["auto", "fixed", "lend", "alternate"] = "auto"
+    # core while it waits; fixed = the split alone, nothing lent
+    elastic_cores: Literal["fixed", "lend", "alternate"] = "lend"
 
 
 @dataclass

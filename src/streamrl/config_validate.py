@@ -201,10 +201,9 @@ def _validate_data_keys(cfg: Any) -> None:
             )
 
 
-def _check_source_values(tc: Any, src: dict[str, Any], where: str) -> None:
-    """A mixture source's weight, args and data keys, typed and bounded as the same keys of task_config
-    are (its columns' own keys are checked when its rows are read)."""
-    weight = src.get("weight", 1.0)
+def check_source_weight(weight: object, where: str) -> None:
+    """A mixture source's weight: a finite number > 0 (checked at config load and by data/mixture.py for
+    a mixture built without a config)."""
     if (
         isinstance(weight, bool)
         or not isinstance(weight, (int, float))
@@ -212,6 +211,12 @@ def _check_source_values(tc: Any, src: dict[str, Any], where: str) -> None:
         or weight <= 0
     ):
         raise ConfigError(f"config key '{where}.weight' must be a finite number > 0, got {weight!r}")
+
+
+def _check_source_values(tc: Any, src: dict[str, Any], where: str) -> None:
+    """A mixture source's weight, args and data keys, typed and bounded as the same keys of task_config
+    are (its columns' own keys are checked when its rows are read)."""
+    check_source_weight(src.get("weight", 1.0), where)
     if not isinstance(src.get("args") or {}, dict):
         raise ConfigError(
             f"config key '{where}.args' must be a mapping of the task's settings, got {src['args']!r}"

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
-from streamrl.config_validate import DATA_KEYS
+from streamrl.config_validate import DATA_KEYS, check_source_weight
 from streamrl.data.task import Score, Task, default_task_args
 from streamrl.types import Problem
 
@@ -73,8 +73,7 @@ class MixtureTask(Task):
                     f"{where}: '{spec}' cannot be mixed (use rg:, hf:, data:, .jsonl or code sources)"
                 )
             weight = src.get("weight", 1.0)
-            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight <= 0:
-                raise ValueError(f"{where}.weight must be a number > 0, got {weight!r}")
+            check_source_weight(weight, where)
             try:
                 task = make_task(
                     spec,

@@ -269,7 +269,6 @@ class AsyncRunner:
                     raise
                 if self.threads is not None:  # give back borrowed threads a worker now wants
                     self.threads.work()
-                    self.threads.settle()  # auto: lend or alternate, from the steps timed so far
                 with self.sh.cond:
                     self.sampling.next_step()
                     for r in taken:

@@ -17,13 +17,7 @@ The `alternate` policy never runs them at once: the trainer, when it has a batch
 (the workers yield at their next boundary and wait), and the workers decode on every core while the
 trainer waits. It is meant for machines where the two phases slow each other down when they run
 together (memory bandwidth), and it keeps the asynchronous pipeline (staleness, partial rollouts,
-refilled dynamic sampling).
-
-The `auto` policy (the default) lends for the run's first steps, times every boundary at the threads
-it ran on, and then keeps lending only where its measured bound is well above alternating; otherwise
-it alternates for the rest of the run (placement/core_policy.py: where both phases run about twice
-as fast on two cores, as without dynamic sampling on the default job, side by side they only slow
-each other down; where generation gains little from a second core, lending wins).
+refilled dynamic sampling); on the 2-core default job it measured mixed (docs/benchmarks.md).
 
 One invariant, kept under one lock: the threads held at once never exceed the total, so no core is
 ever oversubscribed; `peak` records the largest total ever held, and the run's metrics
@@ -40,17 +34,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from streamrl.placement.core_policy import LEND_MIN_GAIN, PhaseTimes, lend_gain
 from streamrl.processes import pid_alive
 
 _HELD, _LENDING, _MAX = 0, 1, 2  # per-slot fields
 _PEAK, _BORROWS, _RECLAIMS, _TIMEOUTS = 0, 1, 2, 3  # global counters
 _THREAD_S, _HELD_S, _SINCE = 0, 1, 2  # per-slot clocks: thread-seconds held, seconds held, last change
-_OWN_S, _OWN_N, _ALL_S, _ALL_N = 0, 1, 2, 3  # per-slot boundary times: on its own threads, on every core
 RECOVER_S = 0.5  # the lock held this long while its holder's process is gone: freed on its behalf
-AUTO_SKIP_STEPS = 1  # auto: steps not measured (the first batch: fresh memory, the base policy's answers)
-AUTO_STEPS = 3  # auto: steps measured before it decides
-AUTO_MIN_BOUNDARIES = 20  # auto: boundaries each phase needs on each thread count (else it keeps lending)
 
 
 class ElasticCores:
@@ -84,11 +73,6 @@ class ElasticCores:
         self._slots = ctx.Array("i", 3 * len(base), lock=False)  # held, lending, max held per slot
         self._counts = ctx.Array("l", 4, lock=False)  # peak, borrows, reclaims waited, timeouts
         self._clocks = ctx.Array("d", 3 * len(base), lock=False)  # thread-s, held s, since: per slot
-        self._times = ctx.Array("d", 4 * len(base), lock=False)  # boundary times per slot (_OWN_S ...)
-        self._alternating = ctx.Value("i", int(policy == "alternate"), lock=False)
-        self._gain = ctx.Value("d", 0.0, lock=False)  # auto: the lend gain it measured (0: not yet)
-        self._steps = 0  # auto, in the trainer's process: steps it has seen
-        self._mark: list[float] | None = None  # auto: the boundary times when measuring began
         now = clock()
         for p, b in enumerate(base):  # everyone starts on its own share
             self._slots[3 * p + _HELD] = b
@@ -100,7 +84,7 @@ class ElasticCores:
     def wait(self, p: int) -> None:
         """Slot p is about to wait (no compute until its next `work`): it lends its threads."""
         with self._locked():
-            self._set_held(p, 0, boundary=False)
+            self._set_held(p, 0)
             self._slots[3 * p + _LENDING] = 1
 
     def work(
@@ -120,7 +104,7 @@ class ElasticCores:
                     if waited:
                         self._counts[_RECLAIMS] += 1
                     return got
-                yielding = self._alternating.value == 1 and p != 0
+                yielding = self.policy == "alternate" and p != 0
                 # a borrower stuck mid-boundary: go on with our own (a yielding worker waits as long
                 # as the trainer trains, unless its parent is gone)
                 if (not yielding and time.monotonic() > deadline) or (give_up is not None and give_up()):
@@ -158,9 +142,9 @@ class ElasticCores:
         s = self._slots
         n = len(self.base)
         s[3 * p + _LENDING] = 0
-        self._set_held(p, 0, boundary=True)  # at a boundary p runs nothing: recount from zero
+        self._set_held(p, 0)  # at a boundary p runs nothing: recount from zero
         others_held = sum(s[3 * q + _HELD] for q in range(n) if q != p)
-        if self._alternating.value == 1:
+        if self.policy == "alternate":
             if p == 0:  # the trainer takes every core once the workers have yielded
                 return self._hold(p, self.total) if others_held == 0 else 0
             if not s[_LENDING]:  # the trainer trains, or wants to: the workers yield
@@ -172,19 +156,13 @@ class ElasticCores:
             return 0
         return self._hold(p, take)
 
-    def _set_held(self, p: int, k: int, boundary: bool = False) -> None:
-        """Slot p now holds k threads; the clocks count what it held since its last change. At a
-        boundary (not a wait, whose interval ends in idle polling) that interval is one boundary's
-        compute, timed by the threads it ran on."""
+    def _set_held(self, p: int, k: int) -> None:
+        """Slot p now holds k threads; the clocks count what it held since its last change."""
         c, now = self._clocks, self.clock()
         held, dt = self._slots[3 * p + _HELD], now - c[3 * p + _SINCE]
         if held:
             c[3 * p + _THREAD_S] += held * dt
             c[3 * p + _HELD_S] += dt
-            if boundary and held in (self.base[p], self.total):
-                at = 4 * p + (_OWN_S if held == self.base[p] else _ALL_S)
-                self._times[at] += dt
-                self._times[at + 1] += 1
         c[3 * p + _SINCE] = now
         self._slots[3 * p + _HELD] = k
 
@@ -197,39 +175,6 @@ class ElasticCores:
         if k > self.base[p]:
             self._counts[_BORROWS] += 1
         return k
-
-    # ---- auto: lend or alternate ----------------------------------------------------------------
-    def settle(self) -> None:
-        """The trainer finished a step. Under `auto`, once AUTO_STEPS steps after the first
-        AUTO_SKIP_STEPS have been timed, the cores alternate for the rest of the run unless lending's
-        measured bound is at least LEND_MIN_GAIN times alternating's (placement/core_policy.py)."""
-        if self.policy != "auto" or self._gain.value:
-            return
-        self._steps += 1
-        if self._steps == AUTO_SKIP_STEPS:
-            with self._locked():
-                self._mark = list(self._times)
-            return
-        if self._steps < AUTO_SKIP_STEPS + AUTO_STEPS:
-            return
-        with self._locked():
-            t = [x - m for x, m in zip(self._times, self._mark or [0.0] * len(self._times), strict=True)]
-        gen, train = self._phase(t, range(1, len(self.base))), self._phase(t, [0])
-        if min(gen.own_n, gen.all_n, train.own_n, train.all_n) < AUTO_MIN_BOUNDARIES:
-            return  # not enough of both kinds yet: keep lending, look again after the next step
-        gain = lend_gain(gen, train)
-        with self._locked():
-            self._gain.value = gain
-            self._alternating.value = int(gain < LEND_MIN_GAIN)
-
-    @staticmethod
-    def _phase(t: list[float], slots: Any) -> PhaseTimes:
-        return PhaseTimes(
-            own_s=sum(t[4 * p + _OWN_S] for p in slots),
-            own_n=int(sum(t[4 * p + _OWN_N] for p in slots)),
-            all_s=sum(t[4 * p + _ALL_S] for p in slots),
-            all_n=int(sum(t[4 * p + _ALL_N] for p in slots)),
-        )
 
     # ---- what the run reports --------------------------------------------------------------------
     def held(self) -> list[int]:
@@ -257,12 +202,10 @@ class ElasticCores:
                 "cores_trainer_thread_s": c[_THREAD_S],
                 "cores_worker_held_s": sum(c[3 * p + _HELD_S] for p in workers),
                 "cores_worker_thread_s": sum(c[3 * p + _THREAD_S] for p in workers),
-                "cores_alternating": self._alternating.value,
-                "cores_lend_gain": self._gain.value,
             }
 
 
-POLICIES = ("auto", "lend", "alternate")
+POLICIES = ("lend", "alternate")
 
 
 class ThreadSetter:
@@ -283,9 +226,6 @@ class ThreadSetter:
 
     def wait(self) -> None:
         self.cores.wait(self.slot)
-
-    def settle(self) -> None:
-        self.cores.settle()
 
 
 def elastic_enabled(cfg: Any) -> bool:

@@ -71,15 +71,21 @@ def load_fns(fns: list[RewardFn]) -> dict[str, Callable[..., Any]]:
 
 def _check_signature(fn: Callable[..., Any], spec: str, key: str) -> None:
     """Every call passes prompts, completions, completion_ids and the row's columns by keyword."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):  # a builtin or C callable: nothing to check
-        return
-    if not any(p.kind is p.VAR_KEYWORD for p in params):
+    params = _parameters(fn)
+    if params is not None and not any(p.kind is p.VAR_KEYWORD for p in params):
         raise ValueError(
             f"config key '{key}': {spec} takes no **kwargs; it is called as fn(prompts=..., completions=..., "
             "completion_ids=..., **columns), as in TRL: add **kwargs to its parameters"
         )
+
+
+def _parameters(fn: Callable[..., Any]) -> list[inspect.Parameter] | None:
+    """fn's parameters; None for a builtin or C callable, whose signature cannot be read (nothing to
+    check)."""
+    try:
+        return list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
 
 
 def reward_columns(problem: Any) -> dict[str, Any]:
@@ -98,11 +104,7 @@ def check_arguments(loaded: Mapping[str, Callable[..., Any]], fns: list[RewardFn
     for f in fns:
         if f.spec == TASK:
             continue
-        try:
-            params = inspect.signature(loaded[f.name]).parameters.values()
-        except (TypeError, ValueError):  # a builtin or C callable: nothing to check
-            continue
-        for p in params:
+        for p in _parameters(loaded[f.name]) or []:
             if p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
                 continue
             if p.kind is p.POSITIONAL_ONLY or p.name not in passed:

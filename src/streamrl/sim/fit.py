@@ -79,13 +79,10 @@ class Run:
 
     @property
     def lends(self) -> bool:
-        """Elastic cores with the lend policy, or auto that kept lending (alternate is not modelled, runs
-        from before the key ran on a fixed split)."""
+        """Elastic cores with the lend policy (alternate is not modelled, runs from before the key ran
+        on a fixed split)."""
         rt = self.config.get("runtime", {})
-        policy = rt.get("elastic_cores", "fixed")
-        if policy == "auto":
-            return not self.colocated and not (self.rows and self.rows[-1].get("cores_alternating"))
-        return not self.colocated and policy in ("lend", True)
+        return not self.colocated and rt.get("elastic_cores", "fixed") in ("lend", True)
 
     @property
     def workers(self) -> int:

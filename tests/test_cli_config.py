@@ -75,7 +75,7 @@ def test_config_flag_reads_the_file_with_overrides_on_either_side(tmp_path, capt
 
 def test_positional_file_still_works(tmp_path, captured):
     f = tmp_path / "job.yaml"
-    f.write_text("max_steps: 7\n")
+    f.write_text("model: tiny-random\nmax_steps: 7\n")  # the tiny model: preflight resolves it
     assert main(["train", str(f), "seed=3"]) == 0
     assert (captured["train"].max_steps, captured["train"].seed) == (7, 3)
 

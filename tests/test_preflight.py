@@ -11,6 +11,7 @@ import pytest
 from tiny_args import TINY
 
 from streamrl.cli import main
+from streamrl.types import Problem
 
 ROWS = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(5)]
 
@@ -188,3 +189,61 @@ def test_settings_the_task_or_model_cannot_take_are_one_line_before_anything_is_
     err = capsys.readouterr().err
     assert err == f"streamrl: error: {message}\n"
     assert not run.exists() and loads == []  # no weights read
+
+
+class _Source:
+    """A mixture's source whose own stream is counted: each problem is ('alone', seed)."""
+
+    def __init__(self) -> None:
+        self.opened: list[int] = []
+
+    def train_stream(self, seed: int, exclude: set[str]):
+        self.opened.append(seed)
+        yield Problem(id=f"alone-{seed}", messages=[], answer="a", meta={"columns": {"seed": seed}})
+
+
+class _Mixture:
+    def __init__(self, n: int) -> None:
+        self.tasks = [_Source() for _ in range(n)]
+
+
+def _tagged(sources: list[int]):
+    return iter(
+        Problem(id=f"m{s}-{k}", messages=[], answer="a", meta={"source": s}) for k, s in enumerate(sources)
+    )
+
+
+def test_each_sources_row_is_read_off_the_mixtures_own_stream() -> None:
+    """The reward-argument check sees one problem per source, from the stream preflight already reads
+    (a streamed source's buffer filled once), and keeps every problem it drew for the checks after."""
+    from streamrl.preflight import one_row_per_source
+
+    task = _Mixture(3)
+    stream = _tagged([1, 1, 0, 1, 2, 0, 2])
+    drawn = [next(stream)]
+    firsts = one_row_per_source(task, stream, drawn, 5, set())
+    assert [p.id for p in firsts] == ["m0-2", "m1-0", "m2-4"]
+    assert [p.id for p in drawn] == ["m1-0", "m1-1", "m0-2", "m1-3", "m2-4"]  # stops at the last source
+    assert [s.opened for s in task.tasks] == [[], [], []]
+    assert [p.id for p in stream] == ["m0-5", "m2-6"]
+
+
+def test_a_source_the_mixture_stream_does_not_reach_is_read_alone_as_the_mixture_seeds_it() -> None:
+    from streamrl.data.mixture import SOURCE_SEED_STEP
+    from streamrl.preflight import DRAWS_PER_SOURCE, one_row_per_source
+
+    task = _Mixture(2)
+    stream = _tagged([0] * (2 * DRAWS_PER_SOURCE + 5))
+    drawn: list[Problem] = []
+    firsts = one_row_per_source(task, stream, drawn, 5, set())
+    assert len(drawn) == 2 * DRAWS_PER_SOURCE  # the draws are bounded
+    assert [p.id for p in firsts] == ["m0-0", f"alone-{5 + SOURCE_SEED_STEP}"]
+    assert [s.opened for s in task.tasks] == [[], [5 + SOURCE_SEED_STEP]]
+
+
+def test_a_plain_task_gives_its_first_problem() -> None:
+    from streamrl.preflight import one_row_per_source
+
+    first = Problem(id="a", messages=[], answer="1")
+    assert one_row_per_source(object(), iter([]), [first], 0, set()) == [first]  # type: ignore[arg-type]
+    assert one_row_per_source(object(), iter([]), [], 0, set()) == []  # type: ignore[arg-type]

@@ -179,14 +179,14 @@ def parse_override(text: str) -> tuple[str, Any]:
     # a plain value (not a [list], a {mapping} or quoted) that YAML would cut or turn into a mapping is
     # meant as the text it is (an instruction, a system prompt): '... #### ...', 'Reply as: N', 'Answer:'
     plain = raw.strip()
-    text = bool(plain) and plain[0] not in "[{\"'"
-    if text and (plain.startswith("#") or " #" in plain):  # a YAML comment would drop the rest
+    is_text = bool(plain) and plain[0] not in "[{\"'"
+    if is_text and (plain.startswith("#") or " #" in plain):  # a YAML comment would drop the rest
         return key.strip(), plain
     try:
         value = yaml.safe_load(raw) if plain else ""
     except yaml.YAMLError:
         value = raw
-    if text and (isinstance(value, dict) or (value is None and plain not in YAML_NULLS)):
+    if is_text and (isinstance(value, dict) or (value is None and plain not in YAML_NULLS)):
         return key.strip(), plain
     # YAML reads 1e-5 as a string (it wants 1.0e-5); accept the usual float spelling.
     if isinstance(value, str):

@@ -8,10 +8,12 @@ created; each failure is one line (ValueError), so a bad run costs seconds and l
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from streamrl.data.mixture import SOURCE_SEED_STEP
 from streamrl.data.prompt_limit import PromptFilter, prompt_limit
 from streamrl.data.samplers import check_curriculum
 from streamrl.data.task import Task, default_task_args
@@ -43,6 +45,35 @@ def check_run_dir(path: Path, may_hold_run: bool) -> None:
         )
 
 
+# draws from a mixture's stream per source before a source not yet seen is read on its own
+DRAWS_PER_SOURCE = 32
+
+
+def one_row_per_source(
+    task: Task, stream: Iterator[Problem], drawn: list[Problem], seed: int, exclude: set[str]
+) -> list[Problem]:
+    """The first problem of each of a mixture's sources (of the task itself otherwise), read off the
+    task's own stream: `drawn` holds what was read of it so far and keeps what this reads, for the checks
+    after. A source that has not come up in DRAWS_PER_SOURCE draws per source (a small weight) is read
+    on its own, as the mixture seeds it."""
+    sources = getattr(task, "tasks", None)
+    if not sources:
+        return drawn[:1]
+    firsts: dict[int, Problem] = {}
+    for problem in drawn:
+        firsts.setdefault(problem.meta["source"], problem)
+    draws = DRAWS_PER_SOURCE * len(sources)
+    while len(firsts) < len(sources) and draws and (problem := next(stream, None)) is not None:
+        draws -= 1
+        drawn.append(problem)
+        firsts.setdefault(problem.meta["source"], problem)
+    for i, source in enumerate(sources):
+        alone = None if i in firsts else next(source.train_stream(seed + SOURCE_SEED_STEP * i, exclude), None)
+        if alone is not None:
+            firsts[i] = alone
+    return [firsts[i] for i in sorted(firsts)]
+
+
 def preflight(cfg: Any) -> Checked:
     """Build the task and resolve the model of `cfg` (task_config.args filled with the task's defaults)."""
     check_device(cfg.device)
@@ -60,12 +91,10 @@ def preflight(cfg: Any) -> Checked:
     split = prepare_split(task, cfg)  # eval.size and the few-shot examples fit the data
     exclude = split[1]
     stream = task.train_stream(cfg.seed, exclude)  # read once: a streamed dataset fills its buffer once
-    first = next(stream, None)
+    drawn = list(itertools.islice(stream, 1))
     if loaded:  # each function is passed what it needs, on every source's rows
-        for sub in getattr(task, "tasks", None) or [task]:  # a mixture's sources, or the task
-            problem = first if sub is task else next(sub.train_stream(cfg.seed, exclude), None)
-            if problem is not None:
-                check_arguments(loaded, fns, reward_columns(problem))
+        for problem in one_row_per_source(task, stream, drawn, cfg.seed, exclude):
+            check_arguments(loaded, fns, reward_columns(problem))
     tc = cfg.task_config
     if tc.chat_template:  # recorded absolute: workers, resume and evaluation read the same file
         tc.chat_template = str(chat_template_file(tc.chat_template))  # before a model download
@@ -79,5 +108,5 @@ def preflight(cfg: Any) -> Checked:
     tokenizer = load_tokenizer(model_dir, tc.chat_template)  # a model without a template: one line
     # something to train on: every row held out, or every prompt too long, is one line
     prompts = PromptFilter(tokenizer, limit, f"task {cfg.task}", warn=False)
-    next(prompts.apply(itertools.chain([first] if first is not None else [], stream)))
+    next(prompts.apply(itertools.chain(drawn, stream)))
     return Checked(task, model_dir, split)

@@ -28,6 +28,7 @@ from streamrl.data.task import Score, Task, default_task_args
 from streamrl.types import Problem
 
 SOURCE_KEYS = ("task", "weight", "args", *DATA_KEYS)
+SOURCE_SEED_STEP = 7919  # source i draws from its stream seeded seed + SOURCE_SEED_STEP * i
 
 
 def split_by_weight(n: int, weights: list[float]) -> list[int]:
@@ -114,7 +115,7 @@ class MixtureTask(Task):
         return out
 
     def train_stream(self, seed: int, exclude: set[str]) -> Iterator[Problem]:
-        streams = [t.train_stream(seed + 7919 * i, exclude) for i, t in enumerate(self.tasks)]
+        streams = [t.train_stream(seed + SOURCE_SEED_STEP * i, exclude) for i, t in enumerate(self.tasks)]
         rng = random.Random(seed)
         indices = range(len(streams))
         while True:

@@ -194,3 +194,25 @@ def test_trainer_default_reports_ratio_statistics_ppo_kl_and_pg_clipfrac_lower(t
     assert m["rc_ratio_mean"] == pytest.approx(3.0, rel=1e-4) and m["rc_token_masked_frac"] == 0.0
     assert m["behav_weight_mean"] == pytest.approx(3.0, rel=1e-4)  # decoupled PPO's own weight, unchanged
     assert m["ppo_kl"] == pytest.approx(0.0, abs=1e-6) and m["pg_clipfrac_lower"] == 0.0
+
+
+def test_opsm_masks_against_the_policy_being_trained_not_the_one_before_the_step():
+    """DeepSeek-V3.2's OPSM compares the engine's policy with pi_theta. Here the trainer's policy before
+    the step equals the engine's (rho = 1: nothing off-policy), but after a first mini-batch pi_theta finds
+    every token e^-0.5 as likely: mean log(pi_behav / pi_theta) = 0.5 > delta, so the negative sequence is
+    dropped and the positive one kept; against pi_old it would have been kept."""
+    old = torch.full((2, 3), -1.0)
+    per_token, metrics = policy_objective(
+        registry.POLICY_LOSSES["ppo_clip"],
+        registry.CORRECTIONS["opsm"],
+        LossParams(),
+        CorrectionParams(opsm_delta=0.1),
+        logprobs=old - 0.5,
+        behav=old,
+        trainer_old=old,
+        advantages=ADV,
+        mask=MASK,
+        prox_mode="recompute",
+    )
+    assert (per_token[1] * MASK[1]).abs().sum() == 0 and (per_token[0] != 0).all()
+    assert metrics["_sum/seqs_dropped"] == 1.0

@@ -52,11 +52,14 @@ class LossSpec:
 @dataclass(frozen=True)
 class CorrectionSpec:
     """A rollout correction (algo/rollout_correction.py): fn(log_rho [B, T], mask [B, T], advantages
-    [B, T], params) -> Correction; reads: the loss.rc_* keys it reads."""
+    [B, T], params) -> Correction; reads: the loss.rc_* keys it reads. rho is pi_old / pi_behav, the
+    trainer's policy before the step over the engine's; with `current`, the policy being trained (this
+    micro-batch's forward, detached) over the engine's, which moves within a step of several mini-batches."""
 
     name: str
     fn: Callable[..., Any]
     reads: frozenset[str] = frozenset()
+    current: bool = False
 
 
 ADVANTAGES: dict[str, AdvantageSpec] = {}
@@ -97,9 +100,9 @@ def policy_loss(name: str, *, reads: tuple[str, ...], proximal: bool = False) ->
     return deco
 
 
-def rollout_correction(name: str, *, reads: tuple[str, ...] = ()) -> Callable[[F], F]:
+def rollout_correction(name: str, *, reads: tuple[str, ...] = (), current: bool = False) -> Callable[[F], F]:
     def deco(fn: F) -> F:
-        _add(CORRECTIONS, name, CorrectionSpec(name, fn, frozenset(reads)))
+        _add(CORRECTIONS, name, CorrectionSpec(name, fn, frozenset(reads), current))
         return fn
 
     return deco

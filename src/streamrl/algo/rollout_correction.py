@@ -118,11 +118,13 @@ def icepop(log_rho: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor, p: Corr
     return Correction(torch.where(outside, torch.zeros_like(rho), rho), outside, _none_of(rho))
 
 
-@rollout_correction("opsm", reads=("rc_opsm_delta",))
+@rollout_correction("opsm", reads=("rc_opsm_delta",), current=True)
 def opsm(log_rho: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor, p: CorrectionParams) -> Correction:
     """Off-policy sequence masking (DeepSeek-V3.2, 2025): drop sequence i when its advantage (the mean
-    of its token advantages) is negative AND mean_t log(pi_behav / pi_old) > opsm_delta; weight 1
-    otherwise. Negative samples the trainer already finds unlikely teach little and destabilise."""
+    of its token advantages) is negative AND mean_t log(pi_behav / pi_theta) > opsm_delta; weight 1
+    otherwise. Negative samples the policy being trained already finds unlikely teach little and
+    destabilise. rho here is pi_theta / pi_behav (`current`): the mask follows the policy as it moves
+    through a step's mini-batches."""
     m = mask.float()
     off = (_seq(adv, m, mean=True) < 0) & (_seq(-log_rho, m, mean=True) > p.opsm_delta)
     return Correction((~off).float(), off, _none_of(log_rho))

@@ -52,7 +52,8 @@ def policy_objective(
     no correction, no proximal pass, several optimizer steps per batch). Without a rollout correction the
     loss's ratio is against behav (decoupled PPO's proximal policy is trainer_old, or behav with
     prox_mode=behav). With one, every loss's ratio is against trainer_old and its per-token loss is
-    multiplied by the correction's weight of rho = trainer_old / behav. The correction's counts go into
+    multiplied by the correction's weight of rho = trainer_old / behav (logprobs / behav for a correction
+    registered `current`, detached: OPSM). The correction's counts go into
     the metrics under SUM / MAX keys whenever trainer_old is known (ratio statistics even without one).
     """
     corrected = correction.name != "none"
@@ -65,7 +66,7 @@ def policy_objective(
     t = LossTensors(logprobs=logprobs, old_logprobs=old, advantages=advantages, mask=mask, prox_logprobs=prox)
     per_token, metrics = spec.fn(t, params)
     if trainer_old is not None:
-        log_rho = (trainer_old - behav).detach()
+        log_rho = ((logprobs if correction.current else trainer_old) - behav).detach()
         c = correction.fn(log_rho, mask, advantages.detach(), cparams)
         if corrected:
             per_token = per_token * c.weight.detach()

@@ -52,6 +52,20 @@ def test_the_engine_asks_stop_before_each_decode_step_and_aborts_what_is_unfinis
     assert [r.token_ids for r in again] == [r.token_ids for r in whole]
 
 
+def test_an_engine_whose_generate_takes_no_stop_serves_callers_that_give_none() -> None:
+    """vLLM's generate takes the requests only: the one call path passes `stop` only when there is one."""
+    from streamrl.engine.base import GenResult, generate
+
+    class NoStop:
+        def generate(self, requests: list[GenRequest]) -> list[GenResult]:
+            return [GenResult(request=r, finish_reason="length") for r in requests]
+
+    req = GenRequest([1, 2], max_new_tokens=1)
+    assert [r.request for r in generate(NoStop(), [req])] == [req]
+    with pytest.raises(TypeError):  # a stop it cannot ask is an error, not a stop silently dropped
+        generate(NoStop(), [req], stop=lambda: False)
+
+
 def test_an_evaluation_told_to_stop_raises_and_claims_nothing(tiny) -> None:
     from streamrl.data.task import default_task_args
     from streamrl.tasks import make_task

@@ -16,6 +16,14 @@ WEIGHT_MODES = ("inflight", "interrupt")
 MIN_PREFIX = 16
 
 
+def generate(
+    engine: Any, requests: list[GenRequest], stop: Callable[[], bool] | None = None
+) -> list[GenResult]:
+    """engine.generate(requests), with `stop` passed only when given: an engine whose generate takes none
+    (vLLM's) serves every caller that does not stop it."""
+    return engine.generate(requests) if stop is None else engine.generate(requests, stop=stop)
+
+
 def decoded_rows(engine: Any) -> tuple[int, int]:
     """(sequences, KV-cache rows) an engine's decode steps have forwarded so far: the default engine
     counts them (engine/decode_batch.py: rows with identical tokens so far share one); (0, 0) for an

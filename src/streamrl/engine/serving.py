@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
-from streamrl.engine.base import GenRequest, GenResult
+from streamrl.engine.base import GenRequest, GenResult, generate
 
 
 class BatchingEngine:
@@ -67,11 +67,7 @@ class BatchingEngine:
             try:
                 with self._engine_lock:
                     reqs = [req for req, _ in batch]
-                    results = (
-                        self.engine.generate(reqs, stop=self.stop)
-                        if self.stop
-                        else self.engine.generate(reqs)
-                    )
+                    results = generate(self.engine, reqs, self.stop)
             except Exception as e:  # every caller of this batch sees the error; the loop keeps serving
                 for _, fut in batch:
                     fut.set_exception(e)

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamrl.engine.base import GenRequest, GenResult
+from streamrl.engine.base import GenRequest, GenResult, generate
 from streamrl.envs.base import Environment
 from streamrl.envs.render import TurnRenderer
 from streamrl.types import EvalStopped
@@ -122,7 +122,7 @@ def run_episodes(engine: Any, episodes: list[Episode], stop: Callable[[], bool] 
     live = [ep for ep in episodes if not ep.done]
     requests = [ep.request() for ep in live]
     while live:
-        results = engine.generate(requests, stop=stop) if stop is not None else engine.generate(requests)
+        results = generate(engine, requests, stop)
         if stop is not None and any(r.finish_reason == "abort" for r in results):
             raise EvalStopped(
                 f"stopped with {sum(ep.done for ep in episodes)} of {len(episodes)} episodes over"

@@ -72,6 +72,30 @@ def test_train_cli_with_mopps_and_replay_colocated_then_resume(tmp_path):
     assert [r["step"] for r in _rows(run)] == [1, 2, 3]
 
 
+def test_a_resume_restores_the_replay_buffer(tmp_path):
+    """The saved buffer is loaded on resume: a success planted in the saved state (the tiny model finds
+    none of its own) is replayed in the first resumed step, once: floor(0.3 * 8 / 0.7) = 3, at most 1."""
+    import pickle
+
+    from trajectories import make_traj
+
+    from streamrl.data.replay import Replayed
+
+    run = tmp_path / "replay"
+    args = ["train", *TINY, "runtime.mode=colocated", "max_staleness=0", "rollout.replay_share=0.3"]
+    assert main([*args, "max_steps=1", f"run_dir={run}"]) == 0
+    saved = latest_state(run) / "carried.pkl"
+    carried = pickle.loads(saved.read_bytes())
+    planted = ReplayBuffer(0.3, 256)
+    planted.items.append(Replayed(make_traj(0, [5, 6, 7], [8, 9], 1.0, loss_mask=[1, 1]), 1.0, 1))
+    carried["replay"] = planted.state()
+    saved.write_bytes(pickle.dumps(carried))
+    assert main(["train", f"resume={run}", "max_steps=2"]) == 0
+    row = _rows(run)[-1]
+    assert (row["step"], row["replay_samples"], row["replay_buffer_size"]) == (2, 1.0, 1.0)
+    assert json.loads((run / "accounting.json").read_text())["replayed_samples"] == 1
+
+
 def test_train_cli_with_mopps_async(tmp_path):
     run = tmp_path / "async"
     assert (

@@ -11,7 +11,7 @@ from streamrl.data.prompts import render_prompt_ids
 from streamrl.engine.serving import BatchingEngine
 from streamrl.envs.agent_trajectory import assemble
 from streamrl.envs.proxy import ChatProxy
-from streamrl.envs.tool_calls import parse_tool_calls
+from streamrl.envs.tool_calls import parse_tool_calls, template_messages
 
 ADD = {
     "type": "function",
@@ -164,16 +164,43 @@ def test_stream_sends_the_reply_as_chunks(served):
             [("add", '{"a": 1}')],
         ),
         (
-            '<tool_call>{"name": "f", "parameters": {}}</tool_call><tool_call>{"name": "g"}</tool_call>',
+            '<tool_call>{"name": "f", "parameters": {"x": 1}}</tool_call>'
+            '<tool_call>{"name": "g"}</tool_call>',
             None,
-            [("f", "{}"), ("g", "{}")],
+            [("f", '{"x": 1}'), ("g", "{}")],
         ),
         ("<tool_call>\n{not json}\n</tool_call>", "<tool_call>\n{not json}\n</tool_call>", []),
         ('<tool_call>\n{"arguments": {}}\n</tool_call>', '<tool_call>\n{"arguments": {}}\n</tool_call>', []),
         ('<tool_call>\n{"name": "add", "argu', '<tool_call>\n{"name": "add", "argu', []),  # cut by max_tokens
+        (  # one malformed call makes the whole reply plain content, the valid calls too
+            '<tool_call>{"name": "f"}</tool_call><tool_call>{bad}</tool_call>',
+            '<tool_call>{"name": "f"}</tool_call><tool_call>{bad}</tool_call>',
+            [],
+        ),
     ],
 )
 def test_hermes_tool_calls_are_parsed_and_anything_else_stays_content(text, content, calls):
     got_content, got_calls = parse_tool_calls(text)
     assert got_content == content
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in got_calls] == calls
+
+
+def test_tool_call_arguments_reach_the_template_as_objects():
+    """An assistant turn's tool-call arguments arrive as a JSON string (the OpenAI shape); templates
+    serialise them themselves, so they get the object, and a string that is not JSON as it is."""
+
+    def call(args: str) -> dict:
+        return {"id": "c1", "type": "function", "function": {"name": "add", "arguments": args}}
+
+    msgs = [
+        {"role": "user", "content": "2+3?"},
+        {"role": "assistant", "content": None, "tool_calls": [call('{"a": 2}')]},
+    ]
+    out = template_messages(msgs)
+    assert out[1] == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 2}}, "id": "c1"}],
+    }
+    raw = template_messages([{"role": "assistant", "content": "", "tool_calls": [call("a=2")]}])
+    assert raw[0]["tool_calls"][0]["function"]["arguments"] == "a=2"

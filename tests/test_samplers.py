@@ -141,7 +141,8 @@ def test_curriculum_raises_difficulty_when_rolling_accuracy_passes_threshold():
 def test_replay_mixes_distinct_successes_with_their_behaviour_logprobs():
     buf = ReplayBuffer(share=0.25, capacity=100, seed=0)
     old = [_traj(f"o{i}", 0, i % 2 == 0, version=1, logprob=-0.1 * i) for i in range(10)]
-    buf.add(TrainBatch(old, [1.0 if i % 4 == 0 else -1.0 for i in range(10)]), step=1)
+    # A > 0 for i % 4 in (0, 1): the odd ones are wrong, so only o0, o4 and o8 are kept
+    buf.add(TrainBatch(old, [1.0 if i % 4 in (0, 1) else -1.0 for i in range(10)]), step=1)
     assert [r.trajectory.sample_id for r in buf.items] == ["o0-0", "o4-0", "o8-0"]  # correct and A > 0
     for i in range(10, 40):
         buf.add(TrainBatch([_traj(f"o{i}", 0, True, version=2)], [0.5]), step=2)

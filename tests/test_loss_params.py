@@ -67,7 +67,7 @@ def _run(fn, t: LossTensors, p: LossParams):
     return loss.detach(), logp.grad, metrics
 
 
-def test_issue_example_dual_clip_reaches_decoupled_ppo():
+def test_a_dual_clip_reaches_decoupled_ppo():
     # one token: log r = 3 (r = 20.0855), A = -0.8, dual clip 3, pi_prox = pi_behav:
     # max(-A r, -A clip(r)) = 0.8 * 20.0855 = 16.0684, bounded by -c A = 2.4 under both losses
     t = LossTensors(torch.tensor([[3.0]]), torch.zeros(1, 1), torch.tensor([[-0.8]]), torch.ones(1, 1))
@@ -227,3 +227,9 @@ def test_validation_accepts_keys_the_chosen_pieces_read():
     )
     for preset in names():  # every preset's own combination is accepted
         load_config(None, [f"algo={preset}"])
+
+
+def test_a_name_registered_twice_is_refused_and_the_first_stays():
+    with pytest.raises(ValueError, match="'ppo_clip' is registered twice"):
+        registry.policy_loss("ppo_clip", reads=())(lambda t, p: None)
+    assert registry.POLICY_LOSSES["ppo_clip"].fn is ppo_clip

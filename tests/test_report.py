@@ -203,3 +203,14 @@ def test_wandb_missing_is_a_config_error(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "wandb" else real(n, *a))
     with pytest.raises(ConfigError, match=r"pip install 'streamrl\[wandb\]'"):
         load_config(None, ["observe.wandb=true"])
+
+
+def test_a_metrics_values_leave_gaps_where_a_record_has_no_number():
+    from pathlib import Path
+
+    from streamrl.observe.run_data import RunData
+
+    records = [{"step": 1, "m": 0.5}, {"step": 2}, {"step": 3, "m": True}, {"step": 4, "m": "x"}, {"m": 1.0}]
+    run = RunData("a", Path("."), records, {}, None, None, None, None)
+    # a flag (bool) or a text is no point on the curve; a record without a step is no x
+    assert run.values("m") == ([1.0, 2.0, 3.0, 4.0], [0.5, None, None, None])

@@ -106,3 +106,26 @@ def test_restore_loads_every_saved_piece(runs, tmp_path):
     assert torch.equal(parts.engine.generator.get_state(), tensors["engine_rng"])
     assert parts.stream.state_dict() == state.sampler
     assert parts.trainer.version == restored.version == state.version == 4
+
+
+def test_a_data_parallel_run_resumes_exactly(tmp_path):
+    """train.strategy=ddp over 2 ranks: a resume hands the followers rank 0's weights, optimizer moments,
+    scheduler and version, so a run stopped after step 1 ends bitwise equal to one that never stopped.
+    A follower left with its start weights or fresh moments would put other gradients into the
+    all-reduce of the steps after the resume."""
+    ddp = [*SYNC, "max_steps=3", "train.strategy=ddp", "train.world_size=2", "train.dist_timeout_s=60"]
+    ddp.append("train.token_budget=200")  # several micro-batches: the follower trains on some of them
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    assert main(["train", *ddp, f"run_dir={whole}"]) == 0
+    with pytest.MonkeyPatch.context() as mp:
+        stop_after(mp, 1)
+        assert main(["train", *ddp, f"run_dir={split}"]) == 0
+    assert [r["step"] for r in _rows(split)] == [1]
+    assert main(["train", f"resume={split}"]) == 0
+    w_weights, w_tensors = _tensors(whole)
+    s_weights, s_tensors = _tensors(split)
+    differ = [k for k in w_weights if not torch.equal(w_weights[k], s_weights[k])]
+    assert differ == [], f"weights differ after a data-parallel resume: {differ[:5]}"
+    _assert_optimizer_equal(w_tensors["optimizer"], s_tensors["optimizer"])
+    assert [r["loss"] for r in _rows(whole)] == [r["loss"] for r in _rows(split)]
+    assert all(r["micro_batches"] >= 2 for r in _rows(split))

@@ -12,6 +12,7 @@ How the ranks are started and fed: placement/trainer_ranks.py.
 from __future__ import annotations
 
 import contextlib
+import io
 import math
 from datetime import timedelta
 from typing import Any
@@ -185,18 +186,23 @@ class DistributedTrainer(Trainer):
 
     def sync_followers(self) -> None:
         """After rank 0 loaded a checkpoint (resume): followers take its weights, optimizer,
-        scheduler and version. ddp only (validated)."""
+        scheduler and version. ddp only (validated). The state goes as bytes, by value: torch's
+        process queues hand a tensor over by sharing its memory, and every rank would then update one
+        set of optimizer moments in place."""
         if self.links is not None:
             extra = {
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(),
                 "version": self.version,
             }
-            self.links.send(("sync", extra))
+            buffer = io.BytesIO()
+            torch.save(extra, buffer)
+            self.links.send(("sync", buffer.getvalue()))
         self.broadcast_parameters()
 
-    def load_sync(self, extra: dict[str, Any]) -> None:
+    def load_sync(self, payload: bytes) -> None:
         """Follower side of sync_followers."""
+        extra = torch.load(io.BytesIO(payload), weights_only=False)  # rank 0's own state
         self.optimizer.load_state_dict(extra["optimizer"])
         self.scheduler.load_state_dict(extra["scheduler"])
         self.version = extra["version"]

@@ -1,6 +1,7 @@
 """The pieces streamrl shares with verl beyond the basics, each against numbers derived by hand:
 token-sum, the abs / k1+ / k3+ KL estimators, token-level REINFORCE++ with gamma < 1, per-token KL
-reward shaping, groups of unequal size, GSPO's two forms, and the ppo_kl / pg_clipfrac_lower metrics."""
+reward shaping, groups of unequal size, GSPO's two forms, and the ratio, ppo_kl and pg_clipfrac_lower
+metrics."""
 
 import math
 
@@ -11,7 +12,7 @@ from trajectories import make_traj
 from streamrl.algo.advantages import dr_grpo, grpo, reinforce_pp, reinforce_pp_baseline, rloo
 from streamrl.algo.advantages_token import kl_shaped_rewards, reinforce_pp_token
 from streamrl.algo.kl import abs_kl, k1_plus, k3, k3_plus
-from streamrl.algo.loss_inputs import LossParams, LossTensors
+from streamrl.algo.loss_inputs import LossParams, LossTensors, ratio_metrics
 from streamrl.algo.losses import ppo_clip
 from streamrl.algo.losses_is import gspo, gspo_token
 from streamrl.config import load_config
@@ -150,6 +151,19 @@ def test_ppo_kl_and_pg_clipfrac_lower():
     assert m["pg_clipfrac_lower"] == pytest.approx(1 / 3)
     assert m["ppo_kl"] == pytest.approx(-1.304008, abs=1e-6)
     assert ppo_clip(t, LossParams())[1]["pg_clipfrac_lower"] == 0.0  # dual clip off
+
+
+def test_ratio_metrics_hand_values_on_masked_clamped_and_empty_batches():
+    # r = [2, 4] on the mask (the third token, r = e^9, is padding): ratio_mean (2 + 4) / 2 = 3,
+    # approx_kl mean((log r)^2 / 2) = (ln2^2 + 4 ln2^2) / 4 = 1.25 ln2^2, ppo_kl mean(-log r) = -1.5 ln2
+    m = ratio_metrics(torch.tensor([[LOG2, 2 * LOG2, 9.0]]), torch.tensor([[1.0, 1.0, 0.0]]))
+    assert m == pytest.approx({"ratio_mean": 3.0, "approx_kl": 1.25 * LOG2**2, "ppo_kl": -1.5 * LOG2})
+    # log r = 50 counts as the clamp's 20: r = e^20
+    m = ratio_metrics(torch.tensor([[50.0]]), torch.ones(1, 1))
+    assert m == pytest.approx({"ratio_mean": math.exp(20.0), "approx_kl": 200.0, "ppo_kl": -20.0})
+    # a micro-batch with no loss token (every sample masked out) reports 0, not NaN
+    m = ratio_metrics(torch.tensor([[1.0, -1.0]]), torch.zeros(1, 2))
+    assert m == {"ratio_mean": 0.0, "approx_kl": 0.0, "ppo_kl": 0.0}
 
 
 def test_trainer_reinforce_pp_token_whitens_over_the_whole_batch_with_kl_token_rewards(tiny):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -135,6 +136,21 @@ def test_outcome_reward_uses_partial_value(tmp_path: Path) -> None:
     assert round(reward, 4) == round(2 / 3 + 0.1, 4) and not correct
     strict = make_task(f"code:{f}", {}, "", "", "answer_is", code_partial_credit=False)
     assert outcome_reward(strict, p, resp, format_weight=0.0)[0] == 0.0
+
+
+def test_code_held_out_rows_are_chosen_by_prompt_hash_not_by_file_order(tmp_path: Path) -> None:
+    rows = [json.dumps({"prompt": f"problem {i}", "tests": ADD}) for i in range(6)]
+    f, g = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    f.write_text("\n".join(rows))
+    g.write_text("\n".join(reversed(rows)))  # a file sorted by, say, difficulty, the other way round
+    task = make_task(f"code:{f}", {}, "", "", "answer_is")
+    held = [p.meta["question"] for p in task.heldout(2)]
+    assert held == [p.meta["question"] for p in make_task(f"code:{g}", {}, "", "", "answer_is").heldout(2)]
+    assert len(task.heldout(5)) == 5  # one row is left to train on
+    with pytest.raises(
+        ValueError, match=rf"^code:{re.escape(str(f))}: eval.size=6 leaves no training rows \(6 rows\): lower"
+    ):
+        task.heldout(6)
 
 
 def test_code_file_errors_name_file_and_line(tmp_path: Path) -> None:

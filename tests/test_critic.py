@@ -9,7 +9,7 @@ from trajectories import make_traj
 from streamrl.algo.advantages_token import terminal_rewards
 from streamrl.config import load_config
 from streamrl.trainer.batching import collate
-from streamrl.trainer.critic import ValueHead, clipped_value_loss, completion_values
+from streamrl.trainer.critic import ValueHead, clipped_value_loss, completion_values, gae_targets
 from streamrl.trainer.logprobs import completion_logprobs
 from streamrl.trainer.trainer import Trainer
 from streamrl.types import TrainBatch
@@ -39,6 +39,21 @@ def test_clipped_value_loss_hand_values():
     # V=0.5 is clipped to 0.2: max((0.5-1)^2, (0.2-1)^2) = 0.64; V=0.1 is inside: (0.1-1)^2 = 0.81
     assert loss[0].tolist() == pytest.approx([0.32, 0.405])
     assert clipped.tolist() == [[1.0, 0.0]]
+
+
+def test_gae_targets_hand_values_with_a_constant_value_head(tiny):
+    head = ValueHead(tiny[0].config.hidden_size)
+    torch.nn.init.constant_(head.linear.bias, 0.5)  # V = 0.5 on every token
+    trajs = [_traj(0, [5, 6, 7], [8, 9, 10]), _traj(1, [5], [11, 12, 13, 14], loss_mask=[1, 0, 1, 0])]
+    mb = collate(trajs, [0.0, 0.0], pad_id=0)
+    tg = gae_targets(tiny[0], head, mb, terminal_rewards(mb.loss_mask, torch.tensor([1.0, -1.0])), 0.9, 0.5)
+    # delta_t = r_t + 0.9 V_next - V_t, A_t = delta_t + 0.9 * 0.5 A_next (next: the next loss token)
+    # row 0: A_2 = 1 - 0.5 = 0.5; A_1 = (0.45 - 0.5) + 0.45 * 0.5 = 0.175; A_0 = -0.05 + 0.45 * 0.175
+    # row 1 (tokens 0 and 2 trained): A_2 = -1 - 0.5 = -1.5; A_0 = -0.05 + 0.45 * -1.5 = -0.725
+    assert torch.allclose(tg.advantages, torch.tensor([[0.02875, 0.175, 0.5, 0.0], [-0.725, 0.0, -1.5, 0.0]]))
+    # R = A + V_old on loss tokens, and R = V_old = 0 off the loss mask
+    assert torch.allclose(tg.returns, torch.tensor([[0.52875, 0.675, 1.0, 0.0], [-0.225, 0.0, -1.0, 0.0]]))
+    assert tg.old_values.tolist() == [[0.5, 0.5, 0.5, 0.0], [0.5, 0.0, 0.5, 0.0]]
 
 
 def test_padded_values_equal_single_row_values(tiny):

@@ -24,6 +24,28 @@ def test_heldout_is_distinct_and_never_in_training_stream():
     assert [p.id for p in task.heldout(300)] == [p.id for p in held]  # deterministic
 
 
+def test_the_training_stream_follows_the_run_seed():
+    task = _chain_sum()
+
+    def first(seed):
+        return [(p.id, p.meta["question"]) for p in itertools.islice(task.train_stream(seed, set()), 20)]
+
+    assert first(1) == first(1)  # a seed replays its problems
+    assert [q for _, q in first(1)] != [q for _, q in first(2)]  # another seed draws others
+    assert [i for i, _ in first(2)][:2] == ["train-2-0", "train-2-1"]
+
+
+def test_bad_reasoning_gym_args_are_one_line_naming_the_task():
+    with pytest.raises(
+        ValueError, match=r"^bad task_config.args for rg:chain_sum: max_terms must be >= min_terms$"
+    ):
+        make_task("rg:chain_sum", {"min_terms": 3, "max_terms": 2}, "", "", "answer_is")
+    with pytest.raises(
+        ValueError, match=r"^bad task_config.args for rg:chain_sum: .*unexpected keyword argument 'nope'$"
+    ):
+        make_task("rg:chain_sum", {"nope": 1}, "", "", "answer_is")
+
+
 def test_reasoning_gym_counts_only_full_score_as_correct():
     task = _chain_sum()
     p = task.heldout(1)[0]

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from streamrl.config import ConfigError, EnvConfig, load_config
+from streamrl.config import ConfigError, EnvConfig, TaskConfig, load_config
+from streamrl.envs.base import truncate_middle
 from streamrl.envs.executor import SandboxRunner
-from streamrl.envs.search import DATA, INVALID, load_retriever, normalize_answer
+from streamrl.envs.search import DATA, INVALID, SYSTEM_PROMPT, load_retriever, normalize_answer
 from streamrl.tasks import make_task
 
 ROOT = Path(__file__).parent.parent
@@ -96,6 +97,45 @@ def test_search_env_protocol():
     for said, reward in ((p.answer.upper(), 1.0), (f"the {p.answer} River.", 1.0), ("Nowhere", 0.0)):
         s = env.step(f"<answer>{said}</answer>")
         assert (s.done, s.reward, s.info["formatted"]) == (True, reward, True)
+
+
+def test_a_search_turn_acts_on_its_last_query_and_is_scored_on_its_last_answer():
+    task = _task("env:search", top_k=1, max_observation_chars=41)
+    p = task.heldout(1)[0]
+    env = task.new_env()
+    env.reset(p)
+    gold = load_retriever().search(p.meta["question"], 1)[0]
+    body = f"[1] {gold['title']}: {gold['text']}"
+    s = env.step(f"<search>qqqq</search> Better: <search>{p.meta['question']}</search>")
+    # 41 characters: the first and the last 20 are kept
+    assert s.observation == f"{body[:20]}\n...[{len(body) - 40} characters cut]...\n{body[-20:]}"
+    s = env.step(f"<answer>Nowhere</answer> No, it is <answer>{p.answer}</answer>")
+    assert (s.done, s.reward, s.info["extracted"]) == (True, 1.0, p.answer)
+    s = env.step(f"<answer>{p.answer}</answer> No, it is <answer>Nowhere</answer>")
+    assert (s.done, s.reward, s.info["extracted"]) == (True, 0.0, "Nowhere")
+
+
+def test_search_prompt_tells_the_protocol_unless_a_system_prompt_is_configured():
+    for system in ("", TaskConfig().system_prompt):  # the single-turn default knows no search tool
+        p = make_task("env:search", {}, system, "Be brief.", "answer_is", env=EnvConfig()).heldout(1)[0]
+        assert p.messages == [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": f"{p.meta['question']}\nBe brief."},
+        ]
+    p = make_task("env:search", {}, "Search well.", "", "answer_is", env=EnvConfig()).heldout(1)[0]
+    assert p.messages[0] == {"role": "system", "content": "Search well."}
+
+
+def test_an_env_stepped_before_reset_names_the_missing_reset():
+    env = _task("env:search").new_env()
+    with pytest.raises(RuntimeError, match=r"^SearchEnv.step before reset\(problem\)$"):
+        env.step("<search>river</search>")
+
+
+def test_truncate_middle_keeps_the_head_and_the_tail():
+    assert truncate_middle("abcdef", 6) == "abcdef"  # at the limit: whole
+    assert truncate_middle("abcdefg", 6) == "abc\n...[1 characters cut]...\nefg"
+    assert truncate_middle("abcdefg", 5) == "ab\n...[3 characters cut]...\nfg"  # odd: 2 + 2 kept
 
 
 def test_search_task_split_and_errors():

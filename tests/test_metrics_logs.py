@@ -1,0 +1,91 @@
+"""The run's logs: metrics.jsonl and its TensorBoard scalars across a resume, and groups.jsonl's rows."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from streamrl.observe.metrics import GroupLog, MetricsWriter
+from streamrl.types import Group, Problem, Trajectory
+
+
+def _scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_a_resumed_run_appends_to_metrics_jsonl_and_tensorboard_drops_the_replayed_steps(tmp_path):
+    first = MetricsWriter(tmp_path)
+    for step in (1, 2, 3):  # step 3 is logged, then the run dies before its state is saved
+        first.write({"step": step, "reward_mean": step / 4, "stopped": False, "hist": {"0": 2}})
+    first.close()
+    resumed = MetricsWriter(tmp_path, purge_step=3)  # resumed from step 2's state: step 3 runs again
+    resumed.write({"step": 3, "reward_mean": 1.0, "stopped": True, "hist": {"0": 1}})
+    resumed.close()
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["reward_mean"]) for r in rows] == [(1, 0.25), (2, 0.5), (3, 0.75), (3, 1.0)]
+    # only numbers are scalars (not booleans, not dicts); the replayed step 3 replaces the first one's
+    assert _scalars(tmp_path) == {"reward_mean": [(1, 0.25), (2, 0.5), (3, 1.0)]}
+
+
+def _traj(i: int, reward: float, versions: list[int], text: str = "") -> Trajectory:
+    n = len(versions)
+    return Trajectory(
+        problem_id="p",
+        group_id=f"g{i}",
+        sample_id=f"s{i}",
+        prompt_ids=[1],
+        completion_ids=[2] * n,
+        behaviour_logprobs=[0.0] * n,
+        versions=versions,
+        finish_reason="stop",
+        text=text,
+        reward=reward,
+    )
+
+
+def test_group_log_rows_carry_each_groups_own_advantages_versions_and_greedy_reward(tmp_path):
+    a = Group(
+        Problem("pa", [], "1"),
+        [_traj(0, 1.0, [4, 3], "x" * 300), _traj(0, 0.0, [2, 5])],
+        baseline=_traj(0, 0.5, [5]),
+    )
+    b = Group(Problem("pb", [], "2"), [_traj(1, 0.0, []), _traj(1, 0.0, []), _traj(1, 1.0, [6])])
+    log = GroupLog(tmp_path / "groups.jsonl")
+    log.write([a, b], step=7, advantages=[0.5, -0.5, -0.25, -0.25, 0.5])
+    log.write([b], step=8)  # token-level advantages are not logged
+    log.close()
+    rows = [json.loads(x) for x in (tmp_path / "groups.jsonl").read_text().splitlines()]
+    assert rows[0] == {
+        "step": 7,
+        "group_id": "g0",
+        "problem_id": "pa",
+        "rewards": [1.0, 0.0],
+        "version_min": 2,
+        "version_max": 5,
+        "sample": "x" * 200,
+        "advantages": [0.5, -0.5],
+        "greedy_reward": 0.5,
+    }
+    # an empty completion has no versions: the group's span is its other samples' (or 0 without any)
+    assert rows[1]["advantages"] == [-0.25, -0.25, 0.5] and "greedy_reward" not in rows[1]
+    assert (rows[1]["version_min"], rows[1]["version_max"]) == (6, 6)
+    assert rows[2]["step"] == 8 and "advantages" not in rows[2]
+    log = GroupLog(tmp_path / "groups.jsonl")  # a resumed run appends
+    log.write([Group(Problem("pc", [], "3"), [_traj(2, 0.0, [])])], step=9)
+    log.close()
+    rows = [json.loads(x) for x in (tmp_path / "groups.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [7, 7, 8, 9]
+    assert (rows[3]["version_min"], rows[3]["version_max"]) == (0, 0)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_metrics_stay_out_of_tensorboard(tmp_path, value):
+    w = MetricsWriter(tmp_path)
+    w.write({"step": 1, "kl_ref": value, "loss": 0.5})
+    w.close()
+    assert _scalars(tmp_path) == {"loss": [(1, 0.5)]}
+    assert str(json.loads((tmp_path / "metrics.jsonl").read_text())["kl_ref"]) == str(value)  # jsonl keeps it

@@ -2,13 +2,15 @@
 
 import copy
 import json
+import pickle
 
 from scripted_worker import scripted_worker  # tests/ is on sys.path (rootdir conftest)
 from tiny_args import TINY
+from trajectories import make_traj
 
 from streamrl.cli import main
 from streamrl.config import load_config
-from streamrl.data.replay import ReplayBuffer
+from streamrl.data.replay import ReplayBuffer, Replayed
 from streamrl.data.samplers import MoPPSSampler
 from streamrl.loop.asynchronous import AsyncRunner
 from streamrl.loop.signals import StopFlag
@@ -68,32 +70,20 @@ def test_train_cli_with_mopps_and_replay_colocated_then_resume(tmp_path):
     acc = json.loads((run / "accounting.json").read_text())
     assert acc["lost"] == 0 and acc["trained"] == 4
     assert acc["replayed_samples"] == sum(r.get("replay_samples", 0) for r in rows)
-    assert main(["train", f"resume={run}", "max_steps=3"]) == 0
-    assert [r["step"] for r in _rows(run)] == [1, 2, 3]
-
-
-def test_a_resume_restores_the_replay_buffer(tmp_path):
-    """The saved buffer is loaded on resume: a success planted in the saved state (the tiny model finds
-    none of its own) is replayed in the first resumed step, once: floor(0.3 * 8 / 0.7) = 3, at most 1."""
-    import pickle
-
-    from trajectories import make_traj
-
-    from streamrl.data.replay import Replayed
-
-    run = tmp_path / "replay"
-    args = ["train", *TINY, "runtime.mode=colocated", "max_staleness=0", "rollout.replay_share=0.3"]
-    assert main([*args, "max_steps=1", f"run_dir={run}"]) == 0
+    # the saved buffer is loaded on resume: a buffer of one planted success in place of the saved one
+    # is the resumed step's whole buffer, replayed once: floor(0.3 * 8 / 0.7) = 3, at most 1
     saved = latest_state(run) / "carried.pkl"
     carried = pickle.loads(saved.read_bytes())
     planted = ReplayBuffer(0.3, 256)
     planted.items.append(Replayed(make_traj(0, [5, 6, 7], [8, 9], 1.0, loss_mask=[1, 1]), 1.0, 1))
     carried["replay"] = planted.state()
     saved.write_bytes(pickle.dumps(carried))
-    assert main(["train", f"resume={run}", "max_steps=2"]) == 0
-    row = _rows(run)[-1]
-    assert (row["step"], row["replay_samples"], row["replay_buffer_size"]) == (2, 1.0, 1.0)
-    assert json.loads((run / "accounting.json").read_text())["replayed_samples"] == 1
+    assert main(["train", f"resume={run}", "max_steps=3"]) == 0
+    rows = _rows(run)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert (rows[-1]["replay_samples"], rows[-1]["replay_buffer_size"]) == (1.0, 1.0)
+    acc = json.loads((run / "accounting.json").read_text())
+    assert acc["replayed_samples"] == sum(r.get("replay_samples", 0) for r in rows)
 
 
 def test_train_cli_with_mopps_async(tmp_path):

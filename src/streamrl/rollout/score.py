@@ -210,3 +210,30 @@ class Scoring:
 
     def close(self) -> None:
         self.service.close(wait=False)
+
+
+class ScoreWait:
+    """How long a rollout worker waits, after a decode step, for the scores of the groups whose last
+    response that step generated. A score submitted after a step would otherwise be looked at only
+    after the next one, so the group would reach the trainer a whole decode step late; a short wait lets
+    it go at once. Waiting idles the engine, so it is bounded by an allowance that decoding earns:
+    `share` of every second spent decoding, held at most `cap_s`. A fast scorer (a verifier, the score
+    cache) costs a few milliseconds a step; a slow one (a sandbox, a judge) spends the allowance and
+    the worker then waits no longer than `share` of its decode time for it."""
+
+    def __init__(self, share: float = 0.1, cap_s: float = 0.05) -> None:
+        self.share, self.cap_s = share, cap_s
+        self.allowance = cap_s  # seconds the next wait may take
+
+    def earn(self, decode_s: float) -> None:
+        """Decoding took decode_s: the allowance grows by share * decode_s, up to cap_s."""
+        self.allowance = min(self.cap_s, self.allowance + self.share * decode_s)
+
+    def wait(self, futures: list[Future[RewardOutcome]]) -> None:
+        """Wait until every future is done or the allowance is spent; the time taken is deducted."""
+        pending = [f for f in futures if not f.done()]
+        if not pending or self.allowance <= 0:
+            return
+        t0 = time.monotonic()
+        concurrent.futures.wait(pending, timeout=self.allowance)
+        self.allowance -= time.monotonic() - t0

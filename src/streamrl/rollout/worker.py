@@ -135,7 +135,7 @@ def _loop(
     from streamrl.models.startup import start_model
     from streamrl.rollout.agent_worker import AgentGroups
     from streamrl.rollout.episodes import EpisodeTable
-    from streamrl.rollout.score import Scoring
+    from streamrl.rollout.score import ScoreWait, Scoring
     from streamrl.rollout.trajectory import GREEDY, RolloutSettings, greedy_request, make_trajectory
     from streamrl.tasks import task_from_config
 
@@ -231,6 +231,7 @@ def _loop(
         ask(req, range(first), req.greedy_baseline)
 
     scoring = Scoring(cfg, task)
+    score_wait = ScoreWait()
 
     deadlines: dict[str, float] = {}  # group -> when its outstanding scores run out of budget
 
@@ -290,6 +291,8 @@ def _loop(
             need = max(admitted + (agents.admitted_versions() if agents is not None else []), default=0)
             if weights.version > decoder.version or decoder.version < need:
                 refresh()
+            t_step = time.perf_counter()
+            finished = []  # groups whose last response this step generated
             for res in decoder.step():
                 sampled += len(res.token_ids)
                 if agents is not None and agents.owns(res):
@@ -300,12 +303,17 @@ def _loop(
                 if episodes is None:
                     traj = make_trajectory(req.problem, res, tokenizer, r, gid, k)
                     done.append((k, traj, scoring.submit(req.problem, traj)))
+                    if len(done) == asked[gid] + req.greedy_baseline:
+                        finished.append(gid)
                     continue
                 nxt, ep_traj = episodes.advance(res)
                 if nxt is not None:  # the env answered: the episode's next turn joins the decoder
                     decoder.add([nxt])
                 elif ep_traj is not None:
                     done.append((k, ep_traj, None))
+            # their scores, briefly, so that emit_scored sends them now rather than after the next step
+            score_wait.earn(time.perf_counter() - t_step)
+            score_wait.wait([fut for g in finished for _, _, fut in open_groups[g][1] if fut is not None])
             busy += time.perf_counter() - t0
     finally:
         scoring.close()

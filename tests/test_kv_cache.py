@@ -128,6 +128,61 @@ def test_a_swap_of_rows_reads_every_source_before_it_is_overwritten():
     assert torch.equal(layer.values, -layer.keys)
 
 
+def _filled(rows: int, columns: int, base: float, capacity: int = 8):
+    """A one-layer growing cache of `rows` rows, row b's column c key base + 10 b + c, values negated."""
+    cache = growing_cache(initial=capacity, limit=capacity)
+    k = (base + 10 * torch.arange(rows, dtype=torch.float32)[:, None] + torch.arange(float(columns))).view(
+        rows, 1, columns, 1
+    )
+    cache.update(k, -k, 0)
+    return cache.layers[0]
+
+
+def test_rows_that_fit_are_written_in_place_below_the_hosts():
+    host = _filled(4, 5, 0.0)
+    host.batch_select_indices(torch.tensor([0, 2]))  # two rows left: room for two more in the buffer
+    host._k[2:, 0, :, 0] = float("nan")  # what the rows that left hold: never read again
+    host._v[2:, 0, :, 0] = float("nan")
+    buffer = host._k.data_ptr()
+    joiner = _filled(2, 3, 100.0)
+    assert host.absorb(joiner, skip=1) == 0  # in place: the one dead column is kept, not rewritten
+    assert host._k.data_ptr() == buffer and host.rows == 4 and host.length == 5
+    assert host.keys[:, 0, :, 0].tolist() == [
+        [0, 1, 2, 3, 4],
+        [20, 21, 22, 23, 24],
+        [0, 0, 100, 101, 102],  # right-aligned, the padding zeros (not the NaN left behind)
+        [0, 0, 110, 111, 112],
+    ]
+    assert torch.equal(host.values, -host.keys)
+    host.update(torch.full((4, 1, 1, 1), 7.0), torch.full((4, 1, 1, 1), -7.0))  # decoding goes on
+    assert host.keys[:, 0, -1, 0].tolist() == [7, 7, 7, 7] and host.length == 6
+
+
+def test_rows_that_do_not_fit_rebuild_the_cache_without_its_dead_columns():
+    host = _filled(2, 5, 0.0)  # a full buffer: no spare row
+    joiner = _filled(1, 3, 100.0)
+    assert host.absorb(joiner, skip=2) == 2
+    assert host.rows == 3 and host.length == 3
+    assert host.keys[:, 0, :, 0].tolist() == [[2, 3, 4], [12, 13, 14], [100, 101, 102]]
+    assert torch.equal(host.values, -host.keys)
+    wider = _filled(1, 6, 200.0)  # wider than the host: the host's rows are padded instead
+    assert host.absorb(wider, skip=0) == 0
+    assert host.keys[:, 0, :, 0].tolist() == [
+        [0, 0, 0, 2, 3, 4],
+        [0, 0, 0, 12, 13, 14],
+        [0, 0, 0, 100, 101, 102],
+        [200, 201, 202, 203, 204, 205],
+    ]
+    assert torch.equal(host.values, -host.keys)
+
+
+def test_many_dead_columns_are_dropped_even_when_the_rows_fit():
+    host = _filled(4, 8, 0.0)
+    host.batch_select_indices(torch.tensor([1]))
+    assert host.absorb(_filled(1, 2, 100.0), skip=2) == 2  # a quarter of the width is dead: rebuilt
+    assert host.keys[:, 0, :, 0].tolist() == [[12, 13, 14, 15, 16, 17], [0, 0, 0, 0, 100, 101]]
+
+
 def test_next_rows_keeps_continuations_in_their_parents_rows_and_fills_the_rows_that_left():
     from streamrl.engine.kv_cache import next_rows
 

@@ -293,13 +293,14 @@ class DecodeBatch:
     def merge(self, other: DecodeBatch) -> None:
         """Take over `other`'s requests (see can_merge): its rows join this batch's cache, logits and
         masks; its results finished during verification are returned by this batch's next step.
-        Columns no row attends to any more (padding of rows that left) are dropped on the way."""
+        Columns no row attends to any more (padding of rows that left) are dropped on the way when the
+        cache is rebuilt (GrowingLayer.absorb)."""
         assert self.can_merge(other)
         if self._unfed is not None or other._unfed is not None:
             self._unfed = torch.cat([b._unfed_tokens() for b in (self, other)])
-        skip = int(self.attn.argmax(dim=1).min())  # every cache row's first real column is at or past it
-        for mine, theirs in zip(self.cache.layers, other.cache.layers):
-            mine.absorb(theirs, skip)
+        dead = int(self.attn.argmax(dim=1).min())  # every cache row's first real column is at or past it
+        # every layer has the same shapes, so each drops the same columns
+        skip = [mine.absorb(theirs, dead) for mine, theirs in zip(self.cache.layers, other.cache.layers)][0]
         width = self.cache.layers[0].length
         left = self.attn[:, skip:]
 

@@ -105,25 +105,39 @@ class GrowingLayer(DynamicLayer):
         self.length, self.rows = width, r
         self._views()
 
-    def absorb(self, other: GrowingLayer, skip: int) -> None:
+    def absorb(self, other: GrowingLayer, skip: int) -> int:
         """Append `other`'s rows below this layer's, both right-aligned (a row's newest column is the
-        last): this layer's first `skip` columns (padding to every row) are dropped, and the shorter
-        side is left-padded with zeros, which the caller's attention mask hides (zeros, not stale
-        memory: a NaN there would reach the output through 0 * NaN)."""
+        last); the shorter side is left-padded with zeros, which the caller's attention mask hides
+        (zeros, not stale memory: a NaN there would reach the output through 0 * NaN). This layer's
+        first `skip` columns are padding to every row. -> the columns actually dropped: `skip` when
+        the buffers are rebuilt, 0 when `other`'s rows are written in place below this layer's (they
+        fit in the spare rows and are no wider, and the dead columns are under a quarter of the
+        width): then a join copies only the new rows, not the whole cache."""
         assert self._k is not None and self._v is not None and other._k is not None and other._v is not None
-        mine, theirs = self.length - skip, other.length
+        a, b, theirs = self.rows, other.rows, other.length
+        if self._k.shape[0] >= a + b and theirs <= self.length and 4 * skip < self.length:
+            pad = self.length - theirs
+            for x, y in ((self._k, other._k), (self._v, other._v)):
+                x[a : a + b, :, :pad].zero_()
+                x[a : a + b, :, pad : self.length].copy_(y[:b, :, :theirs])
+            self.limit = max(self.limit, self.length + other.limit - other.length)
+            self.rows = a + b
+            self._views()
+            return 0
+        mine = self.length - skip
         width = max(mine, theirs)
         spare = max(self._k.shape[-2] - self.length, other._k.shape[-2] - other.length)
-        a, b = self.rows, other.rows
         for name in ("_k", "_v"):
             x, y = getattr(self, name), getattr(other, name)
-            buf = x.new_zeros(a + b, x.shape[1], width + spare, x.shape[-1])
+            buf = x.new_empty(max(a + b, x.shape[0]), x.shape[1], width + spare, x.shape[-1])
+            buf[: a + b, :, : width - min(mine, theirs)].zero_()
             buf[:a, :, width - mine : width] = x[:a, :, skip : self.length]
-            buf[a:, :, width - theirs : width] = y[:b, :, :theirs]
+            buf[a : a + b, :, width - theirs : width] = y[:b, :, :theirs]
             setattr(self, name, buf)
         self.limit = width + max(self.limit - self.length, other.limit - other.length)
         self.length, self.rows = width, a + b
         self._views()
+        return skip
 
     def reset(self) -> None:
         self._k = self._v = None

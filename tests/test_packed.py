@@ -11,7 +11,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from streamrl.engine import packed as packed_module
-from streamrl.engine.base import GenRequest
+from streamrl.engine.base import Draft, GenRequest
 from streamrl.engine.continuous import ContinuousDecoder, run_pending
 from streamrl.engine.decode_batch import DecodeBatch
 from streamrl.engine.hf import HFEngine
@@ -194,6 +194,16 @@ def test_a_model_whose_layers_fail_on_packed_inputs_runs_unpacked(tiny, monkeypa
     assert not HFEngine(odd, tok, max_batch=8).packs()
 
 
+def _assert_full_sequence_logprobs(model, results) -> None:
+    """Every token's recorded log-prob is the model's on the whole sequence (prompt + tokens before)."""
+    for r in results:
+        ids = torch.tensor([r.request.prompt_ids + r.token_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(r.request.prompt_ids) - 1 : -1]
+        ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(r.token_ids)[:, None]).squeeze(-1)
+        assert torch.allclose(ref, torch.tensor(r.logprobs), atol=1e-4)
+
+
 @pytest.mark.parametrize("pack", [True, False])
 def test_every_token_of_joined_requests_is_the_full_sequences_logprob(tiny, pack):
     model, tok = tiny
@@ -209,9 +219,40 @@ def test_every_token_of_joined_requests_is_the_full_sequences_logprob(tiny, pack
         if dec.idle:
             break
     assert sorted(r.request.tag for r in out) == [0, 0, 1, 1, 2, 2, 3, 3]
-    for r in out:
-        ids = torch.tensor([r.request.prompt_ids + r.token_ids])
-        with torch.no_grad():
-            logits = model(ids).logits[0, len(r.request.prompt_ids) - 1 : -1]
-        ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(r.token_ids)[:, None]).squeeze(-1)
-        assert torch.allclose(ref, torch.tensor(r.logprobs), atol=1e-4)
+    _assert_full_sequence_logprobs(model, out)
+
+
+def test_a_join_step_runs_the_lm_head_once_for_the_running_rows_the_prompt_and_its_tree(tiny, monkeypatch):
+    """Each LM-head product streams the whole head: a step where a prompt with drafts joins a running
+    batch computes the running rows' logits, the prompt's and every tree node's in one product, and
+    the tokens are still the full sequences' log-probs."""
+    from streamrl.engine import continuous, speculative
+
+    model, tok = tiny
+    engine = HFEngine(model, tok, max_batch=64, seed=3, pack=True, branch_min=1)
+    dec = ContinuousDecoder(engine)
+    dec.add([GenRequest(tok("1+1").input_ids, 6, 1.0, tag="running") for _ in range(2)])
+    out = dec.step()  # the running batch's prefill
+    heads, segments = [], []
+    head, pack = continuous.head_logits, continuous.packed_hidden
+    monkeypatch.setattr(continuous, "head_logits", lambda m, h: heads.append(len(h)) or head(m, h))
+    monkeypatch.setattr(speculative, "head_logits", lambda m, h: heads.append(-1) or head(m, h))
+    monkeypatch.setattr(
+        continuous,
+        "packed_hidden",
+        lambda m, segs, d: segments.extend(s.ids.shape for s in segs) or pack(m, segs, d),
+    )
+    drafts = tuple(Draft((t, 40, u), (-1.0, -1.0, -1.0)) for t, u in ((30, 41), (30, 42), (31, 43)))
+    dec.add([GenRequest(tok("7*8=").input_ids, 6, 1.0, drafts=drafts, tag="joining") for _ in range(2)])
+    out += dec.step()
+    (running, _), (prompts, columns) = segments  # the running rows' decode step, the prompt's prefill
+    nodes = 7  # 30, 31; 30 40, 31 40; 30 40 41, 30 40 42, 31 40 43
+    assert prompts == 1 and columns == len(tok("7*8=").input_ids) + nodes
+    assert heads == [running + prompts + nodes]
+    monkeypatch.undo()
+    for _ in range(20):
+        out += dec.step()
+        if dec.idle:
+            break
+    assert sorted(r.request.tag for r in out) == ["joining"] * 2 + ["running"] * 2
+    _assert_full_sequence_logprobs(model, out)

@@ -134,9 +134,9 @@ def fit_pvalue(results: list[GenResult], probs: dict[tuple[int, ...], float]) ->
 
 
 def draw(
-    model, requests: list[GenRequest], seed: int, version: int = 0, branch_min: int = 2
+    model, requests: list[GenRequest], seed: int, version: int = 0, branch_min: int = 2, share: bool = True
 ) -> list[GenResult]:
-    engine = HFEngine(model, _Tok(), max_batch=BATCH, seed=seed, branch_min=branch_min)
+    engine = HFEngine(model, _Tok(), max_batch=BATCH, seed=seed, branch_min=branch_min, share_rows=share)
     engine.update_weights(None, version)
     return engine.generate(requests)
 
@@ -287,13 +287,15 @@ def _mixed_requests(lms, temperature: float, max_new: int) -> list[GenRequest]:
     return reqs
 
 
-def test_tokens_carry_the_verifying_weights_logprobs_and_version(lms):
+@pytest.mark.parametrize("share", [True, False])
+def test_tokens_carry_the_verifying_weights_logprobs_and_version(lms, share):
     """Batched rows with left padding and trees of different sizes: every token's log-prob is the
     current policy's on the full sequence (tree columns off a row's path are invisible to it, positions
-    run on from the nodes it reached) and its version the verifying weights'."""
+    run on from the nodes it reached) and its version the verifying weights'; with rows sharing their
+    prompt's cache row and with a cache row each."""
     temperature, max_new = 0.5, 8
     reqs = _mixed_requests(lms, temperature, max_new)
-    results = draw(lms[0], reqs, seed=5, version=7, branch_min=1)
+    results = draw(lms[0], reqs, seed=5, version=7, branch_min=1, share=share)
     assert max(r.draft_accepted for r in results) > 2
     assert sum(r.draft_tokens > r.draft_accepted for r in results) >= 1  # some were rejected
     assert results[-1].draft_tokens == 0

@@ -17,6 +17,7 @@ from streamrl.engine.base import GenRequest, GenResult, check_weight_mode
 from streamrl.engine.decode_batch import DecodeBatch
 from streamrl.engine.hf import HFEngine
 from streamrl.engine.packed import packed_hidden
+from streamrl.models.head import head_logits
 
 
 class ContinuousDecoder:
@@ -86,13 +87,16 @@ class ContinuousDecoder:
 
 
 def run_pending(engine: HFEngine, batches: list[DecodeBatch]) -> None:
-    """Run the forwards the batches hold as one (packed_hidden) and hand each its hidden states."""
-    held = [b for b in batches if b.pending is not None]
+    """Run the forwards the batches hold as one (packed_hidden), then the LM head once over every
+    batch's head rows (each product streams the whole head), and hand each its hidden states and
+    logits."""
+    held = [b.pending for b in batches if b.pending is not None]
     if not held:
         return
-    hidden = packed_hidden(engine.model, [b.pending[0] for b in held if b.pending], engine.device)
-    for b, h in zip(held, hidden, strict=True):
-        assert b.pending is not None
-        done = b.pending[1]
+    for b in batches:
         b.pending = None
-        done(h)
+    hidden = packed_hidden(engine.model, [p.segment for p in held], engine.device)
+    rows = [p.rows(h) for p, h in zip(held, hidden, strict=True)]
+    logits = head_logits(engine.model, torch.cat(rows)).split([len(r) for r in rows])
+    for p, h, lg in zip(held, hidden, logits, strict=True):
+        p.done(h, lg)

@@ -23,7 +23,7 @@ engine/packed.py runs both); the new rows then sample their first token in the n
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -32,12 +32,21 @@ from streamrl.engine.draft_tree import DraftTree, choose_drafts, prompt_trees
 from streamrl.engine.kv_cache import GrowingLayer, growing_cache, next_rows
 from streamrl.engine.packed import Segment
 from streamrl.engine.sampling import sample_rows
-from streamrl.engine.speculative import tree_forward, tree_inputs, tree_outputs, verify_drafts
+from streamrl.engine.speculative import head_rows, node_logits, tree_forward, tree_inputs, verify_drafts
 from streamrl.engine.windows import causal_visible, column_positions, forward_masks, on_device
 from streamrl.models.cache_kwarg import cache_kwargs
-from streamrl.models.head import head_logits
 
 FIRST_COLUMNS = 256  # KV columns reserved past the prompt before the first doubling
+
+
+class Held(NamedTuple):
+    """A forward held for a packed run (engine/packed.py, engine/continuous.py: run_pending): its
+    inputs, the rows of its hidden states [R, C, H] the LM head runs on, and what to do with the
+    hidden states and those rows' logits. The held batches' head rows go through one product."""
+
+    segment: Segment
+    rows: Callable[[torch.Tensor], torch.Tensor]
+    done: Callable[[torch.Tensor, torch.Tensor], None]
 
 
 class DecodeBatch:
@@ -49,8 +58,7 @@ class DecodeBatch:
         uses. hold: the prefill's forward waits in `pending` (engine/packed.py runs it with another batch's);
         the batch is ready once it has run."""
         self.engine = engine
-        # a forward held for a packed run: (its inputs, what to do with its hidden states [R, C, H])
-        self.pending: tuple[Segment, Callable[[torch.Tensor], None]] | None = None
+        self.pending: Held | None = None  # a forward held for a packed run
         self._early: list[GenResult] = []  # finished in verification; step() returns them
         self.results = [GenResult(request=r) for r in requests]
         self.active = list(range(len(requests)))  # result index of each row
@@ -113,10 +121,12 @@ class DecodeBatch:
                 t_ids, t_pos, visible, _ = tree_inputs(self, ids[:, n:], positions[:, n:], attn, trees)
                 p = width - n
                 seg = Segment(t_ids, t_pos, visible, self.cache)
-                self.pending = (seg, lambda h: prefilled(*tree_outputs(eng.model, h, p)))
+                self.pending = Held(
+                    seg, lambda h: head_rows(eng.model, h, p, trees), lambda h, lg: prefilled(lg, h[:, p:])
+                )
             else:
                 seg = Segment(ids[:, n:], positions[:, n:], causal_visible(attn, width - n), self.cache)
-                self.pending = (seg, lambda h: prefilled(head_logits(eng.model, h[:, -1]), None))
+                self.pending = Held(seg, lambda h: h[:, -1], lambda h, lg: prefilled(lg, None))
         elif extra:
             prefilled(*tree_forward(self, ids[:, n:], positions[:, n:], attn, trees))
         else:
@@ -132,11 +142,15 @@ class DecodeBatch:
         trees: list[DraftTree],
         share: bool,
     ) -> None:
-        """The state after a prefill's forward (see _prefill); the drafts' trees are verified here."""
+        """The state after a prefill's forward (see _prefill); the drafts' trees are verified here.
+        logits: the head's rows of head_rows (one per distinct sequence, then the nodes if it kept them)."""
         eng, n_rows = self.engine, len(inverse)
+        by_prompt, logits, nodes = trees, logits[: len(attn)], logits[len(attn) :]
+        prompt_of = list(range(len(attn)))  # the prompt each cache row holds
         if share or int(inverse.max()) + 1 == n_rows:
             self.rows, self.attn, self._logits = inverse, attn, logits
         else:
+            prompt_of = inverse.tolist()
             self.cache.batch_select_indices(inverse.to(eng.device))
             self.rows, self.attn, positions = torch.arange(n_rows), attn[inverse], positions[inverse]
             self._logits = logits[inverse.to(logits.device)]
@@ -144,6 +158,7 @@ class DecodeBatch:
             hidden = None if hidden is None else hidden[inverse.to(hidden.device)]
         self._trees = trees
         self._tree_hidden = hidden
+        self._node_logits = node_logits(nodes, by_prompt, prompt_of)
         self.next_pos = positions[:, -1] + 1
         self._versions = [self._logits_version] * len(self._logits)
         self._unfed: torch.Tensor | None = None  # [C] a token to forward per cache row (-1: none)
@@ -259,15 +274,15 @@ class DecodeBatch:
         if hold:
             self._logits_version = self.engine.version
             seg = Segment(ids, positions, causal_visible(self.attn, 1), self.cache)
-            self.pending = (seg, self._decoded)
+            self.pending = Held(seg, lambda h: h[:, -1], self._decoded)
         else:
             self._logits = self._forward(ids, positions, self.attn)
         self._versions = [self._logits_version] * len(fed)
         self.next_pos = self.next_pos + 1
 
-    def _decoded(self, hidden: torch.Tensor) -> None:
-        """A held decode step's hidden states [C, 1, H] -> the logits the next step samples from."""
-        self._logits = head_logits(self.engine.model, hidden[:, -1])
+    def _decoded(self, hidden: torch.Tensor, logits: torch.Tensor) -> None:
+        """A held decode step's logits [C, V] (of hidden [C, 1, H]): what the next step samples from."""
+        self._logits = logits
 
     def _select_cache_rows(self, src: list[int]) -> None:
         """The cache rows become `src` (copies where one repeats), with their masks and positions."""

@@ -5,8 +5,9 @@ The drafts offered for a prompt form a token tree (`DraftTree`, a trie: drafts t
 nodes). The tree's nodes ride the prompt's prefill as extra columns under a tree attention mask (each
 node sees the prompt and its own ancestors, at position prompt length + depth), so one forward gives
 the policy's next-token distribution after the prompt and after every node, whatever the number of
-drafts; the LM head runs once over every node (level by level, on the nodes some row reaches, when
-the logits would pass HEAD_ELEMENTS). Each row then walks the tree from its root.
+drafts; the LM head runs over every node in the same product as the prompts' last columns (and a
+packed running batch's rows: `head_rows`), or level by level, on the nodes some row reaches, when the
+logits would pass HEAD_ELEMENTS. Each row then walks the tree from its root.
 
 Exact verification (`lenience` 0) is speculative sampling with, at each node, the proposal q = the
 empirical distribution of the next token among the drafts through that node (its children, weighted by
@@ -107,12 +108,35 @@ def tree_forward(
         **cache_kwargs(decoder, batch.cache),
         use_cache=True,
     )
-    return tree_outputs(model, out.last_hidden_state, ids.shape[1])
+    hidden = out.last_hidden_state
+    p = ids.shape[1]
+    return head_logits(model, head_rows(model, hidden, p, trees)), hidden[:, p:]
 
 
-def tree_outputs(model: Any, hidden: torch.Tensor, p: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """hidden [D, P + N, H] of tree_inputs' columns -> (logits after each prompt, the nodes' hidden)."""
-    return head_logits(model, hidden[:, p - 1]), hidden[:, p:]
+def head_rows(model: Any, hidden: torch.Tensor, p: int, trees: list[DraftTree]) -> torch.Tensor:
+    """hidden [D, P + N, H] of tree_inputs' columns -> the rows the LM head runs on, [D + M, H]: each
+    prompt's last column, then the M nodes of every tree (tree by tree, breadth-first) while their
+    logits fit in HEAD_ELEMENTS ([D, H] otherwise: verify_drafts runs the head on the nodes level by
+    level). One product serves the prompts and the nodes; on a CPU each product streams the whole head,
+    so engine/continuous.py also adds a packed running batch's rows to it."""
+    nodes = [(k, v) for k, tree in enumerate(trees) for v in range(len(tree))]
+    if not nodes or len(nodes) * model.get_output_embeddings().weight.shape[0] > HEAD_ELEMENTS:
+        return hidden[:, p - 1]
+    idx = torch.tensor(nodes, device=hidden.device)
+    return torch.cat([hidden[:, p - 1], hidden[idx[:, 0], p + idx[:, 1]]])
+
+
+def node_logits(
+    logits: torch.Tensor, trees: list[DraftTree], prompt_of: list[int]
+) -> dict[tuple[int, int], torch.Tensor]:
+    """logits [M, V]: the node rows of head_rows' logits (M = 0: it left them out); trees: each prompt's;
+    prompt_of: the prompt each cache row holds -> {(cache row, node): logits [V]}."""
+    if not len(logits):
+        return {}
+    start = [0]
+    for tree in trees:
+        start.append(start[-1] + len(tree))
+    return {(c, v): logits[start[k] + v] for c, k in enumerate(prompt_of) for v in range(len(trees[k]))}
 
 
 class VerifiedBatch(Protocol):
@@ -130,6 +154,7 @@ class VerifiedBatch(Protocol):
     _logits_version: int
     _trees: list[DraftTree]  # per cache row
     _tree_hidden: torch.Tensor | None  # [C, N, H] the nodes' hidden states
+    _node_logits: dict[tuple[int, int], torch.Tensor]  # (cache row, node) -> logits [V], if computed
     _chosen: list[Draft | None]  # per result: the draft a lenient row follows (choose_drafts)
 
     def _emit(self, res: GenResult, tok: int, logprob: float, version: int) -> bool: ...
@@ -163,10 +188,8 @@ def verify_drafts(batch: VerifiedBatch) -> list[GenResult]:
         _start(batch.results[i], parents[r], batch._trees[parents[r]], batch._chosen[i])
         for r, i in enumerate(batch.active)
     ]
-    logits: dict[tuple[int, int], torch.Tensor] = {}
-    every = [(c, v) for c in sorted(set(parents)) for v in range(len(batch._trees[c]))]
-    if every and len(every) * batch._logits.shape[-1] <= HEAD_ELEMENTS:
-        _head(batch, every, logits)  # one product: the head on a few rows at a time streams its weights
+    # every node's logits came with the prefill's (head_rows) unless there were too many: then by level
+    logits: dict[tuple[int, int], torch.Tensor] = dict(batch._node_logits)
     live = rows
     while live:  # each pass takes every live row one level deeper: a node is visited in one pass only
         here = sorted({(r.cache_row, r.node) for r in live})
@@ -192,7 +215,7 @@ def verify_drafts(batch: VerifiedBatch) -> list[GenResult]:
         row.cache_row = 0 if row.finished else ends.setdefault((row.cache_row, row.node), len(ends))
     if ends:
         _keep_paths(batch, [(batch._trees[c], c, v) for c, v in ends])
-    batch._trees, batch._tree_hidden = [], None
+    batch._trees, batch._tree_hidden, batch._node_logits = [], None, {}
     batch.rows = torch.tensor([row.cache_row for row in rows])
     keep = [r for r, row in enumerate(rows) if not row.finished]
     last = torch.tensor([row.tokens[-1] for row in rows])

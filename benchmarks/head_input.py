@@ -47,7 +47,7 @@ def _head_hook(head: torch.nn.Module, hook: Callable) -> None:
     head.register_forward_pre_hook(hook, with_kwargs=True)
 
 
-def _median_ms(fn: Callable[[], None], repeats: int) -> float:
+def median_ms(fn: Callable[[], object], repeats: int) -> float:
     fn()
     times = []
     for _ in range(repeats):
@@ -81,12 +81,12 @@ def main() -> None:
     with torch.inference_mode():
         for name, hook in ((".contiguous()", _old_rule), ("dense copy", _contiguous_input)):
             _head_hook(head, hook)
-            rows.append((name, _median_ms(lambda: DecodeBatch(engine, group), args.repeats)))
+            rows.append((name, median_ms(lambda: DecodeBatch(engine, group), args.repeats)))
         _head_hook(head, _old_rule)
-        old = _median_ms(lambda: _prefix_through_the_model(engine.model, prefix), args.repeats)
+        old = median_ms(lambda: _prefix_through_the_model(engine.model, prefix), args.repeats)
         _head_hook(head, _contiguous_input)
         cache = PrefixCache()
-        new = _median_ms(lambda: cache._compute(engine.model, prefix, (0, 0, 0), "cpu"), args.repeats)
+        new = median_ms(lambda: cache._compute(engine.model, prefix, (0, 0, 0), "cpu"), args.repeats)
     print(f"{args.model}: one thread, bf16, median of {args.repeats}; prompt {len(prompts[0])} tokens")
     (a_name, a), (b_name, b) = rows
     print(f"one-row prefill: head input {a_name} {a:.1f} ms, {b_name} {b:.1f} ms ({a / b:.2f}x)")

@@ -2,16 +2,62 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+# an fp32 LM head on one CPU thread: a product of PAD_ROWS[0]..PAD_ROWS[1] rows runs as one of PAD_ROWS[1]
+PAD_ROWS = (7, 16)
+
 
 def freeze(model: Any) -> Any:
-    """eval mode, no gradients, and a densely strided LM-head input (contiguous_head_input); -> model."""
+    """eval mode, no gradients, and the engine's LM head (engine_head); -> model."""
     model.eval().requires_grad_(False)
-    contiguous_head_input(model)
+    engine_head(model)
     return model
+
+
+def engine_head(model: Any) -> None:
+    """The LM head as the engine runs it: a densely strided input (contiguous_head_input) and, on one
+    CPU thread in fp32, a few rows padded to PAD_ROWS[1] (padded_rows)."""
+    contiguous_head_input(model)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None or getattr(head, "_streamrl_padded_rows", False) or not isinstance(head, torch.nn.Linear):
+        return
+    head.forward = functools.partial(padded_rows, head.forward)
+    head._streamrl_padded_rows = True
+
+
+def padded_rows(forward: Callable[..., torch.Tensor], *args: Any, **kwargs: Any) -> torch.Tensor:
+    """forward(x) (x positional or nn.Linear's `input=`), x's rows padded with zeros to PAD_ROWS[1] when
+    it has PAD_ROWS[0] to PAD_ROWS[1] - 1 of them, the head is fp32 on a CPU running one thread, and no
+    gradient is taken.
+
+    MKL's single-threaded fp32 product of fewer than 16 rows by a large transposed weight streams the
+    weight once per 3 rows: SmolLM2's [49152, 576] head costs 38-72 ms for 7-15 rows against 25-37 ms
+    padded to 16 (`benchmarks/head_rows.py`), and a decode step of 7-15 cache rows runs the head once.
+    On two threads the unpadded product is the faster but for 13-15 rows, so the padding is for one
+    thread only. Each row's logits are its own whatever the others hold: the output is the unpadded
+    one's up to rounding."""
+    x = args[0] if args else kwargs.get("input")
+    if not isinstance(x, torch.Tensor) or len(args) + len(kwargs) != 1:
+        return forward(*args, **kwargs)
+    rows = x.numel() // x.shape[-1] if x.numel() else 0
+    lo, hi = PAD_ROWS
+    if (
+        not lo <= rows < hi
+        or x.device.type != "cpu"
+        or x.dtype != torch.float32
+        or torch.is_grad_enabled()
+        or torch.get_num_threads() != 1
+    ):
+        return forward(*args, **kwargs)
+    flat = x.new_zeros(hi, x.shape[-1])
+    flat[:rows] = x.reshape(rows, x.shape[-1])
+    out = forward(flat)
+    return out[:rows].reshape(*x.shape[:-1], out.shape[-1])
 
 
 def contiguous_head_input(model: Any) -> None:

@@ -28,15 +28,15 @@ Each run's samples/s is printed as a share of it.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from run_state import drop_resume_state
+
 from streamrl.config import Config, load_config
 from streamrl.loop.job import run_train
-from streamrl.loop.state import STATE_DIR
 
 
 def _config(name: str, overrides: list[str], root: Path) -> Config:
@@ -56,7 +56,7 @@ def _one(name: str, overrides: list[str], root: Path) -> dict:
     subprocess.run([sys.executable, __file__, "--one", name, str(root), *overrides], check=True)
     summary = json.loads((root / f"{name}.summary.json").read_text())
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    shutil.rmtree(run_dir / STATE_DIR, ignore_errors=True)  # the resume state: GBs a finished run never reads
+    drop_resume_state(run_dir)
     last = rows[-1] if rows else {}
     trained_tokens = sum(r["tokens_trained"] for r in rows)
     samples = len(rows) * cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt

@@ -27,13 +27,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 import yaml
+from run_state import drop_resume_state
 
 from streamrl.models.precision import resolve_precision
 
@@ -103,12 +103,11 @@ def param_count(model_name: str) -> int:
 def run_default_job(steps: int) -> Path:
     from streamrl.config import load_config
     from streamrl.loop.job import run_train
-    from streamrl.loop.state import STATE_DIR
 
     run_dir = Path(tempfile.mkdtemp(prefix="mfu-"))
     keys = [f"max_steps={steps}", "eval.before=false", "eval.after=false", "checkpoint.save=false"]
     run_train(load_config(None, [*keys, f"run_dir={run_dir}"]))
-    shutil.rmtree(run_dir / STATE_DIR, ignore_errors=True)  # the resume state: GBs a finished run never reads
+    drop_resume_state(run_dir)
     return run_dir
 
 

@@ -26,12 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from run_state import drop_resume_state
 
 from streamrl.eval.stats import wilson_interval
 
@@ -40,7 +41,6 @@ MODELS = {"smollm2": "smollm2-135m-instruct", "tiny-random": "tiny-random"}
 
 
 def run_one(correction: str, seed: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
-    from streamrl.loop.state import STATE_DIR
 
     run_dir = root / f"{correction}-seed{seed}"
     overrides = [
@@ -63,7 +63,7 @@ def run_one(correction: str, seed: int, args: argparse.Namespace, root: Path) ->
         return {"correction": correction, "seed": seed, "failed": proc.returncode, "rows": []}
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     final = json.loads((run_dir / "eval.json").read_text()).get("final") or {}
-    shutil.rmtree(run_dir / STATE_DIR, ignore_errors=True)  # the resume state: GBs a finished run never reads
+    drop_resume_state(run_dir)
     return {
         "correction": correction,
         "seed": seed,

@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from run_state import drop_resume_state
+
 from streamrl.config import load_config
 from streamrl.loop.job import run_train
-from streamrl.loop.state import STATE_DIR
 
 
 def one_run(sampler: str, args: argparse.Namespace, extra: list[str], root: Path) -> dict[str, Any]:
@@ -48,7 +48,7 @@ def one_run(sampler: str, args: argparse.Namespace, extra: list[str], root: Path
     run_train(cfg)
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = json.loads((run_dir / "eval.json").read_text())
-    shutil.rmtree(run_dir / STATE_DIR, ignore_errors=True)  # the resume state: GBs a finished run never reads
+    drop_resume_state(run_dir)
     groups = len(rows) * cfg.rollout.prompts_per_step  # dynamic sampling is off: B groups per step
     zero = sum(r["zero_adv_group_frac"] * cfg.rollout.prompts_per_step for r in rows)
     return {

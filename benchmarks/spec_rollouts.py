@@ -35,12 +35,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from run_state import drop_resume_state
 
 from streamrl.eval.stats import paired_difference_interval, replicate_difference_interval, wilson_interval
 
@@ -73,8 +74,6 @@ def write_problems(root: Path, n_train: int, n_eval: int) -> tuple[Path, Path]:
 def run_one(
     arm: str, seed: int, args: argparse.Namespace, data: tuple[Path, Path], root: Path
 ) -> dict[str, Any]:
-    from streamrl.loop.state import STATE_DIR
-
     run_dir = root / f"{arm}-seed{seed}"
     spec = (
         [f"rollout.spec_drafts={args.drafts}", f"rollout.spec_lenience={args.lenience}"]
@@ -104,7 +103,7 @@ def run_one(
         return {"arm": arm, "seed": seed, "failed": proc.returncode, "rows": [], "correct": []}
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = json.loads((run_dir / "eval.json").read_text())
-    shutil.rmtree(run_dir / STATE_DIR, ignore_errors=True)  # the resume state: GBs a finished run never reads
+    drop_resume_state(run_dir)
     return {
         "arm": arm,
         "seed": seed,

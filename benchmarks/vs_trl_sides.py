@@ -26,6 +26,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from run_state import drop_resume_state
+
 from streamrl.config import Config, load_config
 from streamrl.models.precision import resolve_precision
 
@@ -96,7 +98,6 @@ def run_streamrl(cfg: Config, work: Path, eval_every: int = 0) -> dict[str, Any]
     from time_to_accuracy import point
 
     from streamrl.loop.job import run_train
-    from streamrl.loop.state import STATE_DIR
 
     cfg.run_dir = str(work / "streamrl-run")
     cfg.checkpoint.save = False
@@ -107,7 +108,7 @@ def run_streamrl(cfg: Config, work: Path, eval_every: int = 0) -> dict[str, Any]
     summary = run_train(cfg)
     run_dir = Path(cfg.run_dir)
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    shutil.rmtree(run_dir / STATE_DIR, ignore_errors=True)  # the resume state: GBs a finished run never reads
+    drop_resume_state(run_dir)
     samples_per_step = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
     timings = summary["timings"]
     curve = None

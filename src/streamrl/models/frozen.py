@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-# an fp32 LM head on one CPU thread: a product of PAD_ROWS[0]..PAD_ROWS[1] rows runs as one of PAD_ROWS[1]
+# an fp32 LM head on one CPU thread runs a product of 7 to 15 rows as one of 16 (padded_rows)
 PAD_ROWS = (7, 16)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from concurrent.futures import Future
 from typing import Any
 
@@ -15,6 +16,7 @@ from tiny_args import TINY
 from streamrl.config import load_config, to_dict
 from streamrl.engine.base import GenResult
 from streamrl.rollout import score as score_mod
+from streamrl.rollout import worker as worker_mod
 from streamrl.rollout.score import ScoreWait
 from streamrl.rollout.worker import STOP, GroupRequest, _loop
 from streamrl.tasks import task_from_config
@@ -38,11 +40,11 @@ def test_done_scores_and_a_spent_allowance_cost_nothing():
     w = ScoreWait(share=0.1, cap_s=0.05)
     done: Future = Future()
     done.set_result(None)
-    w.wait([done])
+    assert w.wait([done]) == 0.0
     assert w.allowance == 0.05  # nothing pending: no wait, nothing deducted
     w.allowance = 0.0
     never: Future = Future()
-    w.wait([never])  # returns at once: a slow scorer gets no more than decoding earned
+    assert w.wait([never]) == 0.0  # returns at once: a slow scorer gets no more than decoding earned
     assert w.allowance == 0.0 and not never.done()
 
 
@@ -50,8 +52,9 @@ def test_a_wait_ends_when_the_scores_arrive_and_is_deducted():
     w = ScoreWait(share=0.1, cap_s=60.0)
     fut: Future = Future()
     threading.Timer(0.02, fut.set_result, (None,)).start()
-    w.wait([fut])
+    waited = w.wait([fut])
     assert fut.done() and 0 < w.allowance < 60.0  # stopped at the score, not at the cap
+    assert waited > 0 and w.allowance == 60.0 - waited  # what it returns is what it deducted
 
 
 def test_a_wait_is_given_the_allowance_left_as_its_timeout(monkeypatch):
@@ -150,3 +153,45 @@ def test_a_group_goes_out_before_the_next_decode_step_while_its_score_is_briefly
     assert (first.group_id, steps) == ("g0", FINISH["g0"])
     assert (second.group_id, steps_second) == ("g1", FINISH["g1"])
     assert [t.reward_info["reward_error"] for t in first.group.trajectories] == [None, None]
+
+
+class WaitClock:
+    """A perf_counter that stands still but for each wait for scores, which moves it on by 5 s."""
+
+    def __init__(self) -> None:
+        self.now, self.waits = 100.0, 0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def wait(self, futures: list[Future]) -> float:
+        for f in futures:
+            f.result(timeout=60)
+        self.now += 5.0 if futures else 0.0
+        self.waits += bool(futures)
+        return 5.0 if futures else 0.0
+
+
+def test_the_wait_for_scores_counts_as_engine_idle_time_not_generating_time(tiny, monkeypatch):
+    monkeypatch.setattr("streamrl.engine.continuous.ContinuousDecoder", ScriptedDecoder)
+    clock = WaitClock()
+    monkeypatch.setattr(worker_mod, "time", clock)
+    monkeypatch.setattr(score_mod.ScoreWait, "wait", lambda self, futures: clock.wait(futures))
+    cfg = load_config(None, [*TINY, "rollout.samples_per_prompt=2"])
+    requests: queue.Queue = queue.Queue()
+    problem = next(iter(task_from_config(cfg).train_stream(cfg.seed, set())))
+    requests.put(GroupRequest("g0", problem, [1, 2, 3], 2, 0))
+    results: queue.Queue = queue.Queue()
+    worker = threading.Thread(
+        target=_loop, args=(0, to_dict(cfg), requests, results, StillWeights(), lambda: False), daemon=True
+    )
+    worker.start()
+    res = results.get(timeout=120)
+    requests.put(STOP)
+    worker.join(60)
+    assert not worker.is_alive() and not res.error and clock.waits == 1
+    # the clock moved only while waiting: the 5 s are idle, none of them generating
+    assert (res.busy_s, res.idle_s) == (0.0, 5.0)

@@ -229,11 +229,14 @@ class ScoreWait:
         """Decoding took decode_s: the allowance grows by share * decode_s, up to cap_s."""
         self.allowance = min(self.cap_s, self.allowance + self.share * decode_s)
 
-    def wait(self, futures: list[Future[RewardOutcome]]) -> None:
-        """Wait until every future is done or the allowance is spent; the time taken is deducted."""
+    def wait(self, futures: list[Future[RewardOutcome]]) -> float:
+        """Wait until every future is done or the allowance is spent; the time taken is deducted and
+        returned (seconds: the engine's idle time, not its generating time)."""
         pending = [f for f in futures if not f.done()]
         if not pending or self.allowance <= 0:
-            return
-        t0 = time.monotonic()
+            return 0.0
+        t0 = time.perf_counter()
         concurrent.futures.wait(pending, timeout=self.allowance)
-        self.allowance -= time.monotonic() - t0
+        waited = time.perf_counter() - t0
+        self.allowance -= waited
+        return waited

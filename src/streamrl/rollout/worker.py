@@ -45,7 +45,7 @@ class GroupResult:
     group: Group | None
     worker: int
     busy_s: float = 0.0  # seconds spent generating since the worker's previous result
-    idle_s: float = 0.0  # seconds spent with nothing to generate since the previous result
+    idle_s: float = 0.0  # seconds with nothing to generate, or waiting for scores (ScoreWait), since then
     tokens: int = 0  # tokens the engine sampled since the previous result (every request's, no tool output)
     # summed over the engine's decode steps since the previous result: sequences decoded and the KV-cache
     # rows forwarded for them (rows with identical tokens so far share one: engine/decode_batch.py)
@@ -313,8 +313,9 @@ def _loop(
                     done.append((k, ep_traj, None))
             # their scores, briefly, so that emit_scored sends them now rather than after the next step
             score_wait.earn(time.perf_counter() - t_step)
-            score_wait.wait([fut for g in finished for _, _, fut in open_groups[g][1] if fut is not None])
-            busy += time.perf_counter() - t0
+            waited = score_wait.wait([f for g in finished for _, _, f in open_groups[g][1] if f is not None])
+            busy += time.perf_counter() - t0 - waited
+            idle += waited
     finally:
         scoring.close()
         if agents is not None:

@@ -22,7 +22,7 @@ from head_input import median_ms
 
 from streamrl.engine.base import GenRequest
 from streamrl.engine.hf import HFEngine
-from streamrl.models.frozen import PAD_ROWS
+from streamrl.models.frozen import PAD_ROWS, TUNING
 from streamrl.models.startup import start_model
 
 
@@ -55,16 +55,16 @@ def main() -> None:
                 )
     torch.set_num_threads(1)
     prompts = [tok(f"What is {i} + {2 * i}? Think step by step.").input_ids for i in range(args.rows)]
-    head = model.get_output_embeddings()
     runs: dict[str, list[float]] = {"padded": [], "unpadded": []}
-    for name in ("unpadded", "padded") * 2:
-        engine = HFEngine(model, tok, max_batch=64, seed=1)  # installs the padding on the model's head
-        if name == "unpadded":
-            head.forward = head.forward.args[0]  # the Linear's own forward, under the partial
-        t0 = time.perf_counter()
-        out = engine.generate([GenRequest(p, args.tokens, 1.0) for p in prompts])
-        runs[name].append(sum(len(r.token_ids) for r in out) / (time.perf_counter() - t0))
-        del head.forward, head._streamrl_padded_rows  # the next engine installs it afresh
+    try:
+        for name in ("unpadded", "padded") * 2:
+            TUNING.pad_head = name == "padded"
+            engine = HFEngine(model, tok, max_batch=64, seed=1)
+            t0 = time.perf_counter()
+            out = engine.generate([GenRequest(p, args.tokens, 1.0) for p in prompts])
+            runs[name].append(sum(len(r.token_ids) for r in out) / (time.perf_counter() - t0))
+    finally:
+        TUNING.pad_head = True
     a, b = statistics.mean(runs["unpadded"]), statistics.mean(runs["padded"])
     print(
         f"engine, one thread, {args.rows} prompts x {args.tokens} tokens: unpadded {a:.1f} tok/s, "

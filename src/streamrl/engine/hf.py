@@ -19,7 +19,7 @@ from streamrl.engine.decode_batch import DecodeBatch
 from streamrl.engine.packed import packable
 from streamrl.engine.prefix_cache import PrefixCache
 from streamrl.engine.windows import sliding_window
-from streamrl.models.frozen import engine_head, freeze
+from streamrl.models.frozen import engine_products, freeze
 from streamrl.models.precision import cast_params
 
 
@@ -48,7 +48,7 @@ class HFEngine:
         if self.owns_weights:
             model = freeze(cast_params(copy.deepcopy(model), dtype))
         else:
-            engine_head(model)  # the caller's model (the policy itself when shared)
+            engine_products(model)  # the caller's model (the policy itself when shared)
         self.model = model
         self.device = device
         self.window = sliding_window(model.config)  # sliding-window layers: the engine builds their masks

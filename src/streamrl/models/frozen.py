@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -10,13 +11,74 @@ import torch
 
 # an fp32 LM head on one CPU thread runs a product of 7 to 15 rows as one of 16 (padded_rows)
 PAD_ROWS = (7, 16)
+# the other fp32 Linear layers of at least FEW_ROWS_WEIGHT values on a CPU run 8 to 15 rows as the weight
+# times their transpose (few_rows_linear)
+FEW_ROWS = (8, 15)
+FEW_ROWS_WEIGHT = 1 << 18  # 1 MiB in fp32
+
+
+@dataclasses.dataclass
+class Tuning:
+    """The engine's paths for products of few rows, on unless turned off (benchmarks/head_rows.py and
+    benchmarks/body_rows.py turn each off to measure it)."""
+
+    pad_head: bool = True  # padded_rows
+    transpose_body: bool = True  # few_rows_linear
+
+
+TUNING = Tuning()
 
 
 def freeze(model: Any) -> Any:
-    """eval mode, no gradients, and the engine's LM head (engine_head); -> model."""
+    """eval mode, no gradients, and the engine's products (engine_products); -> model."""
     model.eval().requires_grad_(False)
-    engine_head(model)
+    engine_products(model)
     return model
+
+
+def engine_products(model: Any) -> None:
+    """The model's matrix products as the engine runs them: the LM head's (engine_head) and every other
+    Linear layer's (engine_body)."""
+    engine_head(model)
+    engine_body(model)
+
+
+def engine_body(model: Any) -> None:
+    """Every nn.Linear of the model but its LM head runs few_rows_linear (installing it again changes
+    nothing)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    for module in model.modules():
+        if type(module) is torch.nn.Linear and module is not head:
+            module.forward = functools.partial(few_rows_linear, module)
+            module._few_rows = True
+
+
+def few_rows_linear(linear: torch.nn.Linear, input: torch.Tensor) -> torch.Tensor:
+    """linear(input), computed as weight @ rows^T when input has FEW_ROWS[0] to FEW_ROWS[1] rows, the
+    weight has FEW_ROWS_WEIGHT values or more, both are fp32 on a CPU, and no gradient is taken.
+
+    Below 16 rows, MKL's fp32 product rows @ weight^T streams the weight once per few rows, and
+    weight @ rows^T is faster once there are 8 of them and the weight outgrows the core's cache: over
+    SmolLM2's 30 layers on one thread, 0.56-0.89x the time for its [1536, 576], [576, 1536] and
+    [576, 576] weights at 8-15 rows, while its [192, 576] ones (110,592 values) take longer
+    (`benchmarks/body_rows.py`). From 16 rows MKL runs another kernel. A decode step runs every layer's
+    products on its cache rows. Each output row is the same dot products as the usual one's, up to
+    rounding."""
+    weight, bias = linear.weight, linear.bias
+    rows = input.numel() // input.shape[-1] if input.dim() and input.shape[-1] else 0
+    lo, hi = FEW_ROWS
+    if (
+        torch.is_grad_enabled()
+        or not TUNING.transpose_body
+        or not lo <= rows <= hi
+        or weight.numel() < FEW_ROWS_WEIGHT
+        or input.device.type != "cpu"
+        or (input.dtype, weight.dtype) != (torch.float32, torch.float32)
+    ):
+        return torch.nn.functional.linear(input, weight, bias)
+    flat = input.reshape(rows, input.shape[-1]).t()
+    out = torch.mm(weight, flat) if bias is None else torch.addmm(bias.unsqueeze(1), weight, flat)
+    return out.t().contiguous().reshape(*input.shape[:-1], weight.shape[0])
 
 
 def engine_head(model: Any) -> None:
@@ -47,7 +109,8 @@ def padded_rows(forward: Callable[..., torch.Tensor], *args: Any, **kwargs: Any)
     rows = x.numel() // x.shape[-1] if x.numel() else 0
     lo, hi = PAD_ROWS
     if (
-        not lo <= rows < hi
+        not TUNING.pad_head
+        or not lo <= rows < hi
         or x.device.type != "cpu"
         or x.dtype != torch.float32
         or torch.is_grad_enabled()

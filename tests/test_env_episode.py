@@ -95,6 +95,44 @@ def test_bridge_on_real_templates(tok):
         TurnRenderer(bad)
 
 
+REWRITES_SYSTEM = (  # ChatML, but the system turn changes once a conversation has four messages
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "{% if loop.first and messages|length > 3 %} (long){% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused_when_an_observation_comes(tok):
+    rewrites = copy.deepcopy(tok)
+    rewrites.chat_template = REWRITES_SYSTEM
+    r = TurnRenderer(rewrites)  # an assistant turn still extends the generation prompt
+    with pytest.raises(ValueError, match="rewrites earlier turns when a message is added"):
+        r.bridge_text("OBS", "<|im_end|>")
+
+
+class AddsBos:
+    """A tokenizer that puts a BOS id before any text unless told not to (as Llama's do)."""
+
+    BOS = 3
+
+    def __init__(self, tok) -> None:
+        self.tok = tok
+
+    def __getattr__(self, name: str):
+        return getattr(self.tok, name)
+
+    def __call__(self, text: str, add_special_tokens: bool = True):
+        ids = self.tok(text, add_special_tokens=False).input_ids
+        return type("Encoded", (), {"input_ids": [self.BOS] * add_special_tokens + list(ids)})()
+
+
+def test_the_bridge_is_tokenised_without_special_tokens(tok):
+    r = TurnRenderer(AddsBos(tok))
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    text = r.bridge_text("OBS", "<|im_end|>")
+    assert r.bridge_ids("OBS", im_end) == list(tok(text, add_special_tokens=False).input_ids)
+
+
 def test_episode_layout_masks_logprobs_versions(tok):
     r = TurnRenderer(tok)
     eot = tok.convert_tokens_to_ids("<|im_end|>")

@@ -189,3 +189,45 @@ def test_a_stop_cuts_off_the_held_out_agents(tiny, tmp_path):
         evaluate(
             HFEngine(model, tok, 4, 0, "cpu"), tok, task, problems, 4, agent_timeout_s=60, stop=engine_stops
         )
+
+
+class BaseSpy:
+    """A base task factory that records what it was asked for and answers heldout_from_training."""
+
+    def __init__(self, from_training: bool) -> None:
+        self.asked: list[tuple[str, dict]] = []
+        self.from_training = from_training
+
+    def __call__(self, spec: str, args: dict, **kw):
+        self.asked.append((spec, dict(args)))
+        spy = self
+
+        class Base:
+            def heldout_from_training(self) -> bool:
+                return spy.from_training
+
+        return Base()
+
+
+KW = {"system_prompt": "S", "instruction": "I", "extract": "answer_is"}
+
+
+def test_the_base_task_gets_the_other_args_or_its_defaults_and_answers_for_the_agent_task():
+    from streamrl.data.task import default_task_args
+    from streamrl.envs.agent_task import AgentTask
+
+    spy = BaseSpy(from_training=False)
+    task = AgentTask("streamrl.envs.agents:one_call", {"base": "rg:basic_arithmetic", "size": 7}, spy, **KW)
+    assert spy.asked == [("rg:basic_arithmetic", {"size": 7})] and not task.heldout_from_training()
+    spy = BaseSpy(from_training=True)
+    task = AgentTask("streamrl.envs.agents:one_call", {}, spy, **KW)
+    assert spy.asked == [("rg:chain_sum", default_task_args("rg:chain_sum"))] and task.heldout_from_training()
+
+
+@pytest.mark.parametrize("base", ["env:python_tool", "agent:streamrl.envs.agents:one_call"])
+def test_a_multi_turn_base_task_is_refused(base):
+    from streamrl.envs.agent_task import AgentTask
+
+    with pytest.raises(ValueError) as e:
+        AgentTask("streamrl.envs.agents:one_call", {"base": base}, BaseSpy(False), **KW)
+    assert str(e.value) == f"task_config.args.base must be a single-turn task, got '{base}'"

@@ -405,3 +405,26 @@ def test_a_lending_runs_fit_counts_the_borrowed_threads_once() -> None:
     fixed = _lend_run({})
     fixed.config["runtime"]["elastic_cores"] = "fixed"
     assert fit.borrowed_shares(fixed) == (0.0, 0.0) and fit.speedups(fixed, 0.5, 0.66) == (1.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("setup", "work", "message"),
+    [
+        (Setup(mode="batch"), TINY, "mode must be one of sync, async, partial, got 'batch'"),
+        (Setup(weight_update="reload"), TINY, "weight_update must be inflight|interrupt, got 'reload'"),
+        (Setup(eta=-1), TINY, "eta must be >= 0, got -1"),
+        (Setup(mode="partial", overprovision=0.5), TINY, "overprovision must be >= 1, got 0.5"),
+        (Setup(chunk=0), TINY, "chunk must be >= 1, got 0"),
+        (Setup(), replace(TINY, filter_rate=1.0), "filter_rate must be in [0, 1), got 1.0"),
+    ],
+)
+def test_impossible_settings_are_refused_with_their_line(setup: Setup, work: Workload, message: str) -> None:
+    with pytest.raises(ValueError) as e:
+        simulate(UNIT, work, setup)
+    assert str(e.value) == message
+
+
+def test_mean_staleness_weighs_each_level_by_its_samples() -> None:
+    r = simulate(UNIT, TINY, Setup(mode="sync", steps=1))
+    r.staleness_hist = {1: 3, 2: 1}
+    assert (r.staleness_mean, r.staleness_max) == (1.25, 2)

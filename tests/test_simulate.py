@@ -428,3 +428,19 @@ def test_mean_staleness_weighs_each_level_by_its_samples() -> None:
     r = simulate(UNIT, TINY, Setup(mode="sync", steps=1))
     r.staleness_hist = {1: 3, 2: 1}
     assert (r.staleness_mean, r.staleness_max) == (1.25, 2)
+
+
+def test_simulate_command_line_items_and_parameters_file(tmp_path) -> None:
+    from streamrl.sim.cli import build
+
+    for bad in ("eta", "=3"):
+        with pytest.raises(ValueError) as e:
+            build(["params.yaml", bad])
+        assert str(e.value) == f"expected key=value, got '{bad}'"
+    with pytest.raises(FileNotFoundError) as missing:
+        build([str(tmp_path / "nope.yaml")])
+    assert str(missing.value) == f"{tmp_path / 'nope.yaml'}: not a run directory or a params YAML file"
+    params = tmp_path / "params.yaml"
+    params.write_text("eta: 2\nsteps: 7\n")
+    _, _, _, setup, _, _, _ = build([str(params), "eta=4"])
+    assert (setup.eta, setup.steps) == (4, 7)  # the command line over the file

@@ -444,3 +444,34 @@ def test_simulate_command_line_items_and_parameters_file(tmp_path) -> None:
     params.write_text("eta: 2\nsteps: 7\n")
     _, _, _, setup, _, _, _ = build([str(params), "eta=4"])
     assert (setup.eta, setup.steps) == (4, 7)  # the command line over the file
+
+
+def test_the_resources_each_mode_runs_with() -> None:
+    from streamrl.sim.report import resources
+
+    split = Setup(mode="sync", engines=3, ranks=1)
+    assert (resources(split).engines, resources(split).ranks) == (
+        4,
+        4,
+    )  # colocated: every device, both phases
+    assert resources(split, colocated_sync=False) == split
+    assert resources(replace(split, mode="async")) == replace(split, mode="async")  # async keeps its split
+    shared = Setup(mode="partial", engines=2, shared_cores=2)
+    got = resources(shared)
+    assert (got.engines, got.engine_threads, got.trainer_threads) == (1, 2, 2)  # each phase on all cores
+
+
+def test_grid_json_rows_and_scenarios() -> None:
+    from streamrl.sim.report import grid, scenario, to_json
+
+    rows = grid(UNIT, TINY, Setup(steps=2), ["sync", "async"], [0, 1], [1], [1])
+    out = json.loads(to_json(rows, {"title": "t"}))
+    assert out["title"] == "t" and [(r["mode"], r["eta"]) for r in out["rows"]] == [
+        ("sync", None),
+        ("async", 0),
+        ("async", 1),
+    ]
+    assert "trace" not in out["rows"][0] and out["rows"][0]["speedup"] == 1.0
+    with pytest.raises(ValueError) as e:
+        scenario("pipeline")
+    assert str(e.value) == "unknown scenario 'pipeline': choose areal or april"

@@ -16,31 +16,19 @@ Not a test: figures, not assertions.
 
 from __future__ import annotations
 
-import argparse
-import statistics
-import time
 from collections import defaultdict
 
 import torch
 from head_input import median_ms
+from tuning_ab import engine_ab, rows_job
 
-from streamrl.engine.base import GenRequest
-from streamrl.engine.hf import HFEngine
-from streamrl.models.frozen import FEW_ROWS, FEW_ROWS_WEIGHT, TUNING
-from streamrl.models.startup import start_model
+from streamrl.models.frozen import FEW_ROWS, FEW_ROWS_WEIGHT
 
 ROWS = (1, 4, 6, 7, 8, 10, 12, 14, 15, 16, 20, 24, 32, 48, 64)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--repeats", type=int, default=11)
-    ap.add_argument("--rows", type=int, default=12)
-    ap.add_argument("--tokens", type=int, default=40)
-    args = ap.parse_args()
-    started = start_model(args.model)  # fp32
-    model, tok = started.model.eval(), started.tokenizer
+    args, model, tok = rows_job(__doc__, repeats=11)
     head = model.get_output_embeddings()
     by_shape: defaultdict[tuple[int, int], list[torch.nn.Linear]] = defaultdict(list)
     for m in model.modules():
@@ -73,19 +61,7 @@ def main() -> None:
                     cells.append(f"{a:5.1f} {b / a:4.2f}")
                 name = f"{shape[0]}x{shape[1]}"
                 print(f"{threads:7d}  {name:>9s}  {len(layers):6d}  " + "  ".join(f"{c:>10s}" for c in cells))
-    torch.set_num_threads(1)
-    prompts = [tok(f"What is {i} + {2 * i}? Think step by step.").input_ids for i in range(args.rows)]
-    runs: dict[bool, list[float]] = {False: [], True: []}
-    try:
-        for on in (False, True) * 2:
-            TUNING.transpose_body = on
-            engine = HFEngine(model, tok, max_batch=64, seed=1)
-            t0 = time.perf_counter()
-            out = engine.generate([GenRequest(p, args.tokens, 1.0) for p in prompts])
-            runs[on].append(sum(len(r.token_ids) for r in out) / (time.perf_counter() - t0))
-    finally:
-        TUNING.transpose_body = True
-    a, b = statistics.mean(runs[False]), statistics.mean(runs[True])
+    a, b = engine_ab(model, tok, args.rows, args.tokens, "transpose_body")
     print(
         f"engine, one thread, {args.rows} prompts x {args.tokens} tokens: usual {a:.1f} tok/s, "
         f"transposed {b:.1f} tok/s ({b / a:.2f}x)"

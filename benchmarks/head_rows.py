@@ -13,28 +13,15 @@ Not a test: figures, not assertions.
 
 from __future__ import annotations
 
-import argparse
-import statistics
-import time
-
 import torch
 from head_input import median_ms
+from tuning_ab import engine_ab, rows_job
 
-from streamrl.engine.base import GenRequest
-from streamrl.engine.hf import HFEngine
-from streamrl.models.frozen import PAD_ROWS, TUNING
-from streamrl.models.startup import start_model
+from streamrl.models.frozen import PAD_ROWS
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--rows", type=int, default=12)
-    ap.add_argument("--tokens", type=int, default=40)
-    args = ap.parse_args()
-    started = start_model(args.model)  # fp32
-    model, tok = started.model.eval(), started.tokenizer
+    args, model, tok = rows_job(__doc__, repeats=7)
     weight = model.get_output_embeddings().weight.detach()
     hi = PAD_ROWS[1]
     print(f"{args.model}: LM head {tuple(weight.shape)} fp32, median of {args.repeats} (ms)")
@@ -53,19 +40,7 @@ def main() -> None:
                     if rows < hi
                     else f"{threads:7d}  {rows:4d}  {plain:8.1f}"
                 )
-    torch.set_num_threads(1)
-    prompts = [tok(f"What is {i} + {2 * i}? Think step by step.").input_ids for i in range(args.rows)]
-    runs: dict[str, list[float]] = {"padded": [], "unpadded": []}
-    try:
-        for name in ("unpadded", "padded") * 2:
-            TUNING.pad_head = name == "padded"
-            engine = HFEngine(model, tok, max_batch=64, seed=1)
-            t0 = time.perf_counter()
-            out = engine.generate([GenRequest(p, args.tokens, 1.0) for p in prompts])
-            runs[name].append(sum(len(r.token_ids) for r in out) / (time.perf_counter() - t0))
-    finally:
-        TUNING.pad_head = True
-    a, b = statistics.mean(runs["unpadded"]), statistics.mean(runs["padded"])
+    a, b = engine_ab(model, tok, args.rows, args.tokens, "pad_head")
     print(
         f"engine, one thread, {args.rows} prompts x {args.tokens} tokens: unpadded {a:.1f} tok/s, "
         f"padded {b:.1f} tok/s ({b / a:.2f}x)"

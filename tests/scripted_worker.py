@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 import queue
 import random
+import threading
 import time
 from typing import Any
 
-from streamrl.rollout.worker import STOP, GroupResult
+from streamrl.config import Config, to_dict
+from streamrl.rollout.worker import STOP, GroupRequest, GroupResult, _loop
 from streamrl.types import Group, Trajectory
 
 
@@ -156,3 +158,22 @@ def failing_once_worker(
         return
     while requests.get() != STOP:
         pass
+
+
+def one_group_in_a_thread(
+    cfg: Config, request: GroupRequest, weights: Any, timeout: float = 300
+) -> GroupResult:
+    """The rollout worker's loop (rollout/worker.py: _loop) run in a thread on one request -> its result;
+    the loop is stopped and joined before returning."""
+    requests: queue.Queue = queue.Queue()
+    results: queue.Queue = queue.Queue()
+    requests.put(request)
+    worker = threading.Thread(
+        target=_loop, args=(0, to_dict(cfg), requests, results, weights, lambda: False), daemon=True
+    )
+    worker.start()
+    res = results.get(timeout=timeout)
+    requests.put(STOP)
+    worker.join(60)
+    assert not worker.is_alive()
+    return res

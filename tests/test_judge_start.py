@@ -7,17 +7,17 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import socket
 import threading
 from pathlib import Path
 
 import pytest
 from openai_stub import StubServer
+from scripted_worker import one_group_in_a_thread
 from tiny_args import TINY
 from trajectories import make_traj
 
-from streamrl.config import load_config, to_dict
+from streamrl.config import load_config
 from streamrl.loop.step_metrics import step_record
 from streamrl.rewards.judge import JudgeConfig
 from streamrl.rewards.judge_check import check_judge
@@ -225,7 +225,7 @@ def test_a_fast_judge_is_not_cut_off(serve) -> None:
 
 def test_rollout_worker_sends_a_group_cut_off_by_the_budget(serve, tiny) -> None:
     from streamrl.data.prompts import render_prompt_ids
-    from streamrl.rollout.worker import STOP, GroupRequest, _loop
+    from streamrl.rollout.worker import GroupRequest
 
     class Weights:  # the worker's own copy of tiny-random, never updated
         version = 0
@@ -236,17 +236,9 @@ def test_rollout_worker_sends_a_group_cut_off_by_the_budget(serve, tiny) -> None
     server = serve((200, "VERDICT: 1", HELD))
     cfg = load_config(None, [*TINY, *_judge_keys(server, 1.0)])
     problem = Problem("p0", [{"role": "user", "content": "2 + 3 = ?"}], "5", {"question": "2 + 3 = ?"})
-    requests: queue.Queue = queue.Queue()
-    results: queue.Queue = queue.Queue()
-    requests.put(GroupRequest("g0", problem, render_prompt_ids(tiny[1], problem.messages), 3, 0))
-    worker = threading.Thread(
-        target=_loop, args=(0, to_dict(cfg), requests, results, Weights(), lambda: False), daemon=True
-    )
-    worker.start()
-    res = results.get(timeout=300)
-    requests.put(STOP)
-    worker.join(60)
-    assert not worker.is_alive() and not res.error
+    request = GroupRequest("g0", problem, render_prompt_ids(tiny[1], problem.messages), 3, 0)
+    res = one_group_in_a_thread(cfg, request, Weights())
+    assert not res.error
     trajs = res.group.trajectories
     assert [t.reward_info["reward_error"] for t in trajs] == ["step_budget"] * 3
     assert [t.reward_info["reward_latency_s"] for t in trajs] == [1.0] * 3  # the budget, not a measurement

@@ -10,7 +10,7 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
-from scripted_worker import StillWeights
+from scripted_worker import StillWeights, one_group_in_a_thread
 from tiny_args import TINY
 
 from streamrl.config import load_config, to_dict
@@ -181,17 +181,8 @@ def test_the_wait_for_scores_counts_as_engine_idle_time_not_generating_time(tiny
     monkeypatch.setattr(worker_mod, "time", clock)
     monkeypatch.setattr(score_mod.ScoreWait, "wait", lambda self, futures: clock.wait(futures))
     cfg = load_config(None, [*TINY, "rollout.samples_per_prompt=2"])
-    requests: queue.Queue = queue.Queue()
     problem = next(iter(task_from_config(cfg).train_stream(cfg.seed, set())))
-    requests.put(GroupRequest("g0", problem, [1, 2, 3], 2, 0))
-    results: queue.Queue = queue.Queue()
-    worker = threading.Thread(
-        target=_loop, args=(0, to_dict(cfg), requests, results, StillWeights(), lambda: False), daemon=True
-    )
-    worker.start()
-    res = results.get(timeout=120)
-    requests.put(STOP)
-    worker.join(60)
-    assert not worker.is_alive() and not res.error and clock.waits == 1
+    res = one_group_in_a_thread(cfg, GroupRequest("g0", problem, [1, 2, 3], 2, 0), StillWeights(), 120)
+    assert not res.error and clock.waits == 1
     # the clock moved only while waiting: the 5 s are idle, none of them generating
     assert (res.busy_s, res.idle_s) == (0.0, 5.0)

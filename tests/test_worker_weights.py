@@ -4,15 +4,14 @@ stamps each token with the version that produced it. Runs the loop in a thread w
 from __future__ import annotations
 
 import copy
-import queue
-import threading
 
 import pytest
+from scripted_worker import one_group_in_a_thread
 from tiny_args import TINY
 
-from streamrl.config import load_config, to_dict
+from streamrl.config import load_config
 from streamrl.data.prompts import render_prompt_ids
-from streamrl.rollout.worker import STOP, GroupRequest, _loop
+from streamrl.rollout.worker import GroupRequest
 from streamrl.types import Problem
 
 
@@ -43,18 +42,8 @@ def test_worker_takes_new_weights_mid_generation(tiny, mode):
     )
     problem = Problem(id="p0", messages=[{"role": "user", "content": "1 + 1 = ?"}], answer="2")
     req = GroupRequest("g0", problem, render_prompt_ids(tiny[1], problem.messages), 2, 0)
-    requests: queue.Queue = queue.Queue()
-    results: queue.Queue = queue.Queue()
-    requests.put(req)
-    weights = BumpingWeights(copy.deepcopy(tiny[0]), after=8)
-    worker = threading.Thread(
-        target=_loop, args=(0, to_dict(cfg), requests, results, weights, lambda: False), daemon=True
-    )
-    worker.start()
-    res = results.get(timeout=300)
-    requests.put(STOP)
-    worker.join(60)
-    assert not worker.is_alive() and not res.error
+    res = one_group_in_a_thread(cfg, req, BumpingWeights(copy.deepcopy(tiny[0]), after=8))
+    assert not res.error
     for t in res.group.trajectories:
         v = t.versions
         assert len(v) == len(t.completion_ids) > 12, "the sample stopped before the weights changed"

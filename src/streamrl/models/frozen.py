@@ -59,7 +59,7 @@ def few_rows_linear(linear: torch.nn.Linear, input: torch.Tensor) -> torch.Tenso
 
     Below 16 rows, MKL's fp32 product rows @ weight^T streams the weight once per few rows, and
     weight @ rows^T is faster once there are 8 of them and the weight outgrows the core's cache: over
-    SmolLM2's 30 layers on one thread, 0.56-0.89x the time for its [1536, 576], [576, 1536] and
+    SmolLM2's 30 layers on one thread, 0.45-0.97x the time for its [1536, 576], [576, 1536] and
     [576, 576] weights at 8-15 rows, while its [192, 576] ones (110,592 values) take longer
     (`benchmarks/body_rows.py`). From 16 rows MKL runs another kernel. A decode step runs every layer's
     products on its cache rows. Each output row is the same dot products as the usual one's, up to

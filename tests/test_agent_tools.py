@@ -1,15 +1,18 @@
 """The example tool-calling agent (envs/agents.py:calculator) through the colocated agent runner: the
 policy calls the tool, reads its result as observation tokens and answers; reward and tokens exact."""
 
+import dataclasses
 import json
 import re
+import threading
+import time
 from types import SimpleNamespace
 
 import pytest
 from scripted_chat import ScriptedEngine
 
-from streamrl.envs.agents import run_calculate
-from streamrl.rollout.agent import rollout_agent_episodes
+from streamrl.envs.agents import one_call, run_calculate
+from streamrl.rollout.agent import AGENTS_PER_ROW, rollout_agent_episodes
 from streamrl.rollout.trajectory import RolloutSettings
 from streamrl.tasks import make_task
 
@@ -75,3 +78,53 @@ def test_the_calculator_agent_calls_its_tool_and_is_rewarded(tiny):
 )
 def test_the_calculate_tool(name, arguments, result):
     assert run_calculate(SimpleNamespace(name=name, arguments=arguments)) == result
+
+
+_WINDOW = {"inside": 0, "peak": 0}
+_WINDOW_LOCK = threading.Lock()
+
+
+def counting_agent(client, messages):
+    """envs/agents.py's one_call, counting the agents inside at once."""
+    with _WINDOW_LOCK:
+        _WINDOW["inside"] += 1
+        _WINDOW["peak"] = max(_WINDOW["peak"], _WINDOW["inside"])
+    try:
+        return one_call(client, messages)
+    finally:
+        with _WINDOW_LOCK:
+            _WINDOW["inside"] -= 1
+
+
+def test_at_most_two_agents_per_engine_row_run_at_once_and_every_episode_returns_in_order(tiny):
+    """40 episodes, rollout.max_batch 8: the first 16 agents start and their calls wait (a gate) while
+    the rest do not start; once the gate opens each ending agent starts the next, and all 40 episodes
+    come back in job order. With env.agent_timeout_s 2 and the gate held 2.5 s, an agent's own time
+    counts from its start, not from the first agent's: none of the later ones is ended as overdue."""
+    _, tok = tiny
+    assert AGENTS_PER_ROW == 2
+    task = make_task("agent:test_agent_tools:counting_agent", {"base": "rg:chain_sum"}, "", "", "answer_is")
+    problem = next(task.train_stream(0, set()))
+    gate = threading.Event()
+    engine = ScriptedEngine(tok, lambda prompt: f"The answer is {problem.answer}." if gate.wait(60) else "")
+    jobs = [(problem, f"g{j}", j % 2) for j in range(40)]
+    settings = dataclasses.replace(SETTINGS, agent_timeout_s=2.0)
+    _WINDOW.update(inside=0, peak=0)
+    out: list = []
+
+    def run() -> None:
+        out.extend(rollout_agent_episodes(engine, tok, task, settings, jobs))
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    for _ in range(600):  # until the first agents are all waiting in their calls
+        if _WINDOW["inside"] >= 16:
+            break
+        time.sleep(0.05)
+    time.sleep(2.5)  # room for an agent beyond the window to start, were it allowed to
+    waiting = _WINDOW["inside"]
+    gate.set()
+    runner.join(120)
+    assert waiting == 16 and _WINDOW["peak"] == 16
+    assert [ep.trajectories[0].sample_id for ep in out] == [f"g{j}-{j % 2}" for j in range(40)]
+    assert [(ep.reward, ep.error) for ep in out] == [(1.0, "")] * 40

@@ -12,7 +12,9 @@ code and tools) passes `env.agent_timeout_s`: its episode ends as EpisodeTimeout
 later calls, and its thread is left to finish on its own (threads cannot be killed; it is a daemon).
 Time inside model calls is not counted: under load those queue in the engine, and every generation
 ends by its token limit. The colocated loop runs all episodes of a step here
-(`rollout_agent_episodes`); the async worker runs them through rollout/agent_worker.py.
+(`rollout_agent_episodes`), at most AGENTS_PER_ROW x rollout.max_batch at once (a held-out evaluation
+of thousands of problems starts the next agent as one ends, not thousands of threads and connections);
+the async worker runs them through rollout/agent_worker.py.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ CLIENT_RETRIES = 4  # per call, with the client's exponential backoff; safe: ret
 CLIENT_TIMEOUT_S = 600.0
 TIMEOUT_ERROR = "EpisodeTimeout"
 POLL_S = 0.05  # how often the colocated loop looks for episodes past their time limit
+# agents running at once per engine row (rollout.max_batch): while some run their own code and tools,
+# the others' calls fill the batch; the rest start as agents end
+AGENTS_PER_ROW = 2
 
 
 @dataclass
@@ -148,12 +153,19 @@ def rollout_agent_episodes(
     def episode(i: int, messages: list[dict[str, str]], name: str) -> None:
         returned.put((i, run_agent(task, proxy.url, name, messages)))
 
+    names = [f"{gid}-{k}" for _, gid, k in jobs]
+    runs: dict[int, tuple[AgentRun, list[CallRecord]]] = {}  # the episodes over, with their calls
+    started: dict[int, float] = {}  # the episodes started (time.monotonic), in job order
+    at_once = AGENTS_PER_ROW * max(1, r.max_batch)
+
+    def start() -> None:  # daemons: an agent past its limit is left behind
+        while len(started) < len(jobs) and len(started) - len(runs) < at_once:
+            i = len(started)
+            started[i] = time.monotonic()
+            threading.Thread(target=episode, args=(i, jobs[i][0].messages, names[i]), daemon=True).start()
+
     try:
-        started = time.monotonic()
-        names = [f"{gid}-{k}" for _, gid, k in jobs]
-        for i, (problem, _, _) in enumerate(jobs):  # daemons: an agent past its limit is left behind
-            threading.Thread(target=episode, args=(i, problem.messages, names[i]), daemon=True).start()
-        runs: dict[int, tuple[AgentRun, list[CallRecord]]] = {}  # the episodes over, with their calls
+        start()
         while len(runs) < len(jobs):
             if stop is not None and stop():
                 raise EvalStopped(f"stopped with {len(runs)} of {len(jobs)} agent runs over")
@@ -164,9 +176,10 @@ def rollout_agent_episodes(
             except queue.Empty:
                 pass
             now = time.monotonic()
-            for i, name in enumerate(names):
-                if i not in runs and (late := overdue(proxy, name, started, r.agent_timeout_s, now)):
-                    runs[i] = (late, proxy.pop_episode(name, refuse_later=True))  # ended now, refused on
+            for i, t0 in started.items():
+                if i not in runs and (late := overdue(proxy, names[i], t0, r.agent_timeout_s, now)):
+                    runs[i] = (late, proxy.pop_episode(names[i], refuse_later=True))  # ended now, refused on
+            start()
         # a call the stop aborted reaches its agent as an empty reply: the run ended, but not as it would
         cut = sum(any(c.finish_reason == "abort" for c in calls) for _, calls in runs.values())
         if stop is not None and cut:

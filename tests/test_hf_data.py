@@ -12,6 +12,7 @@ from hf_cache import COLS, gsm8k_table, hub_snapshot, sha1_order
 from tiny_args import TINY
 
 from streamrl.cli import main
+from streamrl.data import streamed
 from streamrl.data.sources import DataTask, task_from_rows
 from streamrl.data.streamed import StreamedDataTask
 from streamrl.tasks import make_task
@@ -163,6 +164,44 @@ def test_streaming_holds_out_the_first_rows_and_reshuffles_each_epoch(tmp_path, 
     assert again == epochs[0]  # a seed replays its order (what a resume relies on)
     with pytest.raises(ValueError, match=r"every streamed row is held out; lower eval.size"):
         next(task.train_stream(0, {f"q{i}" for i in range(12)}))
+
+
+def test_a_streamed_id_repeated_for_another_prompt_is_refused_first_and_skipped_later(
+    tmp_path, monkeypatch, caplog
+):
+    """The mapped id keys the reward cache, the sampler's pool and the drafts: in the rows set-up reads
+    a repeat for a different prompt is refused in one line; met later, that row is skipped and logged.
+    The same row again (same id, same prompt) is no conflict."""
+    monkeypatch.setattr(streamed, "PEEK_ROWS", 3)
+    f = tmp_path / "rows.jsonl"
+
+    def write(rows: list[tuple[str, str]]) -> None:
+        f.write_text("".join(json.dumps({"uid": u, "question": q, "answer": "1"}) + "\n" for u, q in rows))
+
+    cols = {"prompt": "question", "id": "uid"}
+    write([("a", "q0"), ("b", "q1"), ("a", "q2")])
+    with pytest.raises(ValueError) as e:
+        make_task(f"data:{f}", {}, "", "", "answer_is", columns=cols, streaming=True)
+    assert str(e.value) == (
+        f"task_config.columns.id: column 'uid' repeats 'a' ({f}: rows 1 and 3, different prompts): map a "
+        "column unique per row, or drop columns.id"
+    )
+    write([("a", "q0"), ("b", "q1"), ("a", "q0"), ("c", "q3"), ("b", "q4"), ("d", "q5")])
+    task = make_task(f"data:{f}", {}, "", "", "answer_is", columns=cols, streaming=True, shuffle_buffer=1)
+    held = task.heldout(6)
+    assert [(p.id, p.meta["question"]) for p in held] == [
+        ("a", "q0"),
+        ("b", "q1"),
+        ("a", "q0"),
+        ("c", "q3"),
+        ("d", "q5"),
+    ]
+    assert task.skipped == [
+        f"{f}: task_config.columns.id: column 'uid' repeats 'b' of an earlier row with a different prompt"
+    ]
+    assert "skipped a malformed row: task_config.columns.id: column 'uid' repeats 'b'" in caplog.text
+    stream = task.train_stream(0, set())
+    assert sorted(p.meta["question"] for p in itertools.islice(stream, 5)) == ["q0", "q0", "q1", "q3", "q5"]
 
 
 def test_streaming_a_hub_name_takes_held_out_rows_from_its_test_split(offline_hub, monkeypatch):

@@ -7,7 +7,10 @@ Training: epoch after epoch over the training split, each epoch reshuffled with
 replays the same order (a resumed run skips to its position). Rows are not deduplicated.
 
 Set-up reads the first PEEK_ROWS rows of each split, so a wrong column mapping fails before any model
-loads; a malformed row met later while training is skipped, and the first few are logged.
+loads; a malformed row met later while training is skipped, and the first few are logged. So is a row
+whose mapped id (`task_config.columns.id`) an earlier row with a different prompt had: the id keys the
+reward cache, the sampler's pool and the drafts (in the first rows it is refused, as for a source held
+in memory).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class StreamedDataTask(RowTask):
         self.train_label, self.held_label = labels[0] or name, labels[1] or name
         self.shuffle_buffer = shuffle_buffer
         self.skipped: list[str] = []  # malformed rows met while training (`where: why`)
+        self._ids: dict[str, int] = {}  # a mapped row id -> hash of the prompt it was first seen with
         for ds, label in ((train, self.train_label), (held, self.held_label)):
             if ds is not None:
                 self._peek(ds, label)
@@ -49,11 +53,22 @@ class StreamedDataTask(RowTask):
     def _peek(self, ds: Any, label: str) -> None:
         check_question_column(label, self.columns, getattr(ds, "column_names", None))
         rows, bad = [], []
+        first: dict[str, int] = {}  # a mapped row id -> the row it was first seen in
         for i, rec in enumerate(itertools.islice(ds, PEEK_ROWS), 1):
             try:
-                rows.append(parse_row(rec, self.columns))
+                row = parse_row(rec, self.columns)
             except ValueError as e:
                 bad.append(f"{label}:row {i}: {e}")
+                continue
+            if self._repeats(row) and row["id"] in first:
+                raise ValueError(
+                    f"task_config.columns.id: column '{self.columns['id']}' repeats '{row['id']}' ({label}: "
+                    f"rows {first[row['id']]} and {i}, different prompts): map a column unique per row, or "
+                    "drop columns.id"
+                )
+            first.setdefault(row["id"], i)
+            rows.append(row)
+        self._ids.clear()  # the stream is read again from its start
         if not rows:
             raise no_usable_rows(label, bad, getattr(ds, "column_names", None))
         report_skipped(label, bad)
@@ -63,11 +78,22 @@ class StreamedDataTask(RowTask):
         """The usable rows of ds in its order; a malformed one is skipped (the first few are logged)."""
         for rec in ds:
             try:
-                yield parse_row(rec, self.columns)
+                row = parse_row(rec, self.columns)
+                if self._repeats(row):
+                    raise ValueError(
+                        f"task_config.columns.id: column '{self.columns['id']}' repeats '{row['id']}' of "
+                        "an earlier row with a different prompt"
+                    )
             except ValueError as e:
                 self.skipped.append(f"{label}: {e}")
                 if len(self.skipped) <= SHOWN_WARNINGS:
                     log.warning("%s: skipped a malformed row: %s", label, e)
+                continue
+            yield row
+
+    def _repeats(self, row: dict[str, Any]) -> bool:
+        """Whether the row's mapped id came before with a different prompt (remembering it if new)."""
+        return row["id"] is not None and self._ids.setdefault(row["id"], hash(row["key"])) != hash(row["key"])
 
     def heldout_from_training(self) -> bool:
         return self.held is None

@@ -9,6 +9,7 @@ STAMP_DEMO  := $(VENV)/.installed-demo
 STAMP_TEST  := $(VENV)/.installed-test
 EXTRAS_DEMO := smollm2
 EXTRAS_TEST := dev,ray,smollm2,bench
+TEST_WORKERS ?= 2
 
 .PHONY: demo test test-vllm setup-vllm lint setup clean chromium mutation
 
@@ -37,8 +38,9 @@ setup: $(STAMP_TEST)
 demo: $(STAMP_DEMO)
 	$(VENV)/bin/streamrl train
 
+# two pytest workers (many tests wait on subprocesses, sandboxes or timeouts); the Ray tests share one
 test: $(STAMP_TEST) chromium
-	$(PY) -m pytest -q --durations=20
+	$(PY) -m pytest -q --durations=20 -n $(TEST_WORKERS) --dist loadgroup
 
 # Plant each deliberate bug of tests/mutations.yaml in a copy of the repository and run the tests that
 # guard it; fails unless every one is caught. Not part of `make test`: each of the ~600 runs its own tests,

@@ -71,7 +71,7 @@ def _grads(trainer, store):
 
 @pytest.mark.parametrize(
     "strategy, backend",
-    [("ddp", "local"), ("fsdp2", "local"), ("ddp", "ray")],
+    [("ddp", "local"), ("fsdp2", "local"), pytest.param("ddp", "ray", marks=pytest.mark.xdist_group("ray"))],
     ids=["ddp", "fsdp2", "ddp-ray"],
 )
 def test_two_ranks_match_one_process(tiny, strategy, backend, capsys):

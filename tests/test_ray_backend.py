@@ -20,6 +20,7 @@ from streamrl.loop.signals import StopFlag
 from streamrl.loop.state import RunState
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.xdist_group("ray")  # one Ray instance at a time under pytest -n (one worker)
 
 
 @pytest.fixture(scope="module")

@@ -81,6 +81,39 @@ def test_line_chart_draws_every_point_and_gaps():
     assert "no data" in stacked_bars("s", "S", [], {}, "step")
 
 
+def test_line_chart_places_points_by_hand_derived_coordinates():
+    """The plot area is x 56..468 and y 10..216 (480 x 250 less the margins). Given y_range (0, 1) the
+    points (0, 0) and (10, 1) sit at the corners; without it the y range is padded by 5% of the span
+    each side: y 0 -> 10 + 206 * (1.05 / 1.1) = 206.6, y 1 -> 10 + 206 * (0.05 / 1.1) = 19.4."""
+    ranged = line_chart("x", "X", [Series("a", [0, 10], [0.0, 1.0])], y_range=(0.0, 1.0))
+    assert 'd="M56.0,216.0 L468.0,10.0"' in ranged
+    assert 'cx="56.0" cy="216.0"' in ranged and 'cx="468.0" cy="10.0"' in ranged
+    assert 'd="M56.0,206.6 L468.0,19.4"' in line_chart("x", "X", [Series("a", [0, 10], [0.0, 1.0])])
+    # a flat line: padded by a tenth of its value; markers up to 40 points, none beyond
+    flat = line_chart("x", "X", [Series("a", list(range(40)), [2.0] * 40)])
+    assert flat.count("<circle") == 40 and 'cy="113.0"' in flat
+    assert re.findall(r'text-anchor="end">([^<]+)<', flat) == ["1.8", "1.9", "2", "2.1", "2.2"]  # 2 +- 0.2
+    assert "<circle" not in line_chart("x", "X", [Series("a", list(range(41)), [2.0] * 41)])
+    two = line_chart("x", "X", [Series("a", [1], [1.0]), Series("b", [1], [None], color=1, dash=2)])
+    assert two.count("<span>") == 1 and 'stroke="#1f77b4" stroke-width="2" stroke-dasharray=""' in two
+
+
+def test_stacked_bars_by_hand_derived_coordinates():
+    """Two bars of totals 4 and 2: the axis tops at 4.2; each category gets 412 / 2 = 206 px, its bar
+    70% of it (144.2) centred. Bar a: x (1 -> 0..1) then y (3 -> 1..4); bar b: x (2), y's 0 drawn as
+    nothing. y v -> 10 + 206 * (1 - v / 4.2)."""
+    svg = stacked_bars("s", "S", ["a", "b"], {"x": [1.0, 2.0], "y": [3.0, 0.0]}, "step")
+    rects = re.findall(
+        r'<rect x="([\d.]+)" y="([\d.]+)" width="([\d.]+)" height="([\d.]+)" fill="(#\w+)"', svg
+    )
+    assert rects == [
+        ("86.9", "167.0", "144.2", "49.05", "#1f77b4"),
+        ("86.9", "19.8", "144.2", "147.14", "#d62728"),
+        ("292.9", "117.9", "144.2", "98.10", "#1f77b4"),
+    ]
+    assert "<title>a: y = 3</title>" in svg and svg.count('data-stack="y"') == 1
+
+
 def test_a_killed_renders_temporary_file_is_removed_a_running_ones_kept(tmp_path):
     run = make_run(tmp_path / "run")
     dead = run / ".tmp-report.html-4194305"  # above Linux's largest pid: its writer is gone

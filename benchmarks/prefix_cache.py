@@ -9,8 +9,8 @@ held-out rg:chain_sum prompts through the continuous decoder the way a rollout w
 arrives whenever one finishes, --prompts groups in flight, and a new policy version every
 --update-every groups (the prefix is then recomputed; the weights stay the same, so both arms draw
 from one distribution). Both arms run every round from the same generator seed, the order alternating,
-one thread, bf16. Prints per round and pooled the tokens per second of each, their ratio and the prompt
-tokens each forwarded. Not a test: figures, not assertions.
+one thread, in the engine's precision. Prints per round and pooled the tokens per second of each,
+their ratio and the prompt tokens each forwarded. Not a test: figures, not assertions.
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ def main() -> None:
     total = {True: [0.0, 0, 0], False: [0.0, 0, 0]}
     print(
         f"{args.model}: {args.groups} groups of {args.samples} over {args.prompts} prompts, {args.prompts} "
-        f"in flight, a new version every {args.update_every} groups, one thread, bf16"
+        f"in flight, a new version every {args.update_every} groups, one thread, "
+        f"{str(engine.model.dtype).removeprefix('torch.')}"
     )
     head = ("round", "plain tok/s", "cached tok/s", "ratio", "prompt tokens plain", "cached")
     print("{:>5} {:>12} {:>13} {:>6} {:>20} {:>7}".format(*head))

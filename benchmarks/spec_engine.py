@@ -23,6 +23,7 @@ from streamrl.data.prompts import render_prompt_ids
 from streamrl.data.task import default_task_args
 from streamrl.engine.base import Draft, GenRequest, GenResult
 from streamrl.engine.hf import HFEngine
+from streamrl.models.precision import precision_dtype
 from streamrl.models.startup import start_model
 from streamrl.tasks import make_task
 
@@ -46,7 +47,8 @@ def engine_job(
     doc: str | None, more: dict[str, int] | None = None
 ) -> tuple[argparse.Namespace, HFEngine, list[list[int]]]:
     """The command line of the engine benchmarks (this one, shared_rows.py, prefix_cache.py) and what it
-    sets up: the model in bf16 at one thread, the default engine, and --prompts held-out rg:chain_sum
+    sets up: the model in the engine's precision (bf16 where the CPU multiplies it natively, else fp32)
+    at one thread, the default engine, and --prompts held-out rg:chain_sum
     prompts. `more`: a benchmark's own integer options and their defaults."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     for name, default in (more or {}).items():
@@ -58,7 +60,7 @@ def engine_job(
     ap.add_argument("--max-new-tokens", type=int, default=48)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    started = start_model(args.model, dtype=torch.bfloat16)
+    started = start_model(args.model, dtype=precision_dtype("auto", "cpu"))  # the engine's, as in a run
     engine = HFEngine(started.model, started.tokenizer, max_batch=128, seed=0)
     task = make_task(TASK, default_task_args(TASK), "", "", "answer_is")
     prompts = [render_prompt_ids(started.tokenizer, p.messages) for p in task.heldout(args.prompts)]

@@ -238,3 +238,33 @@ def test_resources_that_do_not_fit_are_refused():
     ):
         check_resources(cfg, {"CPU": 2.0})
     check_resources(cfg, {"CPU": 3.0})
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (
+            ["ray.trainer_cpus=1"],  # 2 trainer actors x 1 + 2 rollout actors x 1 = 4 > 2
+            "ray: 2 trainer rank actors (ray.trainer_cpus) and 2 rollout actors need 4 CPU but the cluster "
+            "has 2: lower ray.trainer_cpus / ray.rollout_cpus, train.world_size or runtime.rollout_workers",
+        ),
+        (
+            ["ray.trainer_cpus=0", "ray.trainer_gpus=1"],  # 2 x 1 GPU on a cluster without one
+            "ray: 2 trainer rank actors (ray.trainer_gpus) and 2 rollout actors need 2 GPU but the cluster "
+            "has 0: lower ray.trainer_gpus / ray.rollout_gpus, train.world_size or runtime.rollout_workers",
+        ),
+    ],
+)
+def test_trainer_rank_actors_that_do_not_fit_are_refused_before_any_starts(
+    ray_instance, monkeypatch, extra, message
+):
+    from streamrl.placement.ray_ranks import start_rank_actors
+    from streamrl.trainer import distributed
+
+    cfg = _cfg("train.strategy=ddp", "train.world_size=3", *extra)
+    started = []  # no rendezvous store, no actor class, before the refusal
+    monkeypatch.setattr(distributed, "rendezvous_store", lambda *a: started.append("store"))
+    monkeypatch.setattr(ray, "remote", lambda *a, **k: started.append("actor"))
+    with pytest.raises(RuntimeError) as e:
+        start_rank_actors(cfg, lambda *a: None)
+    assert str(e.value) == message and started == []

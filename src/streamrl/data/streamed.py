@@ -60,7 +60,7 @@ class StreamedDataTask(RowTask):
             except ValueError as e:
                 bad.append(f"{label}:row {i}: {e}")
                 continue
-            if self._repeats(row) and row["id"] in first:
+            if self._repeats(row):  # its id came in this peek with another prompt
                 raise ValueError(
                     f"task_config.columns.id: column '{self.columns['id']}' repeats '{row['id']}' ({label}: "
                     f"rows {first[row['id']]} and {i}, different prompts): map a column unique per row, or "

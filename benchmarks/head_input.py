@@ -8,7 +8,8 @@ linear does not fold such a view into one matrix product; it copies the whole [V
 row for a batched product. A one-row view [1, 1, H] is "contiguous" to torch (the strides of size-1
 dimensions are ignored), so making the input `.contiguous()` leaves it as it is. Two forwards the
 rollout worker runs are timed on the model frozen as the worker freezes it (`models/frozen.py:
-freeze`, no parameter requires grad), one thread, bf16, the median of --repeats after a warm-up:
+freeze`, no parameter requires grad), one thread, in the engine's precision (bf16 where the CPU
+multiplies it natively, else fp32), the median of --repeats after a warm-up:
 
     one-row prefill   one group (one distinct prompt) started alone (DecodeBatch), as when a group
                       arrives at an idle engine; the head hook `.contiguous()` against the dense copy
@@ -87,7 +88,7 @@ def main() -> None:
         _head_hook(head, _contiguous_input)
         cache = PrefixCache()
         new = median_ms(lambda: cache._compute(engine.model, prefix, (0, 0, 0), "cpu"), args.repeats)
-    print(f"{args.model}: one thread, bf16, median of {args.repeats}; prompt {len(prompts[0])} tokens")
+    print(f"median of {args.repeats}; prompt {len(prompts[0])} tokens")
     (a_name, a), (b_name, b) = rows
     print(f"one-row prefill: head input {a_name} {a:.1f} ms, {b_name} {b:.1f} ms ({a / b:.2f}x)")
     print(

@@ -70,9 +70,8 @@ def main() -> None:
     run(False, 0)
     total = {True: [0.0, 0, 0], False: [0.0, 0, 0]}
     print(
-        f"{args.model}: {args.groups} groups of {args.samples} over {args.prompts} prompts, {args.prompts} "
-        f"in flight, a new version every {args.update_every} groups, one thread, "
-        f"{str(engine.model.dtype).removeprefix('torch.')}"
+        f"{args.groups} groups of {args.samples} over {args.prompts} prompts, {args.prompts} "
+        f"in flight, a new version every {args.update_every} groups"
     )
     head = ("round", "plain tok/s", "cached tok/s", "ratio", "prompt tokens plain", "cached")
     print("{:>5} {:>12} {:>13} {:>6} {:>20} {:>7}".format(*head))

@@ -57,8 +57,7 @@ def main() -> None:
     run(False, 0)
     total = {True: [0.0, 0], False: [0.0, 0]}
     shared_calls = shared_rows = plain_rows = 0
-    dtype = str(engine.model.dtype).removeprefix("torch.")
-    print(f"{args.model}: {args.prompts} prompts x {args.samples} samples, one thread, {dtype}")
+    print(f"{args.prompts} prompts x {args.samples} samples")
     head = ("round", "plain tok/s", "shared tok/s", "ratio", "rows/step plain", "shared")
     print("{:>5} {:>12} {:>13} {:>6} {:>16} {:>7}".format(*head))
     for n, res in ab_rounds(args.rounds, run):

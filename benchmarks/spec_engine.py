@@ -49,7 +49,7 @@ def engine_job(
     """The command line of the engine benchmarks (this one, shared_rows.py, prefix_cache.py) and what it
     sets up: the model in the engine's precision (bf16 where the CPU multiplies it natively, else fp32)
     at one thread, the default engine, and --prompts held-out rg:chain_sum
-    prompts. `more`: a benchmark's own integer options and their defaults."""
+    prompts; prints the model and its dtype. `more`: a benchmark's own integer options and their defaults."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     for name, default in (more or {}).items():
         ap.add_argument(name, type=int, default=default)
@@ -62,6 +62,7 @@ def engine_job(
     torch.set_num_threads(1)
     started = start_model(args.model, dtype=precision_dtype("auto", "cpu"))  # the engine's, as in a run
     engine = HFEngine(started.model, started.tokenizer, max_batch=128, seed=0)
+    print(f"{args.model} in {str(engine.model.dtype).removeprefix('torch.')}, one thread")
     task = make_task(TASK, default_task_args(TASK), "", "", "answer_is")
     prompts = [render_prompt_ids(started.tokenizer, p.messages) for p in task.heldout(args.prompts)]
     return args, engine, prompts

@@ -4,7 +4,8 @@ attention, same run.
     python benchmarks/attention.py [--rows 64] [--queries 48] [--keys 147] [--threads 1] [--repeats 5]
                                    [--no-grad]
 
-SmolLM2-135M's heads (9 query heads, 3 key/value heads, head dim 64), bf16, a causal mask over a
+SmolLM2-135M's heads (9 query heads, 3 key/value heads, head dim 64), in the precision a run picks (bf16
+where the CPU multiplies it natively, else fp32), a causal mask over a
 left-padded prompt, fwd + bwd of one layer's attention, best of `repeats`:
   sdpa             torch's scaled_dot_product_attention on repeated kv heads (CPU flash backward)
   matmul+repeat    matmul_attention on kv heads repeated by transformers' repeat_kv (isolates the grouping;
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import repeat_kv
 
 from streamrl.models.attention import matmul_attention
+from streamrl.models.precision import precision_dtype
 
 Attn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -63,9 +65,10 @@ def main() -> None:
     torch.manual_seed(0)
     B, H, Hkv, Q, K, D = a.rows, 9, 3, a.queries, a.keys, 64
     g = H // Hkv
-    q = torch.randn(B, Q, H, D).transpose(1, 2).to(torch.bfloat16)  # [B, H, Q, D] as a q_proj view
+    dtype = precision_dtype("auto", "cpu")
+    q = torch.randn(B, Q, H, D).transpose(1, 2).to(dtype)  # [B, H, Q, D] as a q_proj view
     spare = 256 if a.no_grad else 0  # the engine's cache: views of the first K of K + spare columns
-    k, v = (torch.randn(B, Hkv, K + spare, D).to(torch.bfloat16)[:, :, :K] for _ in range(2))
+    k, v = (torch.randn(B, Hkv, K + spare, D).to(dtype)[:, :, :K] for _ in range(2))
     mask = torch.ones(Q, K, dtype=torch.bool).tril(K - Q).expand(B, 1, Q, K).clone()
     mask[: B // 2, :, :, :5] = False  # half the rows left-padded by 5 keys
     grad = None if a.no_grad else torch.randn(B, H, Q, D)
@@ -78,7 +81,8 @@ def main() -> None:
     }
     what = "fwd (no grad)" if a.no_grad else "fwd + bwd"
     print(
-        f"one layer {what}: [{B} rows, {H}/{Hkv} heads, {Q} queries, {K} keys, dim {D}], bf16, "
+        f"one layer {what}: [{B} rows, {H}/{Hkv} heads, {Q} queries, {K} keys, dim {D}], "
+        f"{str(dtype).removeprefix('torch.')}, "
         f"{a.threads} thread(s)"
     )
     times = {name: best_time(f, q, k, v, grad, a.repeats) for name, f in impls.items()}

@@ -3,7 +3,8 @@
     python benchmarks/logprob_kernel.py [--model smollm2|tiny] [--rows 2000] [--threads 1] [--repeats 3]
                                         [--prompt-len 100] [--steps 3]
 
-1. Kernel: bf16 logits [rows, V] (V = the model's vocabulary) -> log-probs of sampled tokens and entropy,
+1. Kernel: logits [rows, V] (V = the model's vocabulary) in the trainer's precision (precision auto: bf16
+   where the CPU multiplies it natively, else fp32) -> log-probs of sampled tokens and entropy,
    forward + backward of sum(logprob * advantage), best of `repeats`:
      autograd  the plain path (x.float(), log_softmax, gather, entropy under no_grad; autograd backward)
      chunked   streamrl.trainer.fused_logprobs.token_logprobs_entropy
@@ -24,7 +25,7 @@ from typing import Any
 
 import torch
 
-from streamrl.models.precision import resolve_precision
+from streamrl.models.precision import precision_dtype, resolve_precision
 from streamrl.trainer import fused_logprobs, logprobs, shared_prompt
 
 MODELS = {"smollm2": "smollm2-135m-instruct", "tiny": "tiny-random"}
@@ -124,9 +125,11 @@ def main() -> None:
         "chunked": fused_logprobs.token_logprobs_entropy,
     }
 
-    x = torch.randn(a.rows, vocab).mul_(3).to(torch.bfloat16)
+    dtype = precision_dtype(cfg.train.precision, cfg.device)
+    x = torch.randn(a.rows, vocab).mul_(3).to(dtype)
     tokens, adv = torch.randint(0, vocab, (a.rows,)), torch.randn(a.rows)
-    print(f"kernel: bf16 logits [{a.rows}, {vocab}], fwd + bwd, {a.threads} thread(s), best of {a.repeats}")
+    name = str(dtype).removeprefix("torch.")
+    print(f"kernel: {name} logits [{a.rows}, {vocab}], fwd + bwd, {a.threads} thread(s), best of {a.repeats}")
     kern = {name: time_kernel(f, x, tokens, adv, a.repeats) for name, f in impls.items()}
     for name, s in kern.items():
         print(f"  {name:<9} {s:7.3f} s")

@@ -3,7 +3,8 @@
     python benchmarks/thread_scaling.py [--model smollm2|tiny] [--threads 1,2] [--batch 64] [--new-tokens 48]
                                         [--prompt-len 100] [--steps 2] [--out alphas.json]
 
-decode: streamrl's engine as the rollout worker drives it (HFEngine through ContinuousDecoder, bf16 weights),
+decode: streamrl's engine as the rollout worker drives it (HFEngine through ContinuousDecoder, weights in
+        rollout.precision: bf16 where the CPU multiplies it natively, else fp32),
         `batch` chat prompts x `new-tokens` tokens each (EOS ignored), tokens/s incl. prefill.
 engine step costs (the simulator's decode_step_s a, decode_token_s c, prefill_token_s p): the median decode
         step at 1 row and at `batch` rows (8 distinct random prompts of `prompt-len` tokens x batch / 8) gives

@@ -5,12 +5,12 @@
 
 One synthetic batch of the default job's shape (benchmarks/logprob_kernel.py: 8 prompts x 8 samples,
 random prompt tokens, completion lengths uniform in 8..max_new_tokens), the default train config
-(bf16, shared prompts). Two phases, the first with glibc's default malloc settings, the second after
-trainer/allocator.py's keep_freed_memory (it cannot be undone, hence the order). In each, every round
-measures the one-thread bf16 GEMM peak (benchmarks/mfu.py) and one step of each variant, alternating,
-after a warm-up round:
-    transformers  the model's own modules under autocast (the trainer's compute weights switched off)
-    fused         fused RMSNorm / SwiGLU / RoPE on bf16 compute weights cast once per optimizer step
+(precision auto: bf16 where the CPU multiplies it natively, else fp32; shared prompts). Two phases, the
+first with glibc's default malloc settings, the second after trainer/allocator.py's keep_freed_memory (it
+cannot be undone, hence the order). In each, every round measures the GEMM peak in the trainer's precision
+at --threads (benchmarks/mfu.py) and one step of each variant, alternating, after a warm-up round:
+    transformers  the model's own modules (under autocast in bf16; the trainer's compute weights off)
+    fused         fused RMSNorm / SwiGLU / RoPE on compute weights cast once per optimizer step
 Prints per phase and variant the median step time, user and system CPU time, minor page faults, and
 the model FLOPs utilisation counted as benchmarks/mfu.py's "computed": 6 N x forward tokens (shared
 prompts: the prefixes once + the completion rows, with their padding) per second of the median step
@@ -42,14 +42,16 @@ def timed_step(trainer, batch) -> Row:
     return wall, user, system, r1.ru_minflt - r0.ru_minflt, int(out["padded_tokens"])
 
 
-def run_phase(trainer, batch, variants: dict, steps: int, size: int, threads: int) -> tuple[dict, float]:
+def run_phase(
+    trainer, batch, variants: dict, steps: int, size: int, threads: int, dtype: torch.dtype
+) -> tuple[dict, float]:
     """Interleaved steps of each variant after a warm-up round -> ({variant: rows}, median peak)."""
     rows: dict[str, list[Row]] = {name: [] for name in variants}
     peaks: list[float] = []
     for i in range(steps + 1):  # round 0 warms up (allocator, thread pool)
-        peak = gemm_peak(size, 3, torch.bfloat16, threads)
-        for name, dtype in variants.items():
-            trainer.compute_dtype = dtype
+        peak = gemm_peak(size, 3, dtype, threads)
+        for name, compute in variants.items():
+            trainer.compute_dtype = compute
             row = timed_step(trainer, batch)
             if i:
                 rows[name].append(row)
@@ -101,7 +103,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     from streamrl.models import load_tokenizer
-    from streamrl.models.precision import resolve_precision
+    from streamrl.models.precision import precision_dtype, resolve_precision
     from streamrl.trainer import trainer as trainer_module
     from streamrl.trainer.trainer import Trainer
 
@@ -123,12 +125,15 @@ def main() -> None:
         f"{a.steps} steps per variant and phase"
     )
     variants = {"transformers": None, "fused": fused}
+    dtype = precision_dtype(cfg.train.precision, cfg.device)
+    dtype_name = str(dtype).removeprefix("torch.")
     for phase in ("glibc's default malloc", "freed memory kept (trainer/allocator.py)"):
         if phase.startswith("freed"):
             keep()
-        rows, peak = run_phase(trainer, batch, variants, a.steps, a.size, a.threads)
+        rows, peak = run_phase(trainer, batch, variants, a.steps, a.size, a.threads, dtype)
         print(
-            f"{phase}; bf16 GEMM peak at {a.threads} thread(s) ({a.size}^2, median): {peak / 1e9:.1f} GFLOP/s"
+            f"{phase}; {dtype_name} GEMM peak at {a.threads} thread(s) ({a.size}^2, median): "
+            f"{peak / 1e9:.1f} GFLOP/s"
         )
         report(rows, peak, n_params)
     if a.profile:

@@ -73,25 +73,37 @@ def box(request: pytest.FixtureRequest) -> LocalSandbox:
     return request.getfixturevalue("sb" if request.param == "probed" else "fallback")
 
 
-def _leftovers() -> list[int]:
-    """Processes still running a sandbox bootstrap (its argv holds the workdir 'streamrl-sbx-...')."""
-    found = []
+@pytest.fixture
+def own_workdirs(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A directory of the test's own for the sandbox's workdirs (tempfile's default directory), so that
+    the leftover check sees this test's processes only, not a sandbox another test runs beside it
+    (pytest -n)."""
+    root = tempfile.mkdtemp(prefix="sbx-test-")
+    os.chmod(root, 0o755)  # the dropped uid reaches its workdir through it
+    monkeypatch.setattr(tempfile, "tempdir", root)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _leftovers(root: str) -> list[int]:
+    """Processes still running a sandbox bootstrap whose workdir is under root (its argv holds it)."""
+    found, mark = [], f"{root}/streamrl-sbx-".encode()
     for d in os.listdir("/proc"):
         try:
-            if d.isdigit() and b"streamrl-sbx-" in Path(f"/proc/{d}/cmdline").read_bytes():
+            if d.isdigit() and mark in Path(f"/proc/{d}/cmdline").read_bytes():
                 found.append(int(d))
         except OSError:
             pass
     return found
 
 
-def _leftovers_after_reaping() -> list[int]:
-    """_leftovers() once the processes the sandbox SIGKILLed have finished exiting (the kernel tears
+def _leftovers_after_reaping(root: str) -> list[int]:
+    """_leftovers(root) once the processes the sandbox SIGKILLed have finished exiting (the kernel tears
     them down after the run returns), or after 10 s if some never go."""
     deadline = time.monotonic() + 10.0
-    while _leftovers() and time.monotonic() < deadline:
+    while _leftovers(root) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return _leftovers()
+    return _leftovers(root)
 
 
 def _last_line(r: ExecResult) -> str:
@@ -115,10 +127,10 @@ def test_crash_reports_stderr(box: LocalSandbox) -> None:
     assert (r.status, r.exit_code, _last_line(r)) == ("error", 1, "ValueError: boom")
 
 
-def test_infinite_loop_is_killed_at_the_wall_limit(box: LocalSandbox) -> None:
+def test_infinite_loop_is_killed_at_the_wall_limit(box: LocalSandbox, own_workdirs: str) -> None:
     r = box.run("while True:\n    pass\n", "", Limits(cpu_s=60, wall_s=1.5))
     assert (r.status, r.exit_code) == ("timeout", None)  # None: the sandbox killed it
-    assert _leftovers_after_reaping() == []
+    assert _leftovers_after_reaping(own_workdirs) == []
 
 
 def test_cpu_limit_is_a_timeout(box: LocalSandbox) -> None:
@@ -129,7 +141,7 @@ def test_cpu_limit_is_a_timeout(box: LocalSandbox) -> None:
 
 
 @pytest.mark.parametrize("level", LEVELS)
-def test_cpu_limit_is_a_timeout_at_every_level(level: str) -> None:
+def test_cpu_limit_is_a_timeout_at_every_level(level: str, own_workdirs: str) -> None:
     # forced, not probed: each level on its own. In a PID namespace the CPU signal must reach the program
     # (not the namespace's init, which ignores it): once it was an `error` ("unshare: sigprocmask unblock
     # failed: Invalid argument") instead of a timeout
@@ -139,16 +151,16 @@ def test_cpu_limit_is_a_timeout_at_every_level(level: str) -> None:
     r = box.run("while True:\n    pass\n", "", Limits(cpu_s=1, wall_s=120))
     sigxcpu = -signal.SIGXCPU if level == "rlimits" else 128 + signal.SIGXCPU
     assert (r.status, r.exit_code, r.stderr, r.isolation) == ("timeout", sigxcpu, "", level)
-    assert _leftovers_after_reaping() == []
+    assert _leftovers_after_reaping(own_workdirs) == []
 
 
 @needs_ns
-def test_setsid_child_dies_with_the_namespace(sb: LocalSandbox) -> None:
+def test_setsid_child_dies_with_the_namespace(sb: LocalSandbox, own_workdirs: str) -> None:
     # the program exits at once but leaves a child behind that tries to escape with setsid
     prog = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nprint('parent done')\n"
     r = sb.run(prog, "", OK)
     assert (r.status, r.exit_code, r.stdout) == ("ok", 0, "parent done\n")
-    assert _leftovers_after_reaping() == []
+    assert _leftovers_after_reaping(own_workdirs) == []
 
 
 _FORK_BOMB = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
@@ -158,7 +170,7 @@ _PRIVILEGES = (
 )
 
 
-def test_fork_bomb_is_contained(box: LocalSandbox) -> None:
+def test_fork_bomb_is_contained(box: LocalSandbox, own_workdirs: str) -> None:
     if box.isolation.name == "rlimits" and not ROOT:
         pytest.skip("the rlimits level drops the uid only when run as root")
     # what contains it: no capability (root ignores RLIMIT_NPROC) and the process limit. Checked first,
@@ -168,7 +180,7 @@ def test_fork_bomb_is_contained(box: LocalSandbox) -> None:
     assert (r.status, r.stdout.split()) == ("ok", ["0000000000000000", nproc, nproc])
     r = box.run(_FORK_BOMB, "", Limits(cpu_s=1, wall_s=2, memory_mb=256, max_processes=OK.max_processes))
     assert (r.status, r.stdout) == ("timeout", "")  # the spinning processes run into the CPU/wall limit
-    assert _leftovers_after_reaping() == []
+    assert _leftovers_after_reaping(own_workdirs) == []
     assert box.run("print('still fine')", "", OK).stdout == "still fine\n"  # the host can still fork
 
 

@@ -69,7 +69,7 @@ def test_the_python_api_trains_on_a_dataset_with_weighted_functions(workdir: Pat
     cfg = (run.run_dir / "config.yaml").read_text()
     assert "fn: my_rewards:brevity" in cfg and "weight: 0.5" in cfg  # a resumable, readable record
     groups = [json.loads(x) for x in (run.run_dir / "groups.jsonl").read_text().splitlines()]
-    questions = {f"row-{__import__('hashlib').sha1(r['prompt'].encode()).hexdigest()[:10]}" for r in ROWS}
+    questions = {f"row-{__import__('hashlib').sha1(r['prompt'].encode()).hexdigest()[:16]}" for r in ROWS}
     assert {g["problem_id"] for g in groups} <= questions  # trained on these rows, nothing else
     AutoModelForCausalLM.from_pretrained(run.checkpoint)
     assert run.final_accuracy == run.evaluation["final"]["accuracy"]

@@ -112,6 +112,7 @@ def test_sampled_evaluation_of_multi_turn_tasks_is_refused(task):
         ("task=rg:products", "task", "rg:chain_sum", "rg:products"),
         ("eval.size=10", "eval.size", 400, 10),
         ("task_config.few_shot_n=2", "task_config.few_shot_n", 0, 2),
+        ("rollout.sampler=mopps", "rollout.sampler", "uniform", "mopps"),
     ],
 )
 def test_a_resume_refuses_an_override_its_saved_state_would_ignore(tmp_path, override, key, old, new):

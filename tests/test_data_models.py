@@ -191,3 +191,43 @@ def test_column_mappings_that_cannot_be_meant_are_refused_or_skipped(tmp_path):
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     task = make_task(str(f), {}, "", "", "boxed", columns={"messages": "messages", "id": "uid"})
     assert sorted(r["id"] for r in task.rows) == ["a", "b"]
+
+
+def test_tiny_random_template_renders_tools_and_tool_calls_exactly():
+    """The test model's ChatML: a tools block opens the chat (the system prompt folded in), assistant tool
+    calls render as <tool_call> JSON (arguments given as an object or as a string), tool results as
+    `tool` turns; a chat without tools is plain ChatML."""
+    from streamrl.models.tiny import build_tokenizer
+
+    tok = build_tokenizer()
+    chat = [{"role": "system", "content": "Be exact."}, {"role": "user", "content": "2+3?"}]
+    assert tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == (
+        "<|im_start|>system\nBe exact.<|im_end|>\n<|im_start|>user\n2+3?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+    calls = [
+        {"function": {"name": "add", "arguments": {"a": 2}}},
+        {"function": {"name": "add", "arguments": '{"a": 3}'}},
+    ]
+    turns = [
+        *chat,
+        {"role": "assistant", "content": "Adding.", "tool_calls": calls},
+        {"role": "tool", "content": "5"},
+        {"role": "assistant", "content": "", "tool_calls": calls[:1]},
+    ]
+    assert tok.apply_chat_template(turns, tools=[tool], tokenize=False) == (
+        "<|im_start|>system\nBe exact.\n\n# Tools\n\nYou may call functions. Their signatures are in "
+        '<tools></tools>:\n<tools>\n{"type": "function", "function": {"name": "add", "parameters": '
+        '{"type": "object"}}}\n</tools>\n\nFor each call, reply with <tool_call>\n{"name": '
+        '<function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n2+3?<|im_end|>\n"
+        '<|im_start|>assistant\nAdding.\n<tool_call>\n{"name": "add", "arguments": {"a": 2}}\n</tool_call>'
+        '\n<tool_call>\n{"name": "add", "arguments": {"a": 3}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>tool\n5<|im_end|>\n"
+        '<|im_start|>assistant\n<tool_call>\n{"name": "add", "arguments": {"a": 2}}\n</tool_call><|im_end|>\n'
+    )
+    no_system = tok.apply_chat_template(chat[1:], tools=[tool], tokenize=False, add_generation_prompt=True)
+    assert no_system.startswith("<|im_start|>system\n# Tools\n\n")
+    assert no_system.endswith(
+        "</tool_call><|im_end|>\n<|im_start|>user\n2+3?<|im_end|>\n<|im_start|>assistant\n"
+    )

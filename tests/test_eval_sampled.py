@@ -146,6 +146,14 @@ def test_eval_of_a_checkpoint_refuses_problems_its_run_trained_on(tmp_path, caps
     assert not (tmp_path / "e").exists()  # refused before anything ran or was written
     model = f"model={run / 'checkpoints' / 'step-1'}"
     assert main([*ev, model, "size=2", f"run_dir={tmp_path / 'e2'}"]) == 0
+    capsys.readouterr()
+    # streamed, the held-out problems are the first rows in file order: not the ones this run held out
+    assert main([*ev, model, "size=2", "task_config.streaming=true", f"run_dir={tmp_path / 'e7'}"]) == 2
+    assert capsys.readouterr().err == (
+        f"streamrl: error: the run in {run} read data:rows.jsonl with task_config.streaming=false, which "
+        "holds out other problems than task_config.streaming=true takes: evaluate with "
+        "task_config.streaming=false\n"
+    )
     other = main([*ev, model, "size=5", "task_config.eval_data=other.jsonl", f"run_dir={tmp_path / 'e3'}"])
     assert other == 0  # rows of their own, apart from the training rows
     # a generated task: its run held out the first 2 problems of the held-out generator

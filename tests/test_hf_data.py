@@ -223,6 +223,34 @@ def test_streaming_a_hub_name_takes_held_out_rows_from_its_test_split(offline_hu
         make_task("hf:streamrl-test/streamed", {}, "", "", "gsm8k", streaming=True)
 
 
+def test_streamed_splits_of_their_own_may_number_their_rows_alike(offline_hub, monkeypatch):
+    """A held-out split of its own has its own ids: a training row numbered like a held-out row is
+    trained on, streamed as in memory (only repeats within one split conflict)."""
+    hub, _ = offline_hub
+    monkeypatch.setattr(datasets.config, "SLEEP_TIME_ON_THREADS_SHUTDOWN", 0)
+
+    def numbered(split: str, n: int) -> datasets.Dataset:  # uid 0, 1, ... in each split
+        return gsm8k_table(split, n).map(lambda row, i: {"uid": str(i)}, with_indices=True)
+
+    hub_snapshot(hub, "streamrl-test/numbered", {"train": numbered("train", 6), "test": numbered("test", 3)})
+    for streaming in (True, False):
+        task = make_task(
+            "hf:streamrl-test/numbered",
+            {},
+            "",
+            "",
+            "gsm8k",
+            columns=COLS,
+            streaming=streaming,
+            shuffle_buffer=1,
+        )
+        held = {p.meta["question"] for p in task.heldout(2)}
+        assert len(held) == 2 and held <= {f"test {i}: what is {i} + {i}?" for i in range(3)}, streaming
+        trained = {p.meta["question"] for p in itertools.islice(task.train_stream(0, set()), 12)}
+        assert trained == {f"train {i}: what is {i} + {i}?" for i in range(6)}, streaming
+        assert task.skipped == [], streaming
+
+
 def test_task_from_rows_takes_lists_datasets_and_iterable_datasets():
     rows = [{"q": f"q{i}", "a": f"#### {i}"} for i in range(6)]
     cols = {"prompt": "q", "answer": "a"}

@@ -9,6 +9,7 @@ import itertools
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -161,12 +162,50 @@ def test_a_stream_that_never_repeats_gives_up_after_max_skips(tiny, monkeypatch)
 # ---- runs -------------------------------------------------------------------------------------------
 
 
+def test_a_resume_that_would_draw_from_another_position_is_refused(tiny) -> None:
+    """A saved position counts the problems the filter let through: under another limit the same count
+    ends elsewhere in the stream (some problems trained twice, others never). The resume names it."""
+    from streamrl.data.samplers import MoPPSSampler, Sampler
+
+    tok = tiny[1]
+    rows = [_problem("s0", "What is 0 + 1?"), _problem("long-a", LONG_QUESTION)]
+    rows += [_problem(f"s{i}", f"What is {i} + 1?") for i in (1, 2, 3)]
+    n = len(render_prompt_ids(tok, rows[1].messages))
+
+    def sampler(kind: str, limit: int) -> Sampler:
+        stream = PromptFilter(tok, PromptLimit(limit, "why"), "task x", warn=False).apply(
+            itertools.cycle(rows)
+        )
+        return Sampler(stream) if kind == "uniform" else MoPPSSampler(stream, pool=2, seed=0)
+
+    for kind in ("uniform", "mopps"):
+        s = sampler(kind, 976)  # long-a is skipped
+        for _ in range(3):
+            next(s)
+        state = json.loads(json.dumps(s.state_dict()))
+        drawn = state["base_drawn"]
+        assert state["last_id"] == [r.id for r in rows if r.id != "long-a"][drawn - 1]
+        again = sampler(kind, 976)
+        again.load_state_dict(state)  # the same limit: the same position
+        assert (again.base_drawn, again.last_id) == (drawn, state["last_id"])
+        with pytest.raises(ValueError) as e:
+            sampler(kind, n).load_state_dict(state)  # long-a fits now
+        assert str(e.value) == (
+            f"resume: the training stream's problem {drawn} is '{rows[drawn - 1].id}', the run drew "
+            f"'{state['last_id']}' there: its data changed, or a setting that decides which prompts are too "
+            "long (task_config.max_prompt_tokens, rollout.max_new_tokens, train.token_budget, the system "
+            "prompt or chat template); resume with the run's own data and settings, or start a new run from "
+            "its checkpoint"
+        ), kind
+        sampler(kind, n).load_state_dict({k: v for k, v in state.items() if k != "last_id"})  # saved without
+
+
 def _rows(path: Path, questions: list[str]) -> Path:
     path.write_text("".join(json.dumps({"prompt": q, "answer": "7"}) + "\n" for q in questions))
     return path
 
 
-def test_run_skips_the_long_prompt_and_counts_it(tiny, tmp_path: Path, caplog) -> None:
+def test_run_skips_the_long_prompt_and_counts_it(tiny, tmp_path: Path, caplog, capsys) -> None:
     from streamrl.cli import main
     from streamrl.tasks import prepare_split, task_from_config
 
@@ -209,6 +248,19 @@ def test_run_skips_the_long_prompt_and_counts_it(tiny, tmp_path: Path, caplog) -
         f"tokens (the model's context of 1024 tokens - rollout.max_new_tokens=8; {AUTO}); every prompt "
         "skipped is counted in prompts_too_long (metrics.jsonl, accounting.json)"
     ]
+    # the data changed under the run: its resume would not reach the saved position, and says so before
+    # it writes anything
+    _rows(data, ["What is 2 + 5?", LONG_QUESTION, "What is 3 + 4?", "What is 5 + 2?"])
+    before = {f: f.read_bytes() for f in run.rglob("*") if f.is_file()}
+    capsys.readouterr()
+    assert main(["train", f"resume={run}", "max_steps=3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"streamrl: error: resume: the training stream's problem \d+ is 'row-\w+', the run drew 'row-\w+' "
+        r"there: its data changed, or a setting .*start a new run from its checkpoint",
+        err,
+    ), err
+    assert {f: f.read_bytes() for f in run.rglob("*") if f.is_file()} == before
 
 
 def test_every_prompt_too_long_stops_the_run_before_anything_is_written(tmp_path: Path, capsys) -> None:

@@ -110,6 +110,32 @@ def test_online_filter_skips_prompts_last_seen_at_zero_or_full_pass_rate():
     assert OnlineFilterSampler(iter(pop)).state_dict()["base_drawn"] == 0
 
 
+def test_a_saved_sampler_state_is_a_snapshot_that_later_draws_leave_alone():
+    """The async loop takes the state under its lock and writes it later, while admission keeps
+    drawing: what state_dict returned must not change with the sampler."""
+    rng = random.Random(2)
+    for s in (Sampler(_epochs(_population())), MoPPSSampler(_epochs(_population()), pool=8, seed=0)):
+        for _ in range(30):
+            s.observe(_group(next(s), rng))
+        state = s.state_dict()
+        saved = json.dumps(state)
+        for _ in range(30):
+            s.observe(_group(next(s), rng))
+        assert json.dumps(state) == saved, type(s).__name__
+    f = OnlineFilterSampler(itertools.cycle(_population(2)))
+    for _ in range(10):  # every prompt measured once: only the rate-0 and rate-1 ones at 0 and 8 of 8
+        p = next(f)
+        rate = p.meta["rate"]
+        f.observe(
+            Group(p, [_traj(p.id, k, k < 8 * rate if rate in (0.0, 0.5, 1.0) else k == 0) for k in range(8)])
+        )
+    state = f.state_dict()
+    saved = json.dumps(state)
+    assert state["skips"] == {}
+    assert [next(f).meta["rate"] for _ in range(6)] == [0.03] * 2 + [0.5] * 2 + [0.97] * 2  # rate 0 skipped
+    assert f.skipped == 2 and len(f.skips) == 2 and json.dumps(state) == saved
+
+
 def test_curriculum_raises_difficulty_when_rolling_accuracy_passes_threshold():
     task = make_task("rg:chain_sum", {}, "", "", "answer_is")
 

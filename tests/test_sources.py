@@ -179,6 +179,45 @@ def test_code_rows_from_a_tests_column(tmp_path):
     assert task.score(prob, "```python\nprint(int(input()) + 2)\n```").value == 0.5
 
 
+def test_a_file_of_math_and_code_rows_keeps_both_kinds(tmp_path):
+    """Math rows carry an answer and no tests, code rows tests and no answer: each is its own kind, whether
+    the other field is left out (rows from Python) or null (read with `datasets`: JSONL, Parquet)."""
+    import datasets
+
+    tests = [{"input": "2\n", "output": "4\n"}]
+    rows = [
+        {"prompt": "1+1?", "answer": "2"},
+        {"prompt": "double n", "tests": json.dumps(tests)},
+        {"prompt": "2+2?", "answer": "4"},
+        {"prompt": "triple n", "tests": json.dumps(tests)},
+    ]
+    f = tmp_path / "mixed.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = tmp_path / "mixed.parquet"
+    columns = {k: [r.get(k) for r in rows] for k in ("prompt", "answer", "tests")}  # absent: null
+    datasets.Dataset.from_dict(columns).to_parquet(str(table))
+    from streamrl.data.sources import task_from_rows
+
+    for path in (f, table, None):  # None: the rows as Python dicts, each without the other kind's field
+        task = (
+            task_from_rows(rows, {"tests": "tests"})
+            if path is None
+            else make_task(f"data:{path}", {}, "", "", "answer_is", columns={"tests": "tests"})
+        )
+        got = {r["question"]: (r["kind"], r["answer"], r["tests"]) for r in task.rows}
+        assert got == {
+            "1+1?": ("math", "2", None),
+            "2+2?": ("math", "4", None),
+            "double n": ("code", "", tests),
+            "triple n": ("code", "", tests),
+        }, path
+        assert task.skipped == [], path
+    bad = tmp_path / "bad.jsonl"  # a math row still needs its answer, a code row its tests
+    bad.write_text(json.dumps({"prompt": "3+3?"}) + "\n" + json.dumps({"prompt": "p", "tests": "[]"}) + "\n")
+    with pytest.raises(ValueError, match="no usable rows"):
+        make_task(f"data:{bad}", {}, "", "", "answer_is", columns={"tests": "tests"})
+
+
 def test_split_by_weight_is_exact():
     assert split_by_weight(10, [2, 1]) == [7, 3]
     assert split_by_weight(7, [1, 1, 1]) == [3, 2, 2]

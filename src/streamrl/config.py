@@ -163,6 +163,7 @@ RESUME_FIXED = {
     "task_config.few_shot_n": "the few-shot examples are excluded from the saved training stream",
     "eval.size": "the held-out set, and so the training stream, are the saved ones",
     "runtime.mode": "the groups one loop carries over are not read by the other",
+    "rollout.sampler": "the saved data position and feedback are that sampler's",
     "train.lr": "the optimizer and scheduler states restore the saved learning rate",
     "train.weight_decay": "the optimizer state restores the saved value",
     "train.betas": "the optimizer state restores the saved values",

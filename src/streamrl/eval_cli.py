@@ -66,6 +66,13 @@ def refuse_trained_problems(cfg: Config, task: Any) -> None:
             f"{cfg.task}'s training split, which this evaluation takes: evaluate with "
             f"task_config.{key}={theirs[key]}"
         )
+    theirs_streamed, ours_streamed = (str(bool(side.get("streaming"))).lower() for side in (theirs, ours))
+    if theirs_streamed != ours_streamed:  # streamed: the first rows in file order; else the hashed order's
+        raise ValueError(
+            f"the run in {run} read {cfg.task} with task_config.streaming={theirs_streamed}, which holds out "
+            f"other problems than task_config.streaming={ours_streamed} takes: evaluate with "
+            f"task_config.streaming={theirs_streamed}"
+        )
     held = (trained.get("eval") or {}).get("size")
     if isinstance(held, int) and cfg.eval.size > held:
         kept = f"only the first {held} problems" if held else "no problems"

@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from streamrl.data.task import Score, Task
+from streamrl.data.task import ID_HEX, Score, Task
 from streamrl.rewards.code import extract_program, score_program, validate_tests
 from streamrl.rewards.sandbox import Executor, Limits, LocalSandbox
 from streamrl.types import Problem
@@ -78,7 +78,7 @@ class CodeTask(Task):
 
     def _make(self, i: int) -> Problem:
         row = self.rows[i]
-        pid = f"code-{hashlib.sha1(row['prompt'].encode()).hexdigest()[:10]}"
+        pid = f"code-{hashlib.sha1(row['prompt'].encode()).hexdigest()[:ID_HEX]}"
         return self._problem(pid, row["prompt"], row["solution"], {"tests": row["tests"]})
 
     def heldout(self, n: int) -> list[Problem]:

@@ -67,6 +67,16 @@ def _get(rec: dict[str, Any], column: str) -> Any:
     return cur
 
 
+def _optional(rec: dict[str, Any], column: str) -> Any:
+    """rec[column], or None where the row does not have it: a file that mixes math and code rows leaves
+    the tests out of its math rows and the answer out of its code rows (a table fills them with null)."""
+    try:
+        value = _get(rec, column)
+    except KeyError:
+        return None
+    return None if value == "" else value
+
+
 def _question(rec: dict[str, Any], columns: dict[str, str]) -> tuple[str, list[dict[str, str]] | None]:
     if "messages" not in columns:
         question = _get(rec, columns["prompt"])
@@ -117,8 +127,8 @@ def parse_row(rec: Any, columns: dict[str, str]) -> dict[str, Any]:
     try:
         question, messages = _question(rec, columns)
         tests = None
-        if "tests" in columns:
-            raw = _get(rec, columns["tests"])
+        raw = _optional(rec, columns["tests"]) if "tests" in columns else None
+        if raw is not None:
             tests = validate_tests(json.loads(raw) if isinstance(raw, str) else raw, "tests")
         kind = str(_get(rec, columns["task"])) if "task" in columns else ("code" if tests else "math")
         if kind not in ("math", "code"):
@@ -127,12 +137,16 @@ def parse_row(rec: Any, columns: dict[str, str]) -> dict[str, Any]:
             raise ValueError("a code row needs tests (map them with task_config.columns.tests)")
         answer = ""  # task_config.columns.answer=null: no reference answers
         if "answer" in columns:
-            answer = _get(rec, columns["answer"]) if kind == "math" else rec.get(columns["answer"], "")
-            if answer is None or (kind == "math" and str(answer).strip() == ""):
-                raise ValueError(f"column '{columns['answer']}' is empty")
-            answer = reference_answer(str(answer)) if kind == "math" else str(answer)
-            if kind == "math" and not answer:
-                raise ValueError(f"column '{columns['answer']}' has nothing after '####'")
+            if kind == "code":  # the tests score a code row: it may leave the answer out
+                answer = _optional(rec, columns["answer"])
+                answer = "" if answer is None else str(answer)
+            else:
+                answer = _get(rec, columns["answer"])
+                if answer is None or str(answer).strip() == "":
+                    raise ValueError(f"column '{columns['answer']}' is empty")
+                answer = reference_answer(str(answer))
+                if not answer:
+                    raise ValueError(f"column '{columns['answer']}' has nothing after '####'")
         rid = None
         if "id" in columns:
             rid = _get(rec, columns["id"])

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from streamrl.data.task import Score, Task
+from streamrl.data.task import ID_HEX, Score, Task
 from streamrl.rewards.sandbox import LocalSandbox
 from streamrl.types import Problem
 
@@ -54,7 +54,7 @@ class RowTask(Task):
             self.executor = LocalSandbox(min_isolation=self.min_isolation)
 
     def _make(self, row: dict[str, Any]) -> Problem:
-        pid = row["id"] or f"row-{hashlib.sha1(row['key'].encode()).hexdigest()[:10]}"
+        pid = row["id"] or f"row-{hashlib.sha1(row['key'].encode()).hexdigest()[:ID_HEX]}"
         meta: dict[str, Any] = {"kind": row["kind"]}
         if row["tests"]:
             meta["tests"] = row["tests"]

@@ -56,11 +56,31 @@ class Sampler:
     def __init__(self, base: Iterator[Problem]) -> None:
         self.base = base
         self.base_drawn = 0  # position in the base stream (what a resume skips to)
+        self.last_id = ""  # the id of the problem at that position (what a resume checks it reached)
         self.lock = threading.Lock()  # next() runs in the admission thread, metrics() in the trainer's
 
     def _pull(self) -> Problem:
         self.base_drawn += 1
-        return next(self.base)
+        p = next(self.base)
+        self.last_id = p.id
+        return p
+
+    def _position(self) -> dict[str, Any]:
+        return {"base_drawn": self.base_drawn, "last_id": self.last_id}
+
+    def _check_position(self, d: dict[str, Any]) -> None:
+        """After a resume re-drew the saved number of problems: the last one must be the one the run
+        drew there. Another means the stream changed under the run: its data, or what decides which
+        prompts are skipped as too long (data/prompt_limit.py). States saved without an id pass."""
+        saved = d.get("last_id")
+        if saved and saved != self.last_id:
+            raise ValueError(
+                f"resume: the training stream's problem {self.base_drawn} is '{self.last_id}', the run drew "
+                f"'{saved}' there: its data changed, or a setting that decides which prompts are too long "
+                "(task_config.max_prompt_tokens, rollout.max_new_tokens, train.token_budget, the system "
+                "prompt or chat template); resume with the run's own data and settings, or start a new run "
+                "from its checkpoint"
+            )
 
     def __iter__(self) -> Sampler:
         return self
@@ -76,11 +96,12 @@ class Sampler:
         return {}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"base_drawn": self.base_drawn}
+        return self._position()
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         for _ in range(int(d["base_drawn"])):
             self._pull()
+        self._check_position(d)
 
 
 def _successes(group: Group) -> tuple[int, int]:
@@ -168,7 +189,7 @@ class MoPPSSampler(Sampler):
     def state_dict(self) -> dict[str, Any]:
         with self.lock:
             return {
-                "base_drawn": self.base_drawn,
+                **self._position(),
                 "pool": [[c.position, c.draws] for c in self.pool.values()],
                 "post": [[k, v[0], v[1]] for k, v in self.post.items()],
                 "rng": _rng_state(self.rng),
@@ -181,6 +202,7 @@ class MoPPSSampler(Sampler):
             p = self._pull()
             if pos in wanted:
                 self.pool[p.id] = _Candidate(p, pos, wanted[pos])
+        self._check_position(d)
         self.post = OrderedDict((k, [float(a), float(b)]) for k, a, b in d["post"])
         _set_rng(self.rng, d["rng"])
         self.draws, self.retired, self.evicted = d["counts"]
@@ -221,9 +243,9 @@ class OnlineFilterSampler(Sampler):
     def state_dict(self) -> dict[str, Any]:
         with self.lock:
             return {
-                "base_drawn": self.base_drawn,
+                **self._position(),
                 "rate": list(self.rate.items()),
-                "skips": self.skips,
+                "skips": dict(self.skips),  # a copy: the caller writes it later, as taken now
                 "counts": [self.skipped, self.forced],
             }
 
@@ -283,7 +305,7 @@ class CurriculumSampler(Sampler):
         return False
 
     def _restart(self) -> None:
-        self.base, self.base_drawn = self.make_stream(self.args(), self.raises), 0
+        self.base, self.base_drawn, self.last_id = self.make_stream(self.args(), self.raises), 0, ""
         self.recent.clear()
 
     def observe(self, group: Group) -> None:
@@ -301,7 +323,7 @@ class CurriculumSampler(Sampler):
     def state_dict(self) -> dict[str, Any]:
         with self.lock:
             return {
-                "base_drawn": self.base_drawn,
+                **self._position(),
                 "raises": self.raises,
                 "levels": self.levels(),
                 "recent": [int(x) for x in self.recent],

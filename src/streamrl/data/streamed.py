@@ -45,12 +45,14 @@ class StreamedDataTask(RowTask):
         self.train_label, self.held_label = labels[0] or name, labels[1] or name
         self.shuffle_buffer = shuffle_buffer
         self.skipped: list[str] = []  # malformed rows met while training (`where: why`)
-        self._ids: dict[str, int] = {}  # a mapped row id -> hash of the prompt it was first seen with
-        for ds, label in ((train, self.train_label), (held, self.held_label)):
+        # per split ("train", "held"; a split of its own names its rows apart): a mapped row id -> hash
+        # of the prompt it was first seen with
+        self._ids: dict[str, dict[str, int]] = {"train": {}, "held": {}}
+        for ds, label, split in ((train, self.train_label, "train"), (held, self.held_label, "held")):
             if ds is not None:
-                self._peek(ds, label)
+                self._peek(ds, label, split)
 
-    def _peek(self, ds: Any, label: str) -> None:
+    def _peek(self, ds: Any, label: str, split: str) -> None:
         check_question_column(label, self.columns, getattr(ds, "column_names", None))
         rows, bad = [], []
         first: dict[str, int] = {}  # a mapped row id -> the row it was first seen in
@@ -60,7 +62,7 @@ class StreamedDataTask(RowTask):
             except ValueError as e:
                 bad.append(f"{label}:row {i}: {e}")
                 continue
-            if self._repeats(row):  # its id came in this peek with another prompt
+            if self._repeats(row, split):  # its id came in this peek with another prompt
                 raise ValueError(
                     f"task_config.columns.id: column '{self.columns['id']}' repeats '{row['id']}' ({label}: "
                     f"rows {first[row['id']]} and {i}, different prompts): map a column unique per row, or "
@@ -68,18 +70,19 @@ class StreamedDataTask(RowTask):
                 )
             first.setdefault(row["id"], i)
             rows.append(row)
-        self._ids.clear()  # the stream is read again from its start
+        self._ids[split].clear()  # the stream is read again from its start
         if not rows:
             raise no_usable_rows(label, bad, getattr(ds, "column_names", None))
         report_skipped(label, bad)
         self.use_sandbox_for(rows)
 
-    def _rows(self, ds: Any, label: str) -> Iterator[dict[str, Any]]:
-        """The usable rows of ds in its order; a malformed one is skipped (the first few are logged)."""
+    def _rows(self, ds: Any, label: str, split: str) -> Iterator[dict[str, Any]]:
+        """The usable rows of ds (split: "train" or "held") in its order; a malformed one is skipped (the
+        first few are logged)."""
         for rec in ds:
             try:
                 row = parse_row(rec, self.columns)
-                if self._repeats(row):
+                if self._repeats(row, split):
                     raise ValueError(
                         f"task_config.columns.id: column '{self.columns['id']}' repeats '{row['id']}' of "
                         "an earlier row with a different prompt"
@@ -91,23 +94,28 @@ class StreamedDataTask(RowTask):
                 continue
             yield row
 
-    def _repeats(self, row: dict[str, Any]) -> bool:
-        """Whether the row's mapped id came before with a different prompt (remembering it if new)."""
-        return row["id"] is not None and self._ids.setdefault(row["id"], hash(row["key"])) != hash(row["key"])
+    def _repeats(self, row: dict[str, Any], split: str) -> bool:
+        """Whether the row's mapped id came before in its split with a different prompt (remembering it
+        if new)."""
+        seen = self._ids[split]
+        return row["id"] is not None and seen.setdefault(row["id"], hash(row["key"])) != hash(row["key"])
 
     def heldout_from_training(self) -> bool:
         return self.held is None
 
     def heldout(self, n: int) -> list[Problem]:
-        ds, label = (self.held, self.held_label) if self.held is not None else (self.train, self.train_label)
-        return [self._make(r) for r in itertools.islice(self._rows(ds, label), n)]
+        if self.held is not None:
+            rows = self._rows(self.held, self.held_label, "held")
+        else:  # held out from the training split: the same ids
+            rows = self._rows(self.train, self.train_label, "train")
+        return [self._make(r) for r in itertools.islice(rows, n)]
 
     def train_stream(self, seed: int, exclude: set[str]) -> Iterator[Problem]:
         shuffled = self.train.shuffle(seed=seed, buffer_size=self.shuffle_buffer)
         for epoch in itertools.count():
             shuffled.set_epoch(epoch)
             fresh = 0
-            for row in self._rows(shuffled, self.train_label):
+            for row in self._rows(shuffled, self.train_label, "train"):
                 if not excluded(row, exclude):
                     fresh += 1
                     yield self._make(row)

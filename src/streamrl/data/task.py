@@ -31,6 +31,10 @@ SMALL_MODEL_ARGS: dict[str, dict[str, Any]] = {
     "products": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
 }
 
+# hex digits of sha1 in a row's default id (row-..., code-...): 64 bits, so among ten million distinct
+# prompts two share an id with a chance of about 3 in a million (with 40 bits, more often than not)
+ID_HEX = 16
+
 
 def default_task_args(spec: str) -> dict[str, Any]:
     """The args a task runs with when none are configured (a copy; empty for other tasks)."""

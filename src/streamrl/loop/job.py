@@ -115,6 +115,10 @@ def _seed_everything(seed: int) -> None:
 def _restore(cfg: Config, parts: Components, run_dir: Path) -> RunState:
     """Load weights, optimizer and position of a stopped run into fresh components."""
     state, model_dir, tensors = load_state(run_dir)
+    if state.sampler:  # first: a stream that no longer reaches the saved position is refused at once
+        parts.stream.load_state_dict(state.sampler)  # positions, posteriors, levels: data/samplers.py
+    else:  # a run saved before samplers: the uniform stream is deterministic, skip what was drawn
+        Sampler.load_state_dict(parts.stream, {"base_drawn": state.problems_drawn})
     from safetensors.torch import load_file
 
     weights = load_file(str(model_dir / "model.safetensors"))
@@ -133,10 +137,6 @@ def _restore(cfg: Config, parts: Components, run_dir: Path) -> RunState:
     if hasattr(parts.trainer, "sync_followers"):  # ddp: the follower ranks take the restored state
         parts.trainer.sync_followers()
     push_policy(parts.engine, parts.trainer)
-    if state.sampler:
-        parts.stream.load_state_dict(state.sampler)  # positions, posteriors, levels: data/samplers.py
-    else:  # a run saved before samplers: the uniform stream is deterministic, skip what was drawn
-        Sampler.load_state_dict(parts.stream, {"base_drawn": state.problems_drawn})
     return state
 
 
@@ -168,12 +168,6 @@ def _run_train(
     name_semaphores_after_this_process()  # a later run can remove them if this one is killed
     if (removed := remove_leftovers()) > 0:
         console.print(f"removed {removed} semaphore(s) left in /dev/shm by killed runs")
-    write_text_atomic(run_dir / "config.yaml", config_yaml(cfg))  # a resume's start, killed, keeps the old
-    workers = 0 if cfg.runtime.mode == "colocated" else cfg.runtime.rollout_workers
-    env = collect_environment(cfg.model, train_threads, rollout_threads, workers)
-    env["rollout_precision"] = resolve_precision(cfg.rollout.precision, cfg.device)
-    env["train_precision"] = resolve_precision(cfg.train.precision, cfg.device)
-    write_text_atomic(run_dir / "environment.json", json.dumps(env, indent=2))
     split = (
         f"{train_threads} threads (colocated: generate and train in turn)"
         if cfg.runtime.mode == "colocated"
@@ -207,6 +201,13 @@ def _run_train(
         "train": 0.0,
     }
     state = _restore(cfg, parts, run_dir) if cfg.resume else RunState()
+    # after the restore: a resume it refuses leaves the run's files as they were
+    write_text_atomic(run_dir / "config.yaml", config_yaml(cfg))  # a resume's start, killed, keeps the old
+    workers = 0 if cfg.runtime.mode == "colocated" else cfg.runtime.rollout_workers
+    env = collect_environment(cfg.model, train_threads, rollout_threads, workers)
+    env["rollout_precision"] = resolve_precision(cfg.rollout.precision, cfg.device)
+    env["train_precision"] = resolve_precision(cfg.train.precision, cfg.device)
+    write_text_atomic(run_dir / "environment.json", json.dumps(env, indent=2))
     if cfg.resume:
         moved = reconcile_logs(run_dir, state.step)
         console.print(

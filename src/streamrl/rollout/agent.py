@@ -155,13 +155,15 @@ def rollout_agent_episodes(
 
     names = [f"{gid}-{k}" for _, gid, k in jobs]
     runs: dict[int, tuple[AgentRun, list[CallRecord]]] = {}  # the episodes over, with their calls
-    started: dict[int, float] = {}  # the episodes started (time.monotonic), in job order
+    running: dict[int, float] = {}  # the episodes started and not over -> their start (time.monotonic)
+    started = 0  # jobs started, in job order
     at_once = AGENTS_PER_ROW * max(1, r.max_batch)
 
     def start() -> None:  # daemons: an agent past its limit is left behind
-        while len(started) < len(jobs) and len(started) - len(runs) < at_once:
-            i = len(started)
-            started[i] = time.monotonic()
+        nonlocal started
+        while started < len(jobs) and len(running) < at_once:
+            i, started = started, started + 1
+            running[i] = time.monotonic()
             threading.Thread(target=episode, args=(i, jobs[i][0].messages, names[i]), daemon=True).start()
 
     try:
@@ -171,13 +173,14 @@ def rollout_agent_episodes(
                 raise EvalStopped(f"stopped with {len(runs)} of {len(jobs)} agent runs over")
             try:
                 i, run = returned.get(timeout=POLL_S)
-                if i not in runs:  # else it was ended earlier: what it returns now is dropped
+                if running.pop(i, None) is not None:  # else it was ended earlier: what it returns is dropped
                     runs[i] = (run, proxy.pop_episode(names[i]))
             except queue.Empty:
                 pass
             now = time.monotonic()
-            for i, t0 in started.items():
-                if i not in runs and (late := overdue(proxy, names[i], t0, r.agent_timeout_s, now)):
+            for i, t0 in list(running.items()):
+                if late := overdue(proxy, names[i], t0, r.agent_timeout_s, now):
+                    del running[i]
                     runs[i] = (late, proxy.pop_episode(names[i], refuse_later=True))  # ended now, refused on
             start()
         # a call the stop aborted reaches its agent as an empty reply: the run ended, but not as it would

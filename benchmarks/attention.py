@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import repeat_kv
 
 from streamrl.models.attention import matmul_attention
-from streamrl.models.precision import precision_dtype
+from streamrl.models.precision import dtype_name, precision_dtype
 
 Attn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -82,7 +82,7 @@ def main() -> None:
     what = "fwd (no grad)" if a.no_grad else "fwd + bwd"
     print(
         f"one layer {what}: [{B} rows, {H}/{Hkv} heads, {Q} queries, {K} keys, dim {D}], "
-        f"{str(dtype).removeprefix('torch.')}, "
+        f"{dtype_name(dtype)}, "
         f"{a.threads} thread(s)"
     )
     times = {name: best_time(f, q, k, v, grad, a.repeats) for name, f in impls.items()}

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from streamrl.models.precision import precision_dtype, resolve_precision
+from streamrl.models.precision import dtype_name, precision_dtype, resolve_precision
 from streamrl.trainer import fused_logprobs, logprobs, shared_prompt
 
 MODELS = {"smollm2": "smollm2-135m-instruct", "tiny": "tiny-random"}
@@ -128,7 +128,7 @@ def main() -> None:
     dtype = precision_dtype(cfg.train.precision, cfg.device)
     x = torch.randn(a.rows, vocab).mul_(3).to(dtype)
     tokens, adv = torch.randint(0, vocab, (a.rows,)), torch.randn(a.rows)
-    name = str(dtype).removeprefix("torch.")
+    name = dtype_name(dtype)
     print(f"kernel: {name} logits [{a.rows}, {vocab}], fwd + bwd, {a.threads} thread(s), best of {a.repeats}")
     kern = {name: time_kernel(f, x, tokens, adv, a.repeats) for name, f in impls.items()}
     for name, s in kern.items():

@@ -23,7 +23,7 @@ from streamrl.data.prompts import render_prompt_ids
 from streamrl.data.task import default_task_args
 from streamrl.engine.base import Draft, GenRequest, GenResult
 from streamrl.engine.hf import HFEngine
-from streamrl.models.precision import precision_dtype
+from streamrl.models.precision import dtype_name, precision_dtype
 from streamrl.models.startup import start_model
 from streamrl.tasks import make_task
 
@@ -62,7 +62,7 @@ def engine_job(
     torch.set_num_threads(1)
     started = start_model(args.model, dtype=precision_dtype("auto", "cpu"))  # the engine's, as in a run
     engine = HFEngine(started.model, started.tokenizer, max_batch=128, seed=0)
-    print(f"{args.model} in {str(engine.model.dtype).removeprefix('torch.')}, one thread")
+    print(f"{args.model} in {dtype_name(engine.model.dtype)}, one thread")
     task = make_task(TASK, default_task_args(TASK), "", "", "answer_is")
     prompts = [render_prompt_ids(started.tokenizer, p.messages) for p in task.heldout(args.prompts)]
     return args, engine, prompts

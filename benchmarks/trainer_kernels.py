@@ -1,14 +1,16 @@
 """Trainer.step with the fused Llama path (models/fused_llama.py) vs transformers' modules, same run.
 
     python benchmarks/trainer_kernels.py [--model smollm2|tiny] [--threads 1] [--steps 5] [--prompt-len 100]
-                                         [--size 2048] [--profile]
+                                         [--size 2048] [--profile] [--allocator both|glibc|kept]
 
 One synthetic batch of the default job's shape (benchmarks/logprob_kernel.py: 8 prompts x 8 samples,
 random prompt tokens, completion lengths uniform in 8..max_new_tokens), the default train config
 (precision auto: bf16 where the CPU multiplies it natively, else fp32; shared prompts). Two phases, the
 first with glibc's default malloc settings, the second after trainer/allocator.py's keep_freed_memory (it
-cannot be undone, hence the order). In each, every round measures the GEMM peak in the trainer's precision
-at --threads (benchmarks/mfu.py) and one step of each variant, alternating, after a warm-up round:
+cannot be undone, hence the order; --allocator glibc or kept runs one phase alone, so that invocations
+alternating the two compare the allocators free of the drift a fixed order adds). In each, every round
+measures the GEMM peak in the trainer's precision at --threads (benchmarks/mfu.py) and one step of each
+variant, alternating, after a warm-up round:
     transformers  the model's own modules (under autocast in bf16; the trainer's compute weights off)
     fused         fused RMSNorm / SwiGLU / RoPE on compute weights cast once per optimizer step
 Prints per phase and variant the median step time, user and system CPU time, minor page faults, and
@@ -99,11 +101,12 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=100)
     p.add_argument("--size", type=int, default=2048, help="square GEMM size of the peak")
     p.add_argument("--profile", action="store_true", help="also profile one step of each variant")
+    p.add_argument("--allocator", choices=("both", "glibc", "kept"), default="both", help="phases to run")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     from streamrl.models import load_tokenizer
-    from streamrl.models.precision import precision_dtype, resolve_precision
+    from streamrl.models.precision import dtype_name, precision_dtype, resolve_precision
     from streamrl.trainer import trainer as trainer_module
     from streamrl.trainer.trainer import Trainer
 
@@ -126,19 +129,19 @@ def main() -> None:
     )
     variants = {"transformers": None, "fused": fused}
     dtype = precision_dtype(cfg.train.precision, cfg.device)
-    dtype_name = str(dtype).removeprefix("torch.")
-    for phase in ("glibc's default malloc", "freed memory kept (trainer/allocator.py)"):
+    phases = {"glibc": "glibc's default malloc", "kept": "freed memory kept (trainer/allocator.py)"}
+    for phase in (phases[k] for k in phases if a.allocator in (k, "both")):
         if phase.startswith("freed"):
             keep()
         rows, peak = run_phase(trainer, batch, variants, a.steps, a.size, a.threads, dtype)
         print(
-            f"{phase}; {dtype_name} GEMM peak at {a.threads} thread(s) ({a.size}^2, median): "
+            f"{phase}; {dtype_name(dtype)} GEMM peak at {a.threads} thread(s) ({a.size}^2, median): "
             f"{peak / 1e9:.1f} GFLOP/s"
         )
         report(rows, peak, n_params)
     if a.profile:
-        for name, dtype in variants.items():
-            trainer.compute_dtype = dtype
+        for name, compute in variants.items():
+            trainer.compute_dtype = compute
             print(f"  profile of one step, {name}:")
             profile_step(trainer, batch, top=8)
     trainer.compute_dtype = fused

@@ -8,6 +8,7 @@ import pytest
 
 from streamrl.config import load_config
 from streamrl.data.mixture import split_by_weight
+from streamrl.data.sources import task_from_rows
 from streamrl.tasks import make_task, prepare_split, task_from_config
 
 
@@ -196,8 +197,6 @@ def test_a_file_of_math_and_code_rows_keeps_both_kinds(tmp_path):
     table = tmp_path / "mixed.parquet"
     columns = {k: [r.get(k) for r in rows] for k in ("prompt", "answer", "tests")}  # absent: null
     datasets.Dataset.from_dict(columns).to_parquet(str(table))
-    from streamrl.data.sources import task_from_rows
-
     for path in (f, table, None):  # None: the rows as Python dicts, each without the other kind's field
         task = (
             task_from_rows(rows, {"tests": "tests"})
@@ -258,6 +257,25 @@ def test_mixture_draws_sources_by_weight_and_scores_with_each(tmp_path):
             make_task("mix", {}, "", "", "answer_is", sources=[{"task": "rg:chain_sum", "weight": weight}])
     with pytest.raises(ValueError, match=r"task=mix needs task_config.sources="):
         make_task("mix", {}, "", "", "answer_is")
+
+
+def test_a_held_out_question_is_not_trained_on_as_a_chat_of_one_turn_in_another_source(tmp_path):
+    """A chat of one user turn asks what a plain row with its question asks: a mixture holding out
+    either form never trains on the other, whichever source holds it."""
+    chats, plain = tmp_path / "chats.jsonl", tmp_path / "plain.jsonl"
+    one_turn = [{"chat": [{"role": "user", "content": f"q{i}"}], "answer": str(i)} for i in range(8)]
+    chats.write_text("".join(json.dumps(r) + "\n" for r in one_turn))
+    plain.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": str(i)}) + "\n" for i in range(8)))
+    sources = f"[{{task: 'data:{chats}', columns: {{messages: chat}}}}, {{task: 'data:{plain}'}}]"
+    cfg = load_config(None, ["task=mix", f"task_config.sources={sources}", "eval.size=4"])
+    task = task_from_config(cfg)
+    held, exclude = prepare_split(task, cfg)
+    assert Counter(p.meta["source"] for p in held) == {0: 2, 1: 2}
+    held_q = {p.meta["question"] for p in held}
+    draws = list(itertools.islice(task.train_stream(0, exclude), 400))
+    assert {p.meta["source"] for p in draws} == {0, 1}
+    assert not held_q & {p.meta["question"] for p in draws}
+    assert {p.meta["question"] for p in draws} == {f"q{i}" for i in range(8)} - held_q
 
 
 def test_reasoning_gym_composite():

@@ -45,8 +45,13 @@ def default_task_args(spec: str) -> dict[str, Any]:
 
 def prompt_key(problem: Problem) -> str:
     """The identity that held-out and few-shot exclusion compare: the question text, or a chat row's
-    every turn (data/columns.py row_key)."""
-    return row_key(problem.meta["question"], problem.meta.get("chat"))
+    every turn (data/columns.py row_key). A chat of one user turn asks what a plain row with that
+    question asks: its key is the question, so holding either out keeps the other (in any source of a
+    mixture) out of training."""
+    chat = problem.meta.get("chat")
+    if chat and len(chat) == 1 and chat[0]["role"] == "user":
+        return problem.meta["question"]
+    return row_key(problem.meta["question"], chat)
 
 
 @dataclass

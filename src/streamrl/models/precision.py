@@ -70,6 +70,11 @@ def precision_dtype(name: str, device: str | torch.device) -> torch.dtype:
     return PRECISIONS[resolve_precision(name, device)]
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """'float32', 'bfloat16': a dtype as printed beside a measured figure."""
+    return str(dtype).removeprefix("torch.")
+
+
 def precision_warning(name: str, key: str, device: str | torch.device) -> str | None:
     """One line when bf16 was asked for explicitly on a device that only emulates it, else None."""
     if name != "bf16" or native_bf16(device):

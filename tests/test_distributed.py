@@ -3,6 +3,8 @@
 import copy
 import json
 import math
+import os
+import signal
 
 import pytest
 import torch
@@ -69,13 +71,22 @@ def _grads(trainer, store):
     trainer.optimizer.register_step_pre_hook(hook)
 
 
+# M2PO's cut and the entropy quantile are taken over the mini-batch, gathered across the ranks
+SELECT = ["loss.name=m2po", "loss.m2_threshold=26", "loss.entropy_top_q=0.5"]
+
+
 @pytest.mark.parametrize(
-    "strategy, backend",
-    [("ddp", "local"), ("fsdp2", "local"), pytest.param("ddp", "ray", marks=pytest.mark.xdist_group("ray"))],
-    ids=["ddp", "fsdp2", "ddp-ray"],
+    "strategy, backend, loss",
+    [
+        ("ddp", "local", []),
+        ("fsdp2", "local", []),
+        pytest.param("ddp", "ray", [], marks=pytest.mark.xdist_group("ray")),
+        ("ddp", "local", SELECT),
+    ],
+    ids=["ddp", "fsdp2", "ddp-ray", "ddp-token-selections"],
 )
-def test_two_ranks_match_one_process(tiny, strategy, backend, capsys):
-    base = ["model=tiny-random", "train.lr=1e-3", "train.token_budget=40", "train.precision=fp32"]
+def test_two_ranks_match_one_process(tiny, strategy, backend, loss, capsys):
+    base = ["model=tiny-random", "train.lr=1e-3", "train.token_budget=40", "train.precision=fp32", *loss]
     single = make_trainer(copy.deepcopy(tiny[0]), load_config(None, base), pad_id=0)
     extra = [f"train.strategy={strategy}", "train.world_size=2", "train.dist_timeout_s=60"]
     if backend == "ray":  # rank 1 is a Ray actor (1 CPU) beside one rollout actor slot
@@ -89,6 +100,8 @@ def test_two_ranks_match_one_process(tiny, strategy, backend, capsys):
 
             assert [type(p) for p in dist_trainer.links.procs] == [RankHandle]
             assert dist_trainer.links.procs[0].is_alive()
+        if backend == "local":  # Slurm and systemd send SIGTERM to every process of the job: rank 0 decides
+            os.kill(dist_trainer.links.procs[0].pid, signal.SIGTERM)
         g1, g2 = [], []
         _grads(single, g1)
         _grads(dist_trainer, g2)
@@ -101,6 +114,8 @@ def test_two_ranks_match_one_process(tiny, strategy, backend, capsys):
             for k in m1:
                 if k != "train_time":
                     assert m2[k] == pytest.approx(m1[k], rel=RTOL, abs=ATOL), k
+            if loss and n == 5:  # some tokens kept, some not, by each rule
+                assert 0 < m1["m2_masked_frac"] < 1 and 0 < m1["entropy_mask_kept_frac"] < 1
             gd = max(float((a[: b.shape[0]] - b).abs().max()) for a, b in zip(g1[-1], g2[-1]))
             assert gd <= ATOL
             diffs[f"grad_step{len(g1)}"] = gd

@@ -16,7 +16,7 @@ from streamrl.algo.aggregation import (
 from streamrl.algo.loss_inputs import LossParams, LossTensors
 from streamrl.algo.losses import ppo_clip
 from streamrl.algo.losses_is import cispo, gspo, reinforce, truncated_is
-from streamrl.algo.losses_m2po import m2_mask, m2po
+from streamrl.algo.losses_m2po import m2_cut, m2_mask, m2po
 
 P = LossParams()
 
@@ -72,6 +72,22 @@ def test_m2_mask_drops_the_fewest_largest_tokens():
     # token 3 not a loss token: (0.01, 0.25, 0.04) -> means 0.1, 0.025: drop token 1 only
     assert m2_mask(log_r, torch.tensor([[1.0, 1.0, 1.0, 0.0]]), 0.04).tolist() == [[1.0, 0.0, 1.0, 0.0]]
     assert m2_mask(log_r, torch.ones(1, 4), 1.0).tolist() == [[1.0, 1.0, 1.0, 1.0]]  # 0.325 <= 1
+
+
+def test_m2_cut_of_a_mini_batch_is_not_its_micro_batches():
+    # (log r)^2 0.01, 0.25, 0.04, 1.0 at threshold 0.04: the two largest go, the smallest dropped is 0.25
+    assert m2_cut(torch.tensor([0.01, 0.25, 0.04, 1.0]), 0.04) == pytest.approx(0.25)
+    assert m2_cut(torch.tensor([0.01, 0.25, 0.04, 1.0]), 1.0) == math.inf  # mean 0.325 <= 1
+    assert m2_cut(torch.zeros(0), 0.04) == math.inf
+    # micro-batch 1: log r 0.5, 0, 0, 0 (mean square 0.0625 > 0.04); micro-batch 2: all 0. Over the
+    # mini-batch's 8 tokens the mean is 0.03125 <= 0.04: nothing is dropped, though micro-batch 1 alone
+    # drops its 0.5
+    first, mask = torch.tensor([[0.5, 0.0, 0.0, 0.0]]), torch.ones(1, 4)
+    assert m2_cut(torch.cat([first, torch.zeros(1, 4)], 1).flatten() ** 2, 0.04) == math.inf
+    assert m2_mask(first, mask, 0.04).tolist() == [[0.0, 1.0, 1.0, 1.0]]
+    # the loss takes the mini-batch's keep mask when it is given
+    loss, m = m2po(LossTensors(first, torch.zeros(1, 4), torch.ones(1, 4), mask, m2_keep=mask), LossParams())
+    assert m["m2_masked_frac"] == 0.0 and loss[0, 0].item() == pytest.approx(-math.exp(0.5))
 
 
 def test_m2po_loss_is_unclipped_ratio_on_kept_tokens():

@@ -4,7 +4,7 @@ import pytest
 import torch
 from trajectories import make_traj
 
-from streamrl.algo.token_weights import entropy_top_q_mask, sign_weights
+from streamrl.algo.token_weights import entropy_top_q_mask, quantile, sign_weights
 from streamrl.config import load_config
 from streamrl.trainer.batching import collate
 from streamrl.trainer.logprobs import completion_logprobs
@@ -20,6 +20,16 @@ def test_entropy_top_q_keeps_the_highest_entropy_loss_tokens():
     # the masked 9.0 never counts
     assert entropy_top_q_mask(ent, mask, 0.2).tolist() == [[0, 1, 0, 0], [0, 1, 0, 0]]
     assert entropy_top_q_mask(ent, mask, 1.0).tolist() == mask.tolist()
+
+
+def test_the_quantile_of_a_mini_batch_is_not_its_micro_batches():
+    # two micro-batches of 4 loss tokens; q = 0.5 over all 8: sorted .1 .2 .3 .4 1 2 3 4, the 0.5
+    # quantile at rank 3.5 is 0.4 + 0.5 * (1 - 0.4) = 0.7 (the first micro-batch alone: 0.25)
+    low, high = torch.tensor([[0.1, 0.2, 0.3, 0.4]]), torch.tensor([[1.0, 2.0, 3.0, 4.0]])
+    assert quantile(torch.cat([low, high], 1), 0.5) == pytest.approx(0.7)
+    assert entropy_top_q_mask(low, torch.ones(1, 4), 0.5).tolist() == [[0, 0, 1, 1]]
+    assert quantile(torch.tensor([3.0, 1.0, 2.0]), 0.25) == pytest.approx(1.5)
+    assert quantile(torch.tensor([5.0]), 0.8) == 5.0
 
 
 def test_sign_weights():
@@ -47,9 +57,10 @@ def test_kl_in_reward_is_zero_at_the_reference_and_grows_away_from_it(tiny):
     assert trainer.kl_reward_penalty(batch) == pytest.approx([0.5 * 0.3 * 2, 0.5 * 0.3 * 3], abs=1e-5)
 
 
-def test_entropy_bonus_raises_entropy(tiny):
+@pytest.mark.parametrize("coef", [1.0, -1.0])
+def test_entropy_bonus_raises_entropy_and_a_negative_one_lowers_it(tiny, coef):
     model = copy.deepcopy(tiny[0])
-    cfg = load_config(None, ["loss.entropy_coef=1.0", "train.lr=1e-4", "loss.name=ppo_clip"])
+    cfg = load_config(None, [f"loss.entropy_coef={coef}", "train.lr=1e-4", "loss.name=ppo_clip"])
     trainer = Trainer.from_config(model, cfg, pad_id=0)
     t = _traj(0, [8, 9, 10])
     mb = collate([t], [0.0], 0)
@@ -59,4 +70,4 @@ def test_entropy_bonus_raises_entropy(tiny):
     trainer.step(TrainBatch([t], [0.0]))  # zero advantage: only the entropy term pushes
     with torch.no_grad():
         after = completion_logprobs(model, mb, return_entropy=True)[1].mean().item()
-    assert after > before
+    assert (after - before) * coef > 0

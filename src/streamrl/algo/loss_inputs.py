@@ -28,6 +28,8 @@ class LossTensors:
     advantages: per-token advantages (an outcome advantage is broadcast over its row).
     mask: loss mask (1 = a token the loss trains on), float.
     prox_logprobs: decoupled PPO's proximal policy (detached); None: the same as old_logprobs.
+    m2_keep: M2PO's keep mask [B, T] taken over the whole mini-batch these tensors are part of (the
+        trainer takes it when the mini-batch spans several micro-batches); None: over these tensors.
     """
 
     logprobs: torch.Tensor
@@ -35,6 +37,7 @@ class LossTensors:
     advantages: torch.Tensor
     mask: torch.Tensor
     prox_logprobs: torch.Tensor | None = None
+    m2_keep: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

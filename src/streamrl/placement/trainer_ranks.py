@@ -156,7 +156,10 @@ def run_follower(
 ) -> None:
     """A follower rank: same model and config as rank 0, trains the batches rank 0 sends.
     device_index: the CUDA device (-1: the rank's own index; a Ray actor sees only its GPU: 0)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle
+    # Ctrl-C, and a SIGTERM sent to the whole group (Slurm, systemd), are rank 0's to handle: it stops at
+    # a step boundary and saves, which needs this rank alive
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         _follow(rank, world, init_method, cfg_dict, commands, parent_pid, device_index)
     except BaseException:

@@ -164,6 +164,11 @@ class DistributedTrainer(Trainer):
                 merged[k] = max(merged.get(k, v), v) if k.startswith(MAX) else merged.get(k, 0.0) + v
         return sum(p[0] for p in parts), merged
 
+    def _gather_values(self, values: torch.Tensor) -> torch.Tensor:
+        parts: list[Any] = [None] * self.world
+        dist.all_gather_object(parts, values.cpu())
+        return torch.cat(parts)
+
     def _after_step(self) -> None:
         if self.train.strategy != "fsdp2":
             return

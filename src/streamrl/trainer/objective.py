@@ -45,6 +45,7 @@ def policy_objective(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     prox_mode: str,
+    m2_keep: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Per-token policy loss [B, T] and metrics of one micro-batch (all tensors [B, T]).
 
@@ -55,15 +56,14 @@ def policy_objective(
     multiplied by the correction's weight of rho = trainer_old / behav (logprobs / behav for a correction
     registered `current`, detached: OPSM). The correction's counts go into
     the metrics under SUM / MAX keys whenever trainer_old is known (ratio statistics even without one).
+    m2_keep: M2PO's keep mask taken over the whole mini-batch (trainer/mini_batch_cuts.py).
     """
     corrected = correction.name != "none"
-    if corrected and trainer_old is None:
-        raise ValueError("a rollout correction needs the trainer's log-probs before the step")
-    old = trainer_old if corrected else behav
+    old = ratio_base(correction, behav, trainer_old)
     prox = None
     if spec.proximal:
         prox = behav if (prox_mode == "behav" and not corrected) else trainer_old
-    t = LossTensors(logprobs=logprobs, old_logprobs=old, advantages=advantages, mask=mask, prox_logprobs=prox)
+    t = LossTensors(logprobs, old, advantages, mask, prox_logprobs=prox, m2_keep=m2_keep)
     per_token, metrics = spec.fn(t, params)
     if trainer_old is not None:
         log_rho = ((logprobs if correction.current else trainer_old) - behav).detach()
@@ -73,6 +73,18 @@ def policy_objective(
         for k, v in correction_counts(c, log_rho, mask).items():
             metrics[(MAX if k == "ratio_max" else SUM) + k] = v
     return per_token, metrics
+
+
+def ratio_base(
+    correction: CorrectionSpec, behav: torch.Tensor, trainer_old: torch.Tensor | None
+) -> torch.Tensor:
+    """What the loss's ratio is taken against: the engine's log-probs, or with a rollout correction the
+    trainer's before the step."""
+    if correction.name == "none":
+        return behav
+    if trainer_old is None:
+        raise ValueError("a rollout correction needs the trainer's log-probs before the step")
+    return trainer_old
 
 
 def accumulate(totals: dict[str, float], metrics: dict[str, float], n: float) -> None:

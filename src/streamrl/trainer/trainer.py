@@ -26,6 +26,7 @@ from streamrl.trainer.allocator import keep_freed_memory
 from streamrl.trainer.batching import MicroBatch
 from streamrl.trainer.critic import CriticTargets, ValueHead, clipped_value_loss
 from streamrl.trainer.logprobs import completion_forward, completion_logprobs
+from streamrl.trainer.mini_batch_cuts import OWN, MiniBatchCuts, mini_batch_cuts
 from streamrl.trainer.objective import (
     accumulate,
     correction_params,
@@ -150,6 +151,10 @@ class Trainer:
         """Sum the loss and token-weighted metric totals over all processes."""
         return loss_sum, totals
 
+    def _gather_values(self, values: torch.Tensor) -> torch.Tensor:
+        """A 1-D tensor of every process's values, concatenated in rank order."""
+        return values
+
     def _after_step(self) -> None:
         """Runs on every process after the optimizer steps of one batch."""
 
@@ -198,11 +203,14 @@ class Trainer:
         totals: dict[str, float],
         critic: CriticTargets | None = None,
         weight: float = 1.0,
+        cuts: MiniBatchCuts = OWN,
+        index: int = 0,
     ) -> float:
         """Forward + backward of one micro-batch; accumulates token-weighted metrics into totals.
 
         The backward uses loss * weight (data parallel: world size, or 0 for a collective-only pass,
-        whose metrics are not counted); returns the unweighted loss."""
+        whose metrics are not counted); cuts: the mini-batch's token selections (mini_batch_cuts.py),
+        `index`: this micro-batch's in them; returns the unweighted loss."""
         dev = next(self.model.parameters()).device
         mask = mb.loss_mask.to(dev)
         temp = self.temperature
@@ -213,12 +221,14 @@ class Trainer:
                 mb,
                 temp,
                 return_entropy=True,
-                entropy_grad=lc.entropy_coef > 0,
+                entropy_grad=lc.entropy_coef != 0,
                 return_hidden=critic is not None,
             )
         assert entropy is not None
         behav = mb.old_logprobs.to(dev)
-        loss_mask = entropy_top_q_mask(entropy, mask, lc.entropy_top_q)
+        loss_mask = cuts.entropy.get(index)
+        if loss_mask is None:
+            loss_mask = entropy_top_q_mask(entropy, mask, lc.entropy_top_q)
         advantages = sign_weights(mb.advantages.to(dev), lc.pos_weight, lc.neg_weight)
         if prox is None and self.train.mini_batches == 1:
             prox = logprobs.detach()  # the weights before this batch's only optimizer step
@@ -231,8 +241,9 @@ class Trainer:
             behav=behav,
             trainer_old=None if prox is None else prox.to(dev),
             advantages=advantages,
-            mask=loss_mask,
+            mask=mask,  # a sequence's ratio and statistics count all its tokens, trained on or not
             prox_mode=lc.prox,
+            m2_keep=cuts.m2.get(index),
         )
         if self.ref_model is not None and lc.kl_in == "loss":
             with torch.no_grad(), self._autocast():
@@ -240,7 +251,7 @@ class Trainer:
             kl = self.kl(logprobs, ref_lp)
             per_token = per_token + lc.kl_coef * kl
             metrics["kl_ref"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
-        if lc.entropy_coef > 0:
+        if lc.entropy_coef != 0:
             per_token = per_token - lc.entropy_coef * entropy
         loss = self.aggregate(per_token, loss_mask, norm)
         if critic is not None:
@@ -290,15 +301,16 @@ class Trainer:
             norm = batch_normalizer(self.loss.aggregation, masks, self.max_new_tokens)
             mine = self._my_share(idx)
             with self._compute_weights():
+                cuts = mini_batch_cuts(self, mbs, mine, len(idx), prox)
                 for n, (i, w) in enumerate(mine):
                     if self.boundary is not None:
                         self.boundary()
                     with self._grad_sync(last=n == len(mine) - 1):
-                        loss_sum += self._micro_step(mbs[i], norm, prox[i], totals, critic[i], w)
+                        loss_sum += self._micro_step(mbs[i], norm, prox[i], totals, critic[i], w, cuts, i)
             grad_norms.append(self._clip_grads())
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
+            self.scheduler.step()  # train.warmup_steps counts optimizer steps
         self.version += 1
         loss_sum, totals = self._reduce_metrics(loss_sum, totals)
         self._after_step()

@@ -153,6 +153,19 @@ def test_a_rollout_error_that_ends_the_run_is_raised_and_not_printed_again(tiny,
     assert "boom" not in capsys.readouterr().err
 
 
+def test_an_admission_thread_that_outlives_the_stop_draws_nothing_after_the_carry_over(tiny):
+    """close() joins the admission thread with a timeout: if it is still alive (a hung worker being
+    killed), a problem it drew after the carry-over would advance the saved sampler, recorded nowhere."""
+    state = RunState()
+    runner = _runner(tiny, state, StopFlag())
+    runner._carry_over([])  # as close() does once the workers stopped
+    # one admission allowed, then the thread is told to stop
+    runner.staleness.try_admit = lambda: runner._threads_stop.set() or True
+    runner._admission_loop()
+    assert state.problems_drawn == 0 and state.groups_made == 0 and not runner.sh.inflight
+    assert runner.ledger.counts()["admitted"] == 0 and not runner.sh.errors
+
+
 def test_duplicate_result_is_dropped(tiny):
     """A group's second result (regenerated after its worker died, the first copy arrived too) is dropped."""
     runner = _runner(tiny, RunState(), StopFlag())

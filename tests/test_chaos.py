@@ -22,6 +22,7 @@ import pytest
 from tiny_args import TINY
 
 from streamrl.cli import main
+from streamrl.files import hold_run_dir, in_use_message, run_dir_in_use
 from streamrl.loop.run_dir import claim_run_dir, reconcile_logs
 from streamrl.loop.state import latest_state, state_dirs
 from streamrl.placement import leftovers
@@ -176,6 +177,36 @@ def test_a_run_dir_that_holds_a_run_is_refused(tmp_path: Path, capsys: pytest.Ca
     assert {p: p.stat().st_mtime_ns for p in run.rglob("*")} == before  # nothing touched
     assert main(["train", *ARGS, "max_steps=1", f"run_dir={run}", "overwrite=true"]) == 0
     assert [r["step"] for r in _lines(run / "metrics.jsonl")] == [1]  # a fresh run, not appended
+
+
+def test_a_run_dir_another_process_trains_into_is_refused(tmp_path: Path, capsys, monkeypatch) -> None:
+    """A second `streamrl train` into a run directory (a resume while the run still trains or saves, an
+    overwrite) would interleave its logs and states: refused in one line, nothing touched."""
+    import streamrl.loop.job as job
+
+    run, held = tmp_path / "run", []
+    real = job.save_state
+
+    def save(run_dir, *a, **k):
+        held.append(run_dir_in_use(run_dir))
+        return real(run_dir, *a, **k)
+
+    monkeypatch.setattr(job, "save_state", save)
+    assert main(["train", *ARGS, "max_steps=1", f"run_dir={run}"]) == 0
+    monkeypatch.undo()
+    assert held == [True] and not run_dir_in_use(run)  # held while it ran, released at its end
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("*")}
+    capsys.readouterr()
+    with hold_run_dir(run):  # what the process training into it holds
+        for args in (
+            [f"resume={run}", "max_steps=2"],
+            [*ARGS, "max_steps=1", f"run_dir={run}", "overwrite=true"],
+        ):
+            assert main(["train", *args]) == 2
+            assert capsys.readouterr().err == f"streamrl: error: {in_use_message(run)}\n"
+    assert {p: p.stat().st_mtime_ns for p in run.rglob("*")} == before
+    assert main(["train", f"resume={run}", "max_steps=2"]) == 0  # the lock went with its holder
+    assert [r["step"] for r in _lines(run / "metrics.jsonl")] == [1, 2]
 
 
 def test_a_resume_without_a_saved_state_changes_nothing(

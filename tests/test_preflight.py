@@ -247,3 +247,11 @@ def test_a_plain_task_gives_its_first_problem() -> None:
     first = Problem(id="a", messages=[], answer="1")
     assert one_row_per_source(object(), iter([]), [first], 0, set()) == [first]  # type: ignore[arg-type]
     assert one_row_per_source(object(), iter([]), [], 0, set()) == []  # type: ignore[arg-type]
+
+
+def test_training_with_a_nucleus_is_refused_before_anything_is_written(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert _train([*TINY, "rollout.top_p=0.9", f"run_dir={run}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("streamrl: error: config key 'rollout.top_p' is 0.9: training samples with top_p=1")
+    assert "`streamrl eval` sampling" in err and err.count("\n") == 1 and not run.exists()

@@ -225,6 +225,15 @@ def test_wandb_sink_logs_offline_through_the_api(tmp_path, monkeypatch):
     assert calls["init"]["id"] != first  # another run directory is another W&B run
     assert sorted(p.name for p in (tmp_path / "other").iterdir()) == ["wandb_run_id"]
     assert (tmp_path / "other" / "wandb_run_id").read_text() == calls["init"]["id"] + "\n"
+    # resumed after a crash that had logged steps past the saved step 4: W&B would ignore steps 5.. of
+    # the old run, so they go to a new run, which names the old one; a later resume continues the new one
+    WandbSink(tmp_path, "proj", "offline", {"model": "m"}, rewound_to=4)
+    second = calls["init"]["id"]
+    assert second != first and calls["init"]["config"] == {"model": "m", "resumed_from": first}
+    assert calls["init"]["name"] == f"{tmp_path.name}-from-step-4"
+    assert (tmp_path / "wandb_run_id").read_text() == second + "\n"
+    WandbSink(tmp_path, "proj", "offline", {"model": "m"})
+    assert calls["init"]["id"] == second
 
 
 def test_wandb_missing_is_a_config_error(monkeypatch):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import sys
 import threading
 import types
@@ -96,6 +97,19 @@ def test_hung_worker_process_is_killed_not_leaked(service, tmp_path: Path) -> No
     with pytest.raises(ProcessLookupError):
         os.kill(int(pid_file.read_text()), 0)  # killed and reaped, not left sleeping
     assert svc.submit(str(pid_file), 0.0).result().reward == 1.0
+
+
+def test_a_sigterm_to_the_process_group_does_not_cost_a_reward(service, tmp_path: Path) -> None:
+    """Slurm and systemd stop a job by sending SIGTERM to all of its processes: the parent stops the run
+    at a safe point, and a scorer process keeps scoring what is in flight meanwhile."""
+    pid_file = tmp_path / "pid"
+    svc = service(rs.record_pid_then_sleep, workers=1)
+    future = svc.submit(str(pid_file), 1.0)
+    wait_until(pid_file.is_file, HANG_S, "the scorer never started")
+    os.kill(int(pid_file.read_text()), signal.SIGTERM)
+    o = future.result()
+    assert (o.reward, o.error) == (1.0, None)
+    assert svc.metrics()["reward/worker_restarts"] == 0
 
 
 def test_raising_scorer(service) -> None:

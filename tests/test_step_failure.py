@@ -88,6 +88,38 @@ def test_a_colocated_rollout_failure_saves_the_step_before(tmp_path, monkeypatch
     _finishes_exactly_once(run, 4)
 
 
+def test_a_colocated_step_run_again_numbers_its_groups_after_the_failed_attempts(tmp_path, monkeypatch):
+    """One training problem: step 2's rollouts fail after drawing it, and the resumed step 2 draws it
+    again. Its groups get new ids; the failed attempt's stay filtered (the same id would be refused)."""
+    from streamrl.loop.colocated import ColocatedRunner
+
+    data = tmp_path / "five.jsonl"  # eval.size=4 holds four out: one problem left to train on
+    data.write_text(
+        "".join(json.dumps({"prompt": f"{i} + 1 = ?", "answer": str(i + 1)}) + "\n" for i in range(5))
+    )
+    real = ColocatedRunner._batch
+
+    def batch(self, step):
+        out = real(self, step)
+        if step == 2:
+            raise RuntimeError("injected rollout failure")
+        return out
+
+    monkeypatch.setattr(ColocatedRunner, "_batch", batch)
+    run = tmp_path / "run"
+    args = [*ARGS, *MODES["colocated"], f"task=data:{data}", "rollout.dynamic_sampling=false", "max_steps=3"]
+    with pytest.raises(RuntimeError, match="injected rollout failure"):
+        main(["train", *args, f"run_dir={run}"])
+    monkeypatch.undo()
+    assert main(["train", f"resume={run}"]) == 0
+    steps = [r["step"] for r in _lines(run / "metrics.jsonl")]
+    trained = [g["group_id"] for g in _lines(run / "groups.jsonl")]
+    assert steps == [1, 2, 3] and len(trained) == len(set(trained)) == 6
+    assert sorted(g.split("-")[1] for g in trained if g.startswith("s2-")) == ["2", "3"]
+    acc = json.loads((run / "accounting.json").read_text())
+    assert acc["lost"] == 0 and acc["trained"] == 6 and acc["filter_reasons"] == {"failed_step": 2}
+
+
 def test_a_step_whose_evaluation_fails_is_logged(tmp_path, monkeypatch):
     """The periodic evaluation of step 2 raises: step 2 is trained and counted, so it has its line."""
     import streamrl.loop.job as job
@@ -103,6 +135,83 @@ def test_a_step_whose_evaluation_fails_is_logged(tmp_path, monkeypatch):
     assert [r["step"] for r in _lines(run / "metrics.jsonl")] == [1, 2]
     assert latest_state(run).name == "step-000002"
     _finishes_exactly_once(run, 4)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_step_whose_statistics_fail_is_logged(tmp_path, monkeypatch, mode):
+    """A statistic of step 2 raises after its update counted (the rollout backend's, the agents'):
+    step 2 still has its line, and the run resumes from it with every step logged once."""
+    import streamrl.loop.colocated as colocated
+    import streamrl.placement.backend as backend
+
+    calls = {"n": 0}
+
+    def failing_second(real):
+        def stats(*a, **k):
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise RuntimeError("injected statistics failure")
+            return real(*a, **k)
+
+        return stats
+
+    if mode == "async":
+        monkeypatch.setattr(backend.LocalRollouts, "stats", failing_second(backend.LocalRollouts.stats))
+    else:
+        monkeypatch.setattr(colocated.EpisodeErrors, "take", failing_second(colocated.EpisodeErrors.take))
+    run = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="injected statistics failure"):
+        main(["train", *ARGS, *MODES[mode], f"run_dir={run}"])
+    monkeypatch.undo()
+    assert [r["step"] for r in _lines(run / "metrics.jsonl")] == [1, 2]
+    assert latest_state(run).name == "step-000002"
+    _finishes_exactly_once(run, 4)
+
+
+def test_the_final_state_is_saved_before_the_logs_close(tmp_path, monkeypatch):
+    """Closing a log sink can fail or take long (an online W&B run uploading while a SIGKILL follows a
+    SIGTERM): the last step's state is saved first, and the other sinks still close."""
+    import streamrl.observe.metrics as metrics
+
+    closed = []
+
+    def failing_close(self):
+        closed.append(Path(self._file.name).name)
+        self._file.close()
+        raise OSError("injected close failure")
+
+    monkeypatch.setattr(metrics.MetricsWriter, "close", failing_close)
+    monkeypatch.setattr(metrics.GroupLog, "close", lambda self: closed.append("groups") or self._file.close())
+    run = tmp_path / "run"
+    with pytest.raises(OSError, match="injected close failure"):
+        main(["train", *ARGS, *MODES["colocated"], "max_steps=2", f"run_dir={run}"])
+    monkeypatch.undo()
+    assert sorted(closed) == ["groups", "metrics.jsonl"]
+    assert latest_state(run).name == "step-000002"
+    _finishes_exactly_once(run, 2)
+
+
+def test_a_streamrl_eval_record_written_during_the_run_is_kept(tmp_path, monkeypatch):
+    """`streamrl eval run_dir=RUN` may score a checkpoint while the run trains: the run's own eval.json
+    at its end keeps that record."""
+    import streamrl.loop.job as job
+
+    real = job.save_state
+
+    def save(run_dir, state, *a, **k):
+        out = real(run_dir, state, *a, **k)
+        if state.step == 1:  # what eval_cli writes into a run directory without a run record yet
+            (run_dir / "eval.json").write_text(json.dumps({"sampled": {"model": "step-1", "accuracy": 0.5}}))
+        return out
+
+    monkeypatch.setattr(job, "save_state", save)
+    run = tmp_path / "run"
+    assert (
+        main(["train", *ARGS, *MODES["colocated"], "max_steps=2", "eval.after=true", f"run_dir={run}"]) == 0
+    )
+    evals = json.loads((run / "eval.json").read_text())
+    assert evals["sampled"] == {"model": "step-1", "accuracy": 0.5}
+    assert evals["final"]["n"] == 4
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -1,4 +1,5 @@
-"""Files written whole or not at all: a run's JSON and YAML records, its report page, its W&B id.
+"""Files written whole or not at all: a run's JSON and YAML records, its report page, its W&B id; and the
+lock a training process holds on its run directory.
 
 A file is written under a temporary name beside its place (`.tmp-NAME-PID`), synced, then renamed
 over it, so a reader (a resume, a browser, `streamrl report` in another process) sees the old version
@@ -8,7 +9,10 @@ next write; those of writers still running are left to them.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from streamrl.processes import pid_alive
@@ -40,3 +44,37 @@ def sync_dir(d: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+RUN_LOCK = ".lock"  # in a run directory: flock'ed by the process training into it; the kernel lets go at exit
+
+
+def run_dir_in_use(run_dir: Path) -> bool:
+    """Does another process hold `run_dir`'s lock (a run training into it, or still saving)?"""
+    lock = run_dir / RUN_LOCK
+    if not lock.is_file():
+        return False
+    with lock.open("a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+    return False
+
+
+def in_use_message(run_dir: Path) -> str:
+    return (
+        f"run_dir {run_dir} is in use by another streamrl process (it trains or saves into it): wait for "
+        "it to stop, or stop it (Ctrl-C saves its state), then resume"
+    )
+
+
+@contextlib.contextmanager
+def hold_run_dir(run_dir: Path) -> Iterator[None]:
+    """Hold `run_dir`'s lock while the block runs (a second process training into it is refused)."""
+    with (run_dir / RUN_LOCK).open("a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(in_use_message(run_dir)) from None
+        yield

@@ -17,6 +17,7 @@ from streamrl.data.mixture import SOURCE_SEED_STEP
 from streamrl.data.prompt_limit import PromptFilter, prompt_limit
 from streamrl.data.samplers import check_curriculum
 from streamrl.data.task import Task, default_task_args
+from streamrl.files import in_use_message, run_dir_in_use
 from streamrl.models.device import check_device
 from streamrl.models.resolve import chat_template_file, load_model_config, load_tokenizer, resolve_model_dir
 from streamrl.rewards.judge import judge_config
@@ -33,11 +34,14 @@ class Checked:
     split: tuple[list[Problem], set[str]]  # prepare_split's (held-out problems, prompts never trained on)
 
 
-def check_run_dir(path: Path, may_hold_run: bool) -> None:
+def check_run_dir(path: Path, may_hold_run: bool, training: bool = False) -> None:
     """The run directory, before any work: not a file, and holding a run only where that is meant
-    (may_hold_run: a resume, overwrite=true, an evaluation adding its results)."""
+    (may_hold_run: a resume, overwrite=true, an evaluation adding its results); `training` into it:
+    no other process trains into it now."""
     if path.exists() and not path.is_dir():
         raise ValueError(f"run_dir {path} is a file: choose a directory (a new name, or a run's)")
+    if training and path.is_dir() and run_dir_in_use(path):
+        raise ValueError(in_use_message(path))
     if not may_hold_run and (path / "config.yaml").is_file():
         raise ValueError(
             f"run_dir {path} already holds a run: continue it with resume={path}, start it over with "
@@ -77,8 +81,14 @@ def one_row_per_source(
 def preflight(cfg: Any) -> Checked:
     """Build the task and resolve the model of `cfg` (task_config.args filled with the task's defaults)."""
     check_device(cfg.device)
+    if cfg.rollout.top_p < 1.0:
+        raise ValueError(
+            f"config key 'rollout.top_p' is {cfg.rollout.top_p}: training samples with top_p=1, since the "
+            "trainer's log-probs are the whole distribution's and a nucleus's would put its mass into every "
+            "ratio (PPO would clip whole classes of tokens); top_p < 1 is for `streamrl eval` sampling"
+        )
     if cfg.run_dir:  # a run already there, before a model download
-        check_run_dir(Path(cfg.run_dir), bool(cfg.resume) or cfg.overwrite)
+        check_run_dir(Path(cfg.run_dir), bool(cfg.resume) or cfg.overwrite, training=True)
     if not cfg.task_config.args:
         cfg.task_config.args = default_task_args(cfg.task)  # recorded in config.yaml
     fns = configured_fns(cfg.reward.fn, cfg.reward.fns)

@@ -85,6 +85,7 @@ class AsyncRunner:
         self.stall = StallWatch(cfg.runtime.worker_timeout_s)  # groups that never come back (sh.cond)
         self._threads_stop = threading.Event()
         self._started = self._closed = False  # the workers (start, close)
+        self._carried = False  # the state holds the carry-over: nothing more is drawn
         self.in_step = False  # between taking a batch and counting its step: nothing to save
         self.published = trainer.version  # the newest weights the workers can load (backend.start)
         # elastic cores: the trainer lends its threads while it waits for rollouts (placement/cores.py)
@@ -115,6 +116,8 @@ class AsyncRunner:
             while not self._threads_stop.is_set():
                 while not self._threads_stop.is_set() and self.staleness.try_admit():
                     with self.sh.cond:
+                        if self._carried:  # a draw now would advance the saved sampler, unrecorded
+                            return
                         req = self._next_request()
                         self.sh.inflight[req.group_id] = req
                     self.backend.submit(req)
@@ -281,26 +284,28 @@ class AsyncRunner:
                 self.state.step = step
                 self.state.version = self.trainer.version
                 self.in_step = False
-                m = rec.metrics
-                m.update(
-                    tokens_per_s=(m["tokens_generated"] + m["tokens_trained"])
-                    / (wait + m["train_time"] + m["weight_sync_time"]),
-                    trainer_wait_time=wait,
-                    trainer_wait_share=waited / budget.elapsed,
-                    engine_idle_share=idle / max(busy + idle, 1e-9),
-                    engine_busy_time=busy,  # cumulative seconds the rollout workers spent generating
-                    engine_tokens=generated,  # cumulative tokens they sampled, dropped groups' too
-                    engine_row_share=row_share,  # KV-cache rows per sequence in their decode steps
-                    groups_carried_over=in_flight,
-                    samples_per_s=(step - first_step) * per_step / budget.elapsed,
-                    filtered_stale=self.ledger.filter_reasons.get("stale", 0),
-                    filtered_zero_variance=self.ledger.filter_reasons.get("zero_variance", 0),
-                    duplicate_results=self.sh.duplicates,
-                    groups_resent=self.stall.resent,
-                    **backend.stats(),
-                    **episode_errors,
-                )
-                on_step(rec)
+                try:  # the step is trained and counted: it is logged even if a statistic fails
+                    m = rec.metrics
+                    m.update(
+                        tokens_per_s=(m["tokens_generated"] + m["tokens_trained"])
+                        / (wait + m["train_time"] + m["weight_sync_time"]),
+                        trainer_wait_time=wait,
+                        trainer_wait_share=waited / budget.elapsed,
+                        engine_idle_share=idle / max(busy + idle, 1e-9),
+                        engine_busy_time=busy,  # cumulative seconds the rollout workers spent generating
+                        engine_tokens=generated,  # cumulative tokens they sampled, dropped groups' too
+                        engine_row_share=row_share,  # KV-cache rows per sequence in their decode steps
+                        groups_carried_over=in_flight,
+                        samples_per_s=(step - first_step) * per_step / budget.elapsed,
+                        filtered_stale=self.ledger.filter_reasons.get("stale", 0),
+                        filtered_zero_variance=self.ledger.filter_reasons.get("zero_variance", 0),
+                        duplicate_results=self.sh.duplicates,
+                        groups_resent=self.stall.resent,
+                        **backend.stats(),
+                        **episode_errors,
+                    )
+                finally:
+                    on_step(rec)
         finally:
             self.trainer.set_boundary(None)
             if self.threads is not None:  # the trainer computes no more: a worker yielding to it (alternate)
@@ -369,6 +374,7 @@ class AsyncRunner:
         for res in late:  # finished while stopping: keep them
             self._accept(res)
         with self.sh.cond:
+            self._carried = True  # the admission thread, if a stop outlived its join, draws no more
             self.state.finished = list(self.sh.buffer)
             self.state.unfinished = list(self.readmit) + list(self.sh.inflight.values())
             self.ledger.carry_over()

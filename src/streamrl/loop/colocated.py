@@ -62,6 +62,10 @@ class ColocatedRunner:
         push_policy(self.engine, trainer)
         self.scoring = Scoring(cfg, task)
         self.decoded = [0, 0]  # sequences and KV-cache rows the rollouts' decode steps forwarded
+        # a step whose rollouts failed before a stop left its groups in the ledger (filtered): run again
+        # on resume, it numbers its groups after them, so a problem drawn again is a new group id
+        retry = f"s{state.step + 1}-"
+        self._first_group = {state.step + 1: sum(g.startswith(retry) for g in self.ledger.state)}
 
     def _draw(self, n: int) -> list[Problem]:
         problems = list(itertools.islice(self.stream, n))
@@ -73,7 +77,7 @@ class ColocatedRunner:
         At most 1 + dynamic_sampling_rounds rounds: past the drop budget every group is kept."""
         kept: list[Group] = []
         timing = {"generate_time": 0.0, "reward_time": 0.0}
-        made = 0
+        made = self._first_group.pop(step, 0)
         self.sampling.next_step()
         self.scoring.begin_step()  # the step's rounds share one reward.step_budget_s
         for _ in range(1 + self.cfg.rollout.dynamic_sampling_rounds):
@@ -158,18 +162,21 @@ class ColocatedRunner:
             self.state.version = self.trainer.version
             self.in_step = False
             wall = time.perf_counter() - t0
-            m = rec.metrics
-            m.update(
-                step_time=wall,
-                tokens_per_s=(m["tokens_generated"] + m["tokens_trained"]) / wall,
-                generate_tokens_per_s=m["tokens_generated"] / max(timing["generate_time"], 1e-9),
-                groups_dropped_zero_variance=self.sampling.dropped,
-                trainer_wait_share=0.0,
-                engine_idle_share=0.0,
-                # KV-cache rows per sequence in the rollouts' decode steps (the evaluations' left out)
-                engine_row_share=self.decoded[1] / self.decoded[0] if self.decoded[0] else 1.0,
-                samples_per_s=(step - first_step) * self.B * cfg.rollout.samples_per_prompt / budget.elapsed,
-                **timing,
-                **self.episode_errors.take(),
-            )
-            on_step(rec)
+            per_step = self.B * cfg.rollout.samples_per_prompt
+            try:  # the step is trained and counted: it is logged even if a statistic fails
+                m = rec.metrics
+                m.update(
+                    step_time=wall,
+                    tokens_per_s=(m["tokens_generated"] + m["tokens_trained"]) / wall,
+                    generate_tokens_per_s=m["tokens_generated"] / max(timing["generate_time"], 1e-9),
+                    groups_dropped_zero_variance=self.sampling.dropped,
+                    trainer_wait_share=0.0,
+                    engine_idle_share=0.0,
+                    # KV-cache rows per sequence in the rollouts' decode steps (the evaluations' left out)
+                    engine_row_share=self.decoded[1] / self.decoded[0] if self.decoded[0] else 1.0,
+                    samples_per_s=(step - first_step) * per_step / budget.elapsed,
+                    **timing,
+                    **self.episode_errors.take(),
+                )
+            finally:
+                on_step(rec)

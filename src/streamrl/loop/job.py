@@ -23,7 +23,7 @@ from streamrl.data.samplers import Sampler, make_sampler
 from streamrl.data.task import Task, default_task_args
 from streamrl.engine.hf import HFEngine
 from streamrl.eval.heldout import EvalStopped, evaluate
-from streamrl.files import write_text_atomic
+from streamrl.files import hold_run_dir, write_text_atomic
 from streamrl.loop.asynchronous import AsyncRunner
 from streamrl.loop.colocated import ColocatedRunner
 from streamrl.loop.export import export_checkpoint, prune_exports
@@ -164,6 +164,7 @@ def _run_train(
     stop.install()
     closers.callback(stop.uninstall)  # the caller's handlers return when the run is over
     run_dir = claim_run_dir(cfg.run_dir, bool(cfg.resume), cfg.overwrite)
+    closers.enter_context(hold_run_dir(run_dir))  # a second `streamrl train` into it is refused
     cfg.run_dir = str(run_dir)
     name_semaphores_after_this_process()  # a later run can remove them if this one is killed
     if (removed := remove_leftovers()) > 0:
@@ -208,6 +209,7 @@ def _run_train(
     env["rollout_precision"] = resolve_precision(cfg.rollout.precision, cfg.device)
     env["train_precision"] = resolve_precision(cfg.train.precision, cfg.device)
     write_text_atomic(run_dir / "environment.json", json.dumps(env, indent=2))
+    moved: dict[str, int] = {}
     if cfg.resume:
         moved = reconcile_logs(run_dir, state.step)
         console.print(
@@ -252,7 +254,8 @@ def _run_train(
         write_text_atomic(run_dir / "eval.json", json.dumps(old_eval, indent=2))
     before = Accuracy.from_summary(base.summary() if base else old_eval.get("base"))  # for model cards
     timings["setup"] += runner.wait_ready()  # what is left of the workers' start: not training time
-    observer = RunObserver(cfg, run_dir, console, purge_step=state.step + 1 if cfg.resume else None)
+    rewound_to = state.step if cfg.resume and moved.get("metrics.jsonl") else None  # steps logged past it
+    observer = RunObserver(cfg, run_dir, console, state.step + 1 if cfg.resume else None, rewound_to)
     groups_log = GroupLog(run_dir / "groups.jsonl")
 
     clock_at = {"time": 0.0, "train_elapsed": 0.0, **state.clock}  # as of the last logged step
@@ -308,21 +311,24 @@ def _run_train(
 
             runner.run(on_step)
     finally:
-        observer.close()
-        groups_log.close()
         # the loop, periodic saves included; the final save is timed apart
         timings["train"] = time.perf_counter() - t_train
         timings["periodic_saves"] = saver.seconds
         timings["train_clock"] = clock.elapsed  # the loop minus periodic evaluation, saves and exports
         t_save = time.perf_counter()
-        if runner.in_step:  # failed inside a step: its half-applied update is not step `state.step`
-            newest = latest_state(run_dir)
-            kept = f"its newest saved state, {newest.name}, is kept" if newest else "no state was saved"
-            console.print(f"[yellow]the run failed inside step {state.step + 1}: {kept}[/]")
-        else:
-            state.sampler = sampler.state_dict()
-            save(state)
-        timings["save"] = time.perf_counter() - t_save
+        # the state first, the sinks after: closing one may fail or take long (an online W&B run
+        # uploading while a SIGKILL follows a SIGTERM), and each sink closes whatever the others do
+        with contextlib.ExitStack() as closing:
+            closing.callback(observer.close)
+            closing.callback(groups_log.close)
+            if runner.in_step:  # failed inside a step: its half-applied update is not step `state.step`
+                newest = latest_state(run_dir)
+                kept = f"its newest saved state, {newest.name}, is kept" if newest else "no state was saved"
+                console.print(f"[yellow]the run failed inside step {state.step + 1}: {kept}[/]")
+            else:
+                state.sampler = sampler.state_dict()
+                save(state)
+            timings["save"] = time.perf_counter() - t_save
     interrupted, final_eval_stopped = bool(stop), False
     if interrupted:
         console.print(
@@ -343,6 +349,9 @@ def _run_train(
                 f"[yellow]stopped by {stop.reason} during the final evaluation; step {state.step} is saved: "
                 f"evaluate it with `streamrl train resume={run_dir}`[/]"
             )
+    eval_file = run_dir / "eval.json"
+    if eval_file.is_file():  # read again: `streamrl eval` may have scored a checkpoint meanwhile
+        old_eval = {**old_eval, **json.loads(eval_file.read_text())}
     evals = run_eval_record(base, final, old_eval)
     write_text_atomic(run_dir / "eval.json", json.dumps(evals, indent=2))
 

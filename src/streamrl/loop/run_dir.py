@@ -19,9 +19,10 @@ LOGS = ("metrics.jsonl", "groups.jsonl")  # one line per step / per trained grou
 
 def claim_run_dir(run_dir: str, resume: bool, overwrite: bool) -> Path:
     """The run's directory, checked before anything is written: a directory that holds a run is
-    refused unless resumed or overwritten; a resume needs a saved state."""
+    refused unless resumed or overwritten, one another process trains into always; a resume needs a
+    saved state. The caller then holds it (files.hold_run_dir) while it trains."""
     path = Path(run_dir) if run_dir else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
-    check_run_dir(path, resume or overwrite)
+    check_run_dir(path, resume or overwrite, training=True)
     if resume:
         recover(path / STATE_DIR)  # a save's swap a kill cut short: its state is put back first
         if latest_state(path) is None:

@@ -16,13 +16,23 @@ from streamrl.observe.report import write_report
 
 
 class RunObserver:
-    def __init__(self, cfg: Config, run_dir: Path, console: Console, purge_step: int | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        run_dir: Path,
+        console: Console,
+        purge_step: int | None = None,
+        rewound_to: int | None = None,
+    ) -> None:
+        """purge_step: a resumed run's first step; rewound_to: the saved step a resume went back to
+        after a crash had logged steps past it (observe/wandb_sink.py)."""
         self.cfg, self.run_dir, self.console = cfg, run_dir, console
         sinks: list[Sink] = []
         if cfg.observe.wandb:
             from streamrl.observe.wandb_sink import WandbSink
 
-            sinks.append(WandbSink(run_dir, cfg.observe.wandb_project, cfg.observe.wandb_mode, to_dict(cfg)))
+            o = cfg.observe
+            sinks.append(WandbSink(run_dir, o.wandb_project, o.wandb_mode, to_dict(cfg), rewound_to))
         self.writer = MetricsWriter(run_dir, sinks=sinks, purge_step=purge_step)
         self.monitor = DiagnosticsMonitor(emit=lambda line: console.print(f"[yellow]{escape(line)}[/]"))
         self._report_failed = False

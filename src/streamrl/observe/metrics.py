@@ -3,6 +3,7 @@ diagnostics read), to TensorBoard scalars, and to any extra sinks (W&B)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -60,12 +61,14 @@ class MetricsWriter:
         sync_file(self._file)
 
     def close(self) -> None:
-        self.sync()
-        self._file.close()
-        if self._tb is not None:
-            self._tb.close()
-        for sink in self._sinks:
-            sink.close()
+        """Each part is closed whatever another raises (an error is raised once all were tried)."""
+        with contextlib.ExitStack() as closing:
+            for sink in reversed(self._sinks):
+                closing.callback(sink.close)
+            if self._tb is not None:
+                closing.callback(self._tb.close)
+            closing.callback(self._file.close)
+            self.sync()
 
 
 class GroupLog:

@@ -87,7 +87,10 @@ def serve(scorer: Callable[..., Any], conn: Connection) -> None:
 
 
 def process_main(scorer: Callable[..., Any], conn: Connection) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group: the parent decides
+    # Ctrl-C, and a SIGTERM sent to the whole group (Slurm, systemd), reach this process too: the parent
+    # decides when it stops, and scores what is in flight meanwhile
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     serve(scorer, conn)
 
 

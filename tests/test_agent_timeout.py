@@ -1,5 +1,6 @@
 """env.agent_timeout_s: an agent stuck in its code or tools ends its episode; model calls do not count."""
 
+import asyncio
 import json
 import os
 import signal
@@ -13,8 +14,9 @@ import pytest
 from scripted_chat import ScriptedEngine, gated_proxy
 from test_agent_task import TINY
 
-from streamrl.engine.base import GenRequest
+from streamrl.engine.base import GenRequest, GenResult
 from streamrl.engine.serving import BatchingEngine, DecoderFront
+from streamrl.envs.proxy import EpisodeEnded
 from streamrl.rollout.agent import TIMEOUT_ERROR, agent_client, overdue
 
 MSGS = [{"role": "user", "content": "2+2?"}]
@@ -85,6 +87,46 @@ def test_a_call_running_when_its_episode_is_popped_is_not_recorded(tiny, refuse_
             client.chat.completions.create(**kwargs)
         assert e.value.status_code == 410 and "episode 'ep' has ended (env.agent_timeout_s)" in str(e.value)
         assert len(scripted.prompts) == 1  # refused before the engine, and not retried
+
+
+def test_a_call_let_through_as_its_episode_ends_is_refused_and_leaves_nothing(tiny):
+    """A call checked just before pop_episode(refuse_later=True) ended its episode reaches complete()
+    after it: refused there, under the proxy's lock, rather than starting a new episode never popped."""
+    with gated_proxy(tiny[1]) as (proxy, scripted, gate):
+        gate.set()
+        proxy.pop_episode("ep", refuse_later=True)
+        with pytest.raises(EpisodeEnded):
+            asyncio.run(proxy.complete("ep", "", proxy.parse({"model": "p", "messages": MSGS})))
+        assert proxy.calls("ep") == [] and scripted.prompts == []
+        assert "ep" not in proxy._episodes
+
+
+def test_closing_the_engine_front_ends_the_batch_it_runs_before_it_returns():
+    """An orphaned call (its agent timed out) may still decode when a colocated step's episodes end, and
+    the trainer updates the weights it decodes with right after: close() aborts that batch at its next
+    decode step and returns only once it ended; a call not started fails."""
+    started, inside = threading.Event(), threading.Event()
+
+    class Slow:
+        version = 0
+
+        def generate(self, requests, stop=None):
+            inside.set()
+            started.set()
+            while not stop():  # a long generation: it ends only when told to
+                threading.Event().wait(0.01)
+            inside.clear()
+            return [GenResult(r, finish_reason="abort") for r in requests]
+
+    front = BatchingEngine(Slow(), max_batch=1)
+    running = front.submit(GenRequest([1], 8, 1.0, 1.0))
+    assert started.wait(30)
+    queued = front.submit(GenRequest([2], 8, 1.0, 1.0))
+    front.close()
+    assert not inside.is_set()  # the batch ended before close returned
+    assert running.result(0).finish_reason == "abort"
+    with pytest.raises(RuntimeError, match="closed before this call was generated"):
+        queued.result(0)
 
 
 class ModelTime:

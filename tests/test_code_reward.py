@@ -12,13 +12,14 @@ from sandbox_levels import LEVELS, level_works
 from streamrl.data.code_task import CodeTask, builtin_text
 from streamrl.data.task import Score, Task
 from streamrl.rewards.code import (
+    SandboxSetupError,
     extract_program,
     normalize_output,
     score_program,
     score_response,
     validate_tests,
 )
-from streamrl.rewards.sandbox import Limits, LocalSandbox
+from streamrl.rewards.sandbox import ExecResult, Limits, LocalSandbox
 from streamrl.rollout.score import outcome_reward
 from streamrl.tasks import make_task
 
@@ -30,12 +31,32 @@ ADD = [
 FAST = Limits(cpu_s=1, wall_s=2)
 
 
-def test_extract_program_takes_last_python_or_bare_block() -> None:
-    text = "first\n```python\nprint(1)\n```\nthen\n```\nprint(2)\n```\n```bash\nls\n```\n"
-    assert extract_program(text) == "print(2)\n"
+def test_extract_program_takes_the_last_python_block_else_the_last_bare_one() -> None:
+    # an untagged block after a python one is its output, not a program
+    text = "first\n```python\nprint(1)\n```\nit prints\n```\n1\n```\n```bash\nls\n```\n"
+    assert extract_program(text) == "print(1)\n"
+    assert extract_program("```python\nprint(1)\n```\n```py\nprint(2)\n```") == "print(2)\n"
+    assert extract_program("```\nprint(1)\n```\nthen\n```\nprint(2)\n```") == "print(2)\n"
     assert extract_program("```py\nx = 1\n```") == "x = 1\n"
     assert extract_program("no fences, print(1)") is None
     assert extract_program("```bash\nls\n```") is None
+
+
+def test_a_sandbox_that_cannot_start_is_an_error_not_a_wrong_program() -> None:
+    """The host refused the sandbox a namespace or a mount: the program never ran, so no test failed;
+    scoring raises (the reward service counts the error) instead of scoring a correct program 0."""
+
+    class Refused:
+        name = "refused"
+
+        def run(self, program, stdin="", limits=None):
+            err = "sandbox setup failed: unshare(CLONE_NEWUSER): No space left on device\n"
+            return ExecResult("", err, 97, "error", 0.01, "ns-user")
+
+    with pytest.raises(SandboxSetupError, match="could not run test 0: sandbox setup failed: unshare"):
+        score_program("print(3)", ADD, executor=Refused())
+    assert not ExecResult("", "sandbox setup failed: mine", 1, "error", 0.0).setup_failed  # the program's
+    assert not ExecResult("", "Traceback ...", 97, "error", 0.0).setup_failed  # exit(97) of its own
 
 
 def test_normalize_output() -> None:

@@ -140,3 +140,28 @@ def test_a_call_continues_the_choice_the_agent_kept():
     kept, other = assemble(calls, "p", "g", 0, reward=1.0, correct=True)
     assert kept.completion_ids == [10, 5, 11] and kept.loss_mask == [1, 0, 1] and kept.versions == [0, 0, 1]
     assert other.sample_id == "g-0.1" and other.completion_ids == [20]
+
+
+def test_training_samples_every_call_at_the_runs_temperature_and_top_p_1(tiny):
+    """The trainer scores an agent's tokens at rollout.temperature over the whole distribution: in
+    training a call's own temperature and top_p would make its recorded log-probs another policy's.
+    An evaluation honours them."""
+    model, tok = tiny
+    seen: list[tuple[float, float]] = []
+
+    class Recording(HFEngine):
+        def generate(self, requests):
+            seen.extend((r.temperature, r.top_p) for r in requests)
+            return super().generate(requests)
+
+    for training in (True, False):
+        engine = BatchingEngine(Recording(model, tok, seed=0))
+        p = ChatProxy(engine, tok, max_tokens=4, default_temperature=0.7, training=training)
+        try:
+            msgs = [{"role": "user", "content": "2+2?"}]
+            asked = {"temperature": 0.2, "top_p": 0.5}
+            _client(p, "ep").chat.completions.create(model="policy", messages=msgs, **asked)
+        finally:
+            p.close()
+            engine.close()
+    assert seen == [(0.7, 1.0), (0.2, 0.5)]

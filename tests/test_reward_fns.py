@@ -145,6 +145,24 @@ def test_weighted_functions_and_the_task_reward_sum_exactly(user_file: Path) -> 
     assert columns == {"source": ["unit"]}  # the row's own columns ("prompt" passes as prompts)
 
 
+def test_one_text_in_two_tokenizations_is_scored_for_each(user_file: Path) -> None:
+    """Identical responses are scored once, but a reward function reads the token ids too: the same
+    text ending with another stop token is another response."""
+    from streamrl.data.sources import task_from_rows
+
+    cfg = load_config(
+        None, ["reward.extract=last_number", "reward.service=inline", "reward.fn=my_rewards.py:brevity"]
+    )
+    scoring = Scoring(cfg, task_from_rows([{"prompt": "What is 3+4?", "answer": "7"}], extract="last_number"))
+    short, long = _traj("so 7", [5, 6, 7]), _traj("so 7", [5, 6, 7, 8])
+    scoring.score([(_problem(), short), (_problem(), long), (_problem(), _traj("so 7", [5, 6, 7]))])
+    scoring.close()
+    assert (short.reward, long.reward) == (0.25, 0.2)  # 1 / (1 + tokens)
+    import my_rewards
+
+    assert len(my_rewards.CALLS) == 2  # the third, a repeat of the first, came from the cache
+
+
 def test_none_means_not_applicable(user_file: Path) -> None:
     t = _scored(["reward.fn=my_rewards:mentions_answer"], _problem("skip"), _traj("so 7", [5]))
     assert t.reward == 0.0 and t.reward_info["reward/mentions_answer"] is None

@@ -106,6 +106,22 @@ def test_replicate_difference_hand_value():
         ("\\boxed{1\u00bd}", "boxed", "3/2"),
         ("x\u00b2 = 9, so x = 3", "last_number", "3"),  # a superscript is not a digit
         ("The answer is x\u00b2", "answer_is", None),
+        # fractions and powers are whole answers, not their first number
+        ("The answer is 3/4.", "answer_is", "3/4"),
+        ("The answer is 3 / 4", "answer_is", "3 / 4"),
+        ("The answer is 10^6.", "answer_is", "10^6"),
+        ("The answer is 2^{-3}", "answer_is", "2^{-3}"),
+        ("so it is 3/4", "last_number", "3/4"),
+        # LaTeX's thousands separator; a comma that does not group by three is kept
+        ("The answer is $1{,}000$.", "answer_is", "1000"),
+        ("The answer is 2,3", "answer_is", "2,3"),
+        ("The answer is 1,2345", "answer_is", "1,2345"),
+        # markdown, math delimiters and a box around the answer
+        ("The answer is **42**.", "answer_is", "42"),
+        ("The answer is __7__", "answer_is", "7"),
+        ("The answer is \\(42\\).", "answer_is", "42"),
+        ("The answer is \\[ 42 \\]", "answer_is", "42"),
+        ("The answer is $\\boxed{42}$.", "answer_is", "42"),
     ],
 )
 def test_extract(text, style, expected):
@@ -174,6 +190,12 @@ def test_extract_unknown_style():
         ("\uff11\uff0c\uff10\uff10\uff10", "1000", True),
         ("\u2212\uff12", "-2", True),
         ("2\u00b2", "22", False),  # a superscript is not a digit
+        ("1,234", "1234", True),  # thousands
+        ("2,3", "23", False),  # a pair (or a decimal comma), not twenty-three
+        ("-2,1", "-21", False),
+        ("3/4", "3", False),
+        ("3/4", "0.75", True),
+        ("10^6", "1000000", True),
     ],
 )
 def test_math_verify_equivalence(pred, ref, equal):
@@ -197,6 +219,9 @@ def test_math_verify_works_in_a_scoring_thread():
         ("The answer is $12.5$", "answer_is", True),
         ("The answer is 17\n\nIn this example, the answer is 17, which is rounded down.", "answer_is", False),
         ("The answer is 36 inches", "answer_is", False),
+        ("The answer is **3/4**.", "answer_is", True),
+        ("The answer is $\\boxed{42}$.", "answer_is", True),
+        ("The answer is 3/4 of a cup", "answer_is", False),
         ("The answer is 3. No wait, the answer is 5!", "answer_is", True),
         ("I think 84", "answer_is", False),
         ("so $\\boxed{\\frac{1}{2}}$.", "boxed", True),

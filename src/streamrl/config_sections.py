@@ -16,7 +16,9 @@ class RolloutConfig:
     samples_per_prompt: int = 8  # G: responses sampled per prompt (one group)
     max_new_tokens: int = 48  # a response longer than this is cut (finish reason "length")
     temperature: float = 1.0  # sampling temperature (0: greedy)
-    top_p: float = 1.0  # nucleus sampling: sample from the smallest token set of this probability mass
+    # nucleus sampling for `streamrl eval` (eval.n > 0): sample from the smallest token set of this
+    # probability mass. Training refuses < 1: the trainer's log-probs are the whole distribution's
+    top_p: float = 1.0
     max_batch: int = 128  # sequences decoded together by the engine
     # dtype of the engine's weights: bf16 decodes ~2x faster than fp32 on CPUs with bf16 matmul units;
     # the trainer's decoupled-PPO behaviour weights correct the small engine/trainer log-prob gap; auto:

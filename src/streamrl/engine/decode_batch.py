@@ -221,7 +221,8 @@ class DecodeBatch:
                 tok, lp = sample_rows(
                     self._logits, [params[r] for r in ready], self.engine.generator, rows=self.rows[sel]
                 )
-                tokens[sel], logprobs[sel] = tok.to(tokens.dtype), lp.to(logprobs.dtype)
+                tokens[sel] = tok.to(tokens.device, tokens.dtype)  # the logits' device (a GPU) to the host's
+                logprobs[sel] = lp.to(logprobs.device, logprobs.dtype)
         versions = [self._versions[k] for k in self.rows.tolist()]
         keep: list[int] = []
         for row, res_idx in enumerate(self.active):

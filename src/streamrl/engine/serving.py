@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
@@ -21,12 +22,17 @@ from streamrl.engine.base import GenRequest, GenResult, generate
 class BatchingEngine:
     """engine: anything with `generate(list[GenRequest]) -> list[GenResult]` and a `version`; with
     `stop`, its generate takes a `stop` callable too (asked before each decode step: once it says True,
-    the batch's unfinished requests end with finish_reason "abort")."""
+    the batch's unfinished requests end with finish_reason "abort").
+
+    close() returns only once no batch runs: the colocated trainer updates the weights this engine
+    decodes with right after. An engine whose generate takes a `stop` aborts the running batch at its
+    next decode step; another finishes it (at most max_new_tokens steps)."""
 
     def __init__(self, engine: Any, max_batch: int = 64, stop: Callable[[], bool] | None = None) -> None:
         self.engine = engine
         self.max_batch = max_batch
         self.stop = stop
+        self._stops = "stop" in inspect.signature(engine.generate).parameters  # can end a batch early
         self._pending: list[tuple[GenRequest, Future[GenResult]]] = []
         self._cond = threading.Condition()
         self._closed = False
@@ -67,7 +73,7 @@ class BatchingEngine:
             try:
                 with self._engine_lock:
                     reqs = [req for req, _ in batch]
-                    results = generate(self.engine, reqs, self.stop)
+                    results = generate(self.engine, reqs, self._stop_now if self._stops else self.stop)
             except Exception as e:  # every caller of this batch sees the error; the loop keeps serving
                 for _, fut in batch:
                     fut.set_exception(e)
@@ -85,11 +91,19 @@ class BatchingEngine:
         with self._engine_lock:
             self.engine.update_weights(state, version)
 
+    def _stop_now(self) -> bool:
+        return self._closed or (self.stop is not None and self.stop())
+
     def close(self) -> None:
+        """Fail the requests not started, abort (or finish) the running batch, and return once it ended."""
         with self._cond:
             self._closed = True
+            pending, self._pending = self._pending, []
             self._cond.notify_all()
-        self._thread.join(timeout=30)
+        for _, fut in pending:
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(RuntimeError("the engine was closed before this call was generated"))
+        self._thread.join()
 
 
 class DecoderFront:

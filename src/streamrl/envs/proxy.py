@@ -32,6 +32,7 @@ rollout worker's DecoderFront (async).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import threading
@@ -56,6 +57,10 @@ from streamrl.envs.http_server import ThreadedServer
 CALL_ID_HEADER = "Idempotency-Key"
 REFUSED_KEPT = 1 << 16  # ended episodes remembered (and refused): the latest this many
 _PROBE_TOOL = {"type": "function", "function": {"name": "probe_tool_7f3a", "parameters": {"type": "object"}}}
+
+
+class EpisodeEnded(Exception):
+    """A call of an episode that pop_episode ended (refuse_later): the client gets a 410."""
 
 
 @dataclass
@@ -84,12 +89,16 @@ class ChatProxy:
         model_name: str = "policy",
         default_temperature: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        training: bool = False,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
         self.model_name = model_name
         self.default_temperature = default_temperature  # for requests that do not set one
+        # training: every call samples at default_temperature with top_p 1, whatever it asks; the trainer
+        # scores its tokens under that distribution (an evaluation honours a call's own)
+        self.training = training
         self.clock = clock  # model time is measured on it
         self._episodes: dict[str, _Episode] = {}
         self._refused: OrderedDict[str, None] = OrderedDict()  # ended episodes, the latest REFUSED_KEPT
@@ -142,11 +151,18 @@ class ChatProxy:
             ep.since = now
 
     def parse(self, body: Any) -> ChatRequest:
-        return parse_request(body, self.max_tokens, self.default_temperature)
+        req = parse_request(body, self.max_tokens, self.default_temperature)
+        if self.training:
+            req = dataclasses.replace(req, temperature=self.default_temperature, top_p=1.0)
+        return req
 
     async def complete(self, episode: str, call_id: str, req: ChatRequest) -> Completion:
-        """The call's completion; a call id seen before gets the first answer, generated once."""
+        """The call's completion; a call id seen before gets the first answer, generated once.
+        EpisodeEnded: the episode was ended (pop_episode with refuse_later), checked under the lock
+        that pop_episode takes, so no call of an ended episode starts it again."""
         with self._lock:
+            if episode in self._refused:
+                raise EpisodeEnded(episode)
             ep = self._episodes.setdefault(episode, _Episode())
         self._tick(ep, +1)
         try:
@@ -218,11 +234,11 @@ def _app(proxy: ChatProxy) -> Starlette:
     async def chat(request: Request) -> Response:
         auth = request.headers.get("authorization", "")
         episode = request.headers.get("x-episode-id") or auth.removeprefix("Bearer ").strip() or "default"
-        if proxy.refused(episode):
-            return _error(410, f"episode '{episode}' has ended (env.agent_timeout_s): stop calling")
         try:
             req = proxy.parse(json.loads(await request.body() or b"{}"))
             completion = await proxy.complete(episode, request.headers.get(CALL_ID_HEADER, ""), req)
+        except EpisodeEnded:
+            return _error(410, f"episode '{episode}' has ended (env.agent_timeout_s): stop calling")
         except (BadRequest, json.JSONDecodeError) as e:
             return _error(400, str(e))
         except Exception as e:  # an engine failure is the server's, not the agent's, fault

@@ -18,12 +18,17 @@ STDERR_TAIL = 300  # characters of stderr kept in a failure reason
 
 
 def extract_program(text: str) -> str | None:
-    """The last fenced block tagged python/py/python3 or untagged; None when there is none.
+    """The last fenced block tagged python/py/python3; without one, the last untagged block; None when
+    there is neither.
 
-    'so:\\n```python\\nprint(1)\\n```' -> 'print(1)\\n'. Blocks tagged with another language are ignored.
+    'so:\\n```python\\nprint(1)\\n```' -> 'print(1)\\n'. An untagged block after a python one is
+    taken for the program's output ('For input 2 it prints:\\n```\\n4\\n```'), not the program; blocks
+    tagged with another language are ignored.
     """
-    blocks = [body for lang, body in _FENCE.findall(text) if lang.lower() in ("", "python", "py", "python3")]
-    return blocks[-1] if blocks else None
+    blocks = _FENCE.findall(text)
+    tagged = [body for lang, body in blocks if lang.lower() in ("python", "py", "python3")]
+    bare = [body for lang, body in blocks if not lang]
+    return (tagged or bare or [None])[-1]
 
 
 def normalize_output(s: str) -> str:
@@ -47,6 +52,10 @@ def _tail(s: str) -> str:
     return s if len(s) <= STDERR_TAIL else "..." + s[-STDERR_TAIL:]
 
 
+class SandboxSetupError(RuntimeError):
+    """The sandbox could not isolate a program (the host refused a namespace, a mount or a limit)."""
+
+
 def _short(s: str, n: int = 60) -> str:
     return repr(s if len(s) <= n else s[:n] + "...")
 
@@ -60,7 +69,8 @@ def score_program(
 ) -> tuple[float, dict[str, Any]]:
     """-> (reward in [0, 1], info). info: passed, total, tests (per-test status: "pass",
     "wrong_answer" or the sandbox status such as "error"/"timeout"/"memory"), reason (the first
-    failure, None when all pass), isolation."""
+    failure, None when all pass), isolation. SandboxSetupError when the sandbox could not run the
+    program at all (scored as a counted error, never as the program's wrong answer)."""
     ex = executor or get_executor("local")
     statuses: list[str] = []
     reason = None
@@ -68,6 +78,8 @@ def score_program(
     for i, t in enumerate(tests):
         r = ex.run(program, t["input"], limits)
         isolation = r.isolation
+        if r.setup_failed:  # not the program's failure: the reward service counts it as an error
+            raise SandboxSetupError(f"the code sandbox could not run test {i}: {_tail(r.stderr)}")
         if r.status != "ok":
             status = r.status
             why = f"test {i}: {r.status}" + (f": {_tail(r.stderr)}" if r.stderr.strip() else "")

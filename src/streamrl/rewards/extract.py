@@ -7,13 +7,18 @@ import re
 from streamrl.rewards.numerals import VULGAR_CLASS, ascii_digits, ascii_numerals, vulgar_to_ascii
 
 EXTRACTORS = ("answer_is", "boxed", "last_number", "gsm8k")
-# a signed decimal: 1,234 | 12.5 | .5 | 1e3 | 2.5E-4 | ½ | 1½ | 2 ¾ (read after ascii_digits, so digits
-# of any script and the typographic minus are ASCII by then)
+# a signed number: 1,234 | 1{,}234 | 12.5 | .5 | 1e3 | 2.5E-4 | ½ | 1½ | 2 ¾ | 3/4 | 10^6 | 2^{-3} (read
+# after ascii_digits, so digits of any script and the typographic minus are ASCII by then)
 _NUM = (
-    rf"-?(?:\d[\d,]*(?:\.\d+)?(?:[ \u00a0\u2009\u202f]?{VULGAR_CLASS})?|{VULGAR_CLASS}|\.\d+)"
+    rf"-?(?:\d(?:[\d,]|\{{,\}})*(?:\.\d+)?(?:[ \u00a0\u2009\u202f]?{VULGAR_CLASS})?|{VULGAR_CLASS}|\.\d+)"
     r"(?:[eE][-+]?\d+)?"
+    r"(?:\s*/\s*\d+)?"  # a fraction: 3/4 is three quarters, not 3
+    r"(?:\^(?:-?\d+|\{-?\d+\}))?"  # a power: 10^6 is a million, not 10
 )
-_ANSWER_IS = re.compile(rf"answer is:?\s*\$?\s*({_NUM})", re.IGNORECASE)
+# what may open the answer after "answer is": markdown emphasis, math delimiters, a box
+_OPENER = r"(?:[*_$\s]|\\\(|\\\[|\\boxed\{)*"
+_ANSWER_IS = re.compile(rf"answer is:?{_OPENER}({_NUM})", re.IGNORECASE)
+_THOUSANDS = re.compile(r",(?=\d{3}(?!\d))")  # a comma that groups digits by three: 1,234 (not 2,3)
 _NUMBER = re.compile(_NUM)
 _GSM8K = re.compile(rf"####\s*\$?\s*({_NUM})")  # GSM8K's reference solutions end with "#### 72"
 # what may follow the answer statement at the end of a response: closing punctuation, markdown emphasis,
@@ -22,8 +27,9 @@ _TRAILER = re.compile(r"[\s.!*_$)\]}]*(?:\\[\])][\s.!*_$)\]}]*)*")
 
 
 def _clean(number: str) -> str:
-    """Thousands separators dropped; a vulgar fraction written n/d ('1½' -> '3/2')."""
-    return vulgar_to_ascii(number.replace(",", ""))
+    """Thousands separators dropped ('1,234' and LaTeX's '1{,}234' -> '1234'; '2,3' is kept: a pair, or
+    a decimal comma, for math-verify to read); a vulgar fraction written n/d ('1½' -> '3/2')."""
+    return vulgar_to_ascii(_THOUSANDS.sub("", number.replace("{,}", ",")))
 
 
 def _last_boxed(text: str) -> tuple[str | None, int]:

@@ -9,11 +9,12 @@ import threading
 from streamrl.rewards.numerals import ascii_numerals
 
 _PLAIN_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")  # 1,234 groups digits; 2,3 and -2,1 are pairs
 
 
 def _plain_number(s: str) -> float | None:
-    """'1,000' / '1e3' / '.5' -> a float; anything else (LaTeX, fractions, sets) -> None."""
-    t = s.strip().strip("$").strip().replace(",", "")
+    """'1,000' / '1e3' / '.5' -> a float; anything else (LaTeX, fractions, sets, '2,3') -> None."""
+    t = _THOUSANDS.sub("", s.strip().strip("$").strip())
     return float(t) if _PLAIN_NUMBER.fullmatch(t) else None
 
 

@@ -109,6 +109,12 @@ class ExecResult:
     def ok(self) -> bool:
         return self.status == "ok"
 
+    @property
+    def setup_failed(self) -> bool:
+        """The sandbox could not isolate the program (a namespace, a mount, a limit refused by the host):
+        it never ran, so its status says nothing of the program."""
+        return _setup_failed(self.exit_code, self.stderr)
+
 
 class Executor(Protocol):
     """Anything that can run a Python program on stdin and report what happened."""
@@ -206,6 +212,10 @@ def _read_capped(proc: subprocess.Popen[bytes], deadline: float, cap: int) -> tu
     return bytes(bufs[proc.stdout])[:cap], bytes(bufs[proc.stderr])[:cap], why
 
 
+def _setup_failed(rc: int | None, stderr: str) -> bool:
+    return rc == _SETUP_FAILED and stderr.startswith("sandbox setup failed")
+
+
 def _status(rc: int | None, stopped: str | None, stderr: str) -> Status:
     if stopped is not None:
         return stopped  # type: ignore[return-value]
@@ -255,9 +265,7 @@ def _run(iso: Isolation, python: str, program: str, stdin: str, limits: Limits) 
             proc.stderr.close()  # type: ignore[union-attr]
         stderr = err.decode("utf-8", "replace")
         rc = None if stopped is not None else proc.returncode
-        status = _status(rc, stopped, stderr)
-        if rc == _SETUP_FAILED and stderr.startswith("sandbox setup failed"):
-            status = "error"
+        status = "error" if _setup_failed(rc, stderr) else _status(rc, stopped, stderr)
         return ExecResult(out.decode("utf-8", "replace"), stderr, rc, status, time.monotonic() - t0, iso.name)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -141,13 +141,17 @@ def rollout_agent_episodes(
     settings: RolloutSettings,
     jobs: list[tuple[Problem, str, int]],
     stop: Callable[[], bool] | None = None,
+    training: bool = False,
 ) -> list[AgentEpisode]:
     """Colocated: jobs = (problem, group_id, sample index k) -> each episode, in job order. `stop`
     (evaluation) is asked before each decode step and between polls: once it says True, the agents
-    still running are cut off (the proxy closes) and EvalStopped is raised."""
+    still running are cut off (the proxy closes) and EvalStopped is raised. `training`: the calls
+    sample at settings.temperature with top_p 1, whatever they ask (envs/proxy.py)."""
     r = settings
     front = BatchingEngine(engine, max_batch=r.max_batch, stop=stop)
-    proxy = ChatProxy(front, tokenizer, max_tokens=r.max_new_tokens, default_temperature=r.temperature)
+    proxy = ChatProxy(
+        front, tokenizer, max_tokens=r.max_new_tokens, default_temperature=r.temperature, training=training
+    )
     returned: queue.SimpleQueue[tuple[int, AgentRun]] = queue.SimpleQueue()
 
     def episode(i: int, messages: list[dict[str, str]], name: str) -> None:

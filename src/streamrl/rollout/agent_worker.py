@@ -50,6 +50,7 @@ class AgentGroups:
             tokenizer,
             max_tokens=settings.max_new_tokens,
             default_temperature=settings.temperature,
+            training=True,
         )
         self.open: dict[str, tuple[Any, dict[int, AgentEpisode]]] = {}
         self._returned: queue.SimpleQueue[tuple[str, int, AgentRun]] = queue.SimpleQueue()

@@ -121,7 +121,7 @@ def _agent_groups(
 
     G = settings.samples
     jobs = [(p, gids[pi], k) for pi, p in enumerate(problems) for k in range(G)]
-    episodes = rollout_agent_episodes(engine, tokenizer, task, settings, jobs)
+    episodes = rollout_agent_episodes(engine, tokenizer, task, settings, jobs, training=True)
     # every group is returned, also one whose agents made no call (its errors are counted; it is not
     # trained: nothing to train on)
     groups = [episode_group(p, episodes[pi * G : (pi + 1) * G]) for pi, p in enumerate(problems)]

@@ -135,6 +135,7 @@ class Scoring:
         self.budget_s = rc.step_budget_s  # 0: no limit
         self.budget_left = self.budget_s  # what the current step has not used yet (score)
         self.expired = 0  # scores this process gave up on at the budget, in all
+        self.ids_in_key = bool(rc.fn or rc.fns)  # your reward functions read the token ids too
 
     def begin_step(self) -> None:
         """A new step: its scoring rounds (score calls) share a fresh reward.step_budget_s."""
@@ -155,10 +156,12 @@ class Scoring:
         return RewardOutcome(0.0, {"error_detail": detail}, BUDGET_REASON, self.budget_s)
 
     def submit(self, problem: Problem, traj: Trajectory) -> Future[RewardOutcome]:
-        # identical (problem, response) pairs are scored once; the problem id pins the reference
-        return self.service.submit(
-            problem, traj.text, tuple(traj.completion_ids), cache_key=(problem.id, problem.answer, traj.text)
-        )
+        # identical (problem, response) pairs are scored once; the problem id pins the reference. Reward
+        # functions read the token ids too, and one text has several tokenizations (a sample that ended
+        # with another stop token, say): with them, the ids are part of the response
+        ids = tuple(traj.completion_ids)
+        key = (problem.id, problem.answer, traj.text, ids if self.ids_in_key else None)
+        return self.service.submit(problem, traj.text, ids, cache_key=key)
 
     def apply(self, traj: Trajectory, outcome: RewardOutcome) -> None:
         """Reward = scorer reward (correctness + format_weight * format; 0 on failure) + DAPO overlong

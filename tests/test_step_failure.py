@@ -64,20 +64,25 @@ def test_a_failure_inside_a_step_keeps_the_last_complete_state(tmp_path, monkeyp
     _finishes_exactly_once(run, 4)
 
 
-def test_a_colocated_rollout_failure_saves_the_step_before(tmp_path, monkeypatch):
-    """Generating does not change the weights: when step 3's rollouts fail, the state saved is step 2's
-    (here the only save), and what step 3 had generated is counted as dropped, not lost."""
+def _rollouts_fail_at(monkeypatch, failing: int) -> None:
+    """The colocated rollouts of step `failing` raise once generated (the weights are the last step's)."""
     from streamrl.loop.colocated import ColocatedRunner
 
     real = ColocatedRunner._batch
 
     def batch(self, step):
         out = real(self, step)
-        if step == 3:
+        if step == failing:
             raise RuntimeError("injected rollout failure")
         return out
 
     monkeypatch.setattr(ColocatedRunner, "_batch", batch)
+
+
+def test_a_colocated_rollout_failure_saves_the_step_before(tmp_path, monkeypatch):
+    """Generating does not change the weights: when step 3's rollouts fail, the state saved is step 2's
+    (here the only save), and what step 3 had generated is counted as dropped, not lost."""
+    _rollouts_fail_at(monkeypatch, 3)
     run = tmp_path / "run"
     with pytest.raises(RuntimeError, match="injected rollout failure"):
         main(["train", *ARGS, *MODES["colocated"], "train.save_every=0", f"run_dir={run}"])
@@ -91,21 +96,11 @@ def test_a_colocated_rollout_failure_saves_the_step_before(tmp_path, monkeypatch
 def test_a_colocated_step_run_again_numbers_its_groups_after_the_failed_attempts(tmp_path, monkeypatch):
     """One training problem: step 2's rollouts fail after drawing it, and the resumed step 2 draws it
     again. Its groups get new ids; the failed attempt's stay filtered (the same id would be refused)."""
-    from streamrl.loop.colocated import ColocatedRunner
-
     data = tmp_path / "five.jsonl"  # eval.size=4 holds four out: one problem left to train on
     data.write_text(
         "".join(json.dumps({"prompt": f"{i} + 1 = ?", "answer": str(i + 1)}) + "\n" for i in range(5))
     )
-    real = ColocatedRunner._batch
-
-    def batch(self, step):
-        out = real(self, step)
-        if step == 2:
-            raise RuntimeError("injected rollout failure")
-        return out
-
-    monkeypatch.setattr(ColocatedRunner, "_batch", batch)
+    _rollouts_fail_at(monkeypatch, 2)
     run = tmp_path / "run"
     args = [*ARGS, *MODES["colocated"], f"task=data:{data}", "rollout.dynamic_sampling=false", "max_steps=3"]
     with pytest.raises(RuntimeError, match="injected rollout failure"):

@@ -113,7 +113,9 @@ def test_closing_the_engine_front_ends_the_batch_it_runs_before_it_returns():
         def generate(self, requests, stop=None):
             inside.set()
             started.set()
-            while not stop():  # a long generation: it ends only when told to
+            for _ in range(6000):  # a long generation (60 s at most): it ends when told to
+                if stop is not None and stop():
+                    break
                 threading.Event().wait(0.01)
             inside.clear()
             return [GenResult(r, finish_reason="abort") for r in requests]
@@ -122,7 +124,10 @@ def test_closing_the_engine_front_ends_the_batch_it_runs_before_it_returns():
     running = front.submit(GenRequest([1], 8, 1.0, 1.0))
     assert started.wait(30)
     queued = front.submit(GenRequest([2], 8, 1.0, 1.0))
-    front.close()
+    closing = threading.Thread(target=front.close)
+    closing.start()
+    closing.join(30)
+    assert not closing.is_alive(), "close() never returned: the running batch was not told to stop"
     assert not inside.is_set()  # the batch ended before close returned
     assert running.result(0).finish_reason == "abort"
     with pytest.raises(RuntimeError, match="closed before this call was generated"):

@@ -209,6 +209,24 @@ def test_a_run_dir_another_process_trains_into_is_refused(tmp_path: Path, capsys
     assert [r["step"] for r in _lines(run / "metrics.jsonl")] == [1, 2]
 
 
+def test_a_run_dir_on_a_filesystem_without_flock_trains_unlocked(tmp_path: Path, monkeypatch, caplog) -> None:
+    """Lustre without -o flock and some NFS mounts refuse flock (ENOLCK, ENOSYS): the run goes on
+    unlocked and says so, rather than failing every `streamrl train` there."""
+    import errno
+    import fcntl
+    import logging
+
+    def refuse(*_a):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", refuse)
+    (tmp_path / ".lock").touch()
+    assert not run_dir_in_use(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="streamrl.files"), hold_run_dir(tmp_path):
+        pass
+    assert f"run_dir {tmp_path} cannot be locked" in caplog.text and "No locks available" in caplog.text
+
+
 def test_a_resume_without_a_saved_state_changes_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -11,8 +12,8 @@ from sandbox_levels import LEVELS, level_works
 
 from streamrl.data.code_task import CodeTask, builtin_text
 from streamrl.data.task import Score, Task
+from streamrl.rewards import code as code_mod
 from streamrl.rewards.code import (
-    SandboxSetupError,
     extract_program,
     normalize_output,
     score_program,
@@ -42,9 +43,9 @@ def test_extract_program_takes_the_last_python_block_else_the_last_bare_one() ->
     assert extract_program("```bash\nls\n```") is None
 
 
-def test_a_sandbox_that_cannot_start_is_an_error_not_a_wrong_program() -> None:
-    """The host refused the sandbox a namespace or a mount: the program never ran, so no test failed;
-    scoring raises (the reward service counts the error) instead of scoring a correct program 0."""
+def test_a_sandbox_that_cannot_isolate_a_program_is_said_once(caplog) -> None:
+    """The host refused the sandbox a namespace or a mount: the program never ran. Its tests fail (an
+    evaluation or an agent's scoring goes on), and the first such failure of the process is logged."""
 
     class Refused:
         name = "refused"
@@ -53,8 +54,16 @@ def test_a_sandbox_that_cannot_start_is_an_error_not_a_wrong_program() -> None:
             err = "sandbox setup failed: unshare(CLONE_NEWUSER): No space left on device\n"
             return ExecResult("", err, 97, "error", 0.01, "ns-user")
 
-    with pytest.raises(SandboxSetupError, match="could not run test 0: sandbox setup failed: unshare"):
-        score_program("print(3)", ADD, executor=Refused())
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(code_mod, "_warned", [])
+    try:
+        with caplog.at_level(logging.WARNING, logger="streamrl.rewards.code"):
+            for _ in range(2):
+                assert score_program("print(3)", ADD, executor=Refused())[0] == 0.0
+    finally:
+        monkey.undo()
+    [record] = [r for r in caplog.records if r.name == "streamrl.rewards.code"]
+    assert "could not isolate a program" in record.getMessage() and "unshare" in record.getMessage()
     assert not ExecResult("", "sandbox setup failed: mine", 1, "error", 0.0).setup_failed  # the program's
     assert not ExecResult("", "Traceback ...", 97, "error", 0.0).setup_failed  # exit(97) of its own
 

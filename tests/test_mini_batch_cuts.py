@@ -9,6 +9,7 @@ import torch
 from trajectories import make_traj
 
 from streamrl.config import load_config
+from streamrl.config_parse import ConfigError
 from streamrl.trainer.trainer import Trainer
 from streamrl.types import TrainBatch
 
@@ -74,3 +75,15 @@ def test_the_warmup_counts_optimizer_steps(tiny):
     for seed in (0, 1):
         assert trainer.step(_batch(6, seed))["optimizer_steps"] == 2
     assert lrs == pytest.approx([0.25e-3, 0.5e-3, 0.75e-3, 1e-3])
+
+
+def test_entropy_top_q_is_refused_with_a_sequence_ratio():
+    """GSPO's ratio is one per sequence and its gradient reaches every token: a token selection would
+    only weigh sequences. Refused in one line; gspo_token keeps per-token gradients."""
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["loss.name=gspo", "loss.entropy_top_q=0.2"])
+    assert str(e.value) == (
+        "config key 'loss.entropy_top_q' selects tokens, but loss.name=gspo trains on each sequence's "
+        "ratio, whose gradient reaches all its tokens: use loss.name=gspo_token, or loss.entropy_top_q=1"
+    )
+    load_config(None, ["loss.name=gspo_token", "loss.entropy_top_q=0.2"])

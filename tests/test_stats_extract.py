@@ -116,6 +116,9 @@ def test_replicate_difference_hand_value():
         ("The answer is $1{,}000$.", "answer_is", "1000"),
         ("The answer is 2,3", "answer_is", "2,3"),
         ("The answer is 1,2345", "answer_is", "1,2345"),
+        ("The answer is 5, since 2 + 3 = 5", "answer_is", "5"),  # a comma after it is not part of it
+        ("The answer is 1,234, which", "answer_is", "1234"),
+        ("I count 42, then stop", "last_number", "42"),
         # markdown, math delimiters and a box around the answer
         ("The answer is **42**.", "answer_is", "42"),
         ("The answer is __7__", "answer_is", "7"),

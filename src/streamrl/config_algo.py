@@ -48,6 +48,11 @@ def validate_algo(cfg: Any, registry: Any) -> None:
     _unread("loss", lc, CORRECTION_KEYS, rc.reads, rc_who, "loss.rollout_correction")
     adv_who = f"advantage.name={adv.name}"
     _unread("advantage", adv, ADVANTAGE_KEYS, registry.ADVANTAGES[adv.name].reads, adv_who, "advantage.name")
+    if lc.entropy_top_q < 1 and lc.name == "gspo":  # one ratio per sequence: every token shares its gradient
+        raise ConfigError(
+            "config key 'loss.entropy_top_q' selects tokens, but loss.name=gspo trains on each sequence's "
+            "ratio, whose gradient reaches all its tokens: use loss.name=gspo_token, or loss.entropy_top_q=1"
+        )
     if lc.behav_weight_cap and lc.behav_weight_cap < 1:
         raise ConfigError(
             f"config key 'loss.behav_weight_cap' must be 0 (off) or >= 1, got {lc.behav_weight_cap}"

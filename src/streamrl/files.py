@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 from streamrl.processes import pid_alive
+
+log = logging.getLogger(__name__)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -59,6 +62,8 @@ def run_dir_in_use(run_dir: Path) -> bool:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return True
+        except OSError:  # a filesystem without flock (Lustre without -o flock, some NFS): cannot tell
+            return False
     return False
 
 
@@ -77,4 +82,10 @@ def hold_run_dir(run_dir: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise ValueError(in_use_message(run_dir)) from None
+        except OSError as e:  # a filesystem without flock: train unlocked, and say so
+            log.warning(
+                "run_dir %s cannot be locked (%s): a second process training into it is not refused",
+                run_dir,
+                e,
+            )
         yield

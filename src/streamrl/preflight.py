@@ -85,7 +85,8 @@ def preflight(cfg: Any) -> Checked:
         raise ValueError(
             f"config key 'rollout.top_p' is {cfg.rollout.top_p}: training samples with top_p=1, since the "
             "trainer's log-probs are the whole distribution's and a nucleus's would put its mass into every "
-            "ratio (PPO would clip whole classes of tokens); top_p < 1 is for `streamrl eval` sampling"
+            "ratio (PPO would clip whole classes of tokens); top_p < 1 is for `streamrl eval` sampling "
+            "(a resumed run may pass rollout.top_p=1)"
         )
     if cfg.run_dir:  # a run already there, before a model download
         check_run_dir(Path(cfg.run_dir), bool(cfg.resume) or cfg.overwrite, training=True)

@@ -111,8 +111,10 @@ def row_key(question: str, messages: list[dict[str, str]] | None) -> str:
 
 def excluded(row: dict[str, Any], exclude: set[str]) -> bool:
     """Is a parsed row one never to train on? `exclude` holds prompt keys (held-out rows, drawn
-    few-shot examples) and question texts (given few-shot examples): a chat whose last user turn is a
-    given example's question is excluded, a chat that only shares a held-out chat's last turn is not."""
+    few-shot examples; a chat of one user turn is keyed by its question, data/task.py prompt_key) and
+    question texts (given few-shot examples): a row whose question (a chat's last user turn) is held
+    out as a plain question or a one-turn chat is excluded; a chat that only shares the last turn of a
+    held-out chat of several turns is not."""
     return row["key"] in exclude or row["question"] in exclude
 
 

@@ -63,9 +63,10 @@ class ColocatedRunner:
         self.scoring = Scoring(cfg, task)
         self.decoded = [0, 0]  # sequences and KV-cache rows the rollouts' decode steps forwarded
         # a step whose rollouts failed before a stop left its groups in the ledger (filtered): run again
-        # on resume, it numbers its groups after them, so a problem drawn again is a new group id
+        # on resume, it numbers its groups after theirs, so a problem drawn again is a new group id
         retry = f"s{state.step + 1}-"
-        self._first_group = {state.step + 1: sum(g.startswith(retry) for g in self.ledger.state)}
+        made = [int(g.split("-")[1]) for g in self.ledger.state if g.startswith(retry)]
+        self._first_group = {state.step + 1: max(made, default=-1) + 1}
 
     def _draw(self, n: int) -> list[Problem]:
         problems = list(itertools.islice(self.stream, n))

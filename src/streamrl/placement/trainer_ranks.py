@@ -78,7 +78,7 @@ class FollowerLinks:
         for p in self.procs:
             p.join(timeout=max(0.1, deadline - time.monotonic()))
             if p.is_alive():
-                p.terminate()
+                p.kill()  # SIGKILL: a follower ignores SIGTERM (rank 0 handles a job's stop)
                 p.join(timeout=5)
         for q in [*self.commands, self.errors]:
             q.cancel_join_thread()
@@ -159,7 +159,7 @@ def run_follower(
     # Ctrl-C, and a SIGTERM sent to the whole group (Slurm, systemd), are rank 0's to handle: it stops at
     # a step boundary and saves, which needs this rank alive
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # ignored in C too: no collective sees an EINTR
     try:
         _follow(rank, world, init_method, cfg_dict, commands, parent_pid, device_index)
     except BaseException:

@@ -8,6 +8,7 @@ at the first failure to save sandbox time).
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
@@ -15,6 +16,7 @@ from streamrl.rewards.sandbox import Executor, Limits, get_executor
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 STDERR_TAIL = 300  # characters of stderr kept in a failure reason
+log = logging.getLogger(__name__)
 
 
 def extract_program(text: str) -> str | None:
@@ -52,8 +54,15 @@ def _tail(s: str) -> str:
     return s if len(s) <= STDERR_TAIL else "..." + s[-STDERR_TAIL:]
 
 
-class SandboxSetupError(RuntimeError):
-    """The sandbox could not isolate a program (the host refused a namespace, a mount or a limit)."""
+_warned: list[str] = []  # the first sandbox setup failure of this process
+
+
+def _warn_setup_failed(stderr: str) -> None:
+    if not _warned:
+        _warned.append(stderr)
+        log.warning(
+            "the code sandbox could not isolate a program, so its tests count as failed: %s", _tail(stderr)
+        )
 
 
 def _short(s: str, n: int = 60) -> str:
@@ -69,8 +78,8 @@ def score_program(
 ) -> tuple[float, dict[str, Any]]:
     """-> (reward in [0, 1], info). info: passed, total, tests (per-test status: "pass",
     "wrong_answer" or the sandbox status such as "error"/"timeout"/"memory"), reason (the first
-    failure, None when all pass), isolation. SandboxSetupError when the sandbox could not run the
-    program at all (scored as a counted error, never as the program's wrong answer)."""
+    failure, None when all pass), isolation. A sandbox that could not isolate the program (the host
+    refused a namespace, a mount or a limit) fails the test too, with a warning logged once."""
     ex = executor or get_executor("local")
     statuses: list[str] = []
     reason = None
@@ -78,8 +87,8 @@ def score_program(
     for i, t in enumerate(tests):
         r = ex.run(program, t["input"], limits)
         isolation = r.isolation
-        if r.setup_failed:  # not the program's failure: the reward service counts it as an error
-            raise SandboxSetupError(f"the code sandbox could not run test {i}: {_tail(r.stderr)}")
+        if r.setup_failed:  # not the program's failure, yet its test fails: said once per process
+            _warn_setup_failed(r.stderr)
         if r.status != "ok":
             status = r.status
             why = f"test {i}: {r.status}" + (f": {_tail(r.stderr)}" if r.stderr.strip() else "")
@@ -108,7 +117,8 @@ def score_response(
     executor: Executor | None = None,
     limits: Limits | None = None,
 ) -> tuple[float, dict[str, Any]]:
-    """Score a model response: its last fenced code block against `tests`. No block -> 0, "no code block"."""
+    """Score a model response: its program (extract_program) against `tests`; no block -> 0 and the
+    reason "no code block"."""
     program = extract_program(text)
     if program is None:
         info = {"passed": 0, "total": len(tests), "tests": [], "reason": "no code block", "isolation": ""}

@@ -10,7 +10,7 @@ EXTRACTORS = ("answer_is", "boxed", "last_number", "gsm8k")
 # a signed number: 1,234 | 1{,}234 | 12.5 | .5 | 1e3 | 2.5E-4 | ½ | 1½ | 2 ¾ | 3/4 | 10^6 | 2^{-3} (read
 # after ascii_digits, so digits of any script and the typographic minus are ASCII by then)
 _NUM = (
-    rf"-?(?:\d(?:[\d,]|\{{,\}})*(?:\.\d+)?(?:[ \u00a0\u2009\u202f]?{VULGAR_CLASS})?|{VULGAR_CLASS}|\.\d+)"
+    rf"-?(?:\d(?:,?\d|\{{,\}}\d)*(?:\.\d+)?(?:[ \u00a0\u2009\u202f]?{VULGAR_CLASS})?|{VULGAR_CLASS}|\.\d+)"
     r"(?:[eE][-+]?\d+)?"
     r"(?:\s*/\s*\d+)?"  # a fraction: 3/4 is three quarters, not 3
     r"(?:\^(?:-?\d+|\{-?\d+\}))?"  # a power: 10^6 is a million, not 10
@@ -50,7 +50,8 @@ def extract_answer(text: str, style: str) -> str | None:
     '... #### 1,234' -> '1234' (gsm8k: the number after '####').
 
     Returns None when the format is not followed (an empty box included). The last occurrence wins;
-    commas inside numbers are dropped. Numbers may be written in any script's digits, full-width or with
+    commas that group digits by three are dropped ('1,234' -> '1234'; '2,3' stays; a comma after the
+    number is not part of it). Numbers may be written in any script's digits, full-width or with
     vulgar fractions (rewards/numerals.py): the answer comes back in ASCII ('٣' -> '3', '１½' -> '3/2').
     """
     text = ascii_digits(text)

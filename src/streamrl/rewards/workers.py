@@ -86,11 +86,17 @@ def serve(scorer: Callable[..., Any], conn: Connection) -> None:
         conn.close()
 
 
+def _ignore(signum: int, frame: object) -> None:
+    """A SIGTERM to the whole job: the parent decides when this process stops."""
+
+
 def process_main(scorer: Callable[..., Any], conn: Connection) -> None:
     # Ctrl-C, and a SIGTERM sent to the whole group (Slurm, systemd), reach this process too: the parent
     # decides when it stops, and scores what is in flight meanwhile
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # a handler, not SIG_IGN: a program your reward function starts keeps SIGTERM's default action
+    signal.signal(signal.SIGTERM, _ignore)
+    signal.siginterrupt(signal.SIGTERM, False)  # system calls under way resume rather than fail
     serve(scorer, conn)
 
 

@@ -32,6 +32,25 @@ def test_bf16_engine_keeps_its_own_copy_and_takes_pushed_weights(tiny):
         torch.testing.assert_close(p, model.state_dict()[name].to(torch.bfloat16), rtol=0, atol=0)
 
 
+def test_an_engine_refuses_weights_that_leave_out_or_add_a_parameter(tiny):
+    """A state missing a weight would leave the engine sampling with the old one, silently."""
+    model, tok = tiny
+    eng = HFEngine(model, tok, max_batch=4, dtype=torch.bfloat16)
+    state = {k: v.clone() + 0.01 for k, v in model.state_dict().items()}
+    assert model.config.tie_word_embeddings and "lm_head.weight" in state
+    del state["lm_head.weight"]  # tied to the embedding, which is given: accepted
+    eng.update_weights(state, 1)
+    head = eng.model.get_output_embeddings().weight
+    torch.testing.assert_close(head, state["model.embed_tokens.weight"].to(torch.bfloat16), rtol=0, atol=0)
+    name = next(k for k in state if k.endswith("mlp.down_proj.weight"))
+    short = {k: v for k, v in state.items() if k != name}
+    with pytest.raises(ValueError, match=rf"1 missing \(\['{name}'\]\), 0 unknown") as missing:
+        eng.update_weights(short, 2)
+    with pytest.raises(ValueError, match=r"0 missing \(\[\]\), 1 unknown \(\['extra.weight'\]\)"):
+        eng.update_weights({**state, "extra.weight": torch.zeros(1)}, 2)
+    assert "do not match the engine's model" in str(missing.value) and eng.version == 1
+
+
 def test_same_dtype_engine_shares_the_module(tiny):
     model, tok = tiny
     eng = HFEngine(model, tok, dtype=torch.float32)

@@ -33,14 +33,14 @@ BASE = [
 ]
 
 
-def _runner(tiny, extra: list[str]) -> tuple[AsyncRunner, RunState]:
+def _runner(tiny, extra: list[str], state: RunState | None = None) -> tuple[AsyncRunner, RunState]:
     from streamrl.data.task import default_task_args
     from streamrl.tasks import make_task
 
     cfg = load_config(None, [*BASE, *extra])
     trainer = Trainer.from_config(copy.deepcopy(tiny[0]), cfg, pad_id=0)
     task = make_task("rg:chain_sum", default_task_args("rg:chain_sum"), "", "", "answer_is")
-    state = RunState()
+    state = state or RunState()
     stream = itertools.islice(task.train_stream(0, set()), None)
     return AsyncRunner(cfg, trainer, tiny[1], stream, state, StopFlag(), scripted_worker), state
 
@@ -94,6 +94,7 @@ def test_a_dead_or_silent_worker_is_restarted_and_its_groups_reassigned(
     runner.run(on_step)
     assert [r.step for r in records] == list(range(1, 7))
     assert records[-1].metrics["worker_restarts"] == 1
+    assert state.counters["worker_restarts"] == 1  # what a resume continues from
     c = _balanced(runner, state, records)
     assert c["trained"] == 18
     trained = {g.trajectories[0].group_id for r in records for g in r.groups}
@@ -103,6 +104,17 @@ def test_a_dead_or_silent_worker_is_restarted_and_its_groups_reassigned(
     [event] = runner.backend.events
     assert event.startswith(f"rollout worker 0 {how}") and "restarted (1 of 3)" in event
     assert f"streamrl: {event}" in capfd.readouterr().err  # one line, as it happened
+
+
+def test_a_resumed_run_counts_the_restarts_and_resent_groups_from_before_the_resume(tiny):
+    """The step records' event counters count the whole run: a resume continues them from the state."""
+    before = {"worker_restarts": 2, "groups_resent": 5, "duplicate_results": 1}
+    runner, state = _runner(tiny, ["max_steps=2"], RunState(counters=dict(before)))
+    records: list = []
+    runner.run(records.append)
+    assert [{k: r.metrics[k] for k in before} for r in records] == [before, before]
+    assert state.counters == before
+    assert runner.snapshot().counters == before
 
 
 def test_when_restarts_run_out_the_run_stops_with_its_groups_carried_over(tiny):

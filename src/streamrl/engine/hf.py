@@ -23,6 +23,20 @@ from streamrl.models.frozen import engine_products, freeze
 from streamrl.models.precision import cast_params
 
 
+def load_whole(model: torch.nn.Module, state: dict[str, Any]) -> None:
+    """model.load_state_dict(state), refusing a state that names a parameter the model lacks or leaves
+    one out; a tied weight (the LM head sharing the embedding) may be given under either name."""
+    loaded = model.load_state_dict(state, strict=False)
+    given = {id(p) for name, p in model.named_parameters(remove_duplicate=False) if name in state}
+    params = dict(model.named_parameters(remove_duplicate=False))
+    missing = [k for k in loaded.missing_keys if k not in params or id(params[k]) not in given]
+    if loaded.unexpected_keys or missing:
+        raise ValueError(
+            f"new weights do not match the engine's model: {len(missing)} missing ({missing[:3]}), "
+            f"{len(loaded.unexpected_keys)} unknown ({loaded.unexpected_keys[:3]})"
+        )
+
+
 class HFEngine:
     """Engine over a transformers causal LM.
 
@@ -122,7 +136,7 @@ class HFEngine:
     def update_weights(self, state: dict[str, Any] | None, version: int) -> None:
         """state None: the weights are already in `model` (shared module or copied in by the caller)."""
         if state is not None:
-            self.model.load_state_dict(state, strict=False)  # casts to the engine's dtype
+            load_whole(self.model, state)  # casts to the engine's dtype
         elif self.owns_weights and version != self.version:
             raise RuntimeError(
                 "this engine keeps its own weights (rollout.precision differs from the trainer's model): "

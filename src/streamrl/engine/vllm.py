@@ -247,15 +247,15 @@ def _check_cpu_head_size(model_dir: Path) -> None:
         )
 
 
-def decoder_from_config(cfg: Any, model_dir: Path, stop_ids: set[int], worker_id: int = 0) -> VLLMDecoder:
-    """The rollout worker's decoder for engine=vllm (cfg: a streamrl Config)."""
+def decoder_from_config(cfg: Any, model_dir: Path, stop_ids: set[int], seed: int = 0) -> VLLMDecoder:
+    """The rollout worker's decoder for engine=vllm (cfg: a streamrl Config), sampling from `seed`."""
     v = cfg.vllm
     return VLLMDecoder(
         model_dir,
         stop_ids,
         weight_mode=cfg.runtime.weight_update,
         max_batch=cfg.rollout.max_batch,
-        seed=cfg.seed * 1009 + worker_id,
+        seed=seed,
         kv_cache_gib=v.kv_cache_gib,
         dtype=v.dtype,
         enforce_eager=v.enforce_eager,

@@ -27,7 +27,7 @@ from streamrl.loop.budget import RunBudget
 from streamrl.loop.dynamic_sampling import DynamicSampling, applies
 from streamrl.loop.episode_errors import EpisodeErrors
 from streamrl.loop.ledger import Ledger
-from streamrl.loop.shared import Shared
+from streamrl.loop.shared import Shared, run_counters
 from streamrl.loop.signals import StopFlag
 from streamrl.loop.staleness import StalenessManager, next_in_batch
 from streamrl.loop.stall import StallWatch
@@ -74,6 +74,7 @@ class AsyncRunner:
         # rebase on resume: trained groups + carried finished ones count as accepted (AReaL #1388)
         self.staleness = StalenessManager.resumed(self.B, self.eta, trainer.version, len(state.finished), 0)
         self.sh = Shared.resumed(state.engine)  # the workers' cumulative counters continue after a resume
+        self.counted = dict(state.counters)  # so do the run's event counters (_counters)
         self.episode_errors = EpisodeErrors(cfg.task.startswith("agent:"))  # since the last step (sh.cond)
         for res in state.finished:
             self.ledger.requeue(res.group_id, "buffered")
@@ -299,9 +300,7 @@ class AsyncRunner:
                         samples_per_s=(step - first_step) * per_step / budget.elapsed,
                         filtered_stale=self.ledger.filter_reasons.get("stale", 0),
                         filtered_zero_variance=self.ledger.filter_reasons.get("zero_variance", 0),
-                        duplicate_results=self.sh.duplicates,
-                        groups_resent=self.stall.resent,
-                        **backend.stats(),
+                        **{**backend.stats(), **self._counters()},
                         **episode_errors,
                     )
                 finally:
@@ -367,7 +366,13 @@ class AsyncRunner:
                 sampler=sampler_state(self.stream),
                 drafts=self.drafts.state_dict() if self.drafts is not None else [],
                 engine=self.sh.engine_counters(),
+                counters=self._counters(),
             )
+
+    def _counters(self) -> dict[str, int]:
+        """The run's event counters (loop/shared.py RUN_COUNTERS), resumes included."""
+        now = {"duplicate_results": self.sh.duplicates, "groups_resent": self.stall.resent}
+        return run_counters({**now, **self.backend.stats()}, self.counted)
 
     def _carry_over(self, late: list[GroupResult]) -> None:
         """After the workers stopped: everything admitted and not trained goes into the run state."""
@@ -382,6 +387,7 @@ class AsyncRunner:
             self.state.staleness = self.staleness.state_dict()
             self.state.drafts = self.drafts.state_dict() if self.drafts is not None else []
             self.state.engine = self.sh.engine_counters()
+            self.state.counters = self._counters()
             errors, self.sh.errors = self.sh.errors, []
         for error in errors:  # arrived after the last batch was taken, or during a stop: never silent
             print(f"streamrl: warning: at the end of the run, {error}", file=sys.stderr, flush=True)

@@ -7,6 +7,21 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+# event counters a step record carries for the whole run: the loop's and the backend's (stats())
+RUN_COUNTERS = (
+    "duplicate_results",
+    "groups_resent",
+    "worker_restarts",
+    "actor_restarts",
+    "groups_redispatched",
+)
+
+
+def run_counters(now: dict[str, Any], before: dict[str, int]) -> dict[str, int]:
+    """The RUN_COUNTERS of `now` (this process's, since it started) continued from `before` (the saved
+    state's), so a resumed run's records count the whole run's restarts and resent groups."""
+    return {k: before.get(k, 0) + int(v) for k, v in now.items() if k in RUN_COUNTERS}
+
 
 @dataclass
 class Shared:

@@ -39,6 +39,8 @@ class RunState:
     drafts: list[Any] = field(default_factory=list)  # rollout/drafts.py DraftStore.state_dict()
     # async: the rollout workers' cumulative busy_s, idle_s and tokens (engine_* metrics), kept across resume
     engine: dict[str, float] = field(default_factory=dict)
+    # loop/shared.py RUN_COUNTERS (restarts, groups resent...) counted up to this state, kept across resume
+    counters: dict[str, int] = field(default_factory=dict)
     # the run's `time` and `train_elapsed` as of this state's step, which a resumed run continues
     clock: dict[str, float] = field(default_factory=dict)
 

@@ -11,6 +11,7 @@ and an object-store or broadcast receiver (placement/ray_actor.py).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import queue
 import signal
@@ -83,6 +84,14 @@ class WeightSource(Protocol):
         ...
 
 
+def worker_seed(seed: int, worker_id: int, version: int) -> int:
+    """The sampling seed of rollout worker `worker_id` of a run seeded `seed` that starts on weights
+    `version`: another worker, another run seed or a start on other weights (a resume, a restart after
+    the weights moved) draws other random numbers; the same three draw the same."""
+    digest = hashlib.blake2b(f"{seed}/{worker_id}/{version}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
 def run_worker(
     worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any, weights: Any, threads: int
 ) -> None:
@@ -143,16 +152,16 @@ def _loop(
     model_dir = resolve_model_dir(cfg.model, cfg.seed)
     tokenizer = load_tokenizer(model_dir, cfg.task_config.chat_template)
     task = task_from_config(cfg)
-    torch.manual_seed(cfg.seed * 1009 + worker_id)
     if cfg.engine == "vllm":
         from streamrl.engine.hf import stop_ids_from_dir
         from streamrl.engine.vllm import decoder_from_config
 
         stop_ids = stop_ids_from_dir(model_dir, tokenizer)
-        decoder: Decoder = decoder_from_config(cfg, model_dir, stop_ids, worker_id)
+        seed = worker_seed(cfg.seed, worker_id, max(0, weights.version))  # vLLM takes it at the start
+        decoder: Decoder = decoder_from_config(cfg, model_dir, stop_ids, seed)
 
-        def refresh() -> None:  # vLLM holds its own weights: it reloads them from the shared buffer
-            weights.read(decoder.update_weights)
+        def refresh() -> int:  # vLLM holds its own weights: it reloads them from the shared buffer
+            return weights.read(decoder.update_weights)
 
     else:
         # the shared fp32 weights are cast into this dtype on every load (copy_ casts)
@@ -163,17 +172,23 @@ def _loop(
             model,
             tokenizer,
             cfg.rollout.max_batch,
-            seed=cfg.seed * 1009 + worker_id,
             device=cfg.device,
             prefix_cache=cfg.rollout.prefix_cache,
             branch_min=cfg.rollout.spec_branch_min,
         )
         decoder = ContinuousDecoder(engine, cfg.runtime.weight_update)
 
-        def refresh() -> None:  # copy into the engine's module, then recompute KV in interrupt mode
-            decoder.update_weights(None, weights.load_into(model))
+        def refresh() -> int:  # copy into the engine's module, then recompute KV in interrupt mode
+            version = weights.load_into(model)
+            decoder.update_weights(None, version)
+            return version
 
-    refresh()
+    # seeded from the weights it starts on: a resumed or restarted worker does not draw again the
+    # random numbers the run drew from its start
+    seed = worker_seed(cfg.seed, worker_id, refresh())
+    torch.manual_seed(seed)
+    if isinstance(decoder, ContinuousDecoder):
+        decoder.engine.generator.manual_seed(seed)
     r = RolloutSettings.from_config(cfg)
     episodes = EpisodeTable(task, tokenizer, r) if isinstance(task, EnvTask) else None
     agents = AgentGroups(task, tokenizer, r) if isinstance(task, AgentTask) else None

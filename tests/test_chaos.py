@@ -332,7 +332,16 @@ def test_colocated_run_killed_and_resumed_ends_bitwise_equal(tmp_path: Path) -> 
     assert latest_state(split) is not None and not latest_state(split).name.endswith("000006")
     ev = json.loads((split / "eval.json").read_text())  # `streamrl eval run_dir=...` adds its record
     (split / "eval.json").write_text(json.dumps({**ev, "sampled": {"model": "x", "pass@1": 0.5}}))
+    with (split / "metrics.jsonl").open("a") as f:  # a step logged past any saved state
+        f.write(json.dumps({"step": 99}) + "\n")
+    (split / "wandb_run_id").write_text("oldrun\n")  # as if the run logged to W&B
+    saved = int(latest_state(split).name.split("-")[1])
     assert main(["train", f"resume={split}"]) == 0
+    # W&B ignores steps below the last one a run logged: the steps trained again go to a new W&B run,
+    # decided on disk before the resume trains (observe/wandb_sink.py)
+    switch = json.loads((split / "wandb_switch.json").read_text())
+    assert switch["from"] == "oldrun" and switch["step"] == saved
+    assert (split / "wandb_run_id").read_text() == switch["id"] + "\n" != "oldrun\n"
     a = load_file(str(latest_state(whole) / "model" / "model.safetensors"))
     b = load_file(str(latest_state(split) / "model" / "model.safetensors"))
     assert [k for k in a if not torch.equal(a[k], b[k])] == []

@@ -207,7 +207,7 @@ def test_wandb_sink_logs_offline_through_the_api(tmp_path, monkeypatch):
 
     monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
     from streamrl.observe.metrics import MetricsWriter
-    from streamrl.observe.wandb_sink import WandbSink
+    from streamrl.observe.wandb_sink import WandbSink, rewind_wandb_run
 
     sink = WandbSink(tmp_path, "proj", "offline", {"model": "m"})
     w = MetricsWriter(tmp_path, tensorboard=False, sinks=[sink])
@@ -227,13 +227,23 @@ def test_wandb_sink_logs_offline_through_the_api(tmp_path, monkeypatch):
     assert (tmp_path / "other" / "wandb_run_id").read_text() == calls["init"]["id"] + "\n"
     # resumed after a crash that had logged steps past the saved step 4: W&B would ignore steps 5.. of
     # the old run, so they go to a new run, which names the old one; a later resume continues the new one
-    WandbSink(tmp_path, "proj", "offline", {"model": "m"}, rewound_to=4)
+    rewind_wandb_run(tmp_path, 4)
+    WandbSink(tmp_path, "proj", "offline", {"model": "m"})
     second = calls["init"]["id"]
     assert second != first and calls["init"]["config"] == {"model": "m", "resumed_from": first}
     assert calls["init"]["name"] == f"{tmp_path.name}-from-step-4"
     assert (tmp_path / "wandb_run_id").read_text() == second + "\n"
+    WandbSink(tmp_path, "proj", "offline", {"model": "m"})  # a later resume: the new run, as it started
+    assert calls["init"]["id"] == second and calls["init"]["name"] == f"{tmp_path.name}-from-step-4"
+    # a rewind killed after it wrote the switch, before the new id: the next start completes it
+    rewind_wandb_run(tmp_path, 7)
+    third = json.loads((tmp_path / "wandb_switch.json").read_text())["id"]
+    (tmp_path / "wandb_run_id").write_text(second + "\n")
     WandbSink(tmp_path, "proj", "offline", {"model": "m"})
-    assert calls["init"]["id"] == second
+    assert calls["init"]["id"] == third != second and calls["init"]["config"]["resumed_from"] == second
+    assert (tmp_path / "wandb_run_id").read_text() == third + "\n"
+    rewind_wandb_run(tmp_path / "never", 3)  # no W&B run started there: nothing to switch
+    assert not (tmp_path / "never").exists()
 
 
 def test_wandb_missing_is_a_config_error(monkeypatch):

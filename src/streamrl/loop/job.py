@@ -43,6 +43,7 @@ from streamrl.observe.metrics import GroupLog
 from streamrl.observe.model_card import Accuracy
 from streamrl.observe.progress import StepProgress
 from streamrl.observe.summary import print_summary
+from streamrl.observe.wandb_sink import rewind_wandb_run
 from streamrl.placement.colocated import push_policy
 from streamrl.placement.cores import elastic_enabled, thread_split
 from streamrl.placement.forkserver import start_server_for
@@ -212,6 +213,8 @@ def _run_train(
     moved: dict[str, int] = {}
     if cfg.resume:
         moved = reconcile_logs(run_dir, state.step)
+        if moved.get("metrics.jsonl"):  # steps logged past the state: W&B would ignore them again
+            rewind_wandb_run(run_dir, state.step)
         console.print(
             f"resumed at step {state.step} (policy version {state.version}), "
             f"{len(state.finished)} finished + {len(state.unfinished)} unfinished groups carried over"
@@ -254,8 +257,7 @@ def _run_train(
         write_text_atomic(run_dir / "eval.json", json.dumps(old_eval, indent=2))
     before = Accuracy.from_summary(base.summary() if base else old_eval.get("base"))  # for model cards
     timings["setup"] += runner.wait_ready()  # what is left of the workers' start: not training time
-    rewound_to = state.step if cfg.resume and moved.get("metrics.jsonl") else None  # steps logged past it
-    observer = RunObserver(cfg, run_dir, console, state.step + 1 if cfg.resume else None, rewound_to)
+    observer = RunObserver(cfg, run_dir, console, state.step + 1 if cfg.resume else None)
     groups_log = GroupLog(run_dir / "groups.jsonl")
 
     clock_at = {"time": 0.0, "train_elapsed": 0.0, **state.clock}  # as of the last logged step

@@ -22,17 +22,15 @@ class RunObserver:
         run_dir: Path,
         console: Console,
         purge_step: int | None = None,
-        rewound_to: int | None = None,
     ) -> None:
-        """purge_step: a resumed run's first step; rewound_to: the saved step a resume went back to
-        after a crash had logged steps past it (observe/wandb_sink.py)."""
+        """purge_step: a resumed run's first step."""
         self.cfg, self.run_dir, self.console = cfg, run_dir, console
         sinks: list[Sink] = []
         if cfg.observe.wandb:
             from streamrl.observe.wandb_sink import WandbSink
 
             o = cfg.observe
-            sinks.append(WandbSink(run_dir, o.wandb_project, o.wandb_mode, to_dict(cfg), rewound_to))
+            sinks.append(WandbSink(run_dir, o.wandb_project, o.wandb_mode, to_dict(cfg)))
         self.writer = MetricsWriter(run_dir, sinks=sinks, purge_step=purge_step)
         self.monitor = DiagnosticsMonitor(emit=lambda line: console.print(f"[yellow]{escape(line)}[/]"))
         self._report_failed = False

@@ -2,15 +2,18 @@
 
 Offline mode by default: wandb writes RUN_DIR/wandb/ without any network; `wandb sync` uploads later.
 The W&B run id is kept in RUN_DIR/wandb_run_id, so a resumed run logs on into the same W&B run;
-except after a crash that left steps logged past the saved state (`rewound_to`): W&B ignores a step
-below the last one a run logged, so the steps trained again would be lost there, and the run goes on
-in a new W&B run (its config's `resumed_from` names the old one).
+except after a crash that left steps logged past the saved state: W&B ignores a step below the last
+one a run logged, so the steps trained again would be lost there, and the run goes on in a new W&B run
+(its config's `resumed_from` names the old one). The resume decides that on disk when it sets the
+lines past the state aside (`rewind_wandb_run`), so a resume that fails before logging leaves the
+next one to log into the new run too.
 wandb is an optional extra (`pip install 'streamrl[wandb]'`); config validation rejects
 observe.wandb=true without it, so the import here only fails if it vanished since.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
 from pathlib import Path
@@ -19,12 +22,23 @@ from typing import Any
 from streamrl.files import write_text_atomic
 
 RUN_ID_FILE = "wandb_run_id"  # in the run directory
+SWITCH_FILE = "wandb_switch.json"  # {"from": old id, "id": new id, "step": the saved step resumed from}
+
+
+def rewind_wandb_run(run_dir: Path, step: int) -> None:
+    """A resume went back to `step` below steps the run's W&B run logged: from now on the run logs
+    into a new W&B run. The switch is written before the new id, so a kill between the two writes
+    still ends in the new run (WandbSink completes it)."""
+    id_file = run_dir / RUN_ID_FILE
+    if not id_file.is_file():  # no W&B run started: the next one starts fresh anyway
+        return
+    switch = {"from": id_file.read_text().strip(), "id": uuid.uuid4().hex[:16], "step": step}
+    write_text_atomic(run_dir / SWITCH_FILE, json.dumps(switch))
+    write_text_atomic(id_file, switch["id"] + "\n")
 
 
 class WandbSink:
-    def __init__(
-        self, run_dir: Path, project: str, mode: str, config: dict[str, Any], rewound_to: int | None = None
-    ) -> None:
+    def __init__(self, run_dir: Path, project: str, mode: str, config: dict[str, Any]) -> None:
         try:
             import wandb
         except ImportError as e:
@@ -34,11 +48,18 @@ class WandbSink:
         id_file = run_dir / RUN_ID_FILE  # a resumed run logs on into the W&B run it started
         run_id = id_file.read_text().strip() if id_file.is_file() else ""
         name = run_dir.resolve().name
-        if run_id and rewound_to is not None:  # the old run holds steps past rewound_to: a new one
-            config = {**config, "resumed_from": run_id}
-            name, run_id = f"{name}-from-step-{rewound_to}", ""
-        if not run_id:  # written whole: a start killed mid-write leaves no id, never half of one
-            run_id = uuid.uuid4().hex[:16]
+        switch_file = run_dir / SWITCH_FILE
+        switch = json.loads(switch_file.read_text()) if switch_file.is_file() else {}
+        new_id = ""
+        if switch and run_id in (switch["from"], switch["id"]):  # the W&B run a rewind started
+            config = {**config, "resumed_from": switch["from"]}
+            name = f"{name}-from-step-{switch['step']}"
+            if run_id != switch["id"]:  # the rewind was killed before it wrote the new id
+                new_id = switch["id"]
+        elif not run_id:
+            new_id = uuid.uuid4().hex[:16]
+        if new_id:  # written whole: a start killed mid-write leaves no id, never half of one
+            run_id = new_id
             write_text_atomic(id_file, run_id + "\n")
         self._run = wandb.init(
             project=project, mode=mode, dir=str(run_dir), name=name, config=config, id=run_id, resume="allow"

@@ -117,6 +117,25 @@ def test_a_resumed_run_counts_the_restarts_and_resent_groups_from_before_the_res
     assert runner.snapshot().counters == before
 
 
+def test_agent_episodes_a_stopped_run_had_not_logged_are_logged_after_its_resume(tiny):
+    """Episodes returned after the last logged step are in the state a stop leaves, and in the resumed
+    run's first record, not lost with the stop."""
+    pending = {"episodes": 8, "reasons": {"TimeoutError": 2, "ValueError": 1}}
+    runner, state = _runner(tiny, ["max_steps=1"], RunState(episodes=pending))
+    assert runner.snapshot().episodes == pending
+    runner.episode_errors.active = True  # an agent task's records carry the counts
+    records: list = []
+    runner.run(records.append)
+    [m] = [r.metrics for r in records]
+    assert (m["episodes"], m["episode_errors"]) == (8, 3)
+    assert m["episode_error_reasons"] == {"TimeoutError": 2, "ValueError": 1}
+    assert state.episodes == {}  # logged: nothing left for a later resume
+
+    stopped, state = _runner(tiny, ["max_steps=1"], RunState(episodes=pending))
+    stopped.close()  # stopped before its first step: the counts go back into the state
+    assert state.episodes == pending
+
+
 def test_when_restarts_run_out_the_run_stops_with_its_groups_carried_over(tiny):
     runner, state = _runner(tiny, ["runtime.max_restarts=0", "max_steps=50"])
     records: list = []

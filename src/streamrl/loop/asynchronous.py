@@ -75,7 +75,8 @@ class AsyncRunner:
         self.staleness = StalenessManager.resumed(self.B, self.eta, trainer.version, len(state.finished), 0)
         self.sh = Shared.resumed(state.engine)  # the workers' cumulative counters continue after a resume
         self.counted = dict(state.counters)  # so do the run's event counters (_counters)
-        self.episode_errors = EpisodeErrors(cfg.task.startswith("agent:"))  # since the last step (sh.cond)
+        # agent episodes since the last step (sh.cond), those a stopped run had not logged included
+        self.episode_errors = EpisodeErrors(cfg.task.startswith("agent:"), state.episodes)
         for res in state.finished:
             self.ledger.requeue(res.group_id, "buffered")
             self.sh.buffer.append(res)
@@ -367,6 +368,7 @@ class AsyncRunner:
                 drafts=self.drafts.state_dict() if self.drafts is not None else [],
                 engine=self.sh.engine_counters(),
                 counters=self._counters(),
+                episodes=self.episode_errors.pending(),
             )
 
     def _counters(self) -> dict[str, int]:
@@ -388,6 +390,7 @@ class AsyncRunner:
             self.state.drafts = self.drafts.state_dict() if self.drafts is not None else []
             self.state.engine = self.sh.engine_counters()
             self.state.counters = self._counters()
+            self.state.episodes = self.episode_errors.pending()
             errors, self.sh.errors = self.sh.errors, []
         for error in errors:  # arrived after the last batch was taken, or during a stop: never silent
             print(f"streamrl: warning: at the end of the run, {error}", file=sys.stderr, flush=True)

@@ -4,7 +4,8 @@ Every returned group is counted, also one that is then filtered or holds no traj
 that failed on its first call leaves nothing to train on and would otherwise vanish. The step record
 gets `episodes` (agent episodes returned since the previous step), `episode_errors` and
 `episode_error_reasons` ({exception type: count}); the `episode_errors` diagnostics rule warns when
-the share is high.
+the share is high. What was counted after the last step when the run stops goes into the run state
+(`pending`), and the resumed run's first step record includes it.
 """
 
 from __future__ import annotations
@@ -16,12 +17,17 @@ from streamrl.types import Group
 
 
 class EpisodeErrors:
-    """active: the run's task is an agent task (its records always carry the three keys)."""
+    """active: the run's task is an agent task (its records always carry the three keys); pending: the
+    counts a stopped run had not logged yet (`pending()` of its state)."""
 
-    def __init__(self, active: bool) -> None:
+    def __init__(self, active: bool, pending: dict[str, Any] | None = None) -> None:
         self.active = active
-        self.episodes = 0
-        self.reasons: Counter[str] = Counter()
+        self.episodes = int((pending or {}).get("episodes", 0))
+        self.reasons: Counter[str] = Counter((pending or {}).get("reasons", {}))
+
+    def pending(self) -> dict[str, Any]:
+        """The counts since the last take, for the run state."""
+        return {"episodes": self.episodes, "reasons": dict(self.reasons)} if self.episodes else {}
 
     def add(self, group: Group) -> None:
         if group.episode_errors is None:  # not an agent group

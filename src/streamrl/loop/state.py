@@ -41,6 +41,8 @@ class RunState:
     engine: dict[str, float] = field(default_factory=dict)
     # loop/shared.py RUN_COUNTERS (restarts, groups resent...) counted up to this state, kept across resume
     counters: dict[str, int] = field(default_factory=dict)
+    # agent episodes returned after the last logged step (loop/episode_errors.py), logged after the resume
+    episodes: dict[str, Any] = field(default_factory=dict)
     # the run's `time` and `train_elapsed` as of this state's step, which a resumed run continues
     clock: dict[str, float] = field(default_factory=dict)
 

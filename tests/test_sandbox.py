@@ -184,6 +184,17 @@ def test_fork_bomb_is_contained(box: LocalSandbox, own_workdirs: str) -> None:
     assert box.run("print('still fine')", "", OK).stdout == "still fine\n"  # the host can still fork
 
 
+def test_the_rlimits_level_budgets_the_uids_threads_not_its_processes(tmp_path: Path) -> None:
+    """Linux counts a uid's threads against RLIMIT_NPROC: a host of 2 processes with 3 and 1 threads
+    leaves max_processes only if the limit adds 4, not 2."""
+    for pid, tids in (("123", ("123", "124", "125")), ("456", ("456",))):
+        for tid in tids:
+            (tmp_path / pid / "task" / tid).mkdir(parents=True)
+    (tmp_path / "self").mkdir()  # not a process directory
+    assert sandbox._user_task_count(str(tmp_path)) == 4
+    assert sandbox._user_task_count() >= len(os.listdir("/proc/self/task"))
+
+
 def test_memory_bomb(box: LocalSandbox) -> None:
     r = box.run("blocks = []\nwhile True:\n    blocks.append(bytearray(50 * 2**20))\n", "", OK)
     assert (r.status, r.exit_code, _last_line(r)) == ("memory", 1, "MemoryError")

@@ -144,13 +144,16 @@ def probe_isolation(python: str = sys.executable) -> Probe:
     return detect(python, _probe_level)
 
 
-def _user_process_count() -> int:
+def _user_task_count(proc: str = "/proc") -> int:
+    """This uid's threads, all processes' together: what RLIMIT_NPROC counts on Linux (a thread is a
+    task like a process, so a trainer's or a reward function's threads take from the sandbox's budget)."""
     uid = os.getuid()
     n = 0
-    for d in os.listdir("/proc"):
+    for d in os.listdir(proc):
         try:
-            n += d.isdigit() and os.stat(f"/proc/{d}").st_uid == uid
-        except OSError:
+            if d.isdigit() and os.stat(f"{proc}/{d}").st_uid == uid:
+                n += len(os.listdir(f"{proc}/{d}/task"))
+        except OSError:  # it exited meanwhile
             pass
     return n
 
@@ -163,8 +166,8 @@ def _boot_config(iso: Isolation, workdir: str, limits: Limits) -> dict[str, obje
     elif iso.drop == "caps":
         drop = "caps"
         nproc += 1  # the namespace's init (see _sandbox_boot) runs as the same user
-    elif iso.name == "rlimits":  # same uid as the host: its other processes count against the limit too
-        nproc += _user_process_count()
+    elif iso.name == "rlimits":  # same uid as the host: its other threads count against the limit too
+        nproc += _user_task_count()
     return {
         "workdir": workdir,
         "fs": iso.fs,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import queue
 import random
+import signal
+import struct
 import threading
 import time
 from typing import Any
@@ -30,6 +32,8 @@ def scripted_worker(
     drop_group, _, dropped = os.environ.get("SCRIPTED_DROP_ONCE", "").partition(":")
     # "GROUP:FILE": the first worker to take GROUP never finishes it (stuck on it, still beating)
     stuck_group, _, stuck = os.environ.get("SCRIPTED_STUCK_ONCE", "").partition(":")
+    # FILE: worker 0 dies (SIGKILL) in the middle of sending its first result, once (FILE created then)
+    torn = os.environ.get("SCRIPTED_TORN_ONCE", "")
     while starting and os.path.exists(starting):
         time.sleep(0.02)  # imports and a model load: the request queue is not polled yet
     while True:
@@ -86,6 +90,13 @@ def scripted_worker(
             # a scripted engine that decoded every token on a row shared by two sequences
             done = GroupResult(req.group_id, Group(req.problem, trajs), worker_id, 0.01, tokens=tokens)
             done.rows, done.cache_rows = 2 * tokens, tokens
+            if worker_id == 0 and torn and not os.path.exists(torn):
+                open(torn, "w").close()  # noqa: SIM115
+                # a message's length header and its first bytes, then killed: the reader has what it
+                # needs to start reading it (and waits for the rest) before the process is gone
+                os.write(results._writer.fileno(), struct.pack("!i", 1 << 20) + b"x" * 100)
+                time.sleep(1.0)
+                os.kill(os.getpid(), signal.SIGKILL)
             results.put(done)
 
 

@@ -268,3 +268,21 @@ def test_trainer_rank_actors_that_do_not_fit_are_refused_before_any_starts(
     with pytest.raises(RuntimeError) as e:
         start_rank_actors(cfg, lambda *a: None)
     assert str(e.value) == message and started == []
+
+
+def test_a_rank_actor_still_running_at_close_is_killed(monkeypatch):
+    """Rank 0 closes its followers with kill() (a rank in a collective ignores a stop): a Ray rank
+    actor's handle takes it, and the actor is killed for good (no restart)."""
+    import multiprocessing as mp
+
+    import ray
+
+    from streamrl.placement.ray_ranks import RankHandle
+    from streamrl.placement.trainer_ranks import FollowerLinks
+
+    killed: list = []
+    monkeypatch.setattr(ray, "wait", lambda refs, timeout=None: ([], list(refs)))  # never returns
+    monkeypatch.setattr(ray, "kill", lambda actor, no_restart: killed.append((actor, no_restart)))
+    links = FollowerLinks([RankHandle("actor-1", "ref-1", "rank1")], [mp.Queue()], mp.Queue(), 5.0)
+    links.close(timeout=0.1)
+    assert killed == [("actor-1", True)]

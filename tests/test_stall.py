@@ -195,3 +195,37 @@ def test_a_dead_actors_groups_are_dispatched_again_once_each() -> None:
     backend.outbox = [[_Req("g2")], []]
     backend._redispatch(0, keep={"g2"})  # its new incarnation has g2
     assert sorted(r.group_id for box in backend.outbox for r in box) == ["g1"]
+
+
+def test_an_actor_restarted_between_two_calls_has_one_call_in_flight(monkeypatch) -> None:
+    """A reply from a new incarnation (the actor died and Ray restarted it between two calls) counts
+    one death and leaves one exchange in flight to the slot, as every other reply does."""
+    import ray
+
+    from streamrl.config import load_config
+    from streamrl.placement.ray_rollouts import RayRollouts
+
+    class Remote:
+        def __init__(self, fn) -> None:
+            self.remote = fn
+
+    class Actor:
+        def __init__(self) -> None:
+            self.exchange = Remote(lambda reqs, wait: object())
+            self.announce = Remote(lambda *a: None)
+
+    backend = RayRollouts(load_config(None, ["runtime.backend=ray", "runtime.rollout_workers=1"]))
+    backend.actors = [Actor()]
+    backend.publisher = type("P", (), {"announcement": lambda self: (0, [])})()
+    replies: dict = {}
+    monkeypatch.setattr(ray, "wait", lambda refs, **kw: (list(refs), []))
+    monkeypatch.setattr(ray, "get", lambda ref: replies[ref])
+    backend._exchange(0)
+    [first] = backend.pending
+    replies[first] = ("incarnation-1", [])
+    assert backend.poll(0.01) == [] and len(backend.pending) == 1
+    [second] = backend.pending
+    replies[second] = ("incarnation-2", [])  # restarted between the two calls
+    backend.poll(0.01)
+    assert (len(backend.pending), backend.deaths, backend.restarts) == (1, [1], 1)
+    assert backend.incarnation == ["incarnation-2"]

@@ -136,6 +136,43 @@ def test_agent_episodes_a_stopped_run_had_not_logged_are_logged_after_its_resume
     assert state.episodes == pending
 
 
+def test_a_silent_worker_beside_a_starting_one_gets_its_own_time_limit(tmp_path, monkeypatch):
+    """Worker 0 is still starting (its longer start-up allowance) while worker 1 hangs: worker 1 is
+    killed after runtime.worker_timeout_s, not after the start-up allowance, and with no restart left
+    the threads it held go back to the others."""
+    import types
+
+    cfg = load_config(None, [*BASE, "runtime.worker_timeout_s=3", "runtime.max_restarts=0"])
+    backend = backend_mod.LocalRollouts(cfg, scripted_worker)
+    killed: list[int] = []
+    reset: list[int] = []
+
+    def worker(index: int, beat: float, spawned: float):
+        proc = types.SimpleNamespace(
+            is_alive=lambda: True, kill=lambda: killed.append(index), join=lambda timeout: None
+        )
+        log = tmp_path / f"w{index}.log"
+        log.write_text("stuck")
+        return types.SimpleNamespace(
+            index=index,
+            heartbeat=types.SimpleNamespace(value=beat),
+            spawned=spawned,
+            proc=proc,
+            log=log,
+            held={},
+        )
+
+    now = time.monotonic()
+    backend.workers = [worker(0, 0.0, now), worker(1, now - 5, now - 60)]
+    backend.cores = types.SimpleNamespace(reset=reset.append)
+    assert backend._supervise() == []
+    assert killed == [1] and reset == [2]  # slot 1 + i: worker i
+    assert backend.failure() == (
+        "rollout worker 1 silent for 5 s (runtime.worker_timeout_s=3): killed; no restarts left "
+        "(runtime.max_restarts=0); its stderr ended: 'stuck'"
+    )
+
+
 def test_when_restarts_run_out_the_run_stops_with_its_groups_carried_over(tiny):
     runner, state = _runner(tiny, ["runtime.max_restarts=0", "max_steps=50"])
     records: list = []
@@ -348,6 +385,20 @@ def _run_within(runner: AsyncRunner, limit_s: float) -> list:
     finally:
         limit.cancel()
     return records
+
+
+def test_a_worker_killed_while_it_sends_a_result_is_restarted(tiny, tmp_path, monkeypatch, capfd):
+    """The parent is reading a result whose sender is killed before it wrote the rest: it holds no write
+    end of the pipe, so it reads EOF instead of waiting for the rest forever, and the worker restarts."""
+    torn = tmp_path / "torn"
+    monkeypatch.setenv("SCRIPTED_TORN_ONCE", str(torn))
+    runner, state = _runner(tiny, ["max_steps=3"])
+    records = _run_within(runner, 120)
+    assert torn.exists()
+    assert [r.step for r in records] == [1, 2, 3]
+    assert records[-1].metrics["worker_restarts"] == 1
+    assert "rollout worker 0 killed by SIGKILL; restarted (1 of 3)" in capfd.readouterr().err
+    _balanced(runner, state, records)
 
 
 def test_a_group_lost_inside_a_live_worker_is_sent_again_and_trained_once(tiny, capfd, tmp_path, monkeypatch):

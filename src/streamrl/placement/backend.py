@@ -133,6 +133,9 @@ class LocalRollouts:
             daemon=True,
         )
         w.proc.start()
+        # the parent never puts results: without its copy of the pipe's write end, a worker killed
+        # mid-send leaves EOF where the parent's read would otherwise wait for the rest forever
+        w.results._writer.close()  # type: ignore[attr-defined]
 
     def start(self, state: dict[str, torch.Tensor], version: int) -> None:
         self.weights = SharedWeights(state, self.ctx)
@@ -175,7 +178,7 @@ class LocalRollouts:
         for w in self.workers:
             try:
                 res = w.results.get(timeout=per)
-            except queue.Empty:
+            except (queue.Empty, OSError, EOFError):  # a dead worker's broken queue: the supervisor's
                 continue
             self._returned(res)
             return [res, *self._drain()]
@@ -206,13 +209,13 @@ class LocalRollouts:
         for w in self.workers:
             beat = w.heartbeat.value
             if beat:
-                silent = time.monotonic() - beat
+                silent, allowed = time.monotonic() - beat, limit
             else:  # not started yet: imports and the model load get a longer allowance
-                silent, limit = time.monotonic() - w.spawned, max(limit, STARTUP_S)
-            if w.proc.is_alive() and silent < limit:
+                silent, allowed = time.monotonic() - w.spawned, max(limit, STARTUP_S)
+            if w.proc.is_alive() and silent < allowed:
                 continue
             if w.proc.is_alive():  # hung or stopped: a SIGKILL ends it whatever it is doing
-                how = f"silent for {silent:.0f} s (runtime.worker_timeout_s={limit:g}): killed"
+                how = f"silent for {silent:.0f} s (runtime.worker_timeout_s={allowed:g}): killed"
                 w.proc.kill()
                 w.proc.join(timeout=10)
             else:
@@ -222,6 +225,8 @@ class LocalRollouts:
                     out += self._drain([w])
             tail = _tail(w.log)
             if self.restarts >= self.cfg.runtime.max_restarts:
+                if self.cores is not None:  # the threads it held or borrowed go back to the others
+                    self.cores.reset(1 + w.index)
                 self._failure = (
                     f"rollout worker {w.index} {how}; no restarts left (runtime.max_restarts="
                     f"{self.cfg.runtime.max_restarts}); its stderr ended: {tail}"

@@ -57,7 +57,8 @@ class RankHandle:
 
         ray.wait([self.ref], timeout=timeout)
 
-    def terminate(self) -> None:
+    def kill(self) -> None:
+        """The actor ends at once, wherever it is (a rank in a collective ignores a stop)."""
         import ray
 
         ray.kill(self.actor, no_restart=True)

@@ -218,7 +218,8 @@ class RayRollouts:
                 self.incarnation[slot] = incarnation
             elif incarnation != self.incarnation[slot]:  # died between calls; this call ran on its restart
                 self.incarnation[slot] = incarnation
-                self._on_death(slot, RuntimeError("restarted between two calls"), keep=sent)
+                restarted = RuntimeError("restarted between two calls")
+                self._on_death(slot, restarted, keep=sent, failed_call=False)
             for res in got:  # returned: no slot needs to regenerate it any more
                 for held in self.held:
                     held.pop(res.group_id, None)
@@ -245,8 +246,12 @@ class RayRollouts:
                 reqs.setdefault(r.group_id, r)
         return list(reqs.values())
 
-    def _on_death(self, slot: int, err: Exception, keep: Set[str] = frozenset()) -> None:
-        """`keep`: group ids the restarted actor already has (they are not re-dispatched)."""
+    def _on_death(
+        self, slot: int, err: Exception, keep: Set[str] = frozenset(), failed_call: bool = True
+    ) -> None:
+        """`keep`: group ids the restarted actor already has (they are not re-dispatched). failed_call:
+        the death was seen by a call that failed (the next call is made here); False: by a reply from
+        the new incarnation (the caller makes the next call)."""
         self.deaths[slot] += 1
         n_lost = len(self._lost(slot, keep))
         self.events.append(f"actor {slot} died ({type(err).__name__}: {err}); {n_lost} groups re-dispatched")
@@ -269,7 +274,7 @@ class RayRollouts:
             with self._lock:  # the restarted actor starts without weights: announce the newest
                 if self.mode == "object_store":
                     self.actors[slot].announce.remote(*self.publisher.announcement())
-            if not keep:  # a death seen by a failed call: the next call finds the new incarnation
+            if failed_call:  # no call in flight to the slot: the next one finds the new incarnation
                 self.incarnation[slot] = None
                 self._exchange(slot)
 

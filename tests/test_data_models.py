@@ -231,3 +231,23 @@ def test_tiny_random_template_renders_tools_and_tool_calls_exactly():
     assert no_system.endswith(
         "</tool_call><|im_end|>\n<|im_start|>user\n2+3?<|im_end|>\n<|im_start|>assistant\n"
     )
+
+
+def test_a_generator_whose_every_problem_is_held_out_is_refused_not_looped_on(tmp_path, capsys):
+    """rg:products with the small-model args has 100 distinct problems: holding out all of them left
+    the training stream searching for another forever."""
+    task = make_task("rg:products", default_task_args("rg:products"), "sys", "", "answer_is")
+    held = {p.meta["question"] for p in task.heldout(100)}
+    stream = task.train_stream(0, held)
+    with pytest.raises(ValueError, match=r"^task rg:products: every problem it generates is held out or a "):
+        next(stream)
+    assert next(task.train_stream(0, set(list(held)[:99]))).meta["question"] in held  # one is left
+
+    from streamrl.cli import main
+
+    run = tmp_path / "run"
+    args = ["train", "model=tiny-random", "task=rg:products", "eval.size=100", f"run_dir={run}"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "is held out or a few-shot example (100 of them): lower eval.size" in err
+    assert not run.exists()

@@ -134,7 +134,7 @@ def test_every_prompt_too_long_names_the_first(tiny, monkeypatch) -> None:
         "task data:x.jsonl: every training prompt is longer than 976 tokens (why); the first: long-a "
         f"({n} tokens: {SHOWN})"
     )
-    assert f.skipped == 4  # two epochs: the first problem to come round a third time ends it
+    assert f.skipped == 5  # every problem skipped came round a third time: the sixth ends it
 
 
 def test_long_prompts_ending_one_epoch_and_starting_the_next_are_not_every_prompt(tiny) -> None:
@@ -144,6 +144,18 @@ def test_long_prompts_ending_one_epoch_and_starting_the_next_are_not_every_promp
     f = PromptFilter(tiny[1], PromptLimit(976, "why"), "task data:x.jsonl", warn=False)
     assert [p.id for p in f.apply(iter([s0, long_a, long_a, s0]))] == ["s0", "s0"]
     assert f.skipped == 2
+
+
+def test_a_long_prompt_duplicated_back_to_back_is_not_every_prompt(tiny) -> None:
+    """A streamed file without shuffling: three copies of one long prompt, then prompts that fit. The
+    copies are one showing, not three epochs of long prompts."""
+    s0, long_a = _problem("s0", "What is 0 + 1?"), _problem("long-a", LONG_QUESTION)
+    f = PromptFilter(tiny[1], PromptLimit(976, "why"), "task data:x.jsonl", warn=False)
+    assert [p.id for p in f.apply(iter([long_a, long_a, long_a, s0]))] == ["s0"]
+    long_b = _problem("long-b", LONG_QUESTION + "!")  # two long ones, three times each: every prompt
+    g = PromptFilter(tiny[1], PromptLimit(976, "why"), "task data:x.jsonl", warn=False)
+    with pytest.raises(ValueError, match="every training prompt is longer"):
+        next(g.apply(iter([long_a, long_a, long_b] * 3 + [s0])))
 
 
 def test_a_stream_that_never_repeats_gives_up_after_max_skips(tiny, monkeypatch) -> None:

@@ -89,6 +89,21 @@ def test_mopps_posterior_update_and_resume_state_is_exact():
     assert seq_s == seq_t
 
 
+def test_mopps_on_fewer_prompts_than_its_pool_pulls_about_one_problem_per_draw():
+    """10 prompts, a pool of 64: the pool can never fill, and a fill that pulled 64 problems at every
+    draw made a resume replay 64 pulls per draw."""
+    s = MoPPSSampler(_epochs(_population(2)), pool=64, seed=0)
+    rng = random.Random(0)
+    drawn = [next(s) for _ in range(200)]
+    for p in drawn[:5]:
+        s.observe(_group(p, rng))
+    assert {p.id for p in drawn} == {p.id for p in _population(2)} and s.came_round
+    assert s.base_drawn <= 64 + 200  # the first fill, then one pull per draw
+    t = MoPPSSampler(_epochs(_population(2)), pool=64, seed=0)
+    t.load_state_dict(json.loads(json.dumps(s.state_dict())))
+    assert [next(t).id for _ in range(30)] == [next(s).id for _ in range(30)]  # a resume goes on alike
+
+
 def test_online_filter_skips_prompts_last_seen_at_zero_or_full_pass_rate():
     pop = _population(4)
     order = itertools.cycle(pop)  # fixed order: epoch 2 repeats epoch 1

@@ -6,9 +6,10 @@ from collections import Counter
 
 import pytest
 
-from streamrl.config import load_config
+from streamrl.config import TaskConfig, load_config
 from streamrl.data.mixture import split_by_weight
 from streamrl.data.sources import task_from_rows
+from streamrl.rewards.code import extract_program
 from streamrl.tasks import make_task, prepare_split, task_from_config
 
 
@@ -215,6 +216,41 @@ def test_a_file_of_math_and_code_rows_keeps_both_kinds(tmp_path):
     bad.write_text(json.dumps({"prompt": "3+3?"}) + "\n" + json.dumps({"prompt": "p", "tests": "[]"}) + "\n")
     with pytest.raises(ValueError, match="no usable rows"):
         make_task(f"data:{bad}", {}, "", "", "answer_is", columns={"tests": "tests"})
+
+
+def test_code_rows_of_a_data_source_are_prompted_and_shown_as_code(tmp_path):
+    """Under the default (calculator) system prompt a code row gets the code task's, as task=code does;
+    a math row keeps the calculator's; a drawn example of a code row shows its program in the block
+    the scorer runs; a math row whose tests are an empty list is a math row."""
+    from streamrl.data.code_task import CODE_SYSTEM_PROMPT
+
+    tests = json.dumps([{"input": "2\n", "output": "4\n"}])
+    rows = [{"prompt": f"{i}+1?", "answer": str(i + 1), "tests": "[]"} for i in range(3)]
+    rows += [
+        {"prompt": f"print {i} times n", "answer": f"print(int(input()) * {i})", "tests": tests}
+        for i in range(4)
+    ]
+    f = tmp_path / "mixed.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_config(None, [f"task=data:{f}", "task_config.columns.tests=tests", "eval.size=1"])
+    task = task_from_config(cfg)
+    kinds = {r["question"]: r["kind"] for r in task.rows}
+    assert kinds == {
+        **{f"{i}+1?": "math" for i in range(3)},
+        **{f"print {i} times n": "code" for i in range(4)},
+    }
+    system = {
+        p.meta["question"]: p.messages[0]["content"]
+        for p in itertools.islice(task.train_stream(0, set()), 60)
+    }
+    assert system["0+1?"] == TaskConfig.system_prompt and system["print 0 times n"] == CODE_SYSTEM_PROMPT
+    code = make_task("code", {}, TaskConfig.system_prompt, "", "answer_is")
+    cfg = load_config(None, ["task=code", "task_config.few_shot_n=1", "eval.size=2"])
+    prepare_split(code, cfg)
+    [(question, response)] = code.few_shot
+    assert response.startswith("```python\n") and response.endswith("\n```")
+    solution = next(r["solution"] for r in code.rows if r["prompt"] == question)
+    assert extract_program(response).strip() == solution.strip()
 
 
 def test_split_by_weight_is_exact():

@@ -133,6 +133,14 @@ def task_from_config(cfg: Any) -> Task:
 FEW_SHOT_SEED = 1_000_033
 
 
+def _shot(problem: Problem, template: str) -> str:
+    """A drawn example's reply: a code problem's reference program in the block its scorer runs, else
+    the reference answer in the answer statement of reward.extract."""
+    if "tests" in problem.meta:
+        return f"```python\n{problem.answer.strip()}\n```"
+    return template.format(answer=problem.answer)
+
+
 def prepare_split(task: Task, cfg: Any) -> tuple[list[Problem], set[str]]:
     """(held-out problems, prompts never to train on), with task_config.few_shot examples set on the task.
 
@@ -158,7 +166,7 @@ def prepare_split(task: Task, cfg: Any) -> tuple[list[Problem], set[str]]:
                 )
             if prompt_key(p) not in seen:
                 seen.add(prompt_key(p))
-                shots.append((p.meta["question"], template.format(answer=p.answer)))
+                shots.append((p.meta["question"], _shot(p, template)))
             if len(seen) == tc.few_shot_n:
                 break
         else:  # the stream repeats its prompts: there are fewer than few_shot_n

@@ -11,11 +11,12 @@ completion tokens; it must fit the model's context (max_position_embeddings) and
 `PromptFilter.apply` wraps the task's training stream under the sampler: a problem whose chat-templated
 prompt is longer is skipped before it is admitted (so it never becomes a group and the ledger stays
 exact), counted in `skipped` (`prompts_too_long` in metrics.jsonl and accounting.json), and the first
-one is named in a warning. If the stream offers only prompts that are too long (a problem comes round a
-third time with none fitting in between, or MAX_SKIPS in a row), ValueError names the first of them.
-Twice is not enough: the last problems of one epoch can come first in the next, reshuffled, before the
-prompts that fit; a third showing means a whole epoch went by without one. Preflight draws one problem
-through the filter, so that happens before any weights load.
+one is named in a warning. If the stream offers only prompts that are too long (every problem skipped
+since the last that fitted has come round a third time, or MAX_SKIPS in a row), ValueError names the
+first of them. Twice is not enough: the last problems of one epoch can come first in the next,
+reshuffled, before the prompts that fit; a third showing of them all means a whole epoch went by without
+one. A row repeated back to back (a file of duplicates, streamed unshuffled) counts as one showing.
+Preflight draws one problem through the filter, so that happens before any weights load.
 
 The filter also keeps the leading tokens every admitted prompt has had in common (`shared_tokens`,
 `prompt_shared_tokens` in metrics.jsonl): what the engine's prefix cache can keep, and what the
@@ -102,8 +103,9 @@ class PromptFilter:
         return len(self._common or [])
 
     def apply(self, stream: Iterator[Problem]) -> Iterator[Problem]:
-        run: dict[tuple[str, str], int] = {}  # (id, question) -> times skipped since the last that fit
+        run: dict[tuple[str, str], int] = {}  # (id, question) -> showings skipped since the last that fit
         first = ""  # the first of them
+        last: tuple[str, str] | None = None  # the previous problem skipped
         streak = 0  # how many in a row (at most MAX_SKIPS)
         for problem in stream:
             ids = render_prompt_ids(self.tokenizer, problem.messages)
@@ -112,18 +114,20 @@ class PromptFilter:
                 # a new list: commonprefix slices one of its arguments
                 self._common = os.path.commonprefix([ids if self._common is None else self._common, ids])
                 run.clear()
-                streak = 0
+                streak, last = 0, None
                 yield problem
                 continue
             key = (problem.id, str(problem.meta.get("question", "")))
-            if run.get(key, 0) >= 2 or streak >= MAX_SKIPS:
+            if not run:
+                first = _named(problem, n)
+            if key != last:  # a duplicate right after its twin is the same showing
+                run[key] = run.get(key, 0) + 1
+            last = key
+            if min(run.values()) >= 3 or streak >= MAX_SKIPS:
                 raise ValueError(
                     f"{self.source}: every training prompt is longer than {self.limit.tokens} tokens "
                     f"({self.limit.why}); the first: {first}"
                 )
-            if not run:
-                first = _named(problem, n)
-            run[key] = run.get(key, 0) + 1
             streak += 1
             self.skipped += 1
             if self.skipped == 1 and self.warn:

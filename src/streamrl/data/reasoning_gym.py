@@ -78,7 +78,20 @@ class ReasoningGymTask(Task):
         return out
 
     def train_stream(self, seed: int, exclude: set[str]) -> Iterator[Problem]:
-        return (p for p in self._stream(seed, "train-") if p.meta["question"] not in exclude)
+        """The generator's problems but those in `exclude` (held out, few-shot examples); raises once
+        so many in a row are excluded that the generator has no other problem to give."""
+        skipped = 0
+        for p in self._stream(seed, "train-"):
+            if p.meta["question"] not in exclude:
+                skipped = 0
+                yield p
+                continue
+            skipped += 1
+            if skipped > 50 * len(exclude) + 1000:
+                raise ValueError(
+                    f"task {self.name}: every problem it generates is held out or a few-shot example "
+                    f"({len(exclude)} of them): lower eval.size or widen task_config.args"
+                )
 
     def is_correct(self, extracted: str, problem: Problem) -> bool:
         return self._scorer.score_answer(extracted, problem.meta["entry"]) == 1.0

@@ -12,6 +12,8 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+from streamrl.config_sections import TaskConfig
+from streamrl.data.prompts import build_messages
 from streamrl.data.task import ID_HEX, Score, Task
 from streamrl.rewards.sandbox import LocalSandbox
 from streamrl.types import Problem
@@ -63,6 +65,15 @@ class RowTask(Task):
         if row.get("columns"):
             meta["columns"] = row["columns"]
         return self._problem(pid, row["question"], row["answer"], meta)
+
+    def render(self, problem: Problem) -> list[dict[str, str]]:
+        """A code row under the default (calculator) system prompt gets the code task's instead."""
+        if problem.meta.get("kind") == "code" and self.system_prompt == TaskConfig.system_prompt:
+            from streamrl.data.code_task import CODE_SYSTEM_PROMPT
+
+            question, chat = problem.meta["question"], problem.meta.get("chat")
+            return build_messages(question, CODE_SYSTEM_PROMPT, self.instruction, self.few_shot, chat)
+        return super().render(problem)
 
     def is_correct(self, extracted: str, problem: Problem) -> bool:
         from streamrl.rewards.math import math_equal

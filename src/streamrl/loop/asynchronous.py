@@ -75,6 +75,7 @@ class AsyncRunner:
         self.staleness = StalenessManager.resumed(self.B, self.eta, trainer.version, len(state.finished), 0)
         self.sh = Shared.resumed(state.engine)  # the workers' cumulative counters continue after a resume
         self.counted = dict(state.counters)  # so do the run's event counters (_counters)
+        self.backend_counted: dict[str, Any] = {}  # the backend's statistics at the last step
         # agent episodes since the last step (sh.cond), those a stopped run had not logged included
         self.episode_errors = EpisodeErrors(cfg.task.startswith("agent:"), state.episodes)
         for res in state.finished:
@@ -301,7 +302,7 @@ class AsyncRunner:
                         samples_per_s=(step - first_step) * per_step / budget.elapsed,
                         filtered_stale=self.ledger.filter_reasons.get("stale", 0),
                         filtered_zero_variance=self.ledger.filter_reasons.get("zero_variance", 0),
-                        **{**backend.stats(), **self._counters()},
+                        **self._counters(backend.stats()),
                         **episode_errors,
                     )
                 finally:
@@ -371,10 +372,12 @@ class AsyncRunner:
                 episodes=self.episode_errors.pending(),
             )
 
-    def _counters(self) -> dict[str, int]:
-        """The run's event counters (loop/shared.py RUN_COUNTERS), resumes included."""
+    def _counters(self, stats: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The run's event counters (loop/shared.py RUN_COUNTERS), resumes included; `stats`: a step's
+        backend statistics, returned with them and kept for the state a save or a stop writes."""
+        self.backend_counted = stats if stats is not None else self.backend_counted
         now = {"duplicate_results": self.sh.duplicates, "groups_resent": self.stall.resent}
-        return run_counters({**now, **self.backend.stats()}, self.counted)
+        return {**(stats or {}), **run_counters({**now, **self.backend_counted}, self.counted)}
 
     def _carry_over(self, late: list[GroupResult]) -> None:
         """After the workers stopped: everything admitted and not trained goes into the run state."""

@@ -187,8 +187,8 @@ def _loop(
     # random numbers the run drew from its start
     seed = worker_seed(cfg.seed, worker_id, refresh())
     torch.manual_seed(seed)
-    if isinstance(decoder, ContinuousDecoder):
-        decoder.engine.generator.manual_seed(seed)
+    if cfg.engine != "vllm":
+        engine.generator.manual_seed(seed)
     r = RolloutSettings.from_config(cfg)
     episodes = EpisodeTable(task, tokenizer, r) if isinstance(task, EnvTask) else None
     agents = AgentGroups(task, tokenizer, r) if isinstance(task, AgentTask) else None

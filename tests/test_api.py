@@ -196,6 +196,31 @@ def test_train_data_as_a_string_is_a_source_spec_or_a_path(train_data: str, task
     assert make_config(train_data=train_data).task == task
 
 
+def test_settings_given_as_a_dict_and_as_keywords_merge_key_by_key() -> None:
+    """A keyword naming a section sets its own keys and leaves the config dict's other keys of that
+    section alone (a dict merge replaced the whole section)."""
+    from streamrl.api import make_config
+
+    cfg = make_config({"train": {"lr": 1e-5, "warmup_steps": 3}}, train={"grad_clip": 0.5})
+    assert (cfg.train.lr, cfg.train.warmup_steps, cfg.train.grad_clip) == (1e-5, 3, 0.5)
+    cfg = make_config({"algo": "grpo", "loss": {"eps_high": 0.3}}, eval={"k": (1, 4)})
+    assert (cfg.loss.eps_high, cfg.loss.kl_coef, cfg.eval.n) == (
+        0.3,
+        make_config(algo="grpo").loss.kl_coef,
+        4,
+    )
+
+
+def test_a_config_made_before_takes_keywords_as_a_fresh_one_does() -> None:
+    from streamrl.api import make_config
+    from streamrl.config import Config, ConfigError
+
+    assert make_config(Config(), eval={"k": (1, 4)}).eval.n == 4  # k=4 alone asks for 4 samples
+    assert make_config(Config(), eval={"k": (1, 4), "n": 8}).eval.n == 8
+    with pytest.raises(ConfigError, match=r"^algo= cannot go on a Config made before .*: pass algo= to "):
+        make_config(Config(), algo="grpo")  # would record grpo and train the default loss
+
+
 def test_two_reward_functions_of_one_name_are_told_apart_by_module(tmp_path):
     """The Python API has no `name:` field: a.score and b.score log as reward/a.score and reward/b.score."""
     import importlib.util

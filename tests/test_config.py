@@ -210,6 +210,30 @@ def test_parse_override_scalars():
     assert parse_override("a=null") == ("a", None) and parse_override("a=~") == ("a", None)
 
 
+def test_an_override_means_what_it_spells_where_yaml_1_1_reads_otherwise():
+    """A date is a run name, a leading zero is no octal, a pair takes the comma form lists take."""
+    assert load_config(None, ["run_dir=2024-05-01"]).run_dir == "2024-05-01"
+    with pytest.raises(ConfigError, match=r"^config key 'max_steps' expects int, got '010'$"):
+        load_config(None, ["max_steps=010"])  # YAML 1.1 reads 8
+    assert load_config(None, ["max_steps=10"]).max_steps == 10
+    assert load_config(None, ["train.betas=0.9,0.95"]).train.betas == (0.9, 0.95)
+    with pytest.raises(ConfigError, match=r"^config key 'train.betas' expects"):
+        load_config(None, ["train.betas=0.9,0.95,0.99"])
+
+
+def test_a_preset_key_the_loss_chosen_over_it_does_not_read_goes_back_to_its_default():
+    """algo=grpo loss.name=reinforce: grpo's clip range is not the user's to remove; one the user sets
+    for a loss that does not read it is still refused."""
+    cfg = load_config(None, ["algo=grpo", "loss.name=reinforce"])
+    assert cfg.loss.eps_high == type(cfg.loss)().eps_high and cfg.advantage.name == "grpo"
+    assert load_config(None, ["algo=rloo", "loss.name=m2po"]).loss.name == "m2po"
+    with pytest.raises(
+        ConfigError, match=r"^config key 'loss.eps_high'=0.3 is not read by loss.name=reinforce"
+    ):
+        load_config(None, ["algo=grpo", "loss.name=reinforce", "loss.eps_high=0.3"])
+    assert load_config(None, ["algo=grpo"]).loss.eps_high == 0.2  # kept where its loss reads it
+
+
 def test_a_text_override_is_kept_whole_where_yaml_would_cut_it():
     cfg = load_config(
         None,

@@ -170,13 +170,21 @@ def make_config(
     if eval_data is not None:
         settings["task_config.eval_data"] = _data_file(eval_data, "eval_data")
     if isinstance(config, Config):  # a Config made before: the overrides go on a copy
+        if layered := [k for k in ("algo", "resume") if k in overrides]:
+            raise ConfigError(
+                f"{layered[0]}= cannot go on a Config made before (its settings would not be layered on "
+                f"it): pass {layered[0]}= to make_config/train with the other settings, or a dict"
+            )
         cfg = copy.deepcopy(config)
         for k, v in {**overrides, **settings}.items():
             apply_key(cfg, k, v)
+        eval_given = overrides.get("eval") if isinstance(overrides.get("eval"), dict) else {}
+        if ("eval.k" in overrides or "k" in eval_given) and not ("eval.n" in overrides or "n" in eval_given):
+            cfg.eval.n = max(0, *cfg.eval.k)  # as load_config does: k=4 alone asks for 4 samples
         validate(cfg)
         return cfg
-    if isinstance(config, dict):
-        return load_config(None, values={**config, **overrides, **settings})
+    if isinstance(config, dict):  # its section dicts and the keywords' set only their own keys
+        return load_config(None, values=[*config.items(), *overrides.items(), *settings.items()])
     return load_config(config, values={**overrides, **settings})
 
 

@@ -99,12 +99,14 @@ def from_dict(data: dict[str, Any]) -> Config:
 def load_config(
     path: str | Path | None = None,
     overrides: list[str] | tuple[str, ...] = (),
-    values: dict[str, Any] | None = None,
+    values: dict[str, Any] | list[tuple[str, Any]] | None = None,
 ) -> Config:
     """Defaults <- preset (algo) <- YAML file <- overrides (`key=value` strings, then `values`: Python
-    values by dotted key or section dicts, as the Python API passes them), then validate."""
+    values by dotted key or section dicts, as the Python API passes them, applied in order: a section
+    dict sets only its own keys), then validate."""
     cfg = Config()
-    parsed = [parse_override(o) for o in overrides] + list((values or {}).items())
+    given = list(values.items()) if isinstance(values, dict) else list(values or [])
+    parsed = [parse_override(o) for o in overrides] + given
     resume = next((str(v) for k, v in parsed if k == "resume"), "")
     if resume:  # continue a run: its resolved config is the base, the overrides still apply
         if path is not None:
@@ -137,6 +139,8 @@ def load_config(
         apply_key(cfg, str(k), v)
     for k, v in parsed:
         apply_key(cfg, k, v)
+    if preset:  # a key only the preset set, which the loss or estimator chosen over it does not read
+        _drop_preset_keys_unread(cfg, preset, [data, dict(parsed)])
     if resume:
         cfg.run_dir = resume
         _refuse_changes_a_resume_would_ignore(data, cfg, resume)
@@ -184,6 +188,23 @@ def _refuse_changes_a_resume_would_ignore(saved: dict[str, Any], cfg: Config, re
                 f"resume: config key '{key}' is {old!r} in {resume}/config.yaml, not {new!r}: a resumed run "
                 f"keeps it ({why}); drop the override, or start a new run from its checkpoint"
             )
+
+
+def _drop_preset_keys_unread(cfg: Config, preset: dict[str, Any], given: list[dict[str, Any]]) -> None:
+    """algo=grpo loss.name=reinforce: grpo's loss.eps_high, which reinforce does not read, goes back to
+    its default instead of being refused as a key the user set."""
+    import streamrl.algo  # noqa: F401  (registers every piece)
+    from streamrl.algo import registry
+    from streamrl.config_algo import unread_keys
+
+    if cfg.loss.name not in registry.POLICY_LOSSES or cfg.advantage.name not in registry.ADVANTAGES:
+        return  # validate names the unknown piece
+    if cfg.loss.rollout_correction not in registry.CORRECTIONS:
+        return
+    for section, key in unread_keys(cfg, registry):
+        if _sets([section, key], preset) and not _sets([section, key], *given):
+            part = getattr(cfg, section)
+            setattr(part, key, getattr(type(part)(), key))
 
 
 def _sets(key: list[str], *sources: dict[str, Any]) -> bool:

@@ -31,6 +31,24 @@ def _unread(
             )
 
 
+def unread_keys(cfg: Any, registry: Any) -> list[tuple[str, str]]:
+    """(section, key) of the algorithm keys set off their default that the chosen loss, rollout
+    correction or advantage estimator does not read."""
+    lc, adv = cfg.loss, cfg.advantage
+    loss, rc = registry.POLICY_LOSSES[lc.name], registry.CORRECTIONS[lc.rollout_correction]
+    groups = [
+        ("loss", lc, LOSS_KEYS, loss.reads if rc.name == "none" else loss.reads - {"prox"}),
+        ("loss", lc, CORRECTION_KEYS, rc.reads),
+        ("advantage", adv, ADVANTAGE_KEYS, registry.ADVANTAGES[adv.name].reads),
+    ]
+    return [
+        (section, key)
+        for section, obj, keys, reads in groups
+        for key in keys
+        if key not in reads and getattr(obj, key) != getattr(type(obj)(), key)
+    ]
+
+
 def validate_algo(cfg: Any, registry: Any) -> None:
     """Loss, correction and advantage keys: values in range, and none set that the chosen pieces ignore."""
     lc, adv = cfg.loss, cfg.advantage

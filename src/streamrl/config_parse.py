@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import difflib
 import re
 import types
@@ -17,6 +18,7 @@ class ConfigError(ValueError):
     """Bad configuration; the message is one line naming the key and the fix."""
 
 
+_LEADING_ZERO = re.compile(r"[+-]?0[0-9_]+")  # 010: octal in YAML 1.1
 _DECIMAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")  # 1e-5, 3.0E4, .5
 # keys that moved to another section: an old key fails with its new name
 MOVED_KEYS = {"train.save_checkpoint": "checkpoint.save", "train.checkpoint_every": "checkpoint.every"}
@@ -119,6 +121,11 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         return tuple(_coerce(f"{key}[{i}]", v, elem) for i, v in enumerate(items))
     if origin is tuple:
         args = typing.get_args(tp)
+        if isinstance(value, str):  # "0.9,0.95", as the CLI gives a pair
+            try:
+                value = [yaml.safe_load(v) for v in value.split(",")]
+            except yaml.YAMLError:
+                raise bad from None
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise bad
         return tuple(_coerce(f"{key}[{i}]", v, a) for i, (v, a) in enumerate(zip(value, args)))
@@ -187,6 +194,11 @@ def parse_override(text: str) -> tuple[str, Any]:
     except yaml.YAMLError:
         value = raw
     if is_text and (isinstance(value, dict) or (value is None and plain not in YAML_NULLS)):
+        return key.strip(), plain
+    # YAML 1.1 reads 2024-05-01 as a date and 010 as octal 8: both are meant as written (a run name, 10)
+    if is_text and (
+        isinstance(value, datetime.date) or (isinstance(value, int) and _LEADING_ZERO.fullmatch(plain))
+    ):
         return key.strip(), plain
     # YAML reads 1e-5 as a string (it wants 1.0e-5); accept the usual float spelling.
     if isinstance(value, str):

@@ -233,3 +233,40 @@ def test_a_name_registered_twice_is_refused_and_the_first_stays():
     with pytest.raises(ValueError, match="'ppo_clip' is registered twice"):
         registry.policy_loss("ppo_clip", reads=())(lambda t, p: None)
     assert registry.POLICY_LOSSES["ppo_clip"].fn is ppo_clip
+
+
+def test_a_steps_ratio_extremes_are_its_micro_batches_extremes():
+    """Micro-batches of 10 and 90 tokens, ratio_max 25 and 1.1: the step's ratio_max is 25 (a token-weighted
+    mean of the two, 3.49, hid the explosion the diagnostics rule looks for); a micro-batch without loss
+    tokens has no extreme; means stay token-weighted."""
+    from streamrl.trainer.objective import HI, LO, accumulate, finish
+
+    totals: dict = {}
+    accumulate(totals, {f"{HI}ratio_max": 25.0, f"{LO}ratio_min": 0.5, "ratio_mean": 1.2}, 10)
+    accumulate(totals, {f"{HI}ratio_max": 1.1, f"{LO}ratio_min": 0.9, "ratio_mean": 1.0}, 90)
+    accumulate(totals, {f"{HI}ratio_max": 99.0, f"{LO}ratio_min": 0.01, "ratio_mean": 5.0}, 0)
+    out = finish(totals, 100)
+    assert out["ratio_max"] == 25.0 and out["ratio_min"] == 0.5
+    assert out["ratio_mean"] == pytest.approx((1.2 * 10 + 1.0 * 90) / 100)
+
+
+def test_the_policy_objective_reports_extremes_under_the_extreme_prefixes():
+    from streamrl.algo.rollout_correction import CorrectionParams
+    from streamrl.trainer.objective import HI, LO, loss_params, policy_objective
+
+    lp = torch.tensor([[-1.0, -2.0], [-0.5, -1.5]])
+    _, metrics = policy_objective(
+        registry.POLICY_LOSSES["decoupled_ppo"],
+        registry.CORRECTIONS["none"],
+        loss_params(load_config(None, []).loss),
+        CorrectionParams(),
+        logprobs=lp,
+        behav=lp - torch.tensor([[0.1, -0.2], [0.0, 0.3]]),
+        trainer_old=None,
+        advantages=torch.ones(2, 2),
+        mask=torch.ones(2, 2),
+        prox_mode="behav",
+    )
+    assert metrics[f"{HI}ratio_max"] == pytest.approx(torch.exp(torch.tensor(0.3)).item())
+    assert metrics[f"{LO}ratio_min"] == pytest.approx(torch.exp(torch.tensor(-0.2)).item())
+    assert f"{HI}behav_weight_max" in metrics and "ratio_mean" in metrics

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from streamrl.config import Config
-from streamrl.trainer.objective import MAX
+from streamrl.trainer.objective import merge_metric
 from streamrl.trainer.trainer import Trainer
 from streamrl.types import TrainBatch
 
@@ -161,7 +161,7 @@ class DistributedTrainer(Trainer):
         merged: dict[str, float] = {}
         for _, tot in parts:  # rank order: the same float sums on every rank
             for k, v in tot.items():
-                merged[k] = max(merged.get(k, v), v) if k.startswith(MAX) else merged.get(k, 0.0) + v
+                merged[k] = merge_metric(k, merged.get(k), v)
         return sum(p[0] for p in parts), merged
 
     def _gather_values(self, values: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,9 @@ from streamrl.algo.rollout_correction import CorrectionParams, correction_counts
 from streamrl.config import LossConfig
 
 SUM, MAX = "_sum/", "_max/"  # trainer metric totals: summed raw counts / maxima (not token-weighted)
+# a loss's extremes (ratio_max, ratio_min, behav_weight_max): the step's maximum / minimum over its
+# micro-batches, reported under their own names (a token-weighted mean of extremes is neither)
+HI, LO = "_hi/", "_lo/"
 
 
 def loss_params(lc: LossConfig) -> LossParams:
@@ -65,6 +68,9 @@ def policy_objective(
         prox = behav if (prox_mode == "behav" and not corrected) else trainer_old
     t = LossTensors(logprobs, old, advantages, mask, prox_logprobs=prox, m2_keep=m2_keep)
     per_token, metrics = spec.fn(t, params)
+    metrics = {
+        (HI if k.endswith("_max") else LO if k.endswith("_min") else "") + k: v for k, v in metrics.items()
+    }
     if trainer_old is not None:
         log_rho = ((logprobs if correction.current else trainer_old) - behav).detach()
         c = correction.fn(log_rho, mask, advantages.detach(), cparams)
@@ -88,12 +94,22 @@ def ratio_base(
 
 
 def accumulate(totals: dict[str, float], metrics: dict[str, float], n: float) -> None:
-    """Add one micro-batch's metrics: token-weighted (v * n tokens), raw sums (SUM) or maxima (MAX)."""
+    """Add one micro-batch's metrics: token-weighted (v * n tokens), raw sums (SUM) or extremes (MAX,
+    HI, LO; a micro-batch without loss tokens has none)."""
     for k, v in metrics.items():
-        if k.startswith(MAX):
-            totals[k] = max(totals.get(k, v), v)
-        else:
-            totals[k] = totals.get(k, 0.0) + (v if k.startswith(SUM) else v * n)
+        if not (n == 0 and k.startswith((HI, LO))):
+            totals[k] = merge_metric(k, totals.get(k), v if k.startswith((SUM, MAX, HI, LO)) else v * n)
+
+
+def merge_metric(key: str, total: float | None, value: float) -> float:
+    """Two totals of one metric key, as micro-batches and ranks combine them."""
+    if total is None:
+        return value
+    if key.startswith((MAX, HI)):
+        return max(total, value)
+    if key.startswith(LO):
+        return min(total, value)
+    return total + value
 
 
 def finish(totals: dict[str, float], n_tokens: float) -> dict[str, float]:
@@ -103,6 +119,8 @@ def finish(totals: dict[str, float], n_tokens: float) -> dict[str, float]:
     for k, v in totals.items():
         if k.startswith((SUM, MAX)):
             counts[k[len(SUM) :]] = v
+        elif k.startswith((HI, LO)):
+            out[k[len(HI) :]] = v
         else:
             out[k] = v / max(n_tokens, 1.0)
     if counts:

@@ -195,3 +195,20 @@ def test_reward_errors_warn_above_one_percent_with_the_reasons_but_not_the_step_
     )
     rows[-1].update(reward_errors=8, reward_error_reasons={"step_budget": 8})  # the budget's own rule
     assert diagnose(rows) == []
+
+
+def test_a_resumed_monitor_knows_the_runs_earlier_steps():
+    """Seeded with the steps before a resume: a rule that fired then does not warn again, and entropy is
+    compared with the run's first value, not the first after the resume."""
+    rows = flat_reward(with_tail("entropy", [0.05, 0.05, 0.05, 0.05, 0.05, 0.05]))
+    lines: list[str] = []
+    mon = DiagnosticsMonitor(emit=lines.append, history=rows[:8])
+    assert lines == [] and [f.rule for f in mon.findings()] == ["entropy_collapse"]
+    for r in rows[8:]:
+        mon.update(r)
+    assert lines == []  # fired before the resume: not again
+    assert mon.findings() == diagnose(rows)  # the same findings as a replay of the whole run
+    fresh = DiagnosticsMonitor(emit=lines.append)
+    for r in rows[8:]:  # without the earlier steps: 0.05 is its "first" entropy, and nothing collapses
+        fresh.update(r)
+    assert fresh.findings() == []

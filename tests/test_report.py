@@ -159,6 +159,34 @@ def test_report_shows_diagnostics(tmp_path):
     assert 'data-rule="truncation_high"' in html and "at steps 1-5" in html
 
 
+def test_a_live_runs_report_shows_its_monitors_findings(tmp_path):
+    """The live report takes the findings the run's monitor kept (no replay of the whole stream at each
+    report); without them the report replays the records."""
+    from streamrl.observe.diagnostics import Finding
+
+    run = make_run(tmp_path / "run")
+    given = [Finding("kl_spike", "d", [3, 4], "first", "last")]
+    html = write_report([run], findings=given).read_text()
+    assert 'data-rule="kl_spike"' in html and "at steps 3-4: first" in html
+    assert "no diagnostic rule fired" in write_report([run]).read_text()
+
+
+def test_compared_runs_mean_seconds_per_step_count_the_steps_without_a_phase(tmp_path, monkeypatch):
+    """An evaluation of 60 s at one step of five is 12 s per step, not 60."""
+    import streamrl.observe.report as report
+
+    a, b = make_run(tmp_path / "a" / "run"), make_run(tmp_path / "b" / "run")
+    rows = [json.loads(x) for x in (a / "metrics.jsonl").read_text().splitlines()]
+    rows[1]["heldout_eval_time"] = 60.0
+    (a / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    seen = {}
+    real = report.stacked_bars
+    monkeypatch.setattr(report, "stacked_bars", lambda *a, **k: seen.setdefault(a[0], a[3]) and real(*a, **k))
+    write_report([a, b])
+    assert seen["phases"]["heldout_eval_time"] == [12.0, 0.0]
+    assert seen["phases"]["train_time"] == [1.0, 1.0]
+
+
 def test_compare_overlays_runs_and_defaults_to_compare_html(tmp_path):
     a = make_run(tmp_path / "a" / "run", mode="async")
     b = make_run(tmp_path / "b" / "run", mode="colocated", steps=3)

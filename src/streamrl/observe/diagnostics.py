@@ -278,43 +278,51 @@ class Finding:
 
 def diagnose(records: Sequence[Record], rules: Sequence[Rule] = RULES) -> list[Finding]:
     """Replay `records` through every rule; one Finding per rule that fired at least once."""
-    found: dict[str, Finding] = {}
-    for i in range(len(records)):
-        prefix = records[: i + 1]
-        for rule in rules:
-            msg = rule(prefix)
-            if msg is None:
-                continue
-            step = int(records[i].get("step", i + 1))
-            f = found.get(rule.name)
-            if f is None:
-                found[rule.name] = Finding(rule.name, rule.description, [step], msg, msg)
-            else:
-                f.steps.append(step)
-                f.last_message = msg
-    return [found[r.name] for r in rules if r.name in found]
+    monitor = DiagnosticsMonitor(rules)
+    for record in records:
+        monitor.update(record)
+    return monitor.findings()
 
 
 class DiagnosticsMonitor:
-    """Live diagnostics: `update(record)` returns the warnings of rules firing for the first time."""
+    """Live diagnostics: `update(record)` returns the warnings of rules firing for the first time, and
+    `findings()` every rule that fired so far with its steps (what the report shows, kept as the run goes
+    rather than replayed over the whole stream at each report). `history`: the records of a resumed
+    run's earlier steps (their findings count: a rule that fired before the resume does not warn again,
+    and a rule comparing with the first steps compares with the run's own)."""
 
-    def __init__(self, rules: Sequence[Rule] = RULES, emit: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        rules: Sequence[Rule] = RULES,
+        emit: Callable[[str], None] | None = None,
+        history: Sequence[Record] = (),
+    ) -> None:
         self.rules = rules
-        self.emit = emit
+        self.emit = None
         self.history: list[Record] = []
-        self.warned: set[str] = set()
+        self.found: dict[str, Finding] = {}
+        for record in history:
+            self.update(record)
+        self.emit = emit
 
     def update(self, record: Record) -> list[str]:
         self.history.append({k: v for k, v in record.items() if not k.startswith("_")})
+        step = int(record.get("step", len(self.history)))
         out = []
         for rule in self.rules:
-            if rule.name in self.warned:
-                continue
             msg = rule(self.history)
-            if msg is not None:
-                self.warned.add(rule.name)
-                line = f"warning [{rule.name}] step {record.get('step')}: {msg}"
-                out.append(line)
-                if self.emit is not None:
-                    self.emit(line)
+            if msg is None:
+                continue
+            if (f := self.found.get(rule.name)) is not None:
+                f.steps.append(step)
+                f.last_message = msg
+                continue
+            self.found[rule.name] = Finding(rule.name, rule.description, [step], msg, msg)
+            line = f"warning [{rule.name}] step {record.get('step')}: {msg}"
+            out.append(line)
+            if self.emit is not None:
+                self.emit(line)
         return out
+
+    def findings(self) -> list[Finding]:
+        return [self.found[r.name] for r in self.rules if r.name in self.found]

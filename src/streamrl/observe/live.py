@@ -13,6 +13,7 @@ from streamrl.config import Config, to_dict
 from streamrl.observe.diagnostics import DiagnosticsMonitor
 from streamrl.observe.metrics import MetricsWriter, Sink
 from streamrl.observe.report import write_report
+from streamrl.observe.run_data import read_metrics
 
 
 class RunObserver:
@@ -32,7 +33,12 @@ class RunObserver:
             o = cfg.observe
             sinks.append(WandbSink(run_dir, o.wandb_project, o.wandb_mode, to_dict(cfg)))
         self.writer = MetricsWriter(run_dir, sinks=sinks, purge_step=purge_step)
-        self.monitor = DiagnosticsMonitor(emit=lambda line: console.print(f"[yellow]{escape(line)}[/]"))
+        # a resumed run's rules see its earlier steps (metrics.jsonl, reconciled to the saved state)
+        log = run_dir / "metrics.jsonl"
+        earlier = read_metrics(log) if purge_step is not None and log.is_file() else []
+        self.monitor = DiagnosticsMonitor(
+            emit=lambda line: console.print(f"[yellow]{escape(line)}[/]"), history=earlier
+        )
         self._report_failed = False
 
     def on_step(self, record: dict[str, Any]) -> None:
@@ -45,7 +51,7 @@ class RunObserver:
     def report(self) -> Path | None:
         """Rewrite report.html; a failure is reported once and never stops training (it is a view)."""
         try:
-            return write_report([self.run_dir])
+            return write_report([self.run_dir], findings=self.monitor.findings())
         except Exception as e:  # a broken report must not kill a long run
             if not self._report_failed:
                 self.console.print(f"[yellow]warning: could not write report.html: {escape(str(e))}[/]")

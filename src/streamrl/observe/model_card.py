@@ -49,15 +49,20 @@ def reproduce_command(cfg: Config) -> str:
 
 
 def _algorithm(cfg: Config) -> list[str]:
+    import streamrl.algo  # noqa: F401  (registers every loss)
+    from streamrl.algo.registry import POLICY_LOSSES
+
     a, loss, r, t = cfg.advantage, cfg.loss, cfg.rollout, cfg.train
     preset = f" (preset `{cfg.algo}`)" if cfg.algo else ""
+    spec = POLICY_LOSSES.get(loss.name)
+    clips = spec is not None and "eps_low" in spec.reads  # REINFORCE, M2PO: no clip to state
+    clip = f"clip [{loss.eps_low:g}, {loss.eps_high:g}], " if clips else ""
     lines = [
         f"- Algorithm{preset}: advantage `{a.name}`, loss `{loss.name}` "
         f"with `{loss.aggregation}` aggregation",
         f"- Hyper-parameters: lr {t.lr:g}, {r.prompts_per_step} prompts x {r.samples_per_prompt} samples "
-        f"per step, temperature {r.temperature:g}, max_new_tokens {r.max_new_tokens}, clip "
-        f"[{loss.eps_low:g}, {loss.eps_high:g}], kl_coef {loss.kl_coef:g}, max_staleness "
-        f"{cfg.max_staleness} ({cfg.runtime.mode}), seed {cfg.seed}",
+        f"per step, temperature {r.temperature:g}, max_new_tokens {r.max_new_tokens}, {clip}"
+        f"kl_coef {loss.kl_coef:g}, max_staleness {cfg.max_staleness} ({cfg.runtime.mode}), seed {cfg.seed}",
     ]
     if t.lora_rank:
         lines.append(

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrl.files import write_text_atomic
-from streamrl.observe.diagnostics import RULES, diagnose
+from streamrl.observe.diagnostics import RULES, Finding, diagnose
 from streamrl.observe.environment import collect_environment
 from streamrl.observe.plots import Series, line_chart, stacked_bars
 from streamrl.observe.run_data import RunData, flatten, load_run, unique_labels
@@ -134,11 +134,9 @@ def _phases(runs: list[RunData]) -> str:
     keys = [k for k in PHASES if any(run.has(k) for run in runs)]
     if len(runs) > 1:
         cats = [run.label for run in runs]
+        # over every step: a phase a step did not log (the held-out evaluation of some steps) took 0 s
         stacks = {
-            k: [
-                statistics.fmean(v for v in run.values(k)[1] if v is not None) if run.has(k) else 0.0
-                for run in runs
-            ]
+            k: [statistics.fmean(v or 0.0 for v in run.values(k)[1]) if run.has(k) else 0.0 for run in runs]
             for k in keys
         }
         return stacked_bars("phases", "Mean seconds per step by phase", cats, stacks, "run")
@@ -190,7 +188,7 @@ def _ranges(steps: list[int]) -> str:
 def _diagnostics(runs: list[RunData]) -> str:
     parts = []
     for run in runs:
-        found = diagnose(run.records)
+        found = run.findings if run.findings is not None else diagnose(run.records)
         prefix = f"{escape(run.label)}: " if len(runs) > 1 else ""
         if not found:
             parts.append(f'<p class="ok">{prefix}no diagnostic rule fired over {len(run.records)} steps.</p>')
@@ -339,13 +337,18 @@ def render_report(runs: list[RunData]) -> str:
 """
 
 
-def write_report(paths: list[str | Path], out: str | Path | None = None) -> Path:
+def write_report(
+    paths: list[str | Path], out: str | Path | None = None, findings: list[Finding] | None = None
+) -> Path:
     """Render the run directories `paths` into `out` (default: RUN/report.html for one run,
-    FIRST_RUN/compare.html for several), whole (files.py); returns the path written."""
+    FIRST_RUN/compare.html for several), whole (files.py); returns the path written. `findings`: the
+    diagnostics of the one run as a live DiagnosticsMonitor has them (else replayed from its records)."""
     if not paths:
         raise ValueError("report: give at least one run directory")
     dirs = [Path(p) for p in paths]
     runs = [load_run(p, label) for p, label in zip(dirs, unique_labels(dirs))]
+    if findings is not None and len(runs) == 1:
+        runs[0].findings = findings
     target = Path(out) if out else dirs[0] / ("report.html" if len(dirs) == 1 else "compare.html")
     write_text_atomic(target, render_report(runs))  # readers see the old page or the new one
     return target

@@ -22,6 +22,7 @@ class RunData:
     summary: dict[str, Any] | None
     evals: dict[str, Any] | None
     environment: dict[str, Any] | None
+    findings: list[Any] | None = None  # diagnostics.Finding of a live run's monitor (None: replay)
 
     def values(self, key: str, x: str = "step") -> tuple[list[float], list[float | None]]:
         """(xs, ys) of a numeric metric over the records that have x; missing values are None (gaps)."""

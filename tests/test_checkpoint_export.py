@@ -189,6 +189,16 @@ def test_card_metadata_names_the_hub_base_model_and_lora():
     assert lines[lines.index("## Training") + 4].startswith("- Algorithm (preset `dapo`): advantage")
 
 
+def test_the_card_states_a_clip_range_only_for_a_loss_that_clips():
+    def hyper(overrides: list[str]) -> str:
+        card = model_card(load_config(None, ["run_dir=runs/x", *overrides]), 5, None, None, None)
+        return next(x for x in card.text.splitlines() if x.startswith("- Hyper-parameters:"))
+
+    assert "clip [0.2, 0.28], kl_coef 0" in hyper([])
+    for algo in ("remax", "m2po"):  # REINFORCE and M2PO have no clip
+        assert "clip" not in hyper([f"algo={algo}"]) and ", kl_coef " in hyper([f"algo={algo}"])
+
+
 def test_a_resumed_runs_command_clears_resume():
     cfg = load_config(None, ["run_dir=runs/x/"])
     cfg.resume = "runs/x"

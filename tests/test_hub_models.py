@@ -110,3 +110,17 @@ def test_a_snapshot_this_project_downloaded_is_used_offline(tmp_path: Path) -> N
     assert res.returncode == 0, res.stderr[-2000:]
     assert (entry / "trees" / f"{COMMIT}.json").is_file()
     assert res.stdout.strip().splitlines()[-1] == str(snap)
+
+
+def test_a_cached_snapshot_missing_a_shard_its_index_names_is_not_taken_as_complete(tmp_path: Path) -> None:
+    """A cache with the index of two shards and only the first (transformers fetched part of it, or a
+    download was cut short): offline it is refused in one line instead of failing at load."""
+    snap = _hub_cache(tmp_path / "hub", "testorg/tiny-chat")
+    (snap / "model.safetensors").rename(snap / "model-00001-of-00002.safetensors")
+    weight_map = {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}
+    (snap / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    run = tmp_path / "run"
+    res = _cli([*TINY, "model=testorg/tiny-chat", f"run_dir={run}"], tmp_path / "hub")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr[-2000:]
+    assert "model 'testorg/tiny-chat' is not in the local Hugging Face cache" in res.stderr
+    assert not run.exists()

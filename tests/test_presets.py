@@ -32,6 +32,9 @@ def test_preset_layers_under_user_settings(tmp_path):
     assert (cfg.loss.eps_low, cfg.loss.eps_high, cfg.loss.aggregation) == (0.2, 0.28, "token-mean")
     assert cfg.rollout.dynamic_sampling and cfg.reward.overlong_buffer == 16
     assert load_config(None, ["algo=dapo", "loss.eps_high=0.3"]).loss.eps_high == 0.3  # overrides win
+    # dynamic sampling is DAPO's: every other preset trains on every group, as its paper does
+    assert [n for n in names() if load_config(None, [f"algo={n}"]).rollout.dynamic_sampling] == ["dapo"]
+    assert load_config(None, ["algo=grpo", "rollout.dynamic_sampling=true"]).rollout.dynamic_sampling
     f = tmp_path / "c.yaml"
     f.write_text("algo: gspo\nloss:\n  eps_high: 0.001\n")
     cfg = load_config(f)
@@ -46,7 +49,9 @@ def test_preset_trains_end_to_end(tmp_path, preset):
         if preset in ("m2po", "remax")
         else ["runtime.mode=colocated", "max_staleness=0"]
     )
-    assert main(["train", f"algo={preset}", *TINY, *mode, "max_steps=2", f"run_dir={run}"]) == 0
+    # reinforce_pp with dynamic sampling asked for: under its batch baseline the filter drops no group
+    ds = ["rollout.dynamic_sampling=true"] if preset == "reinforce_pp" else []
+    assert main(["train", f"algo={preset}", *TINY, *mode, *ds, "max_steps=2", f"run_dir={run}"]) == 0
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["policy_version"] for r in rows] == [1, 2]
     cfg = load_config(run / "config.yaml")

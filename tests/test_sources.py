@@ -253,6 +253,13 @@ def test_code_rows_of_a_data_source_are_prompted_and_shown_as_code(tmp_path):
     assert extract_program(response).strip() == solution.strip()
 
 
+def test_a_row_that_is_not_valid_unicode_is_skipped_and_named():
+    rows = [{"prompt": "bad \ud83d", "answer": "1"}, {"prompt": "1+1?", "answer": "2"}]
+    task = task_from_rows(rows, {})
+    assert [r["question"] for r in task.rows] == ["1+1?"]
+    assert "column 'prompt' is not valid Unicode text (a lone surrogate)" in str(task.skipped)
+
+
 def test_split_by_weight_is_exact():
     assert split_by_weight(10, [2, 1]) == [7, 3]
     assert split_by_weight(7, [1, 1, 1]) == [3, 2, 2]

@@ -77,12 +77,21 @@ def _optional(rec: dict[str, Any], column: str) -> Any:
     return None if value == "" else value
 
 
+def _text(value: str, column: str) -> str:
+    """`value`, refused when it is not valid Unicode (a lone surrogate: no tokenizer or file takes it)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"column '{column}' is not valid Unicode text (a lone surrogate)") from None
+    return value
+
+
 def _question(rec: dict[str, Any], columns: dict[str, str]) -> tuple[str, list[dict[str, str]] | None]:
     if "messages" not in columns:
         question = _get(rec, columns["prompt"])
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"column '{columns['prompt']}' must be a non-empty string")
-        return question, None
+        return _text(question, columns["prompt"]), None
     messages = _get(rec, columns["messages"])
     if not isinstance(messages, list) or not all(
         isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in messages
@@ -98,7 +107,8 @@ def _question(rec: dict[str, Any], columns: dict[str, str]) -> tuple[str, list[d
             f"column '{columns['messages']}' ends with an assistant turn: a prompt ends with the user's "
             "turn (drop the reply from the column; map a reference with task_config.columns.answer)"
         )
-    return users[-1], [{"role": str(m["role"]), "content": m["content"]} for m in messages]
+    turns = [{"role": str(m["role"]), "content": _text(m["content"], columns["messages"])} for m in messages]
+    return users[-1], turns
 
 
 def row_key(question: str, messages: list[dict[str, str]] | None) -> str:

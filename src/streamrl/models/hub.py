@@ -10,6 +10,7 @@ failure is one line naming the id, what went wrong and the way out (a local dire
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -28,7 +29,18 @@ def split_id(name: str) -> tuple[str, str | None] | None:
 
 
 def _has_weights(path: Path) -> bool:
-    return (path / "config.json").is_file() and any(any(path.glob(w)) for w in WEIGHTS)
+    """config.json and weights; for sharded weights, every shard their index names (a cache that
+    transformers filled part of, or a download cut short, has the index and only some shards)."""
+    if not (path / "config.json").is_file() or not any(any(path.glob(w)) for w in WEIGHTS):
+        return False
+    for index in path.glob("*.index.json"):
+        try:
+            shards = set(json.loads(index.read_text()).get("weight_map", {}).values())
+        except (OSError, ValueError, AttributeError):
+            return False
+        if not all((path / shard).is_file() for shard in shards):
+            return False
+    return True
 
 
 def _local_hint(name: str) -> str:

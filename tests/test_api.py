@@ -211,12 +211,24 @@ def test_settings_given_as_a_dict_and_as_keywords_merge_key_by_key() -> None:
     )
 
 
+def test_a_section_given_in_the_dict_and_as_a_keyword_keeps_both_sets_of_keys() -> None:
+    from streamrl.api import make_config
+    from streamrl.config import ConfigError
+
+    assert make_config({"eval": {"n": 8}}, eval={"k": [4]}).eval.n == 8  # n was given: k leaves it
+    with pytest.raises(
+        ConfigError, match=r"^config key 'loss.eps_high'=0.5 is not read by loss.name=reinforce"
+    ):
+        make_config({"algo": "grpo", "loss": {"eps_high": 0.5}}, loss={"name": "reinforce"})
+
+
 def test_a_config_made_before_takes_keywords_as_a_fresh_one_does() -> None:
     from streamrl.api import make_config
     from streamrl.config import Config, ConfigError
 
     assert make_config(Config(), eval={"k": (1, 4)}).eval.n == 4  # k=4 alone asks for 4 samples
     assert make_config(Config(), eval={"k": (1, 4), "n": 8}).eval.n == 8
+    assert make_config(Config(), eval={"k": []}).eval.k == ()
     with pytest.raises(ConfigError, match=r"^algo= cannot go on a Config made before .*: pass algo= to "):
         make_config(Config(), algo="grpo")  # would record grpo and train the default loss
 

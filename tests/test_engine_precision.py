@@ -49,6 +49,8 @@ def test_an_engine_refuses_weights_that_leave_out_or_add_a_parameter(tiny):
     with pytest.raises(ValueError, match=r"0 missing \(\[\]\), 1 unknown \(\['extra.weight'\]\)"):
         eng.update_weights({**state, "extra.weight": torch.zeros(1)}, 2)
     assert "do not match the engine's model" in str(missing.value) and eng.version == 1
+    for k, v in eng.model.state_dict().items():  # a refused update copied nothing
+        torch.testing.assert_close(v, state[k if k in state else "model.embed_tokens.weight"].to(v.dtype))
 
 
 def test_same_dtype_engine_shares_the_module(tiny):

@@ -149,9 +149,15 @@ def test_long_prompts_ending_one_epoch_and_starting_the_next_are_not_every_promp
 def test_a_long_prompt_duplicated_back_to_back_is_not_every_prompt(tiny) -> None:
     """A streamed file without shuffling: three copies of one long prompt, then prompts that fit. The
     copies are one showing, not three epochs of long prompts."""
+    from streamrl.data import prompt_limit as prompt_limit_mod
+
     s0, long_a = _problem("s0", "What is 0 + 1?"), _problem("long-a", LONG_QUESTION)
     f = PromptFilter(tiny[1], PromptLimit(976, "why"), "task data:x.jsonl", warn=False)
     assert [p.id for p in f.apply(iter([long_a, long_a, long_a, s0]))] == ["s0"]
+    h = PromptFilter(tiny[1], PromptLimit(976, "why"), "task data:x.jsonl", warn=False)
+    with pytest.raises(ValueError, match="every training prompt is longer"):  # one long row, endlessly
+        next(h.apply(itertools.repeat(long_a)))
+    assert h.skipped == prompt_limit_mod.REPEATS_MERGED + 1  # two more showings: the third ends it
     long_b = _problem("long-b", LONG_QUESTION + "!")  # two long ones, three times each: every prompt
     g = PromptFilter(tiny[1], PromptLimit(976, "why"), "task data:x.jsonl", warn=False)
     with pytest.raises(ValueError, match="every training prompt is longer"):

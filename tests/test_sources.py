@@ -260,6 +260,13 @@ def test_a_row_that_is_not_valid_unicode_is_skipped_and_named():
     assert "column 'prompt' is not valid Unicode text (a lone surrogate)" in str(task.skipped)
 
 
+def test_an_empty_file_is_refused_as_empty(tmp_path):
+    f = tmp_path / "none.jsonl"
+    f.write_text("\n")
+    with pytest.raises(ValueError, match=rf"^{f}: the file is empty \(no rows\)$"):
+        make_task(f"data:{f}", {}, "", "", "answer_is")
+
+
 def test_split_by_weight_is_exact():
     assert split_by_weight(10, [2, 1]) == [7, 3]
     assert split_by_weight(7, [1, 1, 1]) == [3, 2, 2]

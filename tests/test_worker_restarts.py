@@ -115,6 +115,9 @@ def test_a_resumed_run_counts_the_restarts_and_resent_groups_from_before_the_res
     assert [{k: r.metrics[k] for k in before} for r in records] == [before, before]
     assert state.counters == before
     assert runner.snapshot().counters == before
+    stopped, state = _runner(tiny, ["max_steps=1"], RunState(counters=dict(before)))
+    stopped.close()  # a resume that stops before its first step (a final evaluation to finish, say)
+    assert state.counters == before
 
 
 def test_agent_episodes_a_stopped_run_had_not_logged_are_logged_after_its_resume(tiny):

@@ -179,7 +179,8 @@ def make_config(
         for k, v in {**overrides, **settings}.items():
             apply_key(cfg, k, v)
         eval_given = overrides.get("eval") if isinstance(overrides.get("eval"), dict) else {}
-        if ("eval.k" in overrides or "k" in eval_given) and not ("eval.n" in overrides or "n" in eval_given):
+        k_given = ("eval.k" in overrides or "k" in eval_given) and cfg.eval.k
+        if k_given and not ("eval.n" in overrides or "n" in eval_given):
             cfg.eval.n = max(0, *cfg.eval.k)  # as load_config does: k=4 alone asks for 4 samples
         validate(cfg)
         return cfg

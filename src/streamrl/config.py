@@ -139,12 +139,13 @@ def load_config(
         apply_key(cfg, str(k), v)
     for k, v in parsed:
         apply_key(cfg, k, v)
+    given_pairs = [{k: v} for k, v in parsed]  # each on its own: a section given twice sets both's keys
     if preset:  # a key only the preset set, which the loss or estimator chosen over it does not read
-        _drop_preset_keys_unread(cfg, preset, [data, dict(parsed)])
+        _drop_preset_keys_unread(cfg, preset, [data, *given_pairs])
     if resume:
         cfg.run_dir = resume
         _refuse_changes_a_resume_would_ignore(data, cfg, resume)
-    elif cfg.eval.k and not _sets(["eval", "n"], preset, data, dict(parsed)):
+    elif cfg.eval.k and not _sets(["eval", "n"], preset, data, *given_pairs):
         cfg.eval.n = max(0, *cfg.eval.k)  # k=4 alone asks for 4 samples per problem
     validate(cfg)
     return cfg

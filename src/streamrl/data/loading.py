@@ -113,6 +113,8 @@ def _path_splits(path: Path, streaming: bool) -> dict[str, Any]:
             f"{path}: unsupported file type '{path.suffix}'; use .jsonl, .json, .parquet or .csv, a "
             "directory of them, or a save_to_disk directory"
         )
+    if path.is_file() and path.stat().st_size <= 4096 and not path.read_bytes().strip():
+        raise ValueError(f"{path}: the file is empty (no rows)")
     try:
         return dict(datasets.load_dataset(builder, data_files=files, streaming=streaming))
     except Exception as e:  # the file's own problem, in one line

@@ -35,6 +35,7 @@ from streamrl.data.prompts import render_prompt_ids
 from streamrl.types import Problem
 
 log = logging.getLogger("streamrl.data")
+REPEATS_MERGED = 100  # back-to-back repeats counted as one showing (a stream of one long prompt: no more)
 MAX_SKIPS = 10_000  # too-long prompts in a row from a stream that never repeats (generated problems)
 
 
@@ -120,7 +121,7 @@ class PromptFilter:
             key = (problem.id, str(problem.meta.get("question", "")))
             if not run:
                 first = _named(problem, n)
-            if key != last:  # a duplicate right after its twin is the same showing
+            if key != last or streak >= REPEATS_MERGED:  # a duplicate right after its twin: one showing
                 run[key] = run.get(key, 0) + 1
             last = key
             if min(run.values()) >= 3 or streak >= MAX_SKIPS:

@@ -132,7 +132,6 @@ class MoPPSSampler(Sampler):
         self.post: OrderedDict[str, list[float]] = OrderedDict()  # id -> [a, b]
         self.rng = random.Random(seed)
         self.draws = self.retired = self.evicted = 0
-        self.came_round = False  # a pull found a problem already in the pool (_fill)
 
     def _ab(self, pid: str) -> list[float]:
         return self.post.get(pid, [1.0, 1.0])
@@ -142,18 +141,16 @@ class MoPPSSampler(Sampler):
         return a / (a + b)
 
     def _fill(self) -> None:
-        """Pull candidates until the pool holds K. Once a pull finds one the pool holds, the stream has
-        come round (a dataset smaller than the pool, which can never fill it): from then on a fill pulls
-        one problem, or every draw would pull K."""
-        for _ in range(1 if self.came_round else self.K):
+        """Pull candidates until the pool holds K, or until a pull finds one the pool holds: the stream
+        came round (a dataset smaller than the pool never fills it, and every draw would pull K)."""
+        for _ in range(self.K):
             if len(self.pool) >= self.K:
                 return
             pos = self.base_drawn
             p = self._pull()
             if p.id in self.pool:
-                self.came_round = True
-            else:
-                self.pool[p.id] = _Candidate(p, pos)
+                return
+            self.pool[p.id] = _Candidate(p, pos)
 
     def __next__(self) -> Problem:
         with self.lock:
@@ -200,7 +197,6 @@ class MoPPSSampler(Sampler):
                 "post": [[k, v[0], v[1]] for k, v in self.post.items()],
                 "rng": _rng_state(self.rng),
                 "counts": [self.draws, self.retired, self.evicted],
-                "came_round": self.came_round,
             }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
@@ -213,7 +209,6 @@ class MoPPSSampler(Sampler):
         self.post = OrderedDict((k, [float(a), float(b)]) for k, a, b in d["post"])
         _set_rng(self.rng, d["rng"])
         self.draws, self.retired, self.evicted = d["counts"]
-        self.came_round = bool(d.get("came_round", False))
 
 
 class OnlineFilterSampler(Sampler):

@@ -104,7 +104,10 @@ class DataTask(RowTask):
     def train_stream(self, seed: int, exclude: set[str]) -> Iterator[Problem]:
         order = [i for i, r in enumerate(self.rows) if not excluded(r, exclude)]
         if not order and self.overlap:
-            raise ValueError(f"{self.name}: every training row is also a held-out row")
+            raise ValueError(
+                f"{self.name}: every training row is also a held-out row (task_config.eval_data) or a "
+                "few-shot example"
+            )
         if not order:
             raise ValueError(
                 f"{self.name}: every row is held out or a few-shot example; lower eval.size or "

@@ -24,17 +24,20 @@ from streamrl.models.precision import cast_params
 
 
 def load_whole(model: torch.nn.Module, state: dict[str, Any]) -> None:
-    """model.load_state_dict(state), refusing a state that names a parameter the model lacks or leaves
-    one out; a tied weight (the LM head sharing the embedding) may be given under either name."""
-    loaded = model.load_state_dict(state, strict=False)
-    given = {id(p) for name, p in model.named_parameters(remove_duplicate=False) if name in state}
+    """model.load_state_dict(state), refusing (before anything is copied) a state that names a
+    parameter the model lacks or leaves one out; a tied weight (the LM head sharing the embedding) may
+    be given under either name."""
+    expected = model.state_dict().keys()
     params = dict(model.named_parameters(remove_duplicate=False))
-    missing = [k for k in loaded.missing_keys if k not in params or id(params[k]) not in given]
-    if loaded.unexpected_keys or missing:
+    given = {id(params[k]) for k in state if k in params}
+    unknown = [k for k in state if k not in expected]
+    missing = [k for k in expected if k not in state and not (k in params and id(params[k]) in given)]
+    if unknown or missing:
         raise ValueError(
             f"new weights do not match the engine's model: {len(missing)} missing ({missing[:3]}), "
-            f"{len(loaded.unexpected_keys)} unknown ({loaded.unexpected_keys[:3]})"
+            f"{len(unknown)} unknown ({unknown[:3]})"
         )
+    model.load_state_dict(state, strict=False)  # strict would want a tied weight under both names
 
 
 class HFEngine:

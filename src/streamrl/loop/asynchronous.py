@@ -27,7 +27,7 @@ from streamrl.loop.budget import RunBudget
 from streamrl.loop.dynamic_sampling import DynamicSampling, applies
 from streamrl.loop.episode_errors import EpisodeErrors
 from streamrl.loop.ledger import Ledger
-from streamrl.loop.shared import Shared, run_counters
+from streamrl.loop.shared import RunCounters, Shared
 from streamrl.loop.signals import StopFlag
 from streamrl.loop.staleness import StalenessManager, next_in_batch
 from streamrl.loop.stall import StallWatch
@@ -74,8 +74,7 @@ class AsyncRunner:
         # rebase on resume: trained groups + carried finished ones count as accepted (AReaL #1388)
         self.staleness = StalenessManager.resumed(self.B, self.eta, trainer.version, len(state.finished), 0)
         self.sh = Shared.resumed(state.engine)  # the workers' cumulative counters continue after a resume
-        self.counted = dict(state.counters)  # so do the run's event counters (_counters)
-        self.backend_counted: dict[str, Any] = {}  # the backend's statistics at the last step
+        self.counters = RunCounters(state.counters)  # so do the run's event counters
         # agent episodes since the last step (sh.cond), those a stopped run had not logged included
         self.episode_errors = EpisodeErrors(cfg.task.startswith("agent:"), state.episodes)
         for res in state.finished:
@@ -302,7 +301,7 @@ class AsyncRunner:
                         samples_per_s=(step - first_step) * per_step / budget.elapsed,
                         filtered_stale=self.ledger.filter_reasons.get("stale", 0),
                         filtered_zero_variance=self.ledger.filter_reasons.get("zero_variance", 0),
-                        **self._counters(backend.stats()),
+                        **self.counters.step(backend.stats(), self.sh.duplicates, self.stall.resent),
                         **episode_errors,
                     )
                 finally:
@@ -368,16 +367,9 @@ class AsyncRunner:
                 sampler=sampler_state(self.stream),
                 drafts=self.drafts.state_dict() if self.drafts is not None else [],
                 engine=self.sh.engine_counters(),
-                counters=self._counters(),
+                counters=self.counters.total(self.sh.duplicates, self.stall.resent),
                 episodes=self.episode_errors.pending(),
             )
-
-    def _counters(self, stats: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The run's event counters (loop/shared.py RUN_COUNTERS), resumes included; `stats`: a step's
-        backend statistics, returned with them and kept for the state a save or a stop writes."""
-        self.backend_counted = stats if stats is not None else self.backend_counted
-        now = {"duplicate_results": self.sh.duplicates, "groups_resent": self.stall.resent}
-        return {**(stats or {}), **run_counters({**now, **self.backend_counted}, self.counted)}
 
     def _carry_over(self, late: list[GroupResult]) -> None:
         """After the workers stopped: everything admitted and not trained goes into the run state."""
@@ -392,7 +384,7 @@ class AsyncRunner:
             self.state.staleness = self.staleness.state_dict()
             self.state.drafts = self.drafts.state_dict() if self.drafts is not None else []
             self.state.engine = self.sh.engine_counters()
-            self.state.counters = self._counters()
+            self.state.counters = self.counters.total(self.sh.duplicates, self.stall.resent, self.backend)
             self.state.episodes = self.episode_errors.pending()
             errors, self.sh.errors = self.sh.errors, []
         for error in errors:  # arrived after the last batch was taken, or during a stop: never silent

@@ -17,10 +17,34 @@ RUN_COUNTERS = (
 )
 
 
-def run_counters(now: dict[str, Any], before: dict[str, int]) -> dict[str, int]:
-    """The RUN_COUNTERS of `now` (this process's, since it started) continued from `before` (the saved
-    state's), so a resumed run's records count the whole run's restarts and resent groups."""
-    return {k: before.get(k, 0) + int(v) for k, v in now.items() if k in RUN_COUNTERS}
+class RunCounters:
+    """The run's event counters (RUN_COUNTERS): this process's (the loop's own, the backend's stats())
+    continued from `before`, the saved state's, so a resumed run's records count the whole run."""
+
+    def __init__(self, before: dict[str, int]) -> None:
+        self.before = dict(before)
+        self.backend: dict[str, Any] = {}  # the backend's statistics at the last step
+
+    def step(self, stats: dict[str, Any], duplicates: int, resent: int) -> dict[str, Any]:
+        """A step record's backend statistics with the run's counters."""
+        self.backend = stats
+        return {**stats, **self.total(duplicates, resent)}
+
+    def total(self, duplicates: int, resent: int, backend: Any = None) -> dict[str, int]:
+        """The counters for the state; `backend`: read its statistics now (a stop: restarts since the
+        last step count), the last step's if that fails."""
+        stats = self.backend
+        if backend is not None:
+            try:
+                stats = backend.stats()
+            except Exception:  # the stop's carry-over must not fail over a statistic
+                pass
+        now = {"duplicate_results": duplicates, "groups_resent": resent, **stats}
+        return {
+            k: self.before.get(k, 0) + int(now.get(k, 0))
+            for k in RUN_COUNTERS
+            if k in now or k in self.before
+        }
 
 
 @dataclass

@@ -29,18 +29,22 @@ def split_id(name: str) -> tuple[str, str | None] | None:
 
 
 def _has_weights(path: Path) -> bool:
-    """config.json and weights; for sharded weights, every shard their index names (a cache that
-    transformers filled part of, or a download cut short, has the index and only some shards)."""
-    if not (path / "config.json").is_file() or not any(any(path.glob(w)) for w in WEIGHTS):
+    """config.json and one whole set of weights: a file no shard index names (model.safetensors), or
+    every shard of one index (a cache that transformers filled part of, or a download cut short, has
+    an index and only some of its shards; a repository with both formats has two indexes)."""
+    files = [f for w in WEIGHTS for f in path.glob(w)]
+    if not (path / "config.json").is_file() or not files:
         return False
+    named: set[str] = set()
     for index in path.glob("*.index.json"):
         try:
             shards = set(json.loads(index.read_text()).get("weight_map", {}).values())
         except (OSError, ValueError, AttributeError):
-            return False
-        if not all((path / shard).is_file() for shard in shards):
-            return False
-    return True
+            continue
+        if shards and all((path / shard).is_file() for shard in shards):
+            return True
+        named |= shards
+    return any(f.name not in named for f in files)
 
 
 def _local_hint(name: str) -> str:

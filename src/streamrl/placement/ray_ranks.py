@@ -3,7 +3,7 @@
 Rank 0 stays the driver (it runs the RL loop). Each follower rank is an actor reserving
 ray.trainer_cpus / ray.trainer_gpus that runs the same `run_follower` loop as a locally spawned rank;
 commands and error reports travel on Ray queues instead of multiprocessing queues, and the handles
-below give FollowerLinks the process-like view (is_alive / join / terminate) it already uses.
+below give FollowerLinks the process-like view (is_alive / join / kill) it already uses.
 On a GPU node Ray sets CUDA_VISIBLE_DEVICES per actor, so a follower uses its cuda:0.
 """
 

@@ -92,6 +92,15 @@ def worker_seed(seed: int, worker_id: int, version: int) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
+def _first_version(weights: WeightSource, timeout_s: float = 60.0) -> int:
+    """The version of the weights the worker starts on, before it loads them: a Ray actor's receiver
+    knows it once the trainer's first announcement arrives (-1 before), shared memory at once."""
+    deadline = time.monotonic() + timeout_s
+    while weights.version < 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return max(0, weights.version)
+
+
 def run_worker(
     worker_id: int, cfg_dict: dict[str, Any], requests: Any, results: Any, weights: Any, threads: int
 ) -> None:
@@ -157,7 +166,7 @@ def _loop(
         from streamrl.engine.vllm import decoder_from_config
 
         stop_ids = stop_ids_from_dir(model_dir, tokenizer)
-        seed = worker_seed(cfg.seed, worker_id, max(0, weights.version))  # vLLM takes it at the start
+        seed = worker_seed(cfg.seed, worker_id, _first_version(weights))  # vLLM takes it at the start
         decoder: Decoder = decoder_from_config(cfg, model_dir, stop_ids, seed)
 
         def refresh() -> int:  # vLLM holds its own weights: it reloads them from the shared buffer

@@ -43,11 +43,11 @@ def test_an_engine_refuses_weights_that_leave_out_or_add_a_parameter(tiny):
     head = eng.model.get_output_embeddings().weight
     torch.testing.assert_close(head, state["model.embed_tokens.weight"].to(torch.bfloat16), rtol=0, atol=0)
     name = next(k for k in state if k.endswith("mlp.down_proj.weight"))
-    short = {k: v for k, v in state.items() if k != name}
+    short = {k: v + 1 for k, v in state.items() if k != name}  # other values: a partial copy would show
     with pytest.raises(ValueError, match=rf"1 missing \(\['{name}'\]\), 0 unknown") as missing:
         eng.update_weights(short, 2)
     with pytest.raises(ValueError, match=r"0 missing \(\[\]\), 1 unknown \(\['extra.weight'\]\)"):
-        eng.update_weights({**state, "extra.weight": torch.zeros(1)}, 2)
+        eng.update_weights({**short, name: state[name] + 1, "extra.weight": torch.zeros(1)}, 2)
     assert "do not match the engine's model" in str(missing.value) and eng.version == 1
     for k, v in eng.model.state_dict().items():  # a refused update copied nothing
         torch.testing.assert_close(v, state[k if k in state else "model.embed_tokens.weight"].to(v.dtype))

@@ -120,6 +120,29 @@ def test_a_resumed_run_counts_the_restarts_and_resent_groups_from_before_the_res
     assert state.counters == before
 
 
+def test_the_counters_a_stop_saves_count_the_restarts_since_the_last_step() -> None:
+    """At a stop the backend is asked again (a restart after the last step counts); if it cannot
+    answer, the last step's figures are saved."""
+    import types
+
+    from streamrl.loop.shared import RunCounters
+
+    counters = RunCounters({"worker_restarts": 2, "groups_resent": 1})
+    assert counters.step({"worker_restarts": 1, "cores_total": 2}, 0, 3) == {
+        "worker_restarts": 3,
+        "cores_total": 2,
+        "groups_resent": 4,
+        "duplicate_results": 0,
+    }
+    later = types.SimpleNamespace(stats=lambda: {"worker_restarts": 2})  # one more since that step
+    assert counters.total(0, 3, later)["worker_restarts"] == 4
+
+    def broken():
+        raise OSError("closed")
+
+    assert counters.total(0, 3, types.SimpleNamespace(stats=broken))["worker_restarts"] == 3
+
+
 def test_agent_episodes_a_stopped_run_had_not_logged_are_logged_after_its_resume(tiny):
     """Episodes returned after the last logged step are in the state a stop leaves, and in the resumed
     run's first record, not lost with the stop."""

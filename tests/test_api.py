@@ -229,6 +229,8 @@ def test_a_config_made_before_takes_keywords_as_a_fresh_one_does() -> None:
     assert make_config(Config(), eval={"k": (1, 4)}).eval.n == 4  # k=4 alone asks for 4 samples
     assert make_config(Config(), eval={"k": (1, 4), "n": 8}).eval.n == 8
     assert make_config(Config(), eval={"k": []}).eval.k == ()
+    made = make_config(Config(), **{"eval.k": [1, 4], "eval.n": 6})
+    assert make_config(made, seed=3).eval.n == 6  # k not given again: the n it was made with stays
     with pytest.raises(ConfigError, match=r"^algo= cannot go on a Config made before .*: pass algo= to "):
         make_config(Config(), algo="grpo")  # would record grpo and train the default loss
 

@@ -212,3 +212,53 @@ def test_a_resumed_monitor_knows_the_runs_earlier_steps():
     for r in rows[8:]:  # without the earlier steps: 0.05 is its "first" entropy, and nothing collapses
         fresh.update(r)
     assert fresh.findings() == []
+
+
+def test_the_monitors_kept_series_give_what_the_rules_give_on_plain_lists():
+    """A long random stream (values missing, non-finite, repeated, jumping): at every step the monitor's
+    warnings and findings are those of each rule called on the plain list of the records so far."""
+    import random
+
+    rng = random.Random(5)
+    keys = ["reward_mean", "entropy", "kl_ref", "approx_kl", "zero_adv_group_frac", "ratio_max"]
+    rows = []
+    for i in range(1, 301):
+        r: dict = {"step": i}
+        for key in keys:
+            roll = rng.random()
+            if roll < 0.15:
+                continue  # not logged this step
+            r[key] = float("nan") if roll < 0.2 else rng.choice([0.02, 0.05, 1.0, rng.uniform(0, 3)])
+        rows.append(r)
+    mon = DiagnosticsMonitor()
+    fired: set[str] = set()
+    for i, r in enumerate(rows):
+        expected = [
+            f"warning [{rule.name}] step {r['step']}: {msg}"
+            for rule in RULES
+            if (msg := rule(rows[: i + 1])) is not None and rule.name not in fired
+        ]
+        fired |= {line.split("]")[0][9:] for line in expected}
+        assert mon.update(r) == expected, f"step {r['step']}"
+    steps = {
+        rule.name: [r["step"] for i, r in enumerate(rows) if rule(rows[: i + 1]) is not None]
+        for rule in RULES
+    }
+    assert {f.rule: f.steps for f in mon.findings()} == {k: v for k, v in steps.items() if v}
+    assert {"kl_spike", "entropy_explosion"} <= fired  # the stream exercises the rules with kept series
+
+
+def test_the_median_before_the_last_value_drops_one_copy_of_it():
+    from streamrl.observe.diagnostics import History, _median_before_last
+
+    h = History()
+    h.series("kl_ref")  # tracked from here on: later values are kept incrementally
+    for v in [0.5, 0.1, 0.3, 0.2]:
+        h.append({"kl_ref": v})
+    assert _median_before_last(h, "kl_ref") == (0.3, 3)  # of 0.5, 0.1, 0.3
+    h.append({"kl_ref": 0.1})
+    assert _median_before_last(h, "kl_ref") == (0.25, 4)  # of 0.1, 0.2, 0.3, 0.5
+    h.append({"entropy": 2.0})  # a record without the key changes nothing kept for it
+    assert h.series("kl_ref") == [0.5, 0.1, 0.3, 0.2, 0.1]
+    assert h.sorted_series("kl_ref") == [0.1, 0.1, 0.2, 0.3, 0.5]
+    assert _median_before_last([{"kl_ref": 0.2}, {"kl_ref": 0.6}, {"kl_ref": 9.0}], "kl_ref") == (0.4, 2)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streamrl.config import Config, ConfigError, load_config
+from streamrl.config import Config, ConfigError, given_k, load_config, n_from_k
 from streamrl.config_parse import apply_key
 from streamrl.config_validate import validate
 
@@ -178,10 +178,8 @@ def make_config(
         cfg = copy.deepcopy(config)
         for k, v in {**overrides, **settings}.items():
             apply_key(cfg, k, v)
-        eval_given = overrides.get("eval") if isinstance(overrides.get("eval"), dict) else {}
-        k_given = ("eval.k" in overrides or "k" in eval_given) and cfg.eval.k
-        if k_given and not ("eval.n" in overrides or "n" in eval_given):
-            cfg.eval.n = max(0, *cfg.eval.k)  # as load_config does: k=4 alone asks for 4 samples
+        if given_k(overrides):  # the Config's own k and n stay as they were made
+            n_from_k(cfg, overrides)
         validate(cfg)
         return cfg
     if isinstance(config, dict):  # its section dicts and the keywords' set only their own keys

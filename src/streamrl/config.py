@@ -145,8 +145,8 @@ def load_config(
     if resume:
         cfg.run_dir = resume
         _refuse_changes_a_resume_would_ignore(data, cfg, resume)
-    elif cfg.eval.k and not _sets(["eval", "n"], preset, data, *given_pairs):
-        cfg.eval.n = max(0, *cfg.eval.k)  # k=4 alone asks for 4 samples per problem
+    else:
+        n_from_k(cfg, preset, data, *given_pairs)
     validate(cfg)
     return cfg
 
@@ -206,6 +206,17 @@ def _drop_preset_keys_unread(cfg: Config, preset: dict[str, Any], given: list[di
         if _sets([section, key], preset) and not _sets([section, key], *given):
             part = getattr(cfg, section)
             setattr(part, key, getattr(type(part)(), key))
+
+
+def n_from_k(cfg: Config, *sources: dict[str, Any]) -> None:
+    """eval.k alone asks for max(k) samples per problem (k=4 -> eval.n=4), unless a source sets eval.n."""
+    if cfg.eval.k and not _sets(["eval", "n"], *sources):
+        cfg.eval.n = max(0, *cfg.eval.k)
+
+
+def given_k(source: dict[str, Any]) -> bool:
+    """Whether `source` sets eval.k, as 'eval.k' or {'eval': {'k': ...}}."""
+    return _sets(["eval", "k"], source)
 
 
 def _sets(key: list[str], *sources: dict[str, Any]) -> bool:

@@ -3,10 +3,13 @@
 A rule looks at the records so far (oldest first) and returns a one-line message when it fires at the
 latest record, else None. `diagnose` replays a whole stream (for the report); `DiagnosticsMonitor`
 follows a live run and reports each rule once, at the step where it starts firing (for the console).
+The monitor keeps its records in a `History`, whose series grow with each record, so a step costs the
+same at step 10 and at step 10000 (a rule given a plain list recomputes them).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -26,7 +29,55 @@ def _num(r: Record, key: str) -> float | None:
 
 
 def _series(history: Sequence[Record], key: str) -> list[float]:
+    """The finite numbers logged under `key`, oldest first."""
+    if isinstance(history, History):
+        return history.series(key)
     return [v for v in (_num(r, key) for r in history) if v is not None]
+
+
+class History(list[Record]):
+    """The records so far, with each key's series (and its sorted values) kept up to date as records are
+    appended: a rule reading a series costs O(1) instead of a pass over the whole stream."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._series: dict[str, list[float]] = {}
+        self._sorted: dict[str, list[float]] = {}
+
+    def append(self, record: Record) -> None:
+        super().append(record)
+        for key, values in self._series.items():
+            if (v := _num(record, key)) is not None:
+                values.append(v)
+                if key in self._sorted:
+                    bisect.insort(self._sorted[key], v)
+
+    def series(self, key: str) -> list[float]:
+        """Shared, not copied: callers must not change it."""
+        if key not in self._series:
+            self._series[key] = [v for v in (_num(r, key) for r in self) if v is not None]
+        return self._series[key]
+
+    def sorted_series(self, key: str) -> list[float]:
+        if key not in self._sorted:
+            self._sorted[key] = sorted(self.series(key))
+        return self._sorted[key]
+
+
+def _median_before_last(history: Sequence[Record], key: str) -> tuple[float | None, int]:
+    """(median, count) of `key` over every record but the last, which holds a value of `key`."""
+    if not isinstance(history, History):
+        before = _series(history[:-1], key)
+        return (statistics.median(before) if before else None), len(before)
+    values, last = history.sorted_series(key), history.series(key)[-1]
+    n, skip = len(values) - 1, bisect.bisect_left(values, last)  # drop one copy of the last value
+
+    def at(j: int) -> float:
+        return values[j] if j < skip else values[j + 1]
+
+    if n <= 0:
+        return None, 0
+    return (at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2), n
 
 
 @dataclass(frozen=True)
@@ -81,8 +132,9 @@ def _reward_stuck(history: Sequence[Record], steps: float) -> str | None:
         return None
     if all((_num(r, "zero_adv_group_frac") or 0.0) >= 1.0 for r in recent):
         reward = _num(recent[-1], "reward_mean")
+        said = f", reward {reward:.3g}" if reward is not None else ""
         return (
-            f"every group had equal rewards (zero advantage) for {n} steps, reward {reward:.3g}: "
+            f"every group had equal rewards (zero advantage) for {n} steps{said}: "
             "nothing to learn from; the task is too hard or too easy"
         )
     return None
@@ -103,10 +155,11 @@ def _kl_spike(history: Sequence[Record], factor: float) -> str | None:
     floor = 0.01  # KL below this is noise, whatever the ratio to the median
     for key in ("kl_ref", "approx_kl"):
         now = _num(history[-1], key)
-        before = _series(history[:-1], key)
-        if now is None or len(before) < 3 or now < floor:
+        if now is None or now < floor:
             continue
-        med = statistics.median(before)
+        med, count = _median_before_last(history, key)
+        if med is None or count < 3:
+            continue
         if now > factor * max(med, floor / factor):
             return f"{key} {now:.3g} jumped above {factor:g} x its median so far {med:.3g}"
     return None
@@ -298,14 +351,21 @@ class DiagnosticsMonitor:
         history: Sequence[Record] = (),
     ) -> None:
         self.rules = rules
-        self.emit = None
-        self.history: list[Record] = []
+        self.emit = emit
+        self.history = History()
         self.found: dict[str, Finding] = {}
         for record in history:
-            self.update(record)
-        self.emit = emit
+            self._judge(record)
 
     def update(self, record: Record) -> list[str]:
+        out = self._judge(record)
+        if self.emit is not None:
+            for line in out:
+                self.emit(line)
+        return out
+
+    def _judge(self, record: Record) -> list[str]:
+        """Run every rule at `record`; the warning lines of rules firing for the first time."""
         self.history.append({k: v for k, v in record.items() if not k.startswith("_")})
         step = int(record.get("step", len(self.history)))
         out = []
@@ -318,10 +378,7 @@ class DiagnosticsMonitor:
                 f.last_message = msg
                 continue
             self.found[rule.name] = Finding(rule.name, rule.description, [step], msg, msg)
-            line = f"warning [{rule.name}] step {record.get('step')}: {msg}"
-            out.append(line)
-            if self.emit is not None:
-                self.emit(line)
+            out.append(f"warning [{rule.name}] step {record.get('step')}: {msg}")
         return out
 
     def findings(self) -> list[Finding]:

@@ -194,10 +194,11 @@ def _loop(
 
     # seeded from the weights it starts on: a resumed or restarted worker does not draw again the
     # random numbers the run drew from its start
-    seed = worker_seed(cfg.seed, worker_id, refresh())
-    torch.manual_seed(seed)
-    if cfg.engine != "vllm":
+    loaded = refresh()
+    if cfg.engine != "vllm":  # vLLM took its seed at construction, from the version announced then
+        seed = worker_seed(cfg.seed, worker_id, loaded)
         engine.generator.manual_seed(seed)
+    torch.manual_seed(seed)
     r = RolloutSettings.from_config(cfg)
     episodes = EpisodeTable(task, tokenizer, r) if isinstance(task, EnvTask) else None
     agents = AgentGroups(task, tokenizer, r) if isinstance(task, AgentTask) else None

@@ -225,15 +225,48 @@ def _die_holding_the_lock(cores: ElasticCores) -> None:
 
 def test_a_worker_killed_inside_the_lock_does_not_stop_the_others():
     """A SIGKILL can land while a worker holds the shared lock (it takes it at every decode step). The
-    supervisor's reset of that slot frees it on the dead holder's behalf; the trainer then goes on."""
+    kernel frees it with the dead worker; the supervisor's reset of that slot and the trainer go on."""
     cores = ElasticCores([1, 1], CTX, policy="lend")
     child = mp.get_context("fork").Process(target=_die_holding_the_lock, args=(cores,))
     child.start()
     child.join()
-    assert child.exitcode == -9 and cores._owner.value == child.pid  # died holding it
+    assert child.exitcode == -9  # died holding it
     t, out = _in_thread(cores.reset, 1)
     t.join(timeout=60)  # a limit against a hang, not a speed check
     assert not t.is_alive(), "reset waited forever for the dead worker's lock"
-    assert cores._owner.value == 0
     assert cores.work(0) == 2  # the trainer takes the dead worker's lent thread too
     assert cores.held() == [2, 0]
+
+
+def test_a_worker_handed_work_after_lending_takes_its_threads_before_it_computes(monkeypatch):
+    """A worker idle past LEND_AFTER_S lends its thread and the trainer borrows it. When a blocking poll
+    then returns a group (a restarted worker's first, or any after a pause), the prefill that follows
+    runs only once the worker holds its own thread again: the trainer gives it back at its next
+    boundary, and the two never hold more than the cores."""
+    import functools
+    import queue
+    import time
+    from types import SimpleNamespace
+
+    import torch
+
+    from streamrl.placement import backend
+    from streamrl.placement.cores import ThreadSetter
+
+    monkeypatch.setattr(torch, "set_num_threads", lambda k: None)  # this test process keeps its own
+    monkeypatch.setattr(backend, "LEND_AFTER_S", 0.0)
+    cores = ElasticCores([1, 1], CTX, policy="lend")
+    q: queue.Queue = queue.Queue()
+    requests = backend._BeatingRequests(q, SimpleNamespace(value=0.0), ThreadSetter(cores, 1))
+    for _ in range(2):  # nothing to decode: the second blocking poll lends the thread
+        with pytest.raises(queue.Empty):
+            requests.get(timeout=0.01)
+    assert cores.work(0) == 2  # the trainer borrows it
+    q.put("group")
+    t, out = _in_thread(functools.partial(requests.get, timeout=1))
+    time.sleep(0.1)
+    assert cores.held() == [2, 0]  # the worker has not computed yet: it waits for its thread
+    assert cores.work(0) == 1  # the trainer's next boundary gives it back
+    t.join(timeout=60)  # a limit against a hang, not a speed check
+    assert not t.is_alive() and out == ["group"]
+    assert cores.held() == [1, 1] and cores.stats()["cores_peak_held"] == 2

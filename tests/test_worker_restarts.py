@@ -78,6 +78,8 @@ def test_a_dead_or_silent_worker_is_restarted_and_its_groups_reassigned(
     def on_step(rec):
         records.append(rec)
         if rec.step == 1:
+            if runner.threads is not None:  # waiting for the workers below, the trainer lends its
+                runner.threads.wait()  # threads, as it does waiting for a batch
             hold.touch()  # worker 0 keeps what it holds until it is killed
             w0 = runner.backend.workers[0]
             wait(lambda: w0.held and w0.heartbeat.value, "worker 0 never started and held a group")

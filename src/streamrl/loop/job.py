@@ -169,7 +169,7 @@ def _run_train(
     cfg.run_dir = str(run_dir)
     name_semaphores_after_this_process()  # a later run can remove them if this one is killed
     if (removed := remove_leftovers()) > 0:
-        console.print(f"removed {removed} semaphore(s) left in /dev/shm by killed runs")
+        console.print(f"removed {removed} semaphore(s) and lock file(s) left by killed runs")
     split = (
         f"{train_threads} threads (colocated: generate and train in turn)"
         if cfg.runtime.mode == "colocated"

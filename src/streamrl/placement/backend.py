@@ -307,7 +307,9 @@ class _BeatingRequests:
 
     The polls are also the worker's elastic-cores boundaries: a blocking `get` means it has nothing to
     decode (after LEND_AFTER_S of that it lends its threads), `get_nowait` that a decode step follows
-    (it takes its threads, borrowing the trainer's while the trainer waits)."""
+    (it takes its threads, borrowing the trainer's while the trainer waits). A blocking `get` that
+    returns work is followed by a decode step too (the prefill of what it returned): it takes its
+    threads before it returns, so a worker that lent them never computes on them."""
 
     def __init__(self, requests: Any, heartbeat: Any, threads: ThreadSetter | None = None) -> None:
         self.requests, self.heartbeat, self.threads = requests, heartbeat, threads
@@ -326,7 +328,11 @@ class _BeatingRequests:
                 self._idle_since = now
             elif now - self._idle_since >= LEND_AFTER_S:
                 self.threads.wait()
-        return self.requests.get(block, timeout)
+        item = self.requests.get(block, timeout)
+        if self.threads is not None and item != STOP:
+            self._idle_since = None
+            self.threads.work(self._beat, self._orphaned)
+        return item
 
     def get_nowait(self) -> Any:
         self._beat()

@@ -19,11 +19,12 @@ trainer waits. It is meant for machines where the two phases slow each other dow
 together (memory bandwidth), and it keeps the asynchronous pipeline (staleness, partial rollouts,
 refilled dynamic sampling); on the 2-core default job it measured mixed (docs/benchmarks.md).
 
-One invariant, kept under one lock: the threads held at once never exceed the total, so no core is
-ever oversubscribed; `peak` records the largest total ever held, and the run's metrics
-report it. The state is a few shared integers (multiprocessing shared memory), so spawned workers and
-the trainer coordinate without messages. Where the phases have their own devices (a GPU, Ray actors,
-vLLM's pinned threads, several trainer ranks) nothing is lent: see `elastic_enabled`.
+One invariant, kept under one lock (placement/shared_lock.py: the kernel frees it when a process dies
+inside it): the threads held at once never exceed the total, so no core is ever oversubscribed; `peak`
+records the largest total ever held, and the run's metrics report it. The state is a few shared
+integers (multiprocessing shared memory), so spawned workers and the trainer coordinate without
+messages. Where the phases have their own devices (a GPU, Ray actors, vLLM's pinned threads, several
+trainer ranks) nothing is lent: see `elastic_enabled`.
 """
 
 from __future__ import annotations
@@ -34,19 +35,18 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from streamrl.processes import pid_alive
+from streamrl.placement.shared_lock import SharedLock
 
 _HELD, _LENDING, _MAX = 0, 1, 2  # per-slot fields
 _PEAK, _BORROWS, _RECLAIMS, _TIMEOUTS = 0, 1, 2, 3  # global counters
 _THREAD_S, _HELD_S, _SINCE = 0, 1, 2  # per-slot clocks: thread-seconds held, seconds held, last change
-RECOVER_S = 0.5  # the lock held this long while its holder's process is gone: freed on its behalf
 
 
 class ElasticCores:
     """Thread counts for `len(base)` processes sharing `sum(base)` cores; picklable to spawned workers.
 
     base: threads each slot owns (slot 0: the trainer, slot 1 + i: rollout worker i).
-    ctx: a multiprocessing context (its Array and Lock back the shared state).
+    ctx: a multiprocessing context (its Arrays back the shared state).
     reclaim_timeout_s: how long `work` waits for a borrower to give threads back before it goes on with
     its base anyway (counted as `timeouts`; a borrower's boundary is normally well under a second).
     clock: monotonic seconds (the thread-seconds each slot held are measured on it)."""
@@ -68,8 +68,7 @@ class ElasticCores:
         self.total = sum(base)
         self.reclaim_timeout_s = reclaim_timeout_s
         self.clock = clock
-        self._lock = ctx.Lock()
-        self._owner = ctx.Value("i", 0, lock=False)  # the pid holding _lock (0: none)
+        self._lock = SharedLock()
         self._slots = ctx.Array("i", 3 * len(base), lock=False)  # held, lending, max held per slot
         self._counts = ctx.Array("l", 4, lock=False)  # peak, borrows, reclaims waited, timeouts
         self._clocks = ctx.Array("d", 3 * len(base), lock=False)  # thread-s, held s, since: per slot
@@ -121,20 +120,10 @@ class ElasticCores:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        """The lock, recording its holder. Every process takes it for microseconds at each boundary, so
-        a SIGKILL can land inside it: held over RECOVER_S by a process that no longer exists, it is
-        freed on that process's behalf (otherwise every process would wait for it forever)."""
-        while not self._lock.acquire(timeout=RECOVER_S):
-            holder = self._owner.value
-            if holder == 0 or not pid_alive(holder):
-                self._owner.value = 0
-                self._lock.release()  # a Lock may be released by another process: the dead holder's
-        self._owner.value = os.getpid()
-        try:
+        """The lock. Every process takes it for microseconds at each boundary, so a SIGKILL can land
+        inside it: the kernel then frees it with the dead process's file, and the others go on."""
+        with self._lock:
             yield
-        finally:
-            self._owner.value = 0
-            self._lock.release()
 
     # ---- under the lock ------------------------------------------------------------------------
     def _take(self, p: int) -> int:

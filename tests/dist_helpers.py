@@ -19,3 +19,21 @@ def join_then_hang(rank, world, init_method, cfg_dict, commands, errors, parent_
 
     init_group(from_dict(cfg_dict), rank, world, init_method)
     time.sleep(HANG_S)
+
+
+def terminated_while_starting(*args):
+    """A rank that gets a SIGTERM before it runs run_follower (a job's group signal during its imports),
+    then follows as a rank does."""
+    import os
+    import signal
+
+    from streamrl.placement.trainer_ranks import run_follower
+
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.2)
+    run_follower(*args)
+
+
+def exit_at_once(*args):
+    """A rank whose process ends before it joins (a failed import or model load)."""
+    raise SystemExit(3)

@@ -9,7 +9,7 @@ import signal
 import pytest
 import torch
 from bounded import call_bounded
-from dist_helpers import HANG_S, join_then_hang, never_join
+from dist_helpers import HANG_S, exit_at_once, join_then_hang, never_join, terminated_while_starting
 from tiny_args import TINY
 from trajectories import make_traj
 
@@ -147,6 +147,39 @@ def test_follower_that_never_joins_is_an_error_within_the_timeout(tiny):
             HANG_S / 2,
             "rank 0 kept waiting for a follower that never joins: train.dist_timeout_s was not applied",
         )
+
+
+def test_a_follower_that_exits_before_joining_ends_rank_0s_wait_at_once(tiny):
+    cfg = load_config(
+        None, ["model=tiny-random", "train.strategy=ddp", "train.world_size=2", "train.dist_timeout_s=300"]
+    )
+    model = copy.deepcopy(tiny[0])
+    with pytest.raises(
+        RuntimeError, match=r"trainer rank\(s\) \[1\] exited before joining the process group"
+    ):
+        call_bounded(
+            lambda: make_trainer(model, cfg, pad_id=0, follower_target=exit_at_once),
+            60,  # a limit against a hang, not a speed check: the timeout is 300 s
+            "rank 0 waited out train.dist_timeout_s for a follower whose process had ended",
+        )
+
+
+def test_a_follower_signalled_while_it_starts_survives_and_joins(tiny):
+    """Ctrl-C or a group SIGTERM during a follower's imports, before its handlers exist, must not kill
+    it: rank 0 stops the job and needs every rank alive to do so."""
+    cfg = load_config(
+        None, ["model=tiny-random", "train.strategy=ddp", "train.world_size=2", "train.dist_timeout_s=60"]
+    )
+    model = copy.deepcopy(tiny[0])
+    trainer = call_bounded(
+        lambda: make_trainer(model, cfg, pad_id=0, follower_target=terminated_while_starting),
+        120,
+        "rank 0 hung starting a follower that was signalled",
+    )
+    try:
+        assert all(p.is_alive() for p in trainer.links.procs)
+    finally:
+        trainer.close()
 
 
 def test_follower_that_hangs_in_a_collective_is_an_error_within_the_timeout(tiny):

@@ -126,11 +126,19 @@ def make_trainer(
             )
             for r in range(1, world)
         ]
-        for p in procs:
-            p.start()
+        # a follower ignores Ctrl-C and a group SIGTERM (rank 0 stops the job), but only once it runs
+        # run_follower: until then (its imports) it starts with them blocked, pending, then discarded
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            for p in procs:
+                p.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     links = FollowerLinks(procs, commands, errors, cfg.train.dist_timeout_s, after_close)
     try:
-        init_group(cfg, 0, world, init_method, store)
+        init_group(
+            cfg, 0, world, init_method, store, lambda: [r for r, p in enumerate(procs, 1) if not p.is_alive()]
+        )
         return DistributedTrainer.from_config(model, cfg, pad_id, links=links)
     except BaseException as e:
         msg = links.failure(e) if not isinstance(e, KeyboardInterrupt) else ""
@@ -160,6 +168,7 @@ def run_follower(
     # a step boundary and saves, which needs this rank alive
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # ignored in C too: no collective sees an EINTR
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})  # blocked at start
     try:
         _follow(rank, world, init_method, cfg_dict, commands, parent_pid, device_index)
     except BaseException:

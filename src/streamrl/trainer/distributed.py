@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlparse
@@ -43,10 +45,19 @@ def rendezvous_store(host: str, world: int, timeout_s: float) -> dist.TCPStore:
     return dist.TCPStore(host, 0, world, True, timeout=delta, wait_for_workers=False)
 
 
-def init_group(cfg: Config, rank: int, world: int, init_method: str, store: dist.Store | None = None) -> None:
+def init_group(
+    cfg: Config,
+    rank: int,
+    world: int,
+    init_method: str,
+    store: dist.Store | None = None,
+    departed: Callable[[], list[int]] | None = None,
+) -> None:
     """Join the process group through rank 0's store: rank 0 passes the store it created
     (rendezvous_store), a follower connects to it at init_method (tcp://host:port). Every rank waits
-    until all `world` ranks reached the store; one missing for train.dist_timeout_s is a clear error."""
+    until all `world` ranks reached the store; one missing for train.dist_timeout_s is a clear error.
+    departed: the ranks whose process has exited (rank 0 checks it every second while it waits, so a
+    follower that died before joining ends the wait at once, not after the timeout)."""
     timeout = cfg.train.dist_timeout_s
     delta = timedelta(seconds=timeout)
     if not dist.is_initialized():
@@ -62,14 +73,40 @@ def init_group(cfg: Config, rank: int, world: int, init_method: str, store: dist
                 raise ValueError(f"init_method must be tcp://host:port, got {init_method!r}")
             store = dist.TCPStore(url.hostname, url.port, world, False, timeout=delta)
         store.set(f"streamrl-joined-{rank}", "1")
-        store.wait([f"streamrl-joined-{r}" for r in range(world)], delta)
+        _wait_joined(store, [f"streamrl-joined-{r}" for r in range(world)], timeout, departed)
         pg_store = dist.PrefixStore("streamrl-trainer", store)
         dist.init_process_group(backend_for(cfg), store=pg_store, rank=rank, world_size=world, timeout=delta)
+    except RankExited:
+        raise
     except Exception as e:  # DistStoreError / RuntimeError, depending on where the wait stopped
         raise RuntimeError(
             f"trainer rank {rank}: not all {world} ranks joined within train.dist_timeout_s={timeout:g}s "
             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
         ) from e
+
+
+class RankExited(RuntimeError):
+    """A follower's process ended before it joined the process group."""
+
+
+def _wait_joined(
+    store: dist.Store, keys: list[str], timeout_s: float, departed: Callable[[], list[int]] | None
+) -> None:
+    """store.wait(keys) for up to timeout_s, in one-second slices when `departed` can end it sooner."""
+    if departed is None:
+        store.wait(keys, timedelta(seconds=timeout_s))
+        return
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            store.wait(keys, timedelta(seconds=max(0.01, min(1.0, left))))
+            return
+        except dist.DistStoreError:
+            if gone := departed():
+                raise RankExited(f"trainer rank(s) {gone} exited before joining the process group") from None
+            if left <= 1.0:
+                raise
 
 
 def rank_share(idx: list[int], rank: int, world: int) -> list[tuple[int, float]]:

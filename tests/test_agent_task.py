@@ -231,3 +231,49 @@ def test_a_multi_turn_base_task_is_refused(base):
     with pytest.raises(ValueError) as e:
         AgentTask("streamrl.envs.agents:one_call", {"base": base}, BaseSpy(False), **KW)
     assert str(e.value) == f"task_config.args.base must be a single-turn task, got '{base}'"
+
+
+def test_an_episode_earns_the_base_tasks_partial_credit():
+    """A base task that gives partial credit (the code pass fraction) gives it to the agent's episode."""
+    from types import SimpleNamespace
+
+    from streamrl.data.task import Score
+    from streamrl.envs.chat_completion import CallRecord
+    from streamrl.rollout.agent import AgentRun, score_episode
+    from streamrl.types import Problem
+
+    task = SimpleNamespace(score=lambda problem, text: Score(False, True, text, value=0.6))
+    settings = SimpleNamespace(format_weight=0.1)
+    calls = [CallRecord([1, 2], [3, 4], [-0.1, -0.2], [0, 0], "stop", "x")]
+    ep = score_episode(task, settings, Problem("p", [], "1"), "g", 0, AgentRun("x"), calls)
+    assert ep.reward == pytest.approx(0.7) and [t.reward for t in ep.trajectories] == [pytest.approx(0.7)]
+    assert not ep.correct
+    failed = score_episode(task, settings, Problem("p", [], "1"), "g", 1, AgentRun("", "KeyError"), calls)
+    assert failed.reward == 0.0
+
+
+def test_a_steps_accuracy_and_reward_count_each_episode_once():
+    """An episode makes any number of trajectories (n > 1 choices, rewritten histories) or none: the
+    step's reward, accuracy and format rate are over episodes, not trajectories."""
+    from trajectories import make_traj
+
+    from streamrl.loop.step_metrics import step_record
+    from streamrl.types import Group, Problem
+
+    right = [make_traj(i, [1], [2, 3]) for i in range(3)]  # episode 0: correct, three trajectories
+    wrong = [make_traj(3, [1], [2])]  # episode 1: wrong, one trajectory; episode 2 made no call
+    for t in right:
+        t.reward, t.correct, t.reward_info = 1.1, True, {"episode": 0, "formatted": True}
+    wrong[0].reward, wrong[0].correct, wrong[0].reward_info = 0.0, False, {"episode": 1, "formatted": False}
+    group = Group(
+        Problem("p", [], "1"),
+        right + wrong,
+        episode_rewards=[1.1, 0.0, 0.1],
+        episode_errors=["", "", ""],
+        episode_correct=[True, False, False],
+        episode_formatted=[True, False, True],
+    )
+    rec = step_record(1, [group], {}, 0)
+    assert rec["accuracy"] == pytest.approx(1 / 3) and rec["format_rate"] == pytest.approx(2 / 3)
+    assert rec["reward_mean"] == pytest.approx(1.2 / 3)
+    assert rec["response_length"] == pytest.approx(7 / 4)  # tokens are per trajectory

@@ -104,6 +104,35 @@ def test_sampled_evaluation_of_multi_turn_tasks_is_refused(task):
 
 
 @pytest.mark.parametrize(
+    ("override", "key", "default"),
+    [
+        ("reward.fn=my_rewards:score", "reward.fn", "''"),
+        ("reward.fns=[{fn: my_rewards:score}]", "reward.fns", "[]"),
+        ("reward.scorer=judge", "reward.scorer", "task"),
+        ("algo=dapo", "reward.overlong_buffer", "0"),  # DAPO's overlong shaping
+        ("reward.length_penalty=0.01", "reward.length_penalty", "0"),
+    ],
+)
+@pytest.mark.parametrize(
+    ("task", "whose"),
+    [
+        ("env:python_tool", "its environment"),
+        ("agent:streamrl.envs.agents:calculator", "the base task's score of the final text"),
+    ],
+)
+def test_reward_keys_a_multi_turn_episode_never_reads_are_refused(task, whose, override, key, default):
+    """An episode's reward is its environment's or the base task's score of the agent's final text: a
+    reward function, a judge or response shaping would be set and silently never applied."""
+    extra = ["reward.judge_url=http://127.0.0.1:9/v1", "reward.judge_model=m"] if "judge" in override else []
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"task={task}", override, *extra])
+    assert str(e.value) == (
+        f"config key '{key}' does not apply to task={task}: an episode's reward is {whose}; "
+        f"set {key}={default}"
+    )
+
+
+@pytest.mark.parametrize(
     ("override", "key", "old", "new"),
     [
         ("train.lr=1e-3", "train.lr", 2e-05, 0.001),

@@ -267,9 +267,9 @@ def test_judge_as_scorer(service) -> None:
     finally:
         server.close()
     assert (ok.reward, ok.error, ok.info["judge_attempts"]) == (1.0, None, 1)
-    assert (bad.reward, bad.error) == (0.0, "JudgeError")
+    assert (bad.reward, bad.error) == (0.0, "JudgeError/unparseable verdict")  # the judge's reason
     assert bad.info["error_detail"].startswith("unparseable verdict")
-    assert svc.metrics()["reward/errors/JudgeError"] == 1
+    assert svc.metrics()["reward/errors/JudgeError/unparseable verdict"] == 1
 
 
 def test_cancelled_queued_request_is_skipped_and_its_followers_still_scored(service) -> None:
@@ -297,3 +297,30 @@ def test_cancelled_queued_request_is_skipped_and_its_followers_still_scored(serv
     out = call_bounded(lambda: follower.result(), HANG_S, "cancelled requests stalled the queue")
     assert (out.reward, out.error, busy.result().reward) == (6.0, None, 5.0)
     assert calls == ["block", "shared"]  # the cancelled ones never ran
+
+
+def test_a_task_whose_send_failed_is_requeued_and_scored(service, monkeypatch) -> None:
+    """A worker that dies between two tasks makes the send of the next one fail: the task goes back to
+    the queue (its future already running) and is scored, and the service goes on scoring."""
+    real_spawn = RewardService._spawn
+    failed: list[int] = []
+
+    def spawn(self, i):
+        w = real_spawn(self, i)
+        send = w.conn.send
+
+        def send_once_broken(msg):
+            if not failed:
+                failed.append(1)
+                raise BrokenPipeError("the worker just died")
+            send(msg)
+
+        w.conn.send = send_once_broken
+        return w
+
+    monkeypatch.setattr(RewardService, "_spawn", spawn)
+    svc = service(rs.length_reward, workers=1)
+    fut = svc.submit("abcd")
+    out = call_bounded(lambda: fut.result(timeout=60), 90, "the requeued task was never scored")
+    assert failed == [1] and (out.reward, out.error) == (4.0, None)
+    assert [o.reward for o in svc.score_many([("ab",), ("abc",)])] == [2.0, 3.0]

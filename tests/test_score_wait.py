@@ -186,3 +186,29 @@ def test_the_wait_for_scores_counts_as_engine_idle_time_not_generating_time(tiny
     assert not res.error and clock.waits == 1
     # the clock moved only while waiting: the 5 s are idle, none of them generating
     assert (res.busy_s, res.idle_s) == (0.0, 5.0)
+
+
+def test_a_score_that_lands_as_the_budget_runs_out_counts():
+    """The score arrives between the look at the future and the cancel: the cancel fails, and the real
+    score is kept (not 0 for the step budget while the service counted a success)."""
+    from types import SimpleNamespace
+
+    from streamrl.rewards.service import RewardOutcome
+    from streamrl.rollout.score import Scoring
+
+    class ScoredJustAfterTheLook(Future):
+        looks = 0
+
+        def done(self) -> bool:
+            self.looks += 1
+            return self.looks > 1 and super().done()
+
+    fut = ScoredJustAfterTheLook()
+    fut.set_running_or_notify_cancel()
+    fut.set_result(RewardOutcome(1.0, {"correct": True}, None, 0.1))
+    scoring = SimpleNamespace(expired=0, budget_s=5.0)
+    out = Scoring.outcome(scoring, fut)
+    assert (out.reward, out.error, scoring.expired) == (1.0, None, 0)
+    queued: Future = Future()  # never scored: the budget's 0, and counted
+    out = Scoring.outcome(scoring, queued)
+    assert (out.reward, out.error, scoring.expired, queued.cancelled()) == (0.0, "step_budget", 1, True)

@@ -116,3 +116,21 @@ def test_code_task_trains_end_to_end_with_sandboxed_scoring(tmp_path, mode):
     assert [r["policy_version"] for r in rows] == [1, 2]
     assert all(r["reward_errors"] == 0 and r["reward_latency_mean_s"] >= 0 for r in rows)
     assert json.loads((run / "accounting.json").read_text())["lost"] == 0
+
+
+def test_a_judges_timeouts_count_as_timeouts_and_its_reasons_apart():
+    from streamrl.rewards.judge import JudgeError
+    from streamrl.rewards.workers import call_scorer
+
+    def judge(text):
+        raise JudgeError("http 500" if text == "a" else "timeout", "the endpoint")
+
+    assert call_scorer(judge, ("a",))[:2] == ("err", "JudgeError/http 500")
+    assert call_scorer(judge, ("b",))[:2] == ("err", "JudgeError/timeout")
+    assert call_scorer(lambda text: 1 / 0, ("c",))[:2] == ("err", "ZeroDivisionError")
+    problem = Problem("p", [], "1")
+    trajs = [make_traj(i, [1], [2]) for i in range(3)]
+    for t, err in zip(trajs, ["JudgeError/timeout", "JudgeError/http 500", "step_budget"]):
+        t.reward_info = {"reward_error": err, "reward_latency_s": 0.1, "reward_cached": False}
+    rec = step_record(1, [Group(problem, trajs)], {}, 0)
+    assert (rec["reward_errors"], rec["reward_timeouts"], rec["reward_step_budget_expired"]) == (3, 2, 1)

@@ -129,6 +129,8 @@ def validate(cfg: Any) -> None:
                 "task=agent:... needs an outcome advantage without a value head or greedy baseline "
                 f"(not {cfg.advantage.name}) and loss.kl_in=loss"
             )
+    if cfg.task.startswith(("env:", "agent:")):
+        _refuse_response_rewards(cfg)
     _validate_speculative(cfg)
     if cfg.eval.n:  # sampled evaluation generates single-turn responses (eval/sampled.py)
         _single_turn_only(cfg, "eval.n", "samples")
@@ -258,6 +260,25 @@ def _validate_screening(cfg: Any) -> None:
             "head's): set rollout.screen_samples=0"
         )
     _single_turn_only(cfg, "rollout.screen_samples", "screens")
+
+
+def _refuse_response_rewards(cfg: Any) -> None:
+    """The reward keys that score or shape one response do not reach a multi-turn episode, whose reward
+    is its environment's (env:) or the base task's score of the agent's final text (agent:)."""
+    r = cfg.reward
+    whose = "its environment" if cfg.task.startswith("env:") else "the base task's score of the final text"
+    for key, given, default in (
+        ("reward.fn", r.fn, "''"),
+        ("reward.fns", r.fns, "[]"),
+        ("reward.scorer", r.scorer == "judge", "task"),
+        ("reward.overlong_buffer", r.overlong_buffer, "0"),
+        ("reward.length_penalty", r.length_penalty, "0"),
+    ):
+        if given:
+            raise ConfigError(
+                f"config key '{key}' does not apply to task={cfg.task}: an episode's reward is {whose}; "
+                f"set {key}={default}"
+            )
 
 
 def _single_turn_only(cfg: Any, option: str, what: str) -> None:

@@ -74,6 +74,8 @@ class Group:
     `episode_rewards` ([G], agent tasks): the reward of each episode, whose calls may make zero, one or
     several trajectories (tagged reward_info["episode"]); advantages are then computed per episode.
     `episode_errors` ([G], agent tasks): why each episode ended in an error ("" when it did not).
+    `episode_correct`, `episode_formatted` ([G], agent tasks): each episode's verdict, which the step's
+    accuracy and format rate count once per episode, whatever number of trajectories it made.
     """
 
     problem: Problem
@@ -81,6 +83,8 @@ class Group:
     baseline: Trajectory | None = None
     episode_rewards: list[float] | None = None
     episode_errors: list[str] | None = None
+    episode_correct: list[bool] | None = None
+    episode_formatted: list[bool] | None = None
 
     @property
     def rewards(self) -> list[float]:

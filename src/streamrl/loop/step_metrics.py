@@ -23,6 +23,7 @@ def step_record(
     """
     trajs = [t for g in groups for t in g.trajectories]
     rewards = [t.reward for t in trajs]
+    outcomes = [o for g in groups for o in _outcomes(g)]
     lengths = [len(t.completion_ids) for t in trajs]
     gen_tokens = sum(lengths)
     baseline_tokens = sum(len(g.baseline.completion_ids) for g in groups if g.baseline is not None)
@@ -31,10 +32,10 @@ def step_record(
     return {
         "step": step,
         "policy_version": version_before + 1,
-        "reward_mean": statistics.fmean(rewards),
-        "reward_std": statistics.pstdev(rewards),
-        "accuracy": statistics.fmean(float(t.correct) for t in trajs),
-        "format_rate": statistics.fmean(float(t.reward_info.get("formatted", False)) for t in trajs),
+        "reward_mean": statistics.fmean(r for r, _, _ in outcomes),
+        "reward_std": statistics.pstdev([r for r, _, _ in outcomes]),
+        "accuracy": statistics.fmean(float(c) for _, c, _ in outcomes),
+        "format_rate": statistics.fmean(float(f) for _, _, f in outcomes),
         "zero_adv_group_frac": _zero_advantage_share(groups, rewards, group_baseline),
         "response_length": gen_tokens / len(trajs),
         "response_length_std": statistics.pstdev(lengths),
@@ -51,6 +52,14 @@ def step_record(
         **_per_function_means(trajs),
         **train,
     }
+
+
+def _outcomes(g: Group) -> list[tuple[float, bool, bool]]:
+    """(reward, correct, formatted) of each sample: an agent group's episodes (each once, however many
+    trajectories its calls made, none included), else its trajectories."""
+    if g.episode_rewards is not None and g.episode_correct is not None and g.episode_formatted is not None:
+        return list(zip(g.episode_rewards, g.episode_correct, g.episode_formatted, strict=True))
+    return [(t.reward, t.correct, bool(t.reward_info.get("formatted", False))) for t in g.trajectories]
 
 
 def speculative_stats(trajs: list[Any]) -> dict[str, float]:
@@ -89,8 +98,9 @@ def _per_function_means(trajs: list[Any]) -> dict[str, float]:
 
 def _scoring_stats(trajs: list[Any]) -> dict[str, Any]:
     """How scoring went: failures by reason (reward 0 each), latency, cache hits. Timeouts are the
-    scores past reward.timeout_s ("timeout") and those still outstanding when the step's
-    reward.step_budget_s ran out ("step_budget", also counted apart)."""
+    scores past reward.timeout_s ("timeout"), a judge's requests past reward.judge_timeout_s
+    ("JudgeError/timeout") and those still outstanding when the step's reward.step_budget_s ran out
+    ("step_budget", also counted apart)."""
     infos = [t.reward_info for t in trajs if "reward_latency_s" in t.reward_info]
     if not infos:
         return {}
@@ -98,7 +108,7 @@ def _scoring_stats(trajs: list[Any]) -> dict[str, Any]:
     return {
         "rewards_scored": len(infos),
         "reward_errors": sum(errors.values()),
-        "reward_timeouts": errors.get("timeout", 0) + errors.get(BUDGET_REASON, 0),
+        "reward_timeouts": sum(errors.get(k, 0) for k in ("timeout", "JudgeError/timeout", BUDGET_REASON)),
         "reward_step_budget_expired": errors.get(BUDGET_REASON, 0),
         "reward_error_reasons": dict(errors),
         "reward_latency_mean_s": statistics.fmean(i["reward_latency_s"] for i in infos),

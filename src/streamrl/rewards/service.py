@@ -314,7 +314,8 @@ class RewardService:
 
     def _hand(self, w: Worker, task: Task) -> None:
         """Send one task to an idle worker and start its deadline."""
-        if not task.future.set_running_or_notify_cancel():  # cancelled while queued
+        # cancelled while queued (a task requeued after a failed send is running already)
+        if not (task.future.running() or task.future.set_running_or_notify_cancel()):
             with self._lock:
                 followers = self._inflight.get(task.key) if task.key is not None else None
                 if followers:  # others wait for the same score: the first of them takes the call over

@@ -52,9 +52,18 @@ def call_scorer(scorer: Callable[..., Any], args: tuple) -> tuple:
             raise ValueError(f"scorer returned a non-finite reward ({reward})")
         return ("ok", reward, dict(info), {})
     except ScoreFailed as e:
-        return ("err", type(e.cause).__name__, str(e.cause)[:500], dict(e.info))
+        return ("err", error_label(e.cause), str(e.cause)[:500], dict(e.info))
     except (Exception, SystemExit) as e:  # SystemExit too: sys.exit() in a scorer is one bad reward
-        return ("err", type(e).__name__, str(e)[:500], {})
+        return ("err", error_label(e), str(e)[:500], {})
+
+
+def error_label(e: BaseException) -> str:
+    """The reason a failed score is counted under: the exception's type, and a judge's own reason
+    after it ("JudgeError/timeout", "JudgeError/http 500"), so a dead endpoint and an unreadable
+    verdict are told apart."""
+    from streamrl.rewards.judge import JudgeError
+
+    return f"JudgeError/{e.reason}" if isinstance(e, JudgeError) else type(e).__name__
 
 
 def serve(scorer: Callable[..., Any], conn: Connection) -> None:

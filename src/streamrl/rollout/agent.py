@@ -111,9 +111,11 @@ def score_episode(
     run: AgentRun,
     calls: list[CallRecord],
 ) -> AgentEpisode:
-    """Reward = the base task's score of the final text (0 if the agent raised), on every trajectory."""
+    """Reward = the base task's score of the final text (its partial credit where it gives one, plus the
+    format bonus; 0 if the agent raised), on every trajectory."""
     s = task.score(problem, run.text)
-    reward = float(s.correct) + settings.format_weight * float(s.formatted) if not run.error else 0.0
+    value = float(s.correct) if s.value is None else s.value
+    reward = value + settings.format_weight * float(s.formatted) if not run.error else 0.0
     trajs = assemble(calls, problem.id, group_id, k, reward, s.correct and not run.error)
     info = {"episode": k, "extracted": s.extracted, "formatted": s.formatted, "calls": len(calls)}
     if run.error:
@@ -131,6 +133,8 @@ def episode_group(problem: Problem, episodes: list[AgentEpisode]) -> Group:
         trajectories=[t for ep in episodes for t in ep.trajectories],
         episode_rewards=[ep.reward for ep in episodes],
         episode_errors=[ep.error for ep in episodes],
+        episode_correct=[ep.correct for ep in episodes],
+        episode_formatted=[ep.formatted for ep in episodes],
     )
 
 

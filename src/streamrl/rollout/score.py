@@ -150,7 +150,8 @@ class Scoring:
         still queued is cancelled, so the service does not score it for nobody)."""
         if fut.done() and not fut.cancelled():
             return fut.result()
-        fut.cancel()
+        if not fut.cancel() and fut.done() and not fut.cancelled():  # scored in between: it counts
+            return fut.result()
         self.expired += 1
         detail = f"no score within reward.step_budget_s={self.budget_s:g}"
         return RewardOutcome(0.0, {"error_detail": detail}, BUDGET_REASON, self.budget_s)

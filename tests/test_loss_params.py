@@ -250,6 +250,33 @@ def test_a_steps_ratio_extremes_are_its_micro_batches_extremes():
     assert out["ratio_mean"] == pytest.approx((1.2 * 10 + 1.0 * 90) / 100)
 
 
+def test_a_micro_batch_without_loss_tokens_does_not_raise_the_corrections_ratio_max():
+    """rho 0.90 and 0.95 in one micro-batch, none in another (every sample masked, as
+    loss.mask_truncated does to the longest, which length-sorted micro-batches put together): the step's
+    rc_ratio_max is 0.95, not the 1.0 an empty micro-batch used to stand for."""
+    from streamrl.algo.rollout_correction import CorrectionParams
+    from streamrl.trainer.objective import accumulate, finish, loss_params, policy_objective
+
+    params = loss_params(load_config(None, []).loss)
+    totals: dict = {}
+    for log_rho, mask in (([math.log(0.9), math.log(0.95)], [1.0, 1.0]), ([0.0, 0.0], [0.0, 0.0])):
+        lp = torch.tensor([[-1.0, -2.0]])
+        _, metrics = policy_objective(
+            registry.POLICY_LOSSES["decoupled_ppo"],
+            registry.CORRECTIONS["none"],
+            params,
+            CorrectionParams(),
+            logprobs=lp,
+            behav=lp - torch.tensor([log_rho]),
+            trainer_old=lp,
+            advantages=torch.tensor([[1.0, 1.0]]),
+            mask=torch.tensor([mask]),
+            prox_mode="trainer",
+        )
+        accumulate(totals, metrics, sum(mask))
+    assert finish(totals, 2)["rc_ratio_max"] == pytest.approx(0.95)
+
+
 def test_the_policy_objective_reports_extremes_under_the_extreme_prefixes():
     from streamrl.algo.rollout_correction import CorrectionParams
     from streamrl.trainer.objective import HI, LO, loss_params, policy_objective

@@ -47,6 +47,26 @@ def test_gspo_sequence_ratio_and_clip():
     assert m["seq_clip_frac"] == pytest.approx(3 / 5)
 
 
+def test_gspo_counts_a_sequence_as_clipped_only_where_the_clip_holds_it():
+    """Below the band with A > 0 (or above with A < 0) the loss keeps the unclipped term and its
+    gradient: not clipped. Rows: s below, A +1 (kept); s below, A -1 (clipped); s above, A -1 (kept);
+    s above, A +1 (clipped). Two loss tokens each: 4 of 8 clipped."""
+    log_r = torch.tensor([[-0.1, -0.1], [-0.1, -0.1], [0.1, 0.1], [0.1, 0.1]])
+    logp = log_r.clone().requires_grad_(True)
+    adv = torch.tensor([[1.0], [-1.0], [-1.0], [1.0]]).expand(4, 2)
+    mask = torch.ones(4, 2)
+    loss, m = gspo(LossTensors(logp, torch.zeros(4, 2), adv, mask), LossParams(eps_low=3e-4, eps_high=4e-4))
+    assert m["seq_clip_frac"] == pytest.approx(0.5)
+    (loss * mask).sum().backward()
+    held = (logp.grad == 0).all(dim=1).tolist()
+    assert held == [False, True, False, True]  # the metric's clipped rows are exactly those without gradient
+    from streamrl.algo.losses_is import gspo_token
+
+    band = LossParams(eps_low=3e-4, eps_high=4e-4)
+    _, mt = gspo_token(LossTensors(log_r.clone().requires_grad_(True), torch.zeros(4, 2), adv, mask), band)
+    assert mt["seq_clip_frac"] == pytest.approx(0.5)  # per token advantages, the same rows
+
+
 def test_cispo_clips_the_weight_not_the_gradient():
     logp, old, adv, mask = _two_tokens()
     loss, _ = cispo(LossTensors(logp, old, adv, mask), LossParams(eps_low=0.2, eps_high=0.28))

@@ -128,7 +128,7 @@ class LossConfig:
     rc_upper: float = 2.0  # TIS cap / MIS and IcePop upper bound on pi_old / pi_behav
     rc_lower: float = 0.5  # IcePop lower bound
     rc_geo_tol: float = 0.001  # geo_mask keeps sequences whose geometric-mean ratio is within 1 +- tol
-    rc_opsm_delta: float = 1e-4  # opsm drops A < 0 sequences with mean log(pi_behav / pi_old) > delta
+    rc_opsm_delta: float = 1e-4  # opsm drops A < 0 sequences with mean log(pi_behav / pi_theta) > delta
     mask_truncated: bool = False  # DAPO: responses cut at max_new_tokens get no loss
     vf_coef: float = 0.5  # advantage.name=gae: loss += vf_coef * value loss
     value_clip: float = 0.2  # advantage.name=gae: values clipped to V_old +- value_clip in the value loss

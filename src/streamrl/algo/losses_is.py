@@ -21,10 +21,14 @@ def _seq_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
 
 
 def _gspo_metrics(
-    log_ratio: torch.Tensor, s: torch.Tensor, m: torch.Tensor, p: LossParams
+    log_ratio: torch.Tensor, s: torch.Tensor, adv: torch.Tensor, m: torch.Tensor, p: LossParams
 ) -> dict[str, float]:
+    """seq_clip_frac: the share of loss tokens whose sequence ratio s ([B, 1]) the clip holds, i.e. below
+    the band with a negative advantage or above it with a positive one (adv: [B, 1] or [B, T]); outside
+    the band on the other side the loss keeps the unclipped term and its gradient."""
     with torch.no_grad():
-        clipped = ((s < 1 - p.eps_low) | (s > 1 + p.eps_high)).float().expand_as(m)
+        low, high = (s < 1 - p.eps_low) & (adv < 0), (s > 1 + p.eps_high) & (adv > 0)
+        clipped = (low | high).float().expand_as(m)
         metrics = ratio_metrics(log_ratio, m)
         metrics["seq_clip_frac"] = masked_mean(clipped, m)
     return metrics
@@ -46,7 +50,7 @@ def gspo(t: LossTensors, p: LossParams) -> tuple[torch.Tensor, dict[str, float]]
     s = torch.exp(_seq_mean(log_ratio, m).clamp(max=GSPO_MAX_LOG_RATIO))  # [B, 1]
     adv = _seq_mean(t.advantages, m)  # [B, 1]
     loss = torch.maximum(-adv * s, -adv * s.clamp(1 - p.eps_low, 1 + p.eps_high)).expand_as(log_ratio)
-    return loss, _gspo_metrics(log_ratio, s, m, p)
+    return loss, _gspo_metrics(log_ratio, s, adv, m, p)
 
 
 @policy_loss("gspo_token", reads=("eps_low", "eps_high"))
@@ -66,7 +70,7 @@ def gspo_token(t: LossTensors, p: LossParams) -> tuple[torch.Tensor, dict[str, f
     s = torch.exp(log_s)
     adv = t.advantages
     loss = torch.maximum(-adv * s, -adv * s.clamp(1 - p.eps_low, 1 + p.eps_high))
-    return loss, _gspo_metrics(log_ratio, torch.exp(seq.clamp(max=GSPO_MAX_LOG_RATIO)), m, p)
+    return loss, _gspo_metrics(log_ratio, torch.exp(seq.clamp(max=GSPO_MAX_LOG_RATIO)), adv, m, p)
 
 
 @policy_loss("cispo", reads=("eps_low", "eps_high"))

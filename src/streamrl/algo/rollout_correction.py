@@ -138,7 +138,7 @@ def correction_counts(c: Correction, log_rho: torch.Tensor, mask: torch.Tensor) 
         valid = mask > 0
         seqs = valid.any(-1)
         rho = _exp(log_rho.detach())[valid]
-        return {
+        counts = {
             "tokens": float(valid.sum()),
             "seqs": float(seqs.sum()),
             "tokens_dropped": float((c.dropped & valid).sum()),
@@ -146,8 +146,10 @@ def correction_counts(c: Correction, log_rho: torch.Tensor, mask: torch.Tensor) 
             "tokens_truncated": float((c.truncated & valid).sum()),
             "seqs_truncated": float(((c.truncated & valid).any(-1) & seqs).sum()),
             "ratio_sum": float(rho.sum()),
-            "ratio_max": float(rho.max()) if rho.numel() else 1.0,
         }
+        if rho.numel():  # a micro-batch without loss tokens has no max to merge
+            counts["ratio_max"] = float(rho.max())
+        return counts
 
 
 def correction_metrics(counts: dict[str, float]) -> dict[str, float]:
@@ -161,5 +163,5 @@ def correction_metrics(counts: dict[str, float]) -> dict[str, float]:
         "rc_token_truncated_frac": counts["tokens_truncated"] / tokens,
         "rc_seq_truncated_frac": counts["seqs_truncated"] / seqs,
         "rc_ratio_mean": counts["ratio_sum"] / tokens,
-        "rc_ratio_max": counts["ratio_max"],
+        "rc_ratio_max": counts.get("ratio_max", 1.0),  # 1.0: no loss token in the step
     }

@@ -275,8 +275,11 @@ class Trainer:
         n = float(mask.sum())
         metrics["entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
         metrics["entropy_mask_kept_frac"] = float(loss_mask.sum() / mask.sum().clamp(min=1))
-        # log-prob gap between the engine and the trainer on the same weights (0 when fully on-policy)
-        metrics["behav_logprob_gap"] = float(((logprobs.detach() - behav).abs() * mask).sum() / max(n, 1.0))
+        # log-prob gap between the engine and the trainer on the same weights (0 when fully on-policy):
+        # against the weights before the step (prox), which a later mini-batch's forward no longer has
+        if prox is not None:
+            gap = (prox.to(dev) - behav).abs() * mask
+            metrics["behav_logprob_gap"] = float(gap.sum() / max(n, 1.0))
         accumulate(totals, metrics, n)
         totals["_tokens"] = totals.get("_tokens", 0.0) + n
         return float(loss.detach())

@@ -224,3 +224,20 @@ def test_a_frozen_head_takes_a_contiguous_input_given_either_way(tiny):
         assert freeze(model) is model and len(head._forward_pre_hooks) == 1  # added once
         if isinstance(model, _HeadOnly):  # (transformers may add its own unpicklable hooks to a model)
             pickle.loads(pickle.dumps(model))
+
+
+def test_a_stop_keeps_the_requests_that_already_finished(tiny):
+    """A (1 token) and B (8 tokens) decode together; the stop comes after the first step: A finished
+    then and keeps its token, B ends as aborted."""
+    model, tok = tiny
+    eng = HFEngine(model, tok, max_batch=8, seed=1)
+    p = _prompts(tok)[0]
+    calls = []
+
+    def stop() -> bool:
+        calls.append(1)
+        return len(calls) >= 2
+
+    a, b = eng.generate([GenRequest(p, max_new_tokens=1), GenRequest(p, max_new_tokens=8)], stop)
+    assert len(a.token_ids) == 1 and a.finish_reason in ("length", "stop")
+    assert b.finish_reason == "abort" and b.token_ids == []

@@ -122,7 +122,12 @@ class HFEngine:
                     batch = DecodeBatch(self, [self._pending[h] for h in chunk])
                     while not batch.done and not (stop is not None and stop()):
                         batch.step()
-                    if not batch.done:  # stopped: this batch and the ones after it end as aborted
+                    if not batch.done:  # stopped: its rows still decoding, and the batches after, abort
+                        running = set(batch.active)
+                        for j, (h, res) in enumerate(zip(chunk, batch.results)):
+                            if j not in running:  # finished before the stop: kept
+                                del self._pending[h]
+                                self._done[h] = res
                         for h in todo[i:]:
                             self.abort(h)
                         break

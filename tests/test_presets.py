@@ -32,6 +32,9 @@ def test_preset_layers_under_user_settings(tmp_path):
     assert (cfg.loss.eps_low, cfg.loss.eps_high, cfg.loss.aggregation) == (0.2, 0.28, "token-mean")
     assert cfg.rollout.dynamic_sampling and cfg.reward.overlong_buffer == 16
     assert load_config(None, ["algo=dapo", "loss.eps_high=0.3"]).loss.eps_high == 0.3  # overrides win
+    # ReMax's gradient sums each response's tokens (a long answer weighs more), GRPO averages them
+    assert load_config(None, ["algo=remax"]).loss.aggregation == "token-mean"
+    assert load_config(None, ["algo=grpo"]).loss.aggregation == "seq-mean-token-mean"
     # dynamic sampling is DAPO's: every other preset trains on every group, as its paper does
     assert [n for n in names() if load_config(None, [f"algo={n}"]).rollout.dynamic_sampling] == ["dapo"]
     assert load_config(None, ["algo=grpo", "rollout.dynamic_sampling=true"]).rollout.dynamic_sampling

@@ -270,3 +270,6 @@ def test_a_worker_handed_work_after_lending_takes_its_threads_before_it_computes
     t.join(timeout=60)  # a limit against a hang, not a speed check
     assert not t.is_alive() and out == ["group"]
     assert cores.held() == [1, 1] and cores.stats()["cores_peak_held"] == 2
+    cores.wait(0)  # the trainer now waits for a batch: the worker's next decode step borrows its thread
+    q.put("next")
+    assert requests.get_nowait() == "next" and cores.held() == [0, 2]

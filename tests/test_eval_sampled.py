@@ -117,6 +117,30 @@ def test_eval_command_writes_eval_json_and_keeps_a_training_record(tmp_path, cap
     assert {"maj@1", "maj@4", "greedy_accuracy", "mean_length", "truncation_rate"} <= set(s)
 
 
+def test_an_eval_into_a_run_that_has_not_written_eval_json_yet_survives_the_runs_end(tmp_path):
+    """`streamrl eval` into a run directory while the run trains (eval.before=false: no eval.json yet):
+    its record goes under "sampled", which the run keeps when it writes its own at the end."""
+    from streamrl.loop.heldout import run_eval_record
+
+    (tmp_path / "config.yaml").write_text("model: tiny-random\n")
+    args = ["eval", "model=tiny-random", "size=3", "eval.max_new_tokens=4", f"run_dir={tmp_path}"]
+    assert main([*args, "reward.extract=last_number"]) == 0
+    found = json.loads((tmp_path / "eval.json").read_text())
+    assert set(found) == {"sampled"} and found["sampled"]["problems"] == 3
+    assert run_eval_record(None, None, found)["sampled"] == found["sampled"]
+
+
+def test_eval_of_nothing_is_refused_before_the_task_is_read(monkeypatch, capsys):
+    import streamrl.tasks
+
+    def unread(*a, **k):
+        raise AssertionError("the task was read")
+
+    monkeypatch.setattr(streamrl.tasks, "task_from_config", unread)
+    assert main(["eval", "model=tiny-random", "size=0"]) == 2
+    assert "config key 'eval.size' is 0: nothing to evaluate (set size=N)" in capsys.readouterr().err
+
+
 def test_a_greedy_only_eval_records_no_samples_and_no_temperature(tmp_path):
     args = ["eval", "model=tiny-random", "size=3", "eval.max_new_tokens=4", f"run_dir={tmp_path}"]
     assert main([*args, "reward.extract=last_number"]) == 0

@@ -294,3 +294,21 @@ def test_a_metrics_values_leave_gaps_where_a_record_has_no_number():
     run = RunData("a", Path("."), records, {}, None, None, None, None)
     # a flag (bool) or a text is no point on the curve; a record without a step is no x
     assert run.values("m") == ([1.0, 2.0, 3.0, 4.0], [0.5, None, None, None])
+
+
+def test_an_out_path_that_cannot_be_written_is_refused_before_the_runs_are_read(
+    tmp_path, capsys, monkeypatch
+):
+    from streamrl.observe import report
+
+    run = make_run(tmp_path / "run")
+    monkeypatch.setattr(report, "load_run", lambda *a: pytest.fail("the runs were read first"))
+    assert main(["report", str(run), "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"streamrl: error: --out {tmp_path} is a directory: name an .html file in an existing directory"
+    )
+    missing = tmp_path / "nowhere" / "r.html"
+    assert main(["report", str(run), "--out", str(missing)]) == 2
+    assert (
+        f"--out {missing} is in a directory that does not exist ({missing.parent})" in capsys.readouterr().err
+    )

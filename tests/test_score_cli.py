@@ -95,3 +95,26 @@ def test_missing_program(files: tuple[Path, Path], capsys: pytest.CaptureFixture
     _, tests = files
     code, out, err = _run(["score", "code", "--program", "nope.py", "--tests", str(tests)], capsys)
     assert (code, out, err) == (2, "", "streamrl: error: --program: file 'nope.py' not found\n")
+
+
+def test_score_code_with_an_executor_of_your_own(
+    files: tuple[Path, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """--executor file.py:factory: the CLI imports the factory (a registration in your code never runs
+    here). This one answers every program with the second test's expected output."""
+    prog, tests = files
+    mine = tmp_path / "my_sandbox.py"
+    mine.write_text(
+        "from streamrl.rewards.sandbox import ExecResult\n"
+        "class Fixed:\n"
+        "    name = 'fixed'\n"
+        "    def run(self, program, stdin='', limits=None):\n"
+        "        return ExecResult('10\\n', '', 0, 'ok', 0.0, 'none')\n"
+        "def factory():\n"
+        "    return Fixed()\n"
+    )
+    argv = ["score", "code", "--program", str(prog), "--tests", str(tests), "--executor"]
+    code, out, err = _run([*argv, f"{mine}:factory"], capsys)
+    assert (code, err) == (0, "") and json.loads(out)["tests"] == ["wrong_answer", "pass", "wrong_answer"]
+    code, out, err = _run([*argv, "mine"], capsys)
+    assert code == 2 and out == "" and "--executor: unknown sandbox executor 'mine'" in err

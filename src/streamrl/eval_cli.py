@@ -96,6 +96,8 @@ def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     from streamrl.tasks import prepare_split, task_from_config
 
     console = console or Console(stderr=True)
+    if cfg.eval.size == 0:  # before the task's data is read
+        raise ValueError("config key 'eval.size' is 0: nothing to evaluate (set size=N)")
     check_device(cfg.device)
     run_dir = Path(cfg.run_dir) if cfg.run_dir else Path("runs") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}"
     check_run_dir(run_dir, may_hold_run=True)  # before the evaluation, not after it
@@ -137,7 +139,10 @@ def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / "eval.json"
     old = json.loads(path.read_text()) if path.is_file() else {}
-    out = {**old, "sampled": result} if old and "greedy_accuracy" not in old else result
+    # a training run's directory (it may still be training, its eval.json not yet written): the run's
+    # own record stays and this one goes under "sampled", which the run keeps when it writes eval.json
+    in_run = (run_dir / "config.yaml").is_file() or (old and "greedy_accuracy" not in old)
+    out = {**old, "sampled": result} if in_run else result
     write_text_atomic(path, json.dumps(out, indent=2))
     print_eval_table(result, console)
     console.print(f"written {path}")

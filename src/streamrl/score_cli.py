@@ -23,7 +23,11 @@ def add_parser(sub: Any) -> None:
     code.add_argument("--program", required=True, help="a Python file (or a response with a ```python block)")
     code.add_argument("--tests", required=True, help='a JSON file: [{"input": "...", "output": "..."}, ...]')
     code.add_argument("--all-or-nothing", action="store_true", help="reward 1 only if every test passes")
-    code.add_argument("--executor", default="local", help="sandbox executor name (default: local)")
+    code.add_argument(
+        "--executor",
+        default="local",
+        help="sandbox executor: local (default), or your factory as module:function or file.py:function",
+    )
     math = kinds.add_parser("math", help="compare a math answer with a reference using math-verify")
     math.add_argument("--answer", required=True)
     math.add_argument("--reference", required=True)

@@ -3,6 +3,7 @@ checkpoint.dtype with its tokenizer, a model card (README.md) and, with LoRA, th
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -11,11 +12,32 @@ from typing import Any
 from streamrl.config import Config
 from streamrl.loop.durable import could_not_write, swap_in, temp_beside, write_failed
 from streamrl.loop.state import STATE_DIR
-from streamrl.models import smollm2
+from streamrl.models import lora, smollm2
+from streamrl.models.hub import split_id
 from streamrl.models.precision import PRECISIONS
 from streamrl.observe.model_card import Accuracy, model_card
 
 HUB_IDS = {"smollm2-135m-instruct": smollm2.HUB_ID}
+
+
+def base_model_id(model: str) -> str | None:
+    """The Hub id a run's `model` came from (the card's base_model, the adapter's base): the alias's,
+    or `org/name` itself without its revision; None for a local directory or the test model."""
+    if model in HUB_IDS:
+        return HUB_IDS[model]
+    if model == "tiny-random" or (Path(model).expanduser() / "config.json").is_file():
+        return None
+    parts = split_id(model)
+    return parts[0] if parts is not None else None
+
+
+def _name_the_adapters_base(checkpoint: Path, base: str | None) -> None:
+    """The adapter names its base by the Hub id, not the snapshot directory it was trained from here."""
+    config = checkpoint / lora.ADAPTER_DIR / "adapter_config.json"
+    if base is not None and config.is_file():
+        data = json.loads(config.read_text())
+        data["base_model_name_or_path"] = base
+        config.write_text(json.dumps(data, indent=2) + "\n")
 
 
 class CheckpointWriteError(RuntimeError):
@@ -61,7 +83,9 @@ def export_checkpoint(
     try:
         tmp = temp_beside(path)
         trainer.save(str(tmp), tokenizer, PRECISIONS[cfg.checkpoint.dtype])
-        card = model_card(cfg, steps, before, after, HUB_IDS.get(cfg.model))
+        base = base_model_id(cfg.model)
+        _name_the_adapters_base(tmp, base)
+        card = model_card(cfg, steps, before, after, base)
         card.save(str(tmp / "README.md"))
         swap_in(tmp, path)
     except Exception as e:

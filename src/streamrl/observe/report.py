@@ -345,6 +345,13 @@ def write_report(
     diagnostics of the one run as a live DiagnosticsMonitor has them (else replayed from its records)."""
     if not paths:
         raise ValueError("report: give at least one run directory")
+    if out is not None and (Path(out).is_dir() or not Path(out).parent.is_dir()):
+        where = (
+            "is a directory"
+            if Path(out).is_dir()
+            else f"is in a directory that does not exist ({Path(out).parent})"
+        )
+        raise ValueError(f"--out {out} {where}: name an .html file in an existing directory")
     dirs = [Path(p) for p in paths]
     runs = [load_run(p, label) for p, label in zip(dirs, unique_labels(dirs))]
     if findings is not None and len(runs) == 1:

@@ -315,7 +315,16 @@ def register_executor(name: str, factory: Callable[[], Executor]) -> None:
     EXECUTORS[name] = factory
 
 
-def get_executor(name: str = "local") -> Executor:
-    if name not in EXECUTORS:
-        raise ValueError(f"unknown sandbox executor '{name}'; choose from {', '.join(sorted(EXECUTORS))}")
-    return EXECUTORS[name]()
+def get_executor(name: str = "local", key: str = "--executor") -> Executor:
+    """A registered executor by name, or a factory of your own as module:function / path/to/file.py:function
+    (imported here: a command line never runs the code that registered one)."""
+    if name in EXECUTORS:
+        return EXECUTORS[name]()
+    if ":" in name:
+        from streamrl.user_code import load_object
+
+        return load_object(name, key)()
+    raise ValueError(
+        f"{key}: unknown sandbox executor '{name}'; choose from {', '.join(sorted(EXECUTORS))}, or name a "
+        "factory of your own as module:function or path/to/file.py:function"
+    )

@@ -79,6 +79,9 @@ class RewardConfig:
     # (docs/sandbox.md): auto = namespaces if this machine can create them, else rlimits;
     # namespaces = ns-root or ns-user; rlimits = any level (rlimits + an audit hook only)
     sandbox_min_isolation: Literal["auto", "namespaces", "rlimits"] = "auto"
+    # the code sandbox: local (the built-in one), or a factory of your own returning an Executor, as
+    # package.module:function or path/to/file.py:function (docs/sandbox.md: a container sandbox)
+    sandbox_executor: str = "local"
     # scoring runs in a RewardService: thread (I/O-bound scorers: sandbox, judge), process, or inline
     service: Literal["thread", "process", "inline"] = "thread"
     workers: int = 2  # responses scored at once

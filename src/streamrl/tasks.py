@@ -39,6 +39,7 @@ def make_task(
     *,
     code_partial_credit: bool = True,
     sandbox_min_isolation: str = "auto",
+    sandbox_executor: str = "local",
     env: Any = None,
     columns: dict[str, Any] | None = None,
     eval_data: str = "",
@@ -51,7 +52,8 @@ def make_task(
     """`env`: the EnvConfig that multi-turn tasks (`env:NAME`) take their limits from; `columns`,
     `eval_data`, `split`, `eval_split`, `streaming`, `shuffle_buffer`: the tabular sources' settings
     (task_config keys of the same names); `sources`: the `mix` task's list; `sandbox_min_isolation`:
-    tasks that run model code check their sandbox against it when built."""
+    tasks that run model code check their sandbox against it when built; `sandbox_executor`: that
+    sandbox (reward.sandbox_executor)."""
     kw = {"system_prompt": system_prompt, "instruction": instruction, "extract": extract}
     data = {  # what a tabular source reads (data/sources.py)
         "columns": columns,
@@ -62,6 +64,7 @@ def make_task(
         "shuffle_buffer": shuffle_buffer,
         "code_partial_credit": code_partial_credit,
         "sandbox_min_isolation": sandbox_min_isolation,
+        "sandbox_executor": sandbox_executor,
     }
     if spec.startswith("agent:"):  # its problems and scores come from a base task with these settings
         from streamrl.envs.agent_task import AgentTask
@@ -75,6 +78,7 @@ def make_task(
             make_task,
             code_partial_credit=code_partial_credit,
             sandbox_min_isolation=sandbox_min_isolation,
+            sandbox_executor=sandbox_executor,
             env=env,
             **kw,
         )
@@ -89,12 +93,13 @@ def make_task(
 
         if system_prompt == TaskConfig.system_prompt:  # the calculator default makes no sense here
             kw["system_prompt"] = CODE_SYSTEM_PROMPT
+        sandbox = {"min_isolation": sandbox_min_isolation, "sandbox_executor": sandbox_executor}
         if spec == "code":
-            return CodeTask(None, code_partial_credit, min_isolation=sandbox_min_isolation, **kw)
+            return CodeTask(None, code_partial_credit, **sandbox, **kw)
         path = Path(spec[5:]).expanduser()
         if not path.is_file():
             raise ValueError(f"task file '{spec[5:]}' not found (task=code:<a .jsonl of {{prompt, tests}}>)")
-        return CodeTask(path, code_partial_credit, min_isolation=sandbox_min_isolation, **kw)
+        return CodeTask(path, code_partial_credit, **sandbox, **kw)
     if spec.startswith("rg:"):
         return ReasoningGymTask(spec[3:], args, **kw)
     if is_data_source(spec):
@@ -119,6 +124,7 @@ def task_from_config(cfg: Any) -> Task:
         cfg.reward.extract,
         code_partial_credit=cfg.reward.code_partial_credit,
         sandbox_min_isolation=cfg.reward.sandbox_min_isolation,
+        sandbox_executor=cfg.reward.sandbox_executor,
         env=cfg.env,
         columns=tc.columns,
         eval_data=tc.eval_data,

@@ -20,7 +20,7 @@ from typing import Any
 
 from streamrl.data.task import ID_HEX, Score, Task
 from streamrl.rewards.code import extract_program, score_program, validate_tests
-from streamrl.rewards.sandbox import Executor, Limits, LocalSandbox
+from streamrl.rewards.sandbox import Executor, Limits, make_executor
 from streamrl.types import Problem
 
 CODE_SYSTEM_PROMPT = (
@@ -57,7 +57,8 @@ def builtin_text() -> str:
 class CodeTask(Task):
     """Held-out = the first n rows in a fixed hash order; training = the rest, reshuffled per epoch.
 
-    executor: None = a LocalSandbox with `min_isolation` ("auto" / "namespaces" / "rlimits")."""
+    executor: None = `sandbox_executor`'s (reward.sandbox_executor: "local" is a LocalSandbox checked
+    against `min_isolation`, "auto" / "namespaces" / "rlimits")."""
 
     def __init__(
         self,
@@ -66,6 +67,7 @@ class CodeTask(Task):
         executor: Executor | None = None,
         limits: Limits = LIMITS,
         min_isolation: str = "auto",
+        sandbox_executor: str = "local",
         **kw: Any,
     ) -> None:
         super().__init__(**kw)
@@ -73,7 +75,7 @@ class CodeTask(Task):
         self.rows = _load_rows(builtin_text() if path is None else path.read_text(), self.name)
         self.partial_credit = partial_credit
         # built here so a sandbox below min_isolation fails when the task is set up, not at a rollout
-        self.executor = executor or LocalSandbox(min_isolation=min_isolation)
+        self.executor = executor or make_executor(sandbox_executor, min_isolation)
         self.limits = limits
 
     def _make(self, i: int) -> Problem:

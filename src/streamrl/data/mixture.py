@@ -49,6 +49,7 @@ class MixtureTask(Task):
         make_task: Callable[..., Task],
         code_partial_credit: bool = True,
         sandbox_min_isolation: str = "auto",
+        sandbox_executor: str = "local",
         env: Any = None,
         **kw: Any,
     ) -> None:
@@ -84,6 +85,7 @@ class MixtureTask(Task):
                     kw["extract"],
                     code_partial_credit=code_partial_credit,
                     sandbox_min_isolation=sandbox_min_isolation,
+                    sandbox_executor=sandbox_executor,
                     env=env,
                     **{k: src[k] for k in DATA_KEYS if k in src},
                 )

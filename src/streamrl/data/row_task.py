@@ -15,7 +15,7 @@ from typing import Any
 from streamrl.config_sections import TaskConfig
 from streamrl.data.prompts import build_messages
 from streamrl.data.task import ID_HEX, Score, Task
-from streamrl.rewards.sandbox import LocalSandbox
+from streamrl.rewards.sandbox import Executor, make_executor
 from streamrl.types import Problem
 
 log = logging.getLogger("streamrl.data")
@@ -43,17 +43,21 @@ class RowTask(Task):
     """Problems from parsed rows ({question, messages, answer, id, kind, tests}; data/columns.py)."""
 
     def __init__(
-        self, code_partial_credit: bool = True, sandbox_min_isolation: str = "auto", **kw: Any
+        self,
+        code_partial_credit: bool = True,
+        sandbox_min_isolation: str = "auto",
+        sandbox_executor: str = "local",
+        **kw: Any,
     ) -> None:
         super().__init__(**kw)
         self.partial_credit = code_partial_credit
-        self.min_isolation = sandbox_min_isolation
-        self.executor: LocalSandbox | None = None  # code rows: set by use_sandbox_for
+        self.min_isolation, self.sandbox_executor = sandbox_min_isolation, sandbox_executor
+        self.executor: Executor | None = None  # code rows: set by use_sandbox_for
 
     def use_sandbox_for(self, rows: Iterable[dict[str, Any]]) -> None:
         """Build the sandbox now (so a refused isolation level fails at set-up) if any row is code."""
         if self.executor is None and any(r["kind"] == "code" for r in rows):
-            self.executor = LocalSandbox(min_isolation=self.min_isolation)
+            self.executor = make_executor(self.sandbox_executor, self.min_isolation)
 
     def _make(self, row: dict[str, Any]) -> Problem:
         pid = row["id"] or f"row-{hashlib.sha1(row['key'].encode()).hexdigest()[:ID_HEX]}"
@@ -95,7 +99,7 @@ class RowTask(Task):
         from streamrl.rewards.code import extract_program, score_program
 
         if self.executor is None:  # a streamed source met its first code row after set-up
-            self.executor = LocalSandbox(min_isolation=self.min_isolation)
+            self.executor = make_executor(self.sandbox_executor, self.min_isolation)
         program = extract_program(text)
         if program is None:
             return Score(False, False, None, value=0.0)

@@ -136,6 +136,7 @@ def task_from_rows(
     shuffle_buffer: int = 10_000,
     code_partial_credit: bool = True,
     sandbox_min_isolation: str = "auto",
+    sandbox_executor: str = "local",
 ) -> Task:
     """A task over rows from code: `rows` and `eval_rows` are each a list of dicts, a `datasets.Dataset` or
     a `datasets.IterableDataset`, mapped with `columns` (data/columns.py). With `eval_rows` None the
@@ -149,6 +150,7 @@ def task_from_rows(
         "extract": extract,
         "code_partial_credit": code_partial_credit,
         "sandbox_min_isolation": sandbox_min_isolation,
+        "sandbox_executor": sandbox_executor,
     }
     for what, value in (("rows", rows), ("eval_rows", eval_rows)):
         if value is not None and (isinstance(value, (str, bytes, dict)) or not isinstance(value, Iterable)):
@@ -191,7 +193,8 @@ def data_task(
     **kw: Any,
 ) -> Task:
     """The task of `hf:NAME[:CONFIG]`, `data:PATH` or a bare PATH (split rules: module docstring);
-    kw: system_prompt, instruction, extract, code_partial_credit, sandbox_min_isolation."""
+    kw: system_prompt, instruction, extract, code_partial_credit, sandbox_min_isolation,
+    sandbox_executor."""
     if eval_split and eval_data:
         raise ValueError("set task_config.eval_split or task_config.eval_data, not both")
     cols = resolve_columns(columns)

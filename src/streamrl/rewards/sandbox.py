@@ -315,6 +315,14 @@ def register_executor(name: str, factory: Callable[[], Executor]) -> None:
     EXECUTORS[name] = factory
 
 
+def make_executor(spec: str = "local", min_isolation: str = "auto") -> Executor:
+    """The code tasks' sandbox (reward.sandbox_executor): the built-in one, checked against
+    `min_isolation`, or the Executor your factory returns (its isolation is its own)."""
+    if spec == "local":
+        return LocalSandbox(min_isolation=min_isolation)
+    return get_executor(spec, "reward.sandbox_executor")
+
+
 def get_executor(name: str = "local", key: str = "--executor") -> Executor:
     """A registered executor by name, or a factory of your own as module:function / path/to/file.py:function
     (imported here: a command line never runs the code that registered one)."""

@@ -1,0 +1,117 @@
+"""Checks of the reward keys: the judge's endpoint, your reward functions' specs, the code sandbox's
+executor, and the keys a multi-turn episode's reward never reads."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from streamrl.config_parse import ConfigError
+
+# where reward.scorer=judge finds its endpoint when reward.judge_url / judge_model are empty
+# (rewards/judge.py resolve_judge_config reads the same variables, in this order)
+JUDGE_URL_ENV = ("STREAMRL_JUDGE_URL", "OPENAI_BASE_URL")
+JUDGE_MODEL_ENV = ("STREAMRL_JUDGE_MODEL",)
+
+
+def validate_rewards(cfg: Any) -> None:
+    """The reward section against the rest of the config, before any work."""
+    if cfg.reward.scorer == "judge":
+        _validate_judge(cfg.reward)
+    if cfg.task.startswith(("env:", "agent:")):
+        _refuse_response_rewards(cfg)
+    _validate_reward_fns(cfg.reward)
+    _validate_sandbox_executor(cfg)
+
+
+def _validate_judge(rc: Any) -> None:
+    """reward.scorer=judge: an endpoint and a model from the config or the environment, before any work
+    (without them every response would score 0 and the run would train on nothing)."""
+    url = rc.judge_url or next((os.environ[v] for v in JUDGE_URL_ENV if os.environ.get(v)), "")
+    model = rc.judge_model or next((os.environ[v] for v in JUDGE_MODEL_ENV if os.environ.get(v)), "")
+    if not url or not model:
+        missing = [k for k, v in (("reward.judge_url", url), ("reward.judge_model", model)) if not v]
+        raise ConfigError(
+            f"reward.scorer=judge needs reward.judge_url (or {' / '.join(JUDGE_URL_ENV)}) and "
+            f"reward.judge_model (or {' / '.join(JUDGE_MODEL_ENV)}); missing: {', '.join(missing)}"
+        )
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"reward.judge_url must start with http:// or https://, got {url!r}")
+
+
+def _refuse_response_rewards(cfg: Any) -> None:
+    """The reward keys that score or shape one response do not reach a multi-turn episode, whose reward
+    is its environment's (env:) or the base task's score of the agent's final text (agent:)."""
+    r = cfg.reward
+    whose = "its environment" if cfg.task.startswith("env:") else "the base task's score of the final text"
+    for key, given, default in (
+        ("reward.fn", r.fn, "''"),
+        ("reward.fns", r.fns, "[]"),
+        ("reward.scorer", r.scorer == "judge", "task"),
+        ("reward.overlong_buffer", r.overlong_buffer, "0"),
+        ("reward.length_penalty", r.length_penalty, "0"),
+    ):
+        if given:
+            raise ConfigError(
+                f"config key '{key}' does not apply to task={cfg.task}: an episode's reward is {whose}; "
+                f"set {key}={default}"
+            )
+
+
+def _validate_sandbox_executor(cfg: Any) -> None:
+    spec = cfg.reward.sandbox_executor
+    if spec == "local":
+        return
+    if ":" not in spec:
+        raise ConfigError(
+            f"config key 'reward.sandbox_executor' is '{spec}': use local, or your Executor factory as "
+            "package.module:function or path/to/file.py:function"
+        )
+    if cfg.task.startswith(("rg:", "env:")):
+        raise ConfigError(
+            f"config key 'reward.sandbox_executor' does not apply to task={cfg.task}, which runs no model "
+            "code in the code sandbox (code, code:FILE, data:/hf: rows with tests, mix and agent: over "
+            "them do): set reward.sandbox_executor=local"
+        )
+
+
+FN_KEYS = ("fn", "weight", "name")
+
+
+def _validate_reward_fns(rc: Any) -> None:
+    """reward.fn / reward.fns: their shape here; the functions are imported by preflight."""
+    if rc.fn and rc.fns:
+        raise ConfigError(
+            "config keys 'reward.fn' and 'reward.fns' exclude each other: list every function in reward.fns"
+        )
+    specs = [("reward.fn", rc.fn)] if rc.fn else []
+    names = []
+    for i, entry in enumerate(rc.fns):
+        key = f"reward.fns[{i}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("fn"), str) or not entry["fn"]:
+            raise ConfigError(
+                f"config key '{key}' must be a mapping with fn (e.g. {{fn: my_rewards.py:brevity, "
+                f"weight: 0.5}}), got {entry!r}"
+            )
+        if unknown := sorted(set(entry) - set(FN_KEYS)):
+            raise ConfigError(
+                f"config key '{key}': unknown field(s) {', '.join(unknown)}; valid: {', '.join(FN_KEYS)}"
+            )
+        weight = entry.get("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            raise ConfigError(f"config key '{key}.weight' must be a finite number, got {weight!r}")
+        names.append(str(entry.get("name") or entry["fn"].rpartition(":")[2]))
+        if entry["fn"] != "task":
+            specs.append((f"{key}.fn", entry["fn"]))
+    for key, spec in specs:
+        where, _, attr = spec.rpartition(":")
+        if not where or not attr.isidentifier():
+            raise ConfigError(
+                f"config key '{key}' must be package.module:function or path/to/file.py:function, "
+                f"got {spec!r}"
+            )
+    if dup := sorted({n for n in names if names.count(n) > 1}):
+        raise ConfigError(
+            f"config key 'reward.fns': two functions are named {dup[0]}: give one a name (name: ...)"
+        )

@@ -1,0 +1,86 @@
+"""reward.sandbox_executor: the code tasks run model code in an Executor of your own (a container
+sandbox on a cluster), named as a factory; bad values are refused in one line before any work."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from streamrl.config import ConfigError, load_config
+from streamrl.tasks import task_from_config
+
+FAKE = """\
+from streamrl.rewards.sandbox import ExecResult
+
+class Echo:
+    name = "echo"
+    def run(self, program, stdin="", limits=None):
+        # prints its input back: passes exactly the tests whose output equals their input
+        return ExecResult(stdin, "", 0, "ok", 0.0, "echo")
+
+def factory():
+    return Echo()
+"""
+RESPONSE = "```python\nprint(input())\n```"
+
+
+@pytest.fixture
+def factory(tmp_path: Path) -> str:
+    (tmp_path / "my_sandbox.py").write_text(FAKE)
+    return f"{tmp_path / 'my_sandbox.py'}:factory"
+
+
+def test_the_code_task_scores_in_your_executor(factory: str) -> None:
+    task = task_from_config(load_config(None, ["task=code", f"reward.sandbox_executor={factory}"]))
+    assert type(task.executor).__name__ == "Echo"
+    problem = task.heldout(1)[0]
+    s = task.score(problem, RESPONSE)
+    tests = problem.meta["tests"]
+    echoed = sum(t["output"].strip() == t["input"].strip() for t in tests)
+    assert s.value == pytest.approx(echoed / len(tests))  # the echo, not the built-in sandbox
+
+
+def test_data_rows_with_tests_score_in_your_executor(factory: str, tmp_path: Path) -> None:
+    rows = [
+        {
+            "prompt": f"echo line {i}",
+            "tests": [{"input": "a\n", "output": "a\n"}, {"input": "b\n", "output": "c\n"}],
+        }
+        for i in range(4)
+    ]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    keys = [f"task=data:{data}", "task_config.columns={prompt: prompt, tests: tests}", "eval.size=1"]
+    cfg = load_config(None, [*keys, f"reward.sandbox_executor={factory}"])
+    task = task_from_config(cfg)
+    assert task.score(task.heldout(1)[0], RESPONSE).value == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        (
+            ["task=code", "reward.sandbox_executor=docker"],
+            "config key 'reward.sandbox_executor' is 'docker': use local, or your Executor factory as "
+            "package.module:function or path/to/file.py:function",
+        ),
+        (
+            ["task=rg:chain_sum", "reward.sandbox_executor=my_sandbox:factory"],
+            "config key 'reward.sandbox_executor' does not apply to task=rg:chain_sum, which runs no model "
+            "code in the code sandbox (code, code:FILE, data:/hf: rows with tests, mix and agent: over "
+            "them do): set reward.sandbox_executor=local",
+        ),
+    ],
+)
+def test_bad_executors_are_refused_in_one_line(keys: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(None, keys)
+    assert str(e.value) == message
+
+
+def test_a_factory_that_does_not_exist_is_named_when_the_task_is_built(tmp_path: Path) -> None:
+    cfg = load_config(None, ["task=code", f"reward.sandbox_executor={tmp_path / 'nope.py'}:factory"])
+    with pytest.raises(ValueError, match=r"^config key 'reward.sandbox_executor'"):
+        task_from_config(cfg)

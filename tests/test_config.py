@@ -109,7 +109,7 @@ def test_sampled_evaluation_of_multi_turn_tasks_is_refused(task):
         ("reward.fn=my_rewards:score", "reward.fn", "''"),
         ("reward.fns=[{fn: my_rewards:score}]", "reward.fns", "[]"),
         ("reward.scorer=judge", "reward.scorer", "task"),
-        ("algo=dapo", "reward.overlong_buffer", "0"),  # DAPO's overlong shaping
+        ("reward.overlong_buffer=16", "reward.overlong_buffer", "0"),  # DAPO's overlong shaping
         ("reward.length_penalty=0.01", "reward.length_penalty", "0"),
     ],
 )
@@ -130,6 +130,24 @@ def test_reward_keys_a_multi_turn_episode_never_reads_are_refused(task, whose, o
         f"config key '{key}' does not apply to task={task}: an episode's reward is {whose}; "
         f"set {key}={default}"
     )
+
+
+@pytest.mark.parametrize("task", ["env:python_tool", "agent:streamrl.envs.agents:calculator"])
+def test_a_presets_response_shaping_goes_back_to_its_default_for_episodes(task, tmp_path):
+    """algo=dapo sets DAPO's overlong shaping, which no episode reads: it goes back to 0 (a run saved
+    before such keys were refused resumes the same way); given by the user it is still refused."""
+    from streamrl.config import config_yaml
+
+    cfg = load_config(None, [f"task={task}", "algo=dapo"])
+    assert cfg.reward.overlong_buffer == 0 and cfg.loss.eps_high == 0.28  # the rest of the preset stays
+    with pytest.raises(ConfigError, match=r"^config key 'reward.overlong_buffer' does not apply"):
+        load_config(None, [f"task={task}", "algo=dapo", "reward.overlong_buffer=16"])
+    saved = config_yaml(cfg).replace("overlong_buffer: 0", "overlong_buffer: 16")
+    assert "overlong_buffer: 16" in saved
+    (tmp_path / "config.yaml").write_text(saved)
+    assert load_config(None, [f"resume={tmp_path}"]).reward.overlong_buffer == 0
+    with pytest.raises(ConfigError, match=r"^config key 'reward.length_penalty' does not apply"):
+        load_config(None, [f"resume={tmp_path}", "reward.length_penalty=0.01"])
 
 
 @pytest.mark.parametrize(

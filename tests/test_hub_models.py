@@ -39,7 +39,8 @@ def _cli(args: list[str], hub: Path) -> subprocess.CompletedProcess:
 def test_a_hub_id_trains_from_the_offline_cache(tmp_path: Path) -> None:
     snap = _hub_cache(tmp_path / "hub", "testorg/tiny-chat")
     run = tmp_path / "run"
-    args = [*TINY, "model=testorg/tiny-chat@main", "max_steps=2", "checkpoint.save=true", f"run_dir={run}"]
+    model = f"model=testorg/tiny-chat@{COMMIT}"
+    args = [*TINY, model, "max_steps=2", "checkpoint.save=true", f"run_dir={run}"]
     res = _cli([*args, "train.lora_rank=2"], tmp_path / "hub")
     assert res.returncode == 0, res.stderr[-3000:]
     assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
@@ -52,7 +53,7 @@ def test_a_hub_id_trains_from_the_offline_cache(tmp_path: Path) -> None:
     # the card and the adapter name the base by its Hub id, not the snapshot directory of this machine
     assert "base_model: testorg/tiny-chat\n" in (run / "checkpoint" / "README.md").read_text()
     adapter = json.loads((run / "checkpoint" / "adapter" / "adapter_config.json").read_text())
-    assert adapter["base_model_name_or_path"] == "testorg/tiny-chat"
+    assert (adapter["base_model_name_or_path"], adapter["revision"]) == ("testorg/tiny-chat", COMMIT)
 
 
 def test_a_revision_resolves_to_its_snapshot(tmp_path: Path) -> None:

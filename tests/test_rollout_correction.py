@@ -222,8 +222,9 @@ def test_the_engine_gap_is_measured_on_the_weights_before_the_step_in_every_mini
     """Every engine log-prob is the trainer's minus log 3. With two mini-batches the second runs after an
     optimizer step: the gap is still log 3 (against the weights that computed the batch), not the gap
     plus the trainer's own update."""
-    model = copy.deepcopy(tiny[0])
     extra = ["train.mini_batches=2", "train.token_budget=8", "train.shared_prompt=false"]
-    m, before = _trainer_step(extra, model)
-    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # it did train
-    assert m["behav_logprob_gap"] == pytest.approx(math.log(3.0), abs=1e-5)
+    for loss in ([], ["loss.name=ppo_clip"]):  # the weights before the step recomputed, or not needed
+        model = copy.deepcopy(tiny[0])
+        m, before = _trainer_step([*extra, *loss], model)
+        assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # it did train
+        assert m["behav_logprob_gap"] == pytest.approx(math.log(3.0), abs=1e-5), loss

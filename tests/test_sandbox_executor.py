@@ -23,7 +23,7 @@ class Echo:
 def factory():
     return Echo()
 """
-RESPONSE = "```python\nprint(input())\n```"
+RESPONSE = "```python\nprint('nothing')\n```"  # fails every test in a real sandbox
 
 
 @pytest.fixture
@@ -63,14 +63,25 @@ def test_data_rows_with_tests_score_in_your_executor(factory: str, tmp_path: Pat
     [
         (
             ["task=code", "reward.sandbox_executor=docker"],
-            "config key 'reward.sandbox_executor' is 'docker': use local, or your Executor factory as "
-            "package.module:function or path/to/file.py:function",
+            "config key 'reward.sandbox_executor' must be local or package.module:function or "
+            "path/to/file.py:function, got 'docker'",
         ),
         (
             ["task=rg:chain_sum", "reward.sandbox_executor=my_sandbox:factory"],
             "config key 'reward.sandbox_executor' does not apply to task=rg:chain_sum, which runs no model "
-            "code in the code sandbox (code, code:FILE, data:/hf: rows with tests, mix and agent: over "
-            "them do): set reward.sandbox_executor=local",
+            "code (code, code:FILE, data:/hf: rows with tests, and mix and agent: tasks over them run theirs "
+            "in it): set reward.sandbox_executor=local",
+        ),
+        (
+            ["task=env:python_tool", "reward.sandbox_executor=my_sandbox:factory"],
+            "config key 'reward.sandbox_executor' does not apply to task=env:python_tool, whose environment "
+            "runs code through its own runner (code, code:FILE, data:/hf: rows with tests, and mix and "
+            "agent: tasks over them run theirs in it): set reward.sandbox_executor=local",
+        ),
+        (
+            ["task=code", "reward.sandbox_executor=my_sandbox:"],
+            "config key 'reward.sandbox_executor' must be local or package.module:function or "
+            "path/to/file.py:function, got 'my_sandbox:'",
         ),
     ],
 )

@@ -124,3 +124,22 @@ def test_a_tmpdir_without_flock_puts_the_lock_in_dev_shm(monkeypatch):
     assert lock.path.startswith("/dev/shm/")
     with lock:
         pass
+
+
+def test_a_lock_no_longer_used_closes_its_file():
+    import gc
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before = open_fds()
+    for _ in range(20):
+        lock = SharedLock()
+        with lock:
+            pass
+        copy = pickle.loads(pickle.dumps(lock))
+        with copy:
+            pass
+        del lock, copy
+    gc.collect()
+    assert open_fds() == before

@@ -142,6 +142,10 @@ def load_config(
     given_pairs = [{k: v} for k, v in parsed]  # each on its own: a section given twice sets both's keys
     if preset:  # a key only the preset set, which the loss or estimator chosen over it does not read
         _drop_preset_keys_unread(cfg, preset, [data, *given_pairs])
+    if resume:  # the saved config.yaml is what sets the run's keys, the overrides are the user's
+        _drop_reward_keys_unread(cfg, [data], given_pairs)
+    else:
+        _drop_reward_keys_unread(cfg, [preset], [data, *given_pairs])
     if resume:
         cfg.run_dir = resume
         _refuse_changes_a_resume_would_ignore(data, cfg, resume)
@@ -206,6 +210,19 @@ def _drop_preset_keys_unread(cfg: Config, preset: dict[str, Any], given: list[di
         if _sets([section, key], preset) and not _sets([section, key], *given):
             part = getattr(cfg, section)
             setattr(part, key, getattr(type(part)(), key))
+
+
+def _drop_reward_keys_unread(cfg: Config, found: list[dict[str, Any]], given: list[dict[str, Any]]) -> None:
+    """An env: or agent: episode's reward never reads the keys that score or shape one response: those
+    `found` sets (a preset's DAPO shaping; a resumed run's config.yaml saved before they were refused)
+    go back to their defaults; one the user gives is refused (config_rewards.py)."""
+    from streamrl.config_rewards import RESPONSE_KEYS
+
+    if not cfg.task.startswith(("env:", "agent:")):
+        return
+    for key in RESPONSE_KEYS:
+        if _sets(["reward", key], *found) and not _sets(["reward", key], *given):
+            setattr(cfg.reward, key, getattr(type(cfg.reward)(), key))
 
 
 def n_from_k(cfg: Config, *sources: dict[str, Any]) -> None:

@@ -40,6 +40,10 @@ def _validate_judge(rc: Any) -> None:
         raise ConfigError(f"reward.judge_url must start with http:// or https://, got {url!r}")
 
 
+# reward keys that score or shape one response: an env: or agent: episode's reward never reads them
+RESPONSE_KEYS = ("fn", "fns", "scorer", "overlong_buffer", "length_penalty")
+
+
 def _refuse_response_rewards(cfg: Any) -> None:
     """The reward keys that score or shape one response do not reach a multi-turn episode, whose reward
     is its environment's (env:) or the base task's score of the agent's final text (agent:)."""
@@ -63,16 +67,27 @@ def _validate_sandbox_executor(cfg: Any) -> None:
     spec = cfg.reward.sandbox_executor
     if spec == "local":
         return
-    if ":" not in spec:
-        raise ConfigError(
-            f"config key 'reward.sandbox_executor' is '{spec}': use local, or your Executor factory as "
-            "package.module:function or path/to/file.py:function"
-        )
+    _check_spec("reward.sandbox_executor", spec, "local or ")
     if cfg.task.startswith(("rg:", "env:")):
+        why = (
+            "whose environment runs code through its own runner"
+            if cfg.task.startswith("env:")
+            else "which runs no model code"
+        )
         raise ConfigError(
-            f"config key 'reward.sandbox_executor' does not apply to task={cfg.task}, which runs no model "
-            "code in the code sandbox (code, code:FILE, data:/hf: rows with tests, mix and agent: over "
-            "them do): set reward.sandbox_executor=local"
+            f"config key 'reward.sandbox_executor' does not apply to task={cfg.task}, {why} (code, "
+            "code:FILE, data:/hf: rows with tests, and mix and agent: tasks over them run theirs in it): "
+            "set reward.sandbox_executor=local"
+        )
+
+
+def _check_spec(key: str, spec: str, alternatives: str = "") -> None:
+    """A function named as package.module:function or path/to/file.py:function (imported later)."""
+    where, _, attr = spec.rpartition(":")
+    if not where or not attr.isidentifier():
+        raise ConfigError(
+            f"config key '{key}' must be {alternatives}package.module:function or path/to/file.py:function, "
+            f"got {spec!r}"
         )
 
 
@@ -105,12 +120,7 @@ def _validate_reward_fns(rc: Any) -> None:
         if entry["fn"] != "task":
             specs.append((f"{key}.fn", entry["fn"]))
     for key, spec in specs:
-        where, _, attr = spec.rpartition(":")
-        if not where or not attr.isidentifier():
-            raise ConfigError(
-                f"config key '{key}' must be package.module:function or path/to/file.py:function, "
-                f"got {spec!r}"
-            )
+        _check_spec(key, spec)
     if dup := sorted({n for n in names if names.count(n) > 1}):
         raise ConfigError(
             f"config key 'reward.fns': two functions are named {dup[0]}: give one a name (name: ...)"

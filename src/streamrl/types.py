@@ -7,6 +7,8 @@ from typing import Any
 
 # the reward_error of a score still outstanding when reward.step_budget_s ran out
 BUDGET_REASON = "step_budget"
+# the reward_errors of a score past reward.timeout_s, and of a judge request past reward.judge_timeout_s
+TIMEOUT_REASONS = ("timeout", "JudgeError/timeout")
 
 
 class EvalStopped(Exception):

@@ -31,12 +31,17 @@ def base_model_id(model: str) -> str | None:
     return parts[0] if parts is not None else None
 
 
-def _name_the_adapters_base(checkpoint: Path, base: str | None) -> None:
-    """The adapter names its base by the Hub id, not the snapshot directory it was trained from here."""
+def _name_the_adapters_base(checkpoint: Path, model: str) -> None:
+    """The adapter names its base by the Hub id (and the revision trained from, if one was given), not
+    the snapshot directory it was trained from on this machine."""
     config = checkpoint / lora.ADAPTER_DIR / "adapter_config.json"
+    base = base_model_id(model)
     if base is not None and config.is_file():
         data = json.loads(config.read_text())
         data["base_model_name_or_path"] = base
+        parts = split_id(model)
+        if parts is not None and parts[1]:
+            data["revision"] = parts[1]
         config.write_text(json.dumps(data, indent=2) + "\n")
 
 
@@ -83,9 +88,8 @@ def export_checkpoint(
     try:
         tmp = temp_beside(path)
         trainer.save(str(tmp), tokenizer, PRECISIONS[cfg.checkpoint.dtype])
-        base = base_model_id(cfg.model)
-        _name_the_adapters_base(tmp, base)
-        card = model_card(cfg, steps, before, after, base)
+        _name_the_adapters_base(tmp, cfg.model)
+        card = model_card(cfg, steps, before, after, base_model_id(cfg.model))
         card.save(str(tmp / "README.md"))
         swap_in(tmp, path)
     except Exception as e:

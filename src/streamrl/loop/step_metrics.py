@@ -6,7 +6,7 @@ import statistics
 from collections import Counter
 from typing import Any
 
-from streamrl.types import BUDGET_REASON, Group
+from streamrl.types import BUDGET_REASON, TIMEOUT_REASONS, Group
 
 
 def step_record(
@@ -108,7 +108,7 @@ def _scoring_stats(trajs: list[Any]) -> dict[str, Any]:
     return {
         "rewards_scored": len(infos),
         "reward_errors": sum(errors.values()),
-        "reward_timeouts": sum(errors.get(k, 0) for k in ("timeout", "JudgeError/timeout", BUDGET_REASON)),
+        "reward_timeouts": sum(errors.get(k, 0) for k in (*TIMEOUT_REASONS, BUDGET_REASON)),
         "reward_step_budget_expired": errors.get(BUDGET_REASON, 0),
         "reward_error_reasons": dict(errors),
         "reward_latency_mean_s": statistics.fmean(i["reward_latency_s"] for i in infos),

@@ -26,6 +26,9 @@ def _unlink(path: str) -> None:
         pass
 
 
+_OPENING = threading.Lock()  # a process's first use opens the file once, whichever thread comes first
+
+
 class SharedLock:
     """acquire() / release() across processes and threads; `with lock:` takes it."""
 
@@ -56,9 +59,12 @@ class SharedLock:
 
     def _open(self) -> None:
         if self._pid != os.getpid():  # first use in this process
-            self._fd = os.open(self.path, os.O_RDWR)
-            self._threads = threading.Lock()
-            self._pid = os.getpid()
+            with _OPENING:
+                if self._pid != os.getpid():
+                    self._fd = os.open(self.path, os.O_RDWR)
+                    self._threads = threading.Lock()
+                    weakref.finalize(self, os.close, self._fd)  # this process's copy closes its file
+                    self._pid = os.getpid()
 
     def acquire(self) -> None:
         self._open()

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from collections import Counter, deque
 
+from streamrl.types import TIMEOUT_REASONS
+
 
 class ServiceStats:
     def __init__(self) -> None:
@@ -45,8 +47,8 @@ class ServiceStats:
             "reward/cache_hits": float(self.cache_hits),
             "reward/cache_hit_rate": self.cache_hits / self.count if self.count else 0.0,
             "reward/cache_size": float(cache_size),
-            "reward/timeouts": float(self.errors["timeout"]),
-            "reward/errors": float(sum(v for k, v in self.errors.items() if k != "timeout")),
+            "reward/timeouts": float(sum(self.errors[k] for k in TIMEOUT_REASONS)),
+            "reward/errors": float(sum(v for k, v in self.errors.items() if k not in TIMEOUT_REASONS)),
             "reward/worker_restarts": float(self.restarts),
             "reward/queued": float(queued),
             "reward/latency_mean_s": sum(lat) / n if n else 0.0,
@@ -54,5 +56,11 @@ class ServiceStats:
             "reward/latency_p95_s": pct(0.95),
             "reward/latency_max_s": lat[-1] if n else 0.0,
         }
-        m.update({f"reward/errors/{k}": float(v) for k, v in sorted(self.errors.items()) if k != "timeout"})
+        m.update(
+            {
+                f"reward/errors/{k}": float(v)
+                for k, v in sorted(self.errors.items())
+                if k not in TIMEOUT_REASONS
+            }
+        )
         return m

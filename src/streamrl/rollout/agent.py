@@ -32,6 +32,7 @@ from streamrl.envs.agent_task import AgentTask
 from streamrl.envs.agent_trajectory import assemble
 from streamrl.envs.chat_completion import CallRecord
 from streamrl.envs.proxy import CALL_ID_HEADER, ChatProxy
+from streamrl.rollout.score import outcome_reward
 from streamrl.rollout.trajectory import RolloutSettings
 from streamrl.types import EvalStopped, Group, Problem, Trajectory
 
@@ -113,17 +114,16 @@ def score_episode(
 ) -> AgentEpisode:
     """Reward = the base task's score of the final text (its partial credit where it gives one, plus the
     format bonus; 0 if the agent raised), on every trajectory."""
-    s = task.score(problem, run.text)
-    value = float(s.correct) if s.value is None else s.value
-    reward = value + settings.format_weight * float(s.formatted) if not run.error else 0.0
-    trajs = assemble(calls, problem.id, group_id, k, reward, s.correct and not run.error)
-    info = {"episode": k, "extracted": s.extracted, "formatted": s.formatted, "calls": len(calls)}
+    reward, correct, facts = outcome_reward(task, problem, run.text, settings.format_weight)
+    ok = not run.error
+    reward = reward if ok else 0.0
+    trajs = assemble(calls, problem.id, group_id, k, reward, correct and ok)
+    info = {"episode": k, **facts, "calls": len(calls)}
     if run.error:
         info["agent_error"] = run.detail
     for t in trajs:
         t.reward_info = dict(info)
-    ok = not run.error
-    return AgentEpisode(reward, trajs, run.error, s.correct and ok, s.formatted and ok, run.text)
+    return AgentEpisode(reward, trajs, run.error, correct and ok, facts["formatted"] and ok, run.text)
 
 
 def episode_group(problem: Problem, episodes: list[AgentEpisode]) -> Group:

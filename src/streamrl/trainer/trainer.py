@@ -37,6 +37,9 @@ from streamrl.trainer.objective import (
 from streamrl.trainer.prepare import kl_reward_penalty, prepare_batch
 from streamrl.types import TrainBatch
 
+# the engine/trainer log-prob gap's sum and its tokens, merged over micro-batches and ranks
+GAP_SUM, GAP_TOKENS = "_gap_sum", "_gap_tokens"
+
 
 class Trainer:
     def __init__(
@@ -57,6 +60,7 @@ class Trainer:
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
         self.pad_id = pad_id
         self.version = 0
+        self._before_update = True  # no optimizer step of the current batch yet (step)
         t = train
         self.ref_model = None
         if loss.kl_coef > 0:  # before any adapter: the reference is the initial policy
@@ -276,10 +280,12 @@ class Trainer:
         metrics["entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
         metrics["entropy_mask_kept_frac"] = float(loss_mask.sum() / mask.sum().clamp(min=1))
         # log-prob gap between the engine and the trainer on the same weights (0 when fully on-policy):
-        # against the weights before the step (prox), which a later mini-batch's forward no longer has
-        if prox is not None:
-            gap = (prox.to(dev) - behav).abs() * mask
-            metrics["behav_logprob_gap"] = float(gap.sum() / max(n, 1.0))
+        # against the weights before the step (prox), or this forward's before the first optimizer step;
+        # averaged over the tokens it was measured on (step: GAP_SUM / GAP_TOKENS)
+        base = prox if prox is not None else (logprobs.detach() if self._before_update else None)
+        if base is not None:
+            totals[GAP_SUM] = totals.get(GAP_SUM, 0.0) + float(((base.to(dev) - behav).abs() * mask).sum())
+            totals[GAP_TOKENS] = totals.get(GAP_TOKENS, 0.0) + n
         accumulate(totals, metrics, n)
         totals["_tokens"] = totals.get("_tokens", 0.0) + n
         return float(loss.detach())
@@ -298,6 +304,7 @@ class Trainer:
         totals: dict[str, float] = {}
         loss_sum = 0.0
         grad_norms = []
+        self._before_update = True  # until this batch's first optimizer step
         for j in range(k):
             idx = list(range(j, len(mbs), k))  # interleaved: mini-batches are not sorted by length
             masks = [mbs[i].loss_mask for i in idx]
@@ -313,12 +320,16 @@ class Trainer:
             grad_norms.append(self._clip_grads())
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+            self._before_update = False
             self.scheduler.step()  # train.warmup_steps counts optimizer steps
         self.version += 1
         loss_sum, totals = self._reduce_metrics(loss_sum, totals)
         self._after_step()
         n_tokens = totals.pop("_tokens", 0.0)
+        gap, gap_tokens = totals.pop(GAP_SUM, 0.0), totals.pop(GAP_TOKENS, 0.0)
         out = finish(totals, n_tokens)
+        if gap_tokens:
+            out["behav_logprob_gap"] = gap / gap_tokens
         real = sum(len(t.prompt_ids) + len(t.completion_ids) for t in batch.trajectories)
         padded = sum(mb.num_tokens for mb in mbs)
         out.update(

@@ -324,3 +324,27 @@ def test_a_task_whose_send_failed_is_requeued_and_scored(service, monkeypatch) -
     out = call_bounded(lambda: fut.result(timeout=60), 90, "the requeued task was never scored")
     assert failed == [1] and (out.reward, out.error) == (4.0, None)
     assert [o.reward for o in svc.score_many([("ab",), ("abc",)])] == [2.0, 3.0]
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_a_fault_of_the_monitor_fails_every_request_instead_of_leaving_it_waiting(
+    service, monkeypatch, mode: str
+) -> None:
+    """A bug in the monitor thread (none known: here its result check raises once a task is running)
+    resolves the running request, the queued ones and every later one with "ServiceFailed"."""
+    real_check = RewardService._check
+
+    def check(self, w, ready):
+        if w.task is not None:
+            raise RuntimeError("bookkeeping bug")
+        return real_check(self, w, ready)
+
+    monkeypatch.setattr(RewardService, "_check", check)
+    svc = service(rs.length_reward, workers=1, mode=mode)
+    futures = [svc.submit("a" * n) for n in range(1, 4)]  # one running, two queued
+    outs = [call_bounded(lambda f=f: f.result(timeout=30), 40, "a request was left waiting") for f in futures]
+    later = svc.submit("abcd").result(timeout=10)
+    for out in [*outs, later]:
+        assert (out.reward, out.error) == (0.0, "ServiceFailed")
+        assert "RuntimeError: bookkeeping bug" in out.info["error_detail"]
+    assert svc.metrics()["reward/errors/ServiceFailed"] == 4

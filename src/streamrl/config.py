@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 
 from streamrl.config_parse import ConfigError, apply_key, parse_override, read_yaml
+from streamrl.config_rewards import RESPONSE_KEYS
 from streamrl.config_sections import (
     AdvantageConfig,
     CheckpointConfig,
@@ -144,12 +145,10 @@ def load_config(
         _drop_preset_keys_unread(cfg, preset, [data, *given_pairs])
     if resume:  # the saved config.yaml is what sets the run's keys, the overrides are the user's
         _drop_reward_keys_unread(cfg, [data], given_pairs)
-    else:
-        _drop_reward_keys_unread(cfg, [preset], [data, *given_pairs])
-    if resume:
         cfg.run_dir = resume
         _refuse_changes_a_resume_would_ignore(data, cfg, resume)
     else:
+        _drop_reward_keys_unread(cfg, [preset], [data, *given_pairs])
         n_from_k(cfg, preset, data, *given_pairs)
     validate(cfg)
     return cfg
@@ -216,8 +215,6 @@ def _drop_reward_keys_unread(cfg: Config, found: list[dict[str, Any]], given: li
     """An env: or agent: episode's reward never reads the keys that score or shape one response: those
     `found` sets (a preset's DAPO shaping; a resumed run's config.yaml saved before they were refused)
     go back to their defaults; one the user gives is refused (config_rewards.py)."""
-    from streamrl.config_rewards import RESPONSE_KEYS
-
     if not cfg.task.startswith(("env:", "agent:")):
         return
     for key in RESPONSE_KEYS:

@@ -25,18 +25,7 @@ failure included). Args that are not hashable are not cached unless ``submit(...
 gives a key. In both pool modes args and results travel pickled through a pipe. Call ``close()`` or
 use the service as a context manager.
 
-Usage::
-
-    from streamrl.rewards.service import RewardService
-
-    def exact_match(response: str, reference: str) -> float:  # top level: picklable
-        return float(response.strip() == reference.strip())
-
-    if __name__ == "__main__":  # spawned workers re-import a script: guard its top level
-        with RewardService(exact_match, workers=2, timeout_s=10) as service:
-            handle = service.submit("42", "42")             # a Future; .result() never raises
-            outcomes = service.score_many([("41", "42"), ("42", "42")])
-            print(handle.result().reward, [o.reward for o in outcomes], service.metrics())
+Using it from your own code: docs/rewards.md (the reward service).
 """
 
 from __future__ import annotations
@@ -122,8 +111,9 @@ class RewardService:
         self._pending: deque[Task] = deque()
         self._ids = itertools.count()
         self._closed = self._cancel = False
-        self._broken: str | None = None
-        self._n_ready = 0
+        self._broken: str | None = None  # why every request now fails, with the reason _broken_as
+        self._broken_as, self._n_ready = "WorkerStartFailed", 0
+        self._pool: list[Worker] = []
         self._stats = ServiceStats()
         if mode == "inline":
             return
@@ -152,7 +142,7 @@ class RewardService:
                 self._inflight[key].append((fut, t0))
                 return fut
             if self._broken:
-                self._finish(fut, self._failed("WorkerStartFailed", self._broken, t0))
+                self._finish(fut, self._failed(self._broken_as, self._broken, t0))
                 return fut
             if key is not None:
                 self._inflight[key] = []
@@ -202,6 +192,8 @@ class RewardService:
                 self._wake()
         if self.mode != "inline":
             self._monitor.join()
+            for w in self._pool:  # stopped by the monitor already, unless it died: they ignore SIGTERM
+                w.kill()
 
     def __enter__(self) -> RewardService:
         return self
@@ -264,8 +256,21 @@ class RewardService:
         return Worker(self._ctx, self.scorer_fn, self.mode, f"reward-worker-{i}")
 
     def _run(self) -> None:
+        """The monitor thread: _serve until closed. A fault of the monitor itself fails every request,
+        queued, running and later, with "ServiceFailed" instead of leaving them to the caller's wait."""
+        try:
+            self._serve()
+        except Exception as e:
+            log.exception("RewardService %s: the monitor thread failed", self.name)
+            with self._lock:  # the running tasks fail with the queued ones
+                self._pending.extendleft(w.task for w in self._pool if w.task is not None)
+                self._break(f"the monitor thread failed ({type(e).__name__}: {e})", "ServiceFailed")
+            for w in self._pool:
+                w.kill()
+
+    def _serve(self) -> None:
         """Hand out tasks, collect results, enforce deadlines, replace failed workers; until closed."""
-        pool = [self._spawn(i) for i in range(self.workers)]
+        self._pool = pool = [self._spawn(i) for i in range(self.workers)]
         start_failures = 0  # workers in a row that died before saying ready
         while True:
             with self._lock:
@@ -304,7 +309,7 @@ class RewardService:
                 if self._broken is None:  # once broken, respawning a scorer that cannot start would spin
                     log.warning("reward worker %d replaced: %s", i, reason[1])
                     survivors.append(self._spawn(i))
-            pool = survivors
+            self._pool = pool = survivors
         with self._lock:
             for task in list(self._pending) + [w.task for w in pool if w.task is not None]:
                 self._complete(task, self._failed("ServiceClosed", "closed before scoring", task.submitted))
@@ -372,13 +377,8 @@ class RewardService:
                 w.task, w.deadline = None, math.inf
                 with self._lock:
                     lat = time.monotonic() - task.submitted
-                    ok = status == "ok"
-                    self._complete(
-                        task,
-                        RewardOutcome(a, b, latency_s=lat)
-                        if ok
-                        else self._failed(a, b, task.submitted, kept),
-                    )
+                    scored = RewardOutcome(a, b, latency_s=lat) if status == "ok" else None
+                    self._complete(task, scored or self._failed(a, b, task.submitted, kept))
         except (EOFError, OSError):
             code = None
             if w.proc is not None:
@@ -387,12 +387,13 @@ class RewardService:
             return ("WorkerDied", f"worker pipe closed (exit code {code})")
         return None
 
-    def _break(self, reason: str) -> None:
-        """Give up on starting workers: fail queued requests now and new ones on submit. Locked."""
+    def _break(self, reason: str, label: str = "WorkerStartFailed") -> None:
+        """Give up (on starting workers, by default): fail queued requests now and new ones on submit,
+        with error `label`. Locked."""
         if self._broken is None:
             log.error("RewardService %s: %s; every request now scores 0", self.name, reason)
-        self._broken = reason
+        self._broken, self._broken_as = reason, label
         while self._pending:
             task = self._pending.popleft()
-            self._complete(task, self._failed("WorkerStartFailed", reason, task.submitted))
+            self._complete(task, self._failed(label, reason, task.submitted))
         self._lock.notify_all()

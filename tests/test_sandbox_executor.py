@@ -24,6 +24,10 @@ def factory():
     return Echo()
 """
 RESPONSE = "```python\nprint('nothing')\n```"  # fails every test in a real sandbox
+RUN_THEIRS = (
+    "(code, code:FILE, data:/hf: rows with tests, env:python_tool, and mix and agent: tasks over them run "
+    "theirs in it): set reward.sandbox_executor=local"
+)
 
 
 @pytest.fixture
@@ -68,15 +72,27 @@ def test_data_rows_with_tests_score_in_your_executor(factory: str, tmp_path: Pat
         ),
         (
             ["task=rg:chain_sum", "reward.sandbox_executor=my_sandbox:factory"],
-            "config key 'reward.sandbox_executor' does not apply to task=rg:chain_sum, which runs no model "
-            "code (code, code:FILE, data:/hf: rows with tests, and mix and agent: tasks over them run theirs "
-            "in it): set reward.sandbox_executor=local",
+            f"config key 'reward.sandbox_executor' does not apply to task=rg:chain_sum, which runs no model "
+            f"code {RUN_THEIRS}",
         ),
         (
-            ["task=env:python_tool", "reward.sandbox_executor=my_sandbox:factory"],
-            "config key 'reward.sandbox_executor' does not apply to task=env:python_tool, whose environment "
-            "runs code through its own runner (code, code:FILE, data:/hf: rows with tests, and mix and "
-            "agent: tasks over them run theirs in it): set reward.sandbox_executor=local",
+            ["task=env:search", "reward.sandbox_executor=my_sandbox:factory"],
+            "config key 'reward.sandbox_executor' does not apply to task=env:search, whose environment runs "
+            f"no model code {RUN_THEIRS}",
+        ),
+        (
+            ["task=agent:my_agent:run", "reward.sandbox_executor=my_sandbox:factory"],
+            "config key 'reward.sandbox_executor' does not apply to task=agent:my_agent:run, whose base task "
+            f"rg:chain_sum runs no model code {RUN_THEIRS}",
+        ),
+        (
+            [
+                "task=mix",
+                "task_config.sources=[{task: rg:chain_sum}, {task: rg:basic_arithmetic}]",
+                "reward.sandbox_executor=my_sandbox:factory",
+            ],
+            "config key 'reward.sandbox_executor' does not apply to task=mix, whose sources are all rg: "
+            f"tasks, which run no model code {RUN_THEIRS}",
         ),
         (
             ["task=code", "reward.sandbox_executor=my_sandbox:"],
@@ -95,3 +111,20 @@ def test_a_factory_that_does_not_exist_is_named_when_the_task_is_built(tmp_path:
     cfg = load_config(None, ["task=code", f"reward.sandbox_executor={tmp_path / 'nope.py'}:factory"])
     with pytest.raises(ValueError, match=r"^config key 'reward.sandbox_executor'"):
         task_from_config(cfg)
+
+
+def test_the_python_tool_runs_the_models_code_in_your_executor(factory: str) -> None:
+    task = task_from_config(load_config(None, ["task=env:python_tool", f"reward.sandbox_executor={factory}"]))
+    env = task.new_env()
+    env.reset(task.heldout(1)[0])
+    step = env.step("Let me check.\n```python\nprint(6 * 7)\n```")
+    # the echo returns its stdin (empty), where the built-in sandbox would print 42
+    assert (step.observation, step.done) == ("Output (ok):\n(no output: print the values you need)", False)
+
+
+def test_the_python_tool_checks_the_built_in_sandbox_against_the_minimum_isolation() -> None:
+    task = task_from_config(
+        load_config(None, ["task=env:python_tool", "reward.sandbox_min_isolation=rlimits"])
+    )
+    assert type(task.run_code.executor).__name__ == "LocalSandbox"
+    assert task.run_code.executor.min_isolation == "rlimits"

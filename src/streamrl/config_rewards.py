@@ -68,17 +68,35 @@ def _validate_sandbox_executor(cfg: Any) -> None:
     if spec == "local":
         return
     _check_spec("reward.sandbox_executor", spec, "local or ")
-    if cfg.task.startswith(("rg:", "env:")):
-        why = (
-            "whose environment runs code through its own runner"
-            if cfg.task.startswith("env:")
-            else "which runs no model code"
-        )
+    why = _runs_no_code(cfg.task, cfg.task_config.args or {}, cfg.task_config.sources)
+    if why:
         raise ConfigError(
             f"config key 'reward.sandbox_executor' does not apply to task={cfg.task}, {why} (code, "
-            "code:FILE, data:/hf: rows with tests, and mix and agent: tasks over them run theirs in it): "
-            "set reward.sandbox_executor=local"
+            "code:FILE, data:/hf: rows with tests, env:python_tool, and mix and agent: tasks over them "
+            "run theirs in it): set reward.sandbox_executor=local"
         )
+
+
+CODE_ENVS = ("env:python_tool",)  # the environments whose tool runs model code
+
+
+def _runs_no_code(task: str, args: dict[str, Any], sources: Any) -> str:
+    """Why `task` never runs model code ('' when it may: data rows are read only when the task is)."""
+    if task.startswith("agent:"):
+        base = str(args.get("base", "rg:chain_sum"))
+        return f"whose base task {base} runs no model code" if base.startswith("rg:") else ""
+    if task == "mix" and isinstance(sources, (list, tuple)) and sources:
+        specs = [str(s.get("task", "")) if isinstance(s, dict) else "" for s in sources]
+        return (
+            "whose sources are all rg: tasks, which run no model code"
+            if all(s.startswith("rg:") for s in specs)
+            else ""
+        )
+    if task.startswith("rg:"):
+        return "which runs no model code"
+    if task.startswith("env:") and task not in CODE_ENVS:
+        return "whose environment runs no model code"
+    return ""
 
 
 def _check_spec(key: str, spec: str, alternatives: str = "") -> None:

@@ -86,7 +86,9 @@ def make_task(
         from streamrl.config import EnvConfig
         from streamrl.envs.base import make_env_task
 
-        return make_env_task(spec[4:], args, env_cfg=env if env is not None else EnvConfig(), **kw)
+        env_cfg = env if env is not None else EnvConfig()
+        sandbox = {"sandbox_min_isolation": sandbox_min_isolation, "sandbox_executor": sandbox_executor}
+        return make_env_task(spec[4:], args, env_cfg=env_cfg, **sandbox, **kw)
     if spec == "code" or spec.startswith("code:"):
         from streamrl.config import TaskConfig
         from streamrl.data.code_task import CODE_SYSTEM_PROMPT, CodeTask

@@ -81,9 +81,17 @@ def register(name: str) -> Callable[[Callable[..., EnvTask]], Callable[..., EnvT
 
 
 def make_env_task(
-    name: str, args: dict[str, Any], system_prompt: str, instruction: str, extract: str, env_cfg: EnvConfig
+    name: str,
+    args: dict[str, Any],
+    system_prompt: str,
+    instruction: str,
+    extract: str,
+    env_cfg: EnvConfig,
+    sandbox_executor: str = "local",
+    sandbox_min_isolation: str = "auto",
 ) -> EnvTask:
-    """The EnvTask registered as `name` ('search' for task=env:search)."""
+    """The EnvTask registered as `name` ('search' for task=env:search); an environment whose tool runs
+    model code runs it in the code sandbox (reward.sandbox_executor, reward.sandbox_min_isolation)."""
     for mod in _MODULES:
         importlib.import_module(mod)
     if name not in ENVIRONMENTS:
@@ -91,8 +99,14 @@ def make_env_task(
             f"unknown environment 'env:{name}'; choose from: "
             + ", ".join(f"env:{n}" for n in sorted(ENVIRONMENTS))
         )
+    sandbox = {"sandbox_executor": sandbox_executor, "sandbox_min_isolation": sandbox_min_isolation}
     return ENVIRONMENTS[name](
-        args=args, system_prompt=system_prompt, instruction=instruction, extract=extract, env_cfg=env_cfg
+        args=args,
+        system_prompt=system_prompt,
+        instruction=instruction,
+        extract=extract,
+        env_cfg=env_cfg,
+        **sandbox,
     )
 
 

@@ -41,9 +41,12 @@ def tool_system_prompt(extract: str) -> str:
     )
 
 
-def make_runner(env_cfg: EnvConfig) -> RunCode:
-    """The default executor: the code sandbox (pass run_code= to the task to use another)."""
-    return SandboxRunner(timeout=env_cfg.code_timeout)
+def make_runner(
+    env_cfg: EnvConfig, sandbox_executor: str = "local", sandbox_min_isolation: str = "auto"
+) -> RunCode:
+    """The default executor: the code tasks' sandbox (reward.sandbox_executor, checked against
+    reward.sandbox_min_isolation); pass run_code= to the task to use another."""
+    return SandboxRunner(env_cfg.code_timeout, sandbox_executor, min_isolation=sandbox_min_isolation)
 
 
 class PythonToolEnv(ProblemEnv):
@@ -74,6 +77,8 @@ class PythonToolTask(EnvTask):
         extract: str,
         env_cfg: EnvConfig,
         run_code: RunCode | None = None,
+        sandbox_executor: str = "local",
+        sandbox_min_isolation: str = "auto",
     ) -> None:
         if system_prompt in ("", TaskConfig().system_prompt):  # the single-turn default knows no tool
             system_prompt = tool_system_prompt(extract)
@@ -89,7 +94,7 @@ class PythonToolTask(EnvTask):
         )
         self.name = "env:python_tool"
         self.env_cfg = env_cfg
-        self.run_code = run_code or make_runner(env_cfg)
+        self.run_code = run_code or make_runner(env_cfg, sandbox_executor, sandbox_min_isolation)
 
     def heldout(self, n: int) -> list[Problem]:
         return self.inner.heldout(n)

@@ -153,5 +153,5 @@ class SearchTask(EnvTask):
 
 
 @register("search")
-def build(**kw: Any) -> SearchTask:
-    return SearchTask(**kw)
+def build(sandbox_executor: str = "local", sandbox_min_isolation: str = "auto", **kw: Any) -> SearchTask:
+    return SearchTask(**kw)  # its tool runs no code: the sandbox's settings are not read

@@ -96,18 +96,40 @@ def test_m2_mask_drops_the_fewest_largest_tokens():
 
 def test_m2_cut_of_a_mini_batch_is_not_its_micro_batches():
     # (log r)^2 0.01, 0.25, 0.04, 1.0 at threshold 0.04: the two largest go, the smallest dropped is 0.25
-    assert m2_cut(torch.tensor([0.01, 0.25, 0.04, 1.0]), 0.04) == pytest.approx(0.25)
-    assert m2_cut(torch.tensor([0.01, 0.25, 0.04, 1.0]), 1.0) == math.inf  # mean 0.325 <= 1
-    assert m2_cut(torch.zeros(0), 0.04) == math.inf
+    assert m2_cut(torch.tensor([0.01, 0.25, 0.04, 1.0]), 0.04) == (
+        pytest.approx(0.25),
+        0.0,
+    )  # 0.25 alone: dropped
+    assert m2_cut(torch.tensor([0.01, 0.25, 0.04, 1.0]), 1.0).value == math.inf  # mean 0.325 <= 1
+    assert m2_cut(torch.zeros(0), 0.04).value == math.inf
     # micro-batch 1: log r 0.5, 0, 0, 0 (mean square 0.0625 > 0.04); micro-batch 2: all 0. Over the
     # mini-batch's 8 tokens the mean is 0.03125 <= 0.04: nothing is dropped, though micro-batch 1 alone
     # drops its 0.5
     first, mask = torch.tensor([[0.5, 0.0, 0.0, 0.0]]), torch.ones(1, 4)
-    assert m2_cut(torch.cat([first, torch.zeros(1, 4)], 1).flatten() ** 2, 0.04) == math.inf
+    assert m2_cut(torch.cat([first, torch.zeros(1, 4)], 1).flatten() ** 2, 0.04).value == math.inf
     assert m2_mask(first, mask, 0.04).tolist() == [[0.0, 1.0, 1.0, 1.0]]
     # the loss takes the mini-batch's keep mask when it is given
     loss, m = m2po(LossTensors(first, torch.zeros(1, 4), torch.ones(1, 4), mask, m2_keep=mask), LossParams())
     assert m["m2_masked_frac"] == 0.0 and loss[0, 0].item() == pytest.approx(-math.exp(0.5))
+
+
+def test_tokens_tied_at_the_m2_cut_keep_the_share_the_rule_keeps():
+    # (log r)^2: 1.0 on three tokens (identical samples), 0 on five: means after dropping the 0, 1, 2, 3
+    # largest 3/8, 2/7, 1/6, 0: at threshold 0.2 two of the three go, so each tied token keeps 1/3
+    log_r = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 1.0, 0.0]])
+    cut = m2_cut((log_r**2).flatten(), 0.2)
+    assert (cut.value, cut.tied_keep) == (1.0, pytest.approx(1 / 3))
+    keep = m2_mask(log_r, torch.ones(2, 4), 0.2)
+    assert keep.flatten().tolist() == pytest.approx([1 / 3, 1, 1, 1, 1 / 3, 1, 1 / 3, 1])
+    # a padding token keeps nothing, whatever its ratio
+    assert m2_mask(log_r, torch.tensor([[1.0, 0.0, 1.0, 1.0], [1.0] * 4]), 0.2)[0, 1] == 0.0
+    # the weighted mean of the kept squares is the fewest-dropped mean, 1/6 <= 0.2
+    assert float((keep * log_r**2).sum() / keep.sum()) == pytest.approx(1 / 6)
+    _, m = m2po(
+        LossTensors(log_r, torch.zeros(2, 4), torch.ones(2, 4), torch.ones(2, 4)),
+        LossParams(m2_threshold=0.2),
+    )
+    assert m["m2_masked_frac"] == pytest.approx(2 / 8)
 
 
 def test_m2po_loss_is_unclipped_ratio_on_kept_tokens():

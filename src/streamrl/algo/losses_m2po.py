@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -10,27 +11,47 @@ from streamrl.algo.loss_inputs import LossParams, LossTensors, ratio_metrics, sa
 from streamrl.algo.registry import policy_loss
 
 
-def m2_cut(sq: torch.Tensor, threshold: float) -> float:
-    """The smallest (log r)^2 that M2PO drops: drop the largest values, fewest first, until the mean of
-    the rest is <= threshold. sq: 1-D, (log r)^2 of the loss tokens -> inf when none is dropped."""
+class M2Cut(NamedTuple):
+    """Where M2PO cuts the loss tokens by (log r)^2: those above `value` are dropped, those below kept,
+    and those equal to it keep the weight `tied_keep`, the share of them the rule keeps (identical
+    samples, which a confident policy draws often, tie token by token: dropping all of them would drop
+    more than the fewest)."""
+
+    value: float
+    tied_keep: float = 1.0
+
+
+def m2_cut(sq: torch.Tensor, threshold: float) -> M2Cut:
+    """Drop the largest (log r)^2, fewest first, until the mean of the rest is <= threshold. sq: 1-D,
+    (log r)^2 of the loss tokens -> the cut (value inf when none is dropped)."""
     vals = torch.sort(sq.detach().flatten(), descending=True).values
     n = len(vals)
     if n == 0:
-        return math.inf
+        return M2Cut(math.inf)
     removed = torch.cat([vals.new_zeros(1), vals.cumsum(0)])  # removed[k] = sum of the k largest
     counts = n - torch.arange(n + 1, dtype=vals.dtype)
     means = (vals.sum() - removed) / counts.clamp(min=1)
     ok = (means <= threshold).nonzero()
     k = int(ok[0]) if len(ok) else n
-    return float(vals[k - 1]) if k else math.inf
+    if k == 0:
+        return M2Cut(math.inf)
+    cut = vals[k - 1]
+    tied, above = int((vals == cut).sum()), int((vals > cut).sum())
+    return M2Cut(float(cut), 1.0 - (k - above) / tied)
+
+
+def m2_keep(sq: torch.Tensor, mask: torch.Tensor, cut: M2Cut) -> torch.Tensor:
+    """The keep weights of `cut` for (log r)^2 `sq` and loss mask `mask` (same shape) -> float, 0 off
+    the loss tokens."""
+    keep = (sq < cut.value).float() + (sq == cut.value).float() * cut.tied_keep
+    return keep * (mask > 0)
 
 
 def m2_mask(log_ratio: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
-    """M2PO's token mask: keep the loss tokens whose (log r)^2 is below m2_cut of the loss tokens given
-    (ties at the cut are dropped). log_ratio, mask: [B, T] -> keep mask [B, T] (float)."""
+    """M2PO's token weights: 1 for the loss tokens below m2_cut of the loss tokens given, 0 above, the
+    tied share at the cut. log_ratio, mask: [B, T] -> keep [B, T] (float)."""
     sq = log_ratio.detach() ** 2
-    valid = mask > 0
-    return (valid & (sq < m2_cut(sq[valid], threshold))).float()
+    return m2_keep(sq, mask, m2_cut(sq[mask > 0], threshold))
 
 
 @policy_loss("m2po", reads=("m2_threshold",))

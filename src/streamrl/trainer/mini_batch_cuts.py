@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from streamrl.algo.losses_m2po import m2_cut
+from streamrl.algo.losses_m2po import m2_cut, m2_keep
 from streamrl.algo.token_weights import quantile
 from streamrl.trainer.batching import MicroBatch
 from streamrl.trainer.logprobs import completion_forward
@@ -83,7 +83,7 @@ def mini_batch_cuts(
             out.entropy.update({i: ((masks[i] > 0) & (e >= threshold)).float() for i, e in entropies.items()})
     if m2:
         cut = m2_cut(tr._gather_values(_valid(squares, masks)), lc.m2_threshold)
-        out.m2.update({i: ((masks[i] > 0) & (sq < cut)).float() for i, sq in squares.items()})
+        out.m2.update({i: m2_keep(sq, masks[i], cut) for i, sq in squares.items()})
     return out
 
 

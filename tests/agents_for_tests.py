@@ -41,3 +41,20 @@ def call_then_answer_seven(client, messages):
     agent's answer is what is scored, not the bare model's)."""
     client.chat.completions.create(model="policy", messages=messages, max_tokens=3)
     return "The answer is 7."
+
+
+def grow_until_refused(client, messages):
+    """Calls the model again and again, a long tool output appended each time (an agent retrying until
+    a tool call parses), until the proxy refuses the context; at most 12 calls."""
+    import openai
+
+    msgs, text = list(messages), ""
+    for _ in range(12):
+        try:
+            reply = client.chat.completions.create(model="policy", messages=msgs, max_tokens=6)
+        except openai.BadRequestError as e:
+            assert e.code == "context_length_exceeded", e
+            return text
+        text = reply.choices[0].message.content
+        msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": "no tool call"}]
+    return text

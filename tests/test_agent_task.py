@@ -277,3 +277,18 @@ def test_a_steps_accuracy_and_reward_count_each_episode_once():
     assert rec["accuracy"] == pytest.approx(1 / 3) and rec["format_rate"] == pytest.approx(2 / 3)
     assert rec["reward_mean"] == pytest.approx(1.2 / 3)
     assert rec["response_length"] == pytest.approx(7 / 4)  # tokens are per trajectory
+
+
+@pytest.mark.parametrize("mode", ["colocated", "async"])
+def test_an_episode_whose_history_outgrows_the_token_budget_is_refused_at_the_proxy(tmp_path, mode):
+    """An episode's trajectory is its last call's prompt and completion: the proxy bounds each call by
+    train.token_budget (a longer chat is refused as past the context, max_tokens cut to what is left), so
+    no sample outgrows a trainer micro-batch however many calls the agent makes."""
+    run = tmp_path / mode
+    args = [a for a in TINY if not a.startswith(("runtime.mode", "max_staleness"))]
+    args += [f"runtime.mode={mode}", f"max_staleness={int(mode == 'async')}", "train.token_budget=256"]
+    assert main(["train", "task=agent:agents_for_tests:grow_until_refused", *args, f"run_dir={run}"]) == 0
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(r["episode_errors"] == 0 and r["tokens_trained"] > 0 for r in rows)
+    # several calls per episode (6 tokens each), and none of them past the budget
+    assert all(r["tokens_generated"] > 6 * r["episodes"] for r in rows)

@@ -165,3 +165,50 @@ def test_training_samples_every_call_at_the_runs_temperature_and_top_p_1(tiny):
             p.close()
             engine.close()
     assert seen == [(0.7, 1.0), (0.2, 0.5)]
+
+
+def test_a_call_is_bounded_by_the_context_it_is_given(tiny):
+    """max_context bounds a call's prompt + completion: max_tokens is cut to what is left, and a prompt
+    that leaves nothing is refused as OpenAI refuses one past the context (400 context_length_exceeded)."""
+    model, tok = tiny
+    msgs = [{"role": "user", "content": "2+2?"}]
+    prompt = len(tok(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)).input_ids)
+    engine = BatchingEngine(HFEngine(model, tok, seed=0))
+    try:
+        for room in (3, 0):
+            p = ChatProxy(engine, tok, max_tokens=12, max_context=prompt + room)
+            try:
+                client = _client(p, f"ep-{room}")
+                if room:
+                    client.chat.completions.create(model="policy", messages=msgs, max_tokens=8)
+                    (call,) = p.calls(f"ep-{room}")
+                    assert len(call.prompt_ids) == prompt and 1 <= len(call.completion_ids) <= room
+                    continue
+                with pytest.raises(openai.BadRequestError) as err:
+                    client.chat.completions.create(model="policy", messages=msgs, max_tokens=8)
+                assert err.value.code == "context_length_exceeded" and p.calls("ep-0") == []
+                message = err.value.body["message"]
+                assert message.startswith(f"this chat is {prompt} tokens; a training call's")
+            finally:
+                p.close()
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"messages": [{"role": "user", "content": "x"}], "tools": ["a"]}',
+        b'{"messages": [{"role": "user", "content": [{"type": "text", "text": null}]}]}',
+        b"\xff\xfe not utf-8",
+    ],
+)
+def test_a_malformed_body_is_a_400_the_client_does_not_retry(proxy, body):
+    import urllib.error
+    import urllib.request
+
+    p, _ = proxy
+    req = urllib.request.Request(f"{p.url}/chat/completions", body, {"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=60)
+    assert err.value.code == 400

@@ -19,7 +19,11 @@ MAX_STOP = 4  # stop sequences per call (the OpenAI API's limit)
 
 
 class BadRequest(ValueError):
-    pass
+    """A request the proxy refuses with a 400; `code`: OpenAI's error code, if it has one."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass

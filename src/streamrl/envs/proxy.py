@@ -90,6 +90,7 @@ class ChatProxy:
         default_temperature: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         training: bool = False,
+        max_context: int = 0,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -99,6 +100,9 @@ class ChatProxy:
         # training: every call samples at default_temperature with top_p 1, whatever it asks; the trainer
         # scores its tokens under that distribution (an evaluation honours a call's own)
         self.training = training
+        # a call's prompt + completion tokens at most (0: unbounded): a longer prompt is refused as
+        # OpenAI refuses one past the context, and max_tokens is cut to what is left
+        self.max_context = max_context
         self.clock = clock  # model time is measured on it
         self._episodes: dict[str, _Episode] = {}
         self._refused: OrderedDict[str, None] = OrderedDict()  # ended episodes, the latest REFUSED_KEPT
@@ -190,7 +194,15 @@ class ChatProxy:
 
     async def _generate(self, ep: _Episode, req: ChatRequest) -> Completion:
         prompt_ids = self._prompt_ids(req)
-        gen = GenRequest(prompt_ids, req.max_new_tokens, req.temperature, req.top_p)
+        room = self.max_context - len(prompt_ids) if self.max_context else req.max_new_tokens
+        if room < 1:
+            raise BadRequest(
+                f"this chat is {len(prompt_ids)} tokens; a training call's context is {self.max_context} "
+                "tokens (train.token_budget) for the prompt and the completion: shorten the history or end "
+                "the episode",
+                "context_length_exceeded",
+            )
+        gen = GenRequest(prompt_ids, min(req.max_new_tokens, room), req.temperature, req.top_p)
         futures = [asyncio.wrap_future(self.engine.submit(gen)) for _ in range(req.n)]
         results = await asyncio.gather(*futures)
         choices = [make_choice(self.tokenizer, prompt_ids, res, req) for res in results]
@@ -222,9 +234,9 @@ class ChatProxy:
         self._server.close()
 
 
-def _error(status: int, message: str) -> JSONResponse:
+def _error(status: int, message: str, code: str | None = None) -> JSONResponse:
     kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
+    return JSONResponse({"error": {"message": message, "type": kind, "code": code}}, status_code=status)
 
 
 def _app(proxy: ChatProxy) -> Starlette:
@@ -236,11 +248,16 @@ def _app(proxy: ChatProxy) -> Starlette:
         episode = request.headers.get("x-episode-id") or auth.removeprefix("Bearer ").strip() or "default"
         try:
             req = proxy.parse(json.loads(await request.body() or b"{}"))
+        except Exception as e:  # not JSON, or a field of the wrong shape: the request's fault (no retry)
+            return _error(
+                400, str(e) if isinstance(e, BadRequest) else f"malformed request: {type(e).__name__}: {e}"
+            )
+        try:
             completion = await proxy.complete(episode, request.headers.get(CALL_ID_HEADER, ""), req)
         except EpisodeEnded:
             return _error(410, f"episode '{episode}' has ended (env.agent_timeout_s): stop calling")
-        except (BadRequest, json.JSONDecodeError) as e:
-            return _error(400, str(e))
+        except BadRequest as e:
+            return _error(400, str(e), e.code)
         except Exception as e:  # an engine failure is the server's, not the agent's, fault
             return _error(500, f"{type(e).__name__}: {e}")
         model = req.model or proxy.model_name

@@ -154,7 +154,12 @@ def rollout_agent_episodes(
     r = settings
     front = BatchingEngine(engine, max_batch=r.max_batch, stop=stop)
     proxy = ChatProxy(
-        front, tokenizer, max_tokens=r.max_new_tokens, default_temperature=r.temperature, training=training
+        front,
+        tokenizer,
+        max_tokens=r.max_new_tokens,
+        default_temperature=r.temperature,
+        training=training,
+        max_context=r.call_tokens,
     )
     returned: queue.SimpleQueue[tuple[int, AgentRun]] = queue.SimpleQueue()
 

@@ -51,6 +51,7 @@ class AgentGroups:
             max_tokens=settings.max_new_tokens,
             default_temperature=settings.temperature,
             training=True,
+            max_context=settings.call_tokens,
         )
         self.open: dict[str, tuple[Any, dict[int, AgentEpisode]]] = {}
         self._returned: queue.SimpleQueue[tuple[str, int, AgentRun]] = queue.SimpleQueue()

@@ -35,6 +35,9 @@ class RolloutSettings:
     # rewards differ (0: the whole group at once); validated: dynamic sampling on, single-turn tasks
     screen: int = 0
     agent_timeout_s: float = 0.0  # task=agent: an agent's own seconds (outside model calls); 0 = none
+    # task=agent: a call's prompt + completion tokens at most (train.token_budget: a trajectory is its
+    # last call's prompt and completion, so it fits one trainer micro-batch); 0 = no bound
+    call_tokens: int = 0
 
     @classmethod
     def from_config(cls, cfg: Config) -> RolloutSettings:
@@ -51,6 +54,7 @@ class RolloutSettings:
             spec_lenience=r.spec_lenience,
             screen=r.screen_samples,
             agent_timeout_s=cfg.env.agent_timeout_s,
+            call_tokens=cfg.train.token_budget,
         )
 
 

@@ -163,8 +163,8 @@ def test_eval_of_a_checkpoint_refuses_problems_its_run_trained_on(tmp_path, caps
     for model in (run / "checkpoint", run / "checkpoints" / "step-1"):
         assert main([*ev, f"model={model}", "size=3", f"run_dir={tmp_path / 'e'}"]) == 2
     assert capsys.readouterr().err.splitlines() == 2 * [
-        f"streamrl: error: config key 'eval.size' is 3, but the run in {run} held out only the first 2 "
-        "problems of data:rows.jsonl; the others were open to its training: set size=2 or less, or "
+        f"streamrl: error: config key 'eval.size' is 3, but the run in {run} held out 2 problems of "
+        "data:rows.jsonl, and 1 of the 3 this evaluation takes were open to its training: set size=2, or "
         "evaluate on rows of your own (task_config.eval_data)"
     ]
     assert not (tmp_path / "e").exists()  # refused before anything ran or was written
@@ -188,7 +188,7 @@ def test_eval_of_a_checkpoint_refuses_problems_its_run_trained_on(tmp_path, caps
     capsys.readouterr()
     gen = ["eval", "eval.max_new_tokens=4", f"model={run3 / 'checkpoint'}"]
     assert main([*gen, "size=3", f"run_dir={tmp_path / 'e5'}"]) == 2
-    assert "held out only the first 2 problems of rg:chain_sum; the others" in capsys.readouterr().err
+    assert "held out 2 problems of rg:chain_sum, and 1 of the 3 this evaluation" in capsys.readouterr().err
     assert main([*gen, "size=2", f"run_dir={tmp_path / 'e6'}"]) == 0
     # a run that held out another file trained on every row of the training split: none is held out
     run2 = tmp_path / "run2"
@@ -236,3 +236,31 @@ def test_training_evaluates_the_heldout_set_every_n_steps(tmp_path):
     # the evaluation's samples leave the training rollouts as they are without it
     assert main([*args, "eval.every=0", f"run_dir={tmp_path / 'plain'}"]) == 0
     assert (run / "groups.jsonl").read_text() == (tmp_path / "plain" / "groups.jsonl").read_text()
+
+
+def test_a_mixtures_smaller_held_out_set_is_checked_by_its_problems(tmp_path, monkeypatch):
+    """Largest-remainder shares are not nested: of a 1:3:3 mix, 11 held-out problems are 1 + 5 + 5 and 10
+    are 2 + 4 + 4, so evaluating 10 would score a problem of the first file that the run trained on."""
+    import yaml
+
+    from streamrl import eval_cli
+    from streamrl.config import config_yaml, load_config
+    from streamrl.tasks import task_from_config
+
+    monkeypatch.chdir(tmp_path)
+    for name in "abc":
+        rows = [{"prompt": f"{name}: what is {i}+1?", "answer": str(i + 1)} for i in range(20)]
+        Path(f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    mix = [
+        "task=mix",
+        "task_config.sources=[{task: data:a.jsonl, weight: 1}, {task: data:b.jsonl, weight: 3}, "
+        "{task: data:c.jsonl, weight: 3}]",
+    ]
+    trained = yaml.safe_load(config_yaml(load_config(None, [*mix, "eval.size=11"])))
+    monkeypatch.setattr(eval_cli, "trained_run", lambda model: (tmp_path / "run", trained))
+    for size in (11, 7, 1):  # 1 + 5 + 5, 1 + 3 + 3, 0 + 1 + 0 (or 1 + 0 + 0): inside the run's
+        cfg = load_config(None, [*mix, f"eval.size={size}"])
+        eval_cli.refuse_trained_problems(cfg, task_from_config(cfg))
+    cfg = load_config(None, [*mix, "eval.size=10"])
+    with pytest.raises(ValueError, match=r"held out 11 problems of mix, and 1 of the 10 this evaluation"):
+        eval_cli.refuse_trained_problems(cfg, task_from_config(cfg))

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from streamrl.config import Config, config_yaml
-from streamrl.data.task import default_task_args
+from streamrl.data.task import default_task_args, prompt_key
 from streamrl.eval.sampling_metrics import default_ks
 from streamrl.files import write_text_atomic
 
@@ -74,12 +74,16 @@ def refuse_trained_problems(cfg: Config, task: Any) -> None:
             f"task_config.streaming={theirs_streamed}"
         )
     held = (trained.get("eval") or {}).get("size")
-    if isinstance(held, int) and cfg.eval.size > held:
-        kept = f"only the first {held} problems" if held else "no problems"
-        fix = f"set size={held} or less, or evaluate" if held else "evaluate"
+    if not isinstance(held, int):
+        return
+    # by the problems, not the sizes: a mixture's smaller held-out set is not always inside a larger one
+    kept = {prompt_key(p) for p in task.heldout(held)} if held else set()
+    if open_to_training := sum(prompt_key(p) not in kept for p in task.heldout(cfg.eval.size)):
+        fix = f"set size={held}, or evaluate" if held else "evaluate"
         raise ValueError(
-            f"config key 'eval.size' is {cfg.eval.size}, but the run in {run} held out {kept} of {cfg.task}; "
-            f"the others were open to its training: {fix} on rows of your own (task_config.eval_data)"
+            f"config key 'eval.size' is {cfg.eval.size}, but the run in {run} held out {held} problems of "
+            f"{cfg.task}, and {open_to_training} of the {cfg.eval.size} this evaluation takes were open to "
+            f"its training: {fix} on rows of your own (task_config.eval_data)"
         )
 
 

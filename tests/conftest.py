@@ -13,6 +13,9 @@ import torch
 
 torch.set_num_threads(1)
 
+# helper modules whose asserts fail tests: their failures show the values compared, as a test's do
+pytest.register_assert_rewrite("scripted_runs", "spec_harness")
+
 # `datasets` reads its cache location when first imported: the Arrow caches the data tests write go to a
 # directory of this test session (removed at its end), not the user's ~/.cache/huggingface/datasets.
 _DATASETS_CACHE = None

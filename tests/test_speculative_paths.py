@@ -3,7 +3,7 @@ built by hand and cut at its node limit, the LM head level by level, lenient row
 several drafts, greedy rows beside a prompt's tree, the logits of a model family whose forward scales
 them, and the one-line refusal of a model whose logits the engine cannot reproduce. The harness (a
 Llama of vocabulary 4, exact response probabilities, seeded goodness-of-fit tests) is
-test_speculative's."""
+tests/spec_harness.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import copy
 
 import pytest
 import torch
-from test_speculative import (
+from spec_harness import (
     FIT,
     PROMPT,
     SMALL,

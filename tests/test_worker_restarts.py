@@ -341,3 +341,22 @@ def test_a_worker_that_reports_an_error_and_exits_keeps_its_report(monkeypatch, 
         assert backend.restarts == 1 and backend.workers[0].proc is not first
     finally:
         backend.stop()
+
+
+def test_a_group_whose_feedback_fails_is_carried_over_not_lost(tiny):
+    """The sampler's feedback on a returned group raises (a curriculum that cannot build its next
+    level, say): the group stays in flight, so the stop carries it over and nothing is lost."""
+    runner, state = _runner(tiny, [])
+    seen: list[str] = []
+
+    def feedback(group):
+        seen.append(group.trajectories[0].group_id)
+        if len(seen) == 4:
+            raise RuntimeError("sampler feedback failed")
+
+    runner.on_group_scored = feedback
+    records: list = []
+    with pytest.raises(RuntimeError, match="sampler feedback failed"):
+        runner.run(records.append)
+    c = _balanced(runner, state, records)
+    assert seen[3] in {r.group_id for r in state.unfinished} and c["lost"] == 0

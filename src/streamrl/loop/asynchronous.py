@@ -152,22 +152,23 @@ class AsyncRunner:
                 # the first copy counts, this one is dropped, so no group is trained twice
                 self.sh.duplicates += 1
             else:
+                group = res.group
+                assert group is not None
+                # what can raise (the sampler's feedback, the filter) runs first: a group it fails on
+                # stays in flight, and a stop carries it over to be generated again
+                if group.trajectories and self.on_group_scored is not None:
+                    self.on_group_scored(group)
+                keep = bool(group.trajectories) and self.sampling.keep(group)
                 del self.sh.inflight[res.group_id]
                 self.stall.returned()
                 self.ledger.returned(res.group_id)
-                group = res.group
-                assert group is not None
                 self.episode_errors.add(group)
                 if self.drafts is not None:
                     self.drafts.add(group)
                 if not group.trajectories:  # agents that made no call: nothing to train on
                     self.ledger.filtered(res.group_id, "no_calls")
                     self.staleness.on_return(kept=False)
-                    self.sh.cond.notify_all()
-                    return
-                if self.on_group_scored is not None:
-                    self.on_group_scored(group)
-                if not self.sampling.keep(group):
+                elif not keep:
                     # its slot goes to a new group at once, so the engine refills while the trainer trains
                     self.ledger.filtered(res.group_id, "zero_variance")
                     self.staleness.on_return(kept=False)
@@ -374,7 +375,11 @@ class AsyncRunner:
     def _carry_over(self, late: list[GroupResult]) -> None:
         """After the workers stopped: everything admitted and not trained goes into the run state."""
         for res in late:  # finished while stopping: keep them
-            self._accept(res)
+            try:
+                self._accept(res)
+            except Exception as e:  # it stays in flight: carried over like the others, not lost
+                with self.sh.cond:
+                    self.sh.errors.append(f"group {res.group_id} was not taken: {type(e).__name__}: {e}")
         with self.sh.cond:
             self._carried = True  # the admission thread, if a stop outlived its join, draws no more
             self.state.finished = list(self.sh.buffer)

@@ -348,3 +348,42 @@ def test_a_fault_of_the_monitor_fails_every_request_instead_of_leaving_it_waitin
         assert (out.reward, out.error) == (0.0, "ServiceFailed")
         assert "RuntimeError: bookkeeping bug" in out.info["error_detail"]
     assert svc.metrics()["reward/errors/ServiceFailed"] == 4
+
+
+def test_a_monitor_fault_after_a_worker_was_replaced_leaves_no_request_waiting(service, monkeypatch):
+    """A worker past its deadline is replaced, and starting its replacement fails: the timed-out request
+    keeps its "timeout", and the queued ones resolve with "ServiceFailed" (none is resolved twice)."""
+    real_spawn, spawned = RewardService._spawn, []
+
+    def spawn(self, i):
+        spawned.append(i)
+        if len(spawned) > 1:
+            raise OSError("cannot start a process")
+        return real_spawn(self, i)
+
+    def score(text: str) -> float:
+        if text == "slow":
+            threading.Event().wait(HANG_S)
+        return float(len(text))
+
+    monkeypatch.setattr(RewardService, "_spawn", spawn)
+    svc = service(score, mode="thread", workers=1, timeout_s=0.5)
+    futures = [svc.submit(t) for t in ("slow", "ab", "abc")]
+    outs = [call_bounded(lambda f=f: f.result(timeout=30), 40, "a request was left waiting") for f in futures]
+    assert [o.error for o in outs] == ["timeout", "ServiceFailed", "ServiceFailed"]
+    assert "OSError: cannot start a process" in outs[1].info["error_detail"]
+
+
+class _Unsendable:
+    def __reduce__(self):
+        raise ValueError("this argument cannot travel")
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_an_argument_that_cannot_be_sent_costs_its_own_reward_only(service, mode: str) -> None:
+    svc = service(rs.length_reward, workers=1, mode=mode)
+    bad, good = svc.submit(_Unsendable()), svc.submit("abcd")
+    out = call_bounded(lambda: bad.result(timeout=30), 40, "the unsendable request was left waiting")
+    assert (out.reward, out.error) == (0.0, "UnpicklableArgs")
+    assert "this argument cannot travel" in out.info["error_detail"]
+    assert (good.result(timeout=30).reward, svc.submit("ab").result(timeout=30).reward) == (4.0, 2.0)

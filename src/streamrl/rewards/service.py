@@ -240,10 +240,8 @@ class RewardService:
                 self._cache.popitem(last=False)
         now = time.monotonic()
         for fut, t0 in followers:
-            shared = RewardOutcome(
-                outcome.reward, dict(outcome.info), outcome.error, now - t0, outcome.error is None
-            )
-            self._finish(fut, shared)
+            ok = outcome.error is None
+            self._finish(fut, RewardOutcome(outcome.reward, dict(outcome.info), outcome.error, now - t0, ok))
 
     def _wake(self) -> None:
         if not self._woken:  # at most one byte in the pipe: submit never blocks on a slow monitor
@@ -303,6 +301,7 @@ class RewardService:
                     self._n_ready -= w.ready
                     if w.task is not None:
                         self._complete(w.task, self._failed(*reason, w.task.submitted, w.kept))
+                        w.task = None
                     self._stats.restarts += 1
                     if start_failures >= 3:
                         self._break(f"3 workers in a row died before becoming ready (last: {reason[1]})")
@@ -333,7 +332,7 @@ class RewardService:
         w.task, w.kept, w.deadline = task, {}, time.monotonic() + self.timeout_s
         try:
             w.conn.send((task.tid, task.args))
-        except (OSError, pickle.PicklingError, TypeError, AttributeError) as e:
+        except Exception as e:  # pickling runs the args' own code: whatever it raises costs that task
             w.task, w.deadline = None, math.inf
             with self._lock:
                 if isinstance(e, OSError):  # the worker just died: requeue; its sentinel says why

@@ -58,3 +58,24 @@ def grow_until_refused(client, messages):
         text = reply.choices[0].message.content
         msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": "no tool call"}]
     return text
+
+
+RUNNING = {"now": 0, "peak": 0}  # count_running's agents at once
+
+
+def count_running(client, messages):
+    """One call, between counting itself in and out of RUNNING (how many agents run at once)."""
+    import threading
+    import time
+
+    lock = RUNNING.setdefault("lock", threading.Lock())
+    with lock:
+        RUNNING["now"] += 1
+        RUNNING["peak"] = max(RUNNING["peak"], RUNNING["now"])
+    try:
+        time.sleep(0.2)  # long enough for every agent started at once to be counted together
+        client.chat.completions.create(model="policy", messages=messages, max_tokens=2)
+        return "The answer is 7."
+    finally:
+        with lock:
+            RUNNING["now"] -= 1

@@ -9,6 +9,7 @@ from trajectories import make_traj
 from streamrl.cli import main
 from streamrl.config import load_config
 from streamrl.loop.step import group_advantages
+from streamrl.tasks import task_from_config
 from streamrl.types import Group, Problem
 
 TINY = [
@@ -112,6 +113,20 @@ def test_held_out_evaluation_runs_the_agent_and_scores_its_answer(tiny, tmp_path
     assert (res.correct, res.formatted) == ([True, False], [True, True])  # the agent's answer, scored
     assert [s["response"] for s in res.samples] == ["The answer is 7."] * 2
     assert 0 < res.mean_length <= 3  # its one call, greedy, max_tokens=3
+
+
+def test_held_out_agents_run_two_per_engine_row_at_most(tiny, tmp_path):
+    import agents_for_tests
+
+    from streamrl.engine.hf import HFEngine
+    from streamrl.eval.heldout import evaluate
+
+    model, tok = tiny
+    cfg = load_config(None, ["task=agent:agents_for_tests:count_running", "eval.size=10"])
+    task = task_from_config(cfg)
+    res = evaluate(HFEngine(model, tok, 2, 0, "cpu"), tok, task, task.heldout(10), 2, agent_timeout_s=60)
+    assert len(res.correct) == 10 and agents_for_tests.RUNNING["now"] == 0
+    assert 1 <= agents_for_tests.RUNNING["peak"] <= 4  # engine rows 2, two agents per row
 
 
 @pytest.mark.parametrize(
@@ -243,13 +258,19 @@ def test_an_episode_earns_the_base_tasks_partial_credit():
     from streamrl.types import Problem
 
     task = SimpleNamespace(score=lambda problem, text: Score(False, True, text, value=0.6))
-    settings = SimpleNamespace(format_weight=0.1)
+    settings = SimpleNamespace(format_weight=0.1, mask_truncated=False)
     calls = [CallRecord([1, 2], [3, 4], [-0.1, -0.2], [0, 0], "stop", "x")]
     ep = score_episode(task, settings, Problem("p", [], "1"), "g", 0, AgentRun("x"), calls)
     assert ep.reward == pytest.approx(0.7) and [t.reward for t in ep.trajectories] == [pytest.approx(0.7)]
     assert not ep.correct
     failed = score_episode(task, settings, Problem("p", [], "1"), "g", 1, AgentRun("", "KeyError"), calls)
     assert failed.reward == 0.0
+    # loss.mask_truncated reaches the episode's calls: one cut at its max_tokens is not trained on
+    cut = [CallRecord([1, 2], [3, 4], [-0.1, -0.2], [0, 0], "length", "x")]
+    for mask, expected in ((False, [1, 1]), (True, [0, 0])):
+        settings = SimpleNamespace(format_weight=0.1, mask_truncated=mask)
+        ep = score_episode(task, settings, Problem("p", [], "1"), "g", 2, AgentRun("x"), cut)
+        assert ep.trajectories[0].loss_mask == expected
 
 
 def test_a_steps_accuracy_and_reward_count_each_episode_once():
@@ -292,3 +313,31 @@ def test_an_episode_whose_history_outgrows_the_token_budget_is_refused_at_the_pr
     assert len(rows) == 2 and all(r["episode_errors"] == 0 and r["tokens_trained"] > 0 for r in rows)
     # several calls per episode (6 tokens each), and none of them past the budget
     assert all(r["tokens_generated"] > 6 * r["episodes"] for r in rows)
+
+
+def test_the_shipped_agents_answer_with_what_they_have_when_the_context_is_full():
+    from types import SimpleNamespace
+
+    from streamrl.envs.agents import calculator, two_tries
+
+    class Full(Exception):
+        code = "context_length_exceeded"
+
+    class Client:
+        def __init__(self, replies):
+            self.replies = list(replies)
+            create = self.create
+            self.chat = SimpleNamespace(completions=SimpleNamespace(create=create))
+
+        def create(self, **kw):
+            reply = self.replies.pop(0)
+            if isinstance(reply, Exception):
+                raise reply
+            message = SimpleNamespace(content=reply, tool_calls=None)
+            return SimpleNamespace(choices=[SimpleNamespace(message=message)])
+
+    msgs = [{"role": "user", "content": "2+2?"}]
+    assert two_tries(Client(["maybe 4", Full()]), msgs) == "maybe 4"  # no room to ask again
+    assert calculator(Client([Full()]), msgs) == ""
+    with pytest.raises(ConnectionError):  # any other failure is the agent's error, as before
+        two_tries(Client(["maybe 4", ConnectionError("down")]), msgs)

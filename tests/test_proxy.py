@@ -121,6 +121,15 @@ def test_assemble_merges_calls_that_extend_the_context_and_splits_rewritten_ones
     assert first.text == "ab"
     assert second.prompt_ids == [1, 2, 99] and second.loss_mask == [1, 1] and second.versions == [2, 2]
     assert first.reward == second.reward == 0.5
+    # loss.mask_truncated: the tokens of a call cut at its token limit are not trained on
+    cut = [
+        _call([1, 2], [10, 11], 0),
+        CallRecord([1, 2, 10, 11, 7], [12, 13], [-0.5] * 2, [1] * 2, "length", ""),
+    ]
+    (kept,) = assemble(cut, "p", "g", 0, reward=1.0, correct=True)
+    assert kept.loss_mask == [1, 1, 0, 1, 1]
+    (masked,) = assemble(cut, "p", "g", 0, reward=1.0, correct=True, mask_truncated=True)
+    assert masked.loss_mask == [1, 1, 0, 0, 0] and masked.completion_ids == [10, 11, 7, 12, 13]
 
 
 def test_the_llm_judge_talks_to_streamrls_own_proxy(proxy):

@@ -87,6 +87,16 @@ def test_data_rows_with_tests_score_in_your_executor(factory: str, tmp_path: Pat
         ),
         (
             [
+                "task=agent:my_agent:run",
+                "task_config.args={base: mix}",
+                "task_config.sources=[{task: rg:chain_sum}]",
+                "reward.sandbox_executor=my_sandbox:factory",
+            ],
+            "config key 'reward.sandbox_executor' does not apply to task=agent:my_agent:run, whose base task "
+            f"mix runs no model code {RUN_THEIRS}",
+        ),
+        (
+            [
                 "task=mix",
                 "task_config.sources=[{task: rg:chain_sum}, {task: rg:basic_arithmetic}]",
                 "reward.sandbox_executor=my_sandbox:factory",

@@ -68,7 +68,7 @@ def _validate_sandbox_executor(cfg: Any) -> None:
     if spec == "local":
         return
     _check_spec("reward.sandbox_executor", spec, "local or ")
-    why = _runs_no_code(cfg.task, cfg.task_config.args or {}, cfg.task_config.sources)
+    why = _runs_no_code(cfg.task, cfg.task_config.args or {}, cfg.task_config.sources or ())
     if why:
         raise ConfigError(
             f"config key 'reward.sandbox_executor' does not apply to task={cfg.task}, {why} (code, "
@@ -84,7 +84,7 @@ def _runs_no_code(task: str, args: dict[str, Any], sources: Any) -> str:
     """Why `task` never runs model code ('' when it may: data rows are read only when the task is)."""
     if task.startswith("agent:"):
         base = str(args.get("base", "rg:chain_sum"))
-        return f"whose base task {base} runs no model code" if base.startswith("rg:") else ""
+        return f"whose base task {base} runs no model code" if _runs_no_code(base, {}, sources) else ""
     if task == "mix" and isinstance(sources, (list, tuple)) and sources:
         specs = [str(s.get("task", "")) if isinstance(s, dict) else "" for s in sources]
         return (

@@ -48,8 +48,8 @@ TRAINING_KEYS = ("split", "args", "columns", "sources")  # what decides the trai
 
 def refuse_trained_problems(cfg: Config, task: Any) -> None:
     """Held-out problems taken from the training split that the model's own run did not keep out of its
-    training (more than its eval.size, or any when it held out rows of another file or split): one line
-    before any weights load. Silent where the two read the training split differently."""
+    training (problems outside its own held-out set, or any when it held out rows of another file or
+    split): one line before any weights load. Silent where the two read the training split differently."""
     found = trained_run(cfg.model)
     if found is None or not task.heldout_from_training():
         return

@@ -5,7 +5,8 @@ ids begin with everything a trajectory so far holds (its prompt + completion), t
 that trajectory (the most recent such one: an agent that sampled several choices continues the one it
 kept): the new prompt suffix (tool results, user turns, template glue) is appended as observation
 tokens (loss mask 0, log-prob 0, the version of the token before it) and the call's completion as
-policy tokens (mask 1). Otherwise the agent rewrote its history (dropped or edited a message, or the
+policy tokens (mask 1; 0 for a call cut at its token limit when `mask_truncated`, loss.mask_truncated).
+Otherwise the agent rewrote its history (dropped or edited a message, or the
 template re-tokenised the assistant text differently), and the call starts a new trajectory: what the
 policy saw is never re-tokenised. Every trajectory of an episode gets the episode's reward.
 """
@@ -19,18 +20,25 @@ from streamrl.types import Trajectory
 
 
 def assemble(
-    calls: Sequence[CallRecord], problem_id: str, group_id: str, sample: int, reward: float, correct: bool
+    calls: Sequence[CallRecord],
+    problem_id: str,
+    group_id: str,
+    sample: int,
+    reward: float,
+    correct: bool,
+    mask_truncated: bool = False,
 ) -> list[Trajectory]:
     """calls (in order) -> trajectories; sample ids are '{group_id}-{sample}' then '-{sample}.1', ..."""
     out: list[Trajectory] = []
     for call in calls:
+        policy = 0 if mask_truncated and call.finish_reason == "length" else 1
         cur = next((t for t in reversed(out) if _continues(call.prompt_ids, t)), None)
         if cur is not None:
             context = len(cur.prompt_ids) + len(cur.completion_ids)
             obs = call.prompt_ids[context:]
             last_version = cur.versions[-1] if cur.versions else 0
             cur.completion_ids += obs + call.completion_ids
-            cur.loss_mask += [0] * len(obs) + [1] * len(call.completion_ids)
+            cur.loss_mask += [0] * len(obs) + [policy] * len(call.completion_ids)
             cur.behaviour_logprobs += [0.0] * len(obs) + call.logprobs
             cur.versions += [last_version] * len(obs) + call.versions
             cur.finish_reason = call.finish_reason
@@ -46,7 +54,7 @@ def assemble(
             behaviour_logprobs=list(call.logprobs),
             versions=list(call.versions),
             finish_reason=call.finish_reason,
-            loss_mask=[1] * len(call.completion_ids),
+            loss_mask=[policy] * len(call.completion_ids),
             text=call.text,
             reward=reward,
             correct=correct,

@@ -44,7 +44,19 @@ def two_tries(client: Any, messages: list[dict[str, Any]]) -> str:
     if "answer is" in first.lower():
         return first
     follow_up = {"role": "user", "content": "Finish with 'The answer is <number>.'"}
-    return one_call(client, [*messages, {"role": "assistant", "content": first}, follow_up])
+    try:
+        return one_call(client, [*messages, {"role": "assistant", "content": first}, follow_up])
+    except Exception as e:
+        if past_the_context(e):  # no room to ask again: the first reply stands
+            return first
+        raise
+
+
+def past_the_context(e: Exception) -> bool:
+    """Whether a chat call was refused as longer than the context (OpenAI's context_length_exceeded, which
+    the proxy answers once a training call's prompt fills train.token_budget): the agent then answers
+    with what it has rather than failing its episode."""
+    return getattr(e, "code", None) == "context_length_exceeded"
 
 
 def calculator(client: Any, messages: list[dict[str, Any]], max_calls: int = 3) -> str:
@@ -52,7 +64,12 @@ def calculator(client: Any, messages: list[dict[str, Any]], max_calls: int = 3) 
     `tool` message, until it answers without a call or `max_calls` chat calls were made."""
     messages = list(messages)
     for _ in range(max_calls):
-        reply = client.chat.completions.create(model="policy", messages=messages, tools=[CALCULATOR])
+        try:
+            reply = client.chat.completions.create(model="policy", messages=messages, tools=[CALCULATOR])
+        except Exception as e:
+            if past_the_context(e):  # no room for another call: unanswered, as past max_calls
+                return ""
+            raise
         msg = reply.choices[0].message
         if not msg.tool_calls:
             return msg.content or ""

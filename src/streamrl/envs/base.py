@@ -67,7 +67,8 @@ class EnvTask(Task):
         raise NotImplementedError
 
 
-# name (without the "env:" prefix) -> builder(args, system_prompt, instruction, extract, env_cfg)
+# name (without the "env:" prefix) -> builder(args, system_prompt, instruction, extract, env_cfg,
+# sandbox_executor, sandbox_min_isolation)
 ENVIRONMENTS: dict[str, Callable[..., EnvTask]] = {}
 _MODULES = ("streamrl.envs.python_tool", "streamrl.envs.search")  # imported on demand: they register
 

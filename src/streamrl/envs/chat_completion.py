@@ -57,15 +57,21 @@ class Completion:
 
 def cut_at_stop(tokenizer: Any, ids: list[int], stops: list[str]) -> tuple[int, str] | None:
     """-> (k, text before the stop) for the fewest tokens ids[:k] whose text holds a stop sequence, or
-    None when no stop sequence occurs."""
-    if not stops or not any(s in _decode(tokenizer, ids) for s in stops):
-        return None
-    for k in range(1, len(ids) + 1):
+    None when no stop sequence occurs. A prefix that holds one is followed by longer ones that do (the
+    text only grows at its end), so k is found by bisection: log2(len) decodes, not len."""
+
+    def holds(k: int) -> bool:
         text = _decode(tokenizer, ids[:k])
-        hits = [text.find(s) for s in stops if s in text]
-        if hits:
-            return k, text[: min(hits)]
-    return None  # unreachable: the whole text holds a stop sequence
+        return any(s in text for s in stops)
+
+    if not stops or not holds(len(ids)):
+        return None
+    lo, hi = 1, len(ids)  # holds(hi); the answer is in [lo, hi]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if holds(mid) else (mid + 1, hi)
+    text = _decode(tokenizer, ids[:hi])
+    return hi, text[: min(text.find(s) for s in stops if s in text)]
 
 
 def make_choice(tokenizer: Any, prompt_ids: list[int], res: GenResult, req: ChatRequest) -> Choice:

@@ -101,7 +101,9 @@ def _evaluate_agent(
         max_new_tokens=max_new_tokens,
         temperature=0.0,
         top_p=1.0,
-        max_batch=max(len(problems), 1),
+        # the engine's rows, not one per problem: at most two agents per row run at once (and as many
+        # threads and connections), however many problems there are
+        max_batch=max(1, min(len(problems), getattr(engine, "max_batch", 64))),
         greedy_baseline=False,
         mask_truncated=False,
         format_weight=0.0,

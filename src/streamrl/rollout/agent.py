@@ -117,7 +117,7 @@ def score_episode(
     reward, correct, facts = outcome_reward(task, problem, run.text, settings.format_weight)
     ok = not run.error
     reward = reward if ok else 0.0
-    trajs = assemble(calls, problem.id, group_id, k, reward, correct and ok)
+    trajs = assemble(calls, problem.id, group_id, k, reward, correct and ok, settings.mask_truncated)
     info = {"episode": k, **facts, "calls": len(calls)}
     if run.error:
         info["agent_error"] = run.detail

@@ -102,6 +102,12 @@ def test_jsonl_bad_rows_are_skipped_counted_and_named(tmp_path, caplog):
         f"{f}:row 3: column 'prompt' must be a non-empty string",
     ]
     assert f"bad.jsonl: skipped 2 malformed row(s): {f}:row 2: column 'answer' is empty" in caplog.text
+    # a tests cell that is not JSON is named by its column
+    f.write_text('{"prompt": "a", "answer": "1"}\n{"prompt": "d", "answer": "2", "tests": "print(1"}\n')
+    columns = {"prompt": "prompt", "answer": "answer", "tests": "tests"}
+    assert make_task(str(f), {}, "", "", "boxed", columns=columns).skipped == [
+        f"{f}:row 2: column 'tests' is not valid JSON (Expecting value: line 1 column 1 (char 0))"
+    ]
     f.write_text('{"prompt": "b", "answer": null}\n')
     with pytest.raises(
         ValueError,

@@ -77,6 +77,24 @@ def test_a_data_typo_fails_before_the_model_is_resolved(tmp_path, monkeypatch, c
     assert resolved == []
 
 
+def test_a_source_with_nothing_to_train_on_fails_before_the_model_is_resolved(tmp_path, monkeypatch, capsys):
+    """A mixture's source whose every row is held out (its own eval_data): one line naming the source at
+    set-up, not an error from the admission thread once the source first comes up in training."""
+    import streamrl.preflight as preflight
+
+    resolved: list[str] = []
+    monkeypatch.setattr(preflight, "resolve_model_dir", lambda name, seed=0: resolved.append(name))
+    rows = tmp_path / "b.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": str(i)}) + "\n" for i in range(4)))
+    sources = f"[{{task: rg:chain_sum, weight: 9}}, {{task: 'data:{rows}', weight: 1, eval_data: '{rows}'}}]"
+    args = [*TINY, "task=mix", f"task_config.sources={sources}", "eval.size=4"]
+    assert _train([*args, f"run_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("streamrl: error: task_config.sources[1]: ") and err.count("\n") == 1, err
+    assert "every training row is also a held-out row" in err
+    assert resolved == [] and not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize(
     "device, message",
     [
@@ -255,3 +273,34 @@ def test_training_with_a_nucleus_is_refused_before_anything_is_written(tmp_path,
     err = capsys.readouterr().err
     assert err.startswith("streamrl: error: config key 'rollout.top_p' is 0.9: training samples with top_p=1")
     assert "`streamrl eval` sampling" in err and err.count("\n") == 1 and not run.exists()
+
+
+def test_a_source_read_alone_that_has_nothing_to_train_on_is_named() -> None:
+    from streamrl.preflight import DRAWS_PER_SOURCE, one_row_per_source
+
+    class Empty(_Source):
+        def train_stream(self, seed: int, exclude: set[str]):
+            raise ValueError("b.jsonl: every training row is also a held-out row")
+            yield  # a generator, as the data tasks' streams are
+
+    task = _Mixture(2)
+    task.tasks[1] = Empty()
+    stream = _tagged([0] * (2 * DRAWS_PER_SOURCE + 5))
+    with pytest.raises(ValueError, match=r"^task_config.sources\[1\]: b.jsonl: every training row is also"):
+        one_row_per_source(task, stream, [], 5, set())
+
+
+def test_a_sources_error_in_the_mixtures_stream_names_the_source(tmp_path: Path) -> None:
+    from streamrl.tasks import make_task
+
+    rows = tmp_path / "b.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": str(i)}) + "\n" for i in range(4)))
+    sources = [{"task": "rg:chain_sum", "weight": 1}, {"task": f"data:{rows}", "eval_data": str(rows)}]
+    task = make_task("mix", {}, "", "", "answer_is", sources=sources)
+    task.heldout(2)
+    stream = task.train_stream(0, set())
+    with pytest.raises(
+        ValueError, match=r"^task_config.sources\[1\]: .*every training row is also a held-out"
+    ):
+        for _ in range(200):  # source 1 comes up within a few draws (weights 1:1)
+            next(stream)

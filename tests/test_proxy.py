@@ -89,6 +89,13 @@ def test_concurrent_agents_get_their_own_episodes(proxy):
         ({"stop": ["a", "b", "c", "d", "e"]}, "'stop' takes at most 4 sequences, got 5"),
         ({"tool_choice": "required"}, "'tool_choice' needs 'tools'"),
         ({"tools": [{"type": "function"}]}, "'tools' must be a list of {type: function"),
+        ({"response_format": {"type": "json_object"}}, "'response_format' is not supported by this proxy"),
+        ({"logit_bias": {"5": 10}}, "'logit_bias' is not supported by this proxy"),
+        ({"presence_penalty": 0.5}, "'presence_penalty' is not supported by this proxy"),
+        ({"frequency_penalty": -1.0}, "'frequency_penalty' is not supported by this proxy"),
+        ({"logprobs": True, "top_logprobs": 3}, "'top_logprobs' is not supported by this proxy"),
+        ({"max_completion_tokens": 0}, "need max_tokens > 0"),
+        ({"n": 0}, "'n' must be between 1 and 16, got 0"),
     ],
 )
 def test_invalid_requests_are_refused_with_the_field_named(proxy, extra, fragment):
@@ -99,6 +106,15 @@ def test_invalid_requests_are_refused_with_the_field_named(proxy, extra, fragmen
         )
     assert err.value.body["message"] == fragment or err.value.body["message"].startswith(fragment)
     assert p.calls("bad") == []
+
+
+def test_the_defaults_of_unsupported_options_are_accepted(proxy):
+    p, _ = proxy
+    defaults = {"response_format": {"type": "text"}, "presence_penalty": 0, "frequency_penalty": 0.0}
+    r = _client(p, "ok").chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": "x"}], max_tokens=2, logit_bias={}, **defaults
+    )
+    assert len(p.calls("ok")) == 1 and r.choices[0].finish_reason in ("stop", "length")
 
 
 def _call(prompt, completion, version, text=""):

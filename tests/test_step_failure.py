@@ -132,6 +132,23 @@ def test_a_step_whose_evaluation_fails_is_logged(tmp_path, monkeypatch):
     _finishes_exactly_once(run, 4)
 
 
+def test_a_step_whose_groups_log_fails_still_has_its_metrics_line(tmp_path, monkeypatch):
+    import streamrl.observe.metrics as metrics
+
+    real = metrics.GroupLog.write
+
+    def write(self, groups, step, advantages=None):
+        if step == 2:
+            raise OSError("injected: no space left on device")
+        return real(self, groups, step, advantages)
+
+    monkeypatch.setattr(metrics.GroupLog, "write", write)
+    run = tmp_path / "run"
+    with pytest.raises(OSError, match="no space left on device"):
+        main(["train", *ARGS, *MODES["colocated"], f"run_dir={run}"])
+    assert [r["step"] for r in _lines(run / "metrics.jsonl")] == [1, 2]
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_a_step_whose_statistics_fail_is_logged(tmp_path, monkeypatch, mode):
     """A statistic of step 2 raises after its update counted (the rollout backend's, the agents'):

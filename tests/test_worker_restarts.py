@@ -360,3 +360,32 @@ def test_a_group_whose_feedback_fails_is_carried_over_not_lost(tiny):
         runner.run(records.append)
     c = _balanced(runner, state, records)
     assert seen[3] in {r.group_id for r in state.unfinished} and c["lost"] == 0
+
+
+def test_the_trainer_lends_its_threads_outside_the_buffers_lock(tiny):
+    """Lending may wait on the cores' lock, which a worker stopped inside it (kill -STOP) holds: the
+    trainer must not hold the buffer's lock meanwhile, or the admission thread, which restarts that
+    worker, could never take it."""
+    runner, _ = _runner(tiny, ["max_steps=2"])
+    free: list[bool] = []
+
+    class Probe:
+        def wait(self) -> None:  # another thread can take the buffer's lock while the trainer lends
+            def take() -> None:
+                got = runner.sh.cond.acquire(timeout=5)
+                free.append(got)
+                if got:
+                    runner.sh.cond.release()
+
+            t = threading.Thread(target=take)
+            t.start()
+            t.join()
+
+        def work(self, *a, **k) -> int:
+            return 1
+
+    runner.threads = Probe()
+    records: list = []
+    runner.run(records.append)
+    assert [r.step for r in records] == [1, 2]
+    assert free and all(free)

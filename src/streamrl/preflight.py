@@ -72,7 +72,12 @@ def one_row_per_source(
         drawn.append(problem)
         firsts.setdefault(problem.meta["source"], problem)
     for i, source in enumerate(sources):
-        alone = None if i in firsts else next(source.train_stream(seed + SOURCE_SEED_STEP * i, exclude), None)
+        if i in firsts:
+            continue
+        try:
+            alone = next(source.train_stream(seed + SOURCE_SEED_STEP * i, exclude), None)
+        except ValueError as e:
+            raise ValueError(f"task_config.sources[{i}]: {e}") from None
         if alone is not None:
             firsts[i] = alone
     return [firsts[i] for i in sorted(firsts)]
@@ -103,8 +108,10 @@ def preflight(cfg: Any) -> Checked:
     exclude = split[1]
     stream = task.train_stream(cfg.seed, exclude)  # read once: a streamed dataset fills its buffer once
     drawn = list(itertools.islice(stream, 1))
-    if loaded:  # each function is passed what it needs, on every source's rows
-        for problem in one_row_per_source(task, stream, drawn, cfg.seed, exclude):
+    # every source has a problem to train on (a mixture's source whose rows are all held out fails
+    # here, not when it first comes up in training); each function is passed what it needs on them
+    for problem in one_row_per_source(task, stream, drawn, cfg.seed, exclude):
+        if loaded:
             check_arguments(loaded, fns, reward_columns(problem))
     tc = cfg.task_config
     if tc.chat_template:  # recorded absolute: workers, resume and evaluation read the same file

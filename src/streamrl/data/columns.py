@@ -143,7 +143,11 @@ def parse_row(rec: Any, columns: dict[str, str]) -> dict[str, Any]:
         if raw in ([], "[]") and _optional(rec, columns.get("answer") or "") is not None:
             raw = None  # a math row of a mixed file may write its tests as an empty list
         if raw is not None:
-            tests = validate_tests(json.loads(raw) if isinstance(raw, str) else raw, "tests")
+            try:
+                parsed = json.loads(raw) if isinstance(raw, str) else raw
+            except json.JSONDecodeError as e:
+                raise ValueError(f"column '{columns['tests']}' is not valid JSON ({e})") from None
+            tests = validate_tests(parsed, "tests")
         kind = str(_get(rec, columns["task"])) if "task" in columns else ("code" if tests else "math")
         if kind not in ("math", "code"):
             raise ValueError(f"column '{columns['task']}' must be 'math' or 'code', got {kind!r}")

@@ -122,7 +122,15 @@ class MixtureTask(Task):
         indices = range(len(streams))
         while True:
             i = rng.choices(indices, weights=self.weights)[0]
-            yield self._tag(next(streams[i]), i)
+            yield self._tag(self._next(streams[i], i), i)
+
+    @staticmethod
+    def _next(stream: Iterator[Problem], i: int) -> Problem:
+        """The next problem of source i; its error names the source."""
+        try:
+            return next(stream)
+        except ValueError as e:
+            raise ValueError(f"task_config.sources[{i}]: {e}") from None
 
     def score(self, problem: Problem, text: str) -> Score:
         return self.tasks[problem.meta["source"]].score(problem, text)

@@ -58,13 +58,16 @@ def parse_request(body: Any, max_tokens: int, default_temperature: float) -> Cha
         messages = template_messages(body.get("messages"))
     except ValueError as e:
         raise BadRequest(str(e)) from None
-    cap = body.get("max_completion_tokens") or body.get("max_tokens") or max_tokens
+    _refuse_unhonoured(body)
+    cap = next(
+        (body[k] for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None), max_tokens
+    )
     temp = body.get("temperature")
     try:
         max_new = min(int(cap), max_tokens)
         temperature = float(temp) if temp is not None else default_temperature
         top_p = float(body.get("top_p") if body.get("top_p") is not None else 1.0)
-        n = int(body.get("n") or 1)
+        n = int(body["n"] if body.get("n") is not None else 1)
     except (TypeError, ValueError):
         raise BadRequest("max_tokens and n must be integers, temperature and top_p numbers") from None
     if max_new <= 0 or temperature < 0 or not 0 < top_p <= 1:
@@ -87,6 +90,26 @@ def parse_request(body: Any, max_tokens: int, default_temperature: float) -> Cha
         tools=tools,
         tool_choice=choice,
     )
+
+
+# what would change the tokens sampled or the answer's shape, which the proxy cannot honour: a value
+# that asks for it is refused rather than silently ignored (the defaults pass)
+UNHONOURED = {
+    "response_format": lambda v: isinstance(v, dict) and v.get("type", "text") != "text",
+    "logit_bias": bool,
+    "presence_penalty": bool,
+    "frequency_penalty": bool,
+    "top_logprobs": bool,
+}
+
+
+def _refuse_unhonoured(body: dict[str, Any]) -> None:
+    for key, asks in UNHONOURED.items():
+        if body.get(key) is not None and asks(body[key]):
+            raise BadRequest(
+                f"'{key}' is not supported by this proxy (the policy samples plainly, so that the trainer "
+                f"scores exactly the tokens drawn): leave it out, got {body[key]!r}"
+            )
 
 
 def _stop(stop: Any) -> list[str]:

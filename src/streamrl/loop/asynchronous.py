@@ -193,8 +193,12 @@ class AsyncRunner:
                         failure = self.backend.failure()
                         if failure:
                             raise RolloutFailure(failure)
-                        if self.threads is not None:
-                            self.threads.wait()
+                        if self.threads is not None:  # lending may wait on the cores' lock: not under
+                            self.sh.cond.release()  # ours, or a worker stopped inside it would keep
+                            try:  # the admission thread (its supervisor) from ever restarting it
+                                self.threads.wait()
+                            finally:
+                                self.sh.cond.acquire()
                         self.stall.waiting(True)
                         self.sh.cond.wait(timeout=0.5)
                         continue

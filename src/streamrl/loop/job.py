@@ -299,8 +299,10 @@ def _run_train(
                     record["time"] = resumed_at["time"] + time.perf_counter() - t_start
                     record["train_elapsed"] = resumed_at["train_elapsed"] + clock.elapsed
                     clock_at.update(time=record["time"], train_elapsed=record["train_elapsed"])
-                    groups_log.write(rec.groups, rec.step, rec.advantages)
-                    observer.on_step(record)
+                    try:
+                        groups_log.write(rec.groups, rec.step, rec.advantages)
+                    finally:  # the step's metrics line, even if the groups' log failed (a full disk)
+                        observer.on_step(record)
                 progress.update(record)
                 if rec.step < cfg.max_steps:  # the last step's state is saved when the loop ends
                     with clock.pause():

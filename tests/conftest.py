@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,3 +82,29 @@ def offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, 
     monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(hub))
     return hub, cache
+
+
+@pytest.fixture(scope="module")
+def lms():
+    """(the current policy, other weights the drafts come from) of the speculative-rollout tests
+    (tests/spec_harness.py), their heads checked once here (the check's own forward would otherwise
+    show up in the tests that count forwards)."""
+    from spec_harness import small_lm
+
+    from streamrl.models.head import check_head
+
+    models = small_lm(0), small_lm(1)
+    for m in models:
+        check_head(m, "cpu", "rollout.spec_drafts > 0", "speculative rollouts", "set rollout.spec_drafts=0")
+    return models
+
+
+@pytest.fixture
+def user_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Your reward functions' file of tests/user_rewards.py, as my_rewards.py in the working directory."""
+    from user_rewards import USER_FILE
+
+    (tmp_path / "my_rewards.py").write_text(USER_FILE)
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path / "my_rewards.py"
+    sys.modules.pop("my_rewards", None)  # another test's my_rewards.py is another module

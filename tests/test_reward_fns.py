@@ -6,27 +6,17 @@ awaited on one loop and cancelled at their timeout, and the answer a function is
 from __future__ import annotations
 
 import json
-import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from tiny_args import TINY
-from user_rewards import USER_FILE, _problem, _scored, _traj  # tests/ is on sys.path
+from user_rewards import _problem, _scored, _traj  # tests/ is on sys.path
 
 from streamrl.cli import main
 from streamrl.config import load_config
 from streamrl.rollout.score import Scoring
 from streamrl.types import Trajectory
-
-
-@pytest.fixture
-def user_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    (tmp_path / "my_rewards.py").write_text(USER_FILE)
-    monkeypatch.chdir(tmp_path)
-    yield tmp_path / "my_rewards.py"
-    sys.modules.pop("my_rewards", None)  # another test's my_rewards.py is another module
 
 
 def test_weighted_functions_and_the_task_reward_sum_exactly(user_file: Path) -> None:

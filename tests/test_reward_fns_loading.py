@@ -6,25 +6,15 @@ the first score's timeout."""
 from __future__ import annotations
 
 import json
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from tiny_args import TINY
-from user_rewards import USER_FILE, _problem, _traj  # tests/ is on sys.path
+from user_rewards import _problem, _traj  # tests/ is on sys.path
 
 from streamrl.cli import main
 from streamrl.config import ConfigError, load_config
 from streamrl.rollout.score import Scoring
-
-
-@pytest.fixture
-def user_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    (tmp_path / "my_rewards.py").write_text(USER_FILE)
-    monkeypatch.chdir(tmp_path)
-    yield tmp_path / "my_rewards.py"
-    sys.modules.pop("my_rewards", None)  # another test's my_rewards.py is another module
 
 
 @pytest.mark.parametrize(

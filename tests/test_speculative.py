@@ -28,23 +28,10 @@ from spec_harness import (  # tests/ is on sys.path (rootdir conftest)
     offered_drafts,
     old_responses,
     response_probs,
-    small_lm,
     tree_prefixes,
 )
-from transformers import LlamaForCausalLM
 
 from streamrl.engine.base import Draft, GenRequest
-from streamrl.models.head import check_head
-
-
-@pytest.fixture(scope="module")
-def lms() -> tuple[LlamaForCausalLM, LlamaForCausalLM]:
-    """(the current policy, other weights the drafts come from), their heads checked once here (the
-    check's own forward would otherwise show up in the tests that count forwards)."""
-    models = small_lm(0), small_lm(1)
-    for m in models:
-        check_head(m, "cpu", "rollout.spec_drafts > 0", "speculative rollouts", "set rollout.spec_drafts=0")
-    return models
 
 
 def test_plain_sampling_fits_the_exact_distribution(lms):

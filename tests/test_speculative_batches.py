@@ -28,23 +28,11 @@ from spec_harness import (  # tests/ is on sys.path (rootdir conftest)
     teacher_forced,
     tree_prefixes,
 )
-from transformers import LlamaForCausalLM
 
 from streamrl.engine.base import GenRequest, GenResult
 from streamrl.engine.continuous import ContinuousDecoder
 from streamrl.engine.hf import HFEngine
 from streamrl.models.attention import register
-from streamrl.models.head import check_head
-
-
-@pytest.fixture(scope="module")
-def lms() -> tuple[LlamaForCausalLM, LlamaForCausalLM]:
-    """(the current policy, other weights the drafts come from), their heads checked once here (the
-    check's own forward would otherwise show up in the tests that count forwards)."""
-    models = small_lm(0), small_lm(1)
-    for m in models:
-        check_head(m, "cpu", "rollout.spec_drafts > 0", "speculative rollouts", "set rollout.spec_drafts=0")
-    return models
 
 
 def _mixed_requests(lms, temperature: float, max_new: int) -> list[GenRequest]:

@@ -23,7 +23,6 @@ from spec_harness import (
     nodes,
     old_responses,
     response_probs,
-    small_lm,
     teacher_forced,
     tree_prefixes,
 )
@@ -31,17 +30,6 @@ from transformers import GraniteConfig, GraniteForCausalLM
 
 from streamrl.engine import draft_tree, speculative
 from streamrl.engine.base import Draft, GenRequest
-from streamrl.models.head import check_head
-
-
-@pytest.fixture(scope="module")
-def lms():
-    """(the current policy, other weights the drafts come from), their heads checked once here (the
-    check's own forward would otherwise show up in tests that count forwards)."""
-    models = small_lm(0), small_lm(1)
-    for m in models:
-        check_head(m, "cpu", "rollout.spec_drafts > 0", "speculative rollouts", "set rollout.spec_drafts=0")
-    return models
 
 
 def test_the_head_level_by_level_leaves_the_policy_exact(lms, monkeypatch):

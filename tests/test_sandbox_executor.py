@@ -138,3 +138,25 @@ def test_the_python_tool_checks_the_built_in_sandbox_against_the_minimum_isolati
     )
     assert type(task.run_code.executor).__name__ == "LocalSandbox"
     assert task.run_code.executor.min_isolation == "rlimits"
+
+
+def test_two_code_rows_with_one_prompt_are_scored_each_against_its_own_tests(factory: str) -> None:
+    """Streamed rows are not deduplicated: two rows with one prompt (and no id column) share a problem
+    id and an empty answer, so the score cache tells them apart by their tests."""
+    from dataclasses import replace
+
+    from streamrl.rollout.score import Scoring
+    from streamrl.types import Trajectory
+
+    keys = ["task=code", f"reward.sandbox_executor={factory}", "reward.service=inline"]
+    cfg = load_config(None, keys)
+    task = task_from_config(cfg)
+    problem = task.heldout(1)[0]
+    echoed = [{"input": "a\n", "output": "a\n"}]  # the echo passes it
+    other = replace(problem, meta={**problem.meta, "tests": [{"input": "a\n", "output": "b\n"}]})
+    problem = replace(problem, meta={**problem.meta, "tests": echoed})
+    scoring = Scoring(cfg, task)
+    trajs = [Trajectory("p", "g", f"g-{k}", [1], [2], [-0.1], [0], "stop", text=RESPONSE) for k in range(2)]
+    scoring.score([(problem, trajs[0]), (other, trajs[1])])
+    scoring.close()
+    assert problem.id == other.id and [t.correct for t in trajs] == [True, False]

@@ -16,6 +16,7 @@ cost their reward (0.0, reason "step_budget"); requests still queued in the serv
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import logging
 import math
 import threading
@@ -161,7 +162,10 @@ class Scoring:
         # functions read the token ids too, and one text has several tokenizations (a sample that ended
         # with another stop token, say): with them, the ids are part of the response
         ids = tuple(traj.completion_ids)
-        key = (problem.id, problem.answer, traj.text, ids if self.ids_in_key else None)
+        # a code row's reference is its tests: two streamed rows with one prompt share an id and answer
+        tests = problem.meta.get("tests")
+        ref = (problem.answer, json.dumps(tests, sort_keys=True)) if tests else problem.answer
+        key = (problem.id, ref, traj.text, ids if self.ids_in_key else None)
         return self.service.submit(problem, traj.text, ids, cache_key=key)
 
     def apply(self, traj: Trajectory, outcome: RewardOutcome) -> None:

@@ -257,6 +257,11 @@ def test_a_source_the_mixture_stream_does_not_reach_is_read_alone_as_the_mixture
     assert len(drawn) == 2 * DRAWS_PER_SOURCE  # the draws are bounded
     assert [p.id for p in firsts] == ["m0-0", f"alone-{5 + SOURCE_SEED_STEP}"]
     assert [s.opened for s in task.tasks] == [[], [5 + SOURCE_SEED_STEP]]
+    # without your functions to check on every source, no source's own stream is opened (a streamed
+    # one would fill its buffer again): the sources the mixture's draws reached are checked
+    task, drawn = _Mixture(2), []
+    firsts = one_row_per_source(task, _tagged([0] * (2 * DRAWS_PER_SOURCE + 5)), drawn, 5, set(), alone=False)
+    assert [p.id for p in firsts] == ["m0-0"] and [s.opened for s in task.tasks] == [[], []]
 
 
 def test_a_plain_task_gives_its_first_problem() -> None:

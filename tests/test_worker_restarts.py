@@ -388,4 +388,5 @@ def test_the_trainer_lends_its_threads_outside_the_buffers_lock(tiny):
     records: list = []
     runner.run(records.append)
     assert [r.step for r in records] == [1, 2]
-    assert free and all(free)
+    # once per wait for a batch (two steps) and once at the end: lent threads stay lent until taken back
+    assert all(free) and 1 <= len(free) <= 3, free

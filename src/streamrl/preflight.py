@@ -54,12 +54,18 @@ DRAWS_PER_SOURCE = 32
 
 
 def one_row_per_source(
-    task: Task, stream: Iterator[Problem], drawn: list[Problem], seed: int, exclude: set[str]
+    task: Task,
+    stream: Iterator[Problem],
+    drawn: list[Problem],
+    seed: int,
+    exclude: set[str],
+    alone: bool = True,
 ) -> list[Problem]:
     """The first problem of each of a mixture's sources (of the task itself otherwise), read off the
     task's own stream: `drawn` holds what was read of it so far and keeps what this reads, for the checks
     after. A source that has not come up in DRAWS_PER_SOURCE draws per source (a small weight) is read
-    on its own, as the mixture seeds it."""
+    on its own, as the mixture seeds it (unless not `alone`: a streamed source would fill its buffer
+    once more)."""
     sources = getattr(task, "tasks", None)
     if not sources:
         return drawn[:1]
@@ -72,14 +78,14 @@ def one_row_per_source(
         drawn.append(problem)
         firsts.setdefault(problem.meta["source"], problem)
     for i, source in enumerate(sources):
-        if i in firsts:
+        if i in firsts or not alone:
             continue
         try:
-            alone = next(source.train_stream(seed + SOURCE_SEED_STEP * i, exclude), None)
+            first = next(source.train_stream(seed + SOURCE_SEED_STEP * i, exclude), None)
         except ValueError as e:
             raise ValueError(f"task_config.sources[{i}]: {e}") from None
-        if alone is not None:
-            firsts[i] = alone
+        if first is not None:
+            firsts[i] = first
     return [firsts[i] for i in sorted(firsts)]
 
 
@@ -108,9 +114,10 @@ def preflight(cfg: Any) -> Checked:
     exclude = split[1]
     stream = task.train_stream(cfg.seed, exclude)  # read once: a streamed dataset fills its buffer once
     drawn = list(itertools.islice(stream, 1))
-    # every source has a problem to train on (a mixture's source whose rows are all held out fails
-    # here, not when it first comes up in training); each function is passed what it needs on them
-    for problem in one_row_per_source(task, stream, drawn, cfg.seed, exclude):
+    # a mixture's sources, as they come up in its first draws (every one with your functions), have
+    # problems to train on: one whose rows are all held out fails here, not in training; and each of
+    # your functions is passed what it needs on every source
+    for problem in one_row_per_source(task, stream, drawn, cfg.seed, exclude, alone=bool(loaded)):
         if loaded:
             check_arguments(loaded, fns, reward_columns(problem))
     tc = cfg.task_config

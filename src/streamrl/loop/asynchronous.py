@@ -59,10 +59,8 @@ class AsyncRunner:
         self.on_group_scored, self.replay = on_group_scored, replay  # sampler feedback; rollout replay
         self.worker_target = worker_target  # tests swap in a scripted engine (local backend)
         self.backend = backend or make_backend(cfg, worker_target)  # runtime.backend: local | ray
-        self.state = state
-        self.stop = stop
-        self.B = cfg.rollout.prompts_per_step
-        self.eta = cfg.max_staleness
+        self.state, self.stop = state, stop
+        self.B, self.eta = cfg.rollout.prompts_per_step, cfg.max_staleness
         r = cfg.rollout
         self.settings = RolloutSettings.from_config(cfg)
         self.sampling = DynamicSampling(applies(cfg), self.B, r.dynamic_sampling_rounds)
@@ -81,8 +79,7 @@ class AsyncRunner:
             self.ledger.requeue(res.group_id, "buffered")
             self.sh.buffer.append(res)
         self.readmit: deque[GroupRequest] = deque(state.unfinished)
-        # group id -> its oldest token's version, found once: a returned group's tokens never change,
-        # and a batch's picks read every buffered group's (under sh.cond)
+        # group id -> its oldest token's version, found once: a returned group's tokens never change (sh.cond)
         self.oldest: dict[str, int] = {}
         self.stall = StallWatch(cfg.runtime.worker_timeout_s)  # groups that never come back (sh.cond)
         self._threads_stop = threading.Event()
@@ -181,6 +178,7 @@ class AsyncRunner:
     def _take_batch(self) -> list[GroupResult] | None:
         """B groups within the staleness bound, oldest first; None if a stop was requested."""
         taken: list[GroupResult] = []
+        lent = False  # the trainer's threads, lent once per wait (its next `work` takes them back)
         with self.sh.cond:
             try:
                 while len(taken) < self.B:
@@ -193,12 +191,14 @@ class AsyncRunner:
                         failure = self.backend.failure()
                         if failure:
                             raise RolloutFailure(failure)
-                        if self.threads is not None:  # lending may wait on the cores' lock: not under
-                            self.sh.cond.release()  # ours, or a worker stopped inside it would keep
-                            try:  # the admission thread (its supervisor) from ever restarting it
+                        if self.threads is not None and not lent:  # outside our lock: lending may wait
+                            self.sh.cond.release()  # on the cores' lock, and a worker stopped inside it
+                            try:  # must stay restartable by the admission thread
                                 self.threads.wait()
                             finally:
                                 self.sh.cond.acquire()
+                            lent = True  # then look again: a group may have come meanwhile
+                            continue
                         self.stall.waiting(True)
                         self.sh.cond.wait(timeout=0.5)
                         continue

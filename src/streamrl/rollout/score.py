@@ -16,6 +16,7 @@ cost their reward (0.0, reason "step_budget"); requests still queued in the serv
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import json
 import logging
 import math
@@ -162,9 +163,10 @@ class Scoring:
         # functions read the token ids too, and one text has several tokenizations (a sample that ended
         # with another stop token, say): with them, the ids are part of the response
         ids = tuple(traj.completion_ids)
-        # a code row's reference is its tests: two streamed rows with one prompt share an id and answer
+        # a code row's reference is its tests (a digest: the cache keeps thousands of keys): two streamed
+        # rows with one prompt share an id and an answer
         tests = problem.meta.get("tests")
-        ref = (problem.answer, json.dumps(tests, sort_keys=True)) if tests else problem.answer
+        ref = (problem.answer, _digest(tests)) if tests else problem.answer
         key = (problem.id, ref, traj.text, ids if self.ids_in_key else None)
         return self.service.submit(problem, traj.text, ids, cache_key=key)
 
@@ -248,3 +250,8 @@ class ScoreWait:
         waited = time.perf_counter() - t0
         self.allowance -= waited
         return waited
+
+
+def _digest(value: Any) -> bytes:
+    """16 bytes that tell one JSON-like value from another."""
+    return hashlib.blake2b(json.dumps(value, sort_keys=True, default=repr).encode(), digest_size=16).digest()

@@ -129,10 +129,20 @@ def test_a_tmpdir_without_flock_puts_the_lock_in_dev_shm(monkeypatch):
 def test_a_lock_no_longer_used_closes_its_file():
     import gc
 
-    def open_fds() -> int:
-        return len(os.listdir("/proc/self/fd"))
+    from streamrl.placement.leftovers import LOCK_PREFIX
 
-    before = open_fds()
+    def open_lock_files() -> int:
+        """The process's descriptors open on a lock file (others come and go with other tests)."""
+        count = 0
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                count += LOCK_PREFIX in os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                pass  # closed while listing
+        return count
+
+    gc.collect()
+    before = open_lock_files()
     for _ in range(20):
         lock = SharedLock()
         with lock:
@@ -142,4 +152,4 @@ def test_a_lock_no_longer_used_closes_its_file():
             pass
         del lock, copy
     gc.collect()
-    assert open_fds() == before
+    assert open_lock_files() == before

@@ -4,6 +4,9 @@ import json
 import multiprocessing as mp
 import os
 import random
+import signal
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -183,25 +186,27 @@ def test_lending_only_where_the_phases_share_cores(overrides, on):
 
 
 @pytest.mark.parametrize("policy", ["lend", "alternate"])
-def test_a_run_lends_the_trainers_core_to_generation_and_loses_nothing(tmp_path, policy, capfd):
+def test_a_run_lends_the_trainers_core_to_generation_and_loses_nothing(tmp_path, policy):
     """The trainer waits for its first batch, so the worker decodes on every core; the peak stays at
     the cores, the staleness bound holds, every admitted group is accounted for, and at the end the
-    worker reaches the stop request (under `alternate` it yields to a trainer that no longer trains)."""
-    from streamrl.loop.job import run_train
-
+    worker reaches the stop request (under `alternate` it yields to a trainer that no longer trains).
+    The run is a process of its own with a time limit: a worker yielding for ever would hang it."""
     run_dir = tmp_path / "run"
-    cfg = load_config(
-        None,
-        [
-            *TINY,
-            "max_steps=4",
-            "max_staleness=1",
-            "train.token_budget=200",
-            f"runtime.elastic_cores={policy}",
-            f"run_dir={run_dir}",
-        ],
+    args = [*TINY, "max_steps=4", "max_staleness=1", "train.token_budget=200"]
+    cmd = [sys.executable, "-m", "streamrl.cli", "train", *args, f"runtime.elastic_cores={policy}"]
+    proc = subprocess.Popen(
+        [*cmd, f"run_dir={run_dir}"],
+        start_new_session=True,  # its own group: the kill on a hang takes its workers too
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
-    run_train(cfg)
+    try:  # a limit against a hang, not a speed check
+        _, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err[-2000:]
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     last = rows[-1]
@@ -215,7 +220,7 @@ def test_a_run_lends_the_trainers_core_to_generation_and_loses_nothing(tmp_path,
     acc = json.loads((run_dir / "accounting.json").read_text())
     assert acc["lost"] == 0
     assert acc["admitted"] == acc["trained"] + acc["filtered"] + acc["carried_over"]
-    assert "did not stop" not in capfd.readouterr().err  # not killed after the stop's time limit
+    assert "did not stop" not in err  # not killed after the stop's time limit
 
 
 def _die_holding_the_lock(cores: ElasticCores) -> None:

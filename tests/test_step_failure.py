@@ -115,6 +115,25 @@ def test_a_colocated_step_run_again_numbers_its_groups_after_the_failed_attempts
     assert acc["lost"] == 0 and acc["trained"] == 6 and acc["filter_reasons"] == {"failed_step": 2}
 
 
+def test_a_colocated_step_run_again_trains_the_problems_its_failed_attempt_drew(tmp_path, monkeypatch):
+    """Step 3's rollouts fail after drawing two problems: the resumed run draws those two again, so
+    each step trains on what an uninterrupted run trains on (none skipped, none repeated)."""
+    args = [*ARGS, *MODES["colocated"], "rollout.dynamic_sampling=false", "train.save_every=0"]
+
+    def problems(run: Path) -> list[tuple[int, str]]:
+        return sorted((g["step"], g["problem_id"]) for g in _lines(run / "groups.jsonl"))
+
+    assert main(["train", *args, f"run_dir={tmp_path / 'whole'}"]) == 0
+    _rollouts_fail_at(monkeypatch, 3)
+    run = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="injected rollout failure"):
+        main(["train", *args, f"run_dir={run}"])
+    monkeypatch.undo()
+    assert main(["train", f"resume={run}"]) == 0
+    assert problems(run) == problems(tmp_path / "whole")
+    assert len({p for _, p in problems(run)}) == 8
+
+
 def test_a_step_whose_evaluation_fails_is_logged(tmp_path, monkeypatch):
     """The periodic evaluation of step 2 raises: step 2 is trained and counted, so it has its line."""
     import streamrl.loop.job as job

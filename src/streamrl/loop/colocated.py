@@ -51,6 +51,7 @@ class ColocatedRunner:
         self.on_group_scored, self.replay = on_group_scored, replay  # sampler feedback; rollout replay
         self.ledger = Ledger()
         self.in_step = False  # from its update to counting the step: nothing to save
+        self.rewound: dict[str, Any] | None = None  # the stream's position before a failed step's draws
         if state.ledger:
             self.ledger.load_state_dict(state.ledger)
         r = cfg.rollout
@@ -127,7 +128,7 @@ class ColocatedRunner:
         return dataclasses.replace(
             self.state,
             ledger=self.ledger.snapshot(),
-            sampler=sampler_state(self.stream),
+            sampler=sampler_state(self.stream) if self.rewound is None else self.rewound,
             drafts=self.drafts.state_dict() if self.drafts is not None else [],
         )
 
@@ -147,10 +148,12 @@ class ColocatedRunner:
         while budget.more(self.state.step):
             t0 = time.perf_counter()
             step = self.state.step + 1
+            drawn = (sampler_state(self.stream), self.state.problems_drawn)
             try:
                 groups, timing = self._batch(step)
             except BaseException:  # the weights are the last step's: what this step generated is dropped
                 self.ledger.drop_buffered("failed_step")
+                self.rewound, self.state.problems_drawn = drawn  # its problems are drawn again on resume
                 raise
             self.in_step = True  # the update may fail half-applied from here until the step counts
             rec = train_on(

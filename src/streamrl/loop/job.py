@@ -330,7 +330,7 @@ def _run_train(
                 kept = f"its newest saved state, {newest.name}, is kept" if newest else "no state was saved"
                 console.print(f"[yellow]the run failed inside step {state.step + 1}: {kept}[/]")
             else:
-                state.sampler = sampler.state_dict()
+                state.sampler = runner.snapshot().sampler  # before a failed step's draws
                 save(state)
             timings["save"] = time.perf_counter() - t_save
     interrupted, final_eval_stopped = bool(stop), False

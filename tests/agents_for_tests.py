@@ -79,3 +79,10 @@ def count_running(client, messages):
     finally:
         with lock:
             RUNNING["now"] -= 1
+
+
+def call_then_answer_an_endless_program(client, messages):
+    """One call, then a program that never ends: the code task's sandbox runs it to its own limit, past
+    a short reward.timeout_s."""
+    client.chat.completions.create(model="policy", messages=messages, max_tokens=3)
+    return "```python\nwhile True:\n    pass\n```"

@@ -254,23 +254,47 @@ def test_an_episode_earns_the_base_tasks_partial_credit():
 
     from streamrl.data.task import Score
     from streamrl.envs.chat_completion import CallRecord
-    from streamrl.rollout.agent import AgentRun, score_episode
+    from streamrl.rollout.agent import AgentRun, inline_outcome, score_episode
     from streamrl.types import Problem
 
     task = SimpleNamespace(score=lambda problem, text: Score(False, True, text, value=0.6))
     settings = SimpleNamespace(format_weight=0.1, mask_truncated=False)
     calls = [CallRecord([1, 2], [3, 4], [-0.1, -0.2], [0, 0], "stop", "x")]
-    ep = score_episode(task, settings, Problem("p", [], "1"), "g", 0, AgentRun("x"), calls)
+    p = Problem("p", [], "1")
+    ep = score_episode(settings, p, "g", 0, AgentRun("x"), calls, inline_outcome(task, settings, p, "x"))
     assert ep.reward == pytest.approx(0.7) and [t.reward for t in ep.trajectories] == [pytest.approx(0.7)]
-    assert not ep.correct
-    failed = score_episode(task, settings, Problem("p", [], "1"), "g", 1, AgentRun("", "KeyError"), calls)
-    assert failed.reward == 0.0
+    assert not ep.correct and ep.formatted
+    failed = score_episode(
+        settings, p, "g", 1, AgentRun("", "KeyError"), calls, inline_outcome(task, settings, p, "")
+    )
+    assert failed.reward == 0.0 and not failed.formatted
     # loss.mask_truncated reaches the episode's calls: one cut at its max_tokens is not trained on
     cut = [CallRecord([1, 2], [3, 4], [-0.1, -0.2], [0, 0], "length", "x")]
     for mask, expected in ((False, [1, 1]), (True, [0, 0])):
         settings = SimpleNamespace(format_weight=0.1, mask_truncated=mask)
-        ep = score_episode(task, settings, Problem("p", [], "1"), "g", 2, AgentRun("x"), cut)
+        ep = score_episode(settings, p, "g", 2, AgentRun("x"), cut, inline_outcome(task, settings, p, "x"))
         assert ep.trajectories[0].loss_mask == expected
+
+
+def test_an_episode_whose_scoring_failed_earns_nothing():
+    """The reward service gave up on the final text (a scorer past reward.timeout_s): reward 0, not
+    correct, and the reason on every trajectory."""
+    from types import SimpleNamespace
+
+    from streamrl.envs.chat_completion import CallRecord
+    from streamrl.rewards.service import RewardOutcome
+    from streamrl.rollout.agent import AgentRun, score_episode
+    from streamrl.types import Problem
+
+    settings = SimpleNamespace(format_weight=0.1, mask_truncated=False)
+    calls = [CallRecord([1, 2], [3, 4], [-0.1, -0.2], [0, 0], "stop", "x")]
+    timed_out = RewardOutcome(0.0, {"error_detail": "over reward.timeout_s=1"}, "timeout", 1.0)
+    ep = score_episode(settings, Problem("p", [], "1"), "g", 0, AgentRun("x"), calls, timed_out)
+    assert (ep.reward, ep.correct, ep.formatted, ep.error) == (0.0, False, False, "")
+    info = ep.trajectories[0].reward_info
+    assert (info["reward_error"], info["reward_error_detail"]) == ("timeout", "over reward.timeout_s=1")
+    assert (info["reward_latency_s"], info["reward_cached"]) == (1.0, False)
+    assert ep.trajectories[0].reward == 0.0
 
 
 def test_a_steps_accuracy_and_reward_count_each_episode_once():

@@ -168,6 +168,34 @@ def test_a_step_whose_groups_log_fails_still_has_its_metrics_line(tmp_path, monk
     assert [r["step"] for r in _lines(run / "metrics.jsonl")] == [1, 2]
 
 
+def test_when_the_groups_log_and_the_metrics_both_fail_the_groups_log_error_is_raised(
+    tmp_path, monkeypatch, capsys
+):
+    """A full disk fails both writes of step 2: the first failure is the error raised, the second is
+    printed, not raised in its place."""
+    import streamrl.observe.live as live
+    import streamrl.observe.metrics as metrics
+
+    real_write, real_on_step = metrics.GroupLog.write, live.RunObserver.on_step
+
+    def write(self, groups, step, advantages=None):
+        if step == 2:
+            raise OSError("injected: the groups' log cannot write")
+        return real_write(self, groups, step, advantages)
+
+    def on_step(self, record):
+        if record["step"] == 2:
+            raise OSError("injected: the metrics cannot write")
+        return real_on_step(self, record)
+
+    monkeypatch.setattr(metrics.GroupLog, "write", write)
+    monkeypatch.setattr(live.RunObserver, "on_step", on_step)
+    with pytest.raises(OSError, match="^injected: the groups' log cannot write$"):
+        main(["train", *ARGS, *MODES["colocated"], f"run_dir={tmp_path / 'run'}"])
+    out = " ".join("".join(capsys.readouterr()).split())  # the console wraps long lines
+    assert "step 2's metrics failed too: OSError('injected: the metrics cannot write')" in out
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_a_step_whose_statistics_fail_is_logged(tmp_path, monkeypatch, mode):
     """A statistic of step 2 raises after its update counted (the rollout backend's, the agents'):

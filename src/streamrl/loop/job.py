@@ -301,8 +301,13 @@ def _run_train(
                     clock_at.update(time=record["time"], train_elapsed=record["train_elapsed"])
                     try:
                         groups_log.write(rec.groups, rec.step, rec.advantages)
-                    finally:  # the step's metrics line, even if the groups' log failed (a full disk)
-                        observer.on_step(record)
+                    except BaseException:  # the step's metrics line even so; the log's error is the one
+                        try:  # raised (a full disk fails both: the first cause is the one to read)
+                            observer.on_step(record)
+                        except Exception as e:
+                            console.print(f"[yellow]step {rec.step}'s metrics failed too: {e!r}[/]")
+                        raise
+                    observer.on_step(record)
                 progress.update(record)
                 if rec.step < cfg.max_steps:  # the last step's state is saved when the loop ends
                     with clock.pause():

@@ -24,6 +24,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +33,8 @@ from streamrl.envs.agent_task import AgentTask
 from streamrl.envs.agent_trajectory import assemble
 from streamrl.envs.chat_completion import CallRecord
 from streamrl.envs.proxy import CALL_ID_HEADER, ChatProxy
-from streamrl.rollout.score import outcome_reward
+from streamrl.rewards.service import RewardOutcome
+from streamrl.rollout.score import Scoring, outcome_reward
 from streamrl.rollout.trajectory import RolloutSettings
 from streamrl.types import EvalStopped, Group, Problem, Trajectory
 
@@ -103,27 +105,40 @@ def overdue(proxy: ChatProxy, episode: str, started: float, limit: float, now: f
     return AgentRun("", TIMEOUT_ERROR, detail)
 
 
+def inline_outcome(task: AgentTask, settings: RolloutSettings, problem: Problem, text: str) -> RewardOutcome:
+    """The base task's score of a final text, computed here (held-out evaluation scores inline, as it
+    does plain responses); training scores through the reward service (Scoring.submit_text)."""
+    reward, correct, facts = outcome_reward(task, problem, text, settings.format_weight)
+    return RewardOutcome(reward, {**facts, "correct": correct})
+
+
 def score_episode(
-    task: AgentTask,
     settings: RolloutSettings,
     problem: Problem,
     group_id: str,
     k: int,
     run: AgentRun,
     calls: list[CallRecord],
+    outcome: RewardOutcome,
 ) -> AgentEpisode:
-    """Reward = the base task's score of the final text (its partial credit where it gives one, plus the
-    format bonus; 0 if the agent raised), on every trajectory."""
-    reward, correct, facts = outcome_reward(task, problem, run.text, settings.format_weight)
-    ok = not run.error
-    reward = reward if ok else 0.0
-    trajs = assemble(calls, problem.id, group_id, k, reward, correct and ok, settings.mask_truncated)
+    """Reward = the base task's score of the final text (outcome: its partial credit where it gives one,
+    plus the format bonus; 0 if the agent raised or the scoring failed), on every trajectory."""
+    ok = not run.error and outcome.error is None
+    reward = outcome.reward if ok else 0.0
+    correct, formatted = bool(outcome.info.get("correct")) and ok, bool(outcome.info.get("formatted")) and ok
+    trajs = assemble(calls, problem.id, group_id, k, reward, correct, settings.mask_truncated)
+    facts = {"extracted": outcome.info.get("extracted"), "formatted": bool(outcome.info.get("formatted"))}
     info = {"episode": k, **facts, "calls": len(calls)}
     if run.error:
         info["agent_error"] = run.detail
+    if outcome.error is not None:  # a scorer past reward.timeout_s or the step's budget, or one that raised
+        info["reward_error_detail"] = outcome.info.get("error_detail", "")
     for t in trajs:
         t.reward_info = dict(info)
-    return AgentEpisode(reward, trajs, run.error, correct and ok, facts["formatted"] and ok, run.text)
+    if trajs:  # how scoring went, once per episode (the step's reward_errors and latency count episodes)
+        scored = {"reward_error": outcome.error, "reward_latency_s": outcome.latency_s}
+        trajs[0].reward_info.update(scored, reward_cached=outcome.cached)
+    return AgentEpisode(reward, trajs, run.error, correct, formatted, run.text)
 
 
 def episode_group(problem: Problem, episodes: list[AgentEpisode]) -> Group:
@@ -145,12 +160,14 @@ def rollout_agent_episodes(
     settings: RolloutSettings,
     jobs: list[tuple[Problem, str, int]],
     stop: Callable[[], bool] | None = None,
-    training: bool = False,
+    scoring: Scoring | None = None,
 ) -> list[AgentEpisode]:
     """Colocated: jobs = (problem, group_id, sample index k) -> each episode, in job order. `stop`
     (evaluation) is asked before each decode step and between polls: once it says True, the agents
-    still running are cut off (the proxy closes) and EvalStopped is raised. `training`: the calls
-    sample at settings.temperature with top_p 1, whatever they ask (envs/proxy.py)."""
+    still running are cut off (the proxy closes) and EvalStopped is raised. `scoring` (training): each
+    final text goes to the reward service as its episode ends, bounded by reward.timeout_s and the
+    step's budget, and the calls sample at settings.temperature with top_p 1, whatever they ask
+    (envs/proxy.py); without it (evaluation) the texts are scored here at the end."""
     r = settings
     front = BatchingEngine(engine, max_batch=r.max_batch, stop=stop)
     proxy = ChatProxy(
@@ -158,7 +175,7 @@ def rollout_agent_episodes(
         tokenizer,
         max_tokens=r.max_new_tokens,
         default_temperature=r.temperature,
-        training=training,
+        training=scoring is not None,
         max_context=r.call_tokens,
     )
     returned: queue.SimpleQueue[tuple[int, AgentRun]] = queue.SimpleQueue()
@@ -171,6 +188,13 @@ def rollout_agent_episodes(
     running: dict[int, float] = {}  # the episodes started and not over -> their start (time.monotonic)
     started = 0  # jobs started, in job order
     at_once = AGENTS_PER_ROW * max(1, r.max_batch)
+
+    scores: dict[int, Future[RewardOutcome]] = {}
+
+    def over(i: int, run: AgentRun, calls: list[CallRecord]) -> None:
+        runs[i] = (run, calls)
+        if scoring is not None:  # scored while the other episodes go on
+            scores[i] = scoring.submit_text(jobs[i][0], run.text)
 
     def start() -> None:  # daemons: an agent past its limit is left behind
         nonlocal started
@@ -187,22 +211,27 @@ def rollout_agent_episodes(
             try:
                 i, run = returned.get(timeout=POLL_S)
                 if running.pop(i, None) is not None:  # else it was ended earlier: what it returns is dropped
-                    runs[i] = (run, proxy.pop_episode(names[i]))
+                    over(i, run, proxy.pop_episode(names[i]))
             except queue.Empty:
                 pass
             now = time.monotonic()
             for i, t0 in list(running.items()):
                 if late := overdue(proxy, names[i], t0, r.agent_timeout_s, now):
                     del running[i]
-                    runs[i] = (late, proxy.pop_episode(names[i], refuse_later=True))  # ended now, refused on
+                    over(i, late, proxy.pop_episode(names[i], refuse_later=True))  # ended now, refused on
             start()
         # a call the stop aborted reaches its agent as an empty reply: the run ended, but not as it would
         cut = sum(any(c.finish_reason == "abort" for c in calls) for _, calls in runs.values())
         if stop is not None and cut:
-            over = len(jobs) - cut
-            raise EvalStopped(f"stopped with {over} of {len(jobs)} agent runs over ({cut} cut short)")
+            ended = len(jobs) - cut
+            raise EvalStopped(f"stopped with {ended} of {len(jobs)} agent runs over ({cut} cut short)")
+        if scoring is not None:
+            outcomes = scoring.outcomes([scores[i] for i in range(len(jobs))])
+        else:
+            texts = [runs[i][0].text for i in range(len(jobs))]
+            outcomes = [inline_outcome(task, settings, p, t) for (p, _, _), t in zip(jobs, texts)]
         return [
-            score_episode(task, settings, problem, gid, k, *runs[i])
+            score_episode(settings, problem, gid, k, *runs[i], outcomes[i])
             for i, (problem, gid, k) in enumerate(jobs)
         ]
     finally:

@@ -5,7 +5,8 @@ DecoderFront: the calls agents make are queued, and the worker loop adds them to
 decoder between steps, next to everything else it decodes, so agent calls get in-flight weight
 updates, per-token versions and partial rollouts like plain groups. For every admitted group the G
 agent functions run in their own threads (rollout/agent.py's client: retries with idempotency keys);
-when all G have returned, the episodes are scored and assembled into one Group.
+each final text goes to the reward service as its episode ends, and when all G are over and scored
+(or past reward.step_budget_s) the episodes are assembled into one Group.
 
     agents.start(group_request)                 # G agent threads
     decoder.add(agents.requests())              # calls made since the last step
@@ -22,28 +23,41 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 from streamrl.engine.base import GenRequest, GenResult
 from streamrl.engine.serving import DecoderFront
 from streamrl.envs.agent_task import AgentTask
+from streamrl.envs.chat_completion import CallRecord
 from streamrl.envs.proxy import ChatProxy
+from streamrl.rewards.service import RewardOutcome
 from streamrl.rollout.agent import (
     TIMEOUT_ERROR,
-    AgentEpisode,
     AgentRun,
     episode_group,
     overdue,
     run_agent,
     score_episode,
 )
+from streamrl.rollout.score import Scoring
 from streamrl.rollout.trajectory import RolloutSettings
 from streamrl.types import Group
 
 
+@dataclass
+class Ended:
+    """An episode that is over: what its agent returned, its calls, and its final text's score."""
+
+    run: AgentRun
+    calls: list[CallRecord]
+    score: Future[RewardOutcome]
+
+
 class AgentGroups:
-    def __init__(self, task: AgentTask, tokenizer: Any, settings: RolloutSettings) -> None:
-        self.task, self.settings = task, settings
+    def __init__(self, task: AgentTask, tokenizer: Any, settings: RolloutSettings, scoring: Scoring) -> None:
+        self.task, self.settings, self.scoring = task, settings, scoring
         self.front = DecoderFront()
         self.proxy = ChatProxy(
             self.front,
@@ -53,7 +67,9 @@ class AgentGroups:
             training=True,
             max_context=settings.call_tokens,
         )
-        self.open: dict[str, tuple[Any, dict[int, AgentEpisode]]] = {}
+        # group -> (its request, the episodes over: their run, calls and score)
+        self.open: dict[str, tuple[Any, dict[int, Ended]]] = {}
+        self._deadlines: dict[str, float] = {}  # group with all G over -> when its scores run out of budget
         self._returned: queue.SimpleQueue[tuple[str, int, AgentRun]] = queue.SimpleQueue()
         self._started: dict[str, float] = {}  # group -> when its agents started (time.monotonic)
 
@@ -88,31 +104,42 @@ class AgentGroups:
         self.front.resolve(res)
 
     def finished(self) -> list[tuple[Any, Group]]:
-        """Groups whose G episodes have all returned or timed out, scored and assembled."""
-        out: list[tuple[Any, Group]] = []
+        """Groups whose G episodes have all returned or timed out and been scored (or whose scores ran
+        past reward.step_budget_s: reward 0, "step_budget"), assembled."""
         while True:
             try:
                 gid, k, run = self._returned.get_nowait()
             except queue.Empty:
                 break
             if gid in self.open and k not in self.open[gid][1]:  # else it was ended earlier: dropped
-                self._settle(gid, k, run, out)
+                self._end(gid, k, run)
         now, limit = time.monotonic(), self.settings.agent_timeout_s
-        for gid, (req, episodes) in list(self.open.items()):
-            for k in [k for k in range(req.samples) if k not in episodes]:
+        for gid, (req, ended) in list(self.open.items()):
+            for k in [k for k in range(req.samples) if k not in ended]:
                 late = overdue(self.proxy, f"{gid}-{k}", self._started[gid], limit, now)
                 if late is not None:
-                    self._settle(gid, k, late, out)
+                    self._end(gid, k, late)
+        out: list[tuple[Any, Group]] = []
+        for gid, (req, ended) in list(self.open.items()):
+            if len(ended) < req.samples:
+                continue
+            deadline = self._deadlines.setdefault(gid, self.scoring.deadline())
+            if not all(e.score.done() for e in ended.values()) and time.monotonic() < deadline:
+                continue
+            outcomes = self.scoring.settled([ended[k].score for k in range(req.samples)])
+            episodes = [
+                score_episode(self.settings, req.problem, gid, k, ended[k].run, ended[k].calls, outcomes[k])
+                for k in range(req.samples)
+            ]
+            del self.open[gid], self._started[gid], self._deadlines[gid]
+            out.append((req, episode_group(req.problem, episodes)))
         return out
 
-    def _settle(self, gid: str, k: int, run: AgentRun, out: list[tuple[Any, Group]]) -> None:
-        """Episode k of group gid is over: score it; a group with all G over goes to `out`."""
-        req, episodes = self.open[gid]
+    def _end(self, gid: str, k: int, run: AgentRun) -> None:
+        """Episode k of group gid is over: its calls are taken and its final text goes to be scored."""
+        req, ended = self.open[gid]
         calls = self.proxy.pop_episode(f"{gid}-{k}", refuse_later=run.error == TIMEOUT_ERROR)
-        episodes[k] = score_episode(self.task, self.settings, req.problem, gid, k, run, calls)
-        if len(episodes) == req.samples:
-            del self.open[gid], self._started[gid]
-            out.append((req, episode_group(req.problem, [episodes[i] for i in range(req.samples)])))
+        ended[k] = Ended(run, calls, self.scoring.submit_text(req.problem, run.text))
 
     def close(self) -> None:
         """Fail the calls still waiting (their agents return), then stop the proxy."""

@@ -35,7 +35,7 @@ def rollout_groups(
     t0 = time.perf_counter()
     gids = [f"s{step}-{first + i}-{p.id}" for i, p in enumerate(problems)]
     if isinstance(scoring.task, AgentTask):  # agents render their own chats (rollout/agent.py)
-        return _agent_groups(engine, tokenizer, scoring.task, problems, gids, settings, t0)
+        return _agent_groups(engine, tokenizer, scoring, problems, gids, settings, t0)
     prompts = [render_prompt_ids(tokenizer, p.messages) for p in problems]
     offered = drafts or [()] * len(problems)
 
@@ -111,7 +111,7 @@ def _groups(problems: list[Problem], requests: list[GenRequest], trajs: list[Tra
 def _agent_groups(
     engine: Any,
     tokenizer: Any,
-    task: Any,
+    scoring: Scoring,
     problems: list[Problem],
     gids: list[str],
     settings: RolloutSettings,
@@ -121,7 +121,7 @@ def _agent_groups(
 
     G = settings.samples
     jobs = [(p, gids[pi], k) for pi, p in enumerate(problems) for k in range(G)]
-    episodes = rollout_agent_episodes(engine, tokenizer, task, settings, jobs, training=True)
+    episodes = rollout_agent_episodes(engine, tokenizer, scoring.task, settings, jobs, scoring=scoring)
     # every group is returned, also one whose agents made no call (its errors are counted; it is not
     # trained: nothing to train on)
     groups = [episode_group(p, episodes[pi * G : (pi + 1) * G]) for pi, p in enumerate(problems)]

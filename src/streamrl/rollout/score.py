@@ -159,16 +159,19 @@ class Scoring:
         return RewardOutcome(0.0, {"error_detail": detail}, BUDGET_REASON, self.budget_s)
 
     def submit(self, problem: Problem, traj: Trajectory) -> Future[RewardOutcome]:
+        return self.submit_text(problem, traj.text, tuple(traj.completion_ids))
+
+    def submit_text(self, problem: Problem, text: str, ids: tuple[int, ...] = ()) -> Future[RewardOutcome]:
+        """A response's score, from the service (an agent's final text has no token ids of its own)."""
         # identical (problem, response) pairs are scored once; the problem id pins the reference. Reward
         # functions read the token ids too, and one text has several tokenizations (a sample that ended
         # with another stop token, say): with them, the ids are part of the response
-        ids = tuple(traj.completion_ids)
         # a code row's reference is its tests (a digest: the cache keeps thousands of keys): two streamed
         # rows with one prompt share an id and an answer
         tests = problem.meta.get("tests")
         ref = (problem.answer, _digest(tests)) if tests else problem.answer
-        key = (problem.id, ref, traj.text, ids if self.ids_in_key else None)
-        return self.service.submit(problem, traj.text, ids, cache_key=key)
+        key = (problem.id, ref, text, ids if self.ids_in_key else None)
+        return self.service.submit(problem, text, ids, cache_key=key)
 
     def apply(self, traj: Trajectory, outcome: RewardOutcome) -> None:
         """Reward = scorer reward (correctness + format_weight * format; 0 on failure) + DAPO overlong
@@ -192,20 +195,29 @@ class Scoring:
     def score(self, pairs: list[tuple[Problem, Trajectory]]) -> None:
         """Score many trajectories concurrently (all submitted before any is awaited), waiting at most
         what is left of the step's budget."""
-        futures = [self.submit(p, t) for p, t in pairs]
+        outcomes = self.outcomes([self.submit(p, t) for p, t in pairs])
+        for (_, traj), o in zip(pairs, outcomes):
+            self.apply(traj, o)
+
+    def outcomes(self, futures: list[Future[RewardOutcome]]) -> list[RewardOutcome]:
+        """Each future's outcome, waiting at most what is left of the step's budget (`outcome`'s for
+        those still outstanding then)."""
         t0 = time.monotonic()
         wait = self.budget_left if self.budget_s > 0 else None
         _, pending = concurrent.futures.wait(futures, timeout=wait)
         if self.budget_s > 0:  # scores still outstanding: the whole budget is spent
             self.budget_left = 0.0 if pending else max(0.0, self.budget_left - (time.monotonic() - t0))
-        self.settle([(traj, fut) for (_, traj), fut in zip(pairs, futures)])
+        return self.settled(futures)
 
     def settle(self, scored: list[tuple[Trajectory, Future[RewardOutcome]]]) -> None:
-        """Write each future's outcome into its trajectory (the budget's for those not done: `outcome`);
-        one warning line the first time some ran out of budget in this process (later ones at DEBUG)."""
-        outcomes = [self.outcome(fut) for _, fut in scored]
-        for (traj, _), o in zip(scored, outcomes):
+        """Write each future's outcome into its trajectory (the budget's for those not done: `outcome`)."""
+        for (traj, _), o in zip(scored, self.settled([fut for _, fut in scored])):
             self.apply(traj, o)
+
+    def settled(self, futures: list[Future[RewardOutcome]]) -> list[RewardOutcome]:
+        """The futures' outcomes now (`outcome`); one warning line the first time some ran out of budget
+        in this process (later ones at DEBUG)."""
+        outcomes = [self.outcome(fut) for fut in futures]
         n = sum(o.error == BUDGET_REASON for o in outcomes)
         if n:
             log.log(
@@ -217,6 +229,7 @@ class Scoring:
                 len(outcomes),
                 BUDGET_REASON,
             )
+        return outcomes
 
     def close(self) -> None:
         self.service.close(wait=False)

@@ -201,7 +201,8 @@ def _loop(
     torch.manual_seed(seed)
     r = RolloutSettings.from_config(cfg)
     episodes = EpisodeTable(task, tokenizer, r) if isinstance(task, EnvTask) else None
-    agents = AgentGroups(task, tokenizer, r) if isinstance(task, AgentTask) else None
+    scoring = Scoring(cfg, task)
+    agents = AgentGroups(task, tokenizer, r, scoring) if isinstance(task, AgentTask) else None
     open_groups: dict[str, tuple[GroupRequest, list[Any]]] = {}
     # samples asked for so far per group: screening (r.screen) asks for the first few, the rest only if
     # those disagree
@@ -255,7 +256,6 @@ def _loop(
         first = r.screen if 0 < r.screen < req.samples else req.samples
         ask(req, range(first), req.greedy_baseline)
 
-    scoring = Scoring(cfg, task)
     score_wait = ScoreWait()
 
     deadlines: dict[str, float] = {}  # group -> when its outstanding scores run out of budget

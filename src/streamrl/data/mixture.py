@@ -12,7 +12,7 @@ Per source the keys are `task` (any task spec except mix and env:), `weight` (> 
 Training: each problem comes from source i with probability p_i = w_i / sum_j w_j (a seeded draw), so
 the empirical shares converge to p_i. Held-out: n is split by the same weights with largest remainders,
 n_i = floor(n p_i) plus one for the largest fractional parts. A prompt held out by any source is never
-trained on by any source.
+trained on by any source: neither a held-out problem nor any row of a source's held-out split of its own.
 """
 
 from __future__ import annotations
@@ -110,6 +110,9 @@ class MixtureTask(Task):
     def heldout_from_training(self) -> bool:
         return any(t.heldout_from_training() for t in self.tasks)
 
+    def held_split(self) -> set[str]:
+        return set().union(*(t.held_split() for t in self.tasks))
+
     def heldout(self, n: int) -> list[Problem]:
         out: list[Problem] = []
         for i, (task, k) in enumerate(zip(self.tasks, split_by_weight(n, self.weights))):
@@ -117,6 +120,7 @@ class MixtureTask(Task):
         return out
 
     def train_stream(self, seed: int, exclude: set[str]) -> Iterator[Problem]:
+        exclude = exclude | self.held_split()  # each source's held-out split, kept from every source
         streams = [t.train_stream(seed + SOURCE_SEED_STEP * i, exclude) for i, t in enumerate(self.tasks)]
         rng = random.Random(seed)
         indices = range(len(streams))

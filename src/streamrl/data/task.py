@@ -100,6 +100,13 @@ class Task:
         their own."""
         return True
 
+    def held_split(self) -> set[str]:
+        """The prompts (prompt_key) of every row of a held-out split of the task's own, not only of the
+        held-out problems an eval.size takes: its training stream never yields them, nor does a
+        mixture's other sources' (so an evaluation of a larger eval.size takes none it trained on).
+        Empty when the held-out problems are training rows."""
+        return set()
+
     def train_stream(self, seed: int, exclude: set[str]) -> Iterator[Problem]:
         raise NotImplementedError
 

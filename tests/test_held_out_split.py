@@ -49,10 +49,9 @@ def test_no_row_of_a_held_out_split_is_trained_on_beyond_the_ones_evaluated(tmp_
     assert trained == set(TRAIN) - set(HELD)  # every held-out row kept out, every other one trained
 
 
-@pytest.mark.parametrize("streaming", [False, True])
-def test_a_mixture_trains_no_source_on_another_sources_held_out_split(tmp_path, streaming):
-    """Source 0 holds out a test split of its own; source 1 (one-turn chats) asks some of its questions:
-    those are kept out of source 1's training too, not only the ones the held-out set takes."""
+def _mixture(tmp_path, streaming: bool) -> str:
+    """task_config.sources: source 0 holds out a test split of its own (b0..b4); source 1's one-turn
+    chats ask b0..b9 and hold out of their own rows."""
     d = tmp_path / "repo"
     d.mkdir()
     _jsonl(d / "train.jsonl", [f"a{i}" for i in range(6)])
@@ -64,13 +63,30 @@ def test_a_mixture_trains_no_source_on_another_sources_held_out_split(tmp_path, 
             for i in range(10)
         )
     )
-    sources = (
-        f"[{{task: 'data:{d}', streaming: {str(streaming).lower()}}}, "
-        f"{{task: 'data:{chats}', columns: {{messages: chat}}, streaming: {str(streaming).lower()}}}]"
-    )
+    s = str(streaming).lower()
+    chat_source = f"{{task: 'data:{chats}', columns: {{messages: chat}}, streaming: {s}}}"
+    return f"[{{task: 'data:{d}', streaming: {s}}}, {chat_source}]"
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_mixture_trains_no_source_on_another_sources_held_out_split(tmp_path, streaming):
+    """Source 1 asks questions of source 0's held-out split: those are kept out of source 1's training
+    too, not only the ones the held-out set takes."""
+    sources = _mixture(tmp_path, streaming)
     held, trained = _trained(["task=mix", f"task_config.sources={sources}", "eval.size=2"], 400)
     chat_held = {p.meta["question"] for p in held if p.meta["source"] == 1}  # held out of its own rows
     assert len(chat_held) == 1 and {p.meta["question"] for p in held if p.meta["source"] == 0} <= {
         f"b{i}" for i in range(5)
     }
     assert trained == {f"a{i}" for i in range(6)} | {f"b{i}" for i in range(5, 10)} - chat_held
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_mixture_draws_no_few_shot_example_from_another_sources_held_out_split(tmp_path, streaming):
+    sources = _mixture(tmp_path, streaming)
+    overrides = ["task=mix", f"task_config.sources={sources}", "eval.size=2", "task_config.few_shot_n=3"]
+    held, trained = _trained(overrides, 400)
+    chat = next(p for p in held if p.meta["source"] == 1)
+    shots = [m["content"] for m in chat.messages if m["role"] == "user"][:-1]
+    assert len(set(shots)) == 3 and set(shots) <= {f"b{i}" for i in range(5, 10)} - {chat.meta["question"]}
+    assert not set(shots) & trained and trained & {f"b{i}" for i in range(5, 10)}

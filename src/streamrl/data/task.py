@@ -91,6 +91,11 @@ class Task:
     def set_few_shot(self, shots: list[tuple[str, str]]) -> None:
         self.few_shot = list(shots)
 
+    def few_shot_sources(self) -> list[tuple[str, Task]]:
+        """(where, task): the tasks that each draw few-shot examples from their own training problems
+        and show them (tasks.py prepare_split); `where` names one in errors ("": the task itself)."""
+        return [("", self)]
+
     def heldout(self, n: int) -> list[Problem]:
         raise NotImplementedError
 

@@ -149,42 +149,55 @@ def _shot(problem: Problem, template: str) -> str:
     return template.format(answer=problem.answer)
 
 
+def _draw_shots(task: Task, n: int, exclude: set[str], template: str) -> dict[str, tuple[str, str]]:
+    """n examples, {prompt key: (question, reply)}: the first distinct training problems of `task` at a
+    fixed seed, none of them in `exclude`."""
+    drawn: dict[str, tuple[str, str]] = {}
+    for p in itertools.islice(task.train_stream(FEW_SHOT_SEED, exclude), 50 * n + 1000):
+        if not p.answer.strip():  # an example would show "The answer is ." as its reply
+            raise ValueError(
+                f"config key 'task_config.few_shot_n' draws examples with their reference answers, but "
+                f"problem {p.id} has none (task_config.columns.answer is null, or a row without one): "
+                "give the examples as task_config.few_shot=[{question, response}] instead"
+            )
+        drawn.setdefault(prompt_key(p), (p.meta["question"], _shot(p, template)))
+        if len(drawn) == n:
+            return drawn
+    raise ValueError(  # the stream repeats its prompts: there are fewer than n
+        f"config key 'task_config.few_shot_n' is {n} but the training split has {len(drawn)} distinct "
+        "prompt(s) besides the held-out ones: lower it"
+    )
+
+
 def prepare_split(task: Task, cfg: Any) -> tuple[list[Problem], set[str]]:
     """(held-out problems, prompts never to train on), with task_config.few_shot examples set on the task.
 
-    Drawn few-shot examples (few_shot_n) are the first distinct training problems of a fixed seed;
-    neither they nor the held-out problems are ever trained on.
+    Drawn few-shot examples (few_shot_n) are the first distinct training problems of a fixed seed, drawn
+    by each of the task's few_shot_sources (a mixture's every source) from its own training problems;
+    neither they nor the held-out problems are ever trained on. Given examples are shown by every source.
     """
     tc = cfg.task_config
-    shots = [
+    given = [
         shot_response(s, cfg.reward.extract, f"task_config.few_shot[{i}]") for i, s in enumerate(tc.few_shot)
     ]
     heldout = task.heldout(cfg.eval.size)
     exclude = {prompt_key(p) for p in heldout}
-    seen: set[str] = set()  # the prompts of the drawn examples
-    if tc.few_shot_n:
+    seen: set[str] = set()  # the prompts of the drawn examples, of every source
+    if given or tc.few_shot_n:
         template = SHOT_TEMPLATES.get(cfg.reward.extract, "{answer}")
-        draws = itertools.islice(task.train_stream(FEW_SHOT_SEED, exclude), 50 * tc.few_shot_n + 1000)
-        for p in draws:
-            if not p.answer.strip():  # an example would show "The answer is ." as its reply
-                raise ValueError(
-                    f"config key 'task_config.few_shot_n' draws examples with their reference answers, but "
-                    f"problem {p.id} has none (task_config.columns.answer is null, or a row without one): "
-                    "give the examples as task_config.few_shot=[{question, response}] instead"
-                )
-            if prompt_key(p) not in seen:
-                seen.add(prompt_key(p))
-                shots.append((p.meta["question"], _shot(p, template)))
-            if len(seen) == tc.few_shot_n:
-                break
-        else:  # the stream repeats its prompts: there are fewer than few_shot_n
-            raise ValueError(
-                f"config key 'task_config.few_shot_n' is {tc.few_shot_n} but the training split has "
-                f"{len(seen)} distinct prompt(s) besides the held-out ones: lower it"
-            )
-    if shots:
-        task.set_few_shot(shots)
+        held = exclude | task.held_split()  # nor a row of any source's held-out split of its own
+        for where, source in task.few_shot_sources():
+            drawn: dict[str, tuple[str, str]] = {}
+            if tc.few_shot_n:
+                try:
+                    drawn = _draw_shots(source, tc.few_shot_n, held, template)
+                except ValueError as e:
+                    if not where:
+                        raise
+                    raise ValueError(f"{where}: {e}") from None
+            seen |= set(drawn)
+            source.set_few_shot(given + list(drawn.values()))
         for p in heldout:
             p.messages = task.render(p)
-        exclude |= seen | {q for q, _ in shots[: len(tc.few_shot)]}  # drawn ones by key, given by text
+        exclude |= seen | {q for q, _ in given}  # drawn ones by key, given by text
     return heldout, exclude

@@ -119,6 +119,15 @@ def row_key(question: str, messages: list[dict[str, str]] | None) -> str:
     return json.dumps([[m["role"], m["content"]] for m in messages], ensure_ascii=False)
 
 
+def held_key(row: dict[str, Any]) -> str:
+    """The key a parsed row is held out by, as data/task.py prompt_key keys its problem: a chat of one
+    user turn by its question, any other row by row_key."""
+    messages = row["messages"]
+    if messages and len(messages) == 1 and messages[0]["role"] == "user":
+        return row["question"]
+    return row["key"]
+
+
 def excluded(row: dict[str, Any], exclude: set[str]) -> bool:
     """Is a parsed row one never to train on? `exclude` holds prompt keys (held-out rows, drawn
     few-shot examples; a chat of one user turn is keyed by its question, data/task.py prompt_key) and

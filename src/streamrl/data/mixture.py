@@ -12,7 +12,10 @@ Per source the keys are `task` (any task spec except mix and env:), `weight` (> 
 Training: each problem comes from source i with probability p_i = w_i / sum_j w_j (a seeded draw), so
 the empirical shares converge to p_i. Held-out: n is split by the same weights with largest remainders,
 n_i = floor(n p_i) plus one for the largest fractional parts. A prompt held out by any source is never
-trained on by any source.
+trained on by any source: neither a held-out problem nor any row of a source's held-out split of its own.
+
+Few-shot examples: each source draws task_config.few_shot_n of its own (tasks.py prepare_split), so its
+prompts show its own format and answers; given task_config.few_shot examples are shown by every source.
 """
 
 from __future__ import annotations
@@ -96,9 +99,14 @@ class MixtureTask(Task):
         self.name = "mix(" + ", ".join(f"{t.name}:{w:g}" for t, w in zip(self.tasks, self.weights)) + ")"
 
     def set_few_shot(self, shots: list[tuple[str, str]]) -> None:
+        """The same examples for every source (given ones); drawn ones are each source's own."""
         super().set_few_shot(shots)
         for t in self.tasks:
             t.set_few_shot(shots)
+
+    def few_shot_sources(self) -> list[tuple[str, Task]]:
+        """Each source: its prompts show examples of its own format and answers, not another's."""
+        return [(f"task_config.sources[{i}]", t) for i, t in enumerate(self.tasks)]
 
     def render(self, problem: Problem) -> list[dict[str, str]]:
         return self.tasks[problem.meta["source"]].render(problem)
@@ -110,6 +118,9 @@ class MixtureTask(Task):
     def heldout_from_training(self) -> bool:
         return any(t.heldout_from_training() for t in self.tasks)
 
+    def held_split(self) -> set[str]:
+        return set().union(*(t.held_split() for t in self.tasks))
+
     def heldout(self, n: int) -> list[Problem]:
         out: list[Problem] = []
         for i, (task, k) in enumerate(zip(self.tasks, split_by_weight(n, self.weights))):
@@ -117,6 +128,7 @@ class MixtureTask(Task):
         return out
 
     def train_stream(self, seed: int, exclude: set[str]) -> Iterator[Problem]:
+        exclude = exclude | self.held_split()  # each source's held-out split, kept from every source
         streams = [t.train_stream(seed + SOURCE_SEED_STEP * i, exclude) for i, t in enumerate(self.tasks)]
         rng = random.Random(seed)
         indices = range(len(streams))

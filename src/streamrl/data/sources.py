@@ -22,7 +22,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from streamrl.data.columns import check_question_column, excluded, parse_row, resolve_columns
+from streamrl.data.columns import check_question_column, excluded, held_key, parse_row, resolve_columns
 from streamrl.data.loading import held_split_name, open_splits, pick_split
 from streamrl.data.row_task import RowTask, log, no_usable_rows, report_skipped
 from streamrl.data.streamed import StreamedDataTask
@@ -75,9 +75,9 @@ class DataTask(RowTask):
         self.name = name
         self.rows, self.eval_rows, self.skipped = rows, eval_rows, list(skipped or [])
         self.overlap = 0  # training rows dropped because a held-out row has the same prompt
+        self.held_prompts = {held_key(r) for r in eval_rows or []}  # every row of the held-out split
         if eval_rows is not None:
-            held = {r["key"] for r in eval_rows}
-            self.rows = [r for r in rows if r["key"] not in held]
+            self.rows = [r for r in rows if not excluded(r, self.held_prompts)]
             self.overlap = len(rows) - len(self.rows)
             if self.overlap:
                 log.warning(
@@ -90,6 +90,9 @@ class DataTask(RowTask):
 
     def heldout_from_training(self) -> bool:
         return self.eval_rows is None
+
+    def held_split(self) -> set[str]:
+        return self.held_prompts
 
     def heldout(self, n: int) -> list[Problem]:
         if self.eval_rows is not None:

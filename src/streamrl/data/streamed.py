@@ -2,6 +2,8 @@
 
 For sets too large to hold as Python rows. Held-out: the first eval.size usable rows of the held-out
 split in its own order (of the training split when there is none; training then skips them by prompt).
+Training never takes a prompt of a held-out split of its own, any of its rows (as a source held in
+memory drops them): the held-out split is read through once, its prompts kept in a set.
 Training: epoch after epoch over the training split, each epoch reshuffled with
 `IterableDataset.shuffle(seed, buffer_size=task_config.shuffle_buffer)` and `set_epoch`, so a seed
 replays the same order (a resumed run skips to its position). Rows are not deduplicated.
@@ -19,7 +21,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from streamrl.data.columns import check_question_column, excluded, parse_row
+from streamrl.data.columns import check_question_column, excluded, held_key, parse_row
 from streamrl.data.row_task import SHOWN_WARNINGS, RowTask, log, no_usable_rows, report_skipped
 from streamrl.types import Problem
 
@@ -45,6 +47,7 @@ class StreamedDataTask(RowTask):
         self.train_label, self.held_label = labels[0] or name, labels[1] or name
         self.shuffle_buffer = shuffle_buffer
         self.skipped: list[str] = []  # malformed rows met while training (`where: why`)
+        self._held_prompts: set[str] | None = None  # every prompt of the held-out split, read once
         # per split ("train", "held"; a split of its own names its rows apart): a mapped row id -> hash
         # of the prompt it was first seen with
         self._ids: dict[str, dict[str, int]] = {"train": {}, "held": {}}
@@ -103,6 +106,19 @@ class StreamedDataTask(RowTask):
     def heldout_from_training(self) -> bool:
         return self.held is None
 
+    def held_split(self) -> set[str]:
+        if self.held is None:
+            return set()
+        if self._held_prompts is None:  # its malformed rows are reported where heldout reads them
+            prompts = set()
+            for rec in self.held:
+                try:
+                    prompts.add(held_key(parse_row(rec, self.columns)))
+                except ValueError:
+                    continue
+            self._held_prompts = prompts
+        return self._held_prompts
+
     def heldout(self, n: int) -> list[Problem]:
         if self.held is not None:
             rows = self._rows(self.held, self.held_label, "held")
@@ -111,6 +127,7 @@ class StreamedDataTask(RowTask):
         return [self._make(r) for r in itertools.islice(rows, n)]
 
     def train_stream(self, seed: int, exclude: set[str]) -> Iterator[Problem]:
+        exclude = exclude | self.held_split()
         shuffled = self.train.shuffle(seed=seed, buffer_size=self.shuffle_buffer)
         for epoch in itertools.count():
             shuffled.set_epoch(epoch)
@@ -119,5 +136,10 @@ class StreamedDataTask(RowTask):
                 if not excluded(row, exclude):
                     fresh += 1
                     yield self._make(row)
+            if not fresh and self.held is not None:
+                raise ValueError(
+                    f"{self.name}: every streamed training row is also a held-out row of {self.held_label} "
+                    "or a few-shot example"
+                )
             if not fresh:
                 raise ValueError(f"{self.name}: every streamed row is held out; lower eval.size")

@@ -91,6 +91,11 @@ class Task:
     def set_few_shot(self, shots: list[tuple[str, str]]) -> None:
         self.few_shot = list(shots)
 
+    def few_shot_sources(self) -> list[tuple[str, Task]]:
+        """(where, task): the tasks that each draw few-shot examples from their own training problems
+        and show them (tasks.py prepare_split); `where` names one in errors ("": the task itself)."""
+        return [("", self)]
+
     def heldout(self, n: int) -> list[Problem]:
         raise NotImplementedError
 
@@ -99,6 +104,13 @@ class Task:
         eval.size than a run's takes problems it trained on)? False when they come from a split of
         their own."""
         return True
+
+    def held_split(self) -> set[str]:
+        """The prompts (prompt_key) of every row of a held-out split of the task's own, not only of the
+        held-out problems an eval.size takes: its training stream never yields them, nor does a
+        mixture's other sources' (so an evaluation of a larger eval.size takes none it trained on).
+        Empty when the held-out problems are training rows."""
+        return set()
 
     def train_stream(self, seed: int, exclude: set[str]) -> Iterator[Problem]:
         raise NotImplementedError

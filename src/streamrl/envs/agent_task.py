@@ -54,6 +54,9 @@ class AgentTask(Task):
     def heldout_from_training(self) -> bool:
         return self.base.heldout_from_training()
 
+    def held_split(self) -> set[str]:
+        return self.base.held_split()
+
     def train_stream(self, seed: int, exclude: set[str]) -> Iterator[Problem]:
         return self.base.train_stream(seed, exclude)
 

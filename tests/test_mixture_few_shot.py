@@ -1,0 +1,85 @@
+"""Few-shot examples of a mixture: each source's prompts show examples drawn from that source (its own
+format and answers), never another source's and never a held-out problem; given examples go to all."""
+
+import itertools
+import json
+import re
+
+import pytest
+
+from streamrl.config import load_config
+from streamrl.tasks import prepare_split, task_from_config
+
+
+def _sources(tmp_path, streaming: bool, chats: int = 12) -> str:
+    """Source 0: plain rows 'add i and i'; source 1: one-turn chats 'spell i' with word answers."""
+    plain, chat = tmp_path / "plain.jsonl", tmp_path / "chat.jsonl"
+    plain.write_text(
+        "".join(json.dumps({"prompt": f"add {i} and {i}", "answer": str(2 * i)}) + "\n" for i in range(12))
+    )
+    chat.write_text(
+        "".join(
+            json.dumps({"turns": [{"role": "user", "content": f"spell {i}"}], "word": f"w{i}"}) + "\n"
+            for i in range(chats)
+        )
+    )
+    s = str(streaming).lower()
+    return (
+        f"[{{task: 'data:{plain}', streaming: {s}}}, "
+        f"{{task: 'data:{chat}', columns: {{messages: turns, answer: word}}, streaming: {s}}}]"
+    )
+
+
+def _shown(problem) -> list[tuple[str, str]]:
+    """The few-shot turns before a problem's own turn: (question, reply) pairs."""
+    turns = [m["content"] for m in problem.messages if m["role"] != "system"][:-1]
+    return list(zip(turns[::2], turns[1::2]))
+
+
+OWN = {0: re.compile(r"add \d+ and \d+"), 1: re.compile(r"spell \d+")}  # each source's questions
+REPLY = {0: re.compile(r"The answer is \d+\."), 1: re.compile(r"The answer is w\d+\.")}  # its answers
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_each_source_shows_only_its_own_drawn_examples(tmp_path, streaming):
+    overrides = [
+        "task=mix",
+        f"task_config.sources={_sources(tmp_path, streaming)}",
+        "eval.size=4",
+        "task_config.few_shot_n=2",
+        "task_config.few_shot=[{question: 'given one', answer: 1}]",
+    ]
+    cfg = load_config(None, overrides)
+    task = task_from_config(cfg)
+    held, exclude = prepare_split(task, cfg)
+    train = list(itertools.islice(task.train_stream(0, exclude), 200))
+    shown: dict[int, set[str]] = {0: set(), 1: set()}
+    for p in held + train:
+        source = p.meta["source"]
+        given, *drawn = _shown(p)
+        assert given == ("given one", "The answer is 1.") and len(drawn) == 2, p.meta["question"]
+        for question, reply in drawn:  # two of its own source, in its own answer style
+            assert OWN[source].fullmatch(question) and REPLY[source].fullmatch(reply), (source, drawn)
+        shown[source].update(q for q, _ in drawn)
+    assert {s: len(qs) for s, qs in shown.items()} == {0: 2, 1: 2}  # the same two for every prompt
+    examples = shown[0] | shown[1]
+    assert not examples & {p.meta["question"] for p in held}  # never a held-out problem
+    assert not examples & {p.meta["question"] for p in train}  # nor trained on
+
+
+def test_a_source_with_too_few_rows_for_its_own_examples_is_named(tmp_path):
+    cfg = load_config(
+        None,
+        [
+            "task=mix",
+            f"task_config.sources={_sources(tmp_path, False, chats=4)}",
+            "eval.size=2",
+            "task_config.few_shot_n=4",
+        ],
+    )
+    with pytest.raises(ValueError) as e:
+        prepare_split(task_from_config(cfg), cfg)
+    assert str(e.value) == (
+        "task_config.sources[1]: config key 'task_config.few_shot_n' is 4 but the training split has 3 "
+        "distinct prompt(s) besides the held-out ones: lower it"
+    )

@@ -62,6 +62,7 @@ class AgentGroups:
         self.open[req.group_id] = (req, {})
         self._started[req.group_id] = time.monotonic()
         for k in range(req.samples):
+            self.proxy.open_episode(f"{req.group_id}-{k}")
             name = f"agent-{req.group_id}-{k}"
             threading.Thread(target=self._episode, args=(req, k), name=name, daemon=True).start()
 

@@ -1,6 +1,8 @@
 """Which episodes the proxy serves: only those the rollout opened and has not popped. A call naming any
 other is refused with a 401 naming it, before the engine, and leaves nothing behind."""
 
+import dataclasses
+import threading
 import urllib.error
 import urllib.request
 
@@ -10,8 +12,10 @@ from scripted_chat import ScriptedEngine
 
 from streamrl.engine.serving import BatchingEngine
 from streamrl.envs.proxy import ChatProxy
-from streamrl.rollout.agent import rollout_agent_episodes
+from streamrl.rollout import agent_worker
+from streamrl.rollout.agent import TIMEOUT_ERROR, AgentRun, rollout_agent_episodes
 from streamrl.rollout.trajectory import RolloutSettings
+from streamrl.rollout.worker import GroupRequest
 from streamrl.tasks import make_task
 
 MSGS = [{"role": "user", "content": "2+2?"}]
@@ -127,3 +131,91 @@ def test_an_agent_calling_under_another_name_fails_its_episode_and_records_only_
     assert traj.reward_info["calls"] == 1
     assert "no open episode 'my-own-episode'" in traj.reward_info["agent_error"]
     assert len(engine.prompts) == 1  # the call under the invented name never reached the engine
+
+
+_LOCK = threading.Lock()
+KEYS: list[str] = []  # the API keys hang_one's agents were given, in the order they started
+HUNG: list[tuple[str, threading.Thread]] = []  # those that hang, with their threads
+HANG = {"left": 0}  # how many more agents hang after their call
+HOLD = threading.Event()  # what the hanging agents wait for
+
+
+def hang_one(client, messages):
+    """One call; then the first HANG["left"] agents hang in their own code until HOLD is set."""
+    with _LOCK:
+        KEYS.append(client.api_key)
+    reply = client.chat.completions.create(model="policy", messages=messages, max_tokens=8)
+    with _LOCK:
+        hang, HANG["left"] = HANG["left"] > 0, max(0, HANG["left"] - 1)
+        if hang:
+            HUNG.append((client.api_key, threading.current_thread()))
+    if hang:
+        HOLD.wait(60)
+    return reply.choices[0].message.content
+
+
+def _pump(agents, engine, until, hold=None):
+    """The worker loop's part: answer the agents' calls (or keep them in `hold`, unanswered) and collect
+    the finished groups, until `until(finished)`."""
+    out = []
+    for _ in range(6000):
+        for gen in agents.requests():
+            if hold is not None:
+                hold.append(gen)
+            else:
+                agents.resolve(engine._one(gen))
+        out += agents.finished()
+        if until(out):
+            return out
+        threading.Event().wait(0.01)
+    raise AssertionError("the agents never got there")
+
+
+def test_a_group_run_again_by_its_worker_does_not_take_the_earlier_runs_calls_or_returns(tiny, monkeypatch):
+    """A group sent again to the worker that had just returned it (loop/stall.py) runs again there, on the
+    same proxy. Its episodes get new names: a late call of the first run's agents is refused, not
+    recorded into the second run, and what a first-run agent ended by its time limit returns later is
+    not taken as the second run's episode."""
+    _, tok = tiny
+    ended: set[str] = set()  # episodes the (stubbed) time limit ends: no wall clock
+
+    def overdue(proxy, name, *_):
+        return AgentRun("", TIMEOUT_ERROR, "ended by the test") if name in ended else None
+
+    monkeypatch.setattr(agent_worker, "overdue", overdue)
+    task = make_task("agent:test_proxy_episodes:hang_one", {"base": "rg:chain_sum"}, *FORMAT)
+    problem = next(task.train_stream(0, set()))
+    engine = ScriptedEngine(tok, lambda prompt: "The answer is 4.")
+    agents = agent_worker.AgentGroups(task, tok, dataclasses.replace(SETTINGS, samples=2))
+    req = GroupRequest("g7", problem, [], 2, 0)
+    KEYS.clear(), HUNG.clear(), HOLD.clear()
+    HANG["left"] = 1
+    try:  # first run: one agent returns, the other hangs after its call and is ended by the time limit
+        agents.start(req)
+        _pump(agents, engine, lambda out: len(HUNG) == 1)
+        ((hung, thread),) = HUNG
+        ended.add(hung)
+        ((_, first),) = _pump(agents, engine, lambda out: out)
+        assert sorted(first.episode_errors) == ["", TIMEOUT_ERROR] and len(first.trajectories) == 2
+        first_keys = KEYS[:2]
+        (returned,) = set(first_keys) - {hung}
+        # the copy: a second run, whose calls are held in the decoder meanwhile
+        held = []
+        agents.start(req)
+        _pump(agents, engine, lambda out: len(held) == 2, hold=held)
+        assert set(KEYS[2:]).isdisjoint(first_keys)  # names of its own
+        with pytest.raises(openai.AuthenticationError):  # a thread the returned agent left behind
+            _create(agents.proxy, returned)
+        assert agents.requests() == []  # never reached the decoder
+        HOLD.set()  # the hung first-run agent returns now: dropped, not taken as the second run's
+        thread.join(60)
+        assert not thread.is_alive() and agents.finished() == []
+        for gen in held:
+            agents.resolve(engine._one(gen))
+        ((_, second),) = _pump(agents, engine, lambda out: out)
+        assert second.episode_errors == ["", ""]
+        assert [t.reward_info["calls"] for t in second.trajectories] == [1, 1]  # each its own call
+        assert agents.open == {} and agents.proxy._episodes == {}
+    finally:
+        HOLD.set()
+        agents.close()

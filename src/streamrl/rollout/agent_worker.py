@@ -15,10 +15,17 @@ when all G have returned, the episodes are scored and assembled into one Group.
 
 An episode whose agent passes `env.agent_timeout_s` of its own time (rollout/agent.py: `overdue`) is
 ended where `finished()` looks; what its thread returns later is dropped.
+
+A group may come to this worker again after it returned it (loop/stall.py sends the groups in flight
+again; the copy can cross the result on its way): it is run again, and each run's episodes get names
+of their own, `{group}-{k}@{serial}` (serial: this worker's count of groups started). The calls of an
+earlier run's agents still running (one ended by its time limit, a thread an agent left behind) are
+then refused by the proxy, and what they return is dropped, instead of being taken as the new run's.
 """
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
@@ -54,21 +61,26 @@ class AgentGroups:
             max_context=settings.call_tokens,
         )
         self.open: dict[str, tuple[Any, dict[int, AgentEpisode]]] = {}
-        self._returned: queue.SimpleQueue[tuple[str, int, AgentRun]] = queue.SimpleQueue()
+        self._returned: queue.SimpleQueue[tuple[str, str, int, AgentRun]] = queue.SimpleQueue()
         self._started: dict[str, float] = {}  # group -> when its agents started (time.monotonic)
+        self._names: dict[str, list[str]] = {}  # group -> its episodes' names in the proxy, by k
+        self._serial = itertools.count()  # groups started: each run's names are its own
 
     def start(self, req: Any) -> None:
         """Run the G agent episodes of `req` (a worker GroupRequest), each in its own thread."""
+        serial = next(self._serial)
+        names = [f"{req.group_id}-{k}@{serial}" for k in range(req.samples)]
         self.open[req.group_id] = (req, {})
         self._started[req.group_id] = time.monotonic()
-        for k in range(req.samples):
-            self.proxy.open_episode(f"{req.group_id}-{k}")
-            name = f"agent-{req.group_id}-{k}"
-            threading.Thread(target=self._episode, args=(req, k), name=name, daemon=True).start()
+        self._names[req.group_id] = names
+        for k, name in enumerate(names):
+            self.proxy.open_episode(name)
+            args = (req, k, name)
+            threading.Thread(target=self._episode, args=args, name=f"agent-{name}", daemon=True).start()
 
-    def _episode(self, req: Any, k: int) -> None:
-        run = run_agent(self.task, self.proxy.url, f"{req.group_id}-{k}", req.problem.messages)
-        self._returned.put((req.group_id, k, run))
+    def _episode(self, req: Any, k: int, name: str) -> None:
+        run = run_agent(self.task, self.proxy.url, name, req.problem.messages)
+        self._returned.put((name, req.group_id, k, run))
 
     @property
     def live(self) -> bool:
@@ -93,15 +105,16 @@ class AgentGroups:
         out: list[tuple[Any, Group]] = []
         while True:
             try:
-                gid, k, run = self._returned.get_nowait()
+                name, gid, k, run = self._returned.get_nowait()
             except queue.Empty:
                 break
-            if gid in self.open and k not in self.open[gid][1]:  # else it was ended earlier: dropped
+            # else it was ended earlier, or is of an earlier run of the group: dropped
+            if gid in self.open and self._names[gid][k] == name and k not in self.open[gid][1]:
                 self._settle(gid, k, run, out)
         now, limit = time.monotonic(), self.settings.agent_timeout_s
         for gid, (req, episodes) in list(self.open.items()):
             for k in [k for k in range(req.samples) if k not in episodes]:
-                late = overdue(self.proxy, f"{gid}-{k}", self._started[gid], limit, now)
+                late = overdue(self.proxy, self._names[gid][k], self._started[gid], limit, now)
                 if late is not None:
                     self._settle(gid, k, late, out)
         return out
@@ -109,10 +122,10 @@ class AgentGroups:
     def _settle(self, gid: str, k: int, run: AgentRun, out: list[tuple[Any, Group]]) -> None:
         """Episode k of group gid is over: score it; a group with all G over goes to `out`."""
         req, episodes = self.open[gid]
-        calls = self.proxy.pop_episode(f"{gid}-{k}", refuse_later=run.error == TIMEOUT_ERROR)
+        calls = self.proxy.pop_episode(self._names[gid][k], refuse_later=run.error == TIMEOUT_ERROR)
         episodes[k] = score_episode(self.task, self.settings, req.problem, gid, k, run, calls)
         if len(episodes) == req.samples:
-            del self.open[gid], self._started[gid]
+            del self.open[gid], self._started[gid], self._names[gid]
             out.append((req, episode_group(req.problem, [episodes[i] for i in range(req.samples)])))
 
     def close(self) -> None:

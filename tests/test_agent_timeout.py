@@ -42,6 +42,7 @@ def test_the_proxy_clocks_the_time_an_episode_spends_in_model_calls(tiny):
     clock = FakeClock(10.0)
     with gated_proxy(tiny[1], clock=clock) as (proxy, scripted, gate):
         assert proxy.model_seconds("ep", 10.0) == 0.0
+        proxy.open_episode("ep")
         client = openai.OpenAI(base_url=proxy.url, api_key="ep", max_retries=0, timeout=60)
         calls = [
             threading.Thread(target=client.chat.completions.create, kwargs={"model": "p", "messages": MSGS})
@@ -67,8 +68,9 @@ def test_the_proxy_clocks_the_time_an_episode_spends_in_model_calls(tiny):
 def test_a_call_running_when_its_episode_is_popped_is_not_recorded(tiny, refuse_later):
     """An episode popped while one of its calls runs (ended by its time limit, or an agent that gave up on
     a call and returned): the call's answer and time go nowhere; an ended episode is refused from then
-    on, with a 410 the client does not retry."""
+    on, with a 410 the client does not retry, a popped one as unknown (401)."""
     with gated_proxy(tiny[1]) as (proxy, scripted, gate):
+        proxy.open_episode("ep")
         client = agent_client(proxy.url, "ep")
         kwargs = {"model": "p", "messages": MSGS}
         running = threading.Thread(target=client.chat.completions.create, kwargs=kwargs)
@@ -79,14 +81,15 @@ def test_a_call_running_when_its_episode_is_popped_is_not_recorded(tiny, refuse_
         running.join(60)
         assert proxy.calls("ep") == [] and proxy.model_seconds("ep", 1e9) == 0.0  # nothing left behind
         assert proxy.refused("ep") == refuse_later
-        if not refuse_later:  # a plain pop refuses nothing: a new call of that name is a new episode
-            client.chat.completions.create(**kwargs)
-            assert len(proxy.calls("ep")) == 1
-            return
         with pytest.raises(openai.APIStatusError) as e:
             client.chat.completions.create(**kwargs)
-        assert e.value.status_code == 410 and "episode 'ep' has ended (env.agent_timeout_s)" in str(e.value)
+        if refuse_later:
+            assert e.value.status_code == 410
+            assert "episode 'ep' has ended (env.agent_timeout_s)" in str(e.value)
+        else:  # popped: no longer open, so unknown
+            assert e.value.status_code == 401 and "no open episode 'ep'" in str(e.value)
         assert len(scripted.prompts) == 1  # refused before the engine, and not retried
+        assert proxy.calls("ep") == [] and "ep" not in proxy._episodes
 
 
 def test_a_call_let_through_as_its_episode_ends_is_refused_and_leaves_nothing(tiny):

@@ -23,6 +23,8 @@ def proxy(tiny):
 
 
 def _client(p, episode):
+    """A client of a new episode (opened on the proxy, as the rollout opens each one)."""
+    p.open_episode(episode)
     return openai.OpenAI(base_url=p.url, api_key=episode, max_retries=0, timeout=60)
 
 
@@ -152,6 +154,7 @@ def test_the_llm_judge_talks_to_streamrls_own_proxy(proxy):
     from streamrl.rewards.judge import JudgeError, LLMJudge, resolve_judge_config
 
     p, _ = proxy
+    p.open_episode("judge-episode")
     judge = LLMJudge(resolve_judge_config(p.url, "policy", "judge-episode", retries=0, timeout_s=60))
     with pytest.raises(JudgeError, match="unparseable verdict|empty reply"):  # a random policy: no verdict
         judge.judge("2+2?", "4", "The answer is 4.")

@@ -43,6 +43,8 @@ def test_256_concurrent_two_turn_agents_see_no_connection_error(tiny):
     scripted = ScriptedEngine(tok, lambda prompt: f"turn {prompt.count('<|im_start|>assistant')}")
     front = BatchingEngine(scripted, max_batch=64)
     proxy = ChatProxy(front, tok, max_tokens=16)
+    for i in range(CLIENTS):
+        proxy.open_episode(f"ep-{i}")
     errors: list[BaseException] = []
     start = threading.Barrier(CLIENTS)
 

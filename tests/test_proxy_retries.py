@@ -21,6 +21,8 @@ def served(tiny):
     scripted = ScriptedEngine(tok, lambda prompt: "The answer is 4.")
     front = BatchingEngine(scripted)
     proxy = ChatProxy(front, tok, max_tokens=32)
+    for episode in ("ep", "ep-retry"):
+        proxy.open_episode(episode)
     yield proxy, scripted
     proxy.close()
     front.close()
@@ -44,12 +46,14 @@ def test_a_repeated_call_id_is_answered_from_memory(served):
     assert len(scripted.prompts) == 2 and proxy.replayed == 1
     assert len(proxy.pop_episode("ep")) == 2  # call-1 once, c2 once
     # popping the episode forgets its answers: the same id in a new episode of that name is a new call
+    proxy.open_episode("ep")
     client.chat.completions.create(model="policy", messages=MSGS, extra_headers=key)
     assert len(scripted.prompts) == 3 and len(proxy.calls("ep")) == 1
 
 
 def test_a_retry_while_the_call_runs_waits_for_the_same_generation(tiny):
     with gated_proxy(tiny[1]) as (proxy, scripted, gate):
+        proxy.open_episode("ep")
         answers = []
 
         def call():
@@ -157,6 +161,7 @@ def test_a_failed_generation_is_generated_afresh_by_the_retry(tiny):
     scripted = ScriptedEngine(tok, reply)
     front = BatchingEngine(scripted)
     proxy = ChatProxy(front, tok, max_tokens=8)
+    proxy.open_episode("ep-500")
     client = agent_client(proxy.url, "ep-500")
     try:
         reply_ = client.chat.completions.create(model="policy", messages=MSGS)

@@ -40,6 +40,7 @@ def served(tiny):
     scripted = ScriptedEngine(tok, _reply, version=7)
     front = BatchingEngine(scripted)
     proxy = ChatProxy(front, tok, max_tokens=128)
+    proxy.open_episode("ep")
     client = openai.OpenAI(base_url=proxy.url, api_key="ep", max_retries=0, timeout=60)
     yield proxy, scripted, client, tok
     client.close()
@@ -98,6 +99,7 @@ def test_tools_are_refused_when_the_chat_template_ignores_them(tiny):
     plain.chat_template = "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"
     front = BatchingEngine(ScriptedEngine(plain, _reply))
     proxy = ChatProxy(front, plain, max_tokens=8)
+    proxy.open_episode("ep")
     client = openai.OpenAI(base_url=proxy.url, api_key="ep", max_retries=0, timeout=60)
     try:
         with pytest.raises(openai.BadRequestError, match="this model's chat template ignores tools"):

@@ -1,16 +1,21 @@
 """An OpenAI-compatible chat endpoint served by the rollout side, recording every call for training.
 
-An agent written against the `openai` client trains unchanged: point it at `proxy.url` and use an
-episode id as the API key,
+An agent written against the `openai` client trains unchanged: the rollout opens an episode, points
+the agent at `proxy.url` and gives it the episode's name as the API key,
 
+    proxy.open_episode("episode-17")
     client = openai.OpenAI(base_url=proxy.url, api_key="episode-17")
     client.chat.completions.create(model="policy", messages=[...], tools=[...])
+    calls = proxy.pop_episode("episode-17")  # once the agent returned: the episode ends
 
 Each call is answered by the policy engine and recorded under its episode (the bearer token, or the
 `X-Episode-Id` header) with the exact prompt token ids, completion token ids, per-token behaviour
-log-probs and policy versions, one record per choice. `agent_trajectory.assemble` turns an episode's
-calls into trajectories. Request fields: envs/chat_request.py; tool calls: envs/tool_calls.py;
-stop and streaming: envs/chat_completion.py.
+log-probs and policy versions, one record per choice. Only episodes the rollout opened and has not
+popped are served: a call naming any other (a typo, an agent of a group that ended, a name the agent
+made up) is refused with a 401 `invalid_api_key` naming it, before the engine, and leaves nothing
+behind (a kept record would be trained on nowhere, and would stay for the rest of the run).
+`agent_trajectory.assemble` turns an episode's calls into trajectories. Request fields:
+envs/chat_request.py; tool calls: envs/tool_calls.py; stop and streaming: envs/chat_completion.py.
 
 Retries are safe: a call that carries an `Idempotency-Key` header (the agent runner's client sends
 one per call and keeps it across its retries) is generated once; a retry of it, while it runs or
@@ -61,6 +66,10 @@ _PROBE_TOOL = {"type": "function", "function": {"name": "probe_tool_7f3a", "para
 
 class EpisodeEnded(Exception):
     """A call of an episode that pop_episode ended (refuse_later): the client gets a 410."""
+
+
+class UnknownEpisode(Exception):
+    """A call of an episode that is not open (never opened, or popped): the client gets a 401."""
 
 
 @dataclass
@@ -121,10 +130,19 @@ class ChatProxy:
             ep = self._episodes.get(episode)
             return list(ep.calls) if ep is not None else []
 
+    def open_episode(self, episode: str) -> None:
+        """Serve calls named `episode` from now until it is popped. A name is used once: one that is open
+        or was ended (refuse_later) raises ValueError (a later episode of that name would be given the
+        calls of the agent still running under it)."""
+        with self._lock:
+            if not episode or episode in self._episodes or episode in self._refused:
+                raise ValueError(f"episode name '{episode}' is empty, open or ended: give each its own")
+            self._episodes[episode] = _Episode()
+
     def pop_episode(self, episode: str, refuse_later: bool = False) -> list[CallRecord]:
         """The episode's calls in order, forgotten by the proxy (call once per finished episode); what its
-        calls still running finish later is dropped. `refuse_later`: the episode was ended while its agent
-        still runs, and its later calls get a 410."""
+        calls still running finish later is dropped, and a later call is refused as unknown (401).
+        `refuse_later`: the episode was ended while its agent still runs, and its later calls get a 410."""
         with self._lock:
             if refuse_later:
                 self._refused[episode] = None
@@ -162,12 +180,15 @@ class ChatProxy:
 
     async def complete(self, episode: str, call_id: str, req: ChatRequest) -> Completion:
         """The call's completion; a call id seen before gets the first answer, generated once.
-        EpisodeEnded: the episode was ended (pop_episode with refuse_later), checked under the lock
-        that pop_episode takes, so no call of an ended episode starts it again."""
+        EpisodeEnded: the episode was ended (pop_episode with refuse_later); UnknownEpisode: it is not
+        open. Both are checked under the lock that pop_episode takes, so no call of an episode that is
+        over starts it again."""
         with self._lock:
             if episode in self._refused:
                 raise EpisodeEnded(episode)
-            ep = self._episodes.setdefault(episode, _Episode())
+            ep = self._episodes.get(episode)
+            if ep is None:
+                raise UnknownEpisode(episode)
         self._tick(ep, +1)
         try:
             return await self._complete(ep, call_id, req)
@@ -234,6 +255,14 @@ class ChatProxy:
         self._server.close()
 
 
+def _unknown(episode: str) -> str:
+    return (
+        f"no open episode '{episode}': the API key (or the X-Episode-Id header) must be the name of an "
+        "episode the rollout started and has not ended, the api_key of the client given to the agent; "
+        "a call after its episode ended is not recorded"
+    )
+
+
 def _error(status: int, message: str, code: str | None = None) -> JSONResponse:
     kind = "invalid_request_error" if status < 500 else "server_error"
     return JSONResponse({"error": {"message": message, "type": kind, "code": code}}, status_code=status)
@@ -245,7 +274,7 @@ def _app(proxy: ChatProxy) -> Starlette:
 
     async def chat(request: Request) -> Response:
         auth = request.headers.get("authorization", "")
-        episode = request.headers.get("x-episode-id") or auth.removeprefix("Bearer ").strip() or "default"
+        episode = request.headers.get("x-episode-id") or auth.removeprefix("Bearer ").strip()
         try:
             req = proxy.parse(json.loads(await request.body() or b"{}"))
         except Exception as e:  # not JSON, or a field of the wrong shape: the request's fault (no retry)
@@ -256,6 +285,8 @@ def _app(proxy: ChatProxy) -> Starlette:
             completion = await proxy.complete(episode, request.headers.get(CALL_ID_HEADER, ""), req)
         except EpisodeEnded:
             return _error(410, f"episode '{episode}' has ended (env.agent_timeout_s): stop calling")
+        except UnknownEpisode:
+            return _error(401, _unknown(episode), "invalid_api_key")
         except BadRequest as e:
             return _error(400, str(e), e.code)
         except Exception as e:  # an engine failure is the server's, not the agent's, fault

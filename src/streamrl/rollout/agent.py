@@ -201,6 +201,7 @@ def rollout_agent_episodes(
         while started < len(jobs) and len(running) < at_once:
             i, started = started, started + 1
             running[i] = time.monotonic()
+            proxy.open_episode(names[i])  # served from now until popped: other names are refused
             threading.Thread(target=episode, args=(i, jobs[i][0].messages, names[i]), daemon=True).start()
 
     try:

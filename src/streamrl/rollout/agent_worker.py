@@ -16,10 +16,17 @@ each final text goes to the reward service as its episode ends, and when all G a
 
 An episode whose agent passes `env.agent_timeout_s` of its own time (rollout/agent.py: `overdue`) is
 ended where `finished()` looks; what its thread returns later is dropped.
+
+A group may come to this worker again after it returned it (loop/stall.py sends the groups in flight
+again; the copy can cross the result on its way): it is run again, and each run's episodes get names
+of their own, `{group}-{k}@{serial}` (serial: this worker's count of groups started). The calls of an
+earlier run's agents still running (one ended by its time limit, a thread an agent left behind) are
+then refused by the proxy, and what they return is dropped, instead of being taken as the new run's.
 """
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
@@ -70,20 +77,26 @@ class AgentGroups:
         # group -> (its request, the episodes over: their run, calls and score)
         self.open: dict[str, tuple[Any, dict[int, Ended]]] = {}
         self._deadlines: dict[str, float] = {}  # group with all G over -> when its scores run out of budget
-        self._returned: queue.SimpleQueue[tuple[str, int, AgentRun]] = queue.SimpleQueue()
+        self._returned: queue.SimpleQueue[tuple[str, str, int, AgentRun]] = queue.SimpleQueue()
         self._started: dict[str, float] = {}  # group -> when its agents started (time.monotonic)
+        self._names: dict[str, list[str]] = {}  # group -> its episodes' names in the proxy, by k
+        self._serial = itertools.count()  # groups started: each run's names are its own
 
     def start(self, req: Any) -> None:
         """Run the G agent episodes of `req` (a worker GroupRequest), each in its own thread."""
+        serial = next(self._serial)
+        names = [f"{req.group_id}-{k}@{serial}" for k in range(req.samples)]
         self.open[req.group_id] = (req, {})
         self._started[req.group_id] = time.monotonic()
-        for k in range(req.samples):
-            name = f"agent-{req.group_id}-{k}"
-            threading.Thread(target=self._episode, args=(req, k), name=name, daemon=True).start()
+        self._names[req.group_id] = names
+        for k, name in enumerate(names):
+            self.proxy.open_episode(name)
+            args = (req, k, name)
+            threading.Thread(target=self._episode, args=args, name=f"agent-{name}", daemon=True).start()
 
-    def _episode(self, req: Any, k: int) -> None:
-        run = run_agent(self.task, self.proxy.url, f"{req.group_id}-{k}", req.problem.messages)
-        self._returned.put((req.group_id, k, run))
+    def _episode(self, req: Any, k: int, name: str) -> None:
+        run = run_agent(self.task, self.proxy.url, name, req.problem.messages)
+        self._returned.put((name, req.group_id, k, run))
 
     @property
     def live(self) -> bool:
@@ -108,15 +121,16 @@ class AgentGroups:
         past reward.step_budget_s: reward 0, "step_budget"), assembled."""
         while True:
             try:
-                gid, k, run = self._returned.get_nowait()
+                name, gid, k, run = self._returned.get_nowait()
             except queue.Empty:
                 break
-            if gid in self.open and k not in self.open[gid][1]:  # else it was ended earlier: dropped
+            # else it was ended earlier, or is of an earlier run of the group: dropped
+            if gid in self.open and self._names[gid][k] == name and k not in self.open[gid][1]:
                 self._end(gid, k, run)
         now, limit = time.monotonic(), self.settings.agent_timeout_s
         for gid, (req, ended) in list(self.open.items()):
             for k in [k for k in range(req.samples) if k not in ended]:
-                late = overdue(self.proxy, f"{gid}-{k}", self._started[gid], limit, now)
+                late = overdue(self.proxy, self._names[gid][k], self._started[gid], limit, now)
                 if late is not None:
                     self._end(gid, k, late)
         out: list[tuple[Any, Group]] = []
@@ -131,14 +145,14 @@ class AgentGroups:
                 score_episode(self.settings, req.problem, gid, k, ended[k].run, ended[k].calls, outcomes[k])
                 for k in range(req.samples)
             ]
-            del self.open[gid], self._started[gid], self._deadlines[gid]
+            del self.open[gid], self._started[gid], self._deadlines[gid], self._names[gid]
             out.append((req, episode_group(req.problem, episodes)))
         return out
 
     def _end(self, gid: str, k: int, run: AgentRun) -> None:
         """Episode k of group gid is over: its calls are taken and its final text goes to be scored."""
         req, ended = self.open[gid]
-        calls = self.proxy.pop_episode(f"{gid}-{k}", refuse_later=run.error == TIMEOUT_ERROR)
+        calls = self.proxy.pop_episode(self._names[gid][k], refuse_later=run.error == TIMEOUT_ERROR)
         ended[k] = Ended(run, calls, self.scoring.submit_text(req.problem, run.text))
 
     def close(self) -> None:

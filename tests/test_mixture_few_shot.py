@@ -83,3 +83,24 @@ def test_a_source_with_too_few_rows_for_its_own_examples_is_named(tmp_path):
         "task_config.sources[1]: config key 'task_config.few_shot_n' is 4 but the training split has 3 "
         "distinct prompt(s) besides the held-out ones: lower it"
     )
+
+
+@pytest.mark.parametrize("task", ["agent:streamrl.envs.agents:calculator", "env:python_tool"])
+def test_a_task_over_a_base_task_shows_the_examples_in_training_as_in_evaluation(tmp_path, task):
+    """An agent over a data file, the Python tool over reasoning-gym: the base task renders the training
+    problems, so it gets the examples the held-out problems show."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(
+        "".join(json.dumps({"prompt": f"add {i} and {i}", "answer": str(2 * i)}) + "\n" for i in range(12))
+    )
+    overrides = [f"task={task}", "eval.size=4", "task_config.few_shot_n=1"]
+    if task.startswith("agent:"):
+        overrides.append(f"task_config.args={{base: 'data:{rows}'}}")
+    cfg = load_config(None, overrides)
+    task_obj = task_from_config(cfg)
+    held, exclude = prepare_split(task_obj, cfg)
+    train = list(itertools.islice(task_obj.train_stream(0, exclude), 8))
+    shots = {tuple(_shown(p)) for p in held + train}
+    assert len(shots) == 1 and len(next(iter(shots))) == 1  # one example, the same for every prompt
+    ((question, _),) = next(iter(shots))
+    assert question not in {p.meta["question"] for p in held + train}

@@ -51,6 +51,17 @@ class AgentTask(Task):
     def heldout(self, n: int) -> list[Problem]:
         return self.base.heldout(n)
 
+    def few_shot_sources(self) -> list[tuple[str, Task]]:
+        """The base task's: it renders the training problems, so it shows the examples."""
+        return self.base.few_shot_sources()
+
+    def set_few_shot(self, shots: list[tuple[str, str]]) -> None:
+        super().set_few_shot(shots)
+        self.base.set_few_shot(shots)
+
+    def render(self, problem: Problem) -> list[dict[str, str]]:
+        return self.base.render(problem)
+
     def heldout_from_training(self) -> bool:
         return self.base.heldout_from_training()
 

@@ -102,6 +102,22 @@ def _seven_agent_task(tmp_path):
     return task
 
 
+def test_an_agent_over_a_mixture_trains_on_each_sources_problems(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(
+        "".join(json.dumps({"prompt": f"{i} + 1 = ?", "answer": str(i + 1)}) + "\n" for i in range(8))
+    )
+    run = tmp_path / "run"
+    mix = [
+        "task_config.args={base: mix}",
+        f"task_config.sources=[{{task: rg:chain_sum}}, {{task: 'data:{rows}'}}]",
+    ]
+    args = [*TINY, *mix, "max_steps=3", "rollout.prompts_per_step=4", f"run_dir={run}"]
+    assert main(["train", "task=agent:streamrl.envs.agents:one_call", *args]) == 0
+    trained = [json.loads(x)["problem_id"] for x in (run / "groups.jsonl").read_text().splitlines()]
+    assert len(trained) == 12 and {p.split("-")[0] for p in trained} == {"m0", "m1"}
+
+
 def test_held_out_evaluation_runs_the_agent_and_scores_its_answer(tiny, tmp_path):
     from streamrl.engine.hf import HFEngine
     from streamrl.eval.heldout import evaluate

@@ -40,19 +40,24 @@ OWN = {0: re.compile(r"add \d+ and \d+"), 1: re.compile(r"spell \d+")}  # each s
 REPLY = {0: re.compile(r"The answer is \d+\."), 1: re.compile(r"The answer is w\d+\.")}  # its answers
 
 
-@pytest.mark.parametrize("streaming", [False, True])
-def test_each_source_shows_only_its_own_drawn_examples(tmp_path, streaming):
+@pytest.mark.parametrize(
+    ("streaming", "task"),
+    [(False, "mix"), (True, "mix"), (False, "agent:streamrl.envs.agents:calculator")],
+)
+def test_each_source_shows_only_its_own_drawn_examples(tmp_path, streaming, task):
+    """A mixture, or an agent over one (its base task renders the training problems)."""
     overrides = [
-        "task=mix",
+        f"task={task}",
+        *(["task_config.args={base: mix}"] if task.startswith("agent:") else []),
         f"task_config.sources={_sources(tmp_path, streaming)}",
         "eval.size=4",
         "task_config.few_shot_n=2",
         "task_config.few_shot=[{question: 'given one', answer: 1}]",
     ]
     cfg = load_config(None, overrides)
-    task = task_from_config(cfg)
-    held, exclude = prepare_split(task, cfg)
-    train = list(itertools.islice(task.train_stream(0, exclude), 200))
+    built = task_from_config(cfg)
+    held, exclude = prepare_split(built, cfg)
+    train = list(itertools.islice(built.train_stream(0, exclude), 200))
     shown: dict[int, set[str]] = {0: set(), 1: set()}
     for p in held + train:
         source = p.meta["source"]

@@ -153,6 +153,7 @@ def hang_one(client, messages):
             HUNG.append((client.api_key, threading.current_thread()))
     if hang:
         HOLD.wait(60)
+        return "The answer is 99."  # an answer no call of a later run gives: told apart by its score
     return reply.choices[0].message.content
 
 
@@ -218,6 +219,7 @@ def test_a_group_run_again_by_its_worker_does_not_take_the_earlier_runs_calls_or
         ((_, second),) = _pump(agents, engine, lambda out: out)
         assert second.episode_errors == ["", ""]
         assert [t.reward_info["calls"] for t in second.trajectories] == [1, 1]  # each its own call
+        assert "99" not in [t.reward_info["extracted"] for t in second.trajectories]  # its own answers
         assert agents.open == {} and agents.proxy._episodes == {}
     finally:
         HOLD.set()

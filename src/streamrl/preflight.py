@@ -77,11 +77,12 @@ def one_row_per_source(
         draws -= 1
         drawn.append(problem)
         firsts.setdefault(problem.meta["source"], problem)
+    held = exclude | task.held_split()  # as the mixture's stream: every source's held-out split
     for i, source in enumerate(sources):
         if i in firsts or not alone:
             continue
         try:
-            first = next(source.train_stream(seed + SOURCE_SEED_STEP * i, exclude), None)
+            first = next(source.train_stream(seed + SOURCE_SEED_STEP * i, held), None)
         except ValueError as e:
             raise ValueError(f"task_config.sources[{i}]: {e}") from None
         if first is not None:

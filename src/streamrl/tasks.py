@@ -69,7 +69,7 @@ def make_task(
     if spec.startswith("agent:"):  # its problems and scores come from a base task with these settings
         from streamrl.envs.agent_task import AgentTask
 
-        return AgentTask(spec[6:], args, functools.partial(make_task, **data), **kw)
+        return AgentTask(spec[6:], args, functools.partial(make_task, **data, sources=sources), **kw)
     if spec == "mix":
         from streamrl.data.mixture import MixtureTask
 

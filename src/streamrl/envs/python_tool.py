@@ -17,7 +17,7 @@ from typing import Any
 
 from streamrl.config import EnvConfig, TaskConfig
 from streamrl.data.reasoning_gym import ReasoningGymTask
-from streamrl.data.task import SMALL_MODEL_ARGS, Task
+from streamrl.data.task import SMALL_MODEL_ARGS
 from streamrl.envs.base import EnvStep, EnvTask, ProblemEnv, register, truncate_middle
 from streamrl.envs.executor import RunCode, SandboxRunner
 from streamrl.types import Problem
@@ -99,11 +99,8 @@ class PythonToolTask(EnvTask):
     def heldout(self, n: int) -> list[Problem]:
         return self.inner.heldout(n)
 
-    def few_shot_sources(self) -> list[tuple[str, Task]]:
-        """The inner task's: it renders the training problems, so it shows the examples."""
-        return self.inner.few_shot_sources()
-
     def set_few_shot(self, shots: list[tuple[str, str]]) -> None:
+        """The inner task renders the training problems, so it shows the examples."""
         super().set_few_shot(shots)
         self.inner.set_few_shot(shots)
 

@@ -359,6 +359,10 @@ class AsyncRunner:
         if step < self.cfg.max_steps:
             self.staleness.set_version(self.trainer.version)
 
+    def stream_position(self) -> dict[str, Any]:
+        """Where the training stream stands (the admission thread draws no more once carried over)."""
+        return sampler_state(self.stream)
+
     def snapshot(self) -> RunState:
         """The run's position between two steps (called by the trainer thread, e.g. for a periodic
         save): what is buffered or in flight counts as carried over, as a stop would make it."""

@@ -128,11 +128,16 @@ class ColocatedRunner:
         return dataclasses.replace(
             self.state,
             ledger=self.ledger.snapshot(),
-            sampler=sampler_state(self.stream) if self.rewound is None else self.rewound,
+            sampler=self.stream_position(),
             drafts=self.drafts.state_dict() if self.drafts is not None else [],
         )
 
+    def stream_position(self) -> dict[str, Any]:
+        """Where the training stream stands for a saved state: before a failed step's draws."""
+        return sampler_state(self.stream) if self.rewound is None else self.rewound
+
     def run(self, on_step: Callable[[StepRecord], None]) -> None:
+        self.rewound = None
         try:
             self._run(on_step)
         finally:

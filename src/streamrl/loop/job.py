@@ -305,7 +305,8 @@ def _run_train(
                         try:  # raised (a full disk fails both: the first cause is the one to read)
                             observer.on_step(record)
                         except Exception as e:
-                            console.print(f"[yellow]step {rec.step}'s metrics failed too: {e!r}[/]")
+                            said = f"step {rec.step}'s metrics failed too: {e!r}"
+                            console.print(said, style="yellow", markup=False)
                         raise
                     observer.on_step(record)
                 progress.update(record)
@@ -335,7 +336,7 @@ def _run_train(
                 kept = f"its newest saved state, {newest.name}, is kept" if newest else "no state was saved"
                 console.print(f"[yellow]the run failed inside step {state.step + 1}: {kept}[/]")
             else:
-                state.sampler = runner.snapshot().sampler  # before a failed step's draws
+                state.sampler = runner.stream_position()  # colocated: before a failed step's draws
                 save(state)
             timings["save"] = time.perf_counter() - t_save
     interrupted, final_eval_stopped = bool(stop), False

@@ -112,6 +112,15 @@ def inline_outcome(task: AgentTask, settings: RolloutSettings, problem: Problem,
     return RewardOutcome(reward, {**facts, "correct": correct})
 
 
+def submit_answer(scoring: Scoring, problem: Problem, run: AgentRun) -> Future[RewardOutcome]:
+    """The final text's score from the reward service; an agent that failed has nothing to score."""
+    if run.error:
+        done: Future[RewardOutcome] = Future()
+        done.set_result(RewardOutcome(0.0, {"correct": False, "formatted": False}))
+        return done
+    return scoring.submit_text(problem, run.text)
+
+
 def score_episode(
     settings: RolloutSettings,
     problem: Problem,
@@ -123,7 +132,7 @@ def score_episode(
 ) -> AgentEpisode:
     """Reward = the base task's score of the final text (outcome: its partial credit where it gives one,
     plus the format bonus; 0 if the agent raised or the scoring failed), on every trajectory."""
-    ok = not run.error and outcome.error is None
+    ok = not run.error  # a failed score is reward 0, neither correct nor formatted (rewards/service.py)
     reward = outcome.reward if ok else 0.0
     correct, formatted = bool(outcome.info.get("correct")) and ok, bool(outcome.info.get("formatted")) and ok
     trajs = assemble(calls, problem.id, group_id, k, reward, correct, settings.mask_truncated)
@@ -194,7 +203,7 @@ def rollout_agent_episodes(
     def over(i: int, run: AgentRun, calls: list[CallRecord]) -> None:
         runs[i] = (run, calls)
         if scoring is not None:  # scored while the other episodes go on
-            scores[i] = scoring.submit_text(jobs[i][0], run.text)
+            scores[i] = submit_answer(scoring, jobs[i][0], run)
 
     def start() -> None:  # daemons: an agent past its limit is left behind
         nonlocal started

@@ -47,6 +47,7 @@ from streamrl.rollout.agent import (
     overdue,
     run_agent,
     score_episode,
+    submit_answer,
 )
 from streamrl.rollout.score import Scoring
 from streamrl.rollout.trajectory import RolloutSettings
@@ -153,7 +154,7 @@ class AgentGroups:
         """Episode k of group gid is over: its calls are taken and its final text goes to be scored."""
         req, ended = self.open[gid]
         calls = self.proxy.pop_episode(self._names[gid][k], refuse_later=run.error == TIMEOUT_ERROR)
-        ended[k] = Ended(run, calls, self.scoring.submit_text(req.problem, run.text))
+        ended[k] = Ended(run, calls, submit_answer(self.scoring, req.problem, run))
 
     def close(self) -> None:
         """Fail the calls still waiting (their agents return), then stop the proxy."""

@@ -202,7 +202,11 @@ def _loop(
     r = RolloutSettings.from_config(cfg)
     episodes = EpisodeTable(task, tokenizer, r) if isinstance(task, EnvTask) else None
     scoring = Scoring(cfg, task)
-    agents = AgentGroups(task, tokenizer, r, scoring) if isinstance(task, AgentTask) else None
+    try:  # a proxy that cannot start: the reward service's threads and processes stop too
+        agents = AgentGroups(task, tokenizer, r, scoring) if isinstance(task, AgentTask) else None
+    except BaseException:
+        scoring.close()
+        raise
     open_groups: dict[str, tuple[GroupRequest, list[Any]]] = {}
     # samples asked for so far per group: screening (r.screen) asks for the first few, the rest only if
     # those disagree

@@ -121,9 +121,11 @@ def _agent_groups(
 
     G = settings.samples
     jobs = [(p, gids[pi], k) for pi, p in enumerate(problems) for k in range(G)]
+    waited = scoring.waited_s
     episodes = rollout_agent_episodes(engine, tokenizer, scoring.task, settings, jobs, scoring=scoring)
+    reward_s = scoring.waited_s - waited  # the answers' scores, awaited once the episodes were over
     # every group is returned, also one whose agents made no call (its errors are counted; it is not
     # trained: nothing to train on)
     groups = [episode_group(p, episodes[pi * G : (pi + 1) * G]) for pi, p in enumerate(problems)]
     t1 = time.perf_counter()
-    return groups, {"generate_time": t1 - t0, "reward_time": 0.0}
+    return groups, {"generate_time": t1 - t0 - reward_s, "reward_time": reward_s}

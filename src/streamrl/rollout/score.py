@@ -137,6 +137,7 @@ class Scoring:
         self.budget_s = rc.step_budget_s  # 0: no limit
         self.budget_left = self.budget_s  # what the current step has not used yet (score)
         self.expired = 0  # scores this process gave up on at the budget, in all
+        self.waited_s = 0.0  # seconds `outcomes` waited for scores, in all
         self.ids_in_key = bool(rc.fn or rc.fns)  # your reward functions read the token ids too
 
     def begin_step(self) -> None:
@@ -205,8 +206,10 @@ class Scoring:
         t0 = time.monotonic()
         wait = self.budget_left if self.budget_s > 0 else None
         _, pending = concurrent.futures.wait(futures, timeout=wait)
+        waited = time.monotonic() - t0
+        self.waited_s += waited
         if self.budget_s > 0:  # scores still outstanding: the whole budget is spent
-            self.budget_left = 0.0 if pending else max(0.0, self.budget_left - (time.monotonic() - t0))
+            self.budget_left = 0.0 if pending else max(0.0, self.budget_left - waited)
         return self.settled(futures)
 
     def settle(self, scored: list[tuple[Trajectory, Future[RewardOutcome]]]) -> None:

@@ -160,6 +160,7 @@ def test_a_presets_response_shaping_goes_back_to_its_default_for_episodes(task, 
         ("eval.size=10", "eval.size", 400, 10),
         ("task_config.few_shot_n=2", "task_config.few_shot_n", 0, 2),
         ("rollout.sampler=mopps", "rollout.sampler", "uniform", "mopps"),
+        ("algo=dapo", "algo", "", "dapo"),
     ],
 )
 def test_a_resume_refuses_an_override_its_saved_state_would_ignore(tmp_path, override, key, old, new):

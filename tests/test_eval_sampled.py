@@ -234,7 +234,7 @@ def test_training_evaluates_the_heldout_set_every_n_steps(tmp_path):
     assert ["heldout_accuracy" in r for r in rows] == [False, True, False, True]
     assert all(0 <= rows[i]["heldout_pass@1"] <= rows[i]["heldout_pass@2"] <= 1 for i in (1, 3))
     # the evaluation's samples leave the training rollouts as they are without it
-    assert main([*args, "eval.every=0", f"run_dir={tmp_path / 'plain'}"]) == 0
+    assert main([*args, "eval.every=0", "eval.n=0", f"run_dir={tmp_path / 'plain'}"]) == 0
     assert (run / "groups.jsonl").read_text() == (tmp_path / "plain" / "groups.jsonl").read_text()
 
 

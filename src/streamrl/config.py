@@ -145,8 +145,11 @@ def load_config(
         _drop_preset_keys_unread(cfg, preset, [data, *given_pairs])
     if resume:  # the saved config.yaml is what sets the run's keys, the overrides are the user's
         _drop_reward_keys_unread(cfg, [data], given_pairs)
+        _refuse_another_run_dir(parsed, resume)
         cfg.run_dir = resume
         _refuse_changes_a_resume_would_ignore(data, cfg, resume)
+        if cfg.eval.k and not _sets(["eval", "n"], *given_pairs):  # the saved eval.n is a resolved one
+            cfg.eval.n = max(cfg.eval.n, *cfg.eval.k)
     else:
         _drop_reward_keys_unread(cfg, [preset], [data, *given_pairs])
         n_from_k(cfg, preset, data, *given_pairs)
@@ -154,9 +157,19 @@ def load_config(
     return cfg
 
 
+def _refuse_another_run_dir(parsed: list[tuple[str, Any]], resume: str) -> None:
+    given = next((str(v) for k, v in reversed(parsed) if k == "run_dir"), None)
+    if given is not None and Path(given).resolve() != Path(resume).resolve():
+        raise ConfigError(
+            f"resume: run_dir={given!r} is not the run resumed, {resume!r}: a resumed run continues in its "
+            "own directory; drop run_dir (to train again elsewhere, start a new run from its checkpoint)"
+        )
+
+
 # what a resumed run takes from its saved state, so an override would be ignored or would corrupt it
 RESUME_FIXED = {
     "model": "the weights are the saved state's",
+    "algo": "its preset was applied to the loss and advantage keys when the run started",
     "seed": "the data order and the random generators continue the saved ones",
     "task": "the data position is the saved stream's",
     "task_config.args": "the data position is the saved stream's",

@@ -200,7 +200,8 @@ class EvalConfig:
     before: bool = True  # evaluate the base model before training
     after: bool = True  # evaluate the trained model after training
     every: int = 0  # also evaluate the held-out set every N training steps (0: only before and after)
-    # samples per problem for pass@k / avg@n / maj@k (0: greedy only); unset with eval.k: max(eval.k)
+    # samples per problem for pass@k / avg@n / maj@k (0: greedy only); unset with eval.k: max(eval.k).
+    # Training samples at its periodic evaluations (eval.every); `streamrl eval` at any time
     n: int = 0
     k: tuple[int, ...] = ()  # the k values reported; empty: 1, 2, 4, ... and n
     temperature: float = 1.0  # sampling temperature of the n samples

@@ -112,6 +112,11 @@ def validate(cfg: Any) -> None:
     _validate_speculative(cfg)
     if cfg.eval.n:  # sampled evaluation generates single-turn responses (eval/sampled.py)
         _single_turn_only(cfg, "eval.n", "samples")
+        if cfg.eval.temperature == 0:
+            raise ConfigError(
+                f"config key 'eval.temperature' is 0 (greedy) with eval.n={cfg.eval.n}: the samples would "
+                "all be alike; set eval.temperature > 0 (e.g. 1.0) or eval.n=0"
+            )
     _validate_screening(cfg)
     _validate_backend(cfg)
     if cfg.engine == "vllm":

@@ -100,6 +100,12 @@ def preflight(cfg: Any) -> Checked:
             "ratio (PPO would clip whole classes of tokens); top_p < 1 is for `streamrl eval` sampling "
             "(a resumed run may pass rollout.top_p=1)"
         )
+    if cfg.eval.n and not cfg.eval.every:
+        raise ValueError(
+            f"config key 'eval.n' is {cfg.eval.n}, but training samples the held-out set only at its "
+            "periodic evaluations: set eval.every > 0, or score the checkpoint after with `streamrl eval "
+            "model=RUN/checkpoint eval.n=...`"
+        )
     if cfg.run_dir:  # a run already there, before a model download
         check_run_dir(Path(cfg.run_dir), bool(cfg.resume) or cfg.overwrite, training=True)
     if not cfg.task_config.args:

@@ -73,6 +73,11 @@ class MixtureTask(Task):
                     f"{where}: unknown key(s) {sorted(unknown)}; valid: {', '.join(SOURCE_KEYS)}"
                 )
             spec = src["task"]
+            if spec.startswith("agent:"):  # its episodes would be single-turn samples of its base task
+                raise ValueError(
+                    f"{where}: '{spec}' cannot be mixed: an agent over a mixture is task={spec} with "
+                    "task_config.args.base=mix and these sources"
+                )
             if spec == "mix" or spec.startswith("env:"):
                 raise ValueError(
                     f"{where}: '{spec}' cannot be mixed (use rg:, hf:, data:, .jsonl or code sources)"

@@ -30,7 +30,8 @@ def eval_record(base: EvalResult | None, final: EvalResult | None) -> dict[str, 
     }
     if base and final:
         out["difference"] = _difference(base.correct, final.correct)
-        out["samples"] = {"base": base.samples, "final": final.samples}
+    if base or final:  # a few responses of each model evaluated, to read
+        out["samples"] = {k: r.samples for k, r in (("base", base), ("final", final)) if r is not None}
     out["per_problem_correct"] = {
         k: [int(c) for c in r.correct] for k, r in (("base", base), ("final", final)) if r is not None
     }
@@ -45,6 +46,8 @@ def run_eval_record(base: EvalResult | None, final: EvalResult | None, old: dict
     if base is None and old_base:  # resumed: the base model was evaluated by the first run
         evals["base"] = old["base"]
         evals["per_problem_correct"]["base"] = old_base
+        if "base" in old.get("samples", {}):
+            evals.setdefault("samples", {})["base"] = old["samples"]["base"]
         if final is not None and len(old_base) == len(final.correct):
             evals["difference"] = _difference([bool(c) for c in old_base], final.correct)
     if "sampled" in old:  # a `streamrl eval` of this run directory (it names the model it read)

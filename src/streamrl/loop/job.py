@@ -239,6 +239,14 @@ def _run_train(
     base = final = None
     eval_limits = (cfg.eval.max_new_tokens, cfg.env.agent_timeout_s)
     old_eval = json.loads((run_dir / "eval.json").read_text()) if (run_dir / "eval.json").is_file() else {}
+    if cfg.resume and state.step < cfg.max_steps and old_eval.get("final"):
+        # the run trains on: the evaluation and summary of its earlier end are of weights it will not end
+        # with (the report would plot them at its newest step, and call the run finished)
+        old_eval = {k: v for k, v in old_eval.items() if k not in ("final", "difference")}
+        old_eval.get("per_problem_correct", {}).pop("final", None)
+        old_eval.get("samples", {}).pop("final", None)
+        write_text_atomic(run_dir / "eval.json", json.dumps(old_eval, indent=2))
+        (run_dir / "summary.json").unlink(missing_ok=True)
     # a resume evaluates the base model only if the first run was stopped before it was measured
     base_due = not cfg.resume or (state.step == 0 and not old_eval.get("base"))
     if cfg.eval.before and heldout and base_due:
@@ -252,8 +260,10 @@ def _run_train(
     if base is not None:
         timings["eval"] += base.seconds
         console.print(f"base accuracy {base.accuracy:.3f} ({sum(base.correct)}/{len(base.correct)})")
-        # on disk now: a run that crashes or is killed keeps it, and its resume reads it back
-        old_eval = {**old_eval, **eval_record(base, None)}
+        # on disk now: a run that crashes or is killed keeps it, and its resume reads it back (read again
+        # first: `streamrl eval` may have written a record while the base model was evaluated)
+        now = json.loads((run_dir / "eval.json").read_text()) if (run_dir / "eval.json").is_file() else {}
+        old_eval = {**old_eval, **now, **eval_record(base, None)}
         write_text_atomic(run_dir / "eval.json", json.dumps(old_eval, indent=2))
     before = Accuracy.from_summary(base.summary() if base else old_eval.get("base"))  # for model cards
     timings["setup"] += runner.wait_ready()  # what is left of the workers' start: not training time

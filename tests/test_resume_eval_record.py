@@ -1,6 +1,6 @@
 """A finished run resumed for more steps: until it ends again, its directory no longer says it finished
-(the report reads eval.json's final evaluation and summary.json), and its base evaluation, with the
-sample responses read from it, stays."""
+(the report reads eval.json's final evaluation and summary.json), its base evaluation, with the sample
+responses read from it, stays, and exports past the restored state are removed at once."""
 
 import json
 
@@ -28,11 +28,13 @@ def test_a_resumed_finished_run_drops_its_earlier_end_until_it_ends_again(tmp_pa
         return real(self, batch)
 
     monkeypatch.setattr(Trainer, "step", step)
+    (run / "checkpoints" / "step-3").mkdir(parents=True)  # an export past the saved state (a killed run's)
     with pytest.raises(RuntimeError, match="injected failure"):
         main(["train", f"resume={run}", "max_steps=4"])
     monkeypatch.undo()
     midway = json.loads((run / "eval.json").read_text())
     assert "final" not in midway and "difference" not in midway and not (run / "summary.json").exists()
+    assert not (run / "checkpoints" / "step-3").exists()  # removed at the resume, not at a later export
     assert midway["base"] == first["base"] and midway["samples"] == {"base": first["samples"]["base"]}
 
     assert main(["train", f"resume={run}", "max_steps=4"]) == 0

@@ -247,6 +247,8 @@ def _run_train(
         old_eval.get("samples", {}).pop("final", None)
         write_text_atomic(run_dir / "eval.json", json.dumps(old_eval, indent=2))
         (run_dir / "summary.json").unlink(missing_ok=True)
+    if cfg.resume:  # exports a killed run made past the state restored are of weights this run discards
+        prune_exports(run_dir / "checkpoints", cfg.checkpoint.keep, state.step)
     # a resume evaluates the base model only if the first run was stopped before it was measured
     base_due = not cfg.resume or (state.step == 0 and not old_eval.get("base"))
     if cfg.eval.before and heldout and base_due:

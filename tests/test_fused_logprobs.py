@@ -98,3 +98,21 @@ def test_gradient_through_a_strided_view_across_chunks(monkeypatch: pytest.Monke
     assert torch.autograd.gradcheck(lambda f: token_logprobs_entropy(f[:, :-1], tokens, 0.8), (full,))
     lp, _ = token_logprobs_entropy(full[:, :-1], tokens, 0.8)
     torch.testing.assert_close(lp, reference(full[:, :-1], tokens, 0.8)[0], rtol=0, atol=1e-12)
+
+
+def test_a_masked_token_adds_nothing_to_the_entropy_or_its_gradient() -> None:
+    """A logit of -inf (a token a logits processor masks) has p = 0: the entropy and the gradients are
+    those of the other tokens, finite (0 * log 0 = 0), and the masked logit's gradient is 0."""
+    x = torch.tensor([[0.0, math.log(3.0), -math.inf]], dtype=torch.float64, requires_grad=True)
+    lp, ent = token_logprobs_entropy(x, torch.tensor([1]))
+    h = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
+    assert lp.item() == pytest.approx(math.log(0.75), abs=1e-15)
+    assert ent is not None and ent.item() == pytest.approx(h, abs=1e-15)
+    (lp + ent).sum().backward()
+    finite = torch.tensor([[0.0, math.log(3.0)]], dtype=torch.float64, requires_grad=True)
+    lp2, ent2 = token_logprobs_entropy(finite, torch.tensor([1]))
+    assert ent2 is not None
+    (lp2 + ent2).sum().backward()
+    assert x.grad is not None and finite.grad is not None
+    torch.testing.assert_close(x.grad[:, :2], finite.grad, rtol=0, atol=1e-15)
+    assert x.grad[0, 2].item() == 0.0

@@ -72,9 +72,13 @@ def test_the_warmup_counts_optimizer_steps(tiny):
     trainer = _trainer(tiny[0], ["train.warmup_steps=4", "train.mini_batches=2", "train.token_budget=40"])
     lrs = []
     trainer.optimizer.register_step_pre_hook(lambda opt, a, k: lrs.append(opt.param_groups[0]["lr"]))
+    logged = []
     for seed in (0, 1):
-        assert trainer.step(_batch(6, seed))["optimizer_steps"] == 2
+        out = trainer.step(_batch(6, seed))
+        assert out["optimizer_steps"] == 2
+        logged.append(out["lr"])
     assert lrs == pytest.approx([0.25e-3, 0.5e-3, 0.75e-3, 1e-3])
+    assert logged == pytest.approx([0.375e-3, 0.875e-3])  # each step's metric: the rates its updates used
 
 
 def test_entropy_top_q_is_refused_with_a_sequence_ratio():

@@ -66,8 +66,8 @@ class _LogprobEntropy(torch.autograd.Function):
                 m = torch.logsumexp(x, dim=-1)
                 lse[s:e] = m
                 lp[s:e] = x.gather(-1, tok[s:e]).squeeze(-1) - m
-                if with_entropy:
-                    logp = x.sub_(m[:, None])
+                if with_entropy:  # a -inf logit (a masked token) adds 0, not 0 * -inf
+                    logp = x.sub_(m[:, None]).clamp_(min=torch.finfo(x.dtype).min)
                     ent[s:e] = -(logp.exp() * logp).sum(-1)
         ctx.save_for_backward(logits, tok, lse, ent)
         ctx.inv_t = inv_t
@@ -93,6 +93,7 @@ class _LogprobEntropy(torch.autograd.Function):
             for s, rows in _chunks(logits):
                 e = s + rows.shape[0]
                 logp = _rows(rows, inv_t).sub_(lse[s:e, None])
+                logp.clamp_(min=torch.finfo(logp.dtype).min)  # as in the forward: finite where p is 0
                 p = logp.exp()
                 if g_ent is not None:  # -p (log p + H) * g_ent
                     g = logp.add_(ent[s:e, None]).mul_(p).mul_(-g_ent[s:e])

@@ -44,7 +44,7 @@ def prepare_batch(tr: Any, batch: TrainBatch) -> tuple[list[MicroBatch], list[Cr
     assert tr.value_head is not None
     targets: list[CriticTargets | None] = []
     for mb, rew in zip(mbs, per_mb):
-        with tr._autocast():
+        with tr._autocast(), tr._compute_weights():  # V_old on the training forward's path
             tg = gae_targets(tr.model, tr.value_head, mb, rew, a.gamma, a.lam)
         mb.advantages = tg.advantages
         targets.append(tg)

@@ -41,6 +41,16 @@ from streamrl.types import TrainBatch
 GAP_SUM, GAP_TOKENS = "_gap_sum", "_gap_tokens"
 
 
+def disable_dropout(model: Any) -> None:
+    """No dropout in the policy (as TRL's trainers by default): the loss compares log-probs of separate
+    passes (the trainer's with the engine's, pi_theta with pi_old) that dropout noise would set apart."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+        if isinstance(getattr(m, "attention_dropout", None), float):  # read at each forward (Llama, Qwen)
+            m.attention_dropout = 0.0
+
+
 class Trainer:
     def __init__(
         self,
@@ -56,6 +66,7 @@ class Trainer:
         """train/loss/advantage: the config sections; temperature: the sampling temperature the log-probs
         are recomputed at; max_new_tokens: the constant length of the token-sum-norm aggregation."""
         self.model = model
+        disable_dropout(model)
         self.train, self.loss, self.advantage = train, loss, advantage
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
         self.pad_id = pad_id
@@ -194,9 +205,9 @@ class Trainer:
 
     def _prox_logprobs(self, mbs: list[MicroBatch]) -> list[torch.Tensor | None]:
         """pi_old per micro-batch: only an extra pass when several optimizer steps share one batch."""
-        if not self._needs_trainer_old() or self.train.mini_batches == 1:
+        if not self._needs_trainer_old() or min(self.train.mini_batches, len(mbs)) == 1:
             return [None] * len(mbs)  # none needed, or computed from the training forward (same weights)
-        with torch.no_grad(), self._autocast():
+        with torch.no_grad(), self._autocast(), self._compute_weights():  # the training forward's path
             return [completion_logprobs(self.model, mb, self.temperature)[0] for mb in mbs]
 
     def _micro_step(
@@ -234,7 +245,7 @@ class Trainer:
         if loss_mask is None:
             loss_mask = entropy_top_q_mask(entropy, mask, lc.entropy_top_q)
         advantages = sign_weights(mb.advantages.to(dev), lc.pos_weight, lc.neg_weight)
-        if prox is None and self.train.mini_batches == 1:
+        if prox is None and self._before_update:
             prox = logprobs.detach()  # the weights before this batch's only optimizer step
         per_token, metrics = policy_objective(
             self.loss_spec,
@@ -303,7 +314,8 @@ class Trainer:
         k = min(self.train.mini_batches, len(mbs))
         totals: dict[str, float] = {}
         loss_sum = 0.0
-        grad_norms = []
+        grad_norms: list[float] = []
+        lrs: list[float] = []
         self._before_update = True  # until this batch's first optimizer step
         for j in range(k):
             idx = list(range(j, len(mbs), k))  # interleaved: mini-batches are not sorted by length
@@ -318,6 +330,7 @@ class Trainer:
                     with self._grad_sync(last=n == len(mine) - 1):
                         loss_sum += self._micro_step(mbs[i], norm, prox[i], totals, critic[i], w, cuts, i)
             grad_norms.append(self._clip_grads())
+            lrs.append(self.optimizer.param_groups[0]["lr"])  # what this update used (warmup moves it)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             self._before_update = False
@@ -335,7 +348,7 @@ class Trainer:
         out.update(
             loss=loss_sum / k,
             grad_norm=sum(grad_norms) / len(grad_norms),
-            lr=self.scheduler.get_last_lr()[0],
+            lr=sum(lrs) / len(lrs),  # the step's updates' (the scheduler already gives the next step's)
             micro_batches=len(mbs),
             optimizer_steps=k,
             tokens_trained=real,

@@ -91,3 +91,23 @@ def test_entropy_top_q_is_refused_with_a_sequence_ratio():
         "ratio, whose gradient reaches all its tokens: use loss.name=gspo_token, or loss.entropy_top_q=1"
     )
     load_config(None, ["loss.name=gspo_token", "loss.entropy_top_q=0.2"])
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
+def test_a_token_selection_trains_the_policy_term_only_and_keeps_every_tokens_place(tiny, aggregation):
+    """With entropy_top_q the policy term trains on the selected tokens; the entropy bonus still
+    regularises every token, each in its place: with zero advantages (no policy term) the loss is
+    -entropy_coef times the entropy aggregated over all tokens, whichever tokens are selected."""
+    keys = [f"loss.aggregation={aggregation}", "loss.entropy_coef=0.01", "train.token_budget=4096"]
+    batch = _batch(6, 3)
+    batch.advantages = [0.0] * 6
+    out = {q: _trainer(tiny[0], [*keys, f"loss.entropy_top_q={q}"]).step(batch) for q in (1.0, 0.3)}
+    assert out[0.3]["entropy_mask_kept_frac"] < 0.5
+    assert out[0.3]["loss"] == pytest.approx(out[1.0]["loss"], rel=1e-6, abs=1e-9)
+    if aggregation == "token-mean":  # one micro-batch: the loss is -0.01 x the mean entropy
+        assert out[0.3]["loss"] == pytest.approx(-0.01 * out[0.3]["entropy"], rel=1e-5)
+    # with advantages and no entropy term, the unselected tokens' policy terms are left out (not 0 x)
+    batch = _batch(6, 3)
+    keys = [f"loss.aggregation={aggregation}", "train.token_budget=4096"]
+    plain = {q: _trainer(tiny[0], [*keys, f"loss.entropy_top_q={q}"]).step(batch)["loss"] for q in (1.0, 0.3)}
+    assert abs(plain[0.3] - plain[1.0]) > 1e-3 * abs(plain[1.0])

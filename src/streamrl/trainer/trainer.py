@@ -260,6 +260,10 @@ class Trainer:
             prox_mode=lc.prox,
             m2_keep=cuts.m2.get(index),
         )
+        # the selection (entropy_top_q) trains the policy term on its tokens; the others keep
+        # their place in every aggregation (as a rollout correction's drops do), and the KL and entropy
+        # terms below regularise every token
+        per_token = torch.where(loss_mask > 0, per_token, torch.zeros_like(per_token))
         if self.ref_model is not None and lc.kl_in == "loss":
             with torch.no_grad(), self._autocast():
                 ref_lp, _ = completion_logprobs(self.ref_model, mb, temp)
@@ -268,7 +272,7 @@ class Trainer:
             metrics["kl_ref"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
         if lc.entropy_coef != 0:
             per_token = per_token - lc.entropy_coef * entropy
-        loss = self.aggregate(per_token, loss_mask, norm)
+        loss = self.aggregate(per_token, mask, norm)
         if critic is not None:
             assert self.value_head is not None and hidden is not None
             with self._autocast():

@@ -53,8 +53,8 @@ def test_training_refuses_samples_it_would_never_draw():
         preflight(load_config(None, ["model=tiny-random", "eval.n=4"]))
     assert str(e.value) == (
         "config key 'eval.n' is 4, but training samples the held-out set only at its periodic evaluations: "
-        "set eval.every > 0, or score the checkpoint after with `streamrl eval model=RUN/checkpoint "
-        "eval.n=...`"
+        "set eval.every > 0 (or eval.n=0 eval.k=[]), or score the checkpoint after with `streamrl eval "
+        "model=RUN/checkpoint eval.n=...`"
     )
 
 

@@ -354,32 +354,39 @@ def test_fused_attention_honours_the_kv_cache_on_both_paths(tiny) -> None:
 
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
 def test_the_proximal_policy_is_computed_on_the_training_forwards_path(tiny, precision) -> None:
-    """Several optimizer steps per batch need pi_old from a pass of its own: on the fused bf16 path as
-    the training forward, with weights that do not move (lr 0) every ratio pi_theta / pi_old is exactly 1
-    (not bf16 rounding of another kernel path)."""
-    keys = [f"train.precision={precision}", "train.mini_batches=2", "train.token_budget=12"]
+    """Several optimizer steps per batch need pi_old from a pass of its own: on the training forward's
+    kernels (the fused bf16 layers, its attention at any length), with weights that do not move (lr 0)
+    every ratio pi_theta / pi_old is exactly 1 (not the rounding of another kernel path)."""
+    keys = [f"train.precision={precision}", "train.mini_batches=2", "train.token_budget=48"]
     tr = _trainer(copy.deepcopy(tiny[0]), *keys, "loss.rollout_correction=token_tis")
     assert tr._needs_trainer_old()
     tr.optimizer = torch.optim.SGD(tr.params, lr=0.0)
     tr.scheduler = torch.optim.lr_scheduler.LambdaLR(tr.optimizer, lambda s: 1.0)
-    out = tr.step(_batch())
+    # 20 positions: past the length from which a no-grad forward would take another attention kernel
+    trajs = [make_traj(i, list(range(5 + i, 17 + i)), list(range(40 + i, 48 + i))) for i in range(6)]
+    out = tr.step(TrainBatch(trajs, [1.0, -1.0, 0.5, -0.5, 1.0, -1.0]))
     assert out["optimizer_steps"] == 2
     assert out["ratio_max"] == out["ratio_min"] == 1.0 and out["approx_kl"] == 0.0
 
 
-def test_the_trainer_turns_the_policys_dropout_off() -> None:
-    """A checkpoint trained with dropout (GPT-2's config keeps 0.1): two training-mode passes over the
-    same tokens give the same log-probs, so the ratios compare policies, not dropout masks."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_the_trainer_turns_the_policys_dropout_off(arch) -> None:
+    """A checkpoint with dropout (GPT-2's modules keep 0.1; a Llama attention reads its
+    attention_dropout at each forward): two training-mode passes over the same tokens give the same
+    log-probs, so the ratios compare policies, not dropout masks."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=64, n_positions=32))
-    assert gpt2.config.resid_pdrop == 0.1
-    gpt2.train()
+    if arch == "gpt2":
+        model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=64, n_positions=32))
+    else:
+        shape = {"hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2, "vocab_size": 64}
+        model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=1, attention_dropout=0.5, **shape))
+    model.train()
     ids = torch.randint(0, 64, (2, 12))
     with torch.no_grad():
-        assert not torch.equal(gpt2(input_ids=ids).logits, gpt2(input_ids=ids).logits)  # dropout on
-    _trainer(gpt2)
-    gpt2.train()
+        assert not torch.equal(model(input_ids=ids).logits, model(input_ids=ids).logits)  # dropout on
+    _trainer(model)
+    model.train()
     with torch.no_grad():
-        assert torch.equal(gpt2(input_ids=ids).logits, gpt2(input_ids=ids).logits)
+        assert torch.equal(model(input_ids=ids).logits, model(input_ids=ids).logits)

@@ -119,8 +119,8 @@ class LossConfig:
     entropy_top_q: float = 1.0  # train on the top-q share of tokens by entropy only (0.2: "80/20")
     pos_weight: float = 1.0  # multiplies positive advantages (W-REINFORCE ~0.1; 0 = NSR)
     neg_weight: float = 1.0  # multiplies negative advantages
-    # decoupled_ppo's proximal policy: "recompute" = the trainer's weights before this step (free with
-    # train.mini_batches=1: the same forward, detached); "behav" = the sampling policy (no extra pass)
+    # decoupled_ppo's proximal policy: "recompute" = the trainer's weights before this step (free with one
+    # optimizer step per batch: the same forward, detached); "behav" = the sampling policy (no extra pass)
     prox: Literal["recompute", "behav"] = "recompute"
     behav_weight_cap: float = 0.0  # cap on pi_prox / pi_behav; 0 = no cap
     dual_clip: float = 0.0  # PPO dual clip c > 1 for A < 0 tokens (3.0 in the paper); 0 = off

@@ -103,8 +103,8 @@ def preflight(cfg: Any) -> Checked:
     if cfg.eval.n and not cfg.eval.every:
         raise ValueError(
             f"config key 'eval.n' is {cfg.eval.n}, but training samples the held-out set only at its "
-            "periodic evaluations: set eval.every > 0, or score the checkpoint after with `streamrl eval "
-            "model=RUN/checkpoint eval.n=...`"
+            "periodic evaluations: set eval.every > 0 (or eval.n=0 eval.k=[]), or score the checkpoint "
+            "after with `streamrl eval model=RUN/checkpoint eval.n=...`"
         )
     if cfg.run_dir:  # a run already there, before a model download
         check_run_dir(Path(cfg.run_dir), bool(cfg.resume) or cfg.overwrite, training=True)

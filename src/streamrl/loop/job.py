@@ -239,14 +239,15 @@ def _run_train(
     base = final = None
     eval_limits = (cfg.eval.max_new_tokens, cfg.env.agent_timeout_s)
     old_eval = json.loads((run_dir / "eval.json").read_text()) if (run_dir / "eval.json").is_file() else {}
-    if cfg.resume and state.step < cfg.max_steps and old_eval.get("final"):
+    if cfg.resume and state.step < cfg.max_steps:
         # the run trains on: the evaluation and summary of its earlier end are of weights it will not end
         # with (the report would plot them at its newest step, and call the run finished)
-        old_eval = {k: v for k, v in old_eval.items() if k not in ("final", "difference")}
-        old_eval.get("per_problem_correct", {}).pop("final", None)
-        old_eval.get("samples", {}).pop("final", None)
-        write_text_atomic(run_dir / "eval.json", json.dumps(old_eval, indent=2))
         (run_dir / "summary.json").unlink(missing_ok=True)
+        if old_eval.get("final"):
+            old_eval = {k: v for k, v in old_eval.items() if k not in ("final", "difference")}
+            old_eval.get("per_problem_correct", {}).pop("final", None)
+            old_eval.get("samples", {}).pop("final", None)
+            write_text_atomic(run_dir / "eval.json", json.dumps(old_eval, indent=2))
     if cfg.resume:  # exports a killed run made past the state restored are of weights this run discards
         prune_exports(run_dir / "checkpoints", cfg.checkpoint.keep, state.step)
     # a resume evaluates the base model only if the first run was stopped before it was measured

@@ -9,12 +9,18 @@ layer against about 1 ms in matmuls, two thirds of a SmolLM2 decode step (benchm
 --no-grad). So grad-enabled calls (the trainer's) and no-grad calls of at most SHORT_QUERIES queries
 (decode steps, speculative verify chunks, no-grad log-probs of short completions) take the matmul
 path; longer no-grad passes (prefills, long completions) keep SDPA, which is close in speed there and
-never holds the [rows, heads, queries, keys] scores. On a GPU SDPA's
+never holds the [rows, heads, queries, keys] scores, except inside `training_kernels()`: the trainer's
+no-grad passes whose log-probs the loss compares with the training forward's (pi_old, V_old, the
+mini-batch's token selections) take the training forward's matmuls whatever their length, so that
+unchanged weights give a ratio of exactly 1. On a GPU SDPA's
 kernels are the right choice everywhere: `streamrl` attention is selected on CPU only (models/resolve.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -24,6 +30,17 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "streamrl"
 SHORT_QUERIES = 16  # no-grad calls up to this many queries take matmuls (beyond, SDPA: close, less memory)
+_TRAINING_KERNELS: ContextVar[bool] = ContextVar("streamrl_training_kernels", default=False)
+
+
+@contextlib.contextmanager
+def training_kernels() -> Iterator[None]:
+    """Within (this thread): no-grad calls take the grad-enabled forward's matmul path at any length."""
+    token = _TRAINING_KERNELS.set(True)
+    try:
+        yield
+    finally:
+        _TRAINING_KERNELS.reset(token)
 
 
 def matmul_attention(
@@ -130,7 +147,9 @@ def streamrl_attention(
     if isinstance(attention_mask, SegmentedMask):  # a packed forward: key / value are lists
         return attention_mask.attend(module, query, key, value, scaling)  # type: ignore[arg-type]
     exotic = any(kwargs.get(k) is not None for k in ("softcap", "position_bias", "s_aux", "sinks"))
-    long_no_grad = not torch.is_grad_enabled() and query.shape[2] > SHORT_QUERIES
+    long_no_grad = (
+        not torch.is_grad_enabled() and query.shape[2] > SHORT_QUERIES and not _TRAINING_KERNELS.get()
+    )
     if long_no_grad or exotic or kwargs.get("is_causal") is False:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs

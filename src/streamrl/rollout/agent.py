@@ -144,7 +144,8 @@ def score_episode(
         info["reward_error_detail"] = outcome.info.get("error_detail", "")
     for t in trajs:
         t.reward_info = dict(info)
-    if trajs:  # how scoring went, once per episode (the step's reward_errors and latency count episodes)
+    if trajs and not run.error:  # how scoring went, once per episode the service scored (the step's
+        # rewards_scored, reward_errors and latency count episodes)
         scored = {"reward_error": outcome.error, "reward_latency_s": outcome.latency_s}
         trajs[0].reward_info.update(scored, reward_cached=outcome.cached)
     return AgentEpisode(reward, trajs, run.error, correct, formatted, run.text)

@@ -93,9 +93,9 @@ class _LogprobEntropy(torch.autograd.Function):
             for s, rows in _chunks(logits):
                 e = s + rows.shape[0]
                 logp = _rows(rows, inv_t).sub_(lse[s:e, None])
-                logp.clamp_(min=torch.finfo(logp.dtype).min)  # as in the forward: finite where p is 0
                 p = logp.exp()
                 if g_ent is not None:  # -p (log p + H) * g_ent
+                    logp.clamp_(min=torch.finfo(logp.dtype).min)  # as in the forward: 0, not 0 * -inf
                     g = logp.add_(ent[s:e, None]).mul_(p).mul_(-g_ent[s:e])
                 else:
                     g = torch.zeros_like(p)

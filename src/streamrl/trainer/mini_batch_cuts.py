@@ -21,6 +21,7 @@ import torch
 
 from streamrl.algo.losses_m2po import m2_cut, m2_keep
 from streamrl.algo.token_weights import quantile
+from streamrl.models.attention import training_kernels
 from streamrl.trainer.batching import MicroBatch
 from streamrl.trainer.logprobs import completion_forward
 from streamrl.trainer.objective import ratio_base
@@ -59,7 +60,7 @@ def mini_batch_cuts(
     squares: dict[int, torch.Tensor] = {}
     masks: dict[int, torch.Tensor] = {}
     dev = next(tr.model.parameters()).device
-    with torch.no_grad(), tr._autocast():
+    with torch.no_grad(), tr._autocast(), training_kernels():  # as the training forward computes them
         for i, weight in mine:
             mb = mbs[i]
             logprobs, entropy, _ = completion_forward(

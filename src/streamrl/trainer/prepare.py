@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from streamrl.models.attention import training_kernels
 from streamrl.trainer.batching import MicroBatch, collate, split_by_token_budget
 from streamrl.trainer.critic import CriticTargets, gae_targets
 from streamrl.trainer.layout import collate_group, split_batch
@@ -43,11 +44,11 @@ def prepare_batch(tr: Any, batch: TrainBatch) -> tuple[list[MicroBatch], list[Cr
         return mbs, [None] * len(mbs)
     assert tr.value_head is not None
     targets: list[CriticTargets | None] = []
-    for mb, rew in zip(mbs, per_mb):
-        with tr._autocast(), tr._compute_weights():  # V_old on the training forward's path
+    with tr._autocast(), tr._compute_weights(), training_kernels():  # V_old on the training forward's path
+        for mb, rew in zip(mbs, per_mb):
             tg = gae_targets(tr.model, tr.value_head, mb, rew, a.gamma, a.lam)
-        mb.advantages = tg.advantages
-        targets.append(tg)
+            mb.advantages = tg.advantages
+            targets.append(tg)
     return mbs, targets
 
 

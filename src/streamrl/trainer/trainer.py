@@ -16,6 +16,7 @@ from streamrl.algo.aggregation import batch_normalizer
 from streamrl.algo.token_weights import entropy_top_q_mask, sign_weights
 from streamrl.config import AdvantageConfig, Config, LossConfig, TrainConfig
 from streamrl.models import lora
+from streamrl.models.attention import training_kernels
 from streamrl.models.compute_weights import compute_weights, installed
 from streamrl.models.export import save_model
 from streamrl.models.frozen import freeze
@@ -42,13 +43,16 @@ GAP_SUM, GAP_TOKENS = "_gap_sum", "_gap_tokens"
 
 
 def disable_dropout(model: Any) -> None:
-    """No dropout in the policy (as TRL's trainers by default): the loss compares log-probs of separate
-    passes (the trainer's with the engine's, pi_theta with pi_old) that dropout noise would set apart."""
+    """No dropout in the policy: the loss compares log-probs of separate passes (the trainer's with the
+    engine's, pi_theta with pi_old) that dropout noise would set apart. Dropout modules get p = 0, and
+    float attributes a module reads at each forward (Llama's attention_dropout, Bloom's hidden_dropout)
+    are set to 0."""
     for m in model.modules():
-        if isinstance(m, torch.nn.Dropout):
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
             m.p = 0.0
-        if isinstance(getattr(m, "attention_dropout", None), float):  # read at each forward (Llama, Qwen)
-            m.attention_dropout = 0.0
+        for name, value in list(vars(m).items()):
+            if name.endswith("dropout") and isinstance(value, float):
+                setattr(m, name, 0.0)
 
 
 class Trainer:
@@ -207,7 +211,8 @@ class Trainer:
         """pi_old per micro-batch: only an extra pass when several optimizer steps share one batch."""
         if not self._needs_trainer_old() or min(self.train.mini_batches, len(mbs)) == 1:
             return [None] * len(mbs)  # none needed, or computed from the training forward (same weights)
-        with torch.no_grad(), self._autocast(), self._compute_weights():  # the training forward's path
+        # the training forward's kernels: its compute weights and precision, its attention at any length
+        with torch.no_grad(), self._autocast(), self._compute_weights(), training_kernels():
             return [completion_logprobs(self.model, mb, self.temperature)[0] for mb in mbs]
 
     def _micro_step(
@@ -245,7 +250,8 @@ class Trainer:
         if loss_mask is None:
             loss_mask = entropy_top_q_mask(entropy, mask, lc.entropy_top_q)
         advantages = sign_weights(mb.advantages.to(dev), lc.pos_weight, lc.neg_weight)
-        if prox is None and self._before_update:
+        read = self.train.mini_batches == 1 or self._needs_trainer_old()  # by the loss, or its metrics
+        if prox is None and self._before_update and read:
             prox = logprobs.detach()  # the weights before this batch's only optimizer step
         per_token, metrics = policy_objective(
             self.loss_spec,

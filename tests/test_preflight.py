@@ -224,6 +224,9 @@ class _Mixture:
     def __init__(self, n: int) -> None:
         self.tasks = [_Source() for _ in range(n)]
 
+    def held_split(self) -> set[str]:
+        return set()
+
 
 def _tagged(sources: list[int]):
     return iter(

@@ -38,6 +38,16 @@ def eval_record(base: EvalResult | None, final: EvalResult | None) -> dict[str, 
     return out
 
 
+def without_final(record: dict[str, Any]) -> dict[str, Any]:
+    """eval.json's record without its final evaluation: a resumed run that trains on ends with other
+    weights (the report would plot the old final accuracy at its newest step)."""
+    out = {k: v for k, v in record.items() if k not in ("final", "difference")}
+    for part in ("per_problem_correct", "samples"):  # {"base": ..., "final": ...}
+        if part in record:
+            out[part] = {k: v for k, v in record[part].items() if k != "final"}
+    return out
+
+
 def run_eval_record(base: EvalResult | None, final: EvalResult | None, old: dict[str, Any]) -> dict[str, Any]:
     """The record at a run's end; `old`: eval.json as the run found it (a resumed run's base evaluation,
     measured by the first run, and a `streamrl eval` record of the directory are kept)."""

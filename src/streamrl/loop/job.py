@@ -27,7 +27,7 @@ from streamrl.files import hold_run_dir, write_text_atomic
 from streamrl.loop.asynchronous import AsyncRunner
 from streamrl.loop.colocated import ColocatedRunner
 from streamrl.loop.export import export_checkpoint, prune_exports
-from streamrl.loop.heldout import eval_record, periodic_eval, run_eval_record
+from streamrl.loop.heldout import eval_record, periodic_eval, run_eval_record, without_final
 from streamrl.loop.ledger import Ledger
 from streamrl.loop.run_dir import PeriodicSaver, claim_run_dir, reconcile_logs
 from streamrl.loop.signals import StopFlag
@@ -239,14 +239,10 @@ def _run_train(
     base = final = None
     eval_limits = (cfg.eval.max_new_tokens, cfg.env.agent_timeout_s)
     old_eval = json.loads((run_dir / "eval.json").read_text()) if (run_dir / "eval.json").is_file() else {}
-    if cfg.resume and state.step < cfg.max_steps:
-        # the run trains on: the evaluation and summary of its earlier end are of weights it will not end
-        # with (the report would plot them at its newest step, and call the run finished)
-        (run_dir / "summary.json").unlink(missing_ok=True)
+    if cfg.resume and state.step < cfg.max_steps:  # the run trains on: its earlier end's summary and
+        (run_dir / "summary.json").unlink(missing_ok=True)  # final evaluation are of other weights
         if old_eval.get("final"):
-            old_eval = {k: v for k, v in old_eval.items() if k not in ("final", "difference")}
-            old_eval.get("per_problem_correct", {}).pop("final", None)
-            old_eval.get("samples", {}).pop("final", None)
+            old_eval = without_final(old_eval)
             write_text_atomic(run_dir / "eval.json", json.dumps(old_eval, indent=2))
     if cfg.resume:  # exports a killed run made past the state restored are of weights this run discards
         prune_exports(run_dir / "checkpoints", cfg.checkpoint.keep, state.step)

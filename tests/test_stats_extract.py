@@ -1,8 +1,10 @@
+import math
 import threading
 
 import pytest
 
 from streamrl.eval.stats import (
+    Z95,
     paired_difference_interval,
     replicate_difference_interval,
     t_quantile,
@@ -21,15 +23,18 @@ def test_wilson_hand_value():
 
 
 def test_paired_difference_hand_value():
-    before = [False, False, True, True]
-    after = [True, False, True, False]  # one problem each: both, neither, lost, gained; phi = 0
-    mean, lo, hi = paired_difference_interval(before, after)
-    # Wilson(2, 4) = 0.5 -+ 0.349962 for both arms; half = sqrt(0.349962^2 + 0.349962^2)
-    assert (mean, lo, hi) == pytest.approx((0.0, -0.494924, 0.494924), abs=1e-5)
-    # every problem flipped up: Wilson(0, 3) = (0, 0.561493), Wilson(3, 3) = (0.438507, 1), phi = 0
-    mean, lo, hi = paired_difference_interval([False] * 3, [True] * 3)
-    assert (mean, lo, hi) == pytest.approx((1.0, 1 - (2 * 0.561493**2) ** 0.5, 1.0), abs=1e-5)
-    # positively correlated pairs narrow it: 8 both, 8 neither, 2 gained, 2 lost vs. no correlation
+    z2 = Z95**2
+    # no problem changes (100 both, 100 neither): the lost share under delta > 0 is 0, so the score is
+    # -delta / sqrt(delta (1 - delta) / n), and |score| = z at delta = z^2 / (n + z^2) = 0.018845
+    same = [True] * 100 + [False] * 100
+    assert paired_difference_interval(same, same) == pytest.approx((0.0, -z2 / (200 + z2), z2 / (200 + z2)))
+    # every problem flipped up: lost share (1 - delta) / 2, score sqrt(3 (1 - delta) / (1 + delta)) = z
+    up = paired_difference_interval([False] * 3, [True] * 3)
+    assert up == pytest.approx((1.0, (3 - z2) / (3 + z2), 1.0))  # (1, -0.122994, 1): a width at n = 3
+    assert paired_difference_interval([True] * 3, [False] * 3) == pytest.approx(
+        (-1.0, -1.0, (z2 - 3) / (3 + z2))
+    )
+    # positively correlated pairs narrow it: 8 both, 8 neither, 2 gained, 2 lost vs. 5 and 5
     corr = paired_difference_interval(
         [True] * 10 + [False] * 10, [True] * 8 + [False] * 2 + [True] * 2 + [False] * 8
     )
@@ -37,6 +42,36 @@ def test_paired_difference_hand_value():
     assert corr[0] == indep[0] == 0.0 and corr[2] - corr[1] < indep[2] - indep[1]
     with pytest.raises(ValueError, match="equal lengths"):
         paired_difference_interval([True], [])
+
+
+def _score_by_search(lost: int, gained: int, n: int, delta: float) -> float:
+    """Tango's score at delta with the lost share found by a grid search of the likelihood (not the
+    closed-form root the interval uses)."""
+    neither = n - lost - gained
+    lo, hi = max(0.0, -delta), (1 - delta) / 2
+    best, share = -math.inf, lo
+    for i in range(1, 20000):
+        x = lo + (hi - lo) * i / 20000
+        cells = [(lost, x), (gained, x + delta), (neither, 1 - 2 * x - delta)]
+        if any(k and p <= 0 for k, p in cells):
+            continue
+        ll = sum(k * math.log(p) for k, p in cells if k)
+        if ll > best:
+            best, share = ll, x
+    return ((gained - lost) / n - delta) / math.sqrt((2 * share + delta - delta**2) / n)
+
+
+@pytest.mark.parametrize("lost, gained, n", [(1, 1, 4), (1, 3, 8), (5, 2, 20), (3, 9, 30), (12, 30, 200)])
+def test_paired_difference_bounds_are_where_the_score_is_z(lost, gained, n):
+    both = (n - lost - gained) // 2
+    neither = n - lost - gained - both
+    before = [True] * (both + lost) + [False] * (gained + neither)
+    after = [True] * both + [False] * lost + [True] * gained + [False] * neither
+    mean, lo, hi = paired_difference_interval(before, after)
+    assert mean == pytest.approx((gained - lost) / n)
+    assert _score_by_search(lost, gained, n, lo) == pytest.approx(Z95, abs=2e-3)
+    assert _score_by_search(lost, gained, n, hi) == pytest.approx(-Z95, abs=2e-3)
+    assert lo < mean < hi
 
 
 @pytest.mark.parametrize(

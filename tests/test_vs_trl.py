@@ -18,6 +18,7 @@ import vs_trl  # noqa: E402
 from vs_trl_sides import RewardFromTask, progress_callback, prompt_ids_identical  # noqa: E402
 
 from streamrl.config import load_config  # noqa: E402
+from streamrl.eval.stats import paired_difference_interval  # noqa: E402
 from streamrl.models import precision  # noqa: E402
 from streamrl.tasks import task_from_config  # noqa: E402
 
@@ -254,15 +255,13 @@ def test_pooled_equal_time_pairs_the_problems_of_every_seed():
     out = tta.pooled_equal_time([(STREAMRL, TRL), (STREAMRL_B, TRL_B)])
     # seed A at 30 s: streamrl 1110, TRL 1100; seed B at 12 s: streamrl 1001 (final), TRL 0010 (step 1)
     assert out["streamrl"] == [5, 8] and out["trl"] == [3, 8]
-    # d = streamrl - TRL = 0,0,1,0, 1,0,-1,1: mean 0.25; Newcombe's interval over the 8 pairs: both 2,
-    # gained 3, lost 1, neither 2; Wilson(3, 8) = 0.375 - 0.238158 .. + 0.319262, Wilson(5, 8) its mirror;
-    # phi = (2*2 - 1*3) / sqrt(3*5*5*3) = 1/15, so the halves are 0.319262 and 0.238158 times sqrt(2 - 2/15)
+    # d = streamrl - TRL = 0,0,1,0, 1,0,-1,1: mean 0.25, the 8 pairs in one paired interval (both 2,
+    # gained 3, lost 1, neither 2), not each seed's alone
     assert out["difference"] == pytest.approx(0.25)
-    k = (2 - 2 / 15) ** 0.5
-    assert out["ci95"] == [
-        pytest.approx(0.25 - 0.319262 * k, abs=1e-5),
-        pytest.approx(0.25 + 0.238158 * k, abs=1e-5),
-    ]
+    trl_all, streamrl_all = [1, 1, 0, 0, 0, 0, 1, 0], [1, 1, 1, 0, 1, 0, 0, 1]
+    whole = paired_difference_interval([bool(x) for x in trl_all], [bool(x) for x in streamrl_all])
+    assert out["ci95"] == [pytest.approx(whole[1]), pytest.approx(whole[2])]
+    assert whole[1] < 0 < 0.25 < whole[2] < 1
     # over seeds: d_A = 1/4 and d_B = 1/4, no spread between them
     assert out["ci95_over_seeds"] == [pytest.approx(0.25), pytest.approx(0.25)]
     three = tta.pooled_equal_time([(STREAMRL, TRL), (STREAMRL_B, TRL_B), (STREAMRL, STREAMRL)])

@@ -1,4 +1,4 @@
-"""Accuracy intervals: Wilson for one proportion, Newcombe's paired score interval for a difference over
+"""Accuracy intervals: Wilson for one proportion, Tango's paired score interval for a difference over
 problems, Student's t interval for a difference over replicate runs."""
 
 from __future__ import annotations
@@ -25,28 +25,48 @@ def paired_difference_interval(
     """Mean of d_i = after_i - before_i over the same problems and its 95% interval.
 
     -> (mean, low, high). Pairing removes the between-problem variance, so the interval is the
-    right one for "did training help on these problems" (McNemar's setting). It is Newcombe's hybrid
-    score interval for paired proportions (Newcombe 1998, method 10): the two Wilson intervals
-    combined with the correlation of the pairs, so it keeps a width where the normal interval
-    collapses (every problem flipped the same way: [F, F, F] -> [T, T, T] gives (1.0, 0.206, 1.0)).
+    right one for "did training help on these problems" (McNemar's setting). It is Tango's asymptotic
+    score interval for paired proportions (Tango 1998; recommended by Fagerland, Lydersen and Laake
+    2014): the differences delta whose score statistic, with the discordant cells' probabilities
+    re-estimated under delta (`_lost_share`), stays within z. It keeps a width at the extremes: no
+    problem changing gives +-z^2 / (n + z^2) (n = 200: +-0.0188), every problem flipped up
+    ([F, F, F] -> [T, T, T]) gives ((3 - z^2) / (3 + z^2), 1) = (-0.123, 1).
     """
     if len(before) != len(after):
         raise ValueError(f"paired interval needs equal lengths, got {len(before)} and {len(after)}")
     n = len(before)
     if n == 0:
         return (0.0, 0.0, 0.0)
-    both = sum(1 for b, a in zip(before, after) if a and b)
     lost = sum(1 for b, a in zip(before, after) if b and not a)
     gained = sum(1 for b, a in zip(before, after) if a and not b)
-    neither = n - both - lost - gained
-    p_b, p_a = (both + lost) / n, (both + gained) / n
-    (lb, ub), (la, ua) = wilson_interval(both + lost, n, z), wilson_interval(both + gained, n, z)
-    margins = (both + lost) * (gained + neither) * (both + gained) * (lost + neither)
-    phi = (both * neither - lost * gained) / math.sqrt(margins) if margins else 0.0
-    down = math.sqrt(max(0.0, (p_a - la) ** 2 - 2 * phi * (p_a - la) * (ub - p_b) + (ub - p_b) ** 2))
-    up = math.sqrt(max(0.0, (ua - p_a) ** 2 - 2 * phi * (ua - p_a) * (p_b - lb) + (p_b - lb) ** 2))
-    mean = p_a - p_b
-    return (mean, max(-1.0, mean - down), min(1.0, mean + up))
+    mean = (gained - lost) / n
+
+    def score(delta: float) -> float:
+        """(mean - delta) / its standard error under delta; 0 where that error is 0 and mean = delta."""
+        var = (2 * _lost_share(lost, gained, n, delta) + delta - delta * delta) / n
+        gap = mean - delta
+        if var <= 0:
+            return 0.0 if abs(gap) < 1e-12 else math.copysign(math.inf, gap)
+        return gap / math.sqrt(var)
+
+    def bound(lo: float, hi: float, target: float) -> float:
+        """The delta in [lo, hi] where the score, falling in delta, crosses target (bisection)."""
+        for _ in range(100):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if score(mid) > target else (lo, mid)
+        return (lo + hi) / 2
+
+    low = -1.0 if score(-1.0) <= z else bound(-1.0, mean, z)
+    high = 1.0 if score(1.0) >= -z else bound(mean, 1.0, -z)
+    return (mean, low, high)
+
+
+def _lost_share(lost: int, gained: int, n: int, delta: float) -> float:
+    """The maximum-likelihood probability of a lost problem (right before, wrong after) given that the
+    gained one's is that plus delta: the root of 2n x^2 - w x - lost delta (1 - delta) = 0 with
+    w = lost + gained - delta (2n + lost - gained), the one in [max(0, -delta), (1 - delta) / 2]."""
+    w = lost + gained - delta * (2 * n + lost - gained)
+    return (w + math.sqrt(max(0.0, w * w + 8 * n * lost * delta * (1 - delta)))) / (4 * n)
 
 
 def t_quantile(p: float, df: int) -> float:

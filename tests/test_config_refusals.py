@@ -36,6 +36,104 @@ def test_eval_k_given_to_a_resume_asks_for_its_samples(tmp_path):
     assert load_config(None, [f"resume={run16}", "eval.k=1,4"]).eval.n == 16  # already enough
 
 
+MEASURED = (
+    "the base model's evaluation in eval.json and the periodic ones so far were measured with the saved value"
+)
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "old", "new", "why"),
+    [
+        (
+            "task_config.system_prompt=Be brief.",
+            "task_config.system_prompt",
+            "You are a calculator. Reply in the form 'The answer is <number>.'",
+            "Be brief.",
+            MEASURED,
+        ),
+        (
+            "task_config.instruction=Show your work.",
+            "task_config.instruction",
+            "",
+            "Show your work.",
+            MEASURED,
+        ),
+        (
+            "task_config.chat_template=/t/plain.jinja",
+            "task_config.chat_template",
+            "",
+            "/t/plain.jinja",
+            MEASURED,
+        ),
+        ("reward.extract=boxed", "reward.extract", "answer_is", "boxed", MEASURED),
+        ("eval.max_new_tokens=96", "eval.max_new_tokens", 48, 96, MEASURED),
+        (
+            "eval.temperature=0.6",
+            "eval.temperature",
+            1.0,
+            0.6,
+            "the periodic evaluations' pass@k, maj@k and avg@n were sampled at the saved value",
+        ),
+        ("env.max_turns=2", "env.max_turns", 4, 2, MEASURED),
+        ("env.max_total_tokens=512", "env.max_total_tokens", 256, 512, MEASURED),
+        ("env.max_tokens_per_turn=32", "env.max_tokens_per_turn", 64, 32, MEASURED),
+        ("env.top_k=5", "env.top_k", 3, 5, MEASURED),
+        ("env.max_observation_chars=200", "env.max_observation_chars", 400, 200, MEASURED),
+        ("env.code_timeout=10", "env.code_timeout", 5.0, 10.0, MEASURED),
+        ("env.agent_timeout_s=60", "env.agent_timeout_s", 300.0, 60.0, MEASURED),
+    ],
+)
+def test_a_resume_keeps_what_its_held_out_evaluations_were_measured_with(
+    tmp_path, override, key, old, new, why
+):
+    """The base model's evaluation (eval.json) is not made again on resume and the periodic ones are
+    logged already: the prompts, the template, the scoring and the limits the final and later ones read
+    stay the saved ones, so base -> final compares one measurement."""
+    run = _saved_run(tmp_path / "run")
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"resume={run}", override])
+    assert str(e.value) == (
+        f"resume: config key '{key}' is {old!r} in {run}/config.yaml, not {new!r}: a resumed run keeps it "
+        f"({why}); drop the override, or start a new run from its checkpoint"
+    )
+
+
+def test_a_resume_may_change_how_it_trains_and_when_it_evaluates(tmp_path):
+    """What only training reads (its sampling, lengths, loss and reward shaping), and whether, when and
+    with how many samples the held-out set is evaluated, are the user's to change on resume."""
+    run = _saved_run(tmp_path / "run", ["eval.every=2"])
+    changes = {
+        "rollout.max_new_tokens": 96,
+        "rollout.temperature": 0.8,
+        "loss.kl_coef": 0.01,
+        "loss.eps_high": 0.3,
+        "reward.format_weight": 0.0,
+        "eval.before": False,
+        "eval.after": False,
+        "eval.every": 5,
+        "eval.n": 8,
+        "max_steps": 40,
+    }
+    cfg = load_config(None, [f"resume={run}", *(f"{k}={v}" for k, v in changes.items())])
+    for key, value in changes.items():
+        section, _, name = key.rpartition(".")
+        assert getattr(getattr(cfg, section) if section else cfg, name) == value, key
+    same = ["reward.extract=answer_is", "eval.max_new_tokens=48", "env.agent_timeout_s=300"]
+    assert load_config(None, [f"resume={run}", *same]).reward.extract == "answer_is"  # given again: no change
+
+
+def test_a_resume_given_its_chat_template_by_another_name_of_the_file_keeps_it(tmp_path, monkeypatch):
+    """The saved template path is absolute (preflight records it so): the same file named relative is
+    the same template; another file is refused."""
+    (tmp_path / "plain.jinja").write_text("{{ messages[0].content }}")
+    run = _saved_run(tmp_path / "run", [f"task_config.chat_template={tmp_path / 'plain.jinja'}"])
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(None, [f"resume={run}", "task_config.chat_template=plain.jinja"])
+    assert cfg.task_config.chat_template == "plain.jinja"
+    with pytest.raises(ConfigError, match=r"^resume: config key 'task_config.chat_template' is "):
+        load_config(None, [f"resume={run}", "task_config.chat_template=other.jinja"])
+
+
 def test_greedy_sampled_evaluation_is_refused():
     with pytest.raises(ConfigError) as e:
         load_config(None, ["eval.n=4", "eval.temperature=0"])

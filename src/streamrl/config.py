@@ -166,7 +166,13 @@ def _refuse_another_run_dir(parsed: list[tuple[str, Any]], resume: str) -> None:
         )
 
 
-# what a resumed run takes from its saved state, so an override would be ignored or would corrupt it
+# the held-out evaluations a resumed run's later ones are compared with
+HELD_OUT = (
+    "the base model's evaluation in eval.json and the periodic ones so far were measured with the saved value"
+)
+
+# what a resumed run takes from its saved state, so an override would be ignored, would corrupt it or
+# would make its evaluations measure something else than the ones made before it
 RESUME_FIXED = {
     "model": "the weights are the saved state's",
     "algo": "its preset was applied to the loss and advantage keys when the run started",
@@ -188,6 +194,21 @@ RESUME_FIXED = {
     "train.lr": "the optimizer and scheduler states restore the saved learning rate",
     "train.weight_decay": "the optimizer state restores the saved value",
     "train.betas": "the optimizer state restores the saved values",
+    # what the held-out evaluations read: the base model's, kept in eval.json, and the periodic ones
+    # already logged are compared with the final and later ones, measured the same way
+    "task_config.system_prompt": HELD_OUT,
+    "task_config.instruction": HELD_OUT,
+    "task_config.chat_template": HELD_OUT,
+    "reward.extract": HELD_OUT,
+    "eval.max_new_tokens": HELD_OUT,
+    "eval.temperature": "the periodic evaluations' pass@k, maj@k and avg@n were sampled at the saved value",
+    "env.max_turns": HELD_OUT,
+    "env.max_total_tokens": HELD_OUT,
+    "env.max_tokens_per_turn": HELD_OUT,
+    "env.top_k": HELD_OUT,
+    "env.max_observation_chars": HELD_OUT,
+    "env.code_timeout": HELD_OUT,
+    "env.agent_timeout_s": HELD_OUT,
 }
 
 
@@ -200,11 +221,18 @@ def _refuse_changes_a_resume_would_ignore(saved: dict[str, Any], cfg: Config, re
         old, new = base, cfg
         for part in key.split("."):
             old, new = getattr(old, part), getattr(new, part)
-        if old != new:
+        if not _same_setting(key, old, new):
             raise ConfigError(
                 f"resume: config key '{key}' is {old!r} in {resume}/config.yaml, not {new!r}: a resumed run "
                 f"keeps it ({why}); drop the override, or start a new run from its checkpoint"
             )
+
+
+def _same_setting(key: str, old: Any, new: Any) -> bool:
+    """Equal values; a chat template file is recorded absolute, so the same file named relative is too."""
+    if key == "task_config.chat_template" and old and new:
+        return bool(Path(old).expanduser().resolve() == Path(new).expanduser().resolve())
+    return bool(old == new)
 
 
 def _drop_preset_keys_unread(cfg: Config, preset: dict[str, Any], given: list[dict[str, Any]]) -> None:

@@ -5,7 +5,7 @@ steps), their request/result types and the weight-update modes."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 # how new weights reach sequences being decoded: `inflight` keeps their KV caches (PipelineRL),
@@ -62,6 +62,21 @@ class GenRequest:
     tag: Any = None  # caller's handle (e.g. the sample id), returned untouched
     drafts: tuple[Draft, ...] = ()
     lenience: float = 0.0  # 0: exact verification; > 0: SPEC-RL's lenient acceptance (biased)
+
+
+def model_context(config: Any) -> int | None:
+    """The positions a transformers config's model can attend over (max_position_embeddings, which
+    GPT-2-style configs map n_positions to); None when it does not say."""
+    context = getattr(config, "max_position_embeddings", None)
+    return context if isinstance(context, int) and context > 0 else None
+
+
+def within_context(request: GenRequest, context: int | None) -> GenRequest:
+    """The request with max_new_tokens cut so that prompt + completion fit the model's context (a
+    prompt that fills it gets 0: it finishes at once with finish reason "length")."""
+    if context is None or len(request.prompt_ids) + request.max_new_tokens <= context:
+        return request
+    return replace(request, max_new_tokens=max(0, context - len(request.prompt_ids)))
 
 
 @dataclass

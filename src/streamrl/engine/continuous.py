@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from streamrl.engine.base import GenRequest, GenResult, check_weight_mode
+from streamrl.engine.base import GenRequest, GenResult, check_weight_mode, within_context
 from streamrl.engine.decode_batch import DecodeBatch
 from streamrl.engine.hf import HFEngine
 from streamrl.engine.packed import packed_hidden
@@ -27,6 +27,7 @@ class ContinuousDecoder:
         self.weight_mode = weight_mode
         self.waiting: list[GenRequest] = []
         self.batches: list[DecodeBatch] = []
+        self.filled: list[GenResult] = []  # prompts that fill the context: the next step returns them
 
     @property
     def version(self) -> int:
@@ -39,10 +40,15 @@ class ContinuousDecoder:
 
     @property
     def idle(self) -> bool:
-        return not self.batches and not self.waiting
+        return not self.batches and not self.waiting and not self.filled
 
     def add(self, requests: list[GenRequest]) -> None:
-        self.waiting.extend(requests)
+        for req in requests:
+            req = within_context(req, self.engine.context)
+            if req.max_new_tokens < 1:
+                self.filled.append(GenResult(request=req, finish_reason="length"))
+            else:
+                self.waiting.append(req)
 
     def update_weights(self, state: dict[str, Any] | None, version: int) -> None:
         """Take new weights between steps (state None: already copied into the engine's model)."""
@@ -57,7 +63,7 @@ class ContinuousDecoder:
         token. Where the engine packs (engine/packed.py), a joining batch's prefill runs in one forward
         with the running batch's step, and it joins after that forward."""
         room = self.engine.max_batch - self.active_rows
-        finished: list[GenResult] = []
+        finished, self.filled = self.filled, []
         with torch.inference_mode():
             host, joining = None, None
             if self.waiting and room > 0:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from streamrl.config_sections import RolloutConfig
-from streamrl.engine.base import GenRequest, GenResult
+from streamrl.engine.base import GenRequest, GenResult, model_context, within_context
 from streamrl.engine.decode_batch import DecodeBatch
 from streamrl.engine.packed import packable
 from streamrl.engine.prefix_cache import PrefixCache
@@ -69,6 +69,7 @@ class HFEngine:
         self.model = model
         self.device = device
         self.window = sliding_window(model.config)  # sliding-window layers: the engine builds their masks
+        self.context = model_context(model.config)  # prompt + completion positions at most (None: unbounded)
         self.max_batch = max_batch
         self.share_rows = share_rows  # rows with identical tokens so far share a KV row (DecodeBatch)
         self.branch_min = branch_min  # draft trees keep nodes this many drafts pass (engine/speculative.py)
@@ -98,7 +99,11 @@ class HFEngine:
             raise ValueError("GenRequest.prompt_ids is empty")
         handle = self._next_handle
         self._next_handle += 1
-        self._pending[handle] = request
+        request = within_context(request, self.context)
+        if request.max_new_tokens < 1:  # a prompt that fills the context: nothing to decode
+            self._done[handle] = GenResult(request=request, finish_reason="length")
+        else:
+            self._pending[handle] = request
         return handle
 
     def abort(self, handle: int) -> None:

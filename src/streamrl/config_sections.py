@@ -196,7 +196,9 @@ class CheckpointConfig:
 @dataclass
 class EvalConfig:
     size: int = 400  # held-out problems, never trained on
-    max_new_tokens: int = 48  # response length limit when evaluating
+    # response length limit when evaluating; 0 = rollout.max_new_tokens (resolved when the config is
+    # validated: config.yaml records the number, which a resume keeps)
+    max_new_tokens: int = 0
     before: bool = True  # evaluate the base model before training
     after: bool = True  # evaluate the trained model after training
     every: int = 0  # also evaluate the held-out set every N training steps (0: only before and after)

@@ -136,7 +136,7 @@ BOUNDS: dict[str, Bound] = {
     "train.world_size": POSITIVE,
     "train.dist_timeout_s": POSITIVE,
     "eval.size": NON_NEGATIVE,
-    "eval.max_new_tokens": POSITIVE,
+    "eval.max_new_tokens": NON_NEGATIVE,  # 0: rollout.max_new_tokens
     "eval.every": NON_NEGATIVE,
     "eval.n": NON_NEGATIVE,
     "eval.k": AT_LEAST_1,

@@ -196,7 +196,9 @@ class CheckpointConfig:
 @dataclass
 class EvalConfig:
     size: int = 400  # held-out problems, never trained on
-    max_new_tokens: int = 48  # response length limit when evaluating
+    # response length limit when evaluating; 0 = rollout.max_new_tokens (resolved when the config is
+    # validated: config.yaml records the number, which a resume keeps)
+    max_new_tokens: int = 0
     before: bool = True  # evaluate the base model before training
     after: bool = True  # evaluate the trained model after training
     every: int = 0  # also evaluate the held-out set every N training steps (0: only before and after)
@@ -209,7 +211,8 @@ class EvalConfig:
 
 @dataclass
 class TaskConfig:
-    # the system message of every chat
+    # the system message of every chat; under this default a dataset's rows (hf:, data:) get one asking
+    # for the answer in the format reward.extract reads, and code rows the code task's (docs/data.md)
     system_prompt: str = "You are a calculator. Reply in the form 'The answer is <number>.'"
     instruction: str = ""  # appended to each question on its own line
     # a Jinja chat template file for a model without one (a base model); "" = the model's own template.

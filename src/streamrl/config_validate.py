@@ -49,7 +49,8 @@ def _validate_vllm(cfg: Any) -> None:
 
 
 def validate(cfg: Any) -> None:
-    """The range of every numeric key (config_bounds.py), then checks across keys."""
+    """The range of every numeric key (config_bounds.py), then checks across keys; eval.max_new_tokens=0
+    becomes rollout.max_new_tokens, so every reader (and config.yaml) has the number."""
     from streamrl.algo import registry  # late import: algo imports nothing from config
 
     for key, value, reg in (
@@ -62,6 +63,8 @@ def validate(cfg: Any) -> None:
         if value not in reg:
             raise ConfigError(f"config key '{key}' must be one of {', '.join(sorted(reg))}, got {value!r}")
     check_bounds(cfg)
+    if not cfg.eval.max_new_tokens:  # held-out replies get the room training replies get
+        cfg.eval.max_new_tokens = cfg.rollout.max_new_tokens
     token_level = registry.ADVANTAGES[cfg.advantage.name].token_level  # no per-sample advantage
     validate_algo(cfg, registry)
     if cfg.train.lora_rank and not cfg.train.lora_targets:

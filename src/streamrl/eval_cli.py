@@ -90,11 +90,13 @@ def refuse_trained_problems(cfg: Config, task: Any) -> None:
 def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     import torch
 
+    from streamrl.data.prompts import check_template
     from streamrl.engine.hf import HFEngine
     from streamrl.eval.heldout import evaluate
     from streamrl.eval.sampled import evaluate_sampled
     from streamrl.models.device import check_device
     from streamrl.models.precision import precision_dtype
+    from streamrl.models.resolve import load_tokenizer, resolve_model_dir
     from streamrl.models.startup import start_model
     from streamrl.preflight import check_run_dir
     from streamrl.tasks import prepare_split, task_from_config
@@ -112,6 +114,9 @@ def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     problems, _ = prepare_split(task, cfg)  # the same held-out set and few-shot turns as training
     if not problems:
         raise ValueError("config key 'eval.size' is 0: nothing to evaluate (set size=N)")
+    tc = cfg.task_config  # a template that refuses the prompt (a system turn, say): one line, no weights
+    tokenizer = load_tokenizer(resolve_model_dir(cfg.model, cfg.seed), tc.chat_template)
+    check_template(tokenizer, problems[0], tc.chat_template, cfg.model, cfg.task)
     dtype = precision_dtype(cfg.rollout.precision, cfg.device)
     started = start_model(cfg.model, cfg.seed, cfg.device, dtype, cfg.task_config.chat_template)
     tokenizer = started.tokenizer

@@ -15,6 +15,7 @@ from typing import Any
 
 from streamrl.data.mixture import SOURCE_SEED_STEP
 from streamrl.data.prompt_limit import PromptFilter, prompt_limit
+from streamrl.data.prompts import check_template
 from streamrl.data.samplers import check_curriculum
 from streamrl.data.task import Task, default_task_args
 from streamrl.files import in_use_message, run_dir_in_use
@@ -138,6 +139,8 @@ def preflight(cfg: Any) -> Checked:
 
         check_targets_on_meta(model_config, cfg.train.lora_targets)
     tokenizer = load_tokenizer(model_dir, tc.chat_template)  # a model without a template: one line
+    if drawn:  # a template that refuses the prompt (a system turn, say): one line
+        check_template(tokenizer, drawn[0], tc.chat_template, cfg.model, cfg.task)
     # something to train on: every row held out, or every prompt too long, is one line
     prompts = PromptFilter(tokenizer, limit, f"task {cfg.task}", warn=False)
     next(prompts.apply(itertools.chain(drawn, stream)))

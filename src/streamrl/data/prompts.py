@@ -20,6 +20,20 @@ SHOT_TEMPLATES = {
     "gsm8k": "#### {answer}",
 }
 
+# the default system prompt of a dataset's rows (hf:, data:), by reward.extract: the answer statement the
+# scorer reads, in the form the few-shot replies (SHOT_TEMPLATES) show it
+ANSWER_FORMAT_PROMPTS = {
+    "answer_is": "End your reply with the final answer in the form 'The answer is <number>.'",
+    "boxed": "End your reply with the final answer in the form '\\boxed{<answer>}'.",
+    "last_number": "End your reply with the final answer as a number.",
+    "gsm8k": "End your reply with the final answer in the form '#### <number>'.",
+}
+
+
+def answer_format_prompt(extract: str) -> str:
+    """The system prompt that asks for the answer in the format reward.extract reads."""
+    return ANSWER_FORMAT_PROMPTS.get(extract, ANSWER_FORMAT_PROMPTS["answer_is"])
+
 
 def _with_instruction(text: str, instruction: str) -> str:
     return f"{text}\n{instruction}" if instruction else text
@@ -70,3 +84,31 @@ def render_prompt_ids(
     extra = {"tools": tools} if tools else {}
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
     return list(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def check_template(tokenizer: Any, problem: Any, chat_template: str, model: str, task: str) -> None:
+    """Render `problem`'s prompt once: a chat template that refuses it (Jinja's TemplateError, such as
+    Gemma-2's 'System role not supported') is a ValueError of one line naming the template's message and
+    the fix: task_config.system_prompt="" when the system turn is the configured one, else a template
+    that renders the chat (task_config.chat_template=FILE). `chat_template`: that key's value ("" = the
+    model's own template); `task`: the task spec (an env: task brings a system prompt of its own)."""
+    from jinja2 import TemplateError
+
+    try:
+        render_prompt_ids(tokenizer, problem.messages)
+    except TemplateError as e:
+        template = f"{chat_template} (task_config.chat_template)" if chat_template else f"of model '{model}'"
+        said = " ".join(str(e).split()) or type(e).__name__
+        own = any(m["role"] == "system" for m in problem.meta.get("chat") or [])
+        configured = any(m["role"] == "system" for m in problem.messages) and not own
+        give = "task_config.chat_template=FILE"
+        if configured and not task.startswith("env:"):
+            fix = 'drop the system turn with task_config.system_prompt="", or give a template that takes '
+            fix += f"one: {give}"
+        elif own:
+            fix = f"its row brings a system turn of its own: give a template that takes one: {give}"
+        else:
+            fix = f"give a template that renders it: {give}"
+        raise ValueError(
+            f"the chat template {template} refused the prompt of problem {problem.id} ({said}): {fix}"
+        ) from None

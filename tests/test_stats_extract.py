@@ -293,6 +293,70 @@ def test_math_verify_equivalence(pred, ref, equal):
     assert math_equal(pred, ref) is equal
 
 
+@pytest.mark.parametrize(
+    "pred, ref, equal",
+    [
+        # integers and decimals compare exactly, however many digits they have
+        ("1000000000", "1000000001", False),
+        ("12345678901", "12345678910", False),
+        ("4294967296", "4294967295", False),
+        ("9007199254740993", "9007199254740992", False),  # one float apart: 2^53 + 1 and 2^53
+        ("1000000000000", "1,000,000,000,001", False),
+        ("12,345,678,901", "12345678901", True),
+        ("0.1", "0.10000000001", False),
+        ("1.0000000001", "1", False),
+        ("1.50", "1.5", True),
+        ("1 000 000", "1000000", True),
+        ("-0", "0", True),
+        # scientific notation is a decimal too
+        ("2.5e3", "2500", True),
+        ("2.5e3", "2501", False),
+        ("2500", "2.5 \\times 10^{3}", True),
+        ("2.5\u00d710^3", "2500", True),
+        ("1.2345678901 \\times 10^{10}", "12345678910", False),
+        ("1e3", "10^3", True),  # math-verify is given 1000, not e * 3
+        ("1e-3", "\\frac{1}{1000}", True),
+        # a fraction with a finite decimal expansion is that decimal, exactly
+        ("0.125", "\\frac{1}{8}", True),
+        ("-0.75", "-\\frac{3}{4}", True),
+        ("0.5000004", "1/2", False),
+        ("3/6", "\\frac{1}{2}", True),
+        # one without (1/3, roots, pi) matches a decimal that agrees to 6 decimal places
+        ("0.333333", "1/3", True),
+        ("0.3333333333", "\\frac{1}{3}", True),
+        ("0.33333", "1/3", False),
+        ("0.666667", "\\frac{2}{3}", True),
+        ("1.414214", "\\sqrt{2}", True),
+        ("1.4142", "\\sqrt{2}", False),
+        # a currency sign is not part of the value
+        ("\\$18", "18", True),
+        ("-\\$5", "-5", True),
+        ("\u20ac18", "18", True),
+        ("\\$1000000001", "1000000000", False),
+    ],
+)
+def test_plain_numbers_compare_exactly(pred, ref, equal):
+    assert math_equal(pred, ref) is equal
+
+
+@pytest.mark.parametrize(
+    "text, style, ref, equal",
+    [
+        ("The answer is 1,000,000,000,001.", "answer_is", "1000000000000", False),
+        ("The answer is 1,000,000,000,000.", "answer_is", "1000000000000", True),
+        ("The answer is 2.5\u00d710^3.", "answer_is", "2500", True),
+        ("so 2.5 \\times 10^3", "last_number", "2500", True),
+        ("The answer is \\$18.", "answer_is", "18", True),
+        ("#### -\\$5", "gsm8k", "-5", True),
+        ("The result is 2022-2023", "last_number", "2023", True),
+        ("1 000 000", "last_number", "1000000", True),
+        ("\\boxed{72} \\boxed{}", "boxed", "72", True),
+    ],
+)
+def test_an_extracted_answer_against_its_reference(text, style, ref, equal):
+    assert math_equal(extract_answer(text, style) or "", ref) is equal
+
+
 def test_math_verify_works_in_a_scoring_thread():
     # math-verify's SIGALRM timeouts only work in the main thread; a thread pool must still score
     out = []

@@ -280,6 +280,31 @@ def test_judge_without_endpoint_or_model_is_refused(tmp_path, capsys, monkeypatc
         load_config(None, ["reward.scorer=judge", "reward.judge_url=host:1"])
 
 
+def test_a_judge_call_must_fit_in_the_reward_timeout(tmp_path, capsys, captured):
+    judge = ["reward.scorer=judge", "reward.judge_url=http://127.0.0.1:9/v1", "reward.judge_model=m"]
+    # 3 attempts of 30 s and 0.5 + 1 s of backoff: 91.5 s, past the default reward.timeout_s of 60
+    assert main(["train", *judge, "reward.judge_timeout_s=30", f"run_dir={tmp_path / 'run'}"]) == 2
+    assert _error(capsys) == (
+        "streamrl: error: config keys 'reward.timeout_s' and 'reward.judge_timeout_s': a judge call may take "
+        "91.5 s (3 attempts of reward.judge_timeout_s=30 s and 1.5 s of backoff), longer than "
+        "reward.timeout_s=60 gives a response, so its last attempts would count as timeouts: set "
+        "reward.timeout_s>=91.5 or reward.judge_timeout_s<=19.5\n"
+    )
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(
+        ValueError, match=r"so its last attempts would count as timeouts: set reward.timeout_s>=46.5$"
+    ):
+        load_config(None, [*judge, "reward.timeout_s=1"])  # below the backoff alone: no attempt fits
+    assert (
+        load_config(None, [*judge, "reward.judge_timeout_s=30", "reward.timeout_s=91.5"]).reward.timeout_s
+        == 91.5
+    )
+    assert load_config(None, [*judge, "reward.judge_timeout_s=19.5"]).reward.judge_timeout_s == 19.5
+    defaults = load_config(None, judge).reward  # the defaults fit: 3 x 15 + 1.5 = 46.5 <= 60
+    assert (defaults.judge_timeout_s, defaults.timeout_s) == (15.0, 60.0)
+    assert load_config(None, ["reward.judge_timeout_s=30"]).reward.scorer == "task"  # no judge: no check
+
+
 # ---- eval: k without n ------------------------------------------------------------------------------
 
 

@@ -136,7 +136,7 @@ def _judge_keys(server: StubServer, budget: float) -> list[str]:
         "reward.scorer=judge",
         f"reward.judge_url={server.base_url}",
         f"reward.judge_model={MODEL}",
-        "reward.judge_timeout_s=30",
+        "reward.judge_timeout_s=15",
         "reward.timeout_s=60",
         f"reward.step_budget_s={budget}",
         "reward.format_weight=0",

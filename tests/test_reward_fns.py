@@ -56,6 +56,42 @@ def test_one_text_in_two_tokenizations_is_scored_for_each(user_file: Path) -> No
     assert len(my_rewards.CALLS) == 2  # the third, a repeat of the first, came from the cache
 
 
+def test_rows_of_one_prompt_are_scored_against_their_own_columns(user_file: Path) -> None:
+    """Two streamed rows with one prompt and one answer share a problem id; a reward function reading
+    another column (style) scores a response against each row's own, never the other row's cached
+    score, while a repeat of a row's response still comes from the cache."""
+    import itertools
+
+    import datasets
+
+    from streamrl.data.sources import task_from_rows
+
+    rows = [{"prompt": "What is 3+4?", "answer": "7", "style": s} for s in ("formal", "casual")]
+    task = task_from_rows(
+        datasets.Dataset.from_list(rows).to_iterable_dataset(),
+        eval_rows=[{"prompt": "What is 1+1?", "answer": "2"}],
+        extract="last_number",
+        shuffle_buffer=1,
+    )
+    problems = list(itertools.islice(task.train_stream(0, set()), 2))
+    assert [p.meta["columns"]["style"] for p in problems] == ["formal", "casual"]
+    assert problems[0].id == problems[1].id and problems[0].answer == problems[1].answer
+    cfg = load_config(None, ["reward.extract=last_number", "reward.fn=my_rewards.py:style_match"])
+    scoring = Scoring(cfg, task)
+    trajs = [_traj("a formal 7", [5, 6]) for _ in range(3)]
+    scoring.score([(problems[0], trajs[0]), (problems[1], trajs[1])])
+    scoring.score([(problems[0], trajs[2])])
+    scoring.close()
+    assert [t.reward for t in trajs] == [1.0, 0.0, 1.0]
+    assert [t.reward_info["reward_cached"] for t in trajs] == [False, False, True]
+
+
+def test_a_row_whose_columns_are_no_json_is_scored(user_file: Path) -> None:
+    # a row given from Python may hold a mapping whose keys do not sort: the cache key still has a digest
+    t = _scored(["reward.fn=my_rewards.py:brevity"], _problem(extra={1: "a", "b": 2}), _traj("so 7", [5]))
+    assert t.reward == 0.5 and t.reward_info["reward_error"] is None
+
+
 def test_none_means_not_applicable(user_file: Path) -> None:
     t = _scored(["reward.fn=my_rewards:mentions_answer"], _problem("skip"), _traj("so 7", [5]))
     assert t.reward == 0.0 and t.reward_info["reward/mentions_answer"] is None

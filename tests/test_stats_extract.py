@@ -110,7 +110,7 @@ def test_replicate_difference_hand_value():
         ("a 3 then 7.", "last_number", "7"),
         ("The answer is 3. No wait, the answer is 5.", "answer_is", "5"),  # the last statement wins
         ("\\boxed{}", "boxed", None),  # an empty box is no answer (not 0)
-        ("\\boxed{7} and finally \\boxed{ }", "boxed", None),
+        ("\\boxed{7} and finally \\boxed{ }", "boxed", "7"),  # an empty box states nothing: the one before
         ("The answer is \u22125", "answer_is", "-5"),  # U+2212, the typographic minus
         ("it drops to \u22120.25", "last_number", "-0.25"),
         ("The answer is 1e3", "answer_is", "1e3"),
@@ -163,6 +163,59 @@ def test_replicate_difference_hand_value():
     ],
 )
 def test_extract(text, style, expected):
+    assert extract_answer(text, style) == expected
+
+
+@pytest.mark.parametrize(
+    "text, style, expected",
+    [
+        # a currency sign before the number, LaTeX's escaped dollar included
+        ("The answer is \\$18.", "answer_is", "18"),
+        ("The answer is **\\$18**.", "answer_is", "18"),
+        ("The answer is: \\(\\$18\\).", "answer_is", "18"),
+        ("The answer is -\\$5.", "answer_is", "-5"),
+        ("The answer is \\$-5", "answer_is", "-5"),
+        ("The answer is -$5.", "answer_is", "-5"),
+        ("The answer is $\\$1,250$", "answer_is", "1250"),
+        ("\\$-5", "last_number", "-5"),
+        ("it cost 3 apples, or -\\$4.50", "last_number", "-4.50"),
+        ("#### \\$18", "gsm8k", "18"),
+        ("#### -\\$18", "gsm8k", "-18"),
+        ("The answer is \u20ac18.", "answer_is", "18"),  # euro
+        ("The answer is \u00a318", "answer_is", "18"),  # pound
+        ("The answer is \u00a5 1,000", "answer_is", "1000"),  # yen, a space after the sign
+        ("The answer is \u20ac\u00bd", "answer_is", "1/2"),
+        # scientific notation is one number, in e-notation
+        ("The answer is 2.5\u00d710^3.", "answer_is", "2.5e3"),
+        ("so 2.5 \\times 10^3", "last_number", "2.5e3"),
+        ("The answer is $2.5 \\times 10^{3}$", "answer_is", "2.5e3"),
+        ("The answer is -1.2 \\cdot 10^{-4}", "answer_is", "-1.2e-4"),
+        ("The answer is 3*10^8", "answer_is", "3e8"),
+        ("The answer is 6 x 10^23", "answer_is", "6e23"),
+        ("#### 4 \\times 10^6", "gsm8k", "4e6"),
+        ("3 x 10 = 30", "last_number", "30"),  # no power of ten: a product, and its last number
+        # a hyphen right after a digit is not a minus sign
+        ("The result is 2022-2023", "last_number", "2023"),
+        ("pages 10-12", "last_number", "12"),
+        ("7 - 9 = -2", "last_number", "-2"),
+        ("x=-4", "last_number", "-4"),
+        ("The answer is 2022-2023", "answer_is", "2022"),
+        # digits grouped by three with spaces (no-break and thin spaces too) are one number
+        ("1 000 000", "last_number", "1000000"),
+        ("The answer is 12 345.", "answer_is", "12345"),
+        ("#### 1\u00a0234\u202f567", "gsm8k", "1234567"),
+        ("The answer is 1\u2009000.5", "answer_is", "1000.5"),
+        ("scores 12 34", "last_number", "34"),  # not a group of three: two numbers
+        ("then 1234 567", "last_number", "567"),  # a group after four digits: two numbers
+        ("The answer is 2 \u00be", "answer_is", "11/4"),  # a mixed number still
+        # the last box with content; an empty one states nothing; an open one is a cut answer
+        ("\\boxed{72} \\boxed{}", "boxed", "72"),
+        ("\\boxed{1} \\boxed{2} \\boxed{ } \\boxed{}", "boxed", "2"),
+        ("\\boxed{72} \\boxed{8", "boxed", None),
+        ("\\boxed{} \\boxed{ }", "boxed", None),
+    ],
+)
+def test_extract_currency_notations_and_boxes(text, style, expected):
     assert extract_answer(text, style) == expected
 
 
@@ -240,6 +293,70 @@ def test_math_verify_equivalence(pred, ref, equal):
     assert math_equal(pred, ref) is equal
 
 
+@pytest.mark.parametrize(
+    "pred, ref, equal",
+    [
+        # integers and decimals compare exactly, however many digits they have
+        ("1000000000", "1000000001", False),
+        ("12345678901", "12345678910", False),
+        ("4294967296", "4294967295", False),
+        ("9007199254740993", "9007199254740992", False),  # one float apart: 2^53 + 1 and 2^53
+        ("1000000000000", "1,000,000,000,001", False),
+        ("12,345,678,901", "12345678901", True),
+        ("0.1", "0.10000000001", False),
+        ("1.0000000001", "1", False),
+        ("1.50", "1.5", True),
+        ("1 000 000", "1000000", True),
+        ("-0", "0", True),
+        # scientific notation is a decimal too
+        ("2.5e3", "2500", True),
+        ("2.5e3", "2501", False),
+        ("2500", "2.5 \\times 10^{3}", True),
+        ("2.5\u00d710^3", "2500", True),
+        ("1.2345678901 \\times 10^{10}", "12345678910", False),
+        ("1e3", "10^3", True),  # math-verify is given 1000, not e * 3
+        ("1e-3", "\\frac{1}{1000}", True),
+        # a fraction with a finite decimal expansion is that decimal, exactly
+        ("0.125", "\\frac{1}{8}", True),
+        ("-0.75", "-\\frac{3}{4}", True),
+        ("0.5000004", "1/2", False),
+        ("3/6", "\\frac{1}{2}", True),
+        # one without (1/3, roots, pi) matches a decimal that agrees to 6 decimal places
+        ("0.333333", "1/3", True),
+        ("0.3333333333", "\\frac{1}{3}", True),
+        ("0.33333", "1/3", False),
+        ("0.666667", "\\frac{2}{3}", True),
+        ("1.414214", "\\sqrt{2}", True),
+        ("1.4142", "\\sqrt{2}", False),
+        # a currency sign is not part of the value
+        ("\\$18", "18", True),
+        ("-\\$5", "-5", True),
+        ("\u20ac18", "18", True),
+        ("\\$1000000001", "1000000000", False),
+    ],
+)
+def test_plain_numbers_compare_exactly(pred, ref, equal):
+    assert math_equal(pred, ref) is equal
+
+
+@pytest.mark.parametrize(
+    "text, style, ref, equal",
+    [
+        ("The answer is 1,000,000,000,001.", "answer_is", "1000000000000", False),
+        ("The answer is 1,000,000,000,000.", "answer_is", "1000000000000", True),
+        ("The answer is 2.5\u00d710^3.", "answer_is", "2500", True),
+        ("so 2.5 \\times 10^3", "last_number", "2500", True),
+        ("The answer is \\$18.", "answer_is", "18", True),
+        ("#### -\\$5", "gsm8k", "-5", True),
+        ("The result is 2022-2023", "last_number", "2023", True),
+        ("1 000 000", "last_number", "1000000", True),
+        ("\\boxed{72} \\boxed{}", "boxed", "72", True),
+    ],
+)
+def test_an_extracted_answer_against_its_reference(text, style, ref, equal):
+    assert math_equal(extract_answer(text, style) or "", ref) is equal
+
+
 def test_math_verify_works_in_a_scoring_thread():
     # math-verify's SIGALRM timeouts only work in the main thread; a thread pool must still score
     out = []
@@ -268,6 +385,14 @@ def test_math_verify_works_in_a_scoring_thread():
         ("\\boxed{unclosed", "boxed", False),
         ("... #### 72", "gsm8k", True),
         ("#### 72 and more", "gsm8k", False),
+        ("The answer is \\$18.", "answer_is", True),
+        ("The answer is: \\(\\$18\\).", "answer_is", True),
+        ("The answer is **-\\$5**", "answer_is", True),
+        ("The answer is \u20ac18.", "answer_is", True),
+        ("... #### \\$18", "gsm8k", True),
+        ("The answer is 2.5 \\times 10^3.", "answer_is", True),
+        ("The answer is 1 000 000.", "answer_is", True),
+        ("\\boxed{72} \\boxed{}", "boxed", False),  # an empty box after the answer is text after it
         ("a 3 then words", "last_number", True),
         ("no digits", "last_number", False),
     ],

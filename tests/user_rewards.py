@@ -51,6 +51,9 @@ USER_FILE = textwrap.dedent(
     def needs_solution(completions, solution, **kwargs):  # open-r1's accuracy reward: a `solution` column
         return [float(s in c) for c, s in zip(completions, solution)]
 
+    def style_match(prompts, completions, style, **columns):
+        return [float(s in c) for c, s in zip(completions, style)]
+
     def answer_is_72(prompts, completions, answer, **columns):
         return [float(a == "72") for a in answer]
 

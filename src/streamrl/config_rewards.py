@@ -38,6 +38,27 @@ def _validate_judge(rc: Any) -> None:
         )
     if not url.startswith(("http://", "https://")):
         raise ConfigError(f"reward.judge_url must start with http:// or https://, got {url!r}")
+    _check_judge_fits(rc)
+
+
+def _check_judge_fits(rc: Any) -> None:
+    """A judge call's every attempt and backoff within reward.timeout_s: past it the service gives up on
+    the call, so its later attempts would never count and a judge slow to answer would fail as `timeout`."""
+    from streamrl.rewards.judge import judge_config
+
+    judge = judge_config(rc)
+    worst, attempts = judge.worst_case_s(), judge.retries + 1
+    if rc.timeout_s >= worst:
+        return
+    backoff = judge.backoff_total_s()
+    fit = math.floor((rc.timeout_s - backoff) / attempts * 10) / 10  # the longest attempt that fits
+    lower = f" or reward.judge_timeout_s<={fit:g}" if fit > 0 else ""
+    raise ConfigError(
+        f"config keys 'reward.timeout_s' and 'reward.judge_timeout_s': a judge call may take {worst:g} s "
+        f"({attempts} attempts of reward.judge_timeout_s={judge.timeout_s:g} s and {backoff:g} s of "
+        f"backoff), longer than reward.timeout_s={rc.timeout_s:g} gives a response, so its last attempts "
+        f"would count as timeouts: set reward.timeout_s>={worst:g}{lower}"
+    )
 
 
 # reward keys that score or shape one response: an env: or agent: episode's reward never reads them

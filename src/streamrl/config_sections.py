@@ -94,7 +94,9 @@ class RewardConfig:
     judge_url: str = ""  # the judge's OpenAI-compatible URL (empty: STREAMRL_JUDGE_URL or OPENAI_BASE_URL)
     # the judge's model name (empty: STREAMRL_JUDGE_MODEL); API key: STREAMRL_JUDGE_API_KEY or OPENAI_API_KEY
     judge_model: str = ""
-    judge_timeout_s: float = 30.0  # per judge HTTP request
+    # per judge HTTP request. A judge call's 3 attempts and their 1.5 s of backoff must fit in
+    # reward.timeout_s (checked at start): 15 s each gives 46.5 s, inside the default 60
+    judge_timeout_s: float = 15.0
     judge_pass_threshold: float = 0.5  # a judge score at or above it counts as correct
     # your own reward function (TRL's convention, rewards/user_fns.py): package.module:function or
     # path/to/file.py:function; it replaces the task's reward (accuracy still uses the task's verifier)

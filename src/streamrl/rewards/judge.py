@@ -203,10 +203,13 @@ class JudgeConfig:
     def url(self) -> str:
         return self.base_url.rstrip("/") + "/chat/completions"
 
+    def backoff_total_s(self) -> float:
+        """The longest the backoff between one call's attempts adds up to."""
+        return sum(min(self.backoff_max_s, self.backoff_s * 2**i) for i in range(self.retries))
+
     def worst_case_s(self) -> float:
         """Upper bound on one judge call (all attempts time out, full backoff): size service timeouts."""
-        waits = sum(min(self.backoff_max_s, self.backoff_s * 2**i) for i in range(self.retries))
-        return (self.retries + 1) * self.timeout_s + waits
+        return (self.retries + 1) * self.timeout_s + self.backoff_total_s()
 
 
 def resolve_judge_config(

@@ -1,25 +1,82 @@
-"""Math answer equivalence with math-verify (LaTeX, fractions, intervals, sets)."""
+"""Math answer equivalence: exact for plain numbers, math-verify for the rest (LaTeX, roots, intervals,
+sets)."""
 
 from __future__ import annotations
 
-import math
 import re
 import threading
+from decimal import Decimal
+from fractions import Fraction
 
 from streamrl.rewards.numerals import ascii_numerals
 
-_PLAIN_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
-_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")  # 1,234 groups digits; 2,3 and -2,1 are pairs
+_DECIMAL = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"
+_PLAIN_NUMBER = re.compile(rf"{_DECIMAL}(?:[eE][-+]?\d+)?")
+# scientific notation: 2.5×10^3, 2.5 \times 10^{3}, 2.5 \cdot 10^3, 2.5*10^-3, 2.5 x 10^3
+_SCIENTIFIC = re.compile(rf"({_DECIMAL})\s*(?:×|\\times|\\cdot|\*|x)\s*10\^(?:([-+]?\d+)|\{{([-+]?\d+)\}})")
+# a fraction of integers: 3/4, -3 / 4, \frac{3}{4}, -\dfrac{3}{4}, \tfrac{-3}{4}
+_FRACTION = re.compile(r"([-+]?)(?:(\d+)\s*/\s*(\d+)|\\[dt]?frac\{([-+]?\d+)\}\{(\d+)\})")
+# 1,234 and 1 234 group digits by three; 2,3 and -2,1 are pairs, 2 3 is two numbers
+_THOUSANDS = re.compile(r"(?<=\d)[, \u00a0\u2009\u202f](?=\d{3}(?!\d))")
+_CURRENCY = re.compile(r"^([-+]?)\s*(?:\\?\$|[€£¥])\s*")  # a sign, then \$18, $18, €18, £18, ¥18
+# a decimal whose last digit is past 10^±1000 is not written out as an integer ratio or as digits
+# (1e999999999 would take gigabytes): no fraction of integers in a response is that far from 1
+_EXPONENT_LIMIT = 1000
 
 
-def _plain_number(s: str) -> float | None:
-    """'1,000' / '1e3' / '.5' -> a float; anything else (LaTeX, fractions, sets, '2,3') -> None."""
+def _number(s: str) -> Decimal | Fraction | None:
+    """The exact value of a plain number: a decimal ('1,000', '1 000', '1e3', '.5', '2.5×10^3', '\\$18')
+    as a Decimal, a fraction of integers ('3/4', '\\frac{3}{4}') as a Fraction; anything else (LaTeX,
+    roots, sets, '2,3') -> None."""
     t = _THOUSANDS.sub("", s.strip().strip("$").strip())
-    return float(t) if _PLAIN_NUMBER.fullmatch(t) else None
+    t = _CURRENCY.sub(r"\1", t)
+    if _PLAIN_NUMBER.fullmatch(t):
+        return Decimal(t)
+    if m := _SCIENTIFIC.fullmatch(t):
+        return Decimal(f"{m[1]}e{m[2] or m[3]}")
+    if (m := _FRACTION.fullmatch(t)) and len(t) < 4000:  # int() refuses more than 4300 digits
+        numerator, denominator = int(m[2] or m[4]), int(m[3] or m[5])
+        if denominator:
+            return -Fraction(numerator, denominator) if m[1] == "-" else Fraction(numerator, denominator)
+    return None
+
+
+def _terminates(f: Fraction) -> bool:
+    """Whether f has a finite decimal expansion (its denominator's only prime factors are 2 and 5)."""
+    q = f.denominator
+    for p in (2, 5):
+        while q % p == 0:
+            q //= p
+    return q == 1
+
+
+def _exactly_equal(a: Decimal | Fraction, b: Decimal | Fraction) -> bool | None:
+    """a == b exactly where both have a finite decimal expansion; None where one has none (1/3): no
+    decimal equals it, and whether one stands for it is math-verify's rounding rule."""
+    if isinstance(a, Decimal) and isinstance(b, Decimal):
+        return a == b
+    if isinstance(a, Fraction) and isinstance(b, Fraction):
+        return a == b
+    d, f = (a, b) if isinstance(a, Decimal) else (b, a)
+    assert isinstance(d, Decimal) and isinstance(f, Fraction)
+    if not _terminates(f):
+        return None
+    exponent = d.as_tuple().exponent
+    if not isinstance(exponent, int) or abs(exponent) > _EXPONENT_LIMIT:
+        return False
+    return Fraction(d) == f
 
 
 def math_equal(predicted: str, reference: str) -> bool:
-    """True when math-verify finds the two answers equivalent ('0.5' vs '\\frac{1}{2}', sets in any order).
+    """True when the two answers are equivalent ('0.5' vs '\\frac{1}{2}', sets in any order).
+
+    Plain numbers compare exactly: integers and decimals (thousands separators, 1e3, 2.5×10^3) and
+    fractions of integers ('3/4', '\\frac{3}{4}') are equal only when their values are, however many
+    digits they have ('1000000000' != '1000000001', '0.1' != '0.10000000001', '0.5' == '1/2').
+    A value without a finite decimal expansion (1/3, \\sqrt{2}, \\pi) can only be approximated by a
+    decimal: math-verify decides those, and it takes a decimal that agrees to 6 decimal places
+    ('0.333333' == '1/3', '0.6667' != '2/3'). Everything else (LaTeX, roots, intervals, sets) goes to
+    math-verify.
 
     math-verify bounds parsing and comparison with SIGALRM, which only works in the main thread; in a
     scoring thread (the RewardService's thread pool) it would fail every comparison, so there the
@@ -29,24 +86,27 @@ def math_equal(predicted: str, reference: str) -> bool:
     '３'), vulgar fractions ('½' = 0.5, '1½' = 1.5) and full-width punctuation compare as their values.
     """
     predicted, reference = ascii_numerals(predicted), ascii_numerals(reference)
-    a, b = _plain_number(predicted), _plain_number(reference)
-    if a is not None and b is not None:  # plain decimals; math-verify reads '1e3' as e * 3
-        if math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0):
-            return True
-        if "e" in (predicted + reference).lower():
-            return False
+    a, b = _number(predicted), _number(reference)
+    if a is not None and b is not None:
+        exact = _exactly_equal(a, b)
+        if exact is not None:
+            return exact
     from math_verify import parse, verify
 
     main = threading.current_thread() is threading.main_thread()
     timeout = 5 if main else None
 
-    def as_latex(s: str) -> str:
+    def as_latex(s: str, value: Decimal | Fraction | None) -> str:
+        if isinstance(value, Decimal):  # math-verify reads '1e3' as e * 3 and '1,000' as a pair
+            exponent = value.as_tuple().exponent
+            if isinstance(exponent, int) and abs(exponent) <= _EXPONENT_LIMIT:
+                s = format(value, "f")
         s = s.strip()
         return s if s.startswith("$") else f"${s}$"
 
     try:
-        gold = parse(as_latex(reference), parsing_timeout=timeout)  # type: ignore[arg-type]
-        pred = parse(as_latex(predicted), parsing_timeout=timeout)  # type: ignore[arg-type]
+        gold = parse(as_latex(reference, b), parsing_timeout=timeout)  # type: ignore[arg-type]
+        pred = parse(as_latex(predicted, a), parsing_timeout=timeout)  # type: ignore[arg-type]
         return bool(gold) and bool(pred) and bool(verify(gold, pred, timeout_seconds=timeout))
     except Exception:  # math-verify raises on some malformed LaTeX: a wrong answer, not a crash
         return False

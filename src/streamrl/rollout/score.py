@@ -139,6 +139,7 @@ class Scoring:
         self.expired = 0  # scores this process gave up on at the budget, in all
         self.waited_s = 0.0  # seconds `outcomes` waited for scores, in all
         self.ids_in_key = bool(rc.fn or rc.fns)  # your reward functions read the token ids too
+        self.columns_in_key = bool(rc.fn or rc.fns)  # ... and the data row's columns
 
     def begin_step(self) -> None:
         """A new step: its scoring rounds (score calls) share a fresh reward.step_budget_s."""
@@ -171,6 +172,8 @@ class Scoring:
         # rows with one prompt share an id and an answer
         tests = problem.meta.get("tests")
         ref = (problem.answer, _digest(tests)) if tests else problem.answer
+        if self.columns_in_key:  # reward functions read the row's columns: two rows of one prompt differ
+            ref = (ref, _digest(reward_columns(problem)))
         key = (problem.id, ref, text, ids if self.ids_in_key else None)
         return self.service.submit(problem, text, ids, cache_key=key)
 
@@ -270,4 +273,8 @@ class ScoreWait:
 
 def _digest(value: Any) -> bytes:
     """16 bytes that tell one JSON-like value from another."""
-    return hashlib.blake2b(json.dumps(value, sort_keys=True, default=repr).encode(), digest_size=16).digest()
+    try:
+        text = json.dumps(value, sort_keys=True, default=repr)
+    except (TypeError, ValueError):  # keys of mixed types do not sort ({1: .., "a": ..}); a cycle
+        text = repr(value)
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()

@@ -26,6 +26,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from streamrl.data.task import Task
+from streamrl.rewards.fn_formats import sample_args
 from streamrl.rewards.service import RewardOutcome, RewardService
 from streamrl.rewards.shaping import overlong_penalty
 from streamrl.rewards.user_fns import TASK, RewardFn, call_fn, configured_fns, load_fns, reward_columns
@@ -85,7 +86,7 @@ class TaskScorer:
                     from streamrl.rewards.judge import JudgeScorer, judge_config
 
                     self._judge = JudgeScorer(judge_config(cfg.reward))
-                self._fns = configured_fns(cfg.reward.fn, cfg.reward.fns)
+                self._fns = configured_fns(cfg.reward.fn, cfg.reward.fns, cfg.reward.completions)
                 self._loaded = load_fns(self._fns)
                 self._cfg = cfg
             return self._cfg, self._task
@@ -104,17 +105,16 @@ class TaskScorer:
             return reward, info
         # your own functions: reward = sum_i weight_i * value_i; "correct" stays the task's verdict
         columns = reward_columns(problem)
-        question, total = problem.meta.get("question", ""), 0.0
+        total = 0.0
         keep_on_failure({"correct": info["correct"]})  # a function that hangs or kills its worker
         for f in self._fns:
             try:
-                value = (
-                    reward
-                    if f.spec == TASK
-                    else call_fn(
-                        self._loaded[f.name], f.name, question, text, list(ids), columns, cfg.reward.timeout_s
-                    )
-                )
+                if f.spec == TASK:
+                    value = reward
+                else:
+                    prompt, completion = sample_args(f.completions, problem, text)
+                    fn = self._loaded[f.name]
+                    value = call_fn(fn, f.name, prompt, completion, list(ids), columns, cfg.reward.timeout_s)
             except (Exception, SystemExit) as e:  # the sample's reward fails; its accuracy does not
                 raise ScoreFailed(e, {"correct": info["correct"]}) from e
             info[f"reward/{f.name}"] = value

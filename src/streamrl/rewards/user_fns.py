@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from streamrl.rewards.math_verify_threads import allow_in_threads
 from streamrl.user_code import load_object
 
 TASK = "task"  # the task's own reward, as an entry of reward.fns
@@ -65,13 +66,16 @@ def configured_fns(fn: str, fns: Any, completions: str = "auto") -> list[RewardF
 
 def load_fns(fns: list[RewardFn]) -> dict[str, Callable[..., Any]]:
     """name -> the imported function (the task entry excluded); ValueError of one line naming the key,
-    also for a function that cannot take the batch's keyword arguments."""
+    also for a function that cannot take the batch's keyword arguments. With any, math-verify is made
+    callable from the scoring threads they run on (rewards/math_verify_threads.py)."""
     key = "reward.fns" if len(fns) > 1 else "reward.fn"
     loaded = {}
     for f in fns:
         if f.spec != TASK:
             loaded[f.name] = load_object(f.spec, key)
             _check_signature(loaded[f.name], f.spec, key)
+    if loaded:
+        allow_in_threads()
     return loaded
 
 

@@ -31,7 +31,7 @@ from streamrl.rollout.score import Scoring
         ),
         (
             ["reward.fns=[{fn: task, wieght: 2}]"],
-            "config key 'reward.fns[0]': unknown field(s) wieght; valid: fn, weight, name",
+            "config key 'reward.fns[0]': unknown field(s) wieght; valid: fn, weight, name, completions",
         ),
         (
             ["reward.fns=[{fn: task, weight: heavy}]"],

@@ -130,7 +130,8 @@ def _check_spec(key: str, spec: str, alternatives: str = "") -> None:
         )
 
 
-FN_KEYS = ("fn", "weight", "name")
+FN_KEYS = ("fn", "weight", "name", "completions")
+FN_FORMATS = ("auto", "text", "chat")  # rewards/fn_formats.py
 
 
 def _validate_reward_fns(rc: Any) -> None:
@@ -156,10 +157,25 @@ def _validate_reward_fns(rc: Any) -> None:
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
             raise ConfigError(f"config key '{key}.weight' must be a finite number, got {weight!r}")
         names.append(str(entry.get("name") or entry["fn"].rpartition(":")[2]))
+        if "completions" in entry and entry["fn"] == "task":
+            raise ConfigError(
+                f"config key '{key}.completions': fn: task is the task's own reward, which is not called "
+                "with completions: drop completions from that entry"
+            )
+        if "completions" in entry and entry["completions"] not in FN_FORMATS:
+            raise ConfigError(
+                f"config key '{key}.completions' must be one of {', '.join(FN_FORMATS)}, got "
+                f"{entry['completions']!r}"
+            )
         if entry["fn"] != "task":
             specs.append((f"{key}.fn", entry["fn"]))
     for key, spec in specs:
         _check_spec(key, spec)
+    if rc.completions != "auto" and not specs:
+        raise ConfigError(
+            f"config key 'reward.completions' is {rc.completions}, but no reward function of your own is set "
+            "(reward.fn, or reward.fns beyond fn: task): drop it, or set reward.fn"
+        )
     if dup := sorted({n for n in names if names.count(n) > 1}):
         raise ConfigError(
             f"config key 'reward.fns': two functions are named {dup[0]}: give one a name (name: ...)"

@@ -101,9 +101,14 @@ class RewardConfig:
     # your own reward function (TRL's convention, rewards/user_fns.py): package.module:function or
     # path/to/file.py:function; it replaces the task's reward (accuracy still uses the task's verifier)
     fn: str = ""
-    # several, weighted: [{fn: SPEC, weight: 1.0, name: NAME}, ...]; fn: task = the task's own reward;
-    # each one is logged as reward/<name>
+    # several, weighted: [{fn: SPEC, weight: 1.0, name: NAME, completions: FORMAT}, ...]; fn: task = the
+    # task's own reward; each one is logged as reward/<name>
     fns: tuple[dict[str, Any], ...] = ()
+    # how your functions get `completions` and `prompts` (rewards/fn_formats.py): text (the response and
+    # the question), chat (TRL's conversational form: [{"role": "assistant", "content": response}] and the
+    # prompt's messages, as trl.rewards functions read them), or auto: text if a call on the first
+    # training problem returns a valid result, else chat (chosen at start and recorded in config.yaml)
+    completions: Literal["auto", "text", "chat"] = "auto"
 
 
 @dataclass

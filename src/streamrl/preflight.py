@@ -1,5 +1,6 @@
 """The checks that need more than the config: the model resolves (a known name, a local directory or a
-Hugging Face Hub id, downloaded or found in the cache), the reward functions import, an LLM judge
+Hugging Face Hub id, downloaded or found in the cache), the reward functions import and score the first
+training problem in the format they read (rewards/fn_probe.py), an LLM judge
 answers (reward.scorer=judge: rewards/judge_check.py), the configured lengths fit the model's context
 and train.token_budget (data/prompt_limit.py) and the task builds (its data read, its sandbox checked)
 with a training prompt short enough. They run before any weights load and before a run directory is
@@ -21,6 +22,7 @@ from streamrl.data.task import Task, default_task_args
 from streamrl.files import in_use_message, run_dir_in_use
 from streamrl.models.device import check_device
 from streamrl.models.resolve import chat_template_file, load_model_config, load_tokenizer, resolve_model_dir
+from streamrl.rewards.fn_probe import choose_formats
 from streamrl.rewards.judge import judge_config
 from streamrl.rewards.judge_check import check_judge
 from streamrl.rewards.user_fns import check_arguments, configured_fns, load_fns, reward_columns
@@ -111,7 +113,7 @@ def preflight(cfg: Any) -> Checked:
         check_run_dir(Path(cfg.run_dir), bool(cfg.resume) or cfg.overwrite, training=True)
     if not cfg.task_config.args:
         cfg.task_config.args = default_task_args(cfg.task)  # recorded in config.yaml
-    fns = configured_fns(cfg.reward.fn, cfg.reward.fns)
+    fns = configured_fns(cfg.reward.fn, cfg.reward.fns, cfg.reward.completions)
     loaded = load_fns(fns)  # your reward functions import
     if cfg.reward.scorer == "judge":  # reachable, serving the model, grading a probe
         check_judge(judge_config(cfg.reward))
@@ -128,6 +130,8 @@ def preflight(cfg: Any) -> Checked:
     for problem in one_row_per_source(task, stream, drawn, cfg.seed, exclude, alone=bool(loaded)):
         if loaded:
             check_arguments(loaded, fns, reward_columns(problem))
+    if loaded and drawn:  # each is called once, in the format it reads (auto: chosen and recorded)
+        choose_formats(cfg.reward, loaded, fns, drawn[0])
     tc = cfg.task_config
     if tc.chat_template:  # recorded absolute: workers, resume and evaluation read the same file
         tc.chat_template = str(chat_template_file(tc.chat_template))  # before a model download

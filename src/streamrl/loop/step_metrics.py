@@ -97,7 +97,8 @@ def _per_function_means(trajs: list[Any]) -> dict[str, float]:
 
 
 def _scoring_stats(trajs: list[Any]) -> dict[str, Any]:
-    """How scoring went: failures by reason (reward 0 each), latency, cache hits. Timeouts are the
+    """How scoring went: failures by reason (reward 0 each), latency, cache hits, and the task's verdicts
+    that failed under a reward of your functions alone (counted as wrong). Timeouts are the
     scores past reward.timeout_s ("timeout"), a judge's requests past reward.judge_timeout_s
     ("JudgeError/timeout") and those still outstanding when the step's reward.step_budget_s ran out
     ("step_budget", also counted apart)."""
@@ -105,6 +106,8 @@ def _scoring_stats(trajs: list[Any]) -> dict[str, Any]:
     if not infos:
         return {}
     errors = Counter(i["reward_error"] for i in infos if i["reward_error"])
+    # the task's verdicts that failed where the reward is your functions' alone: their accuracy only
+    verdicts = Counter(i["verdict_error"] for i in infos if i.get("verdict_error"))
     return {
         "rewards_scored": len(infos),
         "reward_errors": sum(errors.values()),
@@ -113,6 +116,7 @@ def _scoring_stats(trajs: list[Any]) -> dict[str, Any]:
         "reward_error_reasons": dict(errors),
         "reward_latency_mean_s": statistics.fmean(i["reward_latency_s"] for i in infos),
         "reward_cache_hit_rate": statistics.fmean(float(i["reward_cached"]) for i in infos),
+        **({"verdict_errors": verdicts.total(), "verdict_error_reasons": dict(verdicts)} if verdicts else {}),
     }
 
 

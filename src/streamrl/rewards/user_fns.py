@@ -8,6 +8,9 @@ as TRL calls one, on a batch:
     fn(prompts=[question, ...], completions=[response text, ...], completion_ids=[[token ids], ...],
        **columns) -> [float | None, ...]
 
+with `prompts` and `completions` as text or, as TRL passes a conversational dataset's, as chat messages
+(reward.completions, rewards/fn_formats.py).
+
 `columns` are the data row's own fields as lists (a `data:`/`hf:` row's columns; `answer` always, the
 reference answer). None means "not applicable to this sample": it adds nothing to the reward and is left
 out of that function's mean. The reward is sum_i weight_i * value_i; each function's value is also logged
@@ -15,7 +18,8 @@ on its own as `reward/<name>` (name: the function's name, or the entry's `name`)
 
 Functions run inside the RewardService, so a function that raises, hangs past `reward.timeout_s` or
 returns something malformed costs that sample's reward (0.0 and a counted reason), never the run. They
-are imported before any model loads (preflight), so a wrong path or a broken module is one line at start.
+are imported before any model loads (preflight), so a wrong path or a broken module is one line at start,
+and each is called once there on the first training problem (rewards/fn_probe.py).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from streamrl.rewards.math_verify_threads import allow_in_threads
 from streamrl.user_code import load_object
 
 TASK = "task"  # the task's own reward, as an entry of reward.fns
@@ -42,30 +47,35 @@ class RewardFn:
     name: str
     spec: str  # package.module:function, path/file.py:function, or "task"
     weight: float = 1.0
+    completions: str = "auto"  # how `prompts` and `completions` are passed: auto, text or chat
 
 
-def configured_fns(fn: str, fns: Any) -> list[RewardFn]:
-    """reward.fn / reward.fns as RewardFn entries; [] when neither is set (the task's reward alone)."""
+def configured_fns(fn: str, fns: Any, completions: str = "auto") -> list[RewardFn]:
+    """reward.fn / reward.fns as RewardFn entries; [] when neither is set (the task's reward alone).
+    `completions`: reward.completions, the format of an entry without its own."""
     if fn:
-        return [RewardFn(fn.rpartition(":")[2], fn)]
+        return [RewardFn(fn.rpartition(":")[2], fn, 1.0, completions)]
     out = []
     for entry in fns:
         spec = str(entry["fn"])
-        out.append(
-            RewardFn(str(entry.get("name") or spec.rpartition(":")[2]), spec, float(entry.get("weight", 1.0)))
-        )
+        name = str(entry.get("name") or spec.rpartition(":")[2])
+        weight, fmt = float(entry.get("weight", 1.0)), entry.get("completions", completions)
+        out.append(RewardFn(name, spec, weight, fmt))
     return out
 
 
 def load_fns(fns: list[RewardFn]) -> dict[str, Callable[..., Any]]:
     """name -> the imported function (the task entry excluded); ValueError of one line naming the key,
-    also for a function that cannot take the batch's keyword arguments."""
+    also for a function that cannot take the batch's keyword arguments. With any, math-verify is made
+    callable from the scoring threads they run on (rewards/math_verify_threads.py)."""
     key = "reward.fns" if len(fns) > 1 else "reward.fn"
     loaded = {}
     for f in fns:
         if f.spec != TASK:
             loaded[f.name] = load_object(f.spec, key)
             _check_signature(loaded[f.name], f.spec, key)
+    if loaded:
+        allow_in_threads()
     return loaded
 
 
@@ -117,13 +127,14 @@ def check_arguments(loaded: Mapping[str, Callable[..., Any]], fns: list[RewardFn
 def call_fn(
     fn: Callable[..., Any],
     name: str,
-    prompt: str,
-    completion: str,
+    prompt: Any,
+    completion: Any,
     ids: list[int],
     columns: dict,
     timeout_s: float | None = None,
 ) -> float | None:
-    """One sample through `fn` in TRL's batch convention -> its value (None: not applicable).
+    """One sample through `fn` in TRL's batch convention -> its value (None: not applicable). `prompt`
+    and `completion` are text or chat messages (fn_formats.sample_args).
     TypeError (counted by the service as that sample's failure) when the result is malformed;
     TimeoutError when an async function has no result within timeout_s (its coroutine is cancelled)."""
     out = fn(

@@ -26,10 +26,11 @@ from concurrent.futures import Future
 from typing import Any
 
 from streamrl.data.task import Task
+from streamrl.rewards.fn_formats import sample_args
 from streamrl.rewards.service import RewardOutcome, RewardService
 from streamrl.rewards.shaping import overlong_penalty
 from streamrl.rewards.user_fns import TASK, RewardFn, call_fn, configured_fns, load_fns, reward_columns
-from streamrl.rewards.workers import ScoreFailed, keep_on_failure
+from streamrl.rewards.workers import ScoreFailed, error_label, keep_on_failure
 from streamrl.types import BUDGET_REASON, Problem, Trajectory
 
 log = logging.getLogger(__name__)
@@ -85,36 +86,46 @@ class TaskScorer:
                     from streamrl.rewards.judge import JudgeScorer, judge_config
 
                     self._judge = JudgeScorer(judge_config(cfg.reward))
-                self._fns = configured_fns(cfg.reward.fn, cfg.reward.fns)
+                self._fns = configured_fns(cfg.reward.fn, cfg.reward.fns, cfg.reward.completions)
                 self._loaded = load_fns(self._fns)
                 self._cfg = cfg
             return self._cfg, self._task
 
-    def __call__(
-        self, problem: Problem, text: str, ids: tuple[int, ...] = ()
-    ) -> tuple[float, dict[str, Any]]:
+    def _verdict(self, problem: Problem, text: str) -> tuple[float, dict[str, Any]]:
+        """The task's own reward and verdict: (reward, info with "correct")."""
         cfg, task = self._setup()
         if self._judge is not None:
             score, info = self._judge(problem.meta.get("question", ""), problem.answer, text)
-            reward, info = float(score), {**info, "correct": score >= cfg.reward.judge_pass_threshold}
-        else:
-            reward, correct, info = outcome_reward(task, problem, text, cfg.reward.format_weight)
-            info = {**info, "correct": correct}
+            return float(score), {**info, "correct": score >= cfg.reward.judge_pass_threshold}
+        reward, correct, info = outcome_reward(task, problem, text, cfg.reward.format_weight)
+        return reward, {**info, "correct": correct}
+
+    def __call__(
+        self, problem: Problem, text: str, ids: tuple[int, ...] = ()
+    ) -> tuple[float, dict[str, Any]]:
+        cfg, _ = self._setup()
         if not self._fns:
-            return reward, info
-        # your own functions: reward = sum_i weight_i * value_i; "correct" stays the task's verdict
+            return self._verdict(problem, text)
+        # your own functions: reward = sum_i weight_i * value_i; "correct" stays the task's verdict, which
+        # the accuracy, the curriculum sampler and the replay buffer read even when the reward does not
+        try:
+            reward, info = self._verdict(problem, text)
+        except (Exception, SystemExit) as e:
+            if any(f.spec == TASK for f in self._fns):  # the reward is made of it: the score fails
+                raise
+            # a reward of your functions alone: a verdict that fails costs its accuracy only
+            reward, info = 0.0, {"correct": False, "verdict_error": error_label(e)}
         columns = reward_columns(problem)
-        question, total = problem.meta.get("question", ""), 0.0
+        total = 0.0
         keep_on_failure({"correct": info["correct"]})  # a function that hangs or kills its worker
         for f in self._fns:
             try:
-                value = (
-                    reward
-                    if f.spec == TASK
-                    else call_fn(
-                        self._loaded[f.name], f.name, question, text, list(ids), columns, cfg.reward.timeout_s
-                    )
-                )
+                if f.spec == TASK:
+                    value = reward
+                else:
+                    prompt, completion = sample_args(f.completions, problem, text)
+                    fn = self._loaded[f.name]
+                    value = call_fn(fn, f.name, prompt, completion, list(ids), columns, cfg.reward.timeout_s)
             except (Exception, SystemExit) as e:  # the sample's reward fails; its accuracy does not
                 raise ScoreFailed(e, {"correct": info["correct"]}) from e
             info[f"reward/{f.name}"] = value

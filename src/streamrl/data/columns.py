@@ -4,8 +4,9 @@
 
     prompt [prompt]      the question text (a string), or
     messages [-]         a chat: a list of {role, content}; the last user turn is the question
-    answer [answer]      the reference answer (scored with math-verify); a GSM8K-style solution
-                         ("...\\n#### 72") is reduced to what follows its last "####"
+    answer [answer]      the reference answer (scored with math-verify), or a list of accepted ones
+                         (data/answers.py); a GSM8K-style solution ("...\\n#### 72") is reduced to
+                         what follows its last "####"
     id [-]               a stable row id (default: a hash of the prompt)
     task [-]             the row's scorer: "math" or "code" (default: "code" when it has tests)
     tests [-]            stdin/stdout tests [{input, output}, ...] run in the sandbox
@@ -18,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from streamrl.rewards.extract import reference_answer
+from streamrl.data.answers import accepted_answers, code_answer
 
 DEFAULT_COLUMNS = {"prompt": "prompt", "answer": "answer"}
 COLUMN_KEYS = ("prompt", "messages", "answer", "id", "task", "tests")
@@ -138,9 +139,10 @@ def excluded(row: dict[str, Any], exclude: set[str]) -> bool:
 
 
 def parse_row(rec: Any, columns: dict[str, str]) -> dict[str, Any]:
-    """One record -> {question, messages, key, answer, id, kind, tests, columns}; ValueError says what
-    is wrong. `key`: the prompt's identity (row_key); `columns`: the record's own fields, which reward
-    functions receive (rewards/user_fns.py)."""
+    """One record -> {question, messages, key, answer, answers, id, kind, tests, columns}; ValueError says
+    what is wrong. `key`: the prompt's identity (row_key); `answer`: the reference (the first accepted
+    answer); `answers`: every accepted answer when the cell was a list (data/answers.py), else None;
+    `columns`: the record's own fields, which reward functions receive (rewards/user_fns.py)."""
     from streamrl.rewards.code import validate_tests
 
     if not isinstance(rec, dict):
@@ -162,18 +164,13 @@ def parse_row(rec: Any, columns: dict[str, str]) -> dict[str, Any]:
             raise ValueError(f"column '{columns['task']}' must be 'math' or 'code', got {kind!r}")
         if kind == "code" and not tests:
             raise ValueError("a code row needs tests (map them with task_config.columns.tests)")
-        answer = ""  # task_config.columns.answer=null: no reference answers
+        answer, answers = "", None  # task_config.columns.answer=null: no reference answers
         if "answer" in columns:
             if kind == "code":  # the tests score a code row: it may leave the answer out
-                answer = _optional(rec, columns["answer"])
-                answer = "" if answer is None else str(answer)
+                answer = code_answer(_optional(rec, columns["answer"]), columns["answer"])
             else:
-                answer = _get(rec, columns["answer"])
-                if answer is None or str(answer).strip() == "":
-                    raise ValueError(f"column '{columns['answer']}' is empty")
-                answer = reference_answer(str(answer))
-                if not answer:
-                    raise ValueError(f"column '{columns['answer']}' has nothing after '####'")
+                accepted, listed = accepted_answers(_get(rec, columns["answer"]), columns["answer"])
+                answer, answers = accepted[0], (accepted if listed else None)
         rid = None
         if "id" in columns:
             rid = _get(rec, columns["id"])
@@ -187,6 +184,7 @@ def parse_row(rec: Any, columns: dict[str, str]) -> dict[str, Any]:
         "messages": messages,
         "key": row_key(question, messages),
         "answer": answer,
+        "answers": answers,
         "id": rid,
         "kind": kind,
         "tests": tests,

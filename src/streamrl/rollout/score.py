@@ -25,6 +25,7 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
+from streamrl.data.answers import reference_text
 from streamrl.data.task import Task
 from streamrl.rewards.service import RewardOutcome, RewardService
 from streamrl.rewards.shaping import overlong_penalty
@@ -95,7 +96,7 @@ class TaskScorer:
     ) -> tuple[float, dict[str, Any]]:
         cfg, task = self._setup()
         if self._judge is not None:
-            score, info = self._judge(problem.meta.get("question", ""), problem.answer, text)
+            score, info = self._judge(problem.meta.get("question", ""), reference_text(problem), text)
             reward, info = float(score), {**info, "correct": score >= cfg.reward.judge_pass_threshold}
         else:
             reward, correct, info = outcome_reward(task, problem, text, cfg.reward.format_weight)
@@ -169,8 +170,10 @@ class Scoring:
         # with another stop token, say): with them, the ids are part of the response
         # a code row's reference is its tests (a digest: the cache keeps thousands of keys): two streamed
         # rows with one prompt share an id and an answer
-        tests = problem.meta.get("tests")
+        tests, answers = problem.meta.get("tests"), problem.meta.get("answers")
         ref = (problem.answer, _digest(tests)) if tests else problem.answer
+        if answers:  # a row's accepted answers: two streamed rows of one prompt may list others
+            ref = (ref, tuple(answers))
         key = (problem.id, ref, text, ids if self.ids_in_key else None)
         return self.service.submit(problem, text, ids, cache_key=key)
 

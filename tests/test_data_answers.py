@@ -1,7 +1,9 @@
-"""Answer cells: lists of accepted answers, refused shapes, integral floats of a table."""
+"""Answer cells: lists of accepted answers, refused shapes, integral floats of a table, and rows that
+repeat a prompt (merged, kept or read once)."""
 
 import itertools
 import json
+import logging
 
 import pytest
 
@@ -101,4 +103,62 @@ def test_a_table_column_of_whole_numbers_read_as_floats_gives_integers(tmp_path)
         ("Q1?", "The answer is 1."),
         ("Q2?", "The answer is 42."),
         ("Q4?", "The answer is 2.5."),
+    ]
+
+
+def test_a_repeated_prompt_merges_other_answers_and_reads_duplicates_once(tmp_path, caplog):
+    f = tmp_path / "rep.csv"
+    f.write_text("prompt,answer\nQ1?,1\nQ2?,2\nQ1?,5\nQ2?,2\nQ3?,3\nQ1?,1\n")
+    with caplog.at_level(logging.WARNING, logger="streamrl.data"):
+        task = make_task(f"data:{f}", {}, "", "", "answer_is")
+    assert {r["question"]: (r["answer"], r["answers"]) for r in task.rows} == {
+        "Q1?": ("1", ["1", "5"]),
+        "Q2?": ("2", None),
+        "Q3?": ("3", None),
+    }
+    assert caplog.messages == [
+        f"{f}: 1 row(s) give the prompt of an earlier row another answer (row 3 (as row 1)): a prompt is "
+        "read once, its answers merged as accepted alternatives"
+    ]
+    p = _problems(task)["Q1?"]
+    assert task.score(p, "The answer is 5.").correct and task.score(p, "The answer is 1.").correct
+
+
+def test_a_repeated_prompt_with_other_columns_keeps_the_first_row_and_says_so(tmp_path, caplog):
+    f = _jsonl(
+        tmp_path / "ids.jsonl",
+        [
+            {"uid": "a", "prompt": "Q1?", "answer": "1"},
+            {"uid": "b", "prompt": "Q2?", "answer": "2"},
+            {"uid": "c", "prompt": "Q1?", "answer": "1"},
+        ],
+    )
+    with caplog.at_level(logging.WARNING, logger="streamrl.data"):
+        task = make_task(f"data:{f}", {}, "", "", "answer_is", columns={"id": "uid"})
+    assert sorted((r["question"], r["id"], r["answers"]) for r in task.rows) == [
+        ("Q1?", "a", None),
+        ("Q2?", "b", None),
+    ]
+    assert caplog.messages == [
+        f"{f}: 1 row(s) repeat the prompt of an earlier row with other tests, kind or columns (row 3 (as "
+        "row 1)): the earlier row is kept"
+    ]
+
+
+def test_a_streamed_source_warns_of_a_prompt_its_rows_answer_differently(tmp_path, caplog):
+    f = tmp_path / "rep.csv"
+    f.write_text("prompt,answer\nQ1?,1\nQ2?,2\nQ1?,5\nQ2?,2\nQ3?,3\n")
+    with caplog.at_level(logging.WARNING, logger="streamrl.data"):
+        task = make_task(f"data:{f}", {}, "", "", "answer_is", streaming=True)
+    assert caplog.messages == [
+        f"{f}: 1 row(s) read at set-up give the prompt of an earlier row other answers or tests (row 3 (as "
+        "row 1)): a streamed source reads each row as a problem of its own, scored by its own answer; give "
+        "a prompt one row (with a list of accepted answers), or read the source without streaming"
+    ]
+    assert [(p.meta["question"], p.answer) for p in task.heldout(5)] == [
+        ("Q1?", "1"),
+        ("Q2?", "2"),
+        ("Q1?", "5"),
+        ("Q2?", "2"),
+        ("Q3?", "3"),
     ]

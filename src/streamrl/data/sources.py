@@ -9,7 +9,7 @@ Splits: training rows come from `task_config.split` (default `train`). The held-
 itself: distinct prompts are ordered by sha1(prompt), the first eval.size are held out and the rest
 train (reshuffled each epoch). `task_config.eval_data=PATH` takes the held-out rows from another source
 instead. Training rows whose prompt equals a held-out one are dropped and reported. A chat row's prompt is
-its every turn, not only its last user turn.
+its every turn, not only its last user turn; a prompt met again is read once (data/repeats.py).
 
 `task_config.streaming=true` reads the splits lazily instead (data/streamed.py).
 """
@@ -24,6 +24,7 @@ from typing import Any
 
 from streamrl.data.columns import check_question_column, excluded, held_key, parse_row, resolve_columns
 from streamrl.data.loading import held_split_name, open_splits, pick_split
+from streamrl.data.repeats import Repeats
 from streamrl.data.row_task import RowTask, log, no_usable_rows, report_skipped
 from streamrl.data.streamed import StreamedDataTask
 from streamrl.data.task import Task
@@ -31,11 +32,12 @@ from streamrl.types import Problem
 
 
 def collect_rows(records: Iterable[Any], columns: dict[str, str], label: str) -> tuple[list[dict], list[str]]:
-    """Distinct-prompt rows in sha1(key) order (data/columns.py row_key), and one message per skipped
-    row (`label:row N: why`)."""
+    """Distinct-prompt rows in sha1(key) order (data/columns.py row_key; a repeated prompt as
+    data/repeats.py says), and one message per skipped row (`label:row N: why`)."""
     check_question_column(label, columns, getattr(records, "column_names", None))
     rows: dict[str, dict[str, Any]] = {}
     skipped: list[str] = []
+    repeats = Repeats(label)
     id_rows: dict[str, int] = {}  # a mapped row id -> the row it was first seen in
     for i, rec in enumerate(records, 1):
         try:
@@ -43,7 +45,7 @@ def collect_rows(records: Iterable[Any], columns: dict[str, str], label: str) ->
         except ValueError as e:
             skipped.append(f"{label}:row {i}: {e}")
             continue
-        if row["key"] in rows:  # exact duplicates: the first one wins
+        if not repeats.read(rows, row, i):  # a prompt read before
             continue
         if row["id"] is not None and (first := id_rows.setdefault(row["id"], i)) != i:
             # the id keys the reward cache, the sampler's pool and the drafts: two prompts cannot share it
@@ -53,6 +55,7 @@ def collect_rows(records: Iterable[Any], columns: dict[str, str], label: str) ->
             )
         rows[row["key"]] = row
     report_skipped(label, skipped)
+    repeats.report()
     if not rows:
         raise no_usable_rows(label, skipped, getattr(records, "column_names", None))
     return sorted(rows.values(), key=lambda r: hashlib.sha1(r["key"].encode()).hexdigest()), skipped

@@ -6,7 +6,9 @@ Training never takes a prompt of a held-out split of its own, any of its rows (a
 memory drops them): the held-out split is read through once, its prompts kept in a set.
 Training: epoch after epoch over the training split, each epoch reshuffled with
 `IterableDataset.shuffle(seed, buffer_size=task_config.shuffle_buffer)` and `set_epoch`, so a seed
-replays the same order (a resumed run skips to its position). Rows are not deduplicated.
+replays the same order (a resumed run skips to its position). Rows are not deduplicated: a row that
+repeats a prompt is a problem of its own, scored by its own answer (set-up warns when its rows give one
+prompt other answers or tests, data/repeats.py).
 
 Set-up reads the first PEEK_ROWS rows of each split, so a wrong column mapping fails before any model
 loads; a malformed row met later while training is skipped, and the first few are logged. So is a row
@@ -22,6 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from streamrl.data.columns import check_question_column, excluded, held_key, parse_row
+from streamrl.data.repeats import streamed_conflicts
 from streamrl.data.row_task import SHOWN_WARNINGS, RowTask, log, no_usable_rows, report_skipped
 from streamrl.types import Problem
 
@@ -72,12 +75,13 @@ class StreamedDataTask(RowTask):
                     "drop columns.id"
                 )
             first.setdefault(row["id"], i)
-            rows.append(row)
+            rows.append((i, row))
         self._ids[split].clear()  # the stream is read again from its start
         if not rows:
             raise no_usable_rows(label, bad, getattr(ds, "column_names", None))
         report_skipped(label, bad)
-        self.use_sandbox_for(rows)
+        streamed_conflicts(label, rows)
+        self.use_sandbox_for(row for _, row in rows)
 
     def _rows(self, ds: Any, label: str, split: str) -> Iterator[dict[str, Any]]:
         """The usable rows of ds (split: "train" or "held") in its order; a malformed one is skipped (the

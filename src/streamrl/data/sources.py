@@ -20,9 +20,11 @@ import hashlib
 import random
 import sys
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 from streamrl.data.columns import check_question_column, excluded, held_key, parse_row, resolve_columns
+from streamrl.data.json_lines import jsonl_files
 from streamrl.data.loading import held_split_name, open_splits, pick_split
 from streamrl.data.repeats import Repeats
 from streamrl.data.row_task import RowTask, log, no_usable_rows, report_skipped
@@ -174,11 +176,12 @@ def _task(
     streaming: bool,
     shuffle_buffer: int,
     kw: dict[str, Any],
+    files: tuple[list[Path], list[Path]] = ([], []),
 ) -> Task:
     """A streamed task over the (train, held) sources, or a DataTask over their rows collected now;
-    `labels` name the two sources in warnings and errors."""
+    `labels` name the two sources in warnings and errors; `files`: their local .jsonl files."""
     if streaming:
-        return StreamedDataTask(name, train, cols, held, labels, shuffle_buffer, **kw)
+        return StreamedDataTask(name, train, cols, held, labels, shuffle_buffer, files, **kw)
     rows, skipped = collect_rows(train, cols, labels[0])
     eval_rows = None
     if held is not None:
@@ -218,4 +221,10 @@ def data_task(
         held = held_splits["test" if "test" in held_splits else next(iter(held_splits))]
     elif held_name := held_split_name(splits, split, eval_split):
         held, held_label = pick_split(name, splits, held_name, "eval_split"), f"{name}[{held_name}]"
-    return _task(name, train, held, (train_label, held_label), cols, streaming, shuffle_buffer, kw)
+    files = (local_jsonl(spec), local_jsonl(eval_data) if eval_data else local_jsonl(spec))
+    return _task(name, train, held, (train_label, held_label), cols, streaming, shuffle_buffer, kw, files)
+
+
+def local_jsonl(spec: str) -> list[Path]:
+    """The local .jsonl files of a `data:PATH` (or bare PATH) spec; none for `hf:NAME`."""
+    return [] if spec.startswith("hf:") else jsonl_files(Path(spec.removeprefix("data:")).expanduser())

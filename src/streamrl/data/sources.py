@@ -8,8 +8,9 @@ Splits: training rows come from `task_config.split` (default `train`). The held-
 `task_config.eval_split`, else the source's `test` split when it has one, else from the training split
 itself: distinct prompts are ordered by sha1(prompt), the first eval.size are held out and the rest
 train (reshuffled each epoch). `task_config.eval_data=PATH` takes the held-out rows from another source
-instead. Training rows whose prompt equals a held-out one are dropped and reported. A chat row's prompt is
-its every turn, not only its last user turn; a prompt met again is read once (data/repeats.py).
+instead: its split `task_config.eval_split`, else its `test` split, else its only one. Training rows
+whose prompt equals a held-out one are dropped and reported. A chat row's prompt is its every turn, not
+only its last user turn; a prompt met again is read once (data/repeats.py).
 
 `task_config.streaming=true` reads the splits lazily instead (data/streamed.py).
 """
@@ -204,8 +205,6 @@ def data_task(
     """The task of `hf:NAME[:CONFIG]`, `data:PATH` or a bare PATH (split rules: module docstring);
     kw: system_prompt, instruction, extract, code_partial_credit, sandbox_min_isolation,
     sandbox_executor."""
-    if eval_split and eval_data:
-        raise ValueError("set task_config.eval_split or task_config.eval_data, not both")
     cols = resolve_columns(columns)
     name, splits = open_splits(spec, streaming)
     train = pick_split(name, splits, split, "split")
@@ -213,12 +212,15 @@ def data_task(
     held, held_label = None, ""
     if eval_data:
         held_label, held_splits = open_splits(eval_data, streaming, "task_config.eval_data")
-        if len(held_splits) > 1 and "test" not in held_splits:
+        held_name = eval_split or ("test" if "test" in held_splits else "")
+        if not held_name and len(held_splits) > 1:
             raise ValueError(
                 f"task_config.eval_data: {held_label} has splits {', '.join(held_splits)} and no 'test': "
-                "point it at one file or split"
+                "name the held-out one with task_config.eval_split=<split>"
             )
-        held = held_splits["test" if "test" in held_splits else next(iter(held_splits))]
+        held = pick_split(held_label, held_splits, held_name or next(iter(held_splits)), "eval_split")
+        if len(held_splits) > 1:
+            held_label = f"{held_label}[{held_name}]"
     elif held_name := held_split_name(splits, split, eval_split):
         held, held_label = pick_split(name, splits, held_name, "eval_split"), f"{name}[{held_name}]"
     files = (local_jsonl(spec), local_jsonl(eval_data) if eval_data else local_jsonl(spec))

@@ -37,7 +37,8 @@ def no_usable_rows(name: str, skipped: list[str], column_names: Iterable[str] | 
     first = f"; first problem: {skipped[0]}" if skipped else ""
     return ValueError(
         f"{name}: no usable rows ({columns}map columns with task_config.columns={{prompt: ..., answer: "
-        f"...}}; rows without reference answers: answer: null, scored by your own reward.fn){first}"
+        f"...}}, a chat column with messages: ... instead of prompt; rows without reference answers: "
+        f"answer: null, scored by your own reward.fn){first}"
     )
 
 

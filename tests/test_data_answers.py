@@ -8,6 +8,7 @@ import logging
 import pytest
 
 from streamrl.config import load_config
+from streamrl.data.answers import reference_text
 from streamrl.data.sources import task_from_rows
 from streamrl.rewards.user_fns import reward_columns
 from streamrl.tasks import make_task, prepare_split, task_from_config
@@ -42,6 +43,7 @@ def test_a_list_answer_holds_accepted_alternatives(tmp_path):
     assert task.same_answer("3", "-3", p) and not task.same_answer("3", "4", p)
     assert not task.same_answer("2", "-2", plain)
     assert reward_columns(p)["answer"] == ["3", "-3"] and reward_columns(plain)["answer"] == "2"
+    assert (reference_text(p), reference_text(plain)) == ("3 (also accepted: -3)", "2")  # for a judge
     # few-shot examples show a row's first accepted answer
     held = _jsonl(tmp_path / "held.jsonl", [{"prompt": "2 + 2 = ?", "answer": "4"}])
     cfg = load_config(

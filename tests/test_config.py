@@ -360,6 +360,10 @@ def test_a_mixture_sources_keys_are_checked_as_the_same_top_level_keys(source, m
     with pytest.raises(ConfigError, match="^config key " + re.escape(message)):
         load_config(None, ["task=mix", f"task_config.sources=[{{task: data:a.jsonl, {source}}}]"])
     cfg = load_config(
-        None, ["task=mix", "task_config.sources=[{task: data:a.jsonl, shuffle_buffer: 8, weight: 2}]"]
+        None,
+        [
+            "task=mix",
+            "task_config.sources=[{task: data:a.jsonl, shuffle_buffer: 8, streaming: true, weight: 2}]",
+        ],
     )
     assert cfg.task_config.sources[0]["shuffle_buffer"] == 8

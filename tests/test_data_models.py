@@ -194,7 +194,7 @@ def test_column_mappings_that_cannot_be_meant_are_refused_or_skipped(tmp_path):
         "map a column unique per row, or drop columns.id$",
     ):
         make_task(str(f), {}, "", "", "boxed", columns={"messages": "messages", "id": "uid"})
-    rows[2]["messages"] = rows[0]["messages"]  # the same prompt again: a duplicate row, dropped as before
+    rows[2]["messages"] = rows[0]["messages"]  # the same prompt again, with another answer: merged
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     task = make_task(str(f), {}, "", "", "boxed", columns={"messages": "messages", "id": "uid"})
     assert sorted(r["id"] for r in task.rows) == ["a", "b"]

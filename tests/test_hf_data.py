@@ -318,9 +318,5 @@ def test_mix_sources_take_the_split_keys_and_bad_settings_fail_in_one_line(tmp_p
         ValueError, match=r"^task_config.sources\[0\]: .*repo has no split 'dev': set task_config"
     ):
         make_task("mix", {}, "", "", "gsm8k", sources=[{**src, "split": "dev"}])
-    with pytest.raises(
-        ConfigError, match="'task_config.eval_split' and 'task_config.eval_data': set one, not both"
-    ):
-        load_config(None, [f"task=data:{d}", "task_config.eval_split=test", f"task_config.eval_data={d}"])
     with pytest.raises(ConfigError, match="'task_config.shuffle_buffer' must be > 0, got 0"):
         load_config(None, ["task_config.shuffle_buffer=0"])

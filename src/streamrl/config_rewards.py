@@ -41,21 +41,30 @@ def _validate_judge(rc: Any) -> None:
     _check_judge_fits(rc)
 
 
+# a judge call's retries and the backoff between its attempts (rewards/judge.py JudgeConfig's defaults)
+JUDGE_RETRIES = 2
+JUDGE_BACKOFF_S = 0.5  # the first retry's delay; doubles per retry, capped at JUDGE_BACKOFF_MAX_S
+JUDGE_BACKOFF_MAX_S = 8.0
+
+
+def judge_backoff_s(retries: int, backoff_s: float, backoff_max_s: float) -> float:
+    """The longest the backoff between one judge call's attempts adds up to."""
+    return sum(min(backoff_max_s, backoff_s * 2**i) for i in range(retries))
+
+
 def _check_judge_fits(rc: Any) -> None:
     """A judge call's every attempt and backoff within reward.timeout_s: past it the service gives up on
     the call, so its later attempts would never count and a judge slow to answer would fail as `timeout`."""
-    from streamrl.rewards.judge import judge_config
-
-    judge = judge_config(rc)
-    worst, attempts = judge.worst_case_s(), judge.retries + 1
+    attempts = JUDGE_RETRIES + 1
+    backoff = judge_backoff_s(JUDGE_RETRIES, JUDGE_BACKOFF_S, JUDGE_BACKOFF_MAX_S)
+    worst = attempts * rc.judge_timeout_s + backoff
     if rc.timeout_s >= worst:
         return
-    backoff = judge.backoff_total_s()
     fit = math.floor((rc.timeout_s - backoff) / attempts * 10) / 10  # the longest attempt that fits
     lower = f" or reward.judge_timeout_s<={fit:g}" if fit > 0 else ""
     raise ConfigError(
         f"config keys 'reward.timeout_s' and 'reward.judge_timeout_s': a judge call may take {worst:g} s "
-        f"({attempts} attempts of reward.judge_timeout_s={judge.timeout_s:g} s and {backoff:g} s of "
+        f"({attempts} attempts of reward.judge_timeout_s={rc.judge_timeout_s:g} s and {backoff:g} s of "
         f"backoff), longer than reward.timeout_s={rc.timeout_s:g} gives a response, so its last attempts "
         f"would count as timeouts: set reward.timeout_s>={worst:g}{lower}"
     )

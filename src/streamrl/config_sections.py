@@ -230,7 +230,8 @@ class TaskConfig:
     # answer, id, task, tests}; answer: null for rows without a reference answer
     columns: dict[str, Any] = field(default_factory=dict)
     split: str = "train"  # the split trained on
-    # the held-out split ("" = `test` when the source has one, else held out from the training split)
+    # the held-out split, of eval_data when that is set ("" = `test` when the source has one, else
+    # eval_data's only split, or held out from the training split)
     eval_split: str = ""
     eval_data: str = ""  # a held-out source instead (a file, directory or hf:NAME)
     streaming: bool = False  # read rows lazily (sets too large for memory)

@@ -85,10 +85,6 @@ def validate(cfg: Any) -> None:
     tc = cfg.task_config
     if not tc.split:
         raise ConfigError("config key 'task_config.split' must name a split, e.g. train")
-    if tc.eval_split and tc.eval_data:
-        raise ConfigError(
-            "config keys 'task_config.eval_split' and 'task_config.eval_data': set one, not both"
-        )
     _validate_data_keys(cfg)
     if cfg.runtime.mode == "colocated" and cfg.max_staleness != 0:
         raise ConfigError(
@@ -175,17 +171,44 @@ def _validate_data_keys(cfg: Any) -> None:
             f"config key 'task_config.{key}' applies to data tasks (task=data:FILE or hf:NAME); "
             f"{who} makes its own problems and held-out set: drop it"
         )
+    if is_data_source(spec):  # an agent's own args are the agent's
+        args = tc.args if spec == cfg.task else None
+        shuffle_set = tc.shuffle_buffer != default.shuffle_buffer
+        _refuse_unread(args, shuffle_set, tc.streaming, "task_config")
     for i, src in enumerate(tc.sources if spec == "mix" else ()):
         if isinstance(src, dict):
             _check_source_values(tc, src, f"task_config.sources[{i}]")
-        if not isinstance(src, dict) or not isinstance(src.get("task"), str) or is_data_source(src["task"]):
+        if not isinstance(src, dict) or not isinstance(src.get("task"), str):
             continue  # a malformed source is refused when the task is built, naming its field
+        if is_data_source(src["task"]):
+            _refuse_unread(
+                src.get("args"),
+                "shuffle_buffer" in src,
+                src.get("streaming", False),
+                f"task_config.sources[{i}]",
+            )
+            continue
         key = next((k for k in DATA_KEYS if k in src), None)
         if key is not None:
             raise ConfigError(
                 f"config key 'task_config.sources[{i}].{key}' applies to data sources (hf:NAME, data:PATH); "
                 f"{src['task']!r} makes its own problems and held-out set: drop it"
             )
+
+
+def _refuse_unread(args: Any, shuffle_set: bool, streaming: bool, where: str) -> None:
+    """What a data source (hf:, data:) would ignore: generator args, and a shuffle buffer when it is not
+    streamed (rows held in memory are reshuffled whole each epoch)."""
+    if args:
+        raise ConfigError(
+            f"config key '{where}.args' is not read by a data source (hf:NAME, data:PATH): drop it; a "
+            "Hugging Face config goes in the name (hf:NAME:CONFIG), other files in a source of their own"
+        )
+    if shuffle_set and not streaming:
+        raise ConfigError(
+            f"config key '{where}.shuffle_buffer' is read only when streaming (rows held in memory are "
+            f"reshuffled whole each epoch): set {where}.streaming=true, or drop it"
+        )
 
 
 def check_source_weight(weight: object, where: str) -> None:

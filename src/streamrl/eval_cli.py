@@ -60,11 +60,12 @@ def refuse_trained_problems(cfg: Config, task: Any) -> None:
         side["args"] = side.get("args") or yaml.safe_load(yaml.safe_dump(default_task_args(cfg.task)))
     if trained.get("task") != cfg.task or any(k in theirs and theirs[k] != ours[k] for k in TRAINING_KEYS):
         return
-    if key := next((k for k in ("eval_data", "eval_split") if theirs.get(k)), None):
+    if held_keys := " ".join(
+        f"task_config.{k}={theirs[k]}" for k in ("eval_data", "eval_split") if theirs.get(k)
+    ):
         raise ValueError(  # its held-out rows were elsewhere: this evaluation takes what it trained on
-            f"the run in {run} held out task_config.{key}={theirs[key]} and trained on every problem of "
-            f"{cfg.task}'s training split, which this evaluation takes: evaluate with "
-            f"task_config.{key}={theirs[key]}"
+            f"the run in {run} held out {held_keys} and trained on every problem of {cfg.task}'s training "
+            f"split, which this evaluation takes: evaluate with {held_keys}"
         )
     theirs_streamed, ours_streamed = (str(bool(side.get("streaming"))).lower() for side in (theirs, ours))
     if theirs_streamed != ours_streamed:  # streamed: the first rows in file order; else the hashed order's

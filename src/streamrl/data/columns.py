@@ -2,10 +2,12 @@
 
 `task_config.columns` maps problem fields to a source's columns (defaults in brackets):
 
-    prompt [prompt]      the question text (a string), or
-    messages [-]         a chat: a list of {role, content}; the last user turn is the question
-    answer [answer]      the reference answer (scored with math-verify); a GSM8K-style solution
-                         ("...\\n#### 72") is reduced to what follows its last "####"
+    prompt [prompt]      the question text (a string), or a chat (TRL's conversational prompts), or
+    messages [-]         a chat: a list of {role, content}; the last user turn is the question, and a
+                         system turn may only come first
+    answer [answer]      the reference answer (scored with math-verify), or a list of accepted ones
+                         (data/answers.py); a GSM8K-style solution ("...\\n#### 72") is reduced to
+                         what follows its last "####"
     id [-]               a stable row id (default: a hash of the prompt)
     task [-]             the row's scorer: "math" or "code" (default: "code" when it has tests)
     tests [-]            stdin/stdout tests [{input, output}, ...] run in the sandbox
@@ -18,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from streamrl.rewards.extract import reference_answer
+from streamrl.data.answers import accepted_answers, code_answer
 
 DEFAULT_COLUMNS = {"prompt": "prompt", "answer": "answer"}
 COLUMN_KEYS = ("prompt", "messages", "answer", "id", "task", "tests")
@@ -87,27 +89,47 @@ def _text(value: str, column: str) -> str:
 
 
 def _question(rec: dict[str, Any], columns: dict[str, str]) -> tuple[str, list[dict[str, str]] | None]:
-    if "messages" not in columns:
-        question = _get(rec, columns["prompt"])
-        if not isinstance(question, str) or not question.strip():
-            raise ValueError(f"column '{columns['prompt']}' must be a non-empty string")
-        return _text(question, columns["prompt"]), None
-    messages = _get(rec, columns["messages"])
+    """(the question, the chat or None). A prompt column holding a list of messages (TRL's
+    conversational format) is read as a chat, as a messages column is."""
+    column = columns.get("messages") or columns["prompt"]
+    value = _get(rec, column)
+    if isinstance(value, list) or "messages" in columns:
+        return _chat(value, column)
+    if isinstance(value, str) and value.strip():
+        return _text(value, column), None
+    if value is None or isinstance(value, str):
+        raise ValueError(f"column '{column}' must be a non-empty string")
+    raise ValueError(
+        f"column '{column}' must be a non-empty string or a chat (a list of {{role, content}}), got "
+        f"{type(value).__name__}"
+    )
+
+
+def _chat(messages: Any, column: str) -> tuple[str, list[dict[str, str]]]:
+    """(the last user turn, the turns) of a chat column; ValueError says what is wrong. A system turn
+    is the chat's first or none: chat templates differ on others (ChatML ones render one in place,
+    Gemma's refuses the chat: its roles must alternate), so a chat with one elsewhere is refused."""
     if not isinstance(messages, list) or not all(
         isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in messages
     ):
-        raise ValueError(f"column '{columns['messages']}' must be a list of {{role, content}}")
+        raise ValueError(f"column '{column}' must be a list of {{role, content}}")
     users = [m["content"] for m in messages if m["role"] == "user"]
     if not users:
-        raise ValueError(f"column '{columns['messages']}' has no user turn")
+        raise ValueError(f"column '{column}' has no user turn")
     if not users[-1].strip():
-        raise ValueError(f"column '{columns['messages']}' has an empty last user turn")
+        raise ValueError(f"column '{column}' has an empty last user turn")
     if messages[-1]["role"] == "assistant":  # an SFT-style chat: the reply would sit in the prompt
         raise ValueError(
-            f"column '{columns['messages']}' ends with an assistant turn: a prompt ends with the user's "
+            f"column '{column}' ends with an assistant turn: a prompt ends with the user's "
             "turn (drop the reply from the column; map a reference with task_config.columns.answer)"
         )
-    turns = [{"role": str(m["role"]), "content": _text(m["content"], columns["messages"])} for m in messages]
+    late = next((i for i, m in enumerate(messages) if i and m["role"] == "system"), None)
+    if late is not None:
+        raise ValueError(
+            f"column '{column}' has a system turn at turn {late + 1}: only a chat's first turn may be one "
+            "(chat templates differ on others); merge it into the first, or drop it"
+        )
+    turns = [{"role": str(m["role"]), "content": _text(m["content"], column)} for m in messages]
     return users[-1], turns
 
 
@@ -138,9 +160,10 @@ def excluded(row: dict[str, Any], exclude: set[str]) -> bool:
 
 
 def parse_row(rec: Any, columns: dict[str, str]) -> dict[str, Any]:
-    """One record -> {question, messages, key, answer, id, kind, tests, columns}; ValueError says what
-    is wrong. `key`: the prompt's identity (row_key); `columns`: the record's own fields, which reward
-    functions receive (rewards/user_fns.py)."""
+    """One record -> {question, messages, key, answer, answers, id, kind, tests, columns}; ValueError says
+    what is wrong. `key`: the prompt's identity (row_key); `answer`: the reference (the first accepted
+    answer); `answers`: every accepted answer when the cell was a list (data/answers.py), else None;
+    `columns`: the record's own fields, which reward functions receive (rewards/user_fns.py)."""
     from streamrl.rewards.code import validate_tests
 
     if not isinstance(rec, dict):
@@ -162,18 +185,13 @@ def parse_row(rec: Any, columns: dict[str, str]) -> dict[str, Any]:
             raise ValueError(f"column '{columns['task']}' must be 'math' or 'code', got {kind!r}")
         if kind == "code" and not tests:
             raise ValueError("a code row needs tests (map them with task_config.columns.tests)")
-        answer = ""  # task_config.columns.answer=null: no reference answers
+        answer, answers = "", None  # task_config.columns.answer=null: no reference answers
         if "answer" in columns:
             if kind == "code":  # the tests score a code row: it may leave the answer out
-                answer = _optional(rec, columns["answer"])
-                answer = "" if answer is None else str(answer)
+                answer = code_answer(_optional(rec, columns["answer"]), columns["answer"])
             else:
-                answer = _get(rec, columns["answer"])
-                if answer is None or str(answer).strip() == "":
-                    raise ValueError(f"column '{columns['answer']}' is empty")
-                answer = reference_answer(str(answer))
-                if not answer:
-                    raise ValueError(f"column '{columns['answer']}' has nothing after '####'")
+                accepted, listed = accepted_answers(_get(rec, columns["answer"]), columns["answer"])
+                answer, answers = accepted[0], (accepted if listed else None)
         rid = None
         if "id" in columns:
             rid = _get(rec, columns["id"])
@@ -187,6 +205,7 @@ def parse_row(rec: Any, columns: dict[str, str]) -> dict[str, Any]:
         "messages": messages,
         "key": row_key(question, messages),
         "answer": answer,
+        "answers": answers,
         "id": rid,
         "kind": kind,
         "tests": tests,

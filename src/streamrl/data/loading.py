@@ -9,7 +9,8 @@
   split, a DatasetDict keeps its splits) or a directory of data files (`load_dataset(DIR)`: splits from
   the file names, e.g. train.jsonl and test.jsonl).
 
-With `streaming`, splits are IterableDatasets read lazily. The `datasets` import stays inside the
+With `streaming`, splits are IterableDatasets read lazily (local .jsonl files are checked line by line
+first, data/json_lines.py). The `datasets` import stays inside the
 functions, so commands that never read data do not pay for it.
 """
 
@@ -19,6 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from streamrl.data.json_lines import check_before_streaming, first_bad_line, jsonl_files
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 LOCAL_HINT = (
@@ -115,25 +118,13 @@ def _path_splits(path: Path, streaming: bool) -> dict[str, Any]:
         )
     if path.is_file() and path.stat().st_size <= 4096 and not path.read_bytes().strip():
         raise ValueError(f"{path}: the file is empty (no rows)")
+    if streaming:  # read as training goes: a bad line is named now, not where training reaches it
+        check_before_streaming(path)
     try:
         return dict(datasets.load_dataset(builder, data_files=files, streaming=streaming))
     except Exception as e:  # the file's own problem, in one line
-        bad = _first_bad_json_line(path) if path.suffix == ".jsonl" else None
+        bad = first_bad_line(jsonl_files(path))
         raise ValueError(bad or f"{path}: datasets could not read it: {one_line(e)}") from None
-
-
-def _first_bad_json_line(path: Path) -> str | None:
-    """`file:line: not valid JSON (why)` for the first line of a JSONL file that does not parse."""
-    import json
-
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            try:
-                if line.strip():
-                    json.loads(line)
-            except json.JSONDecodeError as e:
-                return f"{path}:{lineno}: not valid JSON ({e.msg}); fix or remove the line"
-    return None
 
 
 def pick_split(name: str, splits: dict[str, Any], split: str, key: str) -> Any:

@@ -6,8 +6,9 @@
     ]
 
 Per source the keys are `task` (any task spec except mix and env:), `weight` (> 0, default 1), `args`
-(generator args; reasoning-gym defaults when empty), and for hf: and data: sources the task_config keys
-`columns`, `split`, `eval_split`, `eval_data`, `streaming` and `shuffle_buffer` (data/sources.py).
+(generator args; reasoning-gym defaults when empty; none for hf: and data: sources), and for hf: and
+data: sources the task_config keys `columns`, `split`, `eval_split`, `eval_data`, `streaming` and
+`shuffle_buffer` (data/sources.py; shuffle_buffer only with streaming).
 
 Training: each problem comes from source i with probability p_i = w_i / sum_j w_j (a seeded draw), so
 the empirical shares converge to p_i. Held-out: n is split by the same weights with largest remainders,

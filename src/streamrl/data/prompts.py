@@ -3,8 +3,10 @@
     [system] + [user: q_1 + instr, assistant: r_1] + ... + [user: q_k + instr, assistant: r_k]
              + [user: q + instr]
 
-A row that brings its own chat (`chat`) keeps its turns; the instruction is appended to its last user
-turn, and the configured system prompt is used only when the chat has none.
+A row that brings its own chat (`chat`) keeps its turns in order (a system turn only as its first:
+data/columns.py refuses a chat with one elsewhere); the instruction is appended to its last user turn,
+few-shot turns go after its system turn, and the configured system prompt is used only when the chat
+has none.
 """
 
 from __future__ import annotations
@@ -48,8 +50,8 @@ def build_messages(
 ) -> list[dict[str, str]]:
     """The chat for one problem; `shots` are (question, assistant response) pairs shown first."""
     turns = [dict(m) for m in chat] if chat else [{"role": "user", "content": question}]
-    system = [m for m in turns if m["role"] == "system"][:1]
-    turns = [m for m in turns if m["role"] != "system"]
+    system = turns[:1] if turns[0]["role"] == "system" else []  # a chat's own, its first turn
+    turns = turns[len(system) :]
     if not system and system_prompt:
         system = [{"role": "system", "content": system_prompt}]
     last_user = max(i for i, m in enumerate(turns) if m["role"] == "user")

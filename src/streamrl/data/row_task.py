@@ -1,6 +1,7 @@
 """What tasks over tabular rows share: a parsed row -> a Problem, and the scorer of its kind.
 
-Math rows score with math-verify against the reference answer; code rows run the response's program
+Math rows score with math-verify against the reference answer (any of a row's accepted answers,
+data/answers.py); code rows run the response's program
 against the row's tests in the sandbox (built, and checked against `sandbox_min_isolation`, when the
 task is set up and some row is code).
 """
@@ -13,6 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from streamrl.config_sections import TaskConfig
+from streamrl.data.answers import answers_of
 from streamrl.data.prompts import answer_format_prompt, build_messages
 from streamrl.data.task import ID_HEX, Score, Task
 from streamrl.rewards.sandbox import Executor, make_executor
@@ -35,7 +37,8 @@ def no_usable_rows(name: str, skipped: list[str], column_names: Iterable[str] | 
     first = f"; first problem: {skipped[0]}" if skipped else ""
     return ValueError(
         f"{name}: no usable rows ({columns}map columns with task_config.columns={{prompt: ..., answer: "
-        f"...}}; rows without reference answers: answer: null, scored by your own reward.fn){first}"
+        f"...}}, a chat column with messages: ... instead of prompt; rows without reference answers: "
+        f"answer: null, scored by your own reward.fn){first}"
     )
 
 
@@ -64,6 +67,8 @@ class RowTask(Task):
         meta: dict[str, Any] = {"kind": row["kind"]}
         if row["tests"]:
             meta["tests"] = row["tests"]
+        if row.get("answers") is not None:
+            meta["answers"] = row["answers"]
         if row["messages"]:
             meta["chat"] = row["messages"]
         if row.get("columns"):
@@ -86,17 +91,21 @@ class RowTask(Task):
         return build_messages(question, system, self.instruction, self.few_shot, chat)
 
     def is_correct(self, extracted: str, problem: Problem) -> bool:
+        """Equal (math-verify) to any of the row's accepted answers."""
         from streamrl.rewards.math import math_equal
 
-        return math_equal(extracted, problem.answer)
+        return any(math_equal(extracted, a) for a in answers_of(problem))
 
     def same_answer(self, a: str, b: str, problem: Problem) -> bool:
-        """Math rows: equivalent values ('0.5', '1/2') vote together; code rows: the same program."""
+        """Math rows: equivalent values ('0.5', '1/2') vote together, and so do two accepted answers of
+        one row; code rows: the same program."""
         if problem.meta.get("kind") == "code":
             return super().same_answer(a, b, problem)
         from streamrl.rewards.math import math_equal
 
-        return math_equal(a, b)
+        if math_equal(a, b):
+            return True
+        return len(answers_of(problem)) > 1 and self.is_correct(a, problem) and self.is_correct(b, problem)
 
     def score(self, problem: Problem, text: str) -> Score:
         if problem.meta.get("kind") != "code":

@@ -8,8 +8,9 @@ Splits: training rows come from `task_config.split` (default `train`). The held-
 `task_config.eval_split`, else the source's `test` split when it has one, else from the training split
 itself: distinct prompts are ordered by sha1(prompt), the first eval.size are held out and the rest
 train (reshuffled each epoch). `task_config.eval_data=PATH` takes the held-out rows from another source
-instead. Training rows whose prompt equals a held-out one are dropped and reported. A chat row's prompt is
-its every turn, not only its last user turn.
+instead: its split `task_config.eval_split`, else its `test` split, else its only one. Training rows
+whose prompt equals a held-out one are dropped and reported. A chat row's prompt is its every turn, not
+only its last user turn; a prompt met again is read once (data/repeats.py).
 
 `task_config.streaming=true` reads the splits lazily instead (data/streamed.py).
 """
@@ -20,10 +21,13 @@ import hashlib
 import random
 import sys
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 from streamrl.data.columns import check_question_column, excluded, held_key, parse_row, resolve_columns
+from streamrl.data.json_lines import jsonl_files
 from streamrl.data.loading import held_split_name, open_splits, pick_split
+from streamrl.data.repeats import Repeats
 from streamrl.data.row_task import RowTask, log, no_usable_rows, report_skipped
 from streamrl.data.streamed import StreamedDataTask
 from streamrl.data.task import Task
@@ -31,11 +35,12 @@ from streamrl.types import Problem
 
 
 def collect_rows(records: Iterable[Any], columns: dict[str, str], label: str) -> tuple[list[dict], list[str]]:
-    """Distinct-prompt rows in sha1(key) order (data/columns.py row_key), and one message per skipped
-    row (`label:row N: why`)."""
+    """Distinct-prompt rows in sha1(key) order (data/columns.py row_key; a repeated prompt as
+    data/repeats.py says), and one message per skipped row (`label:row N: why`)."""
     check_question_column(label, columns, getattr(records, "column_names", None))
     rows: dict[str, dict[str, Any]] = {}
     skipped: list[str] = []
+    repeats = Repeats(label)
     id_rows: dict[str, int] = {}  # a mapped row id -> the row it was first seen in
     for i, rec in enumerate(records, 1):
         try:
@@ -43,7 +48,7 @@ def collect_rows(records: Iterable[Any], columns: dict[str, str], label: str) ->
         except ValueError as e:
             skipped.append(f"{label}:row {i}: {e}")
             continue
-        if row["key"] in rows:  # exact duplicates: the first one wins
+        if not repeats.read(rows, row, i):  # a prompt read before
             continue
         if row["id"] is not None and (first := id_rows.setdefault(row["id"], i)) != i:
             # the id keys the reward cache, the sampler's pool and the drafts: two prompts cannot share it
@@ -53,6 +58,7 @@ def collect_rows(records: Iterable[Any], columns: dict[str, str], label: str) ->
             )
         rows[row["key"]] = row
     report_skipped(label, skipped)
+    repeats.report()
     if not rows:
         raise no_usable_rows(label, skipped, getattr(records, "column_names", None))
     return sorted(rows.values(), key=lambda r: hashlib.sha1(r["key"].encode()).hexdigest()), skipped
@@ -171,11 +177,12 @@ def _task(
     streaming: bool,
     shuffle_buffer: int,
     kw: dict[str, Any],
+    files: tuple[list[Path], list[Path]] = ([], []),
 ) -> Task:
     """A streamed task over the (train, held) sources, or a DataTask over their rows collected now;
-    `labels` name the two sources in warnings and errors."""
+    `labels` name the two sources in warnings and errors; `files`: their local .jsonl files."""
     if streaming:
-        return StreamedDataTask(name, train, cols, held, labels, shuffle_buffer, **kw)
+        return StreamedDataTask(name, train, cols, held, labels, shuffle_buffer, files, **kw)
     rows, skipped = collect_rows(train, cols, labels[0])
     eval_rows = None
     if held is not None:
@@ -198,8 +205,6 @@ def data_task(
     """The task of `hf:NAME[:CONFIG]`, `data:PATH` or a bare PATH (split rules: module docstring);
     kw: system_prompt, instruction, extract, code_partial_credit, sandbox_min_isolation,
     sandbox_executor."""
-    if eval_split and eval_data:
-        raise ValueError("set task_config.eval_split or task_config.eval_data, not both")
     cols = resolve_columns(columns)
     name, splits = open_splits(spec, streaming)
     train = pick_split(name, splits, split, "split")
@@ -207,12 +212,21 @@ def data_task(
     held, held_label = None, ""
     if eval_data:
         held_label, held_splits = open_splits(eval_data, streaming, "task_config.eval_data")
-        if len(held_splits) > 1 and "test" not in held_splits:
+        held_name = eval_split or ("test" if "test" in held_splits else "")
+        if not held_name and len(held_splits) > 1:
             raise ValueError(
                 f"task_config.eval_data: {held_label} has splits {', '.join(held_splits)} and no 'test': "
-                "point it at one file or split"
+                "name the held-out one with task_config.eval_split=<split>"
             )
-        held = held_splits["test" if "test" in held_splits else next(iter(held_splits))]
+        held = pick_split(held_label, held_splits, held_name or next(iter(held_splits)), "eval_split")
+        if len(held_splits) > 1:
+            held_label = f"{held_label}[{held_name}]"
     elif held_name := held_split_name(splits, split, eval_split):
         held, held_label = pick_split(name, splits, held_name, "eval_split"), f"{name}[{held_name}]"
-    return _task(name, train, held, (train_label, held_label), cols, streaming, shuffle_buffer, kw)
+    files = (local_jsonl(spec), local_jsonl(eval_data) if eval_data else local_jsonl(spec))
+    return _task(name, train, held, (train_label, held_label), cols, streaming, shuffle_buffer, kw, files)
+
+
+def local_jsonl(spec: str) -> list[Path]:
+    """The local .jsonl files of a `data:PATH` (or bare PATH) spec; none for `hf:NAME`."""
+    return [] if spec.startswith("hf:") else jsonl_files(Path(spec.removeprefix("data:")).expanduser())

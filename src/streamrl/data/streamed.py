@@ -6,10 +6,15 @@ Training never takes a prompt of a held-out split of its own, any of its rows (a
 memory drops them): the held-out split is read through once, its prompts kept in a set.
 Training: epoch after epoch over the training split, each epoch reshuffled with
 `IterableDataset.shuffle(seed, buffer_size=task_config.shuffle_buffer)` and `set_epoch`, so a seed
-replays the same order (a resumed run skips to its position). Rows are not deduplicated.
+replays the same order (a resumed run skips to its position). Rows are not deduplicated: a row that
+repeats a prompt is a problem of its own, scored by its own answer (set-up warns when its rows give one
+prompt other answers or tests, data/repeats.py).
 
 Set-up reads the first PEEK_ROWS rows of each split, so a wrong column mapping fails before any model
-loads; a malformed row met later while training is skipped, and the first few are logged. So is a row
+loads; a malformed row met later while training is skipped, and the first few are logged. A record
+that cannot be read at all (a line that is not JSON past what set-up checks, data/json_lines.py) ends
+what `datasets` can read of its file: it stops the run with one line naming the source, the rows read
+and, for a local .jsonl file, the file and line. So is a row
 whose mapped id (`task_config.columns.id`) an earlier row with a different prompt had: the id keys the
 reward cache, the sampler's pool and the drafts (in the first rows it is refused, as for a source held
 in memory).
@@ -19,9 +24,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from streamrl.data.columns import check_question_column, excluded, held_key, parse_row
+from streamrl.data.json_lines import first_bad_line
+from streamrl.data.loading import one_line
+from streamrl.data.repeats import streamed_conflicts
 from streamrl.data.row_task import SHOWN_WARNINGS, RowTask, log, no_usable_rows, report_skipped
 from streamrl.types import Problem
 
@@ -37,14 +46,17 @@ class StreamedDataTask(RowTask):
         held: Any = None,
         labels: tuple[str, str] = ("", ""),
         shuffle_buffer: int = 10_000,
+        files: tuple[list[Path], list[Path]] = ([], []),
         **kw: Any,
     ) -> None:
         """train / held: IterableDatasets (held None: held out from train); labels: how the two name
-        their rows in warnings (default: name); kw: RowTask's and Task's settings."""
+        their rows in warnings (default: name); files: the local .jsonl files of each, where a failed
+        read looks for its bad line; kw: RowTask's and Task's settings."""
         super().__init__(**kw)
         self.name = name
         self.train, self.held, self.columns = train, held, columns
         self.train_label, self.held_label = labels[0] or name, labels[1] or name
+        self.files = {"train": files[0], "held": files[1]}
         self.shuffle_buffer = shuffle_buffer
         self.skipped: list[str] = []  # malformed rows met while training (`where: why`)
         self._held_prompts: set[str] | None = None  # every prompt of the held-out split, read once
@@ -59,7 +71,7 @@ class StreamedDataTask(RowTask):
         check_question_column(label, self.columns, getattr(ds, "column_names", None))
         rows, bad = [], []
         first: dict[str, int] = {}  # a mapped row id -> the row it was first seen in
-        for i, rec in enumerate(itertools.islice(ds, PEEK_ROWS), 1):
+        for i, rec in enumerate(itertools.islice(self._records(ds, label, split), PEEK_ROWS), 1):
             try:
                 row = parse_row(rec, self.columns)
             except ValueError as e:
@@ -72,17 +84,18 @@ class StreamedDataTask(RowTask):
                     "drop columns.id"
                 )
             first.setdefault(row["id"], i)
-            rows.append(row)
+            rows.append((i, row))
         self._ids[split].clear()  # the stream is read again from its start
         if not rows:
             raise no_usable_rows(label, bad, getattr(ds, "column_names", None))
         report_skipped(label, bad)
-        self.use_sandbox_for(rows)
+        streamed_conflicts(label, rows)
+        self.use_sandbox_for(row for _, row in rows)
 
     def _rows(self, ds: Any, label: str, split: str) -> Iterator[dict[str, Any]]:
         """The usable rows of ds (split: "train" or "held") in its order; a malformed one is skipped (the
         first few are logged)."""
-        for rec in ds:
+        for rec in self._records(ds, label, split):
             try:
                 row = parse_row(rec, self.columns)
                 if self._repeats(row, split):
@@ -96,6 +109,21 @@ class StreamedDataTask(RowTask):
                     log.warning("%s: skipped a malformed row: %s", label, e)
                 continue
             yield row
+
+    def _records(self, ds: Any, label: str, split: str) -> Iterator[Any]:
+        """ds's records in its order. A read that fails (a line that is not JSON: the rest of its file
+        cannot be read) is a ValueError naming the source, the rows this pass read, and the bad line
+        of a local .jsonl file."""
+        it = iter(ds)
+        for n in itertools.count():
+            try:
+                rec = next(it)
+            except StopIteration:
+                return
+            except Exception as e:
+                why = first_bad_line(self.files[split]) or f"{one_line(e)}; fix the source"
+                raise ValueError(f"{label}: reading failed after {n} row(s) of this pass: {why}") from None
+            yield rec
 
     def _repeats(self, row: dict[str, Any], split: str) -> bool:
         """Whether the row's mapped id came before in its split with a different prompt (remembering it
@@ -111,7 +139,7 @@ class StreamedDataTask(RowTask):
             return set()
         if self._held_prompts is None:  # its malformed rows are reported where heldout reads them
             prompts = set()
-            for rec in self.held:
+            for rec in self._records(self.held, self.held_label, "held"):
                 try:
                     prompts.add(held_key(parse_row(rec, self.columns)))
                 except ValueError:

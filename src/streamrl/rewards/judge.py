@@ -35,6 +35,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
+from streamrl.config_rewards import JUDGE_BACKOFF_MAX_S, JUDGE_BACKOFF_S, JUDGE_RETRIES, judge_backoff_s
+
 DEFAULT_SYSTEM_PROMPT = "You are a strict, fair grader. You compare a response with a reference answer."
 
 DEFAULT_TEMPLATE = """Grade the response to the question below against the reference answer.
@@ -179,9 +181,9 @@ class JudgeConfig:
     model: str
     api_key: str | None = field(default=None, repr=False)
     timeout_s: float = 30.0
-    retries: int = 2
-    backoff_s: float = 0.5  # first retry delay; doubles per retry, capped at backoff_max_s
-    backoff_max_s: float = 8.0
+    retries: int = JUDGE_RETRIES
+    backoff_s: float = JUDGE_BACKOFF_S  # first retry delay; doubles per retry, capped at backoff_max_s
+    backoff_max_s: float = JUDGE_BACKOFF_MAX_S
     temperature: float = 0.0
     max_tokens: int = 512
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
@@ -205,7 +207,7 @@ class JudgeConfig:
 
     def backoff_total_s(self) -> float:
         """The longest the backoff between one call's attempts adds up to."""
-        return sum(min(self.backoff_max_s, self.backoff_s * 2**i) for i in range(self.retries))
+        return judge_backoff_s(self.retries, self.backoff_s, self.backoff_max_s)
 
     def worst_case_s(self) -> float:
         """Upper bound on one judge call (all attempts time out, full backoff): size service timeouts."""

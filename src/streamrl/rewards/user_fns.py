@@ -12,9 +12,10 @@ with `prompts` and `completions` as text or, as TRL passes a conversational data
 (reward.completions, rewards/fn_formats.py).
 
 `columns` are the data row's own fields as lists (a `data:`/`hf:` row's columns; `answer` always, the
-reference answer). None means "not applicable to this sample": it adds nothing to the reward and is left
-out of that function's mean. The reward is sum_i weight_i * value_i; each function's value is also logged
-on its own as `reward/<name>` (name: the function's name, or the entry's `name`).
+reference answer, or the list of accepted answers of a row that gives several). None means "not
+applicable to this sample": it adds nothing to the reward and is left out of that function's mean. The
+reward is sum_i weight_i * value_i; each function's value is also logged on its own as `reward/<name>`
+(name: the function's name, or the entry's `name`).
 
 Functions run inside the RewardService, so a function that raises, hangs past `reward.timeout_s` or
 returns something malformed costs that sample's reward (0.0 and a counted reason), never the run. They
@@ -99,10 +100,14 @@ def _parameters(fn: Callable[..., Any]) -> list[inspect.Parameter] | None:
 
 
 def reward_columns(problem: Any) -> dict[str, Any]:
-    """The data row's columns a function is passed for `problem`, with `answer` the parsed reference
-    (with columns.answer=null, none: a row's own `answer` column stays)."""
+    """The data row's columns a function is passed for `problem`, with `answer` the parsed reference, or
+    the list of accepted answers of a row that gives several (data/answers.py; with columns.answer=null,
+    none: a row's own `answer` column stays)."""
     row = problem.meta.get("columns", {})
-    return {**row, "answer": problem.answer} if problem.answer else {"answer": "", **row}
+    if not problem.answer:
+        return {"answer": "", **row}
+    answers = problem.meta.get("answers")
+    return {**row, "answer": list(answers) if answers is not None else problem.answer}
 
 
 def check_arguments(loaded: Mapping[str, Callable[..., Any]], fns: list[RewardFn], columns: Mapping) -> None:

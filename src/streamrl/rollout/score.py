@@ -25,6 +25,7 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
+from streamrl.data.answers import reference_text
 from streamrl.data.task import Task
 from streamrl.rewards.fn_formats import sample_args
 from streamrl.rewards.service import RewardOutcome, RewardService
@@ -95,7 +96,7 @@ class TaskScorer:
         """The task's own reward and verdict: (reward, info with "correct")."""
         cfg, task = self._setup()
         if self._judge is not None:
-            score, info = self._judge(problem.meta.get("question", ""), problem.answer, text)
+            score, info = self._judge(problem.meta.get("question", ""), reference_text(problem), text)
             return float(score), {**info, "correct": score >= cfg.reward.judge_pass_threshold}
         reward, correct, info = outcome_reward(task, problem, text, cfg.reward.format_weight)
         return reward, {**info, "correct": correct}
@@ -181,8 +182,10 @@ class Scoring:
         # with another stop token, say): with them, the ids are part of the response
         # a code row's reference is its tests (a digest: the cache keeps thousands of keys): two streamed
         # rows with one prompt share an id and an answer
-        tests = problem.meta.get("tests")
+        tests, answers = problem.meta.get("tests"), problem.meta.get("answers")
         ref = (problem.answer, _digest(tests)) if tests else problem.answer
+        if answers:  # a row's accepted answers: two streamed rows of one prompt may list others
+            ref = (ref, tuple(answers))
         if self.columns_in_key:  # reward functions read the row's columns: two rows of one prompt differ
             ref = (ref, _digest(reward_columns(problem)))
         key = (problem.id, ref, text, ids if self.ids_in_key else None)

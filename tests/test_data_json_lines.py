@@ -1,0 +1,65 @@
+"""A JSON Lines line that is not JSON is named by file and line: at set-up for a source held in memory
+and for a streamed one's local files, and where a streamed read fails later."""
+
+import json
+
+import pytest
+
+from streamrl.data import json_lines, streamed
+from streamrl.data.sources import task_from_rows
+from streamrl.tasks import make_task
+
+
+def _lines(n: int) -> list[str]:
+    return [json.dumps({"prompt": f"q{i}?", "answer": str(i)}) for i in range(n)]
+
+
+def test_a_streamed_local_file_is_scanned_for_bad_lines_at_set_up(tmp_path):
+    f = tmp_path / "big.jsonl"
+    f.write_text("\n".join([*_lines(300), '{"prompt": "broken", "answer": ', *_lines(5)]) + "\n")
+    with pytest.raises(ValueError) as e:
+        make_task(f"data:{f}", {}, "", "", "answer_is", streaming=True)
+    assert str(e.value) == f"{f}:301: not valid JSON (Expecting value); fix or remove the line"
+
+
+def test_a_directory_names_the_file_and_line_that_is_not_json(tmp_path):
+    d = tmp_path / "repo"
+    d.mkdir()
+    (d / "train.jsonl").write_text("\n".join(_lines(4)) + "\n")
+    (d / "test.jsonl").write_text("\n".join([*_lines(1), "not json"]) + "\n")
+    for streaming in (False, True):
+        with pytest.raises(ValueError) as e:
+            make_task(f"data:{d}", {}, "", "", "answer_is", streaming=streaming)
+        assert (
+            str(e.value) == f"{d / 'test.jsonl'}:2: not valid JSON (Expecting value); fix or remove the line"
+        )
+
+
+def test_a_streamed_read_that_fails_names_the_source_rows_and_line(tmp_path, monkeypatch):
+    """Past the set-up scan (a set above SCAN_BYTES), a failed read stops with one line: the source, the
+    rows this pass read, and the bad line of a local file, or the reader's own error."""
+    monkeypatch.setattr(json_lines, "SCAN_BYTES", 0)
+    f = tmp_path / "big.jsonl"
+    f.write_text("\n".join([*_lines(3), "{oops", *_lines(3)]) + "\n")
+    with pytest.raises(ValueError) as e:
+        make_task(f"data:{f}", {}, "", "", "answer_is", streaming=True)
+    assert str(e.value) == (
+        f"{f}: reading failed after 0 row(s) of this pass: {f}:4: not valid JSON (Expecting property name "
+        "enclosed in double quotes); fix or remove the line"
+    )
+    datasets = pytest.importorskip("datasets")
+
+    def rows():
+        for i in range(5):
+            yield {"prompt": f"q{i}?", "answer": str(i)}
+        raise OSError("connection reset")
+
+    monkeypatch.setattr(streamed, "PEEK_ROWS", 3)
+    task = task_from_rows(datasets.IterableDataset.from_generator(rows), name="gen")
+    with pytest.raises(ValueError) as e:
+        task.heldout(10)
+    assert str(e.value) == "gen: reading failed after 5 row(s) of this pass: connection reset; fix the source"
+    with pytest.raises(
+        ValueError, match=r"^gen: reading failed after \d row\(s\) of this pass: connection reset"
+    ):
+        list(task.train_stream(0, set()))

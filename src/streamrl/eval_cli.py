@@ -4,7 +4,6 @@ already has one, so a training run's evaluation is never overwritten)."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ from rich.table import Table
 from streamrl.config import Config, config_yaml
 from streamrl.data.task import default_task_args, prompt_key
 from streamrl.eval.sampling_metrics import default_ks
-from streamrl.files import write_text_atomic
+from streamrl.files import update_json
 
 SHORTHANDS = {"n": "eval.n", "k": "eval.k", "temperature": "eval.temperature", "size": "eval.size"}
 
@@ -140,15 +139,17 @@ def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     result.update(
         model=cfg.model, task=cfg.task, temperature=temperature, seconds=time.perf_counter() - start
     )
+    print_eval_table(result, console)
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / "eval.json"
-    old = json.loads(path.read_text()) if path.is_file() else {}
-    # a training run's directory (it may still be training, its eval.json not yet written): the run's
-    # own record stays and this one goes under "sampled", which the run keeps when it writes eval.json
-    in_run = (run_dir / "config.yaml").is_file() or (old and "greedy_accuracy" not in old)
-    out = {**old, "sampled": result} if in_run else result
-    write_text_atomic(path, json.dumps(out, indent=2))
-    print_eval_table(result, console)
+
+    def merge(old: dict[str, Any]) -> dict[str, Any]:
+        # a training run's directory (it may still be training, its eval.json not yet written): the run's
+        # own record stays and this one goes under "sampled", which the run keeps when it writes eval.json
+        in_run = (run_dir / "config.yaml").is_file() or (old and "greedy_accuracy" not in old)
+        return {**old, "sampled": result} if in_run else result
+
+    update_json(path, merge)  # under the lock the run takes for its own updates of eval.json
     console.print(f"written {path}")
     return result
 

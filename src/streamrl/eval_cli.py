@@ -1,6 +1,7 @@
 """`streamrl eval model=NAME_OR_CHECKPOINT task=... n=16 k=1,4,16 run_dir=...`: evaluate a model on the
 task's held-out problems and write eval.json (merged under the key "sampled" when the run directory
-already has one, so a training run's evaluation is never overwritten)."""
+already has one, so a training run's evaluation is never overwritten). A trained run's checkpoint is
+evaluated with the run's task settings unless given others (eval_settings.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from rich.table import Table
 from streamrl.config import Config, config_yaml
 from streamrl.data.task import default_task_args, prompt_key
 from streamrl.eval.sampling_metrics import default_ks
+from streamrl.eval_settings import trained_run
 from streamrl.files import update_json
 
 SHORTHANDS = {"n": "eval.n", "k": "eval.k", "temperature": "eval.temperature", "size": "eval.size"}
@@ -28,18 +30,6 @@ def expand_shorthands(overrides: list[str]) -> list[str]:
         key, sep, value = item.partition("=")
         out.append(f"{SHORTHANDS[key]}={value}" if sep and key in SHORTHANDS else item)
     return out
-
-
-def trained_run(model: str) -> tuple[Path, dict[str, Any]] | None:
-    """(run directory, its config.yaml) of the run that exported `model` (RUN/checkpoint or
-    RUN/checkpoints/step-N); None for any other model."""
-    path = Path(model)
-    if not path.is_dir():
-        return None
-    for run in (path.parent, path.parent.parent):
-        if (run / "config.yaml").is_file() and (run / "metrics.jsonl").is_file():  # a run's directory
-            return run, yaml.safe_load((run / "config.yaml").read_text()) or {}
-    return None
 
 
 TRAINING_KEYS = ("split", "args", "columns", "sources")  # what decides the training split's rows

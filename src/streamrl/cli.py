@@ -61,14 +61,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _eval(path: str | None, overrides: list[str]) -> int:
-    """`streamrl eval`: the Config of eval_settings.py (a run's checkpoint: with the run's task settings)."""
-    from streamrl.eval_cli import expand_shorthands, run_eval
-    from streamrl.eval_settings import eval_config
+    """`streamrl eval`: the Config of eval_settings.py (a run's checkpoint: with the run's task settings).
+    A Ctrl-C stops it with one line and exit code 130: its eval.json is written whole at the end, so an
+    evaluation stopped before then writes none."""
+    try:
+        from streamrl.eval_cli import expand_shorthands, run_eval
+        from streamrl.eval_settings import eval_config
 
-    cfg, taken = eval_config(path, expand_shorthands(overrides))
-    if taken is not None:
-        print(taken, file=sys.stderr)
-    run_eval(cfg)
+        cfg, taken = eval_config(path, expand_shorthands(overrides))
+        if taken is not None:
+            print(taken, file=sys.stderr)
+        run_eval(cfg)
+    except KeyboardInterrupt:
+        print("streamrl eval: interrupted; nothing written", file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports a command a Ctrl-C stopped
     return 0
 
 

@@ -11,10 +11,20 @@ import sys
 import textwrap
 from pathlib import Path
 
-from streamrl.cli import main
+import pytest
+
+from streamrl import cli
 
 LINE = "streamrl eval: interrupted; nothing written\n"
 ARGS = ["eval", "model=tiny-random", "size=2", "eval.max_new_tokens=2", "reward.extract=last_number"]
+
+
+def main(args: list[str]) -> int:
+    """cli.main; a KeyboardInterrupt it lets through fails the test (pytest would stop the session)."""
+    try:
+        return cli.main(args)
+    except KeyboardInterrupt:
+        pytest.fail("the KeyboardInterrupt went through main()")
 
 
 def test_a_keyboard_interrupt_is_one_line_and_exit_code_130(tmp_path, monkeypatch, capsys):

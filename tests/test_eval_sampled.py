@@ -193,6 +193,9 @@ def test_eval_of_a_checkpoint_refuses_problems_its_run_trained_on(tmp_path, caps
     gen = ["eval", "eval.max_new_tokens=4", f"model={run3 / 'checkpoint'}"]
     assert main([*gen, "size=3", f"run_dir={tmp_path / 'e5'}"]) == 2
     assert "held out 2 problems of rg:chain_sum, and 1 of the 3 this evaluation" in capsys.readouterr().err
+    # args given empty are the task's defaults, which the run filled in and recorded
+    assert main([*gen, "task_config.args={}", "size=3", f"run_dir={tmp_path / 'e5'}"]) == 2
+    assert "held out 2 problems of rg:chain_sum, and 1 of the 3 this evaluation" in capsys.readouterr().err
     assert main([*gen, "size=2", f"run_dir={tmp_path / 'e6'}"]) == 0
     # a run that held out another file trained on every row of the training split: none is held out
     run2 = tmp_path / "run2"

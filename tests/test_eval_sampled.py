@@ -159,21 +159,25 @@ def test_eval_of_a_checkpoint_refuses_problems_its_run_trained_on(tmp_path, caps
     trained = ["task=data:rows.jsonl", "max_steps=1", "checkpoint.save=true", "checkpoint.every=1"]
     assert main(["train", *TINY, *trained, "eval.size=2", f"run_dir={run}"]) == 0
     capsys.readouterr()
-    ev = ["eval", "task=data:rows.jsonl", "reward.extract=last_number", "eval.max_new_tokens=4"]
+    ev = ["eval", "eval.max_new_tokens=4"]  # the run's task, extract and eval.size are taken
+    taking = f"taking the task settings of {run} (config.yaml); a key given here overrides them"
     for model in (run / "checkpoint", run / "checkpoints" / "step-1"):
         assert main([*ev, f"model={model}", "size=3", f"run_dir={tmp_path / 'e'}"]) == 2
     assert capsys.readouterr().err.splitlines() == 2 * [
+        taking,
         f"streamrl: error: config key 'eval.size' is 3, but the run in {run} held out 2 problems of "
         "data:rows.jsonl, and 1 of the 3 this evaluation takes were open to its training: set size=2, or "
-        "evaluate on rows of your own (task_config.eval_data)"
+        "evaluate on rows of your own (task_config.eval_data)",
     ]
     assert not (tmp_path / "e").exists()  # refused before anything ran or was written
     model = f"model={run / 'checkpoints' / 'step-1'}"
-    assert main([*ev, model, "size=2", f"run_dir={tmp_path / 'e2'}"]) == 0
+    assert main([*ev, model, f"run_dir={tmp_path / 'e2'}"]) == 0  # the run's 2 held-out problems
+    assert json.loads((tmp_path / "e2" / "eval.json").read_text())["problems"] == 2
     capsys.readouterr()
     # streamed, the held-out problems are the first rows in file order: not the ones this run held out
     assert main([*ev, model, "size=2", "task_config.streaming=true", f"run_dir={tmp_path / 'e7'}"]) == 2
     assert capsys.readouterr().err == (
+        f"{taking}\n"
         f"streamrl: error: the run in {run} read data:rows.jsonl with task_config.streaming=false, which "
         "holds out other problems than task_config.streaming=true takes: evaluate with "
         "task_config.streaming=false\n"
@@ -189,12 +193,19 @@ def test_eval_of_a_checkpoint_refuses_problems_its_run_trained_on(tmp_path, caps
     gen = ["eval", "eval.max_new_tokens=4", f"model={run3 / 'checkpoint'}"]
     assert main([*gen, "size=3", f"run_dir={tmp_path / 'e5'}"]) == 2
     assert "held out 2 problems of rg:chain_sum, and 1 of the 3 this evaluation" in capsys.readouterr().err
+    # args given empty are the task's defaults, which the run filled in and recorded
+    assert main([*gen, "task_config.args={}", "size=3", f"run_dir={tmp_path / 'e5'}"]) == 2
+    assert "held out 2 problems of rg:chain_sum, and 1 of the 3 this evaluation" in capsys.readouterr().err
     assert main([*gen, "size=2", f"run_dir={tmp_path / 'e6'}"]) == 0
     # a run that held out another file trained on every row of the training split: none is held out
     run2 = tmp_path / "run2"
     assert main(["train", *TINY, *trained, "task_config.eval_data=other.jsonl", f"run_dir={run2}"]) == 0
     capsys.readouterr()
-    assert main([*ev, f"model={run2 / 'checkpoint'}", "size=1", f"run_dir={tmp_path / 'e4'}"]) == 2
+    model2 = f"model={run2 / 'checkpoint'}"
+    assert main([*ev, model2, "size=1", f"run_dir={tmp_path / 'e8'}"]) == 0  # on its held-out file
+    capsys.readouterr()
+    training_split = "task_config.eval_data="  # held out of the training split instead: refused
+    assert main([*ev, model2, training_split, "size=1", f"run_dir={tmp_path / 'e4'}"]) == 2
     err = capsys.readouterr().err
     assert f"the run in {run2} held out task_config.eval_data=" in err
     assert (

@@ -27,6 +27,7 @@ LAYERS = [
     {"rollout", "trainer"},  # producing rollouts; training on them
     {"eval", "placement"},  # evaluation; where workers and trainer ranks run, how weights travel
     {"loop"},  # the RL loop and the train job
+    {"eval_settings"},  # the config of `streamrl eval`: a trained run's task settings under the given ones
     {"sim", "eval_cli", "score_cli", "report_cli"},
     {"cli", "api"},  # the command line; the Python API (streamrl.train, streamrl.evaluate)
 ]

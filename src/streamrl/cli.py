@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_job_parser(
         sub,
         "eval",
-        "evaluate a model or checkpoint: greedy, pass@k, avg@n, maj@k",
+        "evaluate a model or checkpoint (a run's: on the run's task settings): greedy, pass@k, avg@n, maj@k",
         "model=runs/x/checkpoint n=16 k=1,4,16 (n, k, temperature, size: the eval.* keys)",
     )
     cfg = sub.add_parser("config", help="list the config keys: type, default, accepted range, meaning")
@@ -58,6 +58,24 @@ def build_parser() -> argparse.ArgumentParser:
     add_report_parser(sub)
     add_simulate_parser(sub)
     return parser
+
+
+def _eval(path: str | None, overrides: list[str]) -> int:
+    """`streamrl eval`: the Config of eval_settings.py (a run's checkpoint: with the run's task settings).
+    A Ctrl-C stops it with one line and exit code 130: its eval.json is written whole at the end, so an
+    evaluation stopped before then writes none."""
+    try:
+        from streamrl.eval_cli import expand_shorthands, run_eval
+        from streamrl.eval_settings import eval_config
+
+        cfg, taken = eval_config(path, expand_shorthands(overrides))
+        if taken is not None:
+            print(taken, file=sys.stderr)
+        run_eval(cfg)
+    except KeyboardInterrupt:
+        print("streamrl eval: interrupted; nothing written", file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports a command a Ctrl-C stopped
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,10 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_simulate(ns)
         path, overrides = _split_args([*ns.args, *extra], ns.config)
         if ns.command == "eval":
-            from streamrl.eval_cli import expand_shorthands, run_eval
-
-            run_eval(load_config(path, expand_shorthands(overrides)))
-            return 0
+            return _eval(path, overrides)
         cfg = load_config(path, overrides)
         from streamrl.placement.forkserver import start_server_for
         from streamrl.preflight import preflight

@@ -101,10 +101,12 @@ def load_config(
     path: str | Path | None = None,
     overrides: list[str] | tuple[str, ...] = (),
     values: dict[str, Any] | list[tuple[str, Any]] | None = None,
+    base: dict[str, Any] | None = None,
 ) -> Config:
-    """Defaults <- preset (algo) <- YAML file <- overrides (`key=value` strings, then `values`: Python
-    values by dotted key or section dicts, as the Python API passes them, applied in order: a section
-    dict sets only its own keys), then validate."""
+    """Defaults <- preset (algo) <- base <- YAML file <- overrides (`key=value` strings, then `values`:
+    Python values by dotted key or section dicts, as the Python API passes them, applied in order: a
+    section dict sets only its own keys), then validate. `base`: settings under the file's and the
+    overrides' (`streamrl eval` of a run's checkpoint: the run's task settings, eval_settings.py)."""
     cfg = Config()
     given = list(values.items()) if isinstance(values, dict) else list(values or [])
     parsed = [parse_override(o) for o in overrides] + given
@@ -136,6 +138,8 @@ def load_config(
             raise ConfigError(f"config key 'algo': {e}") from e
         for k, v in preset.items():
             apply_key(cfg, str(k), v)
+    for k, v in (base or {}).items():
+        apply_key(cfg, str(k), v)
     for k, v in data.items():
         apply_key(cfg, str(k), v)
     for k, v in parsed:

@@ -1,10 +1,10 @@
 """`streamrl eval model=NAME_OR_CHECKPOINT task=... n=16 k=1,4,16 run_dir=...`: evaluate a model on the
 task's held-out problems and write eval.json (merged under the key "sampled" when the run directory
-already has one, so a training run's evaluation is never overwritten)."""
+already has one, so a training run's evaluation is never overwritten). A trained run's checkpoint is
+evaluated with the run's task settings unless given others (eval_settings.py)."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -17,7 +17,8 @@ from rich.table import Table
 from streamrl.config import Config, config_yaml
 from streamrl.data.task import default_task_args, prompt_key
 from streamrl.eval.sampling_metrics import default_ks
-from streamrl.files import write_text_atomic
+from streamrl.eval_settings import trained_run
+from streamrl.files import update_json
 
 SHORTHANDS = {"n": "eval.n", "k": "eval.k", "temperature": "eval.temperature", "size": "eval.size"}
 
@@ -29,18 +30,6 @@ def expand_shorthands(overrides: list[str]) -> list[str]:
         key, sep, value = item.partition("=")
         out.append(f"{SHORTHANDS[key]}={value}" if sep and key in SHORTHANDS else item)
     return out
-
-
-def trained_run(model: str) -> tuple[Path, dict[str, Any]] | None:
-    """(run directory, its config.yaml) of the run that exported `model` (RUN/checkpoint or
-    RUN/checkpoints/step-N); None for any other model."""
-    path = Path(model)
-    if not path.is_dir():
-        return None
-    for run in (path.parent, path.parent.parent):
-        if (run / "config.yaml").is_file() and (run / "metrics.jsonl").is_file():  # a run's directory
-            return run, yaml.safe_load((run / "config.yaml").read_text()) or {}
-    return None
 
 
 TRAINING_KEYS = ("split", "args", "columns", "sources")  # what decides the training split's rows
@@ -146,15 +135,17 @@ def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     result.update(
         model=cfg.model, task=cfg.task, temperature=temperature, seconds=time.perf_counter() - start
     )
+    print_eval_table(result, console)
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / "eval.json"
-    old = json.loads(path.read_text()) if path.is_file() else {}
-    # a training run's directory (it may still be training, its eval.json not yet written): the run's
-    # own record stays and this one goes under "sampled", which the run keeps when it writes eval.json
-    in_run = (run_dir / "config.yaml").is_file() or (old and "greedy_accuracy" not in old)
-    out = {**old, "sampled": result} if in_run else result
-    write_text_atomic(path, json.dumps(out, indent=2))
-    print_eval_table(result, console)
+
+    def merge(old: dict[str, Any]) -> dict[str, Any]:
+        # a training run's directory (it may still be training, its eval.json not yet written): the run's
+        # own record stays and this one goes under "sampled", which the run keeps when it writes eval.json
+        in_run = (run_dir / "config.yaml").is_file() or (old and "greedy_accuracy" not in old)
+        return {**old, "sampled": result} if in_run else result
+
+    update_json(path, merge)  # under the lock the run takes for its own updates of eval.json
     console.print(f"written {path}")
     return result
 

@@ -1,5 +1,6 @@
-"""Files written whole or not at all: a run's JSON and YAML records, its report page, its W&B id; and the
-lock a training process holds on its run directory.
+"""Files written whole or not at all: a run's JSON and YAML records, its report page, its W&B id; the
+lock a training process holds on its run directory; and the lock under which the processes that add
+records to one JSON file (eval.json: the run and `streamrl eval`) each read, merge and write it.
 
 A file is written under a temporary name beside its place (`.tmp-NAME-PID`), synced, then renamed
 over it, so a reader (a resume, a browser, `streamrl report` in another process) sees the old version
@@ -11,10 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from streamrl.processes import pid_alive
 
@@ -89,3 +92,26 @@ def hold_run_dir(run_dir: Path) -> Iterator[None]:
                 e,
             )
         yield
+
+
+@contextlib.contextmanager
+def _update_lock(path: Path) -> Iterator[None]:
+    """An exclusive flock on `path`'s sibling `.NAME.lock` while the block runs (not RUN_LOCK, which
+    the training process holds for its lifetime); the kernel lets go when the file closes."""
+    with (path.parent / f".{path.name}.lock").open("a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX)
+        except OSError as e:  # a filesystem without flock: update unlocked, and say so
+            log.warning("%s cannot be locked (%s): a concurrent writer may drop a record", path, e)
+        yield
+
+
+def update_json(path: Path, merge: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+    """Write merge(the JSON object in `path`, {} when there is none) to `path` whole, read, merged and
+    written under `path`'s update lock, so two processes updating it both keep their records; returns
+    what was written."""
+    with _update_lock(path):
+        old = json.loads(path.read_text()) if path.is_file() else {}
+        new = merge(old)
+        write_text_atomic(path, json.dumps(new, indent=2))
+    return new

@@ -23,7 +23,7 @@ from streamrl.data.samplers import Sampler, make_sampler
 from streamrl.data.task import Task, default_task_args
 from streamrl.engine.hf import HFEngine
 from streamrl.eval.heldout import EvalStopped, evaluate
-from streamrl.files import hold_run_dir, write_text_atomic
+from streamrl.files import hold_run_dir, update_json, write_text_atomic
 from streamrl.loop.asynchronous import AsyncRunner
 from streamrl.loop.colocated import ColocatedRunner
 from streamrl.loop.export import export_checkpoint, prune_exports
@@ -238,12 +238,12 @@ def _run_train(
 
     base = final = None
     eval_limits = (cfg.eval.max_new_tokens, cfg.env.agent_timeout_s)
-    old_eval = json.loads((run_dir / "eval.json").read_text()) if (run_dir / "eval.json").is_file() else {}
+    eval_file = run_dir / "eval.json"  # `streamrl eval` may add its record at any time: update_json
+    old_eval = json.loads(eval_file.read_text()) if eval_file.is_file() else {}
     if cfg.resume and state.step < cfg.max_steps:  # the run trains on: its earlier end's summary and
         (run_dir / "summary.json").unlink(missing_ok=True)  # final evaluation are of other weights
         if old_eval.get("final"):
-            old_eval = without_final(old_eval)
-            write_text_atomic(run_dir / "eval.json", json.dumps(old_eval, indent=2))
+            old_eval = update_json(eval_file, without_final)
     if cfg.resume:  # exports a killed run made past the state restored are of weights this run discards
         prune_exports(run_dir / "checkpoints", cfg.checkpoint.keep, state.step)
     # a resume evaluates the base model only if the first run was stopped before it was measured
@@ -259,11 +259,9 @@ def _run_train(
     if base is not None:
         timings["eval"] += base.seconds
         console.print(f"base accuracy {base.accuracy:.3f} ({sum(base.correct)}/{len(base.correct)})")
-        # on disk now: a run that crashes or is killed keeps it, and its resume reads it back (read again
-        # first: `streamrl eval` may have written a record while the base model was evaluated)
-        now = json.loads((run_dir / "eval.json").read_text()) if (run_dir / "eval.json").is_file() else {}
-        old_eval = {**old_eval, **now, **eval_record(base, None)}
-        write_text_atomic(run_dir / "eval.json", json.dumps(old_eval, indent=2))
+        # on disk now: a run that crashes or is killed keeps it, and its resume reads it back (with the
+        # record `streamrl eval` may have written while the base model was evaluated)
+        old_eval = update_json(eval_file, lambda now: {**old_eval, **now, **eval_record(base, None)})
     before = Accuracy.from_summary(base.summary() if base else old_eval.get("base"))  # for model cards
     timings["setup"] += runner.wait_ready()  # what is left of the workers' start: not training time
     observer = RunObserver(cfg, run_dir, console, state.step + 1 if cfg.resume else None)
@@ -368,11 +366,8 @@ def _run_train(
                 f"[yellow]stopped by {stop.reason} during the final evaluation; step {state.step} is saved: "
                 f"evaluate it with `streamrl train resume={run_dir}`[/]"
             )
-    eval_file = run_dir / "eval.json"
-    if eval_file.is_file():  # read again: `streamrl eval` may have scored a checkpoint meanwhile
-        old_eval = {**old_eval, **json.loads(eval_file.read_text())}
-    evals = run_eval_record(base, final, old_eval)
-    write_text_atomic(run_dir / "eval.json", json.dumps(evals, indent=2))
+    # with what eval.json holds now: `streamrl eval` may have scored a checkpoint meanwhile
+    evals = update_json(eval_file, lambda now: run_eval_record(base, final, {**old_eval, **now}))
 
     ckpt = run_dir / "checkpoint"
     if cfg.checkpoint.save:

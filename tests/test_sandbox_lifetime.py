@@ -1,0 +1,114 @@
+"""The sandbox's processes do not outlive the process that started them, nor their wall-time limit when
+that process no longer watches them: at every isolation level this machine offers, and for the
+namespace levels with both ways of arming the parent-death signal (setpriv, the preexec fallback)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sandbox_levels import LEVELS, level_works
+
+# the caller: a Python process running one sandboxed sleep; prints "started" once its sandbox is built
+CALLER = """
+import sys, tempfile
+tempfile.tempdir = sys.argv[1]
+from streamrl.rewards import sandbox
+from streamrl.rewards.sandbox import Limits, LocalSandbox
+level, launcher, wall_s = sys.argv[2], sys.argv[3], float(sys.argv[4])
+if launcher == "preexec":
+    sandbox._setpriv = lambda: ()  # as on a machine without setpriv --pdeathsig
+box = LocalSandbox(isolation=level, min_isolation="rlimits")
+print("started", flush=True)
+r = box.run("import time\\ntime.sleep(60)\\n", "", Limits(wall_s=wall_s))
+print(r.status, flush=True)
+"""
+# (level, launcher): the rlimits level's first process is the bootstrap itself, which needs neither
+CASES = [(level, launcher) for level in LEVELS[:2] for launcher in ("setpriv", "preexec")] + [
+    ("rlimits", "self")
+]
+
+
+def _skip_unless_available(level: str) -> None:
+    if not level_works(level):
+        pytest.skip(f"{level} cannot run on this machine")
+
+
+@pytest.fixture
+def root() -> Iterator[str]:
+    """The callers' temporary directory: their workdirs only (reachable by a dropped uid)."""
+    path = tempfile.mkdtemp(prefix="sbx-test-")
+    os.chmod(path, 0o755)
+    yield path
+    for pid in _sandboxed(path):  # nothing of a failed test keeps running
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _sandboxed(root: str) -> list[int]:
+    """Processes of a sandbox whose workdir is under root (`unshare` and the bootstrap: their argv
+    holds it; the program is a fork of the bootstrap)."""
+    found, mark = [], f"{root}/streamrl-sbx-".encode()
+    for d in os.listdir("/proc"):
+        try:
+            if d.isdigit() and mark in Path(f"/proc/{d}/cmdline").read_bytes():
+                found.append(int(d))
+        except OSError:
+            pass
+    return found
+
+
+def _poll(until: object, timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not until() and time.monotonic() < deadline:  # type: ignore[operator]
+        time.sleep(0.05)
+    return bool(until())  # type: ignore[operator]
+
+
+def _start(root: str, level: str, launcher: str, wall_s: float) -> subprocess.Popen[bytes]:
+    """A caller whose sandboxed program runs: `unshare`, init and the program (pid 2) at the namespace
+    levels; the supervisor and the program at the rlimits level."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CALLER, root, level, launcher, str(wall_s)],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == b"started\n"
+    running = 2 if level == "rlimits" else 3
+    assert _poll(lambda: len(_sandboxed(root)) >= running, 60.0), "the sandboxed program never started"
+    return proc
+
+
+@pytest.mark.parametrize(("level", "launcher"), CASES)
+def test_the_program_dies_with_its_caller(root: str, level: str, launcher: str) -> None:
+    _skip_unless_available(level)
+    proc = _start(root, level, launcher, wall_s=120.0)  # the wall-time limit is far away
+    os.kill(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+    assert _poll(lambda: not _sandboxed(root)), f"still running: {_sandboxed(root)}"
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_the_program_ends_at_its_wall_limit_when_its_caller_no_longer_watches(root: str, level: str) -> None:
+    """The caller is stopped (SIGSTOP): alive, so no parent-death signal, but its watchdog is gone."""
+    _skip_unless_available(level)
+    proc = _start(root, level, "setpriv", wall_s=2.0)
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        assert _poll(lambda: not _sandboxed(root)), f"still running: {_sandboxed(root)}"
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    out, _ = proc.communicate(timeout=60)
+    assert (proc.returncode, out) == (0, b"timeout\n")
+    assert os.listdir(root) == []

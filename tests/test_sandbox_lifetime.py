@@ -1,6 +1,8 @@
 """The sandbox's processes do not outlive the process that started them, nor their wall-time limit when
 that process no longer watches them: at every isolation level this machine offers, and for the
-namespace levels with both ways of arming the parent-death signal (setpriv, the preexec fallback)."""
+namespace levels with both ways of arming the parent-death signal (setpriv, the preexec fallback).
+Their directories go too: removed by the run, at interpreter exit, or (the caller was killed) by the
+next sandbox built, which never touches a live process's directory."""
 
 from __future__ import annotations
 
@@ -17,19 +19,29 @@ from pathlib import Path
 import pytest
 from sandbox_levels import LEVELS, level_works
 
-# the caller: a Python process running one sandboxed sleep; prints "started" once its sandbox is built
+from streamrl.rewards.sandbox import LocalSandbox
+from streamrl.rewards.sandbox_workdirs import PREFIX, host_tag, make_workdir, start_time
+
+# the caller: a Python process running one sandboxed sleep; prints "started" once its sandbox is built.
+# how="thread": the run is in a daemon thread and the interpreter exits when a line comes on stdin
 CALLER = """
-import sys, tempfile
+import sys, tempfile, threading
 tempfile.tempdir = sys.argv[1]
 from streamrl.rewards import sandbox
 from streamrl.rewards.sandbox import Limits, LocalSandbox
-level, launcher, wall_s = sys.argv[2], sys.argv[3], float(sys.argv[4])
+level, launcher, wall_s, how = sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5]
 if launcher == "preexec":
     sandbox._setpriv = lambda: ()  # as on a machine without setpriv --pdeathsig
 box = LocalSandbox(isolation=level, min_isolation="rlimits")
 print("started", flush=True)
-r = box.run("import time\\ntime.sleep(60)\\n", "", Limits(wall_s=wall_s))
-print(r.status, flush=True)
+def run():
+    r = box.run("import time\\ntime.sleep(60)\\n", "", Limits(wall_s=wall_s))
+    print(r.status, flush=True)
+if how == "thread":
+    threading.Thread(target=run, daemon=True).start()
+    sys.stdin.readline()
+else:
+    run()
 """
 # (level, launcher): the rlimits level's first process is the bootstrap itself, which needs neither
 CASES = [(level, launcher) for level in LEVELS[:2] for launcher in ("setpriv", "preexec")] + [
@@ -76,11 +88,12 @@ def _poll(until: object, timeout_s: float = 20.0) -> bool:
     return bool(until())  # type: ignore[operator]
 
 
-def _start(root: str, level: str, launcher: str, wall_s: float) -> subprocess.Popen[bytes]:
+def _start(root: str, level: str, launcher: str, wall_s: float, how: str = "main") -> subprocess.Popen[bytes]:
     """A caller whose sandboxed program runs: `unshare`, init and the program (pid 2) at the namespace
     levels; the supervisor and the program at the rlimits level."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", CALLER, root, level, launcher, str(wall_s)],
+        [sys.executable, "-c", CALLER, root, level, launcher, str(wall_s), how],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         start_new_session=True,
     )
@@ -91,12 +104,18 @@ def _start(root: str, level: str, launcher: str, wall_s: float) -> subprocess.Po
 
 
 @pytest.mark.parametrize(("level", "launcher"), CASES)
-def test_the_program_dies_with_its_caller(root: str, level: str, launcher: str) -> None:
+def test_the_program_dies_with_its_caller(
+    root: str, level: str, launcher: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _skip_unless_available(level)
     proc = _start(root, level, launcher, wall_s=120.0)  # the wall-time limit is far away
     os.kill(proc.pid, signal.SIGKILL)
     assert proc.wait(timeout=60) == -signal.SIGKILL
     assert _poll(lambda: not _sandboxed(root)), f"still running: {_sandboxed(root)}"
+    # its workdir, which the killed caller could not remove, goes when the next sandbox is built
+    monkeypatch.setattr(tempfile, "tempdir", root)
+    LocalSandbox(isolation="rlimits", min_isolation="rlimits")
+    assert os.listdir(root) == []
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -112,3 +131,60 @@ def test_the_program_ends_at_its_wall_limit_when_its_caller_no_longer_watches(ro
     out, _ = proc.communicate(timeout=60)
     assert (proc.returncode, out) == (0, b"timeout\n")
     assert os.listdir(root) == []
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_run_in_a_daemon_thread_ends_with_the_interpreter(root: str, level: str) -> None:
+    """The interpreter exits while a daemon thread is mid-run (a scoring service closed without
+    waiting): the program dies and its directory is removed, with no later sandbox to clean up."""
+    _skip_unless_available(level)
+    proc = _start(root, level, "setpriv", wall_s=120.0, how="thread")
+    proc.communicate(b"exit\n", timeout=60)
+    assert proc.returncode == 0
+    assert _poll(lambda: not _sandboxed(root)), f"still running: {_sandboxed(root)}"
+    assert os.listdir(root) == []
+
+
+def test_only_the_workdirs_of_processes_that_are_gone_are_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tag = host_tag()
+    if tag is None:
+        pytest.skip("no /proc: workdirs are not named after their process")
+    sleep = [sys.executable, "-c", "import time; time.sleep(120)"]
+    gone, live = subprocess.Popen(sleep), subprocess.Popen(sleep)
+    try:
+        gone_start, live_start = start_time(gone.pid), start_time(live.pid)
+        gone.kill()
+        gone.wait()
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+        other = "00000000" if tag != "00000000" else "11111111"
+        names = {
+            "gone": f"{PREFIX}{tag}-{gone.pid}-{gone_start}-aaaaaaaa",
+            "pid reused": f"{PREFIX}{tag}-{live.pid}-{live_start + 1}-bbbbbbbb",  # another process, gone
+            "live": f"{PREFIX}{tag}-{live.pid}-{live_start}-cccccccc",
+            "another boot or PID namespace": f"{PREFIX}{other}-{gone.pid}-{gone_start}-dddddddd",
+            "an older version's": f"{PREFIX}eeeeeeee",
+        }
+        for name in names.values():
+            (tmp_path / name).mkdir()
+        (tmp_path / names["gone"] / "program.py").write_text("print(1)\n")
+        not_a_dir = tmp_path / f"{PREFIX}{tag}-{gone.pid}-{gone_start}-ffffffff"
+        not_a_dir.write_text("")
+        mine = Path(make_workdir())  # this process's: alive
+        another_user = tmp_path / f"{PREFIX}{tag}-{gone.pid}-{gone_start}-gggggggg"
+        if os.geteuid() == 0:
+            another_user.mkdir()
+            os.chown(another_user, 54321, 54321)
+        LocalSandbox(isolation="rlimits", min_isolation="rlimits")
+        kept = {p.name for p in tmp_path.iterdir()}
+        assert {k for k, name in names.items() if name in kept} == {
+            "live",
+            "another boot or PID namespace",
+            "an older version's",
+        }
+        assert {mine.name, not_a_dir.name} <= kept
+        assert another_user.exists() == (os.geteuid() == 0)
+    finally:
+        live.kill()
+        live.wait()

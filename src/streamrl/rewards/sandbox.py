@@ -1,7 +1,8 @@
 """Run untrusted Python programs for code rewards: a small Executor protocol, a registry, LocalSandbox.
 
 `LocalSandbox.run(program, stdin, limits) -> ExecResult` runs `python -I` on the program in a fresh
-temporary directory (its cwd, deleted afterwards) with an empty environment (PATH, LANG, HOME=TMPDIR=
+temporary directory (its cwd, deleted afterwards; one a killed caller left behind is deleted by the next
+LocalSandbox built, see sandbox_workdirs.py) with an empty environment (PATH, LANG, HOME=TMPDIR=
 workdir only), in a new session whose whole process group is SIGKILLed at the wall-time limit, with
 RLIMIT_CPU/AS/FSIZE/NPROC and RLIMIT_CORE=0, and stdout+stderr capped at `limits.output_bytes`.
 The sandbox's processes die with the process that started them: the first one gets SIGKILL when the
@@ -40,6 +41,7 @@ See docs/sandbox.md.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import itertools
@@ -51,6 +53,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,6 +68,7 @@ from streamrl.rewards.sandbox_probe import (
     check_minimum,
     detect,
 )
+from streamrl.rewards.sandbox_workdirs import make_workdir, remove_stale
 
 __all__ = [
     "EXECUTORS",
@@ -87,6 +91,8 @@ _PR_SET_PDEATHSIG = 1
 _SBIN = "/usr/bin:/bin:/usr/sbin:/sbin"
 _UID_BASE = 200_000  # root host: each run gets its own unused uid, so RLIMIT_NPROC budgets are separate
 _uid_counter = itertools.count()
+_running: dict[str, subprocess.Popen[bytes] | None] = {}  # workdir -> its process, while a run lasts
+_running_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -295,9 +301,25 @@ def _status(rc: int | None, stopped: str | None, stderr: str) -> Status:
     return "error"
 
 
+def _end_runs_at_exit() -> None:
+    """At interpreter exit, runs still under way (in daemon threads: a scoring service closed without
+    waiting) are killed and their directories removed; the daemon threads never get to it."""
+    with _running_lock:
+        runs = list(_running.items())
+    for workdir, proc in runs:
+        if proc is not None:
+            _kill_group(proc)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+atexit.register(_end_runs_at_exit)
+
+
 def _run(iso: Isolation, python: str, program: str, stdin: str, limits: Limits) -> ExecResult:
     t0 = time.monotonic()
-    workdir = tempfile.mkdtemp(prefix="streamrl-sbx-")
+    workdir = make_workdir()
+    with _running_lock:
+        _running[workdir] = None
     try:
         os.chmod(workdir, 0o777 if iso.fs == "none" else 0o755)  # fallback: the dropped uid writes here
         Path(workdir, "program.py").write_text(program, encoding="utf-8")
@@ -320,6 +342,8 @@ def _run(iso: Isolation, python: str, program: str, stdin: str, limits: Limits) 
                 close_fds=True,
                 preexec_fn=preexec,
             )
+        with _running_lock:
+            _running[workdir] = proc
         try:
             out, err, stopped = _read_capped(proc, t0 + limits.wall_s, limits.output_bytes)
             if stopped is None:
@@ -339,6 +363,8 @@ def _run(iso: Isolation, python: str, program: str, stdin: str, limits: Limits) 
         status = "error" if _setup_failed(rc, stderr) else _status(rc, stopped, stderr)
         return ExecResult(out.decode("utf-8", "replace"), stderr, rc, status, time.monotonic() - t0, iso.name)
     finally:
+        with _running_lock:
+            _running.pop(workdir, None)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -348,6 +374,8 @@ class LocalSandbox:
     isolation: None = probe for the strongest level; or force "ns-root" / "ns-user" / "rlimits".
     min_isolation: "auto" / "namespaces" / "rlimits" (sandbox_probe.py). The level is found and checked
     here, so a sandbox below the minimum raises SandboxIsolationError before it runs any program.
+    Building one removes the workdirs that killed processes left in the temporary directory
+    (sandbox_workdirs.remove_stale).
     """
 
     name = "local"
@@ -356,6 +384,7 @@ class LocalSandbox:
         self, python: str | None = None, isolation: str | None = None, min_isolation: str = "auto"
     ) -> None:
         self.python = python or sys.executable
+        remove_stale()
         self.isolation: Isolation
         failed: tuple[tuple[str, str], ...] | None = None  # None: forced, not probed
         if isolation is None:

@@ -17,10 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from reward_scorers import SandboxSleep
 from sandbox_levels import LEVELS, level_works
 
 from streamrl.rewards.sandbox import LocalSandbox
 from streamrl.rewards.sandbox_workdirs import PREFIX, host_tag, make_workdir, start_time
+from streamrl.rewards.service import RewardService
 
 # the caller: a Python process running one sandboxed sleep; prints "started" once its sandbox is built.
 # how="thread": the run is in a daemon thread and the interpreter exits when a line comes on stdin
@@ -131,6 +133,21 @@ def test_the_program_ends_at_its_wall_limit_when_its_caller_no_longer_watches(ro
     out, _ = proc.communicate(timeout=60)
     assert (proc.returncode, out) == (0, b"timeout\n")
     assert os.listdir(root) == []
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_reward_worker_killed_at_its_timeout_takes_its_sandbox_with_it(root: str, level: str) -> None:
+    """reward.service=process: the worker running the sandbox is SIGKILLed at reward.timeout_s; the
+    program goes with it, and the worker that replaces it removes the workdir when it sets up."""
+    _skip_unless_available(level)
+    scorer = SandboxSleep(level, root)
+    with RewardService(scorer, workers=1, timeout_s=3.0, mode="process", cache_size=0) as svc:
+        fut = svc.submit(60.0)
+        running = 2 if level == "rlimits" else 3
+        assert _poll(lambda: len(_sandboxed(root)) >= running, 60.0), "the sandboxed program never started"
+        assert fut.result(timeout=60).error == "timeout"
+        assert _poll(lambda: not _sandboxed(root)), f"still running: {_sandboxed(root)}"
+        assert _poll(lambda: os.listdir(root) == [], 60.0), f"left behind: {os.listdir(root)}"
 
 
 @pytest.mark.parametrize("level", LEVELS)

@@ -105,7 +105,8 @@ def parity_unless_even_prompt(
 
 class SandboxSleep:
     """Sleeps `seconds` in the code sandbox (isolation `level`, workdirs under `tmp`), far from its wall
-    limit; the sandbox is built in setup(), as a code task's is when its worker starts."""
+    limit, with a child that left its session sleeping too; the sandbox is built in setup(), as a code
+    task's is when its worker starts."""
 
     name = "sandbox_sleep"
 
@@ -123,4 +124,5 @@ class SandboxSleep:
     def __call__(self, seconds: float) -> float:
         from streamrl.rewards.sandbox import Limits
 
-        return float(self.box.run(f"import time\ntime.sleep({seconds})\n", "", Limits(wall_s=120.0)).ok)
+        program = f"import os, time\nif os.fork() == 0:\n    os.setsid()\ntime.sleep({seconds})\n"
+        return float(self.box.run(program, "", Limits(wall_s=120.0)).ok)

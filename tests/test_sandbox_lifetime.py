@@ -20,24 +20,26 @@ import pytest
 from reward_scorers import SandboxSleep
 from sandbox_levels import LEVELS, level_works
 
-from streamrl.rewards.sandbox import LocalSandbox
+from streamrl.rewards.sandbox import Limits, LocalSandbox
 from streamrl.rewards.sandbox_workdirs import PREFIX, host_tag, make_workdir, start_time
 from streamrl.rewards.service import RewardService
 
-# the caller: a Python process running one sandboxed sleep; prints "started" once its sandbox is built.
+# the program sleeps, and so does a child it forked that left its process group and session
+SLEEPERS = "import os, time\nif os.fork() == 0:\n    os.setsid()\ntime.sleep(60)\n"
+# the caller: a Python process running SLEEPERS sandboxed; prints "started" once its sandbox is built.
 # how="thread": the run is in a daemon thread and the interpreter exits when a line comes on stdin
 CALLER = """
 import sys, tempfile, threading
 tempfile.tempdir = sys.argv[1]
 from streamrl.rewards import sandbox
 from streamrl.rewards.sandbox import Limits, LocalSandbox
-level, launcher, wall_s, how = sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5]
+level, launcher, wall_s, how, program = sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5], sys.argv[6]
 if launcher == "preexec":
     sandbox._setpriv = lambda: ()  # as on a machine without setpriv --pdeathsig
 box = LocalSandbox(isolation=level, min_isolation="rlimits")
 print("started", flush=True)
 def run():
-    r = box.run("import time\\ntime.sleep(60)\\n", "", Limits(wall_s=wall_s))
+    r = box.run(program, "", Limits(wall_s=wall_s))
     print(r.status, flush=True)
 if how == "thread":
     threading.Thread(target=run, daemon=True).start()
@@ -91,16 +93,16 @@ def _poll(until: object, timeout_s: float = 20.0) -> bool:
 
 
 def _start(root: str, level: str, launcher: str, wall_s: float, how: str = "main") -> subprocess.Popen[bytes]:
-    """A caller whose sandboxed program runs: `unshare`, init and the program (pid 2) at the namespace
-    levels; the supervisor and the program at the rlimits level."""
+    """A caller whose sandboxed program runs with its child: besides them, `unshare` and init at the
+    namespace levels, the supervisor at the rlimits level."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", CALLER, root, level, launcher, str(wall_s), how],
+        [sys.executable, "-c", CALLER, root, level, launcher, str(wall_s), how, SLEEPERS],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         start_new_session=True,
     )
     assert proc.stdout is not None and proc.stdout.readline() == b"started\n"
-    running = 2 if level == "rlimits" else 3
+    running = 3 if level == "rlimits" else 4
     assert _poll(lambda: len(_sandboxed(root)) >= running, 60.0), "the sandboxed program never started"
     return proc
 
@@ -143,7 +145,7 @@ def test_a_reward_worker_killed_at_its_timeout_takes_its_sandbox_with_it(root: s
     scorer = SandboxSleep(level, root)
     with RewardService(scorer, workers=1, timeout_s=3.0, mode="process", cache_size=0) as svc:
         fut = svc.submit(60.0)
-        running = 2 if level == "rlimits" else 3
+        running = 3 if level == "rlimits" else 4
         assert _poll(lambda: len(_sandboxed(root)) >= running, 60.0), "the sandboxed program never started"
         assert fut.result(timeout=60).error == "timeout"
         assert _poll(lambda: not _sandboxed(root)), f"still running: {_sandboxed(root)}"
@@ -205,3 +207,27 @@ def test_only_the_workdirs_of_processes_that_are_gone_are_removed(
     finally:
         live.kill()
         live.wait()
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_child_that_left_the_process_group_ends_with_the_program(
+    root: str, level: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _skip_unless_available(level)
+    monkeypatch.setattr(tempfile, "tempdir", root)
+    box = LocalSandbox(isolation=level, min_isolation="rlimits")
+    prog = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nprint('parent done')\n"
+    r = box.run(prog, "", Limits(wall_s=30.0))
+    assert (r.status, r.exit_code, r.stdout) == ("ok", 0, "parent done\n")
+    assert _poll(lambda: not _sandboxed(root)), f"still running: {_sandboxed(root)}"
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_child_that_left_the_process_group_ends_at_the_wall_limit(
+    root: str, level: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _skip_unless_available(level)
+    monkeypatch.setattr(tempfile, "tempdir", root)
+    r = LocalSandbox(isolation=level, min_isolation="rlimits").run(SLEEPERS, "", Limits(wall_s=2.0))
+    assert (r.status, r.exit_code) == ("timeout", None)
+    assert _poll(lambda: not _sandboxed(root)), f"still running: {_sandboxed(root)}"

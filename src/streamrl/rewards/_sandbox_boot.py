@@ -26,13 +26,14 @@ import signal
 import sys
 
 SETUP_FAILED = 97
-WALL_EXIT = 124  # the exit code of a namespace's init that killed the program at wall_s
+WALL_EXIT = 124  # the exit code of the init or supervisor that killed the program at wall_s
 WALL_MARK = "sandbox wall-clock limit reached"  # the last stderr line when this process killed it
 _MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_MOVE, _MS_REC = 2, 4, 4096, 8192, 16384
 _AT_FDCWD, _AT_RECURSIVE = -100, 0x8000
 _MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV = 1, 2, 4
 _SYS_MOUNT_SETATTR = 442  # same number on every architecture (added in Linux 5.12)
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS = 1, 4, 24, 38
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 class _MountAttr(ctypes.Structure):
@@ -211,35 +212,87 @@ def _exit_as(libc: ctypes.CDLL, status: int) -> None:
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)  # SIGXCPU, SIGSEGV...: no core dump of this process
-        signal.signal(sig, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+        if sig != signal.SIGKILL:  # whose action cannot be changed
+            signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
         os.kill(os.getpid(), sig)
         os._exit(128 + sig)  # not reached for a signal that terminates
     os._exit(os.WEXITSTATUS(status))
 
 
+class _Stop(Exception):
+    """The supervisor's signal handlers raise it: args[0] is the signal (SIGALRM: wall_s; SIGTERM: the
+    process that started the sandbox died)."""
+
+
+def _children() -> list[int]:
+    """This process's children, zombies included."""
+    me = os.getpid()
+    try:
+        with open(f"/proc/{me}/task/{me}/children", encoding="ascii") as f:
+            return [int(pid) for pid in f.read().split()]
+    except FileNotFoundError:  # a kernel without CONFIG_PROC_CHILDREN: ask every process for its parent
+        kids = []
+        for d in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{d}/stat", "rb") as f:
+                    if d.isdigit() and int(f.read().rsplit(b")", 1)[1].split()[1]) == me:
+                        kids.append(int(d))
+            except (OSError, ValueError, IndexError):
+                pass
+        return kids
+
+
+def _end_descendants() -> None:
+    """SIGKILL every process below this one and reap it. This process is a child subreaper, so every
+    orphan below it comes here, whether or not it left the process group (setsid): repeat until none
+    is left."""
+    while True:
+        for pid in _children():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            os.wait()
+        except ChildProcessError:
+            return
+
+
 def _supervise(libc: ctypes.CDLL, parent: int, wall_s: float) -> int:
     """Without a PID namespace (rlimits): this process, the session leader, stays the program's
-    supervisor and the program runs in its child. The supervisor SIGKILLs the whole process group (the
-    program and the children it forked) when the process that started the sandbox dies (`parent`: a
-    SIGTERM through PR_SET_PDEATHSIG) and at wall_s; then it exits as the program did. Returns (in
-    the child) the supervisor's pid, for the program's own parent-death signal (see main)."""
+    supervisor and the program runs in its child. Like a namespace's init it reaps the orphans below it
+    (a child subreaper) and, when the program exits, at wall_s, or when the process that started the
+    sandbox dies (`parent`: a SIGTERM through PR_SET_PDEATHSIG), SIGKILLs every process below it, even
+    one that called setsid; then it exits as the program did (WALL_EXIT at wall_s). Returns (in the
+    child) the supervisor's pid, for the program's own parent-death signal (see main)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not ignored, should the caller ignore it
     _die_with_parent(libc, parent, signal.SIGTERM)  # default action until the handler below is set
+    _check(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "prctl(PR_SET_CHILD_SUBREAPER)")
     supervisor = os.getpid()
     child = os.fork()
     if child == 0:
         return supervisor
 
-    def kill_group(signum: int, frame: object) -> None:
-        if signum == signal.SIGALRM:
-            _say_wall_limit(wall_s)
-        os.killpg(0, signal.SIGKILL)  # this process too: the caller, if any, reads the mark on stderr
+    def stop(signum: int, frame: object) -> None:
+        raise _Stop(signum)
 
-    signal.signal(signal.SIGTERM, kill_group)
-    signal.signal(signal.SIGALRM, kill_group)
-    signal.setitimer(signal.ITIMER_REAL, wall_s)
-    _, status = os.waitpid(child, 0)
-    signal.setitimer(signal.ITIMER_REAL, 0)
+    try:
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGALRM, stop)
+        signal.setitimer(signal.ITIMER_REAL, wall_s)
+        while True:
+            pid, status = os.wait()
+            if pid == child:
+                break
+    except _Stop as e:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGALRM})
+        _end_descendants()
+        if e.args[0] == signal.SIGALRM:
+            _say_wall_limit(wall_s)
+        os._exit(WALL_EXIT if e.args[0] == signal.SIGALRM else SETUP_FAILED)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGALRM})
+    _end_descendants()  # what the program left running
     _exit_as(libc, status)
     return 0  # not reached
 

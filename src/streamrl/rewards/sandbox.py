@@ -32,10 +32,12 @@ writes outside the workdir only land where any uid may write (/tmp, /dev/shm) an
 the run's own uid, so fork bombs are contained. Its network and process block is Python-level: it stops
 a child opening its own socket by every ordinary route (a forked child keeps the hook), but code that
 corrupts the interpreter's memory (e.g. through /proc/self/mem) can get past it. Not as root, the
-program keeps the caller's uid (its files, its processes). A child that calls setsid leaves the process
-group, so it outlives the group kill (until its CPU limit; a sleeping one for good). For untrusted
-models on a shared cluster plug in a stronger Executor (gVisor/nsjail/firejail/Docker runner, or a
-remote sandbox HTTP service) with `register_executor`.
+program keeps the caller's uid (its files, its processes). There is no PID namespace: the bootstrap
+stays the program's supervisor (a child subreaper) and kills every process below it, even one that
+called setsid, when the program exits, at the wall limit or when the caller dies; not as root the
+program may kill its supervisor first (same uid), which takes the program along but not the other
+processes it started. For untrusted models on a shared cluster plug in a stronger Executor
+(gVisor/nsjail/firejail/Docker runner, or a remote sandbox HTTP service) with `register_executor`.
 See docs/sandbox.md.
 """
 
@@ -91,7 +93,8 @@ _PR_SET_PDEATHSIG = 1
 _SBIN = "/usr/bin:/bin:/usr/sbin:/sbin"
 _UID_BASE = 200_000  # root host: each run gets its own unused uid, so RLIMIT_NPROC budgets are separate
 _uid_counter = itertools.count()
-_running: dict[str, subprocess.Popen[bytes] | None] = {}  # workdir -> its process, while a run lasts
+# workdir -> (its first process, supervised: see _end), while a run lasts
+_running: dict[str, tuple[subprocess.Popen[bytes], bool] | None] = {}
 _running_lock = threading.Lock()
 
 
@@ -256,6 +259,19 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         pass
 
 
+def _end(proc: subprocess.Popen[bytes], supervised: bool) -> None:
+    """Kill what is left of a run: its whole process group. supervised (the rlimits level): first ask
+    the bootstrap's supervisor (SIGTERM), which kills every process below it, even one that left the
+    group with setsid; the group kill follows for a supervisor that is gone or does not answer."""
+    if supervised and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(5.0)
+        except subprocess.TimeoutExpired:
+            pass
+    _kill_group(proc)
+
+
 def _read_capped(proc: subprocess.Popen[bytes], deadline: float, cap: int) -> tuple[bytes, bytes, str | None]:
     """Drain stdout/stderr until EOF, the deadline or `cap` bytes in total -> (out, err, why_stopped)."""
     bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
@@ -306,9 +322,9 @@ def _end_runs_at_exit() -> None:
     waiting) are killed and their directories removed; the daemon threads never get to it."""
     with _running_lock:
         runs = list(_running.items())
-    for workdir, proc in runs:
-        if proc is not None:
-            _kill_group(proc)
+    for workdir, run in runs:
+        if run is not None:
+            _end(*run)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -342,8 +358,9 @@ def _run(iso: Isolation, python: str, program: str, stdin: str, limits: Limits) 
                 close_fds=True,
                 preexec_fn=preexec,
             )
+        supervised = not iso.prefix  # no namespace: the bootstrap supervises the program (_sandbox_boot)
         with _running_lock:
-            _running[workdir] = proc
+            _running[workdir] = (proc, supervised)
         try:
             out, err, stopped = _read_capped(proc, t0 + limits.wall_s, limits.output_bytes)
             if stopped is None:
@@ -352,7 +369,7 @@ def _run(iso: Isolation, python: str, program: str, stdin: str, limits: Limits) 
                 except subprocess.TimeoutExpired:
                     stopped = "timeout"
         finally:
-            _kill_group(proc)  # also reaps leftovers: children still running after the program exited
+            _end(proc, supervised)  # also reaps leftovers: children still running after the program exited
             proc.wait()
             proc.stdout.close()  # type: ignore[union-attr]
             proc.stderr.close()  # type: ignore[union-attr]

@@ -101,3 +101,28 @@ def parity_unless_even_prompt(
     if len(prompts[0]) % 2 == 0:
         return [0.0]
     return [float(completion_ids[0][0] % 2) if completion_ids[0] else 0.0]
+
+
+class SandboxSleep:
+    """Sleeps `seconds` in the code sandbox (isolation `level`, workdirs under `tmp`), far from its wall
+    limit, with a child that left its session sleeping too; the sandbox is built in setup(), as a code
+    task's is when its worker starts."""
+
+    name = "sandbox_sleep"
+
+    def __init__(self, level: str, tmp: str) -> None:
+        self.level, self.tmp = level, tmp
+
+    def setup(self) -> None:
+        import tempfile
+
+        from streamrl.rewards.sandbox import LocalSandbox
+
+        tempfile.tempdir = self.tmp
+        self.box = LocalSandbox(isolation=self.level, min_isolation="rlimits")
+
+    def __call__(self, seconds: float) -> float:
+        from streamrl.rewards.sandbox import Limits
+
+        program = f"import os, time\nif os.fork() == 0:\n    os.setsid()\ntime.sleep({seconds})\n"
+        return float(self.box.run(program, "", Limits(wall_s=120.0)).ok)

@@ -3,16 +3,20 @@
 Tests are `[{"input": str, "output": str}, ...]`. A test passes when the program exits cleanly and its
 stdout equals the expected output after trailing whitespace is stripped from every line and from the
 end. reward = passed / total (partial credit) or 1.0 only when all pass (all-or-nothing, which stops
-at the first failure to save sandbox time).
+at the first failure to save sandbox time). Scored by a RewardService, the tests stop where the score
+runs out of time (workers.time_left): the last one's wall limit is cut to the time left, and none
+runs after the service gave up on the score.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from typing import Any
 
 from streamrl.rewards.sandbox import Executor, Limits, get_executor
+from streamrl.rewards.workers import time_left
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 STDERR_TAIL = 300  # characters of stderr kept in a failure reason
@@ -79,13 +83,21 @@ def score_program(
     """-> (reward in [0, 1], info). info: passed, total, tests (per-test status: "pass",
     "wrong_answer" or the sandbox status such as "error"/"timeout"/"memory"), reason (the first
     failure, None when all pass), isolation. A sandbox that could not isolate the program (the host
-    refused a namespace, a mount or a limit) fails the test too, with a warning logged once."""
+    refused a namespace, a mount or a limit) fails the test too, with a warning logged once. Within a
+    RewardService no test runs past the score's deadline (see the module docstring)."""
     ex = executor or get_executor("local")
     statuses: list[str] = []
     reason = None
     isolation = ""
     for i, t in enumerate(tests):
-        r = ex.run(program, t["input"], limits)
+        left = time_left()
+        if left <= 0:  # the service gave up on this score: the rest would run for nobody
+            reason = reason or f"test {i}: not run: the score ran out of time"
+            break
+        run_limits = limits
+        if left < (limits or Limits()).wall_s:
+            run_limits = dataclasses.replace(limits or Limits(), wall_s=left)
+        r = ex.run(program, t["input"], run_limits)
         isolation = r.isolation
         if r.setup_failed:  # not the program's failure, yet its test fails: said once per process
             _warn_setup_failed(r.stderr)

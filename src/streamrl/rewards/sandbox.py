@@ -1,9 +1,16 @@
 """Run untrusted Python programs for code rewards: a small Executor protocol, a registry, LocalSandbox.
 
 `LocalSandbox.run(program, stdin, limits) -> ExecResult` runs `python -I` on the program in a fresh
-temporary directory (its cwd, deleted afterwards) with an empty environment (PATH, LANG, HOME=TMPDIR=
+temporary directory (its cwd, deleted afterwards; one a killed caller left behind is deleted by the next
+LocalSandbox built, see sandbox_workdirs.py) with an empty environment (PATH, LANG, HOME=TMPDIR=
 workdir only), in a new session whose whole process group is SIGKILLed at the wall-time limit, with
 RLIMIT_CPU/AS/FSIZE/NPROC and RLIMIT_CORE=0, and stdout+stderr capped at `limits.output_bytes`.
+The sandbox's processes die with the process that started them: the first one gets SIGKILL when the
+caller's thread that started it exits (PR_SET_PDEATHSIG: `setpriv --pdeathsig` in front of `unshare`,
+else set between fork and exec; the bootstrap sets it itself at the rlimits level), and each later one
+dies with its own parent. The wall-time limit is enforced inside the sandbox as well (by the
+bootstrap's init or supervisor, _sandbox_boot.py), so a program never outlives its limit even when its
+caller is stopped or hangs.
 On top of that it uses the strongest isolation level that works on this machine, probed once
 (sandbox_probe.py), and refuses to run at all below `min_isolation` (reward.sandbox_min_isolation):
 
@@ -25,14 +32,20 @@ writes outside the workdir only land where any uid may write (/tmp, /dev/shm) an
 the run's own uid, so fork bombs are contained. Its network and process block is Python-level: it stops
 a child opening its own socket by every ordinary route (a forked child keeps the hook), but code that
 corrupts the interpreter's memory (e.g. through /proc/self/mem) can get past it. Not as root, the
-program keeps the caller's uid (its files, its processes). A child that calls setsid can outlive the
-group kill until its CPU limit. For untrusted models on a shared cluster plug in a stronger Executor
+program keeps the caller's uid (its files, its processes). There is no PID namespace: the bootstrap
+stays the program's supervisor (a child subreaper) and kills every process below it, even one that
+called setsid, when the program exits, at the wall limit or when the caller dies; not as root the
+program may kill its supervisor first (same uid), which takes the program along but not the other
+processes it started. For untrusted models on a shared cluster plug in a stronger Executor
 (gVisor/nsjail/firejail/Docker runner, or a remote sandbox HTTP service) with `register_executor`.
 See docs/sandbox.md.
 """
 
 from __future__ import annotations
 
+import atexit
+import ctypes
+import functools
 import itertools
 import json
 import os
@@ -42,6 +55,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,6 +70,7 @@ from streamrl.rewards.sandbox_probe import (
     check_minimum,
     detect,
 )
+from streamrl.rewards.sandbox_workdirs import make_workdir, remove_stale
 
 __all__ = [
     "EXECUTORS",
@@ -73,8 +88,14 @@ __all__ = [
 Status = Literal["ok", "error", "timeout", "memory", "output_limit", "killed"]
 _BOOT = str(Path(__file__).with_name("_sandbox_boot.py"))
 _SETUP_FAILED = 97  # the bootstrap's exit code when isolation could not be set up
+_WALL_MARK = "sandbox wall-clock limit reached"  # the bootstrap's last stderr line when it killed at wall_s
+_PR_SET_PDEATHSIG = 1
+_SBIN = "/usr/bin:/bin:/usr/sbin:/sbin"
 _UID_BASE = 200_000  # root host: each run gets its own unused uid, so RLIMIT_NPROC budgets are separate
 _uid_counter = itertools.count()
+# workdir -> (its first process, supervised: see _end), while a run lasts
+_running: dict[str, tuple[subprocess.Popen[bytes], bool] | None] = {}
+_running_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -167,7 +188,7 @@ def _boot_config(iso: Isolation, workdir: str, limits: Limits) -> dict[str, obje
         drop = "caps"
         nproc += 1  # the namespace's init (see _sandbox_boot) runs as the same user
     elif iso.name == "rlimits":  # same uid as the host: its other threads count against the limit too
-        nproc += _user_task_count()
+        nproc += _user_task_count() + 1  # + the bootstrap's supervisor (see _sandbox_boot)
     return {
         "workdir": workdir,
         "fs": iso.fs,
@@ -178,7 +199,57 @@ def _boot_config(iso: Isolation, workdir: str, limits: Limits) -> dict[str, obje
         "cpu_s": limits.cpu_s,
         "memory_mb": limits.memory_mb,
         "file_size_mb": limits.file_size_mb,
+        "wall_s": limits.wall_s,
+        "parent": os.getpid(),
     }
+
+
+@functools.cache
+def _setpriv() -> tuple[str, ...]:
+    """`setpriv --pdeathsig KILL --` when this machine's setpriv has the option (util-linux >= 2.33):
+    the command in front of `unshare` that makes it die with the thread that started it. Starting it
+    costs a few milliseconds whatever the caller's size, where a fork (preexec_fn, the fallback)
+    copies the caller's page tables: a tenth of a second for a few GB of memory."""
+    exe, true = shutil.which("setpriv", path=_SBIN), shutil.which("true", path=_SBIN)
+    if exe is None or true is None:
+        return ()
+    try:
+        r = subprocess.run([exe, "--pdeathsig", "KILL", "--", true], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    return (exe, "--pdeathsig", "KILL", "--") if r.returncode == 0 else ()
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _die_with_caller(libc: ctypes.CDLL, caller: int) -> None:
+    """preexec_fn of the fallback without setpriv: runs in the child between fork and exec (a system
+    call and getppid, nothing that takes a lock), so that it gets SIGKILL when the thread that started
+    it exits, and exits at once when the caller died before that was set."""
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != caller:
+        os._exit(_SETUP_FAILED)
+
+
+def _launcher(iso: Isolation) -> tuple[tuple[str, ...], Callable[[], None] | None]:
+    """(argv in front of the level's prefix, preexec_fn) that make the sandbox's first process die with
+    this process. The namespace levels start `unshare`, which cannot set it itself; its child (the
+    bootstrap, the namespace's init) dies with it (--kill-child), and the namespace with its init. At
+    the rlimits level the first process is the bootstrap, which sets it itself (_sandbox_boot)."""
+    if not iso.prefix:
+        return (), None
+    if setpriv := _setpriv():
+        return setpriv, None
+    return (), functools.partial(_die_with_caller, _libc(), os.getpid())
+
+
+def _wall_limit_hit(rc: int | None, stderr: str) -> bool:
+    """The bootstrap killed the program at its wall-time limit (the caller had not yet)."""
+    lines = stderr.rstrip().rsplit("\n", 1)
+    return rc not in (None, 0) and lines[-1].startswith(_WALL_MARK)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -186,6 +257,19 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)  # the session leader's pgid = its pid (start_new_session)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _end(proc: subprocess.Popen[bytes], supervised: bool) -> None:
+    """Kill what is left of a run: its whole process group. supervised (the rlimits level): first ask
+    the bootstrap's supervisor (SIGTERM), which kills every process below it, even one that left the
+    group with setsid; the group kill follows for a supervisor that is gone or does not answer."""
+    if supervised and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(5.0)
+        except subprocess.TimeoutExpired:
+            pass
+    _kill_group(proc)
 
 
 def _read_capped(proc: subprocess.Popen[bytes], deadline: float, cap: int) -> tuple[bytes, bytes, str | None]:
@@ -233,19 +317,38 @@ def _status(rc: int | None, stopped: str | None, stderr: str) -> Status:
     return "error"
 
 
+def _end_runs_at_exit() -> None:
+    """At interpreter exit, runs still under way (in daemon threads: a scoring service closed without
+    waiting) are killed and their directories removed; the daemon threads never get to it."""
+    with _running_lock:
+        runs = list(_running.items())
+    for workdir, run in runs:
+        if run is not None:
+            _end(*run)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+atexit.register(_end_runs_at_exit)
+
+
 def _run(iso: Isolation, python: str, program: str, stdin: str, limits: Limits) -> ExecResult:
     t0 = time.monotonic()
-    workdir = tempfile.mkdtemp(prefix="streamrl-sbx-")
+    workdir = make_workdir()
+    with _running_lock:
+        _running[workdir] = None
     try:
         os.chmod(workdir, 0o777 if iso.fs == "none" else 0o755)  # fallback: the dropped uid writes here
         Path(workdir, "program.py").write_text(program, encoding="utf-8")
         cfg = json.dumps(_boot_config(iso, workdir, limits))
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
+        launcher, preexec = _launcher(iso)
         with tempfile.TemporaryFile() as fin:
             fin.write(stdin.encode())
             fin.seek(0)
+            # this thread waits for the process below before it returns: the parent-death signal (sent
+            # when the starting thread exits) comes only when this whole process dies
             proc = subprocess.Popen(
-                [*iso.prefix, python, "-I", _BOOT, cfg],
+                [*launcher, *iso.prefix, python, "-I", _BOOT, cfg],
                 stdin=fin,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -253,7 +356,11 @@ def _run(iso: Isolation, python: str, program: str, stdin: str, limits: Limits) 
                 env=env,
                 start_new_session=True,
                 close_fds=True,
+                preexec_fn=preexec,
             )
+        supervised = not iso.prefix  # no namespace: the bootstrap supervises the program (_sandbox_boot)
+        with _running_lock:
+            _running[workdir] = (proc, supervised)
         try:
             out, err, stopped = _read_capped(proc, t0 + limits.wall_s, limits.output_bytes)
             if stopped is None:
@@ -262,15 +369,19 @@ def _run(iso: Isolation, python: str, program: str, stdin: str, limits: Limits) 
                 except subprocess.TimeoutExpired:
                     stopped = "timeout"
         finally:
-            _kill_group(proc)  # also reaps leftovers: children still running after the program exited
+            _end(proc, supervised)  # also reaps leftovers: children still running after the program exited
             proc.wait()
             proc.stdout.close()  # type: ignore[union-attr]
             proc.stderr.close()  # type: ignore[union-attr]
         stderr = err.decode("utf-8", "replace")
         rc = None if stopped is not None else proc.returncode
+        if _wall_limit_hit(rc, stderr):
+            stopped, rc = "timeout", None
         status = "error" if _setup_failed(rc, stderr) else _status(rc, stopped, stderr)
         return ExecResult(out.decode("utf-8", "replace"), stderr, rc, status, time.monotonic() - t0, iso.name)
     finally:
+        with _running_lock:
+            _running.pop(workdir, None)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -280,6 +391,8 @@ class LocalSandbox:
     isolation: None = probe for the strongest level; or force "ns-root" / "ns-user" / "rlimits".
     min_isolation: "auto" / "namespaces" / "rlimits" (sandbox_probe.py). The level is found and checked
     here, so a sandbox below the minimum raises SandboxIsolationError before it runs any program.
+    Building one removes the workdirs that killed processes left in the temporary directory
+    (sandbox_workdirs.remove_stale).
     """
 
     name = "local"
@@ -288,6 +401,7 @@ class LocalSandbox:
         self, python: str | None = None, isolation: str | None = None, min_isolation: str = "auto"
     ) -> None:
         self.python = python or sys.executable
+        remove_stale()
         self.isolation: Isolation
         failed: tuple[tuple[str, str], ...] | None = None  # None: forced, not probed
         if isolation is None:

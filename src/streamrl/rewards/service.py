@@ -16,7 +16,8 @@ Modes:
   worker loop lives in rewards/workers.py, which imports only the stdlib, so workers start fast.
 - "thread": the same monitor over threads, for I/O-bound scorers (an HTTP judge) and unpicklable
   ones. A timed-out thread cannot be killed: it is abandoned (its late result is dropped) and a fresh
-  thread takes its place. A crash of the interpreter (os._exit, segfault) is not isolated.
+  thread takes its place; a scorer that asks workers.time_left() between its steps (the code task,
+  between tests) stops there. A crash of the interpreter (os._exit, segfault) is not isolated.
 - "inline": the scorer runs in the caller's thread on submit. No timeout, no isolation: for debugging.
 
 Results are cached by (scorer name, args) in an LRU of ``cache_size`` entries (0 disables); only
@@ -331,7 +332,7 @@ class RewardService:
             return
         w.task, w.kept, w.deadline = task, {}, time.monotonic() + self.timeout_s
         try:
-            w.conn.send((task.tid, task.args))
+            w.conn.send((task.tid, task.args, self.timeout_s))
         except Exception as e:  # pickling runs the args' own code: whatever it raises costs that task
             w.task, w.deadline = None, math.inf
             with self._lock:

@@ -1,11 +1,14 @@
 """The worker side of RewardService: the scoring loop, run in a spawned process or a thread.
 
 Protocol over one duplex pipe per worker: the worker sends ("ready",) once started; the parent sends
-(task id, args) one at a time, or None to stop; the worker answers (task id, "ok", reward, info, {}) or
-(task id, "err", reason, detail, kept): kept is what a ScoreFailed carried (the task's verdict when only
-your own function failed). Mid-score, a scorer may send ("kept", task id, info) through keep_on_failure:
-what survives if the rest of the score hangs past its deadline or its worker dies. Scorer exceptions
-never leave the worker as exceptions.
+(task id, args, seconds the score may take) one at a time, or None to stop; the worker answers
+(task id, "ok", reward, info, {}) or (task id, "err", reason, detail, kept): kept is what a ScoreFailed
+carried (the task's verdict when only your own function failed). Mid-score, a scorer may send ("kept",
+task id, info) through keep_on_failure: what survives if the rest of the score hangs past its deadline
+or its worker dies. Scorer exceptions never leave the worker as exceptions. A scorer that runs steps
+of its own (the code task's tests) asks `time_left()` between them: a thread worker's score runs on
+after the service gave up on it (a thread cannot be killed), so it stops there instead of doing work
+nobody reads.
 """
 
 from __future__ import annotations
@@ -22,7 +25,18 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-_current = threading.local()  # the sender of the task this thread is scoring (keep_on_failure)
+# of the task this thread is scoring: send (keep_on_failure), deadline and cancel (time_left)
+_current = threading.local()
+
+
+def time_left() -> float:
+    """Seconds the score this thread is running has before the service gives up on it: math.inf outside
+    a service's worker (or in another thread), 0.0 once the service gave up (its deadline passed, or
+    a thread worker was abandoned: replaced at its timeout, or the service closed without waiting)."""
+    cancel = getattr(_current, "cancel", None)
+    if cancel is not None and cancel.is_set():
+        return 0.0
+    return max(0.0, getattr(_current, "deadline", math.inf) - time.monotonic())
 
 
 def keep_on_failure(info: dict[str, Any]) -> None:
@@ -66,10 +80,12 @@ def error_label(e: BaseException) -> str:
     return f"JudgeError/{e.reason}" if isinstance(e, JudgeError) else type(e).__name__
 
 
-def serve(scorer: Callable[..., Any], conn: Connection) -> None:
+def serve(scorer: Callable[..., Any], conn: Connection, cancel: threading.Event | None = None) -> None:
     """Worker loop (process or thread): set up (a scorer's optional `setup()`: importing your functions,
     building the task, within the service's start_timeout_s rather than the first score's timeout_s),
-    announce readiness, then (task id, args) in, result out."""
+    announce readiness, then (task id, args, seconds) in, result out. cancel: a thread worker's, set
+    when the service abandons it (time_left)."""
+    _current.cancel = cancel
     try:
         if (setup := getattr(scorer, "setup", None)) is not None:
             try:
@@ -81,10 +97,11 @@ def serve(scorer: Callable[..., Any], conn: Connection) -> None:
             msg = conn.recv()
             if msg is None:
                 return
-            tid, args = msg
+            tid, args, budget_s = msg
             _current.send = lambda info, tid=tid: conn.send(("kept", tid, info))
+            _current.deadline = time.monotonic() + budget_s
             result = call_scorer(scorer, args)
-            _current.send = None
+            _current.send, _current.deadline = None, math.inf
             try:
                 conn.send((tid, *result))
             except (pickle.PicklingError, TypeError, AttributeError) as e:  # pickled before any byte is sent
@@ -124,12 +141,13 @@ class Worker:
     def __init__(self, ctx: Any, scorer: Callable[..., Any], mode: str, name: str) -> None:
         self.conn, child = mp.Pipe()
         self.proc: Any = None
+        self.cancel = threading.Event()  # a thread worker's: set when it is abandoned (time_left)
         if mode == "process":
             self.proc = ctx.Process(target=process_main, args=(scorer, child), name=name, daemon=True)
             self.proc.start()
             child.close()  # only the worker holds its end: the parent sees EOF when it dies
         else:
-            threading.Thread(target=serve, args=(scorer, child), name=name, daemon=True).start()
+            threading.Thread(target=serve, args=(scorer, child, self.cancel), name=name, daemon=True).start()
         self.ready = False
         self.task: Task | None = None
         self.kept: dict[str, Any] = {}  # what the current task's scorer kept (keep_on_failure)
@@ -140,6 +158,7 @@ class Worker:
         return [self.conn] if self.proc is None else [self.conn, self.proc.sentinel]
 
     def kill(self) -> None:
+        self.cancel.set()  # a thread cannot be killed: its score stops at its next time_left()
         if self.proc is not None and self.proc.is_alive():
             self.proc.kill()  # SIGKILL: a scorer stuck in C code or ignoring SIGTERM still stops
             self.proc.join(5)

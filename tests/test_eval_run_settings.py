@@ -127,9 +127,8 @@ def test_the_eval_command_says_whose_settings_it_took(run, monkeypatch, capsys):
 
 
 def test_a_setting_of_the_run_refused_with_a_key_given_says_where_it_came_from(run, capsys):
-    # the run's task_config.eval_split and an eval_data given: one held-out source too many
-    assert main(["eval", f"model={run / 'checkpoint'}", "task_config.eval_data=mine.jsonl"]) == 2
-    assert capsys.readouterr().err == (
-        "streamrl: error: config keys 'task_config.eval_split' and 'task_config.eval_data': set one, not "
-        f"both (with the task settings of {run}, from its config.yaml)\n"
-    )
+    # the run's data is read whole, not streamed: a shuffle buffer given for it has nothing to shuffle
+    assert main(["eval", f"model={run / 'checkpoint'}", "task_config.shuffle_buffer=5"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("streamrl: error: config key 'task_config.shuffle_buffer'"), err
+    assert err.endswith(f" (with the task settings of {run}, from its config.yaml)\n"), err

@@ -31,11 +31,11 @@ SLEEPERS = "import os, time\nif os.fork() == 0:\n    os.setsid()\ntime.sleep(60)
 CALLER = """
 import sys, tempfile, threading
 tempfile.tempdir = sys.argv[1]
-from streamrl.rewards import sandbox
+from streamrl.rewards import sandbox_processes
 from streamrl.rewards.sandbox import Limits, LocalSandbox
 level, launcher, wall_s, how, program = sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5], sys.argv[6]
 if launcher == "preexec":
-    sandbox._setpriv = lambda: ()  # as on a machine without setpriv --pdeathsig
+    sandbox_processes.setpriv_prefix = lambda: ()  # as on a machine without setpriv --pdeathsig
 box = LocalSandbox(isolation=level, min_isolation="rlimits")
 print("started", flush=True)
 def run():

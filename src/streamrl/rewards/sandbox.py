@@ -44,12 +44,9 @@ See docs/sandbox.md.
 from __future__ import annotations
 
 import atexit
-import ctypes
-import functools
 import itertools
 import json
 import os
-import selectors
 import shutil
 import signal
 import subprocess
@@ -70,6 +67,7 @@ from streamrl.rewards.sandbox_probe import (
     check_minimum,
     detect,
 )
+from streamrl.rewards.sandbox_processes import SETUP_FAILED, end_run, launcher, read_capped
 from streamrl.rewards.sandbox_workdirs import make_workdir, remove_stale
 
 __all__ = [
@@ -87,13 +85,10 @@ __all__ = [
 
 Status = Literal["ok", "error", "timeout", "memory", "output_limit", "killed"]
 _BOOT = str(Path(__file__).with_name("_sandbox_boot.py"))
-_SETUP_FAILED = 97  # the bootstrap's exit code when isolation could not be set up
 _WALL_MARK = "sandbox wall-clock limit reached"  # the bootstrap's last stderr line when it killed at wall_s
-_PR_SET_PDEATHSIG = 1
-_SBIN = "/usr/bin:/bin:/usr/sbin:/sbin"
 _UID_BASE = 200_000  # root host: each run gets its own unused uid, so RLIMIT_NPROC budgets are separate
 _uid_counter = itertools.count()
-# workdir -> (its first process, supervised: see _end), while a run lasts
+# workdir -> (its first process, supervised: see end_run), while a run lasts
 _running: dict[str, tuple[subprocess.Popen[bytes], bool] | None] = {}
 _running_lock = threading.Lock()
 
@@ -204,103 +199,14 @@ def _boot_config(iso: Isolation, workdir: str, limits: Limits) -> dict[str, obje
     }
 
 
-@functools.cache
-def _setpriv() -> tuple[str, ...]:
-    """`setpriv --pdeathsig KILL --` when this machine's setpriv has the option (util-linux >= 2.33):
-    the command in front of `unshare` that makes it die with the thread that started it. Starting it
-    costs a few milliseconds whatever the caller's size, where a fork (preexec_fn, the fallback)
-    copies the caller's page tables: a tenth of a second for a few GB of memory."""
-    exe, true = shutil.which("setpriv", path=_SBIN), shutil.which("true", path=_SBIN)
-    if exe is None or true is None:
-        return ()
-    try:
-        r = subprocess.run([exe, "--pdeathsig", "KILL", "--", true], capture_output=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return ()
-    return (exe, "--pdeathsig", "KILL", "--") if r.returncode == 0 else ()
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def _die_with_caller(libc: ctypes.CDLL, caller: int) -> None:
-    """preexec_fn of the fallback without setpriv: runs in the child between fork and exec (a system
-    call and getppid, nothing that takes a lock), so that it gets SIGKILL when the thread that started
-    it exits, and exits at once when the caller died before that was set."""
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != caller:
-        os._exit(_SETUP_FAILED)
-
-
-def _launcher(iso: Isolation) -> tuple[tuple[str, ...], Callable[[], None] | None]:
-    """(argv in front of the level's prefix, preexec_fn) that make the sandbox's first process die with
-    this process. The namespace levels start `unshare`, which cannot set it itself; its child (the
-    bootstrap, the namespace's init) dies with it (--kill-child), and the namespace with its init. At
-    the rlimits level the first process is the bootstrap, which sets it itself (_sandbox_boot)."""
-    if not iso.prefix:
-        return (), None
-    if setpriv := _setpriv():
-        return setpriv, None
-    return (), functools.partial(_die_with_caller, _libc(), os.getpid())
-
-
 def _wall_limit_hit(rc: int | None, stderr: str) -> bool:
     """The bootstrap killed the program at its wall-time limit (the caller had not yet)."""
     lines = stderr.rstrip().rsplit("\n", 1)
     return rc not in (None, 0) and lines[-1].startswith(_WALL_MARK)
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # the session leader's pgid = its pid (start_new_session)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _end(proc: subprocess.Popen[bytes], supervised: bool) -> None:
-    """Kill what is left of a run: its whole process group. supervised (the rlimits level): first ask
-    the bootstrap's supervisor (SIGTERM), which kills every process below it, even one that left the
-    group with setsid; the group kill follows for a supervisor that is gone or does not answer."""
-    if supervised and proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(5.0)
-        except subprocess.TimeoutExpired:
-            pass
-    _kill_group(proc)
-
-
-def _read_capped(proc: subprocess.Popen[bytes], deadline: float, cap: int) -> tuple[bytes, bytes, str | None]:
-    """Drain stdout/stderr until EOF, the deadline or `cap` bytes in total -> (out, err, why_stopped)."""
-    bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
-    sel = selectors.DefaultSelector()
-    for f in bufs:
-        sel.register(f, selectors.EVENT_READ)
-    why = None
-    try:
-        while sel.get_map() and why is None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                why = "timeout"
-                break
-            for key, _ in sel.select(left):
-                chunk = os.read(key.fd, 65536)
-                if not chunk:
-                    sel.unregister(key.fileobj)
-                    continue
-                bufs[key.fileobj] += chunk  # type: ignore[index]
-                if sum(map(len, bufs.values())) > cap:
-                    why = "output_limit"
-                    break
-    finally:
-        sel.close()
-    return bytes(bufs[proc.stdout])[:cap], bytes(bufs[proc.stderr])[:cap], why
-
-
 def _setup_failed(rc: int | None, stderr: str) -> bool:
-    return rc == _SETUP_FAILED and stderr.startswith("sandbox setup failed")
+    return rc == SETUP_FAILED and stderr.startswith("sandbox setup failed")
 
 
 def _status(rc: int | None, stopped: str | None, stderr: str) -> Status:
@@ -324,7 +230,7 @@ def _end_runs_at_exit() -> None:
         runs = list(_running.items())
     for workdir, run in runs:
         if run is not None:
-            _end(*run)
+            end_run(*run)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -341,14 +247,14 @@ def _run(iso: Isolation, python: str, program: str, stdin: str, limits: Limits) 
         Path(workdir, "program.py").write_text(program, encoding="utf-8")
         cfg = json.dumps(_boot_config(iso, workdir, limits))
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
-        launcher, preexec = _launcher(iso)
+        first, preexec = launcher(iso)
         with tempfile.TemporaryFile() as fin:
             fin.write(stdin.encode())
             fin.seek(0)
             # this thread waits for the process below before it returns: the parent-death signal (sent
             # when the starting thread exits) comes only when this whole process dies
             proc = subprocess.Popen(
-                [*launcher, *iso.prefix, python, "-I", _BOOT, cfg],
+                [*first, *iso.prefix, python, "-I", _BOOT, cfg],
                 stdin=fin,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -362,14 +268,14 @@ def _run(iso: Isolation, python: str, program: str, stdin: str, limits: Limits) 
         with _running_lock:
             _running[workdir] = (proc, supervised)
         try:
-            out, err, stopped = _read_capped(proc, t0 + limits.wall_s, limits.output_bytes)
+            out, err, stopped = read_capped(proc, t0 + limits.wall_s, limits.output_bytes)
             if stopped is None:
                 try:
                     proc.wait(max(0.0, t0 + limits.wall_s - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     stopped = "timeout"
         finally:
-            _end(proc, supervised)  # also reaps leftovers: children still running after the program exited
+            end_run(proc, supervised)  # also reaps leftovers: children still running after the program exited
             proc.wait()
             proc.stdout.close()  # type: ignore[union-attr]
             proc.stderr.close()  # type: ignore[union-attr]

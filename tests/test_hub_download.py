@@ -1,6 +1,6 @@
 """What a Hub model id downloads, and when: the config and tokenizer files first, every check that reads
-them (lengths, LoRA targets, chat template), and the weights only once they pass: exactly the set
-transformers loads (the shards the index names), nothing when a check refuses.
+them (lengths, LoRA targets, chat template, custom code, tokenizer files), and the weights only once they
+pass: exactly the set transformers loads (the shards the index names), nothing when a check refuses.
 huggingface_hub's snapshot_download is replaced by a stand-in serving a local folder as the repository,
 which records each request in order."""
 
@@ -126,6 +126,12 @@ def _refusing_system(repo: Path) -> None:
     )
 
 
+def _custom_code(repo: Path) -> None:
+    config = json.loads((repo / "config.json").read_text())
+    config |= {"model_type": "base7b", "auto_map": {"AutoConfig": "m.C", "AutoModelForCausalLM": "m.M"}}
+    (repo / "config.json").write_text(json.dumps(config))
+
+
 @pytest.mark.parametrize(
     ("change", "overrides", "message"),
     [
@@ -155,12 +161,26 @@ def _refusing_system(repo: Path) -> None:
             "template that takes no system turn trains with task_config.system_prompt='' and data without "
             "system messages; else give it another (task_config.chat_template=FILE.jinja)",
         ),
+        (
+            _custom_code,
+            [],
+            f"model={MODEL}: its config.json names custom code (auto_map); streamrl loads only "
+            "architectures transformers has built in",
+        ),
+        (
+            lambda repo: (repo / "tokenizer.json").unlink(),
+            [],
+            f"model={MODEL}: no tokenizer files (tokenizer.json, tokenizer.model, vocab.json + merges.txt, "
+            "tekken.json) next to its config.json: copy them from the base model",
+        ),
     ],
     ids=[
         "no-chat-template",
         "no-room-for-a-prompt",
         "lora-targets",
         "system-turn-refused",
+        "custom-code",
+        "no-tokenizer",
     ],
 )
 def test_a_refusal_comes_before_any_weights_are_requested(
@@ -296,3 +316,15 @@ def test_an_incomplete_cache_is_completed_online_and_refused_offline(repo, hub, 
     assert resolve_model_dir(MODEL) == hub.snap
     assert hub.log[-1] == ("download", [*NEEDED, *SHARDS], COMMIT)
     assert hub.fetched[before:] == SHARDS[1:]
+
+
+def test_a_cached_config_without_its_tokenizer_is_completed_before_the_checks(repo, hub):
+    """A cache entry holding config.json alone (transformers' AutoConfig read it) is not taken for the
+    model's files: the tokenizer check would refuse a repository that has them."""
+    from streamrl.models.resolve import resolve_model_files
+
+    hub(MODEL, allow_patterns=["config.json"])
+    hub.log.clear()
+    assert resolve_model_files(MODEL) == hub.snap
+    assert hub.log == [("local", NEEDED, None), ("download", NEEDED, None)]
+    assert (hub.snap / "tokenizer.json").is_file() and not (hub.snap / "model.safetensors").exists()

@@ -2,7 +2,7 @@
 snapshot directory, through huggingface_hub, in two steps:
 
 - `hub_files`: the config, tokenizer, chat template, generation config and shard indexes (small files),
-  which every check before loading reads (preflight.py);
+  which every check before loading reads (models/model_files.py, preflight.py);
 - `hub_weights`: the weight files transformers loads (models/weight_files.py), fetched into the same
   snapshot (the commit the checks read) only when those checks passed.
 
@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from streamrl.models.model_files import has_tokenizer_files
 from streamrl.models.weight_files import download_sets, is_complete
 
 # the small files a causal LM needs besides its weights: config, generation config, shard indexes,
@@ -99,7 +100,7 @@ def hub_files(name: str) -> Path:
         cached = Path(
             snapshot_download(repo, revision=revision, local_files_only=True, allow_patterns=patterns)
         )
-        if (cached / "config.json").is_file():
+        if (cached / "config.json").is_file() and has_tokenizer_files(cached):  # not a config read alone
             return cached
     except (LocalEntryNotFoundError, FileNotFoundError):  # IncompleteSnapshotError among them
         pass

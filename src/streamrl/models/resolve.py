@@ -8,13 +8,14 @@ from typing import Any
 from streamrl.models import smollm2, tiny
 from streamrl.models.cache import cache_dir
 from streamrl.models.hub import hub_files, hub_weights, split_id
+from streamrl.models.model_files import check_model_files
 from streamrl.models.quiet import no_progress_bars
 
 KNOWN_MODELS = ("smollm2-135m-instruct", "tiny-random")
 
 
 def _model_files(name: str, seed: int) -> tuple[Path, bool]:
-    """(the directory with the model's config and tokenizer; whether it is a Hub snapshot)."""
+    """(the directory with the model's config and tokenizer, checked; whether it is a Hub snapshot)."""
     local, hub = Path(name).expanduser(), False
     if name == "smollm2-135m-instruct":
         target = cache_dir() / "models" / "smollm2-135m-instruct"
@@ -32,12 +33,13 @@ def _model_files(name: str, seed: int) -> tuple[Path, bool]:
         )
     else:
         path, hub = hub_files(name), True
+    check_model_files(path, name)
     return path, hub
 
 
 def resolve_model_files(name: str, seed: int = 0) -> Path:
-    """The directory holding the model's config.json and tokenizer, with no weights read or downloaded:
-    a Hub model's snapshot before its weights (models/hub.py)."""
+    """The directory holding the model's config.json and tokenizer, checked (models/model_files.py), with
+    no weights read or downloaded: a Hub model's snapshot before its weights (models/hub.py)."""
     return _model_files(name, seed)[0]
 
 
@@ -61,10 +63,10 @@ def chat_template_file(chat_template: str) -> Path:
 def load_tokenizer(model_dir: Path, chat_template: str = "", name: str = "") -> Any:
     """The model's tokenizer; `chat_template` (task_config.chat_template): a Jinja file that replaces
     the model's template. ValueError (one line, naming the model as `name` when given) for a missing
-    file, or a model with no template."""
+    file, or a model with no template. Custom code is never run (models/model_files.py refuses it)."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
     if chat_template:
         tok.chat_template = chat_template_file(chat_template).read_text()
     elif not tok.chat_template:
@@ -81,7 +83,7 @@ def load_model_config(model_dir: Path) -> Any:
     """The model's transformers config alone (its context length, ...): no weights are read."""
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(model_dir)
+    return AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
 
 
 def load_model(model_dir: Path, device: str = "cpu") -> Any:
@@ -96,7 +98,9 @@ def load_model(model_dir: Path, device: str = "cpu") -> Any:
     cpu = str(device).startswith("cpu")
     attn = register() if cpu else "sdpa"
     with no_progress_bars():
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attn)
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.float32, attn_implementation=attn, trust_remote_code=False
+        )
     if cpu:  # the trainer's fused layers on compute weights (models/fused_llama.py); GPU: transformers'
         install(model)
     return model.to(device)

@@ -45,7 +45,7 @@ def test_a_base_model_is_refused_in_one_line_before_anything_is_written(base_mod
     run = tmp_path / "run"
     assert main(["train", *TINY, f"model={base_model}", "max_steps=1", f"run_dir={run}"]) == 2
     assert capsys.readouterr().err == (
-        f"streamrl: error: model '{base_model}' has no chat template (a base model): give it one with "
+        f"streamrl: error: model={base_model} has no chat template (a base model): give it one with "
         "task_config.chat_template=FILE.jinja (docs/data.md#base-models), or use an instruct model\n"
     )
     assert not run.exists()

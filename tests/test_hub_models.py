@@ -133,17 +133,17 @@ def test_a_cached_snapshot_missing_a_shard_its_index_names_is_not_taken_as_compl
 
 def test_a_whole_set_of_weights_in_either_format_makes_a_snapshot_complete(tmp_path: Path) -> None:
     """A repository with both formats sharded: the safetensors shards complete, the .bin index's shards
-    never downloaded (only *.safetensors are fetched): complete. Missing a shard of every index: not."""
-    from streamrl.models.hub import _has_weights
+    never downloaded (only the safetensors set is fetched): complete. Missing a shard of it: not."""
+    from streamrl.models.weight_files import is_complete
 
     (tmp_path / "config.json").write_text("{}")
     st = {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": st}))
     (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": {"a": "p-1.bin"}}))
     (tmp_path / st["a"]).write_bytes(b"x")
-    assert not _has_weights(tmp_path)  # one safetensors shard of two, no .bin shard
+    assert not is_complete(tmp_path)  # one safetensors shard of two, no .bin shard
     (tmp_path / st["b"]).write_bytes(b"x")
-    assert _has_weights(tmp_path)
+    assert is_complete(tmp_path)
     (tmp_path / st["a"]).unlink()
-    (tmp_path / "model.safetensors").write_bytes(b"x")  # a single file no index names
-    assert _has_weights(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"x")  # the single file transformers loads first
+    assert is_complete(tmp_path)

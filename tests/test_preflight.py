@@ -69,7 +69,8 @@ def test_a_data_typo_fails_before_the_model_is_resolved(tmp_path, monkeypatch, c
     import streamrl.preflight as preflight
 
     resolved: list[str] = []
-    monkeypatch.setattr(preflight, "resolve_model_dir", lambda name, seed=0: resolved.append(name))
+    for step in ("resolve_model_files", "resolve_model_dir"):  # config and tokenizer, then the weights
+        monkeypatch.setattr(preflight, step, lambda name, seed=0: resolved.append(name))
     args = [*TINY, "model=Qwen/Qwen2.5-7B-Instruct", f"task=data:{tmp_path / 'typo.jsonl'}"]
     assert _train([*args, f"run_dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr().err
@@ -83,7 +84,8 @@ def test_a_source_with_nothing_to_train_on_fails_before_the_model_is_resolved(tm
     import streamrl.preflight as preflight
 
     resolved: list[str] = []
-    monkeypatch.setattr(preflight, "resolve_model_dir", lambda name, seed=0: resolved.append(name))
+    for step in ("resolve_model_files", "resolve_model_dir"):  # config and tokenizer, then the weights
+        monkeypatch.setattr(preflight, step, lambda name, seed=0: resolved.append(name))
     rows = tmp_path / "b.jsonl"
     rows.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": str(i)}) + "\n" for i in range(4)))
     sources = f"[{{task: rg:chain_sum, weight: 9}}, {{task: 'data:{rows}', weight: 1, eval_data: '{rows}'}}]"
@@ -128,7 +130,8 @@ def test_a_run_dir_that_is_taken_fails_before_the_model_is_resolved(tmp_path, mo
     import streamrl.preflight as preflight
 
     resolved: list[str] = []
-    monkeypatch.setattr(preflight, "resolve_model_dir", lambda name, seed=0: resolved.append(name))
+    for step in ("resolve_model_files", "resolve_model_dir"):  # config and tokenizer, then the weights
+        monkeypatch.setattr(preflight, step, lambda name, seed=0: resolved.append(name))
     (tmp_path / "notes.txt").write_text("mine")
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "config.yaml").write_text("model: tiny\n")

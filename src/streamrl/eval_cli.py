@@ -86,7 +86,7 @@ def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     from streamrl.eval.sampled import evaluate_sampled
     from streamrl.models.device import check_device
     from streamrl.models.precision import precision_dtype
-    from streamrl.models.resolve import load_tokenizer, resolve_model_dir
+    from streamrl.models.resolve import load_tokenizer, resolve_model_files
     from streamrl.models.startup import start_model
     from streamrl.preflight import check_run_dir
     from streamrl.tasks import prepare_split, task_from_config
@@ -105,7 +105,7 @@ def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     if not problems:
         raise ValueError("config key 'eval.size' is 0: nothing to evaluate (set size=N)")
     tc = cfg.task_config  # a template that refuses the prompt (a system turn, say): one line, no weights
-    tokenizer = load_tokenizer(resolve_model_dir(cfg.model, cfg.seed), tc.chat_template)
+    tokenizer = load_tokenizer(resolve_model_files(cfg.model, cfg.seed), tc.chat_template, cfg.model)
     check_template(tokenizer, problems[0], tc.chat_template, cfg.model, cfg.task)
     dtype = precision_dtype(cfg.rollout.precision, cfg.device)
     started = start_model(cfg.model, cfg.seed, cfg.device, dtype, cfg.task_config.chat_template)

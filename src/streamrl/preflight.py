@@ -4,7 +4,8 @@ training problem in the format they read (rewards/fn_probe.py), an LLM judge
 answers (reward.scorer=judge: rewards/judge_check.py), the configured lengths fit the model's context
 and train.token_budget (data/prompt_limit.py) and the task builds (its data read, its sandbox checked)
 with a training prompt short enough. They run before any weights load and before a run directory is
-created; each failure is one line (ValueError), so a bad run costs seconds and leaves nothing behind."""
+created (a Hub model's weights are downloaded last, once they all passed); each failure is one line
+(ValueError), so a bad run costs seconds and leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -21,7 +22,13 @@ from streamrl.data.samplers import check_curriculum
 from streamrl.data.task import Task, default_task_args
 from streamrl.files import in_use_message, run_dir_in_use
 from streamrl.models.device import check_device
-from streamrl.models.resolve import chat_template_file, load_model_config, load_tokenizer, resolve_model_dir
+from streamrl.models.resolve import (
+    chat_template_file,
+    load_model_config,
+    load_tokenizer,
+    resolve_model_dir,
+    resolve_model_files,
+)
 from streamrl.rewards.fn_probe import choose_formats
 from streamrl.rewards.judge import judge_config
 from streamrl.rewards.judge_check import check_judge
@@ -135,17 +142,18 @@ def preflight(cfg: Any) -> Checked:
     tc = cfg.task_config
     if tc.chat_template:  # recorded absolute: workers, resume and evaluation read the same file
         tc.chat_template = str(chat_template_file(tc.chat_template))  # before a model download
-    model_dir = resolve_model_dir(cfg.model, cfg.seed)
-    model_config = load_model_config(model_dir)
+    model_files = resolve_model_files(cfg.model, cfg.seed)  # config and tokenizer: a Hub model's weights wait
+    model_config = load_model_config(model_files)
     limit = prompt_limit(cfg, model_config)  # lengths that cannot fit: one line
     if cfg.train.lora_rank:  # the adapters' target layers exist (the layers built with no weights)
         from streamrl.models.lora import check_targets_on_meta
 
         check_targets_on_meta(model_config, cfg.train.lora_targets)
-    tokenizer = load_tokenizer(model_dir, tc.chat_template)  # a model without a template: one line
+    tokenizer = load_tokenizer(model_files, tc.chat_template, cfg.model)  # no template: one line
     if drawn:  # a template that refuses the prompt (a system turn, say): one line
         check_template(tokenizer, drawn[0], tc.chat_template, cfg.model, cfg.task)
     # something to train on: every row held out, or every prompt too long, is one line
     prompts = PromptFilter(tokenizer, limit, f"task {cfg.task}", warn=False)
     next(prompts.apply(itertools.chain(drawn, stream)))
+    model_dir = resolve_model_dir(cfg.model, cfg.seed)  # the weights, once every check above passed
     return Checked(task, model_dir, split)

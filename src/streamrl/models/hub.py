@@ -1,23 +1,32 @@
 """Hugging Face Hub model ids (`model=Qwen/Qwen2.5-0.5B-Instruct`, `model=org/name@revision`) -> a local
-snapshot directory, through huggingface_hub.
+snapshot directory, through huggingface_hub, in two steps:
 
-The local cache comes first: a snapshot that is already there (config.json and weights) is used without
-touching the network, so rollout workers and resumed runs never download. Otherwise, unless offline
-mode is on (HF_HUB_OFFLINE=1), the config, tokenizer and weight files are downloaded into the cache
-(HF_HOME / HF_HUB_CACHE): safetensors when the repository has them, else PyTorch .bin files. Every
-failure is one line naming the id, what went wrong and the way out (a local directory works everywhere).
+- `hub_files`: the config, tokenizer, chat template, generation config and shard indexes (small files),
+  which every check before loading reads (models/model_files.py, preflight.py);
+- `hub_weights`: the weight files transformers loads (models/weight_files.py), fetched into the same
+  snapshot (the commit the checks read) only when those checks passed.
+
+The local cache comes first: files already there are used without touching the network, so rollout
+workers and resumed runs never download. Otherwise, unless offline mode is on (HF_HUB_OFFLINE=1), they
+are downloaded into the cache (HF_HOME / HF_HUB_CACHE). Every failure is one line naming the id, what
+went wrong and the way out (a local directory works everywhere).
 """
 
 from __future__ import annotations
 
-import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-# the files a causal LM needs: config, generation config, tokenizer (json, sentencepiece, BPE merges)
+from streamrl.models.model_files import has_tokenizer_files
+from streamrl.models.weight_files import download_sets, is_complete
+
+# the small files a causal LM needs besides its weights: config, generation config, shard indexes,
+# tokenizer (json, sentencepiece, BPE merges, tiktoken), chat template
 NEEDED = ["*.json", "*.model", "*.txt", "*.tiktoken", "*.jinja"]
-WEIGHTS = ("*.safetensors", "*.bin")
 _REPO_ID = re.compile(r"^(?:[\w.-]+/)?[\w.-]+$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 def split_id(name: str) -> tuple[str, str | None] | None:
@@ -28,23 +37,11 @@ def split_id(name: str) -> tuple[str, str | None] | None:
     return repo, revision or None
 
 
-def _has_weights(path: Path) -> bool:
-    """config.json and one whole set of weights: a file no shard index names (model.safetensors), or
-    every shard of one index (a cache that transformers filled part of, or a download cut short, has
-    an index and only some of its shards; a repository with both formats has two indexes)."""
-    files = [f for w in WEIGHTS for f in path.glob(w)]
-    if not (path / "config.json").is_file() or not files:
-        return False
-    named: set[str] = set()
-    for index in path.glob("*.index.json"):
-        try:
-            shards = set(json.loads(index.read_text()).get("weight_map", {}).values())
-        except (OSError, ValueError, AttributeError):
-            continue
-        if shards and all((path / shard).is_file() for shard in shards):
-            return True
-        named |= shards
-    return any(f.name not in named for f in files)
+def _parse(name: str) -> tuple[str, str | None]:
+    parsed = split_id(name)
+    if parsed is None:
+        raise ValueError(f"model '{name}': not a local directory and not a Hugging Face Hub id (org/name)")
+    return parsed
 
 
 def _local_hint(name: str) -> str:
@@ -54,39 +51,23 @@ def _local_hint(name: str) -> str:
     )
 
 
-def hub_snapshot(name: str) -> Path:
-    """The local snapshot directory of Hub model `name` (downloaded first if needed and allowed)."""
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
+def _offline(name: str) -> ValueError:
+    from huggingface_hub import constants
+
+    return ValueError(
+        f"model '{name}' is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) and "
+        f"HF_HUB_OFFLINE=1 forbids downloading it: {_local_hint(name)}"
     )
 
-    parsed = split_id(name)
-    if parsed is None:
-        raise ValueError(f"model '{name}': not a local directory and not a Hugging Face Hub id (org/name)")
-    repo, revision = parsed
-    for weights in WEIGHTS:  # the files a download below fetched: the rest of the repo is not needed
-        try:
-            patterns = [*NEEDED, weights]
-            cached = Path(
-                snapshot_download(repo, revision=revision, local_files_only=True, allow_patterns=patterns)
-            )
-            if _has_weights(cached):
-                return cached
-        except (LocalEntryNotFoundError, FileNotFoundError):  # IncompleteSnapshotError among them
-            pass
-    if constants.HF_HUB_OFFLINE:
-        raise ValueError(
-            f"model '{name}' is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) and "
-            f"HF_HUB_OFFLINE=1 forbids downloading it: {_local_hint(name)}"
-        )
-    try:  # safetensors weights; PyTorch .bin files only for a repository without them
-        path = Path(snapshot_download(repo, revision=revision, allow_patterns=[*NEEDED, WEIGHTS[0]]))
-        if not _has_weights(path):
-            path = Path(snapshot_download(repo, revision=revision, allow_patterns=[*NEEDED, WEIGHTS[1]]))
+
+@contextmanager
+def _one_line_errors(name: str, repo: str, revision: str | None) -> Iterator[None]:
+    """A download's failures as one line each."""
+    from huggingface_hub import constants
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    try:
+        yield
     except GatedRepoError:
         raise ValueError(
             f"model '{name}' is gated on the Hugging Face Hub: accept its terms on its page and log in "
@@ -105,9 +86,58 @@ def hub_snapshot(name: str) -> Path:
             f"model '{name}' is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) and the Hub "
             f"could not be reached ({reason[:160]}): {_local_hint(name)}"
         ) from None
-    if not _has_weights(path):
+
+
+def hub_files(name: str) -> Path:
+    """The local snapshot directory of Hub model `name` with its NEEDED files (its weights may not be
+    there yet): from the cache, else downloaded if allowed."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    repo, revision = _parse(name)
+    patterns = NEEDED  # the files a download below fetched: the rest of the repo is not needed
+    try:
+        cached = Path(
+            snapshot_download(repo, revision=revision, local_files_only=True, allow_patterns=patterns)
+        )
+        if (cached / "config.json").is_file() and has_tokenizer_files(cached):  # not a config read alone
+            return cached
+    except (LocalEntryNotFoundError, FileNotFoundError):  # IncompleteSnapshotError among them
+        pass
+    if constants.HF_HUB_OFFLINE:
+        raise _offline(name)
+    with _one_line_errors(name, repo, revision):
+        path = Path(snapshot_download(repo, revision=revision, allow_patterns=NEEDED))
+    if not (path / "config.json").is_file():
         raise ValueError(
-            f"model '{name}': the Hub repository has no config.json with safetensors or .bin weights "
-            "(GGUF-only and remote-code models are not supported; pass a converted local directory)"
+            f"model '{name}': the Hub repository has no config.json (GGUF-only and Mistral-format "
+            "repositories are not supported; pass a converted local directory)"
         )
     return path
+
+
+def hub_weights(name: str, files: Path) -> Path:
+    """`files` (hub_files(name)) with the weight set transformers loads: the shards its index names, else
+    model.safetensors; the .bin files only for a repository without safetensors weights."""
+    from huggingface_hub import constants, snapshot_download
+
+    if is_complete(files):
+        return files
+    if constants.HF_HUB_OFFLINE:
+        raise _offline(name)
+    repo, revision = _parse(name)
+    commit = files.name if _COMMIT.match(files.name) else revision  # the snapshot the checks read
+    path = files
+    for wanted in download_sets(files):
+        if not wanted:
+            continue
+        # with NEEDED (cached already): a call that matches nothing fetches nothing and logs nothing
+        with _one_line_errors(name, repo, revision):
+            path = Path(snapshot_download(repo, revision=commit, allow_patterns=[*NEEDED, *wanted]))
+        if is_complete(path):
+            return path
+    raise ValueError(
+        f"model '{name}': the Hub repository has no weights transformers loads (model.safetensors, the "
+        "shards of model.safetensors.index.json, or their pytorch_model.bin counterparts); GGUF-only and "
+        "remote-code models are not supported: pass a converted local directory"
+    )

@@ -7,31 +7,47 @@ from typing import Any
 
 from streamrl.models import smollm2, tiny
 from streamrl.models.cache import cache_dir
-from streamrl.models.hub import hub_snapshot, split_id
+from streamrl.models.hub import hub_files, hub_weights, split_id
+from streamrl.models.model_files import check_model_files
 from streamrl.models.quiet import no_progress_bars
 
 KNOWN_MODELS = ("smollm2-135m-instruct", "tiny-random")
 
 
-def resolve_model_dir(name: str, seed: int = 0) -> Path:
-    """'smollm2-135m-instruct' | 'tiny-random' | a local HF model directory | a Hugging Face Hub id
-    ('org/name', 'org/name@revision': models/hub.py) -> directory path."""
+def _model_files(name: str, seed: int) -> tuple[Path, bool]:
+    """(the directory with the model's config and tokenizer, checked; whether it is a Hub snapshot)."""
+    local, hub = Path(name).expanduser(), False
     if name == "smollm2-135m-instruct":
         target = cache_dir() / "models" / "smollm2-135m-instruct"
-        return target if (target / "config.json").exists() else smollm2.convert(target)
-    if name == "tiny-random":
+        path = target if (target / "config.json").exists() else smollm2.convert(target)
+    elif name == "tiny-random":
         # v2: the chat template renders tools; a cached build with the older template is not reused
         target = cache_dir() / "models" / f"tiny-random-v2-seed{seed}"
-        return target if (target / "config.json").exists() else tiny.build(target, seed=seed)
-    path = Path(name).expanduser()
-    if (path / "config.json").is_file():
-        return path
-    if path.exists() or name.startswith((".", "/", "~")) or split_id(name) is None:
+        path = target if (target / "config.json").exists() else tiny.build(target, seed=seed)
+    elif (local / "config.json").is_file():
+        path = local
+    elif local.exists() or name.startswith((".", "/", "~")) or split_id(name) is None:
         raise ValueError(
             f"model '{name}': not a model directory (no config.json there); use one of "
             f"{', '.join(KNOWN_MODELS)}, a local HF model directory or a Hugging Face Hub id (org/name)"
         )
-    return hub_snapshot(name)
+    else:
+        path, hub = hub_files(name), True
+    check_model_files(path, name)
+    return path, hub
+
+
+def resolve_model_files(name: str, seed: int = 0) -> Path:
+    """The directory holding the model's config.json and tokenizer, checked (models/model_files.py), with
+    no weights read or downloaded: a Hub model's snapshot before its weights (models/hub.py)."""
+    return _model_files(name, seed)[0]
+
+
+def resolve_model_dir(name: str, seed: int = 0) -> Path:
+    """'smollm2-135m-instruct' | 'tiny-random' | a local HF model directory | a Hugging Face Hub id
+    ('org/name', 'org/name@revision': models/hub.py) -> directory path, with the weights."""
+    path, hub = _model_files(name, seed)
+    return hub_weights(name, path) if hub else path
 
 
 def chat_template_file(chat_template: str) -> Path:
@@ -44,17 +60,18 @@ def chat_template_file(chat_template: str) -> Path:
     return path.resolve()
 
 
-def load_tokenizer(model_dir: Path, chat_template: str = "") -> Any:
+def load_tokenizer(model_dir: Path, chat_template: str = "", name: str = "") -> Any:
     """The model's tokenizer; `chat_template` (task_config.chat_template): a Jinja file that replaces
-    the model's template. ValueError (one line) for a missing file, or a model with no template."""
+    the model's template. ValueError (one line, naming the model as `name` when given) for a missing
+    file, or a model with no template. Custom code is never run (models/model_files.py refuses it)."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
     if chat_template:
         tok.chat_template = chat_template_file(chat_template).read_text()
     elif not tok.chat_template:
         raise ValueError(
-            f"model '{model_dir}' has no chat template (a base model): give it one with "
+            f"model={name or model_dir} has no chat template (a base model): give it one with "
             "task_config.chat_template=FILE.jinja (docs/data.md#base-models), or use an instruct model"
         )
     if tok.pad_token_id is None:
@@ -66,7 +83,7 @@ def load_model_config(model_dir: Path) -> Any:
     """The model's transformers config alone (its context length, ...): no weights are read."""
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(model_dir)
+    return AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
 
 
 def load_model(model_dir: Path, device: str = "cpu") -> Any:
@@ -81,7 +98,9 @@ def load_model(model_dir: Path, device: str = "cpu") -> Any:
     cpu = str(device).startswith("cpu")
     attn = register() if cpu else "sdpa"
     with no_progress_bars():
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attn)
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.float32, attn_implementation=attn, trust_remote_code=False
+        )
     if cpu:  # the trainer's fused layers on compute weights (models/fused_llama.py); GPU: transformers'
         install(model)
     return model.to(device)

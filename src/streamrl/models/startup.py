@@ -1,5 +1,6 @@
 """Model start-up, the same for the trainer, the rollout workers, the trainer's follower ranks and eval:
-name -> local directory -> tokenizer -> fp32 weights -> (engines) their compute dtype."""
+name -> config and tokenizer files (checked) -> tokenizer -> weights (a Hub model's downloaded only now)
+-> fp32 model -> (engines) their compute dtype."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrl.models.precision import cast_params
-from streamrl.models.resolve import load_model, load_tokenizer, resolve_model_dir
+from streamrl.models.resolve import load_model, load_tokenizer, resolve_model_dir, resolve_model_files
 
 
 @dataclass
@@ -27,9 +28,12 @@ def start_model(
     (parameters cast; buffers such as RoPE's inv_freq stay fp32, as transformers and vLLM load them).
     chat_template: task_config.chat_template (models/resolve.py load_tokenizer)."""
     t0 = time.perf_counter()
-    model_dir = resolve_model_dir(name, seed)
+    files = resolve_model_files(name, seed)
     resolved = time.perf_counter() - t0
-    tokenizer = load_tokenizer(model_dir, chat_template)
+    tokenizer = load_tokenizer(files, chat_template, name)  # a model without a template: before its weights
+    t0 = time.perf_counter()
+    model_dir = resolve_model_dir(name, seed)
+    resolved += time.perf_counter() - t0
     model = load_model(model_dir, device)
     if dtype is not None:
         model = cast_params(model, dtype)

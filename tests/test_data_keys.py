@@ -85,3 +85,23 @@ def test_eval_split_names_the_held_out_split_of_eval_data(tmp_path):
         None, [f"task=data:{train}", f"task_config.eval_data=data:{d}", "task_config.eval_split=validation"]
     )
     assert (cfg.task_config.eval_data, cfg.task_config.eval_split) == (f"data:{d}", "validation")
+
+
+def test_a_run_saved_with_keys_its_data_source_never_read_resumes_without_them(tmp_path):
+    """Saved before these keys were refused: the resume drops them (the run never read them); given again
+    on the command line they are refused as in a new run."""
+    from streamrl.config import Config, config_yaml
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"Q{i}?", "answer": str(i)}) + "\n" for i in range(8)))
+    saved = Config(task=f"data:{rows}", run_dir=str(tmp_path / "run"))
+    saved.task_config.args = {"revision": "v2"}
+    saved.task_config.shuffle_buffer = 5
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text(config_yaml(saved))
+    cfg = load_config(None, [f"resume={tmp_path / 'run'}"])
+    assert (
+        cfg.task_config.args == {} and cfg.task_config.shuffle_buffer == Config().task_config.shuffle_buffer
+    )
+    with pytest.raises(ConfigError, match="task_config.shuffle_buffer"):
+        load_config(None, [f"resume={tmp_path / 'run'}", "task_config.shuffle_buffer=5"])

@@ -8,9 +8,10 @@ from streamrl.rewards.extract import extract_answer
 
 
 def test_a_chat_keeps_its_own_system_turn_and_gets_the_instruction_on_its_last_user_turn():
+    # (a system turn anywhere but first makes the row malformed: data/columns.py refuses it)
     chat = [
-        {"role": "user", "content": "q1"},
         {"role": "system", "content": "own"},
+        {"role": "user", "content": "q1"},
         {"role": "assistant", "content": "a1"},
         {"role": "user", "content": "q2"},
     ]

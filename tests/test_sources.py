@@ -220,10 +220,9 @@ def test_a_file_of_math_and_code_rows_keeps_both_kinds(tmp_path):
 
 def test_code_rows_of_a_data_source_are_prompted_and_shown_as_code(tmp_path):
     """Under the default (calculator) system prompt a code row gets the code task's, as task=code does;
-    a math row the one asking for reward.extract's answer format; a drawn example of a code row shows
-    its program in the block the scorer runs; a math row whose tests are an empty list is a math row."""
+    a math row keeps the calculator's; a drawn example of a code row shows its program in the block
+    the scorer runs; a math row whose tests are an empty list is a math row."""
     from streamrl.data.code_task import CODE_SYSTEM_PROMPT
-    from streamrl.data.prompts import answer_format_prompt
 
     tests = json.dumps([{"input": "2\n", "output": "4\n"}])
     rows = [{"prompt": f"{i}+1?", "answer": str(i + 1), "tests": "[]"} for i in range(3)]
@@ -244,8 +243,7 @@ def test_code_rows_of_a_data_source_are_prompted_and_shown_as_code(tmp_path):
         p.meta["question"]: p.messages[0]["content"]
         for p in itertools.islice(task.train_stream(0, set()), 60)
     }
-    assert system["0+1?"] == answer_format_prompt("answer_is")
-    assert system["print 0 times n"] == CODE_SYSTEM_PROMPT
+    assert system["0+1?"] == TaskConfig.system_prompt and system["print 0 times n"] == CODE_SYSTEM_PROMPT
     code = make_task("code", {}, TaskConfig.system_prompt, "", "answer_is")
     cfg = load_config(None, ["task=code", "task_config.few_shot_n=1", "eval.size=2"])
     prepare_split(code, cfg)

@@ -33,7 +33,7 @@ from streamrl.config_sections import (
     TrainConfig,
     VLLMConfig,
 )
-from streamrl.config_validate import validate
+from streamrl.config_validate import is_data_source, validate
 
 __all__ = [
     "AdvantageConfig",
@@ -152,6 +152,7 @@ def load_config(
         _refuse_another_run_dir(parsed, resume)
         cfg.run_dir = resume
         _refuse_changes_a_resume_would_ignore(data, cfg, resume)
+        _drop_data_keys_unread(cfg, given_pairs)
         if cfg.eval.k and not _sets(["eval", "n"], *given_pairs):  # the saved eval.n is a resolved one
             cfg.eval.n = max(cfg.eval.n, *cfg.eval.k)
     else:
@@ -237,6 +238,19 @@ def _same_setting(key: str, old: Any, new: Any) -> bool:
     if key == "task_config.chat_template" and old and new:
         return bool(Path(old).expanduser().resolve() == Path(new).expanduser().resolve())
     return bool(old == new)
+
+
+def _drop_data_keys_unread(cfg: Config, given: list[dict[str, Any]]) -> None:
+    """A resumed data task (hf:, data:) saved with task_config.args, or with a shuffle buffer and no
+    streaming, keys its source never read and that are refused today: back to their defaults, as the run
+    used them (given again on the command line, they are refused)."""
+    tc, default = cfg.task_config, TaskConfig()
+    if not is_data_source(cfg.task):
+        return
+    if not _sets(["task_config", "args"], *given):
+        tc.args = dict(default.args)
+    if not tc.streaming and not _sets(["task_config", "shuffle_buffer"], *given):
+        tc.shuffle_buffer = default.shuffle_buffer
 
 
 def _drop_preset_keys_unread(cfg: Config, preset: dict[str, Any], given: list[dict[str, Any]]) -> None:

@@ -218,8 +218,7 @@ class EvalConfig:
 
 @dataclass
 class TaskConfig:
-    # the system message of every chat; under this default a dataset's rows (hf:, data:) get one asking
-    # for the answer in the format reward.extract reads, and code rows the code task's (docs/data.md)
+    # the system message of every chat
     system_prompt: str = "You are a calculator. Reply in the form 'The answer is <number>.'"
     instruction: str = ""  # appended to each question on its own line
     # a Jinja chat template file for a model without one (a base model); "" = the model's own template.

@@ -22,20 +22,6 @@ SHOT_TEMPLATES = {
     "gsm8k": "#### {answer}",
 }
 
-# the default system prompt of a dataset's rows (hf:, data:), by reward.extract: the answer statement the
-# scorer reads, in the form the few-shot replies (SHOT_TEMPLATES) show it
-ANSWER_FORMAT_PROMPTS = {
-    "answer_is": "End your reply with the final answer in the form 'The answer is <number>.'",
-    "boxed": "End your reply with the final answer in the form '\\boxed{<answer>}'.",
-    "last_number": "End your reply with the final answer as a number.",
-    "gsm8k": "End your reply with the final answer in the form '#### <number>'.",
-}
-
-
-def answer_format_prompt(extract: str) -> str:
-    """The system prompt that asks for the answer in the format reward.extract reads."""
-    return ANSWER_FORMAT_PROMPTS.get(extract, ANSWER_FORMAT_PROMPTS["answer_is"])
-
 
 def _with_instruction(text: str, instruction: str) -> str:
     return f"{text}\n{instruction}" if instruction else text

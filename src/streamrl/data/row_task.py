@@ -15,7 +15,7 @@ from typing import Any
 
 from streamrl.config_sections import TaskConfig
 from streamrl.data.answers import answers_of
-from streamrl.data.prompts import answer_format_prompt, build_messages
+from streamrl.data.prompts import build_messages
 from streamrl.data.task import ID_HEX, Score, Task
 from streamrl.rewards.sandbox import Executor, make_executor
 from streamrl.types import Problem
@@ -76,19 +76,13 @@ class RowTask(Task):
         return self._problem(pid, row["question"], row["answer"], meta)
 
     def render(self, problem: Problem) -> list[dict[str, str]]:
-        """Under the default system prompt (reasoning-gym's calculator prompt) a code row gets the code
-        task's, any other row one asking for the answer in the format reward.extract reads; a system
-        prompt set to anything else is used as written."""
-        if self.system_prompt != TaskConfig.system_prompt:
-            return super().render(problem)
-        if problem.meta.get("kind") == "code":
+        """A code row under the default (calculator) system prompt gets the code task's instead."""
+        if problem.meta.get("kind") == "code" and self.system_prompt == TaskConfig.system_prompt:
             from streamrl.data.code_task import CODE_SYSTEM_PROMPT
 
-            system = CODE_SYSTEM_PROMPT
-        else:
-            system = answer_format_prompt(self.extract)
-        question, chat = problem.meta["question"], problem.meta.get("chat")
-        return build_messages(question, system, self.instruction, self.few_shot, chat)
+            question, chat = problem.meta["question"], problem.meta.get("chat")
+            return build_messages(question, CODE_SYSTEM_PROMPT, self.instruction, self.few_shot, chat)
+        return super().render(problem)
 
     def is_correct(self, extracted: str, problem: Problem) -> bool:
         """Equal (math-verify) to any of the row's accepted answers."""

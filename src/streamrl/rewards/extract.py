@@ -33,7 +33,8 @@ _ANSWER_IS = re.compile(rf"answer is:?{_OPENER}({_NUM})", re.IGNORECASE)
 # a comma or a space that groups digits by three: 1,234 and 1 234 (not 2,3)
 _THOUSANDS = re.compile(rf",(?=\d{{3}}(?!\d))|(?<=\d){_SPACE}(?=\d{{3}}(?!\d))")
 _CURRENCY_SIGN = re.compile(rf"{_CURRENCY}\s*")
-_SCIENTIFIC = re.compile(rf"(\d+(?:\.\d+)?)\s*{_TIMES}\s*10\^\{{?(-?\d+)\}}?")
+# from the start of a number only (not again inside a run of digits: linear in its length)
+_SCIENTIFIC = re.compile(rf"(?<![\d.])(\d+(?:\.\d+)?)\s*{_TIMES}\s*10\^\{{?(-?\d+)\}}?")
 _NUMBER = re.compile(_NUM)
 _GSM8K = re.compile(rf"####\s*\$?\s*({_NUM})")  # GSM8K's reference solutions end with "#### 72"
 # what may follow the answer statement at the end of a response: closing punctuation, markdown emphasis,

@@ -4,13 +4,13 @@ Tests are `[{"input": str, "output": str}, ...]`. A test passes when the program
 stdout equals the expected output after trailing whitespace is stripped from every line and from the
 end. reward = passed / total (partial credit) or 1.0 only when all pass (all-or-nothing, which stops
 at the first failure to save sandbox time). Scored by a RewardService, the tests stop where the score
-runs out of time (workers.time_left): the last one's wall limit is cut to the time left, and none
-runs after the service gave up on the score.
+runs out of time (workers.time_left): none runs after the service gave up on the score. A test under
+way keeps its own wall limit, so the service's timeout, not a run cut short at the same moment, decides
+that the score timed out.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import re
 from typing import Any
@@ -94,10 +94,7 @@ def score_program(
         if left <= 0:  # the service gave up on this score: the rest would run for nobody
             reason = reason or f"test {i}: not run: the score ran out of time"
             break
-        run_limits = limits
-        if left < (limits or Limits()).wall_s:
-            run_limits = dataclasses.replace(limits or Limits(), wall_s=left)
-        r = ex.run(program, t["input"], run_limits)
+        r = ex.run(program, t["input"], limits)
         isolation = r.isolation
         if r.setup_failed:  # not the program's failure, yet its test fails: said once per process
             _warn_setup_failed(r.stderr)

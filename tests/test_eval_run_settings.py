@@ -80,7 +80,16 @@ def test_a_runs_export_is_evaluated_with_the_runs_task_prompt_and_scoring(run, e
     assert line == f"taking the task settings of {run} (config.yaml); a key given here overrides them"
     # not the run's model, run_dir or seed, nor what only training reads
     assert (cfg.model, cfg.run_dir, cfg.seed) == (str(run / export), "", 0)
-    assert (cfg.reward.format_weight, cfg.eval.n, cfg.rollout.max_new_tokens) == (0.1, 0, 48)
+    assert (cfg.reward.format_weight, cfg.eval.n) == (0.1, 0)
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"), [([], 200), (["rollout.max_new_tokens=64"], 64), (["eval.max_new_tokens=9"], 9)]
+)
+def test_eval_max_new_tokens_0_follows_the_runs_rollout_length(run, given, expected):
+    # 0: "as long as a training reply", the run's rollout.max_new_tokens=200 (not the default 48)
+    cfg, _ = eval_config(None, [f"model={run / 'checkpoint'}", "eval.max_new_tokens=0", *given])
+    assert cfg.eval.max_new_tokens == expected
 
 
 def test_a_key_given_on_the_command_line_or_in_a_config_file_wins(run, tmp_path):

@@ -3,8 +3,9 @@ RUN/checkpoints/step-N), it takes from RUN/config.yaml what decides what is eval
 prompted and scored, under the config file and the key=value overrides given (a key given there wins).
 
 Taken: `task`, the `task_config` section, the reward keys the evaluation's scoring reads (SCORING_KEYS),
-`eval.size` and `eval.max_new_tokens`, and the `env` section (the limits of env: and agent: episodes).
-Not the run's model, run_dir, seed or anything else. With a task given that is not the run's, of
+`eval.size` and `eval.max_new_tokens`, `rollout.max_new_tokens` (what eval.max_new_tokens=0 follows),
+and the `env` section (the limits of env: and agent: episodes). Not the run's model, run_dir, seed or
+anything else. With a task given that is not the run's, of
 task_config only the keys that shape the prompt (PROMPT_KEYS): the others describe the run's data.
 """
 
@@ -24,6 +25,7 @@ PROMPT_KEYS = ("system_prompt", "instruction", "chat_template", "few_shot", "few
 # the reward keys that score a held-out response (the task's verifier: tasks.task_from_config)
 SCORING_KEYS = ("extract", "code_partial_credit", "sandbox_min_isolation", "sandbox_executor")
 EVAL_KEYS = ("size", "max_new_tokens")
+ROLLOUT_KEYS = ("max_new_tokens",)  # eval.max_new_tokens=0 is the run's reply length, not the default's
 
 
 def trained_run(model: str) -> tuple[Path, dict[str, Any]] | None:
@@ -53,7 +55,10 @@ def run_settings(saved: dict[str, Any], task: str | None) -> dict[str, Any]:
     out: dict[str, Any] = {"task": saved["task"]} if "task" in saved else {}
     out["task_config"] = section("task_config", None if own_task else PROMPT_KEYS)
     out.update(
-        reward=section("reward", SCORING_KEYS), eval=section("eval", EVAL_KEYS), env=section("env", None)
+        reward=section("reward", SCORING_KEYS),
+        eval=section("eval", EVAL_KEYS),
+        rollout=section("rollout", ROLLOUT_KEYS),
+        env=section("env", None),
     )
     return out
 

@@ -141,3 +141,36 @@ def test_a_setting_of_the_run_refused_with_a_key_given_says_where_it_came_from(r
     err = capsys.readouterr().err
     assert err.startswith("streamrl: error: config key 'task_config.shuffle_buffer'"), err
     assert err.endswith(f" (with the task settings of {run}, from its config.yaml)\n"), err
+
+
+def test_the_python_api_takes_the_runs_settings_as_the_eval_command_does(run, monkeypatch, capsys, tmp_path):
+    import streamrl
+    import streamrl.eval_cli
+
+    seen: list[Config] = []
+    monkeypatch.setattr(streamrl.eval_cli, "run_eval", lambda cfg: seen.append(cfg) or {})
+    line = f"taking the task settings of {run} (config.yaml); a key given here overrides them\n"
+    streamrl.evaluate(run / "checkpoint", **{"eval.size": 7})
+    assert _taken(seen[-1]) == {**RUNS, "size": 7}  # a keyword given wins
+    assert capsys.readouterr().err == line
+    streamrl.evaluate(config={"model": str(run / "checkpoint"), "eval": {"max_new_tokens": 0}})
+    assert _taken(seen[-1]) == {**RUNS, "max_new_tokens": 200}  # the run's rollout.max_new_tokens
+    assert capsys.readouterr().err == line
+    file = tmp_path / "eval.yaml"
+    file.write_text(f"model: {run / 'checkpoint'}\nreward: {{extract: boxed}}\n")
+    streamrl.evaluate(config=file, task="rg:chain_sum")
+    assert (seen[-1].task, seen[-1].reward.extract, seen[-1].task_config.system_prompt) == (
+        "rg:chain_sum",
+        "boxed",
+        PROMPT,
+    )
+    assert "not its data keys: task=rg:chain_sum is not its task" in capsys.readouterr().err
+    # rows given from code are evaluated whole: the run's eval.size is not the caller's
+    rows = [{"prompt": f"What is {i}+1?", "answer": str(i + 1)} for i in range(60)]
+    streamrl.evaluate(run / "checkpoint", eval_data=rows)
+    assert (seen[-1].eval.size, seen[-1].task_config.system_prompt) == (60, PROMPT)
+    assert "taking the prompt and scoring settings of" in capsys.readouterr().err
+    # a Config made before sets every key: nothing is taken, nothing said
+    streamrl.evaluate(run / "checkpoint", config=load_config(None, ["eval.size=3"]))
+    assert (seen[-1].task_config.system_prompt, seen[-1].eval.size) == (Config().task_config.system_prompt, 3)
+    assert capsys.readouterr().err == ""

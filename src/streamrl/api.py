@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrl.config import Config, ConfigError, given_k, load_config, n_from_k
-from streamrl.config_parse import apply_key
+from streamrl.config_parse import apply_key, read_yaml
 from streamrl.config_validate import validate
 
 
@@ -169,6 +169,17 @@ def make_config(
         settings["task"] = _task_spec(_data_file(train_data, "train_data"))
     if eval_data is not None:
         settings["task_config.eval_data"] = _data_file(eval_data, "eval_data")
+    return _layered(config, settings, overrides)
+
+
+def _layered(
+    config: str | Path | dict[str, Any] | Config | None,
+    settings: dict[str, Any],
+    overrides: dict[str, Any],
+    base: dict[str, Any] | None = None,
+) -> Config:
+    """make_config's Config; `base`: settings under the config's and the keywords' (a trained run's, for
+    its evaluation: eval_settings.py), never under a Config made before (it sets every key)."""
     if isinstance(config, Config):  # a Config made before: the overrides go on a copy
         if layered := [k for k in ("algo", "resume") if k in overrides]:
             raise ConfigError(
@@ -183,8 +194,8 @@ def make_config(
         validate(cfg)
         return cfg
     if isinstance(config, dict):  # its section dicts and the keywords' set only their own keys
-        return load_config(None, values=[*config.items(), *overrides.items(), *settings.items()])
-    return load_config(config, values={**overrides, **settings})
+        return load_config(None, values=[*config.items(), *overrides.items(), *settings.items()], base=base)
+    return load_config(config, values={**overrides, **settings}, base=base)
 
 
 def train(
@@ -220,7 +231,11 @@ def evaluate(
 ) -> dict[str, Any]:
     """Evaluate as `streamrl eval` does (greedy accuracy; pass@k, avg@n, maj@k with eval={'n': N}) on the
     task's held-out problems, or on eval_data rows (all of them when given from code, unless eval.size
-    says how many); returns the result dict."""
+    says how many); returns the result dict. A trained run's export (RUN/checkpoint) is evaluated with
+    the run's task settings under those given, as `streamrl eval` does (eval_settings.py), unless
+    `config` is a Config made before (it sets every key)."""
+    from streamrl.eval_settings import given, say_taken, with_run_settings
+
     if model is not None:
         overrides["model"] = str(model)
     rows = None
@@ -228,17 +243,35 @@ def evaluate(
         rows = _data_file(eval_data, "eval_data")
         overrides.setdefault("task", _task_spec(rows))
         overrides["task_config.eval_data"] = rows
-    cfg = make_config(config, **overrides)
-    size_given = (  # by a keyword, or by the config (anything but the default)
-        "eval.size" in overrides
-        or "size" in (overrides.get("eval") or {})
-        or cfg.eval.size != type(cfg.eval)().size
-    )
-    if rows is not None and not isinstance(eval_data, (str, Path)) and not size_given:
+    if isinstance(config, Config):
+        cfg, taken = make_config(config, **overrides), None
+    else:
+        path = None if config is None or isinstance(config, dict) else config
+        pairs = [*(config.items() if isinstance(config, dict) else []), *overrides.items()]
+        cfg, taken = with_run_settings(
+            given("model", path, pairs),
+            given("task", path, pairs),
+            lambda base: _layered(config, {}, overrides, base),
+        )
+    if rows is not None and not isinstance(eval_data, (str, Path)) and not _size_given(config, overrides):
         cfg.eval.size = len(Path(rows).read_text().splitlines())  # one JSONL line per row
+    say_taken(taken)
     from streamrl.eval_cli import run_eval
 
     return run_eval(cfg)
+
+
+def _size_given(config: str | Path | dict[str, Any] | Config | None, overrides: dict[str, Any]) -> bool:
+    """Whether the caller says how many problems to evaluate: eval.size by a keyword or in the config (a
+    Config made before: anything but the default), not the run's whose export is evaluated."""
+    if isinstance(config, Config):
+        if config.eval.size != type(config.eval)().size:
+            return True
+        data: Any = {}
+    else:
+        data = config if isinstance(config, dict) else read_yaml(config) if config is not None else {}
+    items = [*(data.items() if isinstance(data, dict) else []), *overrides.items()]
+    return any(k == "eval.size" or (k == "eval" and isinstance(v, dict) and "size" in v) for k, v in items)
 
 
 __all__ = ["ConfigError", "Run", "evaluate", "make_config", "train"]

@@ -66,11 +66,10 @@ def _eval(path: str | None, overrides: list[str]) -> int:
     evaluation stopped before then writes none."""
     try:
         from streamrl.eval_cli import expand_shorthands, run_eval
-        from streamrl.eval_settings import eval_config
+        from streamrl.eval_settings import eval_config, say_taken
 
         cfg, taken = eval_config(path, expand_shorthands(overrides))
-        if taken is not None:
-            print(taken, file=sys.stderr)
+        say_taken(taken)
         run_eval(cfg)
     except KeyboardInterrupt:
         print("streamrl eval: interrupted; nothing written", file=sys.stderr)

@@ -1,6 +1,7 @@
-"""The config of `streamrl eval`: evaluating a trained run's export (model=RUN/checkpoint or
-RUN/checkpoints/step-N), it takes from RUN/config.yaml what decides what is evaluated and how it is
-prompted and scored, under the config file and the key=value overrides given (a key given there wins).
+"""The config of `streamrl eval` and streamrl.evaluate: evaluating a trained run's export
+(model=RUN/checkpoint or RUN/checkpoints/step-N), it takes from RUN/config.yaml what decides what is
+evaluated and how it is prompted and scored, under the settings given (a config file, key=value overrides,
+the API's config dict and keywords: a key given there wins), and says so in one line on stderr.
 
 Taken: `task`, the `task_config` section, the reward keys the evaluation's scoring reads (SCORING_KEYS),
 `eval.size` and `eval.max_new_tokens`, `rollout.max_new_tokens` (what eval.max_new_tokens=0 follows),
@@ -12,6 +13,7 @@ task_config only the keys that shape the prompt (PROMPT_KEYS): the others descri
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,26 +65,29 @@ def run_settings(saved: dict[str, Any], task: str | None) -> dict[str, Any]:
     return out
 
 
-def _given(key: str, path: str | None, overrides: list[str]) -> Any:
-    """The value the overrides (the last one) or else the config file give the top-level `key`; None."""
-    for k, v in reversed([parse_override(o) for o in overrides]):
+def given(key: str, path: str | Path | None, pairs: list[tuple[str, Any]]) -> Any:
+    """The value the (key, value) pairs (the last one) or else the config file give the top-level
+    `key`; None."""
+    for k, v in reversed(pairs):
         if k == key:
             return v
     data = read_yaml(path) if path is not None and Path(path).is_file() else None
     return data.get(key) if isinstance(data, dict) else None
 
 
-def eval_config(path: str | None, overrides: list[str]) -> tuple[Config, str | None]:
-    """(the evaluation's Config, the line that says which run's settings it took, None when none)."""
-    model = _given("model", path, overrides)
+def with_run_settings(
+    model: Any, task: Any, load: Callable[[dict[str, Any] | None], Config]
+) -> tuple[Config, str | None]:
+    """(the evaluation's Config, the line that says which run's settings it took, None when none), the
+    same for `streamrl eval` and streamrl.evaluate: `model` and `task` as given (None: not given), `load`
+    the caller's loader of its own settings over a base (the run's settings, or None for no run)."""
     found = trained_run(str(model if model is not None else Config.model))
     if found is None:
-        return load_config(path, overrides), None
+        return load(None), None
     run, saved = found
-    task = _given("task", path, overrides)
     taken = run_settings(saved, None if task is None else str(task))
     try:
-        cfg = load_config(path, overrides, base=taken)
+        cfg = load(taken)
     except ConfigError as e:
         raise ConfigError(f"{e} (with the task settings of {run}, from its config.yaml)") from None
     if taken.get("task", cfg.task) == cfg.task:
@@ -91,3 +96,21 @@ def eval_config(path: str | None, overrides: list[str]) -> tuple[Config, str | N
         f"taking the prompt and scoring settings of {run} (config.yaml), not its data keys: task={cfg.task} "
         f"is not its task, {taken['task']}; a key given here overrides them"
     )
+
+
+def eval_config(path: str | None, overrides: list[str]) -> tuple[Config, str | None]:
+    """`streamrl eval`'s Config from its config file and key=value overrides (with_run_settings)."""
+    pairs = [parse_override(o) for o in overrides]
+    return with_run_settings(
+        given("model", path, pairs),
+        given("task", path, pairs),
+        lambda base: load_config(path, overrides, base=base),
+    )
+
+
+def say_taken(line: str | None) -> None:
+    """The line of with_run_settings on stderr, where the evaluation's messages go (eval_cli.run_eval)."""
+    if line is not None:
+        from rich.console import Console
+
+        Console(stderr=True).print(line, soft_wrap=True, markup=False, highlight=False, emoji=False)

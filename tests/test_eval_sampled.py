@@ -148,6 +148,23 @@ def test_a_greedy_only_eval_records_no_samples_and_no_temperature(tmp_path):
     assert (out["problems"], out["n"], out["ks"], out["temperature"]) == (3, 0, [], 0.0)
 
 
+def test_eval_loads_the_tokenizer_once(tmp_path, monkeypatch):
+    """The tokenizer the chat-template check loaded (before any weights) is the one the engine gets."""
+    from transformers import AutoTokenizer
+
+    from streamrl.models.resolve import resolve_model_files
+
+    resolve_model_files("tiny-random")  # built (or found) before the count starts
+    loads = []
+    original = AutoTokenizer.from_pretrained
+    monkeypatch.setattr(
+        AutoTokenizer, "from_pretrained", lambda *a, **k: loads.append(a) or original(*a, **k)
+    )
+    args = ["eval", "model=tiny-random", "size=2", "eval.max_new_tokens=2", f"run_dir={tmp_path}"]
+    assert main([*args, "reward.extract=last_number"]) == 0
+    assert len(loads) == 1
+
+
 def test_eval_of_a_checkpoint_refuses_problems_its_run_trained_on(tmp_path, capsys, monkeypatch):
     from tiny_args import TINY
 

@@ -108,8 +108,7 @@ def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     tokenizer = load_tokenizer(resolve_model_files(cfg.model, cfg.seed), tc.chat_template, cfg.model)
     check_template(tokenizer, problems[0], tc.chat_template, cfg.model, cfg.task)
     dtype = precision_dtype(cfg.rollout.precision, cfg.device)
-    started = start_model(cfg.model, cfg.seed, cfg.device, dtype, cfg.task_config.chat_template)
-    tokenizer = started.tokenizer
+    started = start_model(cfg.model, cfg.seed, cfg.device, dtype, tc.chat_template, tokenizer)
     engine = HFEngine(
         started.model,
         tokenizer,

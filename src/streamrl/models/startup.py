@@ -22,15 +22,22 @@ class StartedModel:
 
 
 def start_model(
-    name: str, seed: int = 0, device: str = "cpu", dtype: Any = None, chat_template: str = ""
+    name: str,
+    seed: int = 0,
+    device: str = "cpu",
+    dtype: Any = None,
+    chat_template: str = "",
+    tokenizer: Any = None,
 ) -> StartedModel:
     """dtype None keeps the fp32 master weights (the trainer); an engine passes its compute dtype
     (parameters cast; buffers such as RoPE's inv_freq stay fp32, as transformers and vLLM load them).
-    chat_template: task_config.chat_template (models/resolve.py load_tokenizer)."""
+    chat_template: task_config.chat_template (models/resolve.py load_tokenizer); tokenizer: the one
+    load_tokenizer gave for this model and template already (checked before the weights), not loaded again."""
     t0 = time.perf_counter()
     files = resolve_model_files(name, seed)
     resolved = time.perf_counter() - t0
-    tokenizer = load_tokenizer(files, chat_template, name)  # a model without a template: before its weights
+    if tokenizer is None:  # a model without a template: refused before its weights
+        tokenizer = load_tokenizer(files, chat_template, name)
     t0 = time.perf_counter()
     model_dir = resolve_model_dir(name, seed)
     resolved += time.perf_counter() - t0

@@ -158,7 +158,7 @@ def _custom_code(repo: Path) -> None:
         (
             _refusing_system,
             [],
-            f"the chat template of model '{MODEL}' refused the prompt of problem PROBLEM (System role not "
+            f"model={MODEL}: its chat template refused the prompt of problem PROBLEM (System role not "
             'supported): drop the system turn with task_config.system_prompt="", or give a template that '
             "takes one: task_config.chat_template=FILE",
         ),

@@ -92,7 +92,7 @@ def test_a_template_that_refuses_the_system_turn_is_one_line_naming_the_fix(
     run = tmp_path / "run"
     assert _train([*TINY, f"model={no_system_model}", spec, f"run_dir={run}"]) == 2
     assert capsys.readouterr().err == (
-        f"streamrl: error: the chat template of model '{no_system_model}' refused the prompt of problem "
+        f"streamrl: error: model={no_system_model}: its chat template refused the prompt of problem "
         f'{pid} (System role not supported): drop the system turn with task_config.system_prompt="", '
         "or give a template that takes one: task_config.chat_template=FILE\n"
     )
@@ -138,7 +138,7 @@ def test_a_rows_own_system_turn_is_named_as_the_rows(
     run = tmp_path / "run"
     assert _train([*args, f"model={no_system_model}", f"run_dir={run}"]) == 2
     assert capsys.readouterr().err == (
-        f"streamrl: error: the chat template of model '{no_system_model}' refused the prompt of problem "
+        f"streamrl: error: model={no_system_model}: its chat template refused the prompt of problem "
         f"{pid} (System role not supported): its row brings a system turn of its own: give a template "
         "that takes one: task_config.chat_template=FILE\n"
     )
@@ -153,7 +153,7 @@ def test_streamrl_eval_names_the_fix_before_the_weights_load(
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith(
-        f"streamrl: error: the chat template of model '{no_system_model}' refused the prompt of problem "
+        f"streamrl: error: model={no_system_model}: its chat template refused the prompt of problem "
     ) and err.endswith(
         '(System role not supported): drop the system turn with task_config.system_prompt="", or give a '
         "template that takes one: task_config.chat_template=FILE\n"

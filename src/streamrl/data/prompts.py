@@ -85,7 +85,10 @@ def check_template(tokenizer: Any, problem: Any, chat_template: str, model: str,
     try:
         render_prompt_ids(tokenizer, problem.messages)
     except TemplateError as e:
-        template = f"{chat_template} (task_config.chat_template)" if chat_template else f"of model '{model}'"
+        if chat_template:
+            template = f"the chat template {chat_template} (task_config.chat_template)"
+        else:  # the model named as the model-file refusals name it (models/model_files.py)
+            template = f"model={model}: its chat template"
         said = " ".join(str(e).split()) or type(e).__name__
         own = any(m["role"] == "system" for m in problem.meta.get("chat") or [])
         configured = any(m["role"] == "system" for m in problem.messages) and not own
@@ -97,6 +100,4 @@ def check_template(tokenizer: Any, problem: Any, chat_template: str, model: str,
             fix = f"its row brings a system turn of its own: give a template that takes one: {give}"
         else:
             fix = f"give a template that renders it: {give}"
-        raise ValueError(
-            f"the chat template {template} refused the prompt of problem {problem.id} ({said}): {fix}"
-        ) from None
+        raise ValueError(f"{template} refused the prompt of problem {problem.id} ({said}): {fix}") from None

@@ -10,6 +10,7 @@ accepted.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -17,7 +18,7 @@ from typing import Any, Literal
 import yaml
 
 from streamrl.config_parse import ConfigError, apply_key, parse_override, read_yaml
-from streamrl.config_rewards import RESPONSE_KEYS
+from streamrl.config_rewards import JUDGE_FIT_KEYS, RESPONSE_KEYS, judge_kept_warning
 from streamrl.config_sections import (
     AdvantageConfig,
     CheckpointConfig,
@@ -93,7 +94,7 @@ def from_dict(data: dict[str, Any]) -> Config:
     cfg = Config()
     for k, v in data.items():
         apply_key(cfg, str(k), v)
-    validate(cfg)
+    validate(cfg, keep_saved_judge=bool(cfg.resume))  # a resumed run's, as load_config accepted it
     return cfg
 
 
@@ -158,7 +159,11 @@ def load_config(
     else:
         _drop_reward_keys_unread(cfg, [preset], [data, *given_pairs])
         n_from_k(cfg, preset, data, *given_pairs)
-    validate(cfg)
+    # the judge timeouts a resumed run saved are its own; one the user gives is checked as in a new run
+    keep_judge = bool(resume) and not any(_sets(["reward", k], *given_pairs) for k in JUDGE_FIT_KEYS)
+    validate(cfg, keep_saved_judge=keep_judge)
+    if keep_judge and (warning := judge_kept_warning(cfg.reward, f"{resume}/config.yaml")):
+        print(warning, file=sys.stderr, flush=True)
     return cfg
 
 

@@ -153,12 +153,14 @@ def load_config(
         _refuse_another_run_dir(parsed, resume)
         cfg.run_dir = resume
         _refuse_changes_a_resume_would_ignore(data, cfg, resume)
-        _drop_data_keys_unread(cfg, given_pairs, f"{resume}/config.yaml")
+        _drop_data_keys_unread(cfg, given_pairs, f"resume: {resume}/config.yaml")
         if cfg.eval.k and not _sets(["eval", "n"], *given_pairs):  # the saved eval.n is a resolved one
             cfg.eval.n = max(cfg.eval.n, *cfg.eval.k)
     else:
         _drop_reward_keys_unread(cfg, [preset], [data, *given_pairs])
         n_from_k(cfg, preset, data, *given_pairs)
+        if base:  # a trained run's task settings: saved, as a resumed run's are
+            _drop_data_keys_unread(cfg, [data, *given_pairs], "eval: the trained run's config.yaml")
     # the judge timeouts a resumed run saved are its own; one the user gives is checked as in a new run
     keep_judge = bool(resume) and not any(_sets(["reward", k], *given_pairs) for k in JUDGE_FIT_KEYS)
     validate(cfg, keep_saved_judge=keep_judge)
@@ -248,8 +250,8 @@ def _same_setting(key: str, old: Any, new: Any) -> bool:
 def _drop_data_keys_unread(cfg: Config, given: list[dict[str, Any]], saved: str) -> None:
     """A resumed data task (hf:, data:), or a mixture's data source, saved with args, or with a shuffle
     buffer and no streaming, keys its source never read and that are refused today: back to their
-    defaults, as the run used them, with one line naming them (given again on the command line, they are
-    refused)."""
+    defaults, as the run used them, with one line naming them and where they were `saved` (given again on
+    the command line, they are refused). So too in `streamrl eval` of a run's export."""
     tc, default = cfg.task_config, TaskConfig()
     dropped = []
     if is_data_source(cfg.task):
@@ -271,7 +273,7 @@ def _drop_data_keys_unread(cfg: Config, given: list[dict[str, Any]], saved: str)
         tc.sources = tuple(sources)
     if dropped:
         print(
-            f"streamrl: note: resume: {saved} sets {', '.join(dropped)}, which the run's data sources never "
+            f"streamrl: note: {saved} sets {', '.join(dropped)}, which the run's data sources never "
             "read: dropped (a new run refuses them)",
             file=sys.stderr,
             flush=True,

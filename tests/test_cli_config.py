@@ -305,6 +305,36 @@ def test_a_judge_call_must_fit_in_the_reward_timeout(tmp_path, capsys, captured)
     assert load_config(None, ["reward.judge_timeout_s=30"]).reward.scorer == "task"  # no judge: no check
 
 
+def test_a_run_saved_with_a_judge_call_longer_than_its_timeout_resumes_as_it_ran(tmp_path, capsys):
+    """Saved with the old default reward.judge_timeout_s=30 (3 x 30 + 1.5 s past reward.timeout_s=60): the
+    resume keeps both, as the run scored with them, with one warning line; its workers accept the config;
+    a judge timeout the user gives is checked as in a new run, and so is a new run of that config."""
+    from streamrl.config import config_yaml, from_dict, to_dict
+
+    judge = ["reward.scorer=judge", "reward.judge_url=http://127.0.0.1:9/v1", "reward.judge_model=m"]
+    saved = load_config(None, [*judge, f"run_dir={tmp_path}"])
+    saved.reward.judge_timeout_s = 30.0
+    (tmp_path / "config.yaml").write_text(config_yaml(saved))
+    capsys.readouterr()
+    cfg = load_config(None, [f"resume={tmp_path}"])
+    assert (cfg.reward.judge_timeout_s, cfg.reward.timeout_s) == (30.0, 60.0)
+    assert _error(capsys) == (
+        f"streamrl: warning: resume: reward.judge_timeout_s=30 in {tmp_path}/config.yaml does not fit in "
+        "reward.timeout_s=60 (a judge call may take 91.5 s: 3 attempts and 1.5 s of backoff), which a new "
+        "run refuses; the resumed run keeps both as it ran, a call's attempts past 60 s counting as "
+        "timeouts\n"
+    )
+    assert from_dict(to_dict(cfg)).reward.judge_timeout_s == 30.0  # as a rollout worker reads it
+    assert load_config(None, [f"resume={tmp_path}", "reward.timeout_s=91.5"]).reward.timeout_s == 91.5
+    assert capsys.readouterr().err == ""  # fits: no warning
+    for given in ("reward.judge_timeout_s=25", "reward.timeout_s=90"):
+        with pytest.raises(ValueError, match=r"^config keys 'reward.timeout_s' and 'reward.judge_timeout_s'"):
+            load_config(None, [f"resume={tmp_path}", given])
+    with pytest.raises(ValueError, match=r"set reward.timeout_s>=91.5 or reward.judge_timeout_s<=19.5$"):
+        load_config(tmp_path / "config.yaml", [f"run_dir={tmp_path / 'again'}"])  # a new run of it
+    assert capsys.readouterr().err == ""
+
+
 # ---- eval: k without n ------------------------------------------------------------------------------
 
 

@@ -87,9 +87,9 @@ def test_eval_split_names_the_held_out_split_of_eval_data(tmp_path):
     assert (cfg.task_config.eval_data, cfg.task_config.eval_split) == (f"data:{d}", "validation")
 
 
-def test_a_run_saved_with_keys_its_data_source_never_read_resumes_without_them(tmp_path):
-    """Saved before these keys were refused: the resume drops them (the run never read them); given again
-    on the command line they are refused as in a new run."""
+def test_a_run_saved_with_keys_its_data_source_never_read_resumes_without_them(tmp_path, capsys):
+    """Saved before these keys were refused: the resume drops them (the run never read them) with one
+    line naming them; given again on the command line they are refused as in a new run."""
     from streamrl.config import Config, config_yaml
 
     rows = tmp_path / "rows.jsonl"
@@ -103,5 +103,41 @@ def test_a_run_saved_with_keys_its_data_source_never_read_resumes_without_them(t
     assert (
         cfg.task_config.args == {} and cfg.task_config.shuffle_buffer == Config().task_config.shuffle_buffer
     )
+    assert capsys.readouterr().err == (
+        f"streamrl: note: resume: {tmp_path / 'run'}/config.yaml sets task_config.args, "
+        "task_config.shuffle_buffer, which the run's data sources never read: dropped (a new run refuses "
+        "them)\n"
+    )
     with pytest.raises(ConfigError, match="task_config.shuffle_buffer"):
         load_config(None, [f"resume={tmp_path / 'run'}", "task_config.shuffle_buffer=5"])
+
+
+def test_a_mixture_saved_with_keys_its_data_sources_never_read_resumes_without_them(tmp_path, capsys):
+    """The same per source of a mixture: a data source's args, and its shuffle buffer unless it is
+    streamed, are dropped; a reasoning-gym source's args (which it reads) and a streamed source's buffer
+    are kept; the sources given again on the command line are refused as in a new run."""
+    from streamrl.config import Config, config_yaml
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"Q{i}?", "answer": str(i)}) + "\n" for i in range(8)))
+    sources = (
+        {"task": "rg:chain_sum", "args": {"min_terms": 2}},
+        {"task": f"data:{rows}", "weight": 2.0, "args": {"revision": "v2"}, "shuffle_buffer": 5},
+        {"task": f"data:{rows}", "shuffle_buffer": 5, "streaming": True},
+    )
+    saved = Config(task="mix", run_dir=str(tmp_path / "run"))
+    saved.task_config.sources = sources
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text(config_yaml(saved))
+    cfg = load_config(None, [f"resume={tmp_path / 'run'}"])
+    assert cfg.task_config.sources == (sources[0], {"task": f"data:{rows}", "weight": 2.0}, sources[2])
+    assert capsys.readouterr().err == (
+        f"streamrl: note: resume: {tmp_path / 'run'}/config.yaml sets task_config.sources[1].args, "
+        "task_config.sources[1].shuffle_buffer, which the run's data sources never read: dropped (a new "
+        "run refuses them)\n"
+    )
+    given = "task_config.sources=" + json.dumps(list(sources))
+    with pytest.raises(ConfigError, match=r"^config key 'task_config.sources\[1\].args' is not read by"):
+        load_config(None, [f"resume={tmp_path / 'run'}", given])
+    with pytest.raises(ConfigError, match=r"^config key 'task_config.sources\[1\].args' is not read by"):
+        load_config(tmp_path / "run" / "config.yaml", [f"run_dir={tmp_path / 'again'}"])  # a new run of it

@@ -174,3 +174,32 @@ def test_the_python_api_takes_the_runs_settings_as_the_eval_command_does(run, mo
     streamrl.evaluate(run / "checkpoint", config=load_config(None, ["eval.size=3"]))
     assert (seen[-1].task_config.system_prompt, seen[-1].eval.size) == (Config().task_config.system_prompt, 3)
     assert capsys.readouterr().err == ""
+
+
+def test_a_run_saved_with_keys_its_data_sources_never_read_is_evaluated_without_them(tmp_path, capsys):
+    """As its resume does (test_data_keys.py): a data task's args and unstreamed shuffle buffer, and a
+    mixture's data source's, saved before they were refused, are dropped with one line; given here, they
+    are refused."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(f'{{"prompt": "Q{i}?", "answer": "{i}"}}\n' for i in range(8)))
+    single = Config(task=f"data:{rows}")
+    single.task_config.args, single.task_config.shuffle_buffer = {"revision": "v2"}, 5
+    mix = Config(task="mix")
+    mix.task_config.sources = ({"task": f"data:{rows}", "args": {"revision": "v2"}},)
+    for name, saved in (("single", single), ("mix", mix)):
+        (tmp_path / name / "checkpoint").mkdir(parents=True)
+        (tmp_path / name / "config.yaml").write_text(config_yaml(saved))
+        (tmp_path / name / "metrics.jsonl").write_text('{"step": 1}\n')
+    cfg, _ = eval_config(None, [f"model={tmp_path / 'single' / 'checkpoint'}"])
+    assert (cfg.task_config.args, cfg.task_config.shuffle_buffer) == ({}, Config().task_config.shuffle_buffer)
+    cfg, _ = eval_config(None, [f"model={tmp_path / 'mix' / 'checkpoint'}"])
+    assert cfg.task_config.sources == ({"task": f"data:{rows}"},)
+    assert capsys.readouterr().err == (
+        "streamrl: note: eval: the trained run's config.yaml sets task_config.args, "
+        "task_config.shuffle_buffer, which the run's data sources never read: dropped (a new run refuses "
+        "them)\n"
+        "streamrl: note: eval: the trained run's config.yaml sets task_config.sources[0].args, which the "
+        "run's data sources never read: dropped (a new run refuses them)\n"
+    )
+    with pytest.raises(ValueError, match=r"^config key 'task_config.args' is not read by a data source"):
+        eval_config(None, [f"model={tmp_path / 'single' / 'checkpoint'}", "task_config.args={revision: v2}"])

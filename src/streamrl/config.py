@@ -10,6 +10,7 @@ accepted.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -17,7 +18,7 @@ from typing import Any, Literal
 import yaml
 
 from streamrl.config_parse import ConfigError, apply_key, parse_override, read_yaml
-from streamrl.config_rewards import RESPONSE_KEYS
+from streamrl.config_rewards import JUDGE_FIT_KEYS, RESPONSE_KEYS, judge_kept_warning
 from streamrl.config_sections import (
     AdvantageConfig,
     CheckpointConfig,
@@ -93,7 +94,7 @@ def from_dict(data: dict[str, Any]) -> Config:
     cfg = Config()
     for k, v in data.items():
         apply_key(cfg, str(k), v)
-    validate(cfg)
+    validate(cfg, keep_saved_judge=bool(cfg.resume))  # a resumed run's, as load_config accepted it
     return cfg
 
 
@@ -152,13 +153,19 @@ def load_config(
         _refuse_another_run_dir(parsed, resume)
         cfg.run_dir = resume
         _refuse_changes_a_resume_would_ignore(data, cfg, resume)
-        _drop_data_keys_unread(cfg, given_pairs)
+        _drop_data_keys_unread(cfg, given_pairs, f"resume: {resume}/config.yaml")
         if cfg.eval.k and not _sets(["eval", "n"], *given_pairs):  # the saved eval.n is a resolved one
             cfg.eval.n = max(cfg.eval.n, *cfg.eval.k)
     else:
         _drop_reward_keys_unread(cfg, [preset], [data, *given_pairs])
         n_from_k(cfg, preset, data, *given_pairs)
-    validate(cfg)
+        if base:  # a trained run's task settings: saved, as a resumed run's are
+            _drop_data_keys_unread(cfg, [data, *given_pairs], "eval: the trained run's config.yaml")
+    # the judge timeouts a resumed run saved are its own; one the user gives is checked as in a new run
+    keep_judge = bool(resume) and not any(_sets(["reward", k], *given_pairs) for k in JUDGE_FIT_KEYS)
+    validate(cfg, keep_saved_judge=keep_judge)
+    if keep_judge and (warning := judge_kept_warning(cfg.reward, f"{resume}/config.yaml")):
+        print(warning, file=sys.stderr, flush=True)
     return cfg
 
 
@@ -240,17 +247,44 @@ def _same_setting(key: str, old: Any, new: Any) -> bool:
     return bool(old == new)
 
 
-def _drop_data_keys_unread(cfg: Config, given: list[dict[str, Any]]) -> None:
-    """A resumed data task (hf:, data:) saved with task_config.args, or with a shuffle buffer and no
-    streaming, keys its source never read and that are refused today: back to their defaults, as the run
-    used them (given again on the command line, they are refused)."""
+def _drop_data_keys_unread(cfg: Config, given: list[dict[str, Any]], saved: str) -> None:
+    """A resumed data task (hf:, data:), or a mixture's data source, saved with args, or with a shuffle
+    buffer and no streaming, keys its source never read and that are refused today: back to their
+    defaults, as the run used them, with one line naming them and where they were `saved` (given again on
+    the command line, they are refused). So too in `streamrl eval` of a run's export."""
     tc, default = cfg.task_config, TaskConfig()
-    if not is_data_source(cfg.task):
-        return
-    if not _sets(["task_config", "args"], *given):
-        tc.args = dict(default.args)
-    if not tc.streaming and not _sets(["task_config", "shuffle_buffer"], *given):
-        tc.shuffle_buffer = default.shuffle_buffer
+    dropped = []
+    if is_data_source(cfg.task):
+        if tc.args != default.args and not _sets(["task_config", "args"], *given):
+            tc.args = dict(default.args)
+            dropped.append("task_config.args")
+        if not tc.streaming and tc.shuffle_buffer != default.shuffle_buffer:
+            if not _sets(["task_config", "shuffle_buffer"], *given):
+                tc.shuffle_buffer = default.shuffle_buffer
+                dropped.append("task_config.shuffle_buffer")
+    if cfg.task == "mix" and not _sets(["task_config", "sources"], *given):
+        sources = []
+        for i, src in enumerate(tc.sources):
+            if isinstance(src, dict) and is_data_source(str(src.get("task", ""))):
+                unread = [k for k in ("args", "shuffle_buffer") if _unread_by_data(src, k)]
+                src = {k: v for k, v in src.items() if k not in unread}
+                dropped += [f"task_config.sources[{i}].{k}" for k in unread]
+            sources.append(src)
+        tc.sources = tuple(sources)
+    if dropped:
+        print(
+            f"streamrl: note: {saved} sets {', '.join(dropped)}, which the run's data sources never "
+            "read: dropped (a new run refuses them)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _unread_by_data(source: dict[str, Any], key: str) -> bool:
+    """Whether a mixture's data source sets `key` without reading it (config_validate's _refuse_unread)."""
+    if key == "args":
+        return bool(source.get("args"))
+    return key in source and not source.get("streaming", False)
 
 
 def _drop_preset_keys_unread(cfg: Config, preset: dict[str, Any], given: list[dict[str, Any]]) -> None:

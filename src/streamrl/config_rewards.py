@@ -15,17 +15,18 @@ JUDGE_URL_ENV = ("STREAMRL_JUDGE_URL", "OPENAI_BASE_URL")
 JUDGE_MODEL_ENV = ("STREAMRL_JUDGE_MODEL",)
 
 
-def validate_rewards(cfg: Any) -> None:
-    """The reward section against the rest of the config, before any work."""
+def validate_rewards(cfg: Any, keep_saved_judge: bool = False) -> None:
+    """The reward section against the rest of the config, before any work. keep_saved_judge: a resumed
+    run's saved judge timeouts are kept even when a call's attempts do not fit (judge_kept_warning)."""
     if cfg.reward.scorer == "judge":
-        _validate_judge(cfg.reward)
+        _validate_judge(cfg.reward, keep_saved_judge)
     if cfg.task.startswith(("env:", "agent:")):
         _refuse_response_rewards(cfg)
     _validate_reward_fns(cfg.reward)
     _validate_sandbox_executor(cfg)
 
 
-def _validate_judge(rc: Any) -> None:
+def _validate_judge(rc: Any, keep_saved: bool) -> None:
     """reward.scorer=judge: an endpoint and a model from the config or the environment, before any work
     (without them every response would score 0 and the run would train on nothing)."""
     url = rc.judge_url or next((os.environ[v] for v in JUDGE_URL_ENV if os.environ.get(v)), "")
@@ -38,7 +39,8 @@ def _validate_judge(rc: Any) -> None:
         )
     if not url.startswith(("http://", "https://")):
         raise ConfigError(f"reward.judge_url must start with http:// or https://, got {url!r}")
-    _check_judge_fits(rc)
+    if (misfit := judge_misfit(rc)) and not keep_saved:
+        raise ConfigError(misfit)
 
 
 # a judge call's retries and the backoff between its attempts (rewards/judge.py JudgeConfig's defaults)
@@ -52,21 +54,46 @@ def judge_backoff_s(retries: int, backoff_s: float, backoff_max_s: float) -> flo
     return sum(min(backoff_max_s, backoff_s * 2**i) for i in range(retries))
 
 
-def _check_judge_fits(rc: Any) -> None:
-    """A judge call's every attempt and backoff within reward.timeout_s: past it the service gives up on
-    the call, so its later attempts would never count and a judge slow to answer would fail as `timeout`."""
+def _judge_worst_s(rc: Any) -> tuple[int, float, float]:
+    """(attempts, their backoff, the longest a judge call may take), in seconds."""
     attempts = JUDGE_RETRIES + 1
     backoff = judge_backoff_s(JUDGE_RETRIES, JUDGE_BACKOFF_S, JUDGE_BACKOFF_MAX_S)
-    worst = attempts * rc.judge_timeout_s + backoff
+    return attempts, backoff, attempts * rc.judge_timeout_s + backoff
+
+
+def judge_misfit(rc: Any) -> str:
+    """Why a judge call's every attempt and backoff do not fit in reward.timeout_s ('' when they do): past
+    it the service gives up on the call, so its later attempts would never count and a judge slow to answer
+    would fail as `timeout`."""
+    attempts, backoff, worst = _judge_worst_s(rc)
     if rc.timeout_s >= worst:
-        return
+        return ""
     fit = math.floor((rc.timeout_s - backoff) / attempts * 10) / 10  # the longest attempt that fits
     lower = f" or reward.judge_timeout_s<={fit:g}" if fit > 0 else ""
-    raise ConfigError(
+    return (
         f"config keys 'reward.timeout_s' and 'reward.judge_timeout_s': a judge call may take {worst:g} s "
         f"({attempts} attempts of reward.judge_timeout_s={rc.judge_timeout_s:g} s and {backoff:g} s of "
         f"backoff), longer than reward.timeout_s={rc.timeout_s:g} gives a response, so its last attempts "
         f"would count as timeouts: set reward.timeout_s>={worst:g}{lower}"
+    )
+
+
+# the keys that decide whether a judge call fits: one given on a resume is checked as in a new run
+JUDGE_FIT_KEYS = ("scorer", "timeout_s", "judge_timeout_s")
+
+
+def judge_kept_warning(rc: Any, saved: str) -> str:
+    """The line that says a resumed run keeps its saved judge timeouts that do not fit ('' when they fit
+    or no judge scores): the run scored with them so far (a timeout of 30 s each was the default), and
+    shorter attempts would cut off, and so score differently, a judge's answers the run counted."""
+    if rc.scorer != "judge" or not judge_misfit(rc):
+        return ""
+    attempts, backoff, worst = _judge_worst_s(rc)
+    return (
+        f"streamrl: warning: resume: reward.judge_timeout_s={rc.judge_timeout_s:g} in {saved} does not fit "
+        f"in reward.timeout_s={rc.timeout_s:g} (a judge call may take {worst:g} s: {attempts} attempts and "
+        f"{backoff:g} s of backoff), which a new run refuses; the resumed run keeps both as it ran, a call's "
+        f"attempts past {rc.timeout_s:g} s counting as timeouts"
     )
 
 

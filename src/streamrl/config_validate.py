@@ -48,9 +48,10 @@ def _validate_vllm(cfg: Any) -> None:
         raise ConfigError(VLLM_INSTALL_HINT)
 
 
-def validate(cfg: Any) -> None:
+def validate(cfg: Any, keep_saved_judge: bool = False) -> None:
     """The range of every numeric key (config_bounds.py), then checks across keys; eval.max_new_tokens=0
-    becomes rollout.max_new_tokens, so every reader (and config.yaml) has the number."""
+    becomes rollout.max_new_tokens, so every reader (and config.yaml) has the number. keep_saved_judge: a
+    resumed run's saved judge timeouts are kept though a call's attempts do not fit (config_rewards.py)."""
     from streamrl.algo import registry  # late import: algo imports nothing from config
 
     for key, value, reg in (
@@ -96,7 +97,7 @@ def validate(cfg: Any) -> None:
             f"config key 'eval.k' values must be <= eval.n (samples per problem), got k={list(cfg.eval.k)} "
             f"with eval.n={cfg.eval.n}: raise eval.n or leave it unset (then eval.n = max(eval.k))"
         )
-    validate_rewards(cfg)
+    validate_rewards(cfg, keep_saved_judge)
     if cfg.task.startswith("agent:"):  # the agent function itself is imported with the task
         import importlib.util
 

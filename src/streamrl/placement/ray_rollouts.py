@@ -21,9 +21,11 @@ be Ray actors reserving ray.trainer_cpus / ray.trainer_gpus, and rank 0 stays th
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
-from collections.abc import Set
+from collections.abc import Iterator, Set
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -44,16 +46,35 @@ def ensure_ray(cfg: Config) -> bool:
     if ray.is_initialized():
         return False
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    if cfg.ray.address:
-        ray.init(address=cfg.ray.address, logging_level="warning")
-    else:  # temp and log files under ray_temp_dir(), no dashboard
-        ray.init(
-            num_cpus=cfg.ray.num_cpus or None,
-            include_dashboard=False,
-            logging_level="warning",
-            _temp_dir=ray_temp_dir(),
-        )
+    with _handlers_kept():
+        if cfg.ray.address:
+            ray.init(address=cfg.ray.address, logging_level="warning")
+        else:  # temp and log files under ray_temp_dir(), no dashboard
+            ray.init(
+                num_cpus=cfg.ray.num_cpus or None,
+                include_dashboard=False,
+                logging_level="warning",
+                _temp_dir=ray_temp_dir(),
+            )
     return True
+
+
+@contextmanager
+def _handlers_kept() -> Iterator[None]:
+    """The caller's SIGINT and SIGTERM handlers, put back after ray.init: it replaces the SIGTERM one with
+    its own, which ends the local instance and exits at once, and installs a C-level one that logs the
+    signal, so a run's SIGTERM would not stop it at a safe point with its state saved (loop/signals.py).
+    A signal left at its default action keeps Ray's handler, which at least ends the instance."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # Python signal handlers are the main thread's (ray.init does not set them elsewhere)
+        return
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if callable(handler):  # Python's C-level handler comes back with it
+                signal.signal(sig, handler)
 
 
 def ray_temp_dir() -> str:

@@ -267,3 +267,25 @@ def test_bad_format_settings_are_one_line(override: list[str], message: str) -> 
     with pytest.raises(ConfigError) as e:
         load_config(None, override)
     assert str(e.value) == message
+
+
+def test_the_format_names_are_written_once() -> None:
+    """reward.completions, a reward.fns entry's completions and the scoring path read one list of
+    formats (config_rewards.py): a format added there is accepted, documented and known everywhere."""
+    import re
+    from typing import get_args, get_type_hints
+
+    import streamrl
+    from streamrl.config import RewardConfig
+    from streamrl.config_rewards import FN_FORMATS
+    from streamrl.rewards import fn_formats
+
+    assert FN_FORMATS == ("auto", "text", "chat")
+    assert get_args(get_type_hints(RewardConfig)["completions"]) == FN_FORMATS
+    assert (fn_formats.AUTO, fn_formats.TEXT, fn_formats.CHAT) == FN_FORMATS
+    assert not hasattr(fn_formats, "FORMATS")
+    src = Path(streamrl.__file__).parent
+    spelled = [
+        p for p in sorted(src.rglob("*.py")) if re.search(r'"auto",\s*"text",\s*"chat"', p.read_text())
+    ]
+    assert spelled == [src / "config_rewards.py"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import Any, Literal, get_args
 
 from streamrl.config_parse import ConfigError
 
@@ -140,7 +140,10 @@ def _check_spec(key: str, spec: str, alternatives: str = "") -> None:
 
 
 FN_KEYS = ("fn", "weight", "name", "completions")
-FN_FORMATS = ("auto", "text", "chat")  # rewards/fn_formats.py
+# how your reward functions are passed `prompts` and `completions` (reward.completions, a reward.fns
+# entry's completions; rewards/fn_formats.py): the one place the format names are written
+FnFormat = Literal["auto", "text", "chat"]
+FN_FORMATS: tuple[str, ...] = get_args(FnFormat)
 
 
 def _validate_reward_fns(rc: Any) -> None:

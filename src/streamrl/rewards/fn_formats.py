@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from streamrl.config_rewards import FN_FORMATS
 from streamrl.types import Problem
 
-AUTO, TEXT, CHAT = "auto", "text", "chat"
-FORMATS = (AUTO, TEXT, CHAT)
+AUTO, TEXT, CHAT = FN_FORMATS  # the format names, as config_rewards.py writes them
 # how a format is named in messages
 DESCRIBED = {TEXT: "text", CHAT: "chat messages"}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
 from streamrl.config_parse import ConfigError
@@ -146,6 +147,13 @@ FnFormat = Literal["auto", "text", "chat"]
 FN_FORMATS: tuple[str, ...] = get_args(FnFormat)
 
 
+def reward_fn_name(entry: Mapping[str, Any]) -> str:
+    """The name of a reward.fns entry (reward.fn as {fn: SPEC}): its `name`, else its function's
+    ('my_rewards.py:brevity' -> 'brevity', 'pkg.mod:length' -> 'length', 'task' -> 'task'). Its values are
+    logged as reward/<name>, and the format reward.completions=auto chose is recorded under it."""
+    return str(entry.get("name") or str(entry["fn"]).rpartition(":")[2])
+
+
 def _validate_reward_fns(rc: Any) -> None:
     """reward.fn / reward.fns: their shape here; the functions are imported by preflight."""
     if rc.fn and rc.fns:
@@ -168,7 +176,7 @@ def _validate_reward_fns(rc: Any) -> None:
         weight = entry.get("weight", 1.0)
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
             raise ConfigError(f"config key '{key}.weight' must be a finite number, got {weight!r}")
-        names.append(str(entry.get("name") or entry["fn"].rpartition(":")[2]))
+        names.append(reward_fn_name(entry))
         if "completions" in entry and entry["fn"] == "task":
             raise ConfigError(
                 f"config key '{key}.completions': fn: task is the task's own reward, which is not called "

@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from streamrl.config_rewards import reward_fn_name
 from streamrl.rewards.math_verify_threads import allow_in_threads
 from streamrl.user_code import load_object
 
@@ -55,13 +56,11 @@ def configured_fns(fn: str, fns: Any, completions: str = "auto") -> list[RewardF
     """reward.fn / reward.fns as RewardFn entries; [] when neither is set (the task's reward alone).
     `completions`: reward.completions, the format of an entry without its own."""
     if fn:
-        return [RewardFn(fn.rpartition(":")[2], fn, 1.0, completions)]
+        return [RewardFn(reward_fn_name({"fn": fn}), fn, 1.0, completions)]
     out = []
     for entry in fns:
-        spec = str(entry["fn"])
-        name = str(entry.get("name") or spec.rpartition(":")[2])
         weight, fmt = float(entry.get("weight", 1.0)), entry.get("completions", completions)
-        out.append(RewardFn(name, spec, weight, fmt))
+        out.append(RewardFn(reward_fn_name(entry), str(entry["fn"]), weight, fmt))
     return out
 
 

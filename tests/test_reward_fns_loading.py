@@ -172,3 +172,34 @@ def test_a_functions_name_follows_one_rule_wherever_it_is_read() -> None:
     # user_code.py's own use is the attribute of any spec, in a hint of its import error
     files = [p for p in Path(streamrl.__file__).parent.rglob("*.py") if p.name != "user_code.py"]
     assert [p.name for p in files if rule.search(p.read_text())] == ["config_rewards.py"]
+
+
+@pytest.mark.parametrize(
+    ("fns", "message"),
+    [
+        (
+            [{"fn": "missing.py:f"}],
+            "config key 'reward.fns[0]': file 'missing.py' (from 'missing.py:f') not found",
+        ),
+        (
+            [{"fn": "task"}, {"fn": "my_rewards.py:no_kwargs"}],
+            "config key 'reward.fns[1]': my_rewards.py:no_kwargs takes no **kwargs",
+        ),
+        (
+            [{"fn": "my_rewards.py:needs_solution"}],
+            "config key 'reward.fns[0]': my_rewards.py:needs_solution needs 'solution', which no call passes",
+        ),
+    ],
+    ids=["does-not-import", "no-kwargs", "needs-a-column"],
+)
+def test_a_refused_entry_of_reward_fns_is_named_by_its_own_key(
+    user_file: Path, fns: list[dict], message: str
+) -> None:
+    """An entry of reward.fns is refused as reward.fns[i], the key the user wrote (one entry too: it
+    was never reward.fn)."""
+    from streamrl.rewards.user_fns import check_arguments, configured_fns, load_fns, reward_columns
+
+    configured = configured_fns("", fns)
+    with pytest.raises(ValueError) as e:
+        check_arguments(load_fns(configured), configured, reward_columns(_problem()))
+    assert str(e.value).startswith(message)

@@ -156,10 +156,23 @@ TEXT_ERROR = "TypeError: string indices must be integers, not 'str'"
         ),
         (
             ["reward.fns=[{fn: task}, {fn: fmt_rewards.py:chat_length, completions: text}]"],
-            "config key 'reward.fns': fmt_rewards.py:chat_length fails on the first training problem "
+            "config key 'reward.fns[1]': fmt_rewards.py:chat_length fails on the first training problem "
             f"(id p1) with completions as text ({TEXT_ERROR}), as reward.fns[1].completions=text passes "
             "them: fix it, or set reward.fns[1].completions=auto (text, else chat messages) or "
             "reward.fns[1].completions=chat",
+        ),
+        (
+            ["reward.fns=[{fn: my_rewards.py:raises}]"],
+            "config key 'reward.fns[0]': my_rewards.py:raises fails on the first training problem (id p1) "
+            "with completions as text (RuntimeError: boom) and with completions as chat messages "
+            "(RuntimeError: boom): fix it so that it returns a float or None per completion in one of them",
+        ),
+        (
+            ["reward.fns=[{fn: fmt_rewards.py:chat_length, completions: text}]"],
+            "config key 'reward.fns[0]': fmt_rewards.py:chat_length fails on the first training problem "
+            f"(id p1) with completions as text ({TEXT_ERROR}), as reward.fns[0].completions=text passes "
+            "them: fix it, or set reward.fns[0].completions=auto (text, else chat messages) or "
+            "reward.fns[0].completions=chat",
         ),
         (
             ["reward.fn=my_rewards.py:hangs", "reward.timeout_s=0.5"],
@@ -168,7 +181,15 @@ TEXT_ERROR = "TypeError: string indices must be integers, not 'str'"
             "sooner, or raise reward.timeout_s",
         ),
     ],
-    ids=["raises", "malformed", "trl-as-text", "chat-function-as-text", "hangs"],
+    ids=[
+        "raises",
+        "malformed",
+        "trl-as-text",
+        "chat-function-as-text",
+        "the-only-entry-of-fns",
+        "the-only-entry-of-fns-as-text",
+        "hangs",
+    ],
 )
 def test_a_function_that_fails_in_its_formats_is_refused_in_one_line(
     fmt_file: Path, args: list[str], message: str
@@ -267,3 +288,25 @@ def test_bad_format_settings_are_one_line(override: list[str], message: str) -> 
     with pytest.raises(ConfigError) as e:
         load_config(None, override)
     assert str(e.value) == message
+
+
+def test_the_format_names_are_written_once() -> None:
+    """reward.completions, a reward.fns entry's completions and the scoring path read one list of
+    formats (config_rewards.py): a format added there is accepted, documented and known everywhere."""
+    import re
+    from typing import get_args, get_type_hints
+
+    import streamrl
+    from streamrl.config import RewardConfig
+    from streamrl.config_rewards import FN_FORMATS
+    from streamrl.rewards import fn_formats
+
+    assert FN_FORMATS == ("auto", "text", "chat")
+    assert get_args(get_type_hints(RewardConfig)["completions"]) == FN_FORMATS
+    assert (fn_formats.AUTO, fn_formats.TEXT, fn_formats.CHAT) == FN_FORMATS
+    assert not hasattr(fn_formats, "FORMATS")
+    src = Path(streamrl.__file__).parent
+    spelled = [
+        p for p in sorted(src.rglob("*.py")) if re.search(r'"auto",\s*"text",\s*"chat"', p.read_text())
+    ]
+    assert spelled == [src / "config_rewards.py"]

@@ -214,3 +214,39 @@ def test_without_a_mapped_answer_a_rows_answer_column_reaches_the_function(user_
     problem.meta["columns"]["answer"] = "72"
     t = _scored(["reward.fn=my_rewards.py:answer_is_72"], problem, _traj("so 72", [5]))
     assert t.reward_info["reward/answer_is_72"] == 1.0
+
+
+def test_a_groups_rows_are_digested_once_for_its_cache_keys(
+    user_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With your functions a response's cache key holds digests of its row (its tests, its columns):
+    made once per problem, which its group's samples share, and the same keys as each response alone
+    gets (a score cached before still hits)."""
+    from streamrl.data.sources import task_from_rows
+    from streamrl.rewards.user_fns import reward_columns
+    from streamrl.rollout import score
+
+    digest, digested = score._digest, []
+    monkeypatch.setattr(score, "_digest", lambda value: digested.append(value) or digest(value))
+    cfg = load_config(
+        None, ["reward.extract=last_number", "reward.service=inline", "reward.fn=my_rewards.py:brevity"]
+    )
+    scoring = Scoring(cfg, task_from_rows([{"prompt": "What is 3+4?", "answer": "7"}], extract="last_number"))
+    keys = []
+    submit = scoring.service.submit
+    monkeypatch.setattr(
+        scoring.service,
+        "submit",
+        lambda *a, cache_key: keys.append(cache_key) or submit(*a, cache_key=cache_key),
+    )
+    formal, casual = _problem(style="formal"), _problem(style="casual")
+    formal.meta["tests"] = [{"input": "", "output": "7"}]
+    pairs = [(formal, _traj(f"so 7 {i}", [5, i])) for i in range(4)] + [(casual, _traj("so 7", [5]))] * 2
+    scoring.score(pairs)
+    scoring.close()
+    assert len(digested) == 3  # the formal row's tests and columns, the casual row's columns
+    tests = digest(formal.meta["tests"])
+    assert keys == [
+        *[("p1", (("7", tests), digest(reward_columns(formal))), f"so 7 {i}", (5, i)) for i in range(4)],
+        *[("p1", ("7", digest(reward_columns(casual))), "so 7", (5,))] * 2,
+    ]

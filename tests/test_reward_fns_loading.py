@@ -143,3 +143,63 @@ def test_a_slow_import_in_a_reward_process_is_not_charged_to_the_first_scores_ti
     finally:
         scoring.close()
     assert t.reward_info["reward_error"] is None and t.reward == 4.0  # len("so 7")
+
+
+def test_a_functions_name_follows_one_rule_wherever_it_is_read() -> None:
+    """The name a reward.fns entry is scored and logged under (configured_fns), the one auto's format is
+    recorded under (record_formats), the one two entries may not share (the config check) and the one
+    streamrl.train gives a function are one rule (config_rewards.reward_fn_name), written once."""
+    import re
+
+    import streamrl
+    from streamrl.api import _reward_settings
+    from streamrl.rewards.fn_formats import record_formats
+    from streamrl.rewards.user_fns import configured_fns
+
+    cfg = load_config(
+        None, ["reward.fns=[{fn: my_rewards.py:brevity}, {fn: pkg.mod:length, name: size}, {fn: task}]"]
+    )
+    rc = cfg.reward
+    assert [f.name for f in configured_fns(rc.fn, rc.fns, rc.completions)] == ["brevity", "size", "task"]
+    assert [f.name for f in configured_fns("pkg.mod:length", ())] == ["length"]
+    record_formats(rc, {"brevity": "chat", "size": "text"})
+    assert [e.get("completions") for e in rc.fns] == ["chat", "text", None]
+    with pytest.raises(ConfigError, match="two functions are named size"):
+        load_config(None, ["reward.fns=[{fn: a.py:size}, {fn: pkg.mod:length, name: size}]"])
+    entries = _reward_settings(["a.py:f", "pkg.b:f", "c.py:g"])["reward.fns"]
+    assert [e.get("name") for e in entries] == ["a.f", "pkg.b.f", None]
+    rule = re.compile(r"""rpartition\(["']:["']\)\[2\]""")
+    # user_code.py's own use is the attribute of any spec, in a hint of its import error
+    files = [p for p in Path(streamrl.__file__).parent.rglob("*.py") if p.name != "user_code.py"]
+    assert [p.name for p in files if rule.search(p.read_text())] == ["config_rewards.py"]
+
+
+@pytest.mark.parametrize(
+    ("fns", "message"),
+    [
+        (
+            [{"fn": "missing.py:f"}],
+            "config key 'reward.fns[0]': file 'missing.py' (from 'missing.py:f') not found",
+        ),
+        (
+            [{"fn": "task"}, {"fn": "my_rewards.py:no_kwargs"}],
+            "config key 'reward.fns[1]': my_rewards.py:no_kwargs takes no **kwargs",
+        ),
+        (
+            [{"fn": "my_rewards.py:needs_solution"}],
+            "config key 'reward.fns[0]': my_rewards.py:needs_solution needs 'solution', which no call passes",
+        ),
+    ],
+    ids=["does-not-import", "no-kwargs", "needs-a-column"],
+)
+def test_a_refused_entry_of_reward_fns_is_named_by_its_own_key(
+    user_file: Path, fns: list[dict], message: str
+) -> None:
+    """An entry of reward.fns is refused as reward.fns[i], the key the user wrote (one entry too: it
+    was never reward.fn)."""
+    from streamrl.rewards.user_fns import check_arguments, configured_fns, load_fns, reward_columns
+
+    configured = configured_fns("", fns)
+    with pytest.raises(ValueError) as e:
+        check_arguments(load_fns(configured), configured, reward_columns(_problem()))
+    assert str(e.value).startswith(message)

@@ -35,6 +35,7 @@ from typing import Any
 
 from streamrl.config import Config, ConfigError, given_k, load_config, n_from_k
 from streamrl.config_parse import apply_key, read_yaml
+from streamrl.config_rewards import reward_fn_name
 from streamrl.config_validate import validate
 
 
@@ -99,7 +100,7 @@ def _reward_settings(reward_fn: Any) -> dict[str, Any]:
     for i, item in enumerate(reward_fn):
         fn, weight = item if isinstance(item, tuple) else (item, 1.0)
         entries.append({"fn": _spec(fn, f"reward_fn[{i}]"), "weight": float(weight)})
-    names = [e["fn"].rpartition(":")[2] for e in entries]
+    names = [reward_fn_name(e) for e in entries]
     for e, name in zip(entries, names):
         if names.count(name) > 1:  # a.score and b.score: each logged as reward/<module>.<name>
             where = e["fn"].rpartition(":")[0]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal, get_args
 
 from streamrl.config_parse import ConfigError
 
@@ -167,7 +168,17 @@ def _check_spec(key: str, spec: str, alternatives: str = "") -> None:
 
 
 FN_KEYS = ("fn", "weight", "name", "completions")
-FN_FORMATS = ("auto", "text", "chat")  # rewards/fn_formats.py
+# how your reward functions are passed `prompts` and `completions` (reward.completions, a reward.fns
+# entry's completions; rewards/fn_formats.py): the one place the format names are written
+FnFormat = Literal["auto", "text", "chat"]
+FN_FORMATS: tuple[str, ...] = get_args(FnFormat)
+
+
+def reward_fn_name(entry: Mapping[str, Any]) -> str:
+    """The name of a reward.fns entry (reward.fn as {fn: SPEC}): its `name`, else its function's
+    ('my_rewards.py:brevity' -> 'brevity', 'pkg.mod:length' -> 'length', 'task' -> 'task'). Its values are
+    logged as reward/<name>, and the format reward.completions=auto chose is recorded under it."""
+    return str(entry.get("name") or str(entry["fn"]).rpartition(":")[2])
 
 
 def _validate_reward_fns(rc: Any) -> None:
@@ -192,7 +203,7 @@ def _validate_reward_fns(rc: Any) -> None:
         weight = entry.get("weight", 1.0)
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
             raise ConfigError(f"config key '{key}.weight' must be a finite number, got {weight!r}")
-        names.append(str(entry.get("name") or entry["fn"].rpartition(":")[2]))
+        names.append(reward_fn_name(entry))
         if "completions" in entry and entry["fn"] == "task":
             raise ConfigError(
                 f"config key '{key}.completions': fn: task is the task's own reward, which is not called "

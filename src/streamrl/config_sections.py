@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from streamrl.config_rewards import FnFormat
+
 
 @dataclass
 class RolloutConfig:
@@ -108,7 +110,7 @@ class RewardConfig:
     # the question), chat (TRL's conversational form: [{"role": "assistant", "content": response}] and the
     # prompt's messages, as trl.rewards functions read them), or auto: text if a call on the first
     # training problem returns a valid result, else chat (chosen at start and recorded in config.yaml)
-    completions: Literal["auto", "text", "chat"] = "auto"
+    completions: FnFormat = "auto"
 
 
 @dataclass

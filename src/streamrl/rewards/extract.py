@@ -4,51 +4,20 @@ from __future__ import annotations
 
 import re
 
-from streamrl.rewards.numerals import VULGAR_CLASS, ascii_digits, ascii_numerals, vulgar_to_ascii
+from streamrl.rewards.number_grammar import NUMBER, canonical
+from streamrl.rewards.numerals import ascii_digits, ascii_numerals
 
 EXTRACTORS = ("answer_is", "boxed", "last_number", "gsm8k")
-# a signed number: 1,234 | 1{,}234 | 1 000 000 | 12.5 | .5 | 1e3 | 2.5E-4 | 2.5×10^3 | ½ | 1½ | 2 ¾ | 3/4 |
-# 10^6 | 2^{-3} | \$18 | -€5 (read after ascii_digits, so digits of any script and the typographic minus
-# are ASCII by then)
-_SPACE = r"[ \u00a0\u2009\u202f]"  # a space, no-break space, thin space or narrow no-break space
-_POWER = r"\^(?:-?\d+|\{-?\d+\})"
-_TIMES = r"(?:×|\\times|\\cdot|\*|x)"  # scientific notation's multiplication sign
-_CURRENCY = r"(?:\\?\$|[€£¥])"  # a dollar (LaTeX escapes it: \$), euro, pound or yen sign
-_NUM = (
-    r"(?<!\d)"  # a hyphen right after a digit is not a minus sign: 2022-2023 is a range, ending with 2023
-    # a currency sign before the number, with the minus before it (-\$5) or after it (\$-5)
-    rf"(?:-{_CURRENCY}\s*(?=[\d.]|{VULGAR_CLASS})|{_CURRENCY}\s*)?"
-    rf"(?:-?\d+(?:\.\d+)?\s*{_TIMES}\s*10{_POWER}"  # scientific notation: 2.5×10^3 is 2500, not 2.5
-    rf"|-?\d{{1,3}}(?:{_SPACE}\d{{3}})+(?!\d)(?:\.\d+)?"  # digits grouped by three with spaces: 1 000 000
-    "|(?:"
-    rf"-?(?:\d(?:,?\d|\{{,\}}\d)*(?:\.\d+)?(?:[ \u00a0\u2009\u202f]?{VULGAR_CLASS})?|{VULGAR_CLASS}|\.\d+)"
-    r"(?:[eE][-+]?\d+)?"
-    r"(?:\s*/\s*\d+)?"  # a fraction: 3/4 is three quarters, not 3
-    r"(?:\^(?:-?\d+|\{-?\d+\}))?"  # a power: 10^6 is a million, not 10
-    "))"
-)
+# a number's grammar (how it may be signed, grouped, scaled, priced) is rewards/number_grammar.py's, the
+# one math_equal values: an answer read here is the number compared there
 # what may open the answer after "answer is": markdown emphasis, math delimiters, a box
 _OPENER = r"(?:[*_$\s]|\\\(|\\\[|\\boxed\{)*"
-_ANSWER_IS = re.compile(rf"answer is:?{_OPENER}({_NUM})", re.IGNORECASE)
-# a comma or a space that groups digits by three: 1,234 and 1 234 (not 2,3)
-_THOUSANDS = re.compile(rf",(?=\d{{3}}(?!\d))|(?<=\d){_SPACE}(?=\d{{3}}(?!\d))")
-_CURRENCY_SIGN = re.compile(rf"{_CURRENCY}\s*")
-# from the start of a number only (not again inside a run of digits: linear in its length)
-_SCIENTIFIC = re.compile(rf"(?<![\d.])(\d+(?:\.\d+)?)\s*{_TIMES}\s*10\^\{{?(-?\d+)\}}?")
-_NUMBER = re.compile(_NUM)
-_GSM8K = re.compile(rf"####\s*\$?\s*({_NUM})")  # GSM8K's reference solutions end with "#### 72"
+_ANSWER_IS = re.compile(rf"answer is:?{_OPENER}({NUMBER})", re.IGNORECASE)
+_NUMBER = re.compile(NUMBER)
+_GSM8K = re.compile(rf"####\s*\$?\s*({NUMBER})")  # GSM8K's reference solutions end with "#### 72"
 # what may follow the answer statement at the end of a response: closing punctuation, markdown emphasis,
 # math delimiters (a unit or a sentence may not)
 _TRAILER = re.compile(r"[\s.!*_$)\]}]*(?:\\[\])][\s.!*_$)\]}]*)*")
-
-
-def _clean(number: str) -> str:
-    """A currency sign dropped ('-\\$5' -> '-5', '€18' -> '18'); scientific notation as e-notation
-    ('2.5×10^3' -> '2.5e3'); thousands separators dropped ('1,234', LaTeX's '1{,}234' and '1 234' ->
-    '1234'; '2,3' is kept: a pair, or a decimal comma, for math-verify to read); a vulgar fraction
-    written n/d ('1½' -> '3/2')."""
-    number = _SCIENTIFIC.sub(r"\1e\2", _CURRENCY_SIGN.sub("", number))
-    return vulgar_to_ascii(_THOUSANDS.sub("", number.replace("{,}", ",")))
 
 
 def _box(text: str, start: int) -> tuple[str | None, int]:
@@ -86,22 +55,23 @@ def extract_answer(text: str, style: str) -> str | None:
     three are dropped ('1,234' -> '1234'; '2,3' stays; a comma after the number is not part of it), and
     so are spaces that do ('1 000 000' -> '1000000'). A currency sign before the number is dropped
     ('\\$18', '€18' -> '18'; '-\\$5' -> '-5'); scientific notation comes back as e-notation
-    ('2.5×10^3' -> '2.5e3'); a hyphen right after a digit is no minus ('2022-2023' -> '2023'). Numbers
-    may be written in any script's digits, full-width or with vulgar fractions (rewards/numerals.py):
-    the answer comes back in ASCII ('٣' -> '3', '１½' -> '3/2').
+    ('2.5×10^3' -> '2.5e3'), a plus sign too ('+5' -> '5', '10^+3' -> '10^3'); a hyphen right after a
+    digit is no minus ('2022-2023' -> '2023'): the grammar of rewards/number_grammar.py, which math_equal
+    values numbers by. Numbers may be written in any script's digits, full-width or with vulgar fractions
+    (rewards/numerals.py): the answer comes back in ASCII ('٣' -> '3', '１½' -> '3/2').
     """
     text = ascii_digits(text)
     if style == "answer_is":
         found = _ANSWER_IS.findall(text)
-        return _clean(found[-1]) if found else None
+        return canonical(found[-1]) if found else None
     if style == "boxed":
         return _last_boxed(text)[0]
     if style == "last_number":
         found = _NUMBER.findall(text)
-        return _clean(found[-1]) if found else None
+        return canonical(found[-1]) if found else None
     if style == "gsm8k":
         found = _GSM8K.findall(text)
-        return _clean(found[-1]) if found else None
+        return canonical(found[-1]) if found else None
     raise ValueError(f"unknown answer format '{style}'; choose from {', '.join(EXTRACTORS)}")
 
 

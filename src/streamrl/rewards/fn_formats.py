@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from streamrl.config_rewards import FN_FORMATS, reward_fn_name
 from streamrl.types import Problem
 
-AUTO, TEXT, CHAT = "auto", "text", "chat"
-FORMATS = (AUTO, TEXT, CHAT)
+AUTO, TEXT, CHAT = FN_FORMATS  # the format names, as config_rewards.py writes them
 # how a format is named in messages
 DESCRIBED = {TEXT: "text", CHAT: "chat messages"}
 
@@ -51,6 +51,6 @@ def record_formats(rc: Any, chosen: dict[str, str]) -> None:
         return
     entries = []
     for entry in rc.fns:
-        name = str(entry.get("name") or str(entry["fn"]).rpartition(":")[2])
+        name = reward_fn_name(entry)
         entries.append({**entry, "completions": chosen[name]} if name in chosen else entry)
     rc.fns = tuple(entries)

@@ -49,7 +49,6 @@ def probe_formats(
     """name -> the format (text or chat) each of your functions is called with: its configured one, or
     for auto the first of text and chat whose call returns a valid result. ValueError of one line naming
     the function, each call's exception and the fix when none does."""
-    key = "reward.fns" if len(fns) > 1 else "reward.fn"
     columns = reward_columns(problem)
     out: dict[str, str] = {}
     for i, f in enumerate(fns):
@@ -65,16 +64,15 @@ def probe_formats(
             if error.startswith("TimeoutError"):  # a hang is no format's fault: the other would hang too
                 break
         if f.name not in out:
-            raise ValueError(_refusal(rc, key, i, f, problem, failures))
+            raise ValueError(_refusal(rc, i, f, problem, failures))
     return out
 
 
-def _refusal(
-    rc: Any, key: str, index: int, f: RewardFn, problem: Problem, failures: list[tuple[str, str]]
-) -> str:
-    """The one line that refuses `f`: where it failed, with what, and the fix."""
+def _refusal(rc: Any, index: int, f: RewardFn, problem: Problem, failures: list[tuple[str, str]]) -> str:
+    """The one line that refuses `f` (named by the key that set it: reward.fn, or reward.fns[index]):
+    where it failed, with what, and the fix."""
     tried = " and ".join(f"with completions as {DESCRIBED[fmt]} ({error})" for fmt, error in failures)
-    head = f"config key '{key}': {f.spec} fails on the first training problem (id {problem.id}) {tried}"
+    head = f"config key '{f.key}': {f.spec} fails on the first training problem (id {problem.id}) {tried}"
     if rc.service == "thread" and any("main thread" in error for _, error in failures):
         fix = "set reward.service=process, whose workers call it there"
         return f"{head}: it needs the main thread (signals): {fix}"

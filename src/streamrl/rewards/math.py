@@ -3,42 +3,16 @@ sets)."""
 
 from __future__ import annotations
 
-import re
 import threading
 from decimal import Decimal
 from fractions import Fraction
 
+from streamrl.rewards.number_grammar import canonical, is_number, value
 from streamrl.rewards.numerals import ascii_numerals
 
-_DECIMAL = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"
-_PLAIN_NUMBER = re.compile(rf"{_DECIMAL}(?:[eE][-+]?\d+)?")
-# scientific notation: 2.5×10^3, 2.5 \times 10^{3}, 2.5 \cdot 10^3, 2.5*10^-3, 2.5 x 10^3
-_SCIENTIFIC = re.compile(rf"({_DECIMAL})\s*(?:×|\\times|\\cdot|\*|x)\s*10\^(?:([-+]?\d+)|\{{([-+]?\d+)\}})")
-# a fraction of integers: 3/4, -3 / 4, \frac{3}{4}, -\dfrac{3}{4}, \tfrac{-3}{4}
-_FRACTION = re.compile(r"([-+]?)(?:(\d+)\s*/\s*(\d+)|\\[dt]?frac\{([-+]?\d+)\}\{(\d+)\})")
-# 1,234 and 1 234 group digits by three; 2,3 and -2,1 are pairs, 2 3 is two numbers
-_THOUSANDS = re.compile(r"(?<=\d)[, \u00a0\u2009\u202f](?=\d{3}(?!\d))")
-_CURRENCY = re.compile(r"^([-+]?)\s*(?:\\?\$|[€£¥])\s*")  # a sign, then \$18, $18, €18, £18, ¥18
 # a decimal whose last digit is past 10^±1000 is not written out as an integer ratio or as digits
 # (1e999999999 would take gigabytes): no fraction of integers in a response is that far from 1
 _EXPONENT_LIMIT = 1000
-
-
-def _number(s: str) -> Decimal | Fraction | None:
-    """The exact value of a plain number: a decimal ('1,000', '1 000', '1e3', '.5', '2.5×10^3', '\\$18')
-    as a Decimal, a fraction of integers ('3/4', '\\frac{3}{4}') as a Fraction; anything else (LaTeX,
-    roots, sets, '2,3') -> None."""
-    t = _THOUSANDS.sub("", s.strip().strip("$").strip())
-    t = _CURRENCY.sub(r"\1", t)
-    if _PLAIN_NUMBER.fullmatch(t):
-        return Decimal(t)
-    if m := _SCIENTIFIC.fullmatch(t):
-        return Decimal(f"{m[1]}e{m[2] or m[3]}")
-    if (m := _FRACTION.fullmatch(t)) and len(t) < 4000:  # int() refuses more than 4300 digits
-        numerator, denominator = int(m[2] or m[4]), int(m[3] or m[5])
-        if denominator:
-            return -Fraction(numerator, denominator) if m[1] == "-" else Fraction(numerator, denominator)
-    return None
 
 
 def _terminates(f: Fraction) -> bool:
@@ -86,7 +60,7 @@ def math_equal(predicted: str, reference: str) -> bool:
     '３'), vulgar fractions ('½' = 0.5, '1½' = 1.5) and full-width punctuation compare as their values.
     """
     predicted, reference = ascii_numerals(predicted), ascii_numerals(reference)
-    a, b = _number(predicted), _number(reference)
+    a, b = value(predicted), value(reference)
     if a is not None and b is not None:
         exact = _exactly_equal(a, b)
         if exact is not None:
@@ -96,11 +70,13 @@ def math_equal(predicted: str, reference: str) -> bool:
     main = threading.current_thread() is threading.main_thread()
     timeout = 5 if main else None
 
-    def as_latex(s: str, value: Decimal | Fraction | None) -> str:
-        if isinstance(value, Decimal):  # math-verify reads '1e3' as e * 3 and '1,000' as a pair
-            exponent = value.as_tuple().exponent
+    def as_latex(s: str, exact: Decimal | Fraction | None) -> str:
+        if isinstance(exact, Decimal):  # math-verify reads '1e3' as e * 3 and '1,000' as a pair
+            exponent = exact.as_tuple().exponent
             if isinstance(exponent, int) and abs(exponent) <= _EXPONENT_LIMIT:
-                s = format(value, "f")
+                s = format(exact, "f")
+        elif is_number(s):  # a number math-verify reads otherwise, or not at all: '10^+3', '\\$10^6'
+            s = canonical(s)
         s = s.strip()
         return s if s.startswith("$") else f"${s}$"
 

@@ -31,9 +31,10 @@ def _vulgar_fractions() -> dict[str, Fraction]:
 
 VULGAR = _vulgar_fractions()
 VULGAR_CLASS = "[" + "".join(VULGAR) + "]"  # a regex class matching one vulgar fraction
+SPACE = r"[ \u00a0\u2009\u202f]"  # a space, no-break space, thin space or narrow no-break space
 _SEPARATORS = {"\u2212": "-", "\u066b": ".", "\u066c": ",", "\u2044": "/"}
 # a whole number right before a vulgar fraction, optionally signed and with one space between
-_MIXED = re.compile(rf"(?:([-+]?)(\d+)[ \u00a0\u2009\u202f]?)?({VULGAR_CLASS})")
+_MIXED = re.compile(rf"(?:([-+]?)(\d+){SPACE}?)?({VULGAR_CLASS})")
 
 
 def _ascii_char(ch: str) -> str:

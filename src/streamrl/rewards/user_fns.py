@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from streamrl.config_rewards import reward_fn_name
 from streamrl.rewards.math_verify_threads import allow_in_threads
 from streamrl.user_code import load_object
 
@@ -49,19 +50,18 @@ class RewardFn:
     spec: str  # package.module:function, path/file.py:function, or "task"
     weight: float = 1.0
     completions: str = "auto"  # how `prompts` and `completions` are passed: auto, text or chat
+    key: str = "reward.fn"  # the config key that set it, as messages name it: reward.fn or reward.fns[i]
 
 
 def configured_fns(fn: str, fns: Any, completions: str = "auto") -> list[RewardFn]:
     """reward.fn / reward.fns as RewardFn entries; [] when neither is set (the task's reward alone).
     `completions`: reward.completions, the format of an entry without its own."""
     if fn:
-        return [RewardFn(fn.rpartition(":")[2], fn, 1.0, completions)]
+        return [RewardFn(reward_fn_name({"fn": fn}), fn, 1.0, completions)]
     out = []
-    for entry in fns:
-        spec = str(entry["fn"])
-        name = str(entry.get("name") or spec.rpartition(":")[2])
+    for i, entry in enumerate(fns):
         weight, fmt = float(entry.get("weight", 1.0)), entry.get("completions", completions)
-        out.append(RewardFn(name, spec, weight, fmt))
+        out.append(RewardFn(reward_fn_name(entry), str(entry["fn"]), weight, fmt, f"reward.fns[{i}]"))
     return out
 
 
@@ -69,12 +69,11 @@ def load_fns(fns: list[RewardFn]) -> dict[str, Callable[..., Any]]:
     """name -> the imported function (the task entry excluded); ValueError of one line naming the key,
     also for a function that cannot take the batch's keyword arguments. With any, math-verify is made
     callable from the scoring threads they run on (rewards/math_verify_threads.py)."""
-    key = "reward.fns" if len(fns) > 1 else "reward.fn"
     loaded = {}
     for f in fns:
         if f.spec != TASK:
-            loaded[f.name] = load_object(f.spec, key)
-            _check_signature(loaded[f.name], f.spec, key)
+            loaded[f.name] = load_object(f.spec, f.key)
+            _check_signature(loaded[f.name], f.spec, f.key)
     if loaded:
         allow_in_threads()
     return loaded
@@ -115,7 +114,6 @@ def check_arguments(loaded: Mapping[str, Callable[..., Any]], fns: list[RewardFn
     batch's and the columns of `columns`, a first training problem's): ValueError of one line otherwise,
     before any work, rather than a reward of 0 on every sample."""
     passed = {"prompts", "completions", "completion_ids", *(k for k in columns if k not in RESERVED)}
-    key = "reward.fns" if len(fns) > 1 else "reward.fn"
     for f in fns:
         if f.spec == TASK:
             continue
@@ -124,7 +122,7 @@ def check_arguments(loaded: Mapping[str, Callable[..., Any]], fns: list[RewardFn
                 continue
             if p.kind is p.POSITIONAL_ONLY or p.name not in passed:
                 raise ValueError(
-                    f"config key '{key}': {f.spec} needs '{p.name}', which no call passes (it is called "
+                    f"config key '{f.key}': {f.spec} needs '{p.name}', which no call passes (it is called "
                     f"with {', '.join(sorted(passed))}): use one of those names or give '{p.name}' a default"
                 )
 

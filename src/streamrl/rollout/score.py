@@ -22,6 +22,7 @@ import logging
 import math
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Any
 
@@ -152,6 +153,9 @@ class Scoring:
         self.waited_s = 0.0  # seconds `outcomes` waited for scores, in all
         self.ids_in_key = bool(rc.fn or rc.fns)  # your reward functions read the token ids too
         self.columns_in_key = bool(rc.fn or rc.fns)  # ... and the data row's columns
+        # id(problem) -> (problem, the reference part of its responses' cache keys), most recent last
+        self._references: OrderedDict[int, tuple[Problem, Any]] = OrderedDict()
+        self._references_lock = threading.Lock()
 
     def begin_step(self) -> None:
         """A new step: its scoring rounds (score calls) share a fresh reward.step_budget_s."""
@@ -180,16 +184,24 @@ class Scoring:
         # identical (problem, response) pairs are scored once; the problem id pins the reference. Reward
         # functions read the token ids too, and one text has several tokenizations (a sample that ended
         # with another stop token, say): with them, the ids are part of the response
-        # a code row's reference is its tests (a digest: the cache keeps thousands of keys): two streamed
-        # rows with one prompt share an id and an answer
-        tests, answers = problem.meta.get("tests"), problem.meta.get("answers")
-        ref = (problem.answer, _digest(tests)) if tests else problem.answer
-        if answers:  # a row's accepted answers: two streamed rows of one prompt may list others
-            ref = (ref, tuple(answers))
-        if self.columns_in_key:  # reward functions read the row's columns: two rows of one prompt differ
-            ref = (ref, _digest(reward_columns(problem)))
-        key = (problem.id, ref, text, ids if self.ids_in_key else None)
+        key = (problem.id, self._reference(problem), text, ids if self.ids_in_key else None)
         return self.service.submit(problem, text, ids, cache_key=key)
+
+    def _reference(self, problem: Problem) -> Any:
+        """The reference part of the cache keys of `problem`'s responses (reference_key), computed once
+        per problem: a group's samples share their problem, and its digests cost a JSON dump of its
+        tests and columns each. The last _REFERENCES_KEPT problems are kept, by identity."""
+        with self._references_lock:
+            kept = self._references.get(id(problem))
+            if kept is not None and kept[0] is problem:
+                self._references.move_to_end(id(problem))
+                return kept[1]
+        ref = reference_key(problem, self.columns_in_key)
+        with self._references_lock:
+            self._references[id(problem)] = (problem, ref)  # held: its id is not reused while kept
+            while len(self._references) > _REFERENCES_KEPT:
+                self._references.popitem(last=False)
+        return ref
 
     def apply(self, traj: Trajectory, outcome: RewardOutcome) -> None:
         """Reward = scorer reward (correctness + format_weight * format; 0 on failure) + DAPO overlong
@@ -283,6 +295,24 @@ class ScoreWait:
         waited = time.perf_counter() - t0
         self.allowance -= waited
         return waited
+
+
+# problems whose cache-key reference Scoring keeps: more than the groups a process has in flight at once
+_REFERENCES_KEPT = 256
+
+
+def reference_key(problem: Problem, columns: bool) -> Any:
+    """What pins the reference in the cache key of a response to `problem`, beside its id: its answer; a
+    code row's tests (a digest: the cache keeps thousands of keys) and a row's accepted answers, as two
+    streamed rows of one prompt share an id and an answer; with `columns` (your reward functions read
+    the row's columns) a digest of them, as two rows of one prompt may differ there."""
+    tests, answers = problem.meta.get("tests"), problem.meta.get("answers")
+    ref = (problem.answer, _digest(tests)) if tests else problem.answer
+    if answers:
+        ref = (ref, tuple(answers))
+    if columns:
+        ref = (ref, _digest(reward_columns(problem)))
+    return ref
 
 
 def _digest(value: Any) -> bytes:

@@ -41,14 +41,32 @@ def apply_lora(model: Any, rank: int, alpha: float, targets: tuple[str, ...], dr
 
 
 def check_targets(model: Any, targets: tuple[str, ...]) -> None:
-    """One line (ValueError) when a target names no linear layer of `model` (its weights may be on the
-    meta device: preflight checks the targets before any weights load, check_targets_on_meta)."""
+    """One line (ValueError) when a target names no linear layer of `model`, or names its output
+    embedding while the model ties it to the input embedding (its weights may be on the meta device:
+    preflight checks the targets before any weights load, check_targets_on_meta)."""
     names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     missing = [t for t in targets if t not in names]
     if missing:
         raise ValueError(
             f"config key 'train.lora_targets': no linear layer named {missing} in this model; "
             f"its linear layers are {sorted(names)}"
+        )
+    _refuse_tied_head(model, targets)
+
+
+def _refuse_tied_head(model: Any, targets: tuple[str, ...]) -> None:
+    """An adapter on a tied output embedding: the merged weights would give the LM head W + BA and the
+    embedding W, one tensor in every engine and checkpoint, which keeps only one of them."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if head is None or embed is None or head.weight is not embed.weight:
+        return
+    name = next(n for n, m in model.named_modules() if m is head).rsplit(".", 1)[-1]
+    if name in targets:
+        raise ValueError(
+            f"config key 'train.lora_targets': {name!r} is the output embedding, which this model ties to "
+            "its input embedding (tie_word_embeddings): the merged weights cannot hold both; leave it out "
+            "of train.lora_targets, or train a model with untied embeddings"
         )
 
 

@@ -123,3 +123,29 @@ def test_a_lora_run_resumes_exactly(lora_run, tmp_path):
         b = load_file(str(latest_state(split) / rel))
         assert a.keys() == b.keys()
         assert [k for k in a if not torch.equal(a[k], b[k])] == [], rel
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "old", "new"),
+    [
+        ("train.lora_alpha=64", "train.lora_alpha", 32.0, 64.0),
+        ("train.lora_rank=8", "train.lora_rank", 4, 8),
+        ("train.lora_rank=0", "train.lora_rank", 4, 0),
+        ("train.lora_targets=[q_proj]", "train.lora_targets", ("q_proj", "v_proj"), ("q_proj",)),
+    ],
+)
+def test_a_lora_resume_keeps_the_adapters_shape_and_scale(tmp_path, override, key, old, new):
+    """alpha scales the saved adapters (another value changed the trained model silently); another rank
+    or target list does not fit the saved adapters or optimizer state: each refused in one line."""
+    from streamrl.config import RESUME_FIXED, ConfigError, config_yaml
+
+    saved = load_config(None, ["train.lora_rank=4", f"train.lora_targets={list(TARGETS)}"])
+    (tmp_path / "config.yaml").write_text(config_yaml(saved))
+    same = ["train.lora_rank=4", "train.lora_alpha=32", f"train.lora_targets={list(TARGETS)}"]
+    assert load_config(None, [f"resume={tmp_path}", *same]).train.lora_targets == TARGETS
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"resume={tmp_path}", override])
+    assert str(e.value) == (
+        f"resume: config key '{key}' is {old!r} in {tmp_path}/config.yaml, not {new!r}: a resumed run keeps "
+        f"it ({RESUME_FIXED[key]}); drop the override, or start a new run from its checkpoint"
+    )

@@ -199,6 +199,9 @@ RESUME_FIXED = {
     "train.lr": "the optimizer and scheduler states restore the saved learning rate",
     "train.weight_decay": "the optimizer state restores the saved value",
     "train.betas": "the optimizer state restores the saved values",
+    "train.lora_rank": "the saved adapters and optimizer state are that rank's (0: the full model's)",
+    "train.lora_alpha": "it scales the saved adapters: another value would change the trained model",
+    "train.lora_targets": "the saved adapters and optimizer state are those modules'",
     # what the held-out evaluations read: the base model's, kept in eval.json, and the periodic ones
     # already logged are compared with the final and later ones, measured the same way
     "task_config.system_prompt": HELD_OUT,

@@ -18,7 +18,7 @@ def _model_files(name: str, seed: int) -> tuple[Path, bool]:
     """(the directory with the model's config and tokenizer, checked; whether it is a Hub snapshot)."""
     local, hub = Path(name).expanduser(), False
     if name == "smollm2-135m-instruct":
-        target = cache_dir() / "models" / "smollm2-135m-instruct"
+        target = smollm2.converted_dir()
         path = target if (target / "config.json").exists() else smollm2.convert(target)
     elif name == "tiny-random":
         # v2: the chat template renders tools; a cached build with the older template is not reused

@@ -149,3 +149,28 @@ def test_a_lora_resume_keeps_the_adapters_shape_and_scale(tmp_path, override, ke
         f"resume: config key '{key}' is {old!r} in {tmp_path}/config.yaml, not {new!r}: a resumed run keeps "
         f"it ({RESUME_FIXED[key]}); drop the override, or start a new run from its checkpoint"
     )
+
+
+def test_lora_on_gpt2_conv1d_layers_merges_into_their_transposed_weights():
+    """GPT-2's attention and MLP are transformers' Conv1D (weight [in, out]): accepted as targets, and
+    the merged plain model computes what the adapted one does."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=40, n_positions=16)
+    config.bos_token_id = config.eos_token_id = 0
+    model = GPT2LMHeadModel(config).eval()
+    with pytest.raises(ValueError, match=r"its linear layers are \['c_attn', 'c_fc', 'c_proj', 'lm_head'\]"):
+        apply_lora(copy.deepcopy(model), 2, 8.0, ("q_proj",))
+    lora = apply_lora(copy.deepcopy(model), 2, 8.0, ("c_attn", "c_proj"))
+    assert lora.peft_config["default"].fan_in_fan_out  # saved so, as PEFT's own GPT-2 adapters are
+    for name, p in lora.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)
+    plain = copy.deepcopy(model)
+    plain.load_state_dict(merged_state(lora))
+    ids = torch.tensor([[1, 7, 3, 9, 2]])
+    with torch.no_grad():
+        want = lora(ids).logits
+        torch.testing.assert_close(plain(ids).logits, want, atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(model(ids).logits, want, atol=1e-3, rtol=1e-3)  # the adapters count

@@ -33,7 +33,7 @@ from streamrl.config_sections import (
     TrainConfig,
     VLLMConfig,
 )
-from streamrl.config_validate import is_data_source, validate
+from streamrl.config_validate import LORA_ONLY, is_data_source, validate
 
 __all__ = [
     "AdvantageConfig",
@@ -153,6 +153,7 @@ def load_config(
         cfg.run_dir = resume
         _refuse_changes_a_resume_would_ignore(data, cfg, resume)
         _drop_data_keys_unread(cfg, given_pairs)
+        _drop_lora_keys_unread(cfg, given_pairs)
         if cfg.eval.k and not _sets(["eval", "n"], *given_pairs):  # the saved eval.n is a resolved one
             cfg.eval.n = max(cfg.eval.n, *cfg.eval.k)
     else:
@@ -254,6 +255,16 @@ def _drop_data_keys_unread(cfg: Config, given: list[dict[str, Any]]) -> None:
         tc.args = dict(default.args)
     if not tc.streaming and not _sets(["task_config", "shuffle_buffer"], *given):
         tc.shuffle_buffer = default.shuffle_buffer
+
+
+def _drop_lora_keys_unread(cfg: Config, given: list[dict[str, Any]]) -> None:
+    """A resumed run without LoRA (train.lora_rank=0) saved with LoRA keys it never read, refused today:
+    back to their defaults, as the run used none (given again on the command line, they are refused)."""
+    if cfg.train.lora_rank:
+        return
+    for key in LORA_ONLY:
+        if not _sets(["train", key], *given):
+            setattr(cfg.train, key, getattr(TrainConfig(), key))
 
 
 def _drop_preset_keys_unread(cfg: Config, preset: dict[str, Any], given: list[dict[str, Any]]) -> None:

@@ -174,3 +174,19 @@ def test_lora_on_gpt2_conv1d_layers_merges_into_their_transposed_weights():
         want = lora(ids).logits
         torch.testing.assert_close(plain(ids).logits, want, atol=1e-5, rtol=1e-5)
         assert not torch.allclose(model(ids).logits, want, atol=1e-3, rtol=1e-3)  # the adapters count
+
+
+def test_evaluating_a_checkpoints_adapter_points_at_the_merged_model(tmp_path, capsys):
+    """RUN/checkpoint/adapter is the PEFT adapter alone: `streamrl eval` names the merged model beside it."""
+    checkpoint = tmp_path / "checkpoint"
+    (checkpoint / "adapter").mkdir(parents=True)
+    (checkpoint / "config.json").write_text("{}")
+    (checkpoint / "adapter" / "adapter_config.json").write_text('{"peft_type": "LORA"}')
+    assert main(["eval", f"model={checkpoint}/adapter"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"streamrl: error: model '{checkpoint}/adapter': a PEFT adapter (adapter_config.json), not a model; "
+        f"the merged model it was saved with is model={checkpoint}"
+    )
+    (checkpoint / "config.json").unlink()  # an adapter alone: merge it into its base first
+    with pytest.raises(ValueError, match=r"PEFT adapter \(adapter_config.json\), not a model: give its base"):
+        resolve_model_dir(str(checkpoint / "adapter"))

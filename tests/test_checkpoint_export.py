@@ -203,3 +203,18 @@ def test_a_resumed_runs_command_clears_resume():
     cfg = load_config(None, ["run_dir=runs/x/"])
     cfg.resume = "runs/x"
     assert reproduce_command(cfg) == "streamrl train runs/x/config.yaml run_dir=runs/x-again resume="
+
+
+def test_an_adapter_trained_on_a_dequantized_gguf_names_the_converted_base(tmp_path, monkeypatch):
+    """smollm2-135m-instruct is dequantized from a Q4_1 GGUF: its adapter applies to those weights, in the
+    directory training loaded, not to the bf16 Hub original the card names as its lineage."""
+    from streamrl.loop.export import _name_the_adapters_base
+
+    monkeypatch.setenv("STREAMRL_CACHE", str(tmp_path / "cache"))
+    adapter = tmp_path / "checkpoint" / "adapter"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "elsewhere", "r": 4}))
+    _name_the_adapters_base(tmp_path / "checkpoint", "smollm2-135m-instruct")
+    conf = json.loads((adapter / "adapter_config.json").read_text())
+    converted = tmp_path / "cache" / "models" / "smollm2-135m-instruct"
+    assert conf == {"base_model_name_or_path": str(converted), "r": 4}

@@ -340,6 +340,12 @@ def test_engine_vllm_config_errors(monkeypatch):
         load_config(None, ["engine=vllm", "runtime.mode=colocated", "max_staleness=0"])
     with pytest.raises(ConfigError, match="'vllm.kv_cache_gib' must be > 0"):
         load_config(None, ["engine=vllm", "vllm.kv_cache_gib=0"])
+    with pytest.raises(ConfigError) as e:  # before the install hint: the key is wrong either way
+        load_config(None, ["engine=vllm", "rollout.precision=bf16"])
+    assert str(e.value) == (
+        "config key 'rollout.precision'=bf16 is not the rollouts' dtype with engine=vllm (vLLM decodes in "
+        "vllm.dtype): set vllm.dtype (float32, bfloat16 or auto) and drop rollout.precision"
+    )
     with pytest.raises(ConfigError, match="engine"):
         load_config(None, ["engine=sglang"])
     assert load_config(None, ["vllm.dtype=bfloat16"]).vllm.dtype == "bfloat16"  # engine=hf ignores it

@@ -167,3 +167,29 @@ def test_an_agent_is_not_a_mixture_source():
         "mixture is task=agent:streamrl.envs.agents:calculator with task_config.args.base=mix and these "
         "sources"
     )
+
+
+@pytest.mark.parametrize("override", ["train.lora_alpha=16", "train.lora_targets=[q_proj]"])
+def test_lora_keys_without_lora_are_refused(override):
+    """train.lora_rank=0 trains every weight: a LoRA key given with it would be ignored."""
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert str(e.value) == (
+        f"config key '{key}' applies to LoRA, but train.lora_rank=0 trains every weight: "
+        "set train.lora_rank > 0, or drop it"
+    )
+    assert load_config(None, [override, "train.lora_rank=4"]).train.lora_rank == 4
+
+
+def test_a_resumed_run_saved_with_lora_keys_it_never_read_drops_them(tmp_path):
+    """A run saved before they were refused resumes, as it trained: with every weight."""
+    run = tmp_path / "run"
+    run.mkdir()
+    saved = config_yaml(load_config(None, [])).replace("lora_alpha: 32.0", "lora_alpha: 64.0")
+    assert "lora_alpha: 64.0" in saved
+    (run / "config.yaml").write_text(saved)
+    cfg = load_config(None, [f"resume={run}"])
+    assert (cfg.train.lora_rank, cfg.train.lora_alpha) == (0, 32.0)
+    with pytest.raises(ConfigError, match=r"^config key 'train.lora_alpha' applies to LoRA"):
+        load_config(None, [f"resume={run}", "train.lora_alpha=64"])

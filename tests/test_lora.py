@@ -123,3 +123,70 @@ def test_a_lora_run_resumes_exactly(lora_run, tmp_path):
         b = load_file(str(latest_state(split) / rel))
         assert a.keys() == b.keys()
         assert [k for k in a if not torch.equal(a[k], b[k])] == [], rel
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "old", "new"),
+    [
+        ("train.lora_alpha=64", "train.lora_alpha", 32.0, 64.0),
+        ("train.lora_rank=8", "train.lora_rank", 4, 8),
+        ("train.lora_rank=0", "train.lora_rank", 4, 0),
+        ("train.lora_targets=[q_proj]", "train.lora_targets", ("q_proj", "v_proj"), ("q_proj",)),
+    ],
+)
+def test_a_lora_resume_keeps_the_adapters_shape_and_scale(tmp_path, override, key, old, new):
+    """alpha scales the saved adapters (another value changed the trained model silently); another rank
+    or target list does not fit the saved adapters or optimizer state: each refused in one line."""
+    from streamrl.config import RESUME_FIXED, ConfigError, config_yaml
+
+    saved = load_config(None, ["train.lora_rank=4", f"train.lora_targets={list(TARGETS)}"])
+    (tmp_path / "config.yaml").write_text(config_yaml(saved))
+    same = ["train.lora_rank=4", "train.lora_alpha=32", f"train.lora_targets={list(TARGETS)}"]
+    assert load_config(None, [f"resume={tmp_path}", *same]).train.lora_targets == TARGETS
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"resume={tmp_path}", override])
+    assert str(e.value) == (
+        f"resume: config key '{key}' is {old!r} in {tmp_path}/config.yaml, not {new!r}: a resumed run keeps "
+        f"it ({RESUME_FIXED[key]}); drop the override, or start a new run from its checkpoint"
+    )
+
+
+def test_lora_on_gpt2_conv1d_layers_merges_into_their_transposed_weights():
+    """GPT-2's attention and MLP are transformers' Conv1D (weight [in, out]): accepted as targets, and
+    the merged plain model computes what the adapted one does."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=40, n_positions=16)
+    config.bos_token_id = config.eos_token_id = 0
+    model = GPT2LMHeadModel(config).eval()
+    with pytest.raises(ValueError, match=r"its linear layers are \['c_attn', 'c_fc', 'c_proj', 'lm_head'\]"):
+        apply_lora(copy.deepcopy(model), 2, 8.0, ("q_proj",))
+    lora = apply_lora(copy.deepcopy(model), 2, 8.0, ("c_attn", "c_proj"))
+    assert lora.peft_config["default"].fan_in_fan_out  # saved so, as PEFT's own GPT-2 adapters are
+    for name, p in lora.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)
+    plain = copy.deepcopy(model)
+    plain.load_state_dict(merged_state(lora))
+    ids = torch.tensor([[1, 7, 3, 9, 2]])
+    with torch.no_grad():
+        want = lora(ids).logits
+        torch.testing.assert_close(plain(ids).logits, want, atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(model(ids).logits, want, atol=1e-3, rtol=1e-3)  # the adapters count
+
+
+def test_evaluating_a_checkpoints_adapter_points_at_the_merged_model(tmp_path, capsys):
+    """RUN/checkpoint/adapter is the PEFT adapter alone: `streamrl eval` names the merged model beside it."""
+    checkpoint = tmp_path / "checkpoint"
+    (checkpoint / "adapter").mkdir(parents=True)
+    (checkpoint / "config.json").write_text("{}")
+    (checkpoint / "adapter" / "adapter_config.json").write_text('{"peft_type": "LORA"}')
+    assert main(["eval", f"model={checkpoint}/adapter"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"streamrl: error: model '{checkpoint}/adapter': a PEFT adapter (adapter_config.json), not a model; "
+        f"the merged model it was saved with is model={checkpoint}"
+    )
+    (checkpoint / "config.json").unlink()  # an adapter alone: merge it into its base first
+    with pytest.raises(ValueError, match=r"PEFT adapter \(adapter_config.json\), not a model: give its base"):
+        resolve_model_dir(str(checkpoint / "adapter"))

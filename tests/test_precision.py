@@ -133,3 +133,28 @@ def test_the_engine_of_the_job_decodes_in_what_auto_resolves_to(units):
     cfg = load_config(None, ["model=tiny-random", "eval.size=4", "rollout.precision=auto"])
     parts = build_components(cfg)
     assert {p.dtype for p in parts.engine.model.parameters()} == {torch.bfloat16 if units else torch.float32}
+
+
+def test_with_vllm_the_startup_line_and_record_give_vllm_dtype(units):
+    """engine=vllm: the rollouts decode in vllm.dtype; rollout.precision (auto) sets only the trainer
+    process's engine, which evaluates the held-out set."""
+    from streamrl.config import Config
+    from streamrl.models.precision import precision_record, run_precision_line
+
+    cfg = Config()  # engine=vllm needs vLLM installed to validate; these read only the keys
+    cfg.engine, cfg.vllm.dtype = "vllm", "bfloat16"
+    own = "bf16" if units else "fp32"
+    autocast = " autocast on fp32 weights" if units else ""
+    why = "has" if units else "has no"
+    assert run_precision_line(cfg) == (
+        f"precision: engine vLLM bfloat16 (vllm.dtype), held-out evaluation {own}, trainer {own}{autocast} "
+        f"(auto: this cpu {why} bf16 matrix units)"
+    )
+    assert precision_record(cfg) == {
+        "rollout_precision": "bfloat16 (vllm.dtype)",
+        "train_precision": own,
+        "eval_precision": own,
+    }
+    cfg.engine = "hf"
+    assert precision_record(cfg) == {"rollout_precision": own, "train_precision": own}
+    assert run_precision_line(cfg) == precision_line("auto", "auto", "cpu")

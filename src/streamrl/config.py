@@ -34,7 +34,7 @@ from streamrl.config_sections import (
     TrainConfig,
     VLLMConfig,
 )
-from streamrl.config_validate import is_data_source, validate
+from streamrl.config_validate import LORA_ONLY, is_data_source, validate
 
 __all__ = [
     "AdvantageConfig",
@@ -154,6 +154,7 @@ def load_config(
         cfg.run_dir = resume
         _refuse_changes_a_resume_would_ignore(data, cfg, resume)
         _drop_data_keys_unread(cfg, given_pairs, f"resume: {resume}/config.yaml")
+        _drop_lora_keys_unread(cfg, given_pairs)
         if cfg.eval.k and not _sets(["eval", "n"], *given_pairs):  # the saved eval.n is a resolved one
             cfg.eval.n = max(cfg.eval.n, *cfg.eval.k)
     else:
@@ -206,6 +207,9 @@ RESUME_FIXED = {
     "train.lr": "the optimizer and scheduler states restore the saved learning rate",
     "train.weight_decay": "the optimizer state restores the saved value",
     "train.betas": "the optimizer state restores the saved values",
+    "train.lora_rank": "the saved adapters and optimizer state are that rank's (0: the full model's)",
+    "train.lora_alpha": "it scales the saved adapters: another value would change the trained model",
+    "train.lora_targets": "the saved adapters and optimizer state are those modules'",
     # what the held-out evaluations read: the base model's, kept in eval.json, and the periodic ones
     # already logged are compared with the final and later ones, measured the same way
     "task_config.system_prompt": HELD_OUT,
@@ -285,6 +289,16 @@ def _unread_by_data(source: dict[str, Any], key: str) -> bool:
     if key == "args":
         return bool(source.get("args"))
     return key in source and not source.get("streaming", False)
+
+
+def _drop_lora_keys_unread(cfg: Config, given: list[dict[str, Any]]) -> None:
+    """A resumed run without LoRA (train.lora_rank=0) saved with LoRA keys it never read, refused today:
+    back to their defaults, as the run used none (given again on the command line, they are refused)."""
+    if cfg.train.lora_rank:
+        return
+    for key in LORA_ONLY:
+        if not _sets(["train", key], *given):
+            setattr(cfg.train, key, getattr(TrainConfig(), key))
 
 
 def _drop_preset_keys_unread(cfg: Config, preset: dict[str, Any], given: list[dict[str, Any]]) -> None:

@@ -44,6 +44,12 @@ def _validate_vllm(cfg: Any) -> None:
             "engine=vllm runs in the async rollout workers only: set runtime.mode=async (colocated shares "
             "the trainer's module with the engine; vLLM holds its own weights and pins its OpenMP threads)"
         )
+    if cfg.rollout.precision != type(cfg.rollout)().precision:
+        raise ConfigError(
+            f"config key 'rollout.precision'={cfg.rollout.precision} is not the rollouts' dtype with "
+            "engine=vllm (vLLM decodes in vllm.dtype): set vllm.dtype (float32, bfloat16 or auto) and drop "
+            "rollout.precision"
+        )
     if importlib.util.find_spec("vllm") is None:
         raise ConfigError(VLLM_INSTALL_HINT)
 
@@ -68,10 +74,7 @@ def validate(cfg: Any, keep_saved_judge: bool = False) -> None:
         cfg.eval.max_new_tokens = cfg.rollout.max_new_tokens
     token_level = registry.ADVANTAGES[cfg.advantage.name].token_level  # no per-sample advantage
     validate_algo(cfg, registry)
-    if cfg.train.lora_rank and not cfg.train.lora_targets:
-        raise ConfigError(
-            "config key 'train.lora_targets' is empty: train.lora_rank > 0 needs target modules"
-        )
+    _validate_lora(cfg.train)
     _validate_distributed(cfg)
     r = cfg.rollout
     if r.replay_share and token_level:
@@ -278,6 +281,24 @@ def _single_turn_only(cfg: Any, option: str, what: str) -> None:
             f"{option} > 0 {what} single-turn responses; task={cfg.task} runs multi-turn episodes: "
             f"set {option}=0"
         )
+
+
+# what only LoRA reads: a non-default value with train.lora_rank=0 (every weight trains) is refused
+LORA_ONLY = ("lora_alpha", "lora_targets")
+
+
+def _validate_lora(t: Any) -> None:
+    if t.lora_rank and not t.lora_targets:
+        raise ConfigError(
+            "config key 'train.lora_targets' is empty: train.lora_rank > 0 needs target modules"
+        )
+    if not t.lora_rank:
+        for key in LORA_ONLY:
+            if getattr(t, key) != getattr(type(t)(), key):
+                raise ConfigError(
+                    f"config key 'train.{key}' applies to LoRA, but train.lora_rank=0 trains every weight: "
+                    "set train.lora_rank > 0, or drop it"
+                )
 
 
 # what only speculative rollouts read: a non-default value without rollout.spec_drafts is refused

@@ -21,12 +21,13 @@ from streamrl.engine.prefix_cache import PrefixCache
 from streamrl.engine.windows import sliding_window
 from streamrl.models.frozen import engine_products, freeze
 from streamrl.models.precision import cast_params
+from streamrl.models.tied import aliases_to_skip
 
 
 def load_whole(model: torch.nn.Module, state: dict[str, Any]) -> None:
     """model.load_state_dict(state), refusing (before anything is copied) a state that names a
     parameter the model lacks or leaves one out; a tied weight (the LM head sharing the embedding) may
-    be given under either name."""
+    be given under either name, or under both with the same values."""
     expected = model.state_dict().keys()
     params = dict(model.named_parameters(remove_duplicate=False))
     given = {id(params[k]) for k in state if k in params}
@@ -37,7 +38,9 @@ def load_whole(model: torch.nn.Module, state: dict[str, Any]) -> None:
             f"new weights do not match the engine's model: {len(missing)} missing ({missing[:3]}), "
             f"{len(unknown)} unknown ({unknown[:3]})"
         )
-    model.load_state_dict(state, strict=False)  # strict would want a tied weight under both names
+    skip = aliases_to_skip(model, state)  # tied aliases with different values: refused
+    # strict would want a tied weight under both names
+    model.load_state_dict({k: v for k, v in state.items() if k not in skip}, strict=False)
 
 
 class HFEngine:

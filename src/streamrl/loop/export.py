@@ -18,6 +18,9 @@ from streamrl.models.precision import PRECISIONS
 from streamrl.observe.model_card import Accuracy, model_card
 
 HUB_IDS = {"smollm2-135m-instruct": smollm2.HUB_ID}
+# models converted from a quantised GGUF: their weights are the dequantized ones, not those of the Hub
+# model they were quantised from (HUB_IDS: the card's lineage) -> the directory of the converted model
+DEQUANTIZED = {"smollm2-135m-instruct": smollm2.converted_dir}
 
 
 def base_model_id(model: str) -> str | None:
@@ -32,17 +35,24 @@ def base_model_id(model: str) -> str | None:
 
 
 def _name_the_adapters_base(checkpoint: Path, model: str) -> None:
-    """The adapter names its base by the Hub id (and the revision trained from, if one was given), not
-    the snapshot directory it was trained from on this machine."""
+    """The base the adapter applies to, in its adapter_config.json: a Hub model by its id (and the
+    revision trained from, if one was given), not the snapshot directory it was trained from on this
+    machine; a model dequantized from a GGUF by the converted directory training loaded, as the Hub model
+    it was quantised from has other weights (the card names that one as its lineage)."""
     config = checkpoint / lora.ADAPTER_DIR / "adapter_config.json"
-    base = base_model_id(model)
-    if base is not None and config.is_file():
-        data = json.loads(config.read_text())
+    if not config.is_file():
+        return
+    data = json.loads(config.read_text())
+    if model in DEQUANTIZED:
+        data["base_model_name_or_path"] = str(DEQUANTIZED[model]().expanduser().resolve())
+    elif (base := base_model_id(model)) is not None:
         data["base_model_name_or_path"] = base
         parts = split_id(model)
         if parts is not None and parts[1]:
             data["revision"] = parts[1]
-        config.write_text(json.dumps(data, indent=2) + "\n")
+    else:
+        return
+    config.write_text(json.dumps(data, indent=2) + "\n")
 
 
 class CheckpointWriteError(RuntimeError):

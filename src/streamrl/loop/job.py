@@ -35,7 +35,7 @@ from streamrl.loop.state import RunState, latest_state, load_state, save_state
 from streamrl.loop.step import StepRecord
 from streamrl.loop.train_clock import TrainClock
 from streamrl.models.lora import is_lora
-from streamrl.models.precision import precision_dtype, precision_line, precision_warning, resolve_precision
+from streamrl.models.precision import precision_dtype, precision_record, precision_warning, run_precision_line
 from streamrl.models.startup import start_model
 from streamrl.observe.environment import collect_environment
 from streamrl.observe.live import RunObserver
@@ -180,7 +180,7 @@ def _run_train(
     )
     console.print(f"[bold]streamrl[/] run dir {run_dir} | model {cfg.model} | task {cfg.task}")
     console.print(f"cores {os.cpu_count()}: {split}")
-    console.print(precision_line(cfg.rollout.precision, cfg.train.precision, cfg.device))
+    console.print(run_precision_line(cfg))
     for key, name in (("rollout.precision", cfg.rollout.precision), ("train.precision", cfg.train.precision)):
         if (warning := precision_warning(name, key, cfg.device)) is not None:
             console.print(f"[yellow]warning[/]: {warning}")
@@ -207,8 +207,7 @@ def _run_train(
     write_text_atomic(run_dir / "config.yaml", config_yaml(cfg))  # a resume's start, killed, keeps the old
     workers = 0 if cfg.runtime.mode == "colocated" else cfg.runtime.rollout_workers
     env = collect_environment(cfg.model, train_threads, rollout_threads, workers)
-    env["rollout_precision"] = resolve_precision(cfg.rollout.precision, cfg.device)
-    env["train_precision"] = resolve_precision(cfg.train.precision, cfg.device)
+    env.update(precision_record(cfg))
     write_text_atomic(run_dir / "environment.json", json.dumps(env, indent=2))
     moved: dict[str, int] = {}
     if cfg.resume:

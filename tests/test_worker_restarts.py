@@ -354,7 +354,7 @@ def test_a_group_whose_feedback_fails_is_carried_over_not_lost(tiny):
         if len(seen) == 4:
             raise RuntimeError("sampler feedback failed")
 
-    runner.on_group_scored = feedback
+    runner.admission.on_group_scored = feedback
     records: list = []
     with pytest.raises(RuntimeError, match="sampler feedback failed"):
         runner.run(records.append)

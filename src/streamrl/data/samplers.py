@@ -21,7 +21,8 @@ which the loops call once per scored group (trained or filtered). Selected by `r
   threshold, one attribute's level is raised (round robin) and the stream restarts at the new level.
 
 Resume: `state_dict()` holds plain JSON (positions in the base stream, posteriors, levels, RNG); the
-problems of the pool are re-drawn from the deterministic stream by their positions.
+problems of the pool are re-drawn from the deterministic stream by their positions. `state_at_mark()`
+is the state as of the last `mark()`: MoPPS rebuilds its posteriors only then (data/bounded_memory.py).
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ import copy
 import random
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from streamrl.data.bounded_memory import BoundedMemory
 from streamrl.data.prompt_limit import PromptFilter
 from streamrl.types import Group, Problem
 
@@ -41,8 +43,9 @@ MAX_SKIPS = 10_000  # consecutive skips before a filter gives up and returns the
 MEMORY = 100_000  # posteriors / pass rates remembered (oldest forgotten first)
 
 
-def _rng_state(rng: random.Random) -> list[Any]:
-    v, internal, gauss = rng.getstate()
+def _rng_state(state: tuple[Any, ...]) -> list[Any]:
+    """A random.Random's getstate() as JSON."""
+    v, internal, gauss = state
     return [v, list(internal), gauss]
 
 
@@ -58,6 +61,7 @@ class Sampler:
         self.base_drawn = 0  # position in the base stream (what a resume skips to)
         self.last_id = ""  # the id of the problem at that position (what a resume checks it reached)
         self.lock = threading.Lock()  # next() runs in the admission thread, metrics() in the trainer's
+        self._marked: dict[str, Any] | None = None  # state_dict() at the last mark()
 
     def _pull(self) -> Problem:
         self.base_drawn += 1
@@ -102,6 +106,15 @@ class Sampler:
         for _ in range(int(d["base_drawn"])):
             self._pull()
         self._check_position(d)
+        self._marked = None
+
+    def mark(self) -> None:
+        """Remember this point: `state_at_mark()` is the state_dict as of now, until the next mark."""
+        self._marked = self.state_dict()
+
+    def state_at_mark(self) -> dict[str, Any]:
+        """The state_dict as of the last mark (as of now if never marked)."""
+        return self.state_dict() if self._marked is None else self._marked
 
 
 def _successes(group: Group) -> tuple[int, int]:
@@ -129,7 +142,7 @@ class MoPPSSampler(Sampler):
         super().__init__(base)
         self.K, self.target, self.max_draws, self.band, self.lam = pool, target, max_draws, band, lam
         self.pool: OrderedDict[str, _Candidate] = OrderedDict()
-        self.post: OrderedDict[str, list[float]] = OrderedDict()  # id -> [a, b]
+        self.post: BoundedMemory[list[float]] = BoundedMemory(MEMORY)  # id -> [a, b]
         self.rng = random.Random(seed)
         self.draws = self.retired = self.evicted = 0
 
@@ -171,10 +184,7 @@ class MoPPSSampler(Sampler):
         pid = group.problem.id
         with self.lock:
             a, b = self._ab(pid)
-            self.post[pid] = [self.lam * a + s, self.lam * b + (n - s)]
-            self.post.move_to_end(pid)
-            if len(self.post) > MEMORY:
-                self.post.popitem(last=False)
+            self.post.put(pid, [self.lam * a + s, self.lam * b + (n - s)])
             if pid in self.pool and abs(self._mean(pid) - self.target) > self.band:
                 del self.pool[pid]  # saturated (too easy or too hard): make room for a fresh prompt
                 self.evicted += 1
@@ -191,13 +201,26 @@ class MoPPSSampler(Sampler):
 
     def state_dict(self) -> dict[str, Any]:
         with self.lock:
-            return {
-                **self._position(),
-                "pool": [[c.position, c.draws] for c in self.pool.values()],
-                "post": [[k, v[0], v[1]] for k, v in self.post.items()],
-                "rng": _rng_state(self.rng),
-                "counts": [self.draws, self.retired, self.evicted],
-            }
+            return self._state(self._small(), self.post.items())
+
+    def _small(self) -> dict[str, Any]:
+        """The state but its posteriors, with the RNG's own tuple: what a mark copies."""
+        pool = [[c.position, c.draws] for c in self.pool.values()]
+        counts = [self.draws, self.retired, self.evicted]
+        return {**self._position(), "pool": pool, "post": [], "rng": self.rng.getstate(), "counts": counts}
+
+    @staticmethod
+    def _state(small: dict[str, Any], post: Iterable[tuple[str, list[float]]]) -> dict[str, Any]:
+        return {**small, "post": [[k, v[0], v[1]] for k, v in post], "rng": _rng_state(small["rng"])}
+
+    def mark(self) -> None:
+        with self.lock:
+            self._marked = self._small()
+            self.post.mark()  # the posteriors as of now are rebuilt by state_at_mark, not copied
+
+    def state_at_mark(self) -> dict[str, Any]:
+        with self.lock:
+            return self._state(self._marked or self._small(), self.post.items_at_mark())
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         wanted = {int(pos): int(draws) for pos, draws in d["pool"]}
@@ -206,9 +229,10 @@ class MoPPSSampler(Sampler):
             if pos in wanted:
                 self.pool[p.id] = _Candidate(p, pos, wanted[pos])
         self._check_position(d)
-        self.post = OrderedDict((k, [float(a), float(b)]) for k, a, b in d["post"])
+        self.post = BoundedMemory(MEMORY, ((k, [float(a), float(b)]) for k, a, b in d["post"]))
         _set_rng(self.rng, d["rng"])
         self.draws, self.retired, self.evicted = d["counts"]
+        self._marked = None
 
 
 class OnlineFilterSampler(Sampler):

@@ -1,12 +1,12 @@
 """The asynchronous RL loop: rollout workers generate while the trainer trains.
 
-Main process: an admission thread feeds rollout workers under the staleness bound and collects
-their finished groups into a buffer; the main thread takes a batch of B groups as soon as one is
-ready, trains, publishes the weights to shared memory and only then raises the version, so that
-eta = 0 is exactly synchronous. A batch takes first, and waits for, the groups on their last version
-within the bound (`_pick`), so with eta <= 1 no group comes back staler than eta; with a larger eta
-one that does is filtered and counted, never trained. Unfinished requests keep generating across
-steps (partial rollouts) and are carried into the checkpoint on stop.
+Main process: an admission thread (loop/admission.py) feeds rollout workers under the staleness
+bound and collects their finished groups into a buffer; the main thread takes a batch of B groups as
+soon as one is ready, trains, publishes the weights to shared memory and only then raises the
+version, so that eta = 0 is exactly synchronous. A batch takes first, and waits for, the groups on
+their last version within the bound (`_pick`), so with eta <= 1 no group comes back staler than eta;
+with a larger eta one that does is filtered and counted, never trained. Unfinished requests keep
+generating across steps (partial rollouts) and are carried into the checkpoint on stop.
 """
 
 from __future__ import annotations
@@ -14,15 +14,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from streamrl.config import Config
-from streamrl.data.prompts import render_prompt_ids
 from streamrl.data.replay import ReplayBuffer
+from streamrl.loop.admission import Admission
 from streamrl.loop.budget import RunBudget
 from streamrl.loop.dynamic_sampling import DynamicSampling, applies
 from streamrl.loop.episode_errors import EpisodeErrors
@@ -36,7 +34,7 @@ from streamrl.loop.step import StepRecord, train_on
 from streamrl.placement.backend import STARTUP_S, RolloutBackend, RolloutFailure, make_backend
 from streamrl.rollout.drafts import draft_store
 from streamrl.rollout.trajectory import RolloutSettings
-from streamrl.rollout.worker import GroupRequest, GroupResult, run_worker
+from streamrl.rollout.worker import GroupResult, run_worker
 from streamrl.trainer.trainer import Trainer
 from streamrl.types import Group, Problem
 
@@ -56,13 +54,13 @@ class AsyncRunner:
         backend: RolloutBackend | None = None,
     ) -> None:
         self.cfg, self.trainer, self.tokenizer, self.stream = cfg, trainer, tokenizer, stream
-        self.on_group_scored, self.replay = on_group_scored, replay  # sampler feedback; rollout replay
+        self.replay = replay  # rollout replay
         self.worker_target = worker_target  # tests swap in a scripted engine (local backend)
         self.backend = backend or make_backend(cfg, worker_target)  # runtime.backend: local | ray
         self.state, self.stop = state, stop
         self.B, self.eta = cfg.rollout.prompts_per_step, cfg.max_staleness
         r = cfg.rollout
-        self.settings = RolloutSettings.from_config(cfg)
+        settings = RolloutSettings.from_config(cfg)
         self.sampling = DynamicSampling(applies(cfg), self.B, r.dynamic_sampling_rounds)
         # speculative rollouts: every returned group's responses are drafts for its prompt's next group
         self.drafts = draft_store(r.spec_drafts, r.spec_prompts, state.drafts)
@@ -78,103 +76,31 @@ class AsyncRunner:
         for res in state.finished:
             self.ledger.requeue(res.group_id, "buffered")
             self.sh.buffer.append(res)
-        self.readmit: deque[GroupRequest] = deque(state.unfinished)
         # group id -> its oldest token's version, found once: a returned group's tokens never change (sh.cond)
         self.oldest: dict[str, int] = {}
         self.stall = StallWatch(cfg.runtime.worker_timeout_s)  # groups that never come back (sh.cond)
-        self._threads_stop = threading.Event()
         self._started = self._closed = False  # the workers (start, close)
-        self._carried = False  # the state holds the carry-over: nothing more is drawn
         self.in_step = False  # between taking a batch and counting its step: nothing to save
-        self.published = trainer.version  # the newest weights the workers can load (backend.start)
+        # its thread admits requests and takes their results in; the rest is the trainer's side
+        self.admission = Admission(
+            stream=stream,
+            state=state,
+            tokenizer=tokenizer,
+            settings=settings,
+            backend=self.backend,
+            sh=self.sh,
+            ledger=self.ledger,
+            staleness=self.staleness,
+            stall=self.stall,
+            sampling=self.sampling,
+            episode_errors=self.episode_errors,
+            drafts=self.drafts,
+            on_group_scored=on_group_scored,  # the sampler's feedback
+            published=trainer.version,  # the weights backend.start gives the workers
+        )
         # elastic cores: the trainer lends its threads while it waits for rollouts (placement/cores.py)
         self.threads = self.backend.trainer_threads()
 
-    # ---- admission thread -------------------------------------------------------------------
-    def _next_request(self) -> GroupRequest:
-        if self.readmit:
-            req = self.readmit.popleft()
-            self.ledger.requeue(req.group_id, "running")
-        else:
-            problem = next(self.stream)
-            self.state.problems_drawn += 1
-            gid = f"g{self.state.groups_made}"
-            self.state.groups_made += 1
-            ids = render_prompt_ids(self.tokenizer, problem.messages)
-            req = GroupRequest(gid, problem, ids, self.settings.samples, 0, self.settings.greedy_baseline)
-            if self.drafts is not None:
-                req.drafts = self.drafts.drafts(problem.id)
-            self.ledger.admitted(gid)
-        # the published version: the trainer's own runs ahead between its update and the publish, and a
-        # request admitted under it would make its worker reload the old weights every decode step
-        req.admitted_version = self.published
-        return req
-
-    def _admission_loop(self) -> None:
-        try:
-            while not self._threads_stop.is_set():
-                while not self._threads_stop.is_set() and self.staleness.try_admit():
-                    with self.sh.cond:
-                        if self._carried:  # a draw now would advance the saved sampler, unrecorded
-                            return
-                        req = self._next_request()
-                        self.sh.inflight[req.group_id] = req
-                    self.backend.submit(req)
-                for res in self.backend.poll(0.05):
-                    self._accept(res)
-                with self.sh.cond:
-                    again, warning = self.stall.due(self.sh.inflight)
-                for req in again:  # the first copy back counts (_accept), later ones are duplicates
-                    self.backend.resend(req, elsewhere=req.group_id in self.stall.repeated)
-                if warning:
-                    print(warning, file=sys.stderr, flush=True)
-        except Exception as e:  # a backend failure must reach the trainer thread, not die silently
-            with self.sh.cond:
-                self.sh.errors.append(f"rollout admission failed: {type(e).__name__}: {e}")
-                self.sh.cond.notify_all()
-
-    def _accept(self, res: GroupResult) -> None:
-        with self.sh.cond:
-            # the work behind every result counts, a duplicate's too (the counters run since the
-            # worker's previous result)
-            self.sh.busy += res.busy_s
-            self.sh.idle += res.idle_s
-            self.sh.generated += res.tokens
-            self.sh.rows += res.rows
-            self.sh.cache_rows += res.cache_rows
-            if res.error:
-                self.sh.errors.append(f"rollout worker {res.worker} failed:\n{res.error}")
-            elif res.group_id not in self.sh.inflight:
-                # already returned (a dead actor's group was re-generated and both copies arrived):
-                # the first copy counts, this one is dropped, so no group is trained twice
-                self.sh.duplicates += 1
-            else:
-                group = res.group
-                assert group is not None
-                # what can raise (the sampler's feedback, the filter) runs first: a group it fails on
-                # stays in flight, and a stop carries it over to be generated again
-                if group.trajectories and self.on_group_scored is not None:
-                    self.on_group_scored(group)
-                keep = bool(group.trajectories) and self.sampling.keep(group)
-                del self.sh.inflight[res.group_id]
-                self.stall.returned()
-                self.ledger.returned(res.group_id)
-                self.episode_errors.add(group)
-                if self.drafts is not None:
-                    self.drafts.add(group)
-                if not group.trajectories:  # agents that made no call: nothing to train on
-                    self.ledger.filtered(res.group_id, "no_calls")
-                    self.staleness.on_return(kept=False)
-                elif not keep:
-                    # its slot goes to a new group at once, so the engine refills while the trainer trains
-                    self.ledger.filtered(res.group_id, "zero_variance")
-                    self.staleness.on_return(kept=False)
-                else:
-                    self.staleness.on_return(kept=True)
-                    self.sh.buffer.append(res)
-            self.sh.cond.notify_all()
-
-    # ---- trainer side -----------------------------------------------------------------------
     def _take_batch(self) -> list[GroupResult] | None:
         """B groups within the staleness bound, oldest first; None if a stop was requested."""
         taken: list[GroupResult] = []
@@ -248,8 +174,7 @@ class AsyncRunner:
         backend = self.backend
         self.start()
         self.wait_ready()
-        admitter = threading.Thread(target=self._admission_loop, daemon=True)
-        admitter.start()
+        self.admission.start()
         if self.threads is not None:
             self.trainer.set_boundary(self.threads.work)
         budget = RunBudget(cfg.max_steps, cfg.max_time, self.stop)
@@ -315,8 +240,7 @@ class AsyncRunner:
             self.trainer.set_boundary(None)
             if self.threads is not None:  # the trainer computes no more: a worker yielding to it (alternate)
                 self.threads.wait()  # would otherwise never reach the stop request at its next decode step
-            self._threads_stop.set()
-            admitter.join(timeout=10)
+            self.admission.stop(timeout=10)
             self.close()
 
     def start(self) -> None:
@@ -355,7 +279,7 @@ class AsyncRunner:
         """New weights to every worker; only then may admissions see the new version (eta = 0 is
         exactly synchronous). No admissions for a step that will not come."""
         self.backend.publish(self.trainer.policy_state(), self.trainer.version)
-        self.published = self.trainer.version
+        self.admission.published = self.trainer.version
         if step < self.cfg.max_steps:
             self.staleness.set_version(self.trainer.version)
 
@@ -372,7 +296,7 @@ class AsyncRunner:
                 ledger=self.ledger.snapshot(),
                 staleness=self.staleness.state_dict(),
                 finished=list(self.sh.buffer),
-                unfinished=list(self.readmit) + list(self.sh.inflight.values()),
+                unfinished=list(self.admission.readmit) + list(self.sh.inflight.values()),
                 sampler=sampler_state(self.stream),
                 drafts=self.drafts.state_dict() if self.drafts is not None else [],
                 engine=self.sh.engine_counters(),
@@ -384,14 +308,14 @@ class AsyncRunner:
         """After the workers stopped: everything admitted and not trained goes into the run state."""
         for res in late:  # finished while stopping: keep them
             try:
-                self._accept(res)
+                self.admission.accept(res)
             except Exception as e:  # it stays in flight: carried over like the others, not lost
                 with self.sh.cond:
                     self.sh.errors.append(f"group {res.group_id} was not taken: {type(e).__name__}: {e}")
         with self.sh.cond:
-            self._carried = True  # the admission thread, if a stop outlived its join, draws no more
+            self.admission.stop_drawing()  # the admission thread, if a stop outlived its join
             self.state.finished = list(self.sh.buffer)
-            self.state.unfinished = list(self.readmit) + list(self.sh.inflight.values())
+            self.state.unfinished = list(self.admission.readmit) + list(self.sh.inflight.values())
             self.ledger.carry_over()
             self.state.ledger = self.ledger.state_dict()
             self.state.staleness = self.staleness.state_dict()

@@ -21,7 +21,7 @@ from streamrl.loop.dynamic_sampling import DynamicSampling, applies
 from streamrl.loop.episode_errors import EpisodeErrors
 from streamrl.loop.ledger import Ledger
 from streamrl.loop.signals import StopFlag
-from streamrl.loop.state import RunState, sampler_state
+from streamrl.loop.state import RunState, mark_stream, sampler_state
 from streamrl.loop.step import StepRecord, train_on
 from streamrl.placement.colocated import push_policy
 from streamrl.rollout.drafts import draft_store
@@ -153,12 +153,14 @@ class ColocatedRunner:
         while budget.more(self.state.step):
             t0 = time.perf_counter()
             step = self.state.step + 1
-            drawn = (sampler_state(self.stream), self.state.problems_drawn)
+            drawn = self.state.problems_drawn
+            mark_stream(self.stream)  # where a failed step leaves the stream's state
             try:
                 groups, timing = self._batch(step)
             except BaseException:  # the weights are the last step's: what this step generated is dropped
                 self.ledger.drop_buffered("failed_step")
-                self.rewound, self.state.problems_drawn = drawn  # its problems are drawn again on resume
+                self.rewound = sampler_state(self.stream, at_mark=True)  # its problems are drawn again
+                self.state.problems_drawn = drawn  # on resume
                 raise
             self.in_step = True  # the update may fail half-applied from here until the step counts
             rec = train_on(

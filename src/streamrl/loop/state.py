@@ -47,9 +47,18 @@ class RunState:
     clock: dict[str, float] = field(default_factory=dict)
 
 
-def sampler_state(stream: Any) -> dict[str, Any]:
-    """The training stream's position (data/samplers.py), or {} for a plain iterator."""
-    return stream.state_dict() if hasattr(stream, "state_dict") else {}
+def sampler_state(stream: Any, at_mark: bool = False) -> dict[str, Any]:
+    """The training stream's position (data/samplers.py), as of its last `mark_stream` if `at_mark`, or
+    {} for a plain iterator."""
+    if not hasattr(stream, "state_dict"):
+        return {}
+    return stream.state_at_mark() if at_mark else stream.state_dict()
+
+
+def mark_stream(stream: Any) -> None:
+    """Remember where the training stream stands (a sampler copies its state only when asked for it)."""
+    if hasattr(stream, "mark"):
+        stream.mark()
 
 
 def state_dirs(run_dir: Path) -> list[Path]:

@@ -294,9 +294,13 @@ def _run_train(
                     if cfg.eval.every and heldout and rec.step % cfg.eval.every == 0:
                         with clock.pause():
                             push_policy(engine, trainer)
-                            record.update(periodic_eval(engine, tokenizer, task, heldout, cfg))
-                        acc, n = record["heldout_accuracy"], len(heldout)
-                        after = Accuracy(acc, round(acc * n), n, f"periodic evaluation at step {rec.step}")
+                            held = periodic_eval(engine, tokenizer, task, heldout, cfg, lambda: bool(stop))
+                        record.update(held)
+                        if held:  # {}: a stop ended it early, the step is logged without it
+                            acc, n = held["heldout_accuracy"], len(heldout)
+                            after = Accuracy(
+                                acc, round(acc * n), n, f"periodic evaluation at step {rec.step}"
+                            )
                     record.update(
                         sampler.metrics(),
                         prompts_too_long=parts.prompts.skipped,

@@ -321,7 +321,9 @@ def _run_train(
                         raise
                     observer.on_step(record)
                 progress.update(record)
-                if rec.step < cfg.max_steps:  # the last step's state is saved when the loop ends
+                # the last step's state, or a stopped run's (with what arrives meanwhile), is saved when
+                # the loop ends: saving it here too would write it twice
+                if rec.step < cfg.max_steps and not stop:
                     with clock.pause():
                         saver.after_step(rec.step)
                 if cfg.checkpoint.every and rec.step % cfg.checkpoint.every == 0:

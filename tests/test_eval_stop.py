@@ -136,3 +136,45 @@ def test_a_stop_during_the_base_evaluation_saves_step_0_and_resume_measures_the_
     evals = _json(run / "eval.json")
     assert evals["base"]["n"] == evals["final"]["n"] == 4 and "difference" in evals
     assert _steps(run) == [1, 2]
+
+
+def test_a_sampled_evaluation_told_to_stop_raises_and_claims_nothing(tiny) -> None:
+    from streamrl.data.task import default_task_args
+    from streamrl.eval.sampled import evaluate_sampled
+    from streamrl.tasks import make_task
+    from streamrl.types import Problem
+
+    model, tok = tiny
+    task = make_task("rg:chain_sum", default_task_args("rg:chain_sum"), "", "", "answer_is")
+    problems = [
+        Problem(id=str(i), messages=[{"role": "user", "content": f"{i}+1"}], answer="1") for i in range(3)
+    ]
+    engine = HFEngine(model, tok, max_batch=2)
+    asked: list[int] = []
+    with pytest.raises(EvalStopped, match="stopped with 0 of 9 responses sampled"):  # 2 samples + greedy
+        evaluate_sampled(engine, tok, task, problems, 2, [1, 2], 1.0, 1.0, 4, stop=_asks_until(1, asked))
+    assert len(asked) == 1
+
+
+def test_a_stop_during_a_periodic_evaluation_ends_it_and_saves_the_step(tmp_path, monkeypatch, capsys):
+    """SIGINT as step 2's evaluation (eval.every=2) starts: its first decode step asks the stop and the
+    evaluation ends there; step 2 is logged without held-out metrics and its state saved."""
+    import streamrl.loop.heldout as heldout
+
+    real, asked = heldout.evaluate, []
+
+    def evaluate(*args, **kw):
+        os.kill(os.getpid(), signal.SIGINT)  # taken by the run's own handler
+        stop = kw.get("stop") or (lambda: False)
+        kw["stop"] = lambda: asked.append(1) or stop()
+        return real(*args, **kw)
+
+    monkeypatch.setattr(heldout, "evaluate", evaluate)
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "max_steps=4", "eval.every=2", "eval.after=false", f"run_dir={run}"]) == 0
+    assert "stopped by SIGINT at step 2: state saved" in capsys.readouterr().err
+    assert len(asked) == 1  # the first decode step's question ended it
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [1, 2] and "heldout_accuracy" not in lines[1]
+    assert _json(run / "summary.json")["interrupted"] is True
+    assert sorted(p.name for p in (run / "state").iterdir()) == ["step-000002"]

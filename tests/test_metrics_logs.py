@@ -89,3 +89,26 @@ def test_non_finite_metrics_stay_out_of_tensorboard(tmp_path, value):
     w.close()
     assert _scalars(tmp_path) == {"loss": [(1, 0.5)]}
     assert str(json.loads((tmp_path / "metrics.jsonl").read_text())["kl_ref"]) == str(value)  # jsonl keeps it
+
+
+def test_a_sync_writes_out_tensorboards_pending_events(tmp_path):
+    class Events:
+        def __init__(self) -> None:
+            self.scalars: list[tuple[str, float, int]] = []
+            self.flushes = 0
+
+        def add_scalar(self, key: str, value: float, step: int) -> None:
+            self.scalars.append((key, value, step))
+
+        def flush(self) -> None:
+            self.flushes += 1
+
+    w = MetricsWriter(tmp_path, tensorboard=False)
+    w.sync()  # no TensorBoard: the log alone
+    events = w._tb = Events()
+    w.write({"step": 1, "loss": 0.5})
+    assert events.flushes == 0
+    w.sync()
+    assert (events.scalars, events.flushes) == ([("loss", 0.5, 1)], 1)
+    w._tb = None
+    w.close()

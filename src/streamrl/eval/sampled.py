@@ -6,15 +6,16 @@ One engine call holds every request (n samples + 1 greedy per problem), so the e
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from streamrl.data.prompts import render_prompt_ids
 from streamrl.data.task import Task
-from streamrl.engine.base import GenRequest
+from streamrl.engine.base import GenRequest, generate
 from streamrl.eval.sampling_metrics import maj_at_k, summarize
 from streamrl.eval.stats import wilson_interval
-from streamrl.types import Problem
+from streamrl.types import EvalStopped, Problem
 
 
 @dataclass
@@ -58,8 +59,10 @@ def evaluate_sampled(
     temperature: float,
     top_p: float,
     max_new_tokens: int,
+    stop: Callable[[], bool] | None = None,
 ) -> SampledEval:
-    """Sample n responses per problem at `temperature` (plus one greedy) and score them all."""
+    """Sample n responses per problem at `temperature` (plus one greedy) and score them all.
+    stop: asked before each of the engine's decode steps; True raises EvalStopped."""
     if n < 1 or not ks or max(ks) > n or min(ks) < 1:
         raise ValueError(f"sampled eval needs n >= 1 and every k in 1..n, got n={n}, k={ks}")
     start = time.perf_counter()
@@ -68,7 +71,10 @@ def evaluate_sampled(
         ids = render_prompt_ids(tokenizer, p.messages)
         reqs += [GenRequest(ids, max_new_tokens, temperature, top_p, tag=(pi, j)) for j in range(n)]
         reqs.append(GenRequest(ids, max_new_tokens, 0.0, 1.0, tag=(pi, -1)))
-    results = engine.generate(reqs)
+    results = generate(engine, reqs, stop)
+    if any(r.finish_reason == "abort" for r in results):
+        done = sum(r.finish_reason != "abort" for r in results)
+        raise EvalStopped(f"stopped with {done} of {len(reqs)} responses sampled")
     correct = [[False] * n for _ in problems]
     answers: list[list[str | None]] = [[None] * n for _ in problems]
     greedy = [False] * len(problems)

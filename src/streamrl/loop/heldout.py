@@ -3,6 +3,7 @@ across a resume) and the periodic evaluation of eval.every."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -13,7 +14,7 @@ from streamrl.eval.heldout import EvalResult, evaluate
 from streamrl.eval.sampled import evaluate_sampled
 from streamrl.eval.sampling_metrics import default_ks
 from streamrl.eval.stats import paired_difference_interval
-from streamrl.types import Problem
+from streamrl.types import EvalStopped, Problem
 
 
 def _difference(base: list[bool], final: list[bool]) -> dict[str, Any]:
@@ -69,11 +70,31 @@ EVAL_SEED = 1_000_037  # periodic sampled evaluation draws from its own generato
 
 
 def periodic_eval(
-    engine: Any, tokenizer: Any, task: Task, heldout: list[Problem], cfg: Config
+    engine: Any,
+    tokenizer: Any,
+    task: Task,
+    heldout: list[Problem],
+    cfg: Config,
+    stop: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
     """Held-out metrics during training (eval.every): greedy accuracy, and pass@k etc. with eval.n > 0.
     The samples come from a generator of their own (the same stream at every evaluation), so the colocated
-    engine's, which draws the training rollouts, is left where it was."""
+    engine's, which draws the training rollouts, is left where it was. stop: asked before each decode
+    step; once True the evaluation ends there and measures nothing ({}): a Ctrl-C does not wait for it."""
+    try:
+        return _periodic_eval(engine, tokenizer, task, heldout, cfg, stop)
+    except EvalStopped:
+        return {}
+
+
+def _periodic_eval(
+    engine: Any,
+    tokenizer: Any,
+    task: Task,
+    heldout: list[Problem],
+    cfg: Config,
+    stop: Callable[[], bool] | None,
+) -> dict[str, Any]:
     if cfg.eval.n > 0:
         ks = sorted(set(cfg.eval.k)) or default_ks(cfg.eval.n)
         e = cfg.eval
@@ -82,7 +103,16 @@ def periodic_eval(
             engine.generator = torch.Generator().manual_seed(EVAL_SEED + cfg.seed)
         try:
             res = evaluate_sampled(
-                engine, tokenizer, task, heldout, e.n, ks, e.temperature, cfg.rollout.top_p, e.max_new_tokens
+                engine,
+                tokenizer,
+                task,
+                heldout,
+                e.n,
+                ks,
+                e.temperature,
+                cfg.rollout.top_p,
+                e.max_new_tokens,
+                stop,
             )
         finally:
             if training_rng is not None:
@@ -90,5 +120,7 @@ def periodic_eval(
         s = res.summary()
         out = {f"heldout_{k}": v for k, v in s.items() if k.startswith(("pass@", "avg@", "maj@"))}
         return {"heldout_accuracy": s["greedy_accuracy"], "heldout_eval_time": res.seconds, **out}
-    res_g = evaluate(engine, tokenizer, task, heldout, cfg.eval.max_new_tokens, cfg.env.agent_timeout_s)
+    res_g = evaluate(
+        engine, tokenizer, task, heldout, cfg.eval.max_new_tokens, cfg.env.agent_timeout_s, stop=stop
+    )
     return {"heldout_accuracy": res_g.accuracy, "heldout_eval_time": res_g.seconds}

@@ -293,9 +293,13 @@ def _run_train(
                     if cfg.eval.every and heldout and rec.step % cfg.eval.every == 0:
                         with clock.pause():
                             push_policy(engine, trainer)
-                            record.update(periodic_eval(engine, tokenizer, task, heldout, cfg))
-                        acc, n = record["heldout_accuracy"], len(heldout)
-                        after = Accuracy(acc, round(acc * n), n, f"periodic evaluation at step {rec.step}")
+                            held = periodic_eval(engine, tokenizer, task, heldout, cfg, lambda: bool(stop))
+                        record.update(held)
+                        if held:  # {}: a stop ended it early, the step is logged without it
+                            acc, n = held["heldout_accuracy"], len(heldout)
+                            after = Accuracy(
+                                acc, round(acc * n), n, f"periodic evaluation at step {rec.step}"
+                            )
                     record.update(
                         sampler.metrics(),
                         prompts_too_long=parts.prompts.skipped,
@@ -316,7 +320,9 @@ def _run_train(
                         raise
                     observer.on_step(record)
                 progress.update(record)
-                if rec.step < cfg.max_steps:  # the last step's state is saved when the loop ends
+                # the last step's state, or a stopped run's (with what arrives meanwhile), is saved when
+                # the loop ends: saving it here too would write it twice
+                if rec.step < cfg.max_steps and not stop:
                     with clock.pause():
                         saver.after_step(rec.step)
                 if cfg.checkpoint.every and rec.step % cfg.checkpoint.every == 0:

@@ -58,7 +58,12 @@ class MetricsWriter:
             sink.write(record)
 
     def sync(self) -> None:
+        """metrics.jsonl on disk and TensorBoard's pending events written out (its writer does so on its
+        own only every two minutes): both as of the state being saved."""
         sync_file(self._file)
+        flush = getattr(self._tb, "flush", None)  # None without TensorBoard
+        if flush is not None:
+            flush()
 
     def close(self) -> None:
         """Each part is closed whatever another raises (an error is raised once all were tried)."""

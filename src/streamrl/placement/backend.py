@@ -24,6 +24,7 @@ from streamrl.config import Config, to_dict
 from streamrl.placement.cores import ElasticCores, ThreadSetter, elastic_enabled, thread_split
 from streamrl.placement.forkserver import apply_environment, worker_context
 from streamrl.placement.shared_weights import SharedWeights
+from streamrl.processes import parent_gone
 from streamrl.rollout.worker import STOP, GroupRequest, GroupResult
 
 
@@ -314,8 +315,7 @@ class _BeatingRequests:
     def __init__(self, requests: Any, heartbeat: Any, threads: ThreadSetter | None = None) -> None:
         self.requests, self.heartbeat, self.threads = requests, heartbeat, threads
         self._idle_since: float | None = None
-        parent = os.getppid()
-        self._orphaned = lambda: os.getppid() != parent  # ends a wait for cores if the trainer died
+        self._orphaned = parent_gone()  # ends a wait for cores if the trainer died
 
     def _beat(self) -> None:
         self.heartbeat.value = time.monotonic()

@@ -12,7 +12,6 @@ and an object-store or broadcast receiver (placement/ray_actor.py).
 from __future__ import annotations
 
 import hashlib
-import os
 import queue
 import signal
 import time
@@ -22,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from streamrl.engine.base import Draft, decoded_rows
+from streamrl.processes import parent_gone
 from streamrl.types import Group, Problem
 
 
@@ -111,8 +111,7 @@ def run_worker(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     torch.set_num_threads(threads)
-    parent = os.getppid()
-    serve(worker_id, cfg_dict, requests, results, weights, lambda: os.getppid() != parent)
+    serve(worker_id, cfg_dict, requests, results, weights, parent_gone())
 
 
 def serve(

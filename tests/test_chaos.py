@@ -9,6 +9,7 @@ last complete save, whose log lines move to *.orphaned on resume and whose group
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -278,12 +279,47 @@ def test_reconcile_moves_lines_past_the_saved_step(tmp_path: Path) -> None:
     assert orphaned[:2] == [json.dumps(rows[2]), json.dumps(rows[3])] and orphaned[2] == '{"step": 5, "gro'
 
 
-def test_a_reconcile_cut_short_moves_no_line_twice(tmp_path: Path) -> None:
+def test_a_second_crashs_identical_lines_are_set_aside_too(tmp_path: Path) -> None:
+    # groups.jsonl rows have no timestamp: step 3 trained again from the same groups logs the same rows
+    row = json.dumps({"step": 3, "group_id": "g3", "rewards": [1, 0]})
+    log, aside = tmp_path / "groups.jsonl", tmp_path / "groups.jsonl.orphaned"
+    log.write_text("".join(json.dumps({"step": s, "group_id": f"g{s}"}) + "\n" for s in (1, 2)) + row + "\n")
+    assert reconcile_logs(tmp_path, 2) == {"groups.jsonl": 1}
+    log.write_text(log.read_text() + row + "\n")  # resumed, step 3 again, crashed again
+    assert reconcile_logs(tmp_path, 2) == {"groups.jsonl": 1}
+    assert aside.read_text().splitlines() == [row, row]
+    assert [r["step"] for r in _lines(log)] == [1, 2]
+
+
+@pytest.mark.parametrize("cut", ["mid-append", "before-the-log-cut", "before-the-journal-removal"])
+def test_a_reconcile_cut_short_moves_no_line_twice(tmp_path: Path, monkeypatch, cut: str) -> None:
+    from streamrl.loop import run_dir
+
     lines = [json.dumps({"step": s}) for s in (1, 2, 3, 4)]
     log, aside = tmp_path / "metrics.jsonl", tmp_path / "metrics.jsonl.orphaned"
+    journal = tmp_path / "metrics.jsonl.orphaning"
     log.write_text("".join(x + "\n" for x in lines))
-    # killed after setting lines 3 and 4 aside, before the log was rewritten
-    aside.write_text("".join(x + "\n" for x in [json.dumps({"step": 9}), lines[2], lines[3]]))
+    aside.write_text(json.dumps({"step": 9}) + "\n")  # an earlier crash's line
+    written = {}
+    real = run_dir.write_text_atomic
+
+    def write(path: Path, text: str) -> None:
+        written[path.name] = text
+        if path == log and cut != "before-the-journal-removal":
+            raise KeyboardInterrupt  # the kill
+        real(path, text)
+
+    monkeypatch.setattr(run_dir, "write_text_atomic", write)
+    with (
+        pytest.raises(KeyboardInterrupt) if cut != "before-the-journal-removal" else contextlib.nullcontext()
+    ):
+        reconcile_logs(tmp_path, 2)
+    monkeypatch.undo()
+    if cut == "mid-append":  # killed while appending: a part of the lines reached the file
+        aside.write_text(json.dumps({"step": 9}) + "\n" + lines[2][:5])
+    if cut == "before-the-journal-removal":  # the log was cut, its journal not yet removed
+        journal.write_text(written[journal.name])
+    assert journal.is_file()
     assert reconcile_logs(tmp_path, 2) == {"metrics.jsonl": 2}
     assert aside.read_text().splitlines() == [json.dumps({"step": 9}), lines[2], lines[3]]
     assert log.read_text().splitlines() == lines[:2]

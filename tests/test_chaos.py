@@ -342,6 +342,38 @@ def test_periodic_saves_keep_the_newest_states(tmp_path: Path) -> None:
     assert not list((run / "state").glob(".tmp-*"))
 
 
+_KILLED_IN_EXPORT = """
+import os, sys
+from streamrl.loop import job
+from streamrl.cli import main
+
+real = job.export_checkpoint
+
+def export(trainer, tokenizer, path, *args):
+    if path.name == "step-2":
+        os._exit(9)  # killed mid-export: what kill -9 leaves, no finally runs
+    real(trainer, tokenizer, path, *args)
+
+job.export_checkpoint = export
+sys.exit(main(["train", *sys.argv[1:]]))
+"""
+
+
+def test_an_export_a_kill_cut_short_is_written_by_the_resume(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    args = [*ARGS, "runtime.mode=colocated", "max_staleness=0", "max_steps=3", "checkpoint.every=1"]
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_IN_EXPORT, *args, "checkpoint.keep=0", f"run_dir={run}"],
+        capture_output=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert killed.returncode == 9, killed.stderr.decode()[-2000:]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-1"]
+    assert main(["train", f"resume={run}"]) == 0
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-1", "step-2", "step-3"]
+    assert "- Steps trained: 2\n" in (run / "checkpoints" / "step-2" / "README.md").read_text()
+
+
 def test_colocated_run_killed_and_resumed_ends_bitwise_equal(tmp_path: Path) -> None:
     """kill -9 mid-run (wherever it lands: a step, a save), resume from the newest complete state: the
     final weights equal an uninterrupted run's bit for bit (weights, optimizer, RNGs, data position)."""

@@ -317,14 +317,16 @@ def _run_train(
                         raise
                     observer.on_step(record)
                 progress.update(record)
-                if rec.step < cfg.max_steps:  # the last step's state is saved when the loop ends
-                    with clock.pause():
-                        saver.after_step(rec.step)
+                # the export before the state: a kill between the two leaves an export past the newest
+                # state, which the resume removes and writes again when it trains the step again
                 if cfg.checkpoint.every and rec.step % cfg.checkpoint.every == 0:
                     path = run_dir / "checkpoints" / f"step-{rec.step}"
                     with clock.pause():
                         export_checkpoint(trainer, tokenizer, path, cfg, rec.step, before, after)
                         prune_exports(path.parent, cfg.checkpoint.keep, rec.step)
+                if rec.step < cfg.max_steps:  # the last step's state is saved when the loop ends
+                    with clock.pause():
+                        saver.after_step(rec.step)
 
             runner.run(on_step)
     finally:

@@ -9,6 +9,7 @@ last complete save, whose log lines move to *.orphaned on resume and whose group
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -278,12 +279,47 @@ def test_reconcile_moves_lines_past_the_saved_step(tmp_path: Path) -> None:
     assert orphaned[:2] == [json.dumps(rows[2]), json.dumps(rows[3])] and orphaned[2] == '{"step": 5, "gro'
 
 
-def test_a_reconcile_cut_short_moves_no_line_twice(tmp_path: Path) -> None:
+def test_a_second_crashs_identical_lines_are_set_aside_too(tmp_path: Path) -> None:
+    # groups.jsonl rows have no timestamp: step 3 trained again from the same groups logs the same rows
+    row = json.dumps({"step": 3, "group_id": "g3", "rewards": [1, 0]})
+    log, aside = tmp_path / "groups.jsonl", tmp_path / "groups.jsonl.orphaned"
+    log.write_text("".join(json.dumps({"step": s, "group_id": f"g{s}"}) + "\n" for s in (1, 2)) + row + "\n")
+    assert reconcile_logs(tmp_path, 2) == {"groups.jsonl": 1}
+    log.write_text(log.read_text() + row + "\n")  # resumed, step 3 again, crashed again
+    assert reconcile_logs(tmp_path, 2) == {"groups.jsonl": 1}
+    assert aside.read_text().splitlines() == [row, row]
+    assert [r["step"] for r in _lines(log)] == [1, 2]
+
+
+@pytest.mark.parametrize("cut", ["mid-append", "before-the-log-cut", "before-the-journal-removal"])
+def test_a_reconcile_cut_short_moves_no_line_twice(tmp_path: Path, monkeypatch, cut: str) -> None:
+    from streamrl.loop import run_dir
+
     lines = [json.dumps({"step": s}) for s in (1, 2, 3, 4)]
     log, aside = tmp_path / "metrics.jsonl", tmp_path / "metrics.jsonl.orphaned"
+    journal = tmp_path / "metrics.jsonl.orphaning"
     log.write_text("".join(x + "\n" for x in lines))
-    # killed after setting lines 3 and 4 aside, before the log was rewritten
-    aside.write_text("".join(x + "\n" for x in [json.dumps({"step": 9}), lines[2], lines[3]]))
+    aside.write_text(json.dumps({"step": 9}) + "\n")  # an earlier crash's line
+    written = {}
+    real = run_dir.write_text_atomic
+
+    def write(path: Path, text: str) -> None:
+        written[path.name] = text
+        if path == log and cut != "before-the-journal-removal":
+            raise KeyboardInterrupt  # the kill
+        real(path, text)
+
+    monkeypatch.setattr(run_dir, "write_text_atomic", write)
+    with (
+        pytest.raises(KeyboardInterrupt) if cut != "before-the-journal-removal" else contextlib.nullcontext()
+    ):
+        reconcile_logs(tmp_path, 2)
+    monkeypatch.undo()
+    if cut == "mid-append":  # killed while appending: a part of the lines reached the file
+        aside.write_text(json.dumps({"step": 9}) + "\n" + lines[2][:5])
+    if cut == "before-the-journal-removal":  # the log was cut, its journal not yet removed
+        journal.write_text(written[journal.name])
+    assert journal.is_file()
     assert reconcile_logs(tmp_path, 2) == {"metrics.jsonl": 2}
     assert aside.read_text().splitlines() == [json.dumps({"step": 9}), lines[2], lines[3]]
     assert log.read_text().splitlines() == lines[:2]
@@ -304,6 +340,38 @@ def test_periodic_saves_keep_the_newest_states(tmp_path: Path) -> None:
 
     AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step-4")
     assert not list((run / "state").glob(".tmp-*"))
+
+
+_KILLED_IN_EXPORT = """
+import os, sys
+from streamrl.loop import job
+from streamrl.cli import main
+
+real = job.export_checkpoint
+
+def export(trainer, tokenizer, path, *args):
+    if path.name == "step-2":
+        os._exit(9)  # killed mid-export: what kill -9 leaves, no finally runs
+    real(trainer, tokenizer, path, *args)
+
+job.export_checkpoint = export
+sys.exit(main(["train", *sys.argv[1:]]))
+"""
+
+
+def test_an_export_a_kill_cut_short_is_written_by_the_resume(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    args = [*ARGS, "runtime.mode=colocated", "max_staleness=0", "max_steps=3", "checkpoint.every=1"]
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_IN_EXPORT, *args, "checkpoint.keep=0", f"run_dir={run}"],
+        capture_output=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert killed.returncode == 9, killed.stderr.decode()[-2000:]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-1"]
+    assert main(["train", f"resume={run}"]) == 0
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-1", "step-2", "step-3"]
+    assert "- Steps trained: 2\n" in (run / "checkpoints" / "step-2" / "README.md").read_text()
 
 
 def test_colocated_run_killed_and_resumed_ends_bitwise_equal(tmp_path: Path) -> None:

@@ -226,4 +226,40 @@ def test_train_with_two_ranks_end_to_end(tmp_path, mode, strategy):
         assert r["micro_batches"] >= 2
         for k in ("loss", "grad_norm", "entropy"):
             assert math.isfinite(r[k]), (k, r[k])
-    assert (latest_state(tmp_path) / "model" / "model.safetensors").is_file()
+    if strategy == "ddp":
+        assert (latest_state(tmp_path) / "model" / "model.safetensors").is_file()
+    else:  # its resume is refused: no state is written
+        assert latest_state(tmp_path) is None
+
+
+def test_a_stopped_fsdp2_run_says_it_cannot_resume_and_what_it_keeps(tmp_path, monkeypatch, capsys):
+    from streamrl.cli import main
+    from streamrl.loop.run_dir import PeriodicSaver
+
+    def stop(self, step):  # a real SIGINT, taken by the run's handler, after step 1
+        os.kill(os.getpid(), signal.SIGINT)
+        return False
+
+    monkeypatch.setattr(PeriodicSaver, "after_step", stop)
+    monkeypatch.setenv("COLUMNS", "400")  # the message on one line
+    args = ["runtime.mode=colocated", "max_staleness=0", "max_steps=3", "train.strategy=fsdp2"]
+    args += ["train.world_size=2", "train.dist_timeout_s=60", "checkpoint.every=1", "checkpoint.save=true"]
+    assert main(["train", *TINY, *args, f"run_dir={tmp_path}"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert (
+        "stopped by SIGINT at step 1: train.strategy=fsdp2 runs cannot be resumed (their optimizer is "
+        f"sharded), so no state is saved; kept: {tmp_path}/checkpoints/step-* (every 1 steps), "
+        f"{tmp_path}/checkpoint (step 1)"
+    ) in err
+    assert latest_state(tmp_path) is None and (tmp_path / "checkpoints" / "step-1").is_dir()
+    assert (tmp_path / "checkpoint" / "README.md").is_file()
+
+
+def test_the_stop_message_of_a_run_that_saves_states(tmp_path):
+    from streamrl.loop.run_dir import stop_message
+
+    cfg = load_config(None, [*TINY, "train.strategy=ddp", "train.world_size=2", f"run_dir={tmp_path}"])
+    said = stop_message(cfg, "SIGTERM", 3, tmp_path)
+    assert (
+        said == f"stopped by SIGTERM at step 3: state saved; continue with `streamrl train resume={tmp_path}`"
+    )

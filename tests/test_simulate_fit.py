@@ -85,6 +85,14 @@ def test_fit_recovers_costs_from_a_synthetic_run(tmp_path, decode_alpha, shared,
     assert notes[0].startswith("decode: measured engine costs x ")
 
 
+def test_a_torn_last_metrics_line_is_skipped(tmp_path) -> None:
+    row = {"step": 1, "response_length": 4.0, "truncation_rate": 0.0, "tokens_generated": 32}
+    whole = json.dumps(row) + "\n" + json.dumps({**row, "step": 2}) + "\n"
+    (tmp_path / "metrics.jsonl").write_text(whole + json.dumps({**row, "step": 3})[:20])  # killed mid-line
+    (tmp_path / "config.yaml").write_text("runtime: {mode: colocated}\n")
+    assert [r["step"] for r in fit.load_run(tmp_path, cores=2).rows] == [1, 2]
+
+
 def test_bad_input_is_one_clear_line(capsys) -> None:
     assert main(["simulate", "steps=0"]) == 2
     assert main(["simulate", "lengths=zipf:3"]) == 2

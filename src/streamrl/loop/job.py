@@ -9,7 +9,6 @@ import os
 import random
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,12 +28,12 @@ from streamrl.loop.colocated import ColocatedRunner
 from streamrl.loop.export import export_checkpoint, prune_exports
 from streamrl.loop.heldout import eval_record, periodic_eval, run_eval_record, without_final
 from streamrl.loop.ledger import Ledger
-from streamrl.loop.run_dir import PeriodicSaver, claim_run_dir, reconcile_logs
+from streamrl.loop.restore import restore
+from streamrl.loop.run_dir import PeriodicSaver, claim_run_dir, reconcile_logs, saves_states, stop_message
 from streamrl.loop.signals import StopFlag
-from streamrl.loop.state import RunState, latest_state, load_state, save_state
+from streamrl.loop.state import RunState, latest_state, save_state
 from streamrl.loop.step import StepRecord
 from streamrl.loop.train_clock import TrainClock
-from streamrl.models.lora import is_lora
 from streamrl.models.precision import precision_dtype, precision_record, precision_warning, run_precision_line
 from streamrl.models.startup import start_model
 from streamrl.observe.environment import collect_environment
@@ -113,34 +112,6 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _restore(cfg: Config, parts: Components, run_dir: Path) -> RunState:
-    """Load weights, optimizer and position of a stopped run into fresh components."""
-    state, model_dir, tensors = load_state(run_dir)
-    if state.sampler:  # first: a stream that no longer reaches the saved position is refused at once
-        parts.stream.load_state_dict(state.sampler)  # positions, posteriors, levels: data/samplers.py
-    else:  # a run saved before samplers: the uniform stream is deterministic, skip what was drawn
-        Sampler.load_state_dict(parts.stream, {"base_drawn": state.problems_drawn})
-    from safetensors.torch import load_file
-
-    weights = load_file(str(model_dir / "model.safetensors"))
-    loaded = parts.model.load_state_dict(weights, strict=False)  # LoRA: the adapter file restores
-    if loaded.unexpected_keys and not is_lora(parts.model):
-        raise ValueError(f"resume: {model_dir} does not match the model ({loaded.unexpected_keys[:3]})")
-    parts.trainer.load_value_head(model_dir)
-    parts.trainer.load_adapter(model_dir)
-    parts.trainer.optimizer.load_state_dict(tensors["optimizer"])
-    parts.trainer.scheduler.load_state_dict(tensors["scheduler"])
-    torch.set_rng_state(tensors["torch_rng"])
-    random.setstate(tensors["py_rng"])
-    if "engine_rng" in tensors:
-        parts.engine.generator.set_state(tensors["engine_rng"])
-    parts.trainer.version = state.version
-    if hasattr(parts.trainer, "sync_followers"):  # ddp: the follower ranks take the restored state
-        parts.trainer.sync_followers()
-    push_policy(parts.engine, parts.trainer)
-    return state
-
-
 def run_train(cfg: Config, console: Console | None = None, checked: Checked | None = None) -> dict[str, Any]:
     """Run the whole job; returns the summary dict (also written to the run directory). `checked`: the
     result of preflight(cfg) when the caller ran it already."""
@@ -202,7 +173,9 @@ def _run_train(
         "eval": 0.0,
         "train": 0.0,
     }
-    state = _restore(cfg, parts, run_dir) if cfg.resume else RunState()
+    state = (
+        restore(run_dir, parts.model, parts.trainer, parts.engine, parts.stream) if cfg.resume else RunState()
+    )
     # after the restore: a resume it refuses leaves the run's files as they were
     write_text_atomic(run_dir / "config.yaml", config_yaml(cfg))  # a resume's start, killed, keeps the old
     workers = 0 if cfg.runtime.mode == "colocated" else cfg.runtime.rollout_workers
@@ -274,12 +247,16 @@ def _run_train(
         snapshot.clock = dict(clock_at)
         observer.sync()  # the logs up to this state are on disk before the state says they are
         groups_log.sync()
-        save_state(run_dir, snapshot, trainer, tokenizer, engine.generator.get_state(), cfg.train.keep_states)
+        if saves_states(cfg):  # fsdp2: a state its resume refuses is not written
+            save_state(
+                run_dir, snapshot, trainer, tokenizer, engine.generator.get_state(), cfg.train.keep_states
+            )
         counts = _accounting(Ledger.from_state_dict(snapshot.ledger), parts.prompts)
         write_text_atomic(run_dir / "accounting.json", json.dumps(counts, indent=2))
         return snapshot
 
-    saver = PeriodicSaver(cfg.train.save_every, cfg.train.save_every_s, lambda: save(runner.snapshot()))
+    every = (cfg.train.save_every, cfg.train.save_every_s) if saves_states(cfg) else (0, 0.0)
+    saver = PeriodicSaver(*every, lambda: save(runner.snapshot()))
     t_train = time.perf_counter()
     clock = TrainClock()  # train_elapsed: the loop's time minus periodic evaluation, saves and exports
     resumed_at = dict(clock_at)  # a resumed run's clocks continue the saved ones
@@ -320,16 +297,18 @@ def _run_train(
                         raise
                     observer.on_step(record)
                 progress.update(record)
-                # the last step's state, or a stopped run's (with what arrives meanwhile), is saved when
-                # the loop ends: saving it here too would write it twice
-                if rec.step < cfg.max_steps and not stop:
-                    with clock.pause():
-                        saver.after_step(rec.step)
+                # the export before the state: a kill between the two leaves an export past the newest
+                # state, which the resume removes and writes again when it trains the step again
                 if cfg.checkpoint.every and rec.step % cfg.checkpoint.every == 0:
                     path = run_dir / "checkpoints" / f"step-{rec.step}"
                     with clock.pause():
                         export_checkpoint(trainer, tokenizer, path, cfg, rec.step, before, after)
                         prune_exports(path.parent, cfg.checkpoint.keep, rec.step)
+                # the last step's state, or a stopped run's (with what arrives meanwhile), is saved when
+                # the loop ends: saving it here too would write it twice
+                if rec.step < cfg.max_steps and not stop:
+                    with clock.pause():
+                        saver.after_step(rec.step)
 
             runner.run(on_step)
     finally:
@@ -353,10 +332,7 @@ def _run_train(
             timings["save"] = time.perf_counter() - t_save
     interrupted, final_eval_stopped = bool(stop), False
     if interrupted:
-        console.print(
-            f"[yellow]stopped by {stop.reason} at step {state.step}: state saved; continue with "
-            f"`streamrl train resume={run_dir}`[/]"
-        )
+        console.print(stop_message(cfg, stop.reason, state.step, run_dir), style="yellow", markup=False)
 
     torch.set_num_threads(os.cpu_count() or 1)
     if cfg.eval.after and heldout and not interrupted:
@@ -367,10 +343,11 @@ def _run_train(
             timings["eval"] += final.seconds
         except EvalStopped:  # the state is saved: its resume evaluates it (and exports it again)
             interrupted = final_eval_stopped = True
-            console.print(
-                f"[yellow]stopped by {stop.reason} during the final evaluation; step {state.step} is saved: "
-                f"evaluate it with `streamrl train resume={run_dir}`[/]"
-            )
+            said = f"stopped by {stop.reason} during the final evaluation; step {state.step} is saved: "
+            said += f"evaluate it with `streamrl train resume={run_dir}`"
+            if not saves_states(cfg):
+                said = stop_message(cfg, f"{stop.reason} during the final evaluation", state.step, run_dir)
+            console.print(said, style="yellow", markup=False)
     # with what eval.json holds now: `streamrl eval` may have scored a checkpoint meanwhile
     evals = update_json(eval_file, lambda now: run_eval_record(base, final, {**old_eval, **now}))
 

@@ -3,13 +3,16 @@ saved into periodically so that a crash costs at most the steps since the last s
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from streamrl.files import write_text_atomic
+from streamrl.files import sync_dir, write_text_atomic
 from streamrl.loop.durable import recover
 from streamrl.loop.state import STATE_DIR, RunState, latest_state
 from streamrl.preflight import check_run_dir
@@ -40,27 +43,71 @@ def reconcile_logs(run_dir: Path, step: int) -> dict[str, int]:
     """Resuming from the state of `step`: log lines of later steps (written before a crash, whose
     groups will be trained again) move to NAME.orphaned, and a torn last line is dropped, so every step
     and every group id appears once. Returns the lines moved per file."""
-    moved = {}
-    for name in LOGS:
-        path = run_dir / name
-        if not path.is_file():
+    return {name: _set_aside(run_dir, name, step) for name in LOGS if (run_dir / name).is_file()}
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _set_aside(run_dir: Path, name: str, step: int) -> int:
+    """Move the lines of `name` past `step` to NAME.orphaned -> how many. A move is journaled
+    (NAME.orphaning: the .orphaned file's size before it and the log's digest before its cut), so a
+    move a crash cut short is finished on the next try, each line set aside exactly once."""
+    path, aside, journal = run_dir / name, run_dir / f"{name}.orphaned", run_dir / f"{name}.orphaning"
+    finished = 0
+    if journal.is_file():  # a move cut short
+        entry = json.loads(journal.read_text())
+        if _digest(path) == entry["log"]:  # the log was not cut yet: undo a partial append, redo it
+            if aside.is_file() and aside.stat().st_size > entry["size"]:
+                os.truncate(aside, entry["size"])
+        else:  # the log was cut: the move is complete
+            finished = int(entry["lines"])
+        journal.unlink()
+    keep, orphaned = [], []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # the line a crash cut short
+            orphaned.append(line)
             continue
-        keep, orphaned = [], []
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:  # the line a crash cut short
-                orphaned.append(line)
-                continue
-            (keep if int(row["step"]) <= step else orphaned).append(line)
-        if orphaned:  # both files whole; a kill between the two writes moves no line twice on the next try
-            aside = run_dir / f"{name}.orphaned"
-            before = aside.read_text().splitlines() if aside.is_file() else []
-            done = before[len(before) - len(orphaned) :] == orphaned  # set aside by a reconcile cut short
-            write_text_atomic(aside, "".join(x + "\n" for x in before + ([] if done else orphaned)))
-            write_text_atomic(path, "".join(x + "\n" for x in keep))
-        moved[name] = len(orphaned)
-    return moved
+        (keep if int(row["step"]) <= step else orphaned).append(line)
+    if not orphaned:
+        return finished
+    size = aside.stat().st_size if aside.is_file() else 0
+    write_text_atomic(journal, json.dumps({"size": size, "log": _digest(path), "lines": len(orphaned)}))
+    with aside.open("a", encoding="utf-8") as f:
+        f.write("".join(x + "\n" for x in orphaned))
+        f.flush()
+        os.fsync(f.fileno())
+    sync_dir(run_dir)
+    write_text_atomic(path, "".join(x + "\n" for x in keep))
+    journal.unlink()
+    sync_dir(run_dir)
+    return finished + len(orphaned)
+
+
+def saves_states(cfg: Any) -> bool:
+    """Whether the run saves states to resume from: not train.strategy=fsdp2, whose optimizer is
+    sharded over the ranks (its resume is refused); its model-only exports are kept."""
+    return cfg.train.strategy != "fsdp2"
+
+
+def stop_message(cfg: Any, reason: str, step: int, run_dir: Path) -> str:
+    """What a run stopped by `reason` at `step` keeps, and how to continue it if it can."""
+    if saves_states(cfg):
+        resume = f"`streamrl train resume={run_dir}`"
+        return f"stopped by {reason} at step {step}: state saved; continue with {resume}"
+    kept = (
+        [f"{run_dir / 'checkpoints'}/step-* (every {cfg.checkpoint.every} steps)"]
+        if cfg.checkpoint.every
+        else []
+    )
+    kept += [f"{run_dir / 'checkpoint'} (step {step})"] if cfg.checkpoint.save else []
+    return (
+        f"stopped by {reason} at step {step}: train.strategy=fsdp2 runs cannot be resumed (their optimizer "
+        f"is sharded), so no state is saved; kept: {', '.join(kept) or 'no model (checkpoint.save=false)'}"
+    )
 
 
 class PeriodicSaver:

@@ -42,7 +42,6 @@ decode cost fitted at 2 threads and used at 1 needs its own exponent).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, replace
@@ -51,6 +50,7 @@ from typing import Any
 
 from streamrl.config_parse import read_yaml
 from streamrl.engine.base import MIN_PREFIX
+from streamrl.observe.run_data import read_metrics
 from streamrl.sim.lengths import StepStats
 from streamrl.sim.model import simulate
 from streamrl.sim.params import Costs, Setup, Workload
@@ -110,7 +110,7 @@ def load_run(path: str | Path, cores: int | None = None) -> Run:
         if not f.is_file():
             raise FileNotFoundError(f"{f} not found: a run directory needs config.yaml and metrics.jsonl")
     config = read_yaml(cfg_path, "run config") or {}
-    rows = [json.loads(line) for line in met_path.read_text().splitlines() if line.strip()]
+    rows = read_metrics(met_path)  # a torn last line (a run killed mid-write) is skipped
     if not rows:
         raise ValueError(f"{met_path} has no steps to fit")
     return Run(p, config, rows, cores or os.cpu_count() or 1)

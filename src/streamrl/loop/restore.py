@@ -1,0 +1,45 @@
+"""A stopped run's saved state loaded into fresh components: weights, optimizer, scheduler, random
+states, the data stream's position and the policy version; the engine then takes the restored weights."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from streamrl.data.samplers import Sampler
+from streamrl.loop.state import RunState, load_state
+from streamrl.models.lora import is_lora
+from streamrl.placement.colocated import push_policy
+from streamrl.trainer.trainer import Trainer
+
+
+def restore(run_dir: Path, model: nn.Module, trainer: Trainer, engine: Any, stream: Sampler) -> RunState:
+    """Load weights, optimizer and position of a stopped run into fresh components."""
+    state, model_dir, tensors = load_state(run_dir)
+    if state.sampler:  # first: a stream that no longer reaches the saved position is refused at once
+        stream.load_state_dict(state.sampler)  # positions, posteriors, levels: data/samplers.py
+    else:  # a run saved before samplers: the uniform stream is deterministic, skip what was drawn
+        Sampler.load_state_dict(stream, {"base_drawn": state.problems_drawn})
+    from safetensors.torch import load_file
+
+    weights = load_file(str(model_dir / "model.safetensors"))
+    loaded = model.load_state_dict(weights, strict=False)  # LoRA: the adapter file restores
+    if loaded.unexpected_keys and not is_lora(model):
+        raise ValueError(f"resume: {model_dir} does not match the model ({loaded.unexpected_keys[:3]})")
+    trainer.load_value_head(model_dir)
+    trainer.load_adapter(model_dir)
+    trainer.optimizer.load_state_dict(tensors["optimizer"])
+    trainer.scheduler.load_state_dict(tensors["scheduler"])
+    torch.set_rng_state(tensors["torch_rng"])
+    random.setstate(tensors["py_rng"])
+    if "engine_rng" in tensors:
+        engine.generator.set_state(tensors["engine_rng"])
+    trainer.version = state.version
+    if hasattr(trainer, "sync_followers"):  # ddp: the follower ranks take the restored state
+        trainer.sync_followers()
+    push_policy(engine, trainer)
+    return state

@@ -22,6 +22,7 @@ from tiny_args import TINY
 from streamrl.cli import main
 from streamrl.config import load_config
 from streamrl.loop import job
+from streamrl.loop.restore import restore
 from streamrl.loop.state import load_state
 
 SYNC = [*TINY, "runtime.mode=colocated", "max_staleness=0", "max_steps=4", "train.lr=1e-3"]
@@ -95,7 +96,7 @@ def test_restore_loads_every_saved_piece(runs, tmp_path):
     random.seed(12345)
     parts.engine.generator.manual_seed(12345)
     assert not torch.equal(torch.get_rng_state(), tensors["torch_rng"])
-    restored = job._restore(cfg, parts, split)
+    restored = restore(split, parts.model, parts.trainer, parts.engine, parts.stream)
     saved = load_file(str(model_dir / "model.safetensors"))
     model_state = parts.model.state_dict()
     assert all(torch.equal(model_state[k], v) for k, v in saved.items())

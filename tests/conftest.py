@@ -84,6 +84,17 @@ def offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, 
     return hub, cache
 
 
+@pytest.fixture
+def weight_loads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The weights a run would load, counted: streamrl.models.startup.load_model records a 1 per call
+    and loads nothing. A test of what is refused before the weights load asserts it stays []."""
+    import streamrl.models.startup as startup
+
+    loads: list[int] = []
+    monkeypatch.setattr(startup, "load_model", lambda *a, **k: loads.append(1))
+    return loads
+
+
 @pytest.fixture(scope="module")
 def lms():
     """(the current policy, other weights the drafts come from) of the speculative-rollout tests

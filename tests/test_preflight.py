@@ -15,6 +15,18 @@ from streamrl.types import Problem
 ROWS = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(5)]
 
 
+@pytest.fixture
+def resolved(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The models preflight resolves, recorded instead (config and tokenizer, then the weights: a Hub id
+    downloads them)."""
+    import streamrl.preflight as preflight
+
+    names: list[str] = []
+    for step in ("resolve_model_files", "resolve_model_dir"):
+        monkeypatch.setattr(preflight, step, lambda name, seed=0: names.append(name))
+    return names
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -47,13 +59,8 @@ def test_what_the_rows_cannot_give_is_one_line_before_anything_is_written(
     assert not run.exists()
 
 
-def test_a_data_typo_fails_before_the_model_is_resolved(tmp_path, monkeypatch, capsys):
+def test_a_data_typo_fails_before_the_model_is_resolved(tmp_path, resolved, capsys):
     """A Hub id resolves by downloading the weights (GBs): a missing data file must fail first."""
-    import streamrl.preflight as preflight
-
-    resolved: list[str] = []
-    for step in ("resolve_model_files", "resolve_model_dir"):  # config and tokenizer, then the weights
-        monkeypatch.setattr(preflight, step, lambda name, seed=0: resolved.append(name))
     args = [*TINY, "model=Qwen/Qwen2.5-7B-Instruct", f"task=data:{tmp_path / 'typo.jsonl'}"]
     assert train([*args, f"run_dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr().err
@@ -61,14 +68,9 @@ def test_a_data_typo_fails_before_the_model_is_resolved(tmp_path, monkeypatch, c
     assert resolved == []
 
 
-def test_a_source_with_nothing_to_train_on_fails_before_the_model_is_resolved(tmp_path, monkeypatch, capsys):
+def test_a_source_with_nothing_to_train_on_fails_before_the_model_is_resolved(tmp_path, resolved, capsys):
     """A mixture's source whose every row is held out (its own eval_data): one line naming the source at
     set-up, not an error from the admission thread once the source first comes up in training."""
-    import streamrl.preflight as preflight
-
-    resolved: list[str] = []
-    for step in ("resolve_model_files", "resolve_model_dir"):  # config and tokenizer, then the weights
-        monkeypatch.setattr(preflight, step, lambda name, seed=0: resolved.append(name))
     rows = tmp_path / "b.jsonl"
     rows.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": str(i)}) + "\n" for i in range(4)))
     sources = f"[{{task: rg:chain_sum, weight: 9}}, {{task: 'data:{rows}', weight: 1, eval_data: '{rows}'}}]"
@@ -108,13 +110,8 @@ def test_a_device_this_machine_lacks_is_one_line_before_anything_is_written(
     assert not run.exists()
 
 
-def test_a_run_dir_that_is_taken_fails_before_the_model_is_resolved(tmp_path, monkeypatch, capsys):
+def test_a_run_dir_that_is_taken_fails_before_the_model_is_resolved(tmp_path, resolved, capsys):
     """A Hub id resolves by downloading the weights (GBs): a run_dir that cannot be used fails first."""
-    import streamrl.preflight as preflight
-
-    resolved: list[str] = []
-    for step in ("resolve_model_files", "resolve_model_dir"):  # config and tokenizer, then the weights
-        monkeypatch.setattr(preflight, step, lambda name, seed=0: resolved.append(name))
     (tmp_path / "notes.txt").write_text("mine")
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "config.yaml").write_text("model: tiny\n")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -93,6 +94,24 @@ def weight_loads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     loads: list[int] = []
     monkeypatch.setattr(startup, "load_model", lambda *a, **k: loads.append(1))
     return loads
+
+
+@pytest.fixture
+def sandbox_root() -> Iterator[str]:
+    """A directory of the test's own for sandbox workdirs, reachable by a dropped uid
+    (tests/sandbox_procs.py finds the processes of the sandboxes under it). A sandbox process a failed
+    test leaves running is killed at the end, then the directory is removed."""
+    from sandbox_procs import sandboxed
+
+    root = tempfile.mkdtemp(prefix="sbx-test-")
+    os.chmod(root, 0o755)
+    yield root
+    for pid in sandboxed(root):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

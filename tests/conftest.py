@@ -7,8 +7,9 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -83,6 +84,21 @@ def offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, 
     monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(hub))
     return hub, cache
+
+
+@pytest.fixture
+def not_installed(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
+    """not_installed(name): importlib.util.find_spec finds no module `name` from then on, as where that
+    optional package is not installed; every other module is found as before."""
+    import importlib.util
+
+    real, hidden = importlib.util.find_spec, set()
+
+    def find_spec(name: str, *args: Any, **kwargs: Any) -> Any:
+        return None if name in hidden else real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    return hidden.add
 
 
 @pytest.fixture

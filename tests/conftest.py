@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -82,6 +84,50 @@ def offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, 
     monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(hub))
     return hub, cache
+
+
+@pytest.fixture
+def not_installed(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
+    """not_installed(name): importlib.util.find_spec finds no module `name` from then on, as where that
+    optional package is not installed; every other module is found as before."""
+    import importlib.util
+
+    real, hidden = importlib.util.find_spec, set()
+
+    def find_spec(name: str, *args: Any, **kwargs: Any) -> Any:
+        return None if name in hidden else real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    return hidden.add
+
+
+@pytest.fixture
+def weight_loads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The weights a run would load, counted: streamrl.models.startup.load_model records a 1 per call
+    and loads nothing. A test of what is refused before the weights load asserts it stays []."""
+    import streamrl.models.startup as startup
+
+    loads: list[int] = []
+    monkeypatch.setattr(startup, "load_model", lambda *a, **k: loads.append(1))
+    return loads
+
+
+@pytest.fixture
+def sandbox_root() -> Iterator[str]:
+    """A directory of the test's own for sandbox workdirs, reachable by a dropped uid
+    (tests/sandbox_procs.py finds the processes of the sandboxes under it). A sandbox process a failed
+    test leaves running is killed at the end, then the directory is removed."""
+    from sandbox_procs import sandboxed
+
+    root = tempfile.mkdtemp(prefix="sbx-test-")
+    os.chmod(root, 0o755)
+    yield root
+    for pid in sandboxed(root):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ has log-prob -0.25 and the engine's version. `prompts` records each request's pr
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -36,19 +36,39 @@ class ScriptedEngine:
 
 
 @contextmanager
-def gated_proxy(tokenizer: Any, **proxy_kw: Any) -> Iterator[tuple[Any, ScriptedEngine, threading.Event]]:
-    """A ChatProxy over a ScriptedEngine whose every reply ("4") waits for `gate`: calls stay in flight
-    until the test sets it. Yields (proxy, engine, gate); everything is closed after."""
+def scripted_proxy(
+    tokenizer: Any,
+    reply: Callable[[str], str],
+    max_tokens: int,
+    episodes: Iterable[str] = (),
+    version: int = 0,
+    **proxy_kw: Any,
+) -> Iterator[tuple[Any, ScriptedEngine]]:
+    """A ChatProxy (replies of at most max_tokens) over a ScriptedEngine(tokenizer, reply, version)
+    behind a BatchingEngine, `episodes` opened. Yields (proxy, engine); both are closed after."""
     from streamrl.engine.serving import BatchingEngine
     from streamrl.envs.proxy import ChatProxy
 
-    gate = threading.Event()
-    scripted = ScriptedEngine(tokenizer, lambda prompt: "4" if gate.wait(60) else "")
+    scripted = ScriptedEngine(tokenizer, reply, version)
     front = BatchingEngine(scripted)
-    proxy = ChatProxy(front, tokenizer, max_tokens=8, **proxy_kw)
+    proxy = ChatProxy(front, tokenizer, max_tokens=max_tokens, **proxy_kw)
     try:
-        yield proxy, scripted, gate
+        for episode in episodes:
+            proxy.open_episode(episode)
+        yield proxy, scripted
     finally:
-        gate.set()
         proxy.close()
         front.close()
+
+
+@contextmanager
+def gated_proxy(tokenizer: Any, **proxy_kw: Any) -> Iterator[tuple[Any, ScriptedEngine, threading.Event]]:
+    """A ChatProxy over a ScriptedEngine whose every reply ("4") waits for `gate`: calls stay in flight
+    until the test sets it. Yields (proxy, engine, gate); everything is closed after."""
+    gate = threading.Event()
+    reply = lambda prompt: "4" if gate.wait(60) else ""  # noqa: E731
+    with scripted_proxy(tokenizer, reply, max_tokens=8, **proxy_kw) as (proxy, scripted):
+        try:
+            yield proxy, scripted, gate
+        finally:
+            gate.set()

@@ -328,12 +328,8 @@ def test_cli_missing_config_file(capsys):
     assert "config file 'nope.yaml' not found" in capsys.readouterr().err
 
 
-def test_engine_vllm_config_errors(monkeypatch):
-    import importlib.util
-
-    real = importlib.util.find_spec
-    no_vllm = lambda name, *a: None if name == "vllm" else real(name, *a)  # noqa: E731
-    monkeypatch.setattr(importlib.util, "find_spec", no_vllm)
+def test_engine_vllm_config_errors(not_installed):
+    not_installed("vllm")
     with pytest.raises(ConfigError, match=r"engine=vllm needs vLLM: pip install 'streamrl\[vllm\]'"):
         load_config(None, ["engine=vllm"])
     with pytest.raises(ConfigError, match="engine=vllm runs in the async rollout workers only"):

@@ -7,17 +7,15 @@ import os
 import signal
 
 import pytest
-import torch
 from bounded import call_bounded
 from dist_helpers import HANG_S, exit_at_once, join_then_hang, never_join, terminated_while_starting
 from tiny_args import TINY
-from trajectories import make_traj
+from trajectories import random_batch
 
 from streamrl.config import ConfigError, load_config
 from streamrl.loop.state import latest_state
 from streamrl.placement.trainer_ranks import make_trainer
 from streamrl.trainer.distributed import rank_share
-from streamrl.types import TrainBatch
 
 # fp32, same weights, same micro-batches: only the order of float sums differs between 1 and 2 ranks
 ATOL, RTOL = 1e-6, 1e-5
@@ -25,17 +23,6 @@ ATOL, RTOL = 1e-6, 1e-5
 # whose gradient is near 0 a float-order difference moves the update by a share of lr (1e-3 here);
 # 1% of lr still tells a rank that missed a sync or a step (its weights differ by whole updates)
 PARAM_ATOL = 1e-5
-
-
-def _batch(n: int, seed: int) -> TrainBatch:
-    """n ragged trajectories with random tokens, behaviour log-probs and advantages."""
-    g = torch.Generator().manual_seed(seed)
-    trajs = []
-    for i in range(n):
-        p = torch.randint(3, 200, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g).tolist()
-        c = torch.randint(3, 200, (int(torch.randint(1, 7, (1,), generator=g)),), generator=g).tolist()
-        trajs.append(make_traj(i, p, c, logprobs=(-torch.rand(len(c), generator=g)).tolist()))
-    return TrainBatch(trajectories=trajs, advantages=torch.randn(n, generator=g).tolist())
 
 
 def test_rank_share_is_round_robin_and_pads_with_zero_weight_passes():
@@ -108,7 +95,7 @@ def test_two_ranks_match_one_process(tiny, strategy, backend, loss, capsys):
         diffs = {}
         # 5 trajectories -> 2 micro-batches (even), then 8 -> 3 (uneven: rank 1 runs one zero-weight pass)
         for n, seed, n_micro in ((5, 0, 2), (8, 1, 3)):
-            batch = _batch(n, seed)
+            batch = random_batch(n, seed)
             m1, m2 = single.step(batch), dist_trainer.step(batch)
             assert m1["micro_batches"] == m2["micro_batches"] == n_micro
             for k in m1:

@@ -58,6 +58,30 @@ def test_python_tool_protocol_with_an_injected_executor():
     assert (s.done, s.reward, s.info["formatted"]) == (True, 0.0, False)
 
 
+@pytest.mark.parametrize(
+    "extract, how",
+    [
+        ("answer_is", "write 'The answer is <number>.'"),
+        ("boxed", "write the final answer in \\boxed{}"),
+        ("last_number", "end your reply with the final number"),
+        ("gsm8k", "end your reply with '#### <number>'"),
+    ],
+)
+def test_python_tool_prompt_asks_for_the_answer_as_the_few_shot_examples_write_it(extract, how):
+    """The tool's system prompt is part of a run's prompts (a resumed run renders it again): its text per
+    answer format is exact, and the answer it quotes is the few-shot examples' template."""
+    from streamrl.data.prompts import SHOT_TEMPLATES
+
+    prompt = _task("env:python_tool", extract).system_prompt
+    assert prompt == (
+        "You solve problems and may run Python. To run code, write one block\n```python\nprint(2 + 3)\n```\n"
+        "and end your turn; the output comes back in the next message. Every block runs as a fresh "
+        f"program, so print what you need. When you know the result, {how}."
+    )
+    if extract in ("answer_is", "gsm8k"):
+        assert f"'{SHOT_TEMPLATES[extract].format(answer='<number>')}'." in prompt
+
+
 def test_python_tool_runs_real_code_and_truncates_output():
     task = _task("env:python_tool", max_observation_chars=40, code_timeout=2.0)
     env = task.new_env()

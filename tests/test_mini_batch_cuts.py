@@ -5,8 +5,7 @@ learning-rate warmup counts optimizer steps."""
 import copy
 
 import pytest
-import torch
-from trajectories import make_traj
+from trajectories import random_batch
 
 from streamrl.config import load_config
 from streamrl.config_parse import ConfigError
@@ -15,15 +14,9 @@ from streamrl.types import TrainBatch
 
 
 def _batch(n: int, seed: int, spread: float = 4.0) -> TrainBatch:
-    """n ragged trajectories: random tokens, behaviour log-probs uniform in [-spread, 0] (the tiny
-    model's are about -5.3), advantages."""
-    g = torch.Generator().manual_seed(seed)
-    trajs = []
-    for i in range(n):
-        p = torch.randint(3, 200, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g).tolist()
-        c = torch.randint(3, 200, (int(torch.randint(2, 8, (1,), generator=g)),), generator=g).tolist()
-        trajs.append(make_traj(i, p, c, logprobs=(-spread * torch.rand(len(c), generator=g)).tolist()))
-    return TrainBatch(trajectories=trajs, advantages=torch.randn(n, generator=g).tolist())
+    """n ragged trajectories: behaviour log-probs uniform in [-spread, 0] (the tiny model's are about
+    -5.3)."""
+    return random_batch(n, seed, completion_lens=(2, 8), logprob_spread=spread)
 
 
 def _trainer(model, overrides):

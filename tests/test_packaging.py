@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 from pathlib import Path
 
@@ -40,11 +39,8 @@ def test_demo_installs_the_model_extra_only():
     ]
 
 
-def test_conversion_without_gguf_is_one_line(monkeypatch, tmp_path):
-    real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a)
-    )
+def test_conversion_without_gguf_is_one_line(monkeypatch, not_installed, tmp_path):
+    not_installed("gguf")
     monkeypatch.setattr(smollm2, "gguf_file", lambda: pytest.fail("looked for the GGUF file first"))
     with pytest.raises(ValueError) as e:
         smollm2.convert(tmp_path / "model")

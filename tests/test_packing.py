@@ -4,7 +4,7 @@ import copy
 
 import pytest
 import torch
-from trajectories import make_traj
+from trajectories import make_traj, random_batch
 
 from streamrl.config import load_config
 from streamrl.trainer.batching import collate
@@ -16,13 +16,7 @@ from streamrl.types import TrainBatch
 
 def _ragged(n: int, seed: int) -> TrainBatch:
     """Prompts of 2..15 and completions of 1..19 tokens: padding-heavy when padded."""
-    g = torch.Generator().manual_seed(seed)
-    trajs = []
-    for i in range(n):
-        p = torch.randint(3, 200, (int(torch.randint(2, 16, (1,), generator=g)),), generator=g).tolist()
-        c = torch.randint(3, 200, (int(torch.randint(1, 20, (1,), generator=g)),), generator=g).tolist()
-        trajs.append(make_traj(i, p, c, logprobs=(-torch.rand(len(c), generator=g)).tolist()))
-    return TrainBatch(trajectories=trajs, advantages=torch.randn(n, generator=g).tolist())
+    return random_batch(n, seed, prompt_lens=(2, 16), completion_lens=(1, 20))
 
 
 def test_pack_by_token_budget_fills_rows_first_fit_decreasing():

@@ -4,32 +4,27 @@ prompts) is one line before the model loads and before the run directory exists.
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
 import pytest
 from tiny_args import TINY
+from train_cli import rows_file, train
 
-from streamrl.cli import main
 from streamrl.types import Problem
 
 ROWS = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(5)]
 
 
-def _data(tmp_path: Path) -> Path:
-    f = tmp_path / "rows.jsonl"
-    f.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    return f
+@pytest.fixture
+def resolved(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The models preflight resolves, recorded instead (config and tokenizer, then the weights: a Hub id
+    downloads them)."""
+    import streamrl.preflight as preflight
 
-
-def _train(args: list[str]) -> int:
-    """main() in a thread, joined with a limit against a hang (not a speed check)."""
-    out: list[int] = []
-    t = threading.Thread(target=lambda: out.append(main(["train", *args])), daemon=True)
-    t.start()
-    t.join(timeout=120)
-    assert not t.is_alive(), "train hung"
-    return out[0]
+    names: list[str] = []
+    for step in ("resolve_model_files", "resolve_model_dir"):
+        monkeypatch.setattr(preflight, step, lambda name, seed=0: names.append(name))
+    return names
 
 
 @pytest.mark.parametrize(
@@ -57,40 +52,30 @@ def test_what_the_rows_cannot_give_is_one_line_before_anything_is_written(
     tmp_path: Path, capsys: pytest.CaptureFixture, args: list[str], message: str
 ) -> None:
     run = tmp_path / "run"
-    rc = _train([*TINY, f"task=data:{_data(tmp_path)}", *args, f"run_dir={run}"])
+    rc = train([*TINY, f"task=data:{rows_file(tmp_path, ROWS)}", *args, f"run_dir={run}"])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and err.startswith("streamrl: error: "), err
     assert err.rstrip("\n").endswith(message), err
     assert not run.exists()
 
 
-def test_a_data_typo_fails_before_the_model_is_resolved(tmp_path, monkeypatch, capsys):
+def test_a_data_typo_fails_before_the_model_is_resolved(tmp_path, resolved, capsys):
     """A Hub id resolves by downloading the weights (GBs): a missing data file must fail first."""
-    import streamrl.preflight as preflight
-
-    resolved: list[str] = []
-    for step in ("resolve_model_files", "resolve_model_dir"):  # config and tokenizer, then the weights
-        monkeypatch.setattr(preflight, step, lambda name, seed=0: resolved.append(name))
     args = [*TINY, "model=Qwen/Qwen2.5-7B-Instruct", f"task=data:{tmp_path / 'typo.jsonl'}"]
-    assert _train([*args, f"run_dir={tmp_path / 'run'}"]) == 2
+    assert train([*args, f"run_dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("streamrl: error: ") and "typo.jsonl" in err and err.count("\n") == 1, err
     assert resolved == []
 
 
-def test_a_source_with_nothing_to_train_on_fails_before_the_model_is_resolved(tmp_path, monkeypatch, capsys):
+def test_a_source_with_nothing_to_train_on_fails_before_the_model_is_resolved(tmp_path, resolved, capsys):
     """A mixture's source whose every row is held out (its own eval_data): one line naming the source at
     set-up, not an error from the admission thread once the source first comes up in training."""
-    import streamrl.preflight as preflight
-
-    resolved: list[str] = []
-    for step in ("resolve_model_files", "resolve_model_dir"):  # config and tokenizer, then the weights
-        monkeypatch.setattr(preflight, step, lambda name, seed=0: resolved.append(name))
     rows = tmp_path / "b.jsonl"
     rows.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": str(i)}) + "\n" for i in range(4)))
     sources = f"[{{task: rg:chain_sum, weight: 9}}, {{task: 'data:{rows}', weight: 1, eval_data: '{rows}'}}]"
     args = [*TINY, "task=mix", f"task_config.sources={sources}", "eval.size=4"]
-    assert _train([*args, f"run_dir={tmp_path / 'run'}"]) == 2
+    assert train([*args, f"run_dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("streamrl: error: task_config.sources[1]: ") and err.count("\n") == 1, err
     assert "every training row is also a held-out row" in err
@@ -119,19 +104,14 @@ def test_a_device_this_machine_lacks_is_one_line_before_anything_is_written(
         if torch.cuda.is_available():
             device, message = "cuda:99", "config key 'device': cuda:99, but this machine has"
     run = tmp_path / "run"
-    assert _train([*TINY, f"device={device}", f"run_dir={run}"]) == 2
+    assert train([*TINY, f"device={device}", f"run_dir={run}"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"streamrl: error: {message}") and err.count("\n") == 1, err
     assert not run.exists()
 
 
-def test_a_run_dir_that_is_taken_fails_before_the_model_is_resolved(tmp_path, monkeypatch, capsys):
+def test_a_run_dir_that_is_taken_fails_before_the_model_is_resolved(tmp_path, resolved, capsys):
     """A Hub id resolves by downloading the weights (GBs): a run_dir that cannot be used fails first."""
-    import streamrl.preflight as preflight
-
-    resolved: list[str] = []
-    for step in ("resolve_model_files", "resolve_model_dir"):  # config and tokenizer, then the weights
-        monkeypatch.setattr(preflight, step, lambda name, seed=0: resolved.append(name))
     (tmp_path / "notes.txt").write_text("mine")
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "config.yaml").write_text("model: tiny\n")
@@ -139,14 +119,14 @@ def test_a_run_dir_that_is_taken_fails_before_the_model_is_resolved(tmp_path, mo
         ("notes.txt", "is a file: choose a directory (a new name, or a run's)"),
         ("old", "already holds a run: continue it with resume="),
     ]:
-        assert _train([*TINY, "model=Qwen/Qwen2.5-7B-Instruct", f"run_dir={tmp_path / run_dir}"]) == 2
+        assert train([*TINY, "model=Qwen/Qwen2.5-7B-Instruct", f"run_dir={tmp_path / run_dir}"]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"streamrl: error: run_dir {tmp_path / run_dir} ") and message in err, err
         assert err.count("\n") == 1
     assert resolved == [] and (tmp_path / "notes.txt").read_text() == "mine"
     assert sorted(p.name for p in (tmp_path / "old").iterdir()) == ["config.yaml"]
     typo = ["model=Qwen/Qwen2.5-7B-Instruct", "task_config.chat_template=typo.jinja"]  # a template too
-    assert _train([*TINY, *typo, f"run_dir={tmp_path / 'new'}"]) == 2
+    assert train([*TINY, *typo, f"run_dir={tmp_path / 'new'}"]) == 2
     assert capsys.readouterr().err == (
         "streamrl: error: config key 'task_config.chat_template': no file 'typo.jinja' "
         "(a Jinja chat template)\n"
@@ -161,7 +141,7 @@ def test_drawn_few_shot_examples_need_reference_answers(tmp_path: Path) -> None:
     from streamrl.tasks import prepare_split, task_from_config
 
     args = [
-        f"task=data:{_data(tmp_path)}",
+        f"task=data:{rows_file(tmp_path, ROWS)}",
         "task_config.columns={answer: null}",
         "reward.fn=f.py:r",
         "eval.size=2",
@@ -195,21 +175,16 @@ def test_drawn_few_shot_examples_need_reference_answers(tmp_path: Path) -> None:
 )
 def test_settings_the_task_or_model_cannot_take_are_one_line_before_anything_is_written(
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    weight_loads: list[int],
     capsys: pytest.CaptureFixture,
     args: list[str],
     message: str,
 ) -> None:
-    import streamrl.models.startup as startup
-
-    loads: list[int] = []
-    real = startup.load_model
-    monkeypatch.setattr(startup, "load_model", lambda *a, **k: loads.append(1) or real(*a, **k))
     run = tmp_path / "run"
-    assert _train([*TINY, *args, f"run_dir={run}"]) == 2
+    assert train([*TINY, *args, f"run_dir={run}"]) == 2
     err = capsys.readouterr().err
     assert err == f"streamrl: error: {message}\n"
-    assert not run.exists() and loads == []  # no weights read
+    assert not run.exists() and weight_loads == []  # no weights read
 
 
 class _Source:
@@ -280,7 +255,7 @@ def test_a_plain_task_gives_its_first_problem() -> None:
 
 def test_training_with_a_nucleus_is_refused_before_anything_is_written(tmp_path, capsys):
     run = tmp_path / "run"
-    assert _train([*TINY, "rollout.top_p=0.9", f"run_dir={run}"]) == 2
+    assert train([*TINY, "rollout.top_p=0.9", f"run_dir={run}"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("streamrl: error: config key 'rollout.top_p' is 0.9: training samples with top_p=1")
     assert "`streamrl eval` sampling" in err and err.count("\n") == 1 and not run.exists()

@@ -8,11 +8,9 @@ import urllib.request
 
 import openai
 import pytest
-from scripted_chat import ScriptedEngine
+from scripted_chat import ScriptedEngine, scripted_proxy
 
 from streamrl.config import load_config
-from streamrl.engine.serving import BatchingEngine
-from streamrl.envs.proxy import ChatProxy
 from streamrl.rollout import agent_worker
 from streamrl.rollout.agent import TIMEOUT_ERROR, AgentRun, rollout_agent_episodes
 from streamrl.rollout.score import Scoring
@@ -36,13 +34,8 @@ SETTINGS = RolloutSettings(
 
 @pytest.fixture()
 def served(tiny):
-    _, tok = tiny
-    scripted = ScriptedEngine(tok, lambda prompt: "The answer is 4.")
-    front = BatchingEngine(scripted)
-    proxy = ChatProxy(front, tok, max_tokens=16)
-    yield proxy, scripted
-    proxy.close()
-    front.close()
+    with scripted_proxy(tiny[1], lambda prompt: "The answer is 4.", max_tokens=16) as served:
+        yield served
 
 
 def _create(proxy, api_key, **kw):

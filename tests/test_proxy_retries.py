@@ -6,10 +6,8 @@ import threading
 
 import openai
 import pytest
-from scripted_chat import ScriptedEngine, gated_proxy
+from scripted_chat import gated_proxy, scripted_proxy
 
-from streamrl.engine.serving import BatchingEngine
-from streamrl.envs.proxy import ChatProxy
 from streamrl.rollout.agent import agent_client
 
 MSGS = [{"role": "user", "content": "2+2?"}]
@@ -17,15 +15,9 @@ MSGS = [{"role": "user", "content": "2+2?"}]
 
 @pytest.fixture()
 def served(tiny):
-    _, tok = tiny
-    scripted = ScriptedEngine(tok, lambda prompt: "The answer is 4.")
-    front = BatchingEngine(scripted)
-    proxy = ChatProxy(front, tok, max_tokens=32)
-    for episode in ("ep", "ep-retry"):
-        proxy.open_episode(episode)
-    yield proxy, scripted
-    proxy.close()
-    front.close()
+    reply = "The answer is 4."
+    with scripted_proxy(tiny[1], lambda prompt: reply, max_tokens=32, episodes=("ep", "ep-retry")) as served:
+        yield served
 
 
 def _plain_client(url, episode="ep"):
@@ -158,17 +150,12 @@ def test_a_failed_generation_is_generated_afresh_by_the_retry(tiny):
             raise failures.pop()
         return "ok"
 
-    scripted = ScriptedEngine(tok, reply)
-    front = BatchingEngine(scripted)
-    proxy = ChatProxy(front, tok, max_tokens=8)
-    proxy.open_episode("ep-500")
-    client = agent_client(proxy.url, "ep-500")
-    try:
-        reply_ = client.chat.completions.create(model="policy", messages=MSGS)
-    finally:
-        client.close()
-        proxy.close()
-        front.close()
+    with scripted_proxy(tok, reply, max_tokens=8, episodes=("ep-500",)) as (proxy, scripted):
+        client = agent_client(proxy.url, "ep-500")
+        try:
+            reply_ = client.chat.completions.create(model="policy", messages=MSGS)
+        finally:
+            client.close()
     assert reply_.choices[0].message.content == "ok"
     assert len(scripted.prompts) == 2 and proxy.replayed == 0  # the 500 was not remembered
     assert [c.text for c in proxy.calls("ep-500")] == ["ok"]

@@ -5,12 +5,10 @@ import json
 
 import openai
 import pytest
-from scripted_chat import ScriptedEngine
+from scripted_chat import scripted_proxy
 
 from streamrl.data.prompts import render_prompt_ids
-from streamrl.engine.serving import BatchingEngine
 from streamrl.envs.agent_trajectory import assemble
-from streamrl.envs.proxy import ChatProxy
 from streamrl.envs.tool_calls import parse_tool_calls, template_messages
 
 ADD = {
@@ -37,15 +35,10 @@ def _reply(prompt: str) -> str:
 @pytest.fixture()
 def served(tiny):
     _, tok = tiny
-    scripted = ScriptedEngine(tok, _reply, version=7)
-    front = BatchingEngine(scripted)
-    proxy = ChatProxy(front, tok, max_tokens=128)
-    proxy.open_episode("ep")
-    client = openai.OpenAI(base_url=proxy.url, api_key="ep", max_retries=0, timeout=60)
-    yield proxy, scripted, client, tok
-    client.close()
-    proxy.close()
-    front.close()
+    with scripted_proxy(tok, _reply, max_tokens=128, episodes=("ep",), version=7) as (proxy, scripted):
+        client = openai.OpenAI(base_url=proxy.url, api_key="ep", max_retries=0, timeout=60)
+        yield proxy, scripted, client, tok
+        client.close()
 
 
 def test_tools_are_rendered_by_the_template_and_calls_come_back_in_the_openai_shape(served):
@@ -97,18 +90,14 @@ def test_tools_are_refused_when_the_chat_template_ignores_them(tiny):
     _, tok = tiny
     plain = tok.__class__.from_pretrained(tok.name_or_path)
     plain.chat_template = "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"
-    front = BatchingEngine(ScriptedEngine(plain, _reply))
-    proxy = ChatProxy(front, plain, max_tokens=8)
-    proxy.open_episode("ep")
-    client = openai.OpenAI(base_url=proxy.url, api_key="ep", max_retries=0, timeout=60)
-    try:
-        with pytest.raises(openai.BadRequestError, match="this model's chat template ignores tools"):
-            client.chat.completions.create(model="policy", messages=MSGS, tools=[ADD])
-        assert proxy.calls("ep") == []
-    finally:
-        client.close()
-        proxy.close()
-        front.close()
+    with scripted_proxy(plain, _reply, max_tokens=8, episodes=("ep",)) as (proxy, _):
+        client = openai.OpenAI(base_url=proxy.url, api_key="ep", max_retries=0, timeout=60)
+        try:
+            with pytest.raises(openai.BadRequestError, match="this model's chat template ignores tools"):
+                client.chat.completions.create(model="policy", messages=MSGS, tools=[ADD])
+            assert proxy.calls("ep") == []
+        finally:
+            client.close()
 
 
 def test_n_choices_are_sampled_and_recorded_separately(served):

@@ -219,12 +219,8 @@ def test_config_validation_messages(overrides, message):
         load_config(None, overrides)
 
 
-def test_ray_not_installed_message(monkeypatch):
-    import importlib.util
-
-    real = importlib.util.find_spec
-    fake = lambda name, *a: None if name == "ray" else real(name, *a)  # noqa: E731
-    monkeypatch.setattr(importlib.util, "find_spec", fake)
+def test_ray_not_installed_message(not_installed):
+    not_installed("ray")
     with pytest.raises(ConfigError, match=r"pip install 'streamrl\[ray\]'"):
         load_config(None, ["runtime.backend=ray"])
 

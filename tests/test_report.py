@@ -274,13 +274,10 @@ def test_wandb_sink_logs_offline_through_the_api(tmp_path, monkeypatch):
     assert not (tmp_path / "never").exists()
 
 
-def test_wandb_missing_is_a_config_error(monkeypatch):
-    import importlib.util
-
+def test_wandb_missing_is_a_config_error(not_installed):
     from streamrl.config import ConfigError, load_config
 
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "wandb" else real(n, *a))
+    not_installed("wandb")
     with pytest.raises(ConfigError, match=r"pip install 'streamrl\[wandb\]'"):
         load_config(None, ["observe.wandb=true"])
 

@@ -8,14 +8,14 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from bounded import eventually
 from sandbox_levels import LEVELS, level_works
+from sandbox_procs import sandboxed
 
 from streamrl.rewards import sandbox, sandbox_probe
 from streamrl.rewards.sandbox import ExecResult, Limits, LocalSandbox
@@ -25,20 +25,12 @@ ROOT = os.geteuid() == 0
 root_only = pytest.mark.skipif(not ROOT, reason="the rlimits level drops the uid only when run as root")
 
 
-def _succeeds(argv: list[str]) -> bool:
-    try:
-        return subprocess.run(argv, capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
 def _expected_level() -> str:
     """Found without the sandbox's probe: root with a working unshare -> ns-root; not root with
     working user namespaces -> ns-user; else rlimits."""
-    ns = ["unshare", "--pid", "--fork", "--net", "--mount"]
-    if ROOT and _succeeds([*ns, "true"]):
+    if ROOT and level_works("ns-root"):
         return "ns-root"
-    if not ROOT and _succeeds([ns[0], "--user", "--map-root-user", *ns[1:], "true"]):
+    if not ROOT and level_works("ns-user"):
         return "ns-user"
     return "rlimits"
 
@@ -64,36 +56,18 @@ def box(request: pytest.FixtureRequest) -> LocalSandbox:
 
 
 @pytest.fixture
-def own_workdirs(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A directory of the test's own for the sandbox's workdirs (tempfile's default directory), so that
-    the leftover check sees this test's processes only, not a sandbox another test runs beside it
-    (pytest -n)."""
-    root = tempfile.mkdtemp(prefix="sbx-test-")
-    os.chmod(root, 0o755)  # the dropped uid reaches its workdir through it
-    monkeypatch.setattr(tempfile, "tempdir", root)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
-
-
-def _leftovers(root: str) -> list[int]:
-    """Processes still running a sandbox bootstrap whose workdir is under root (its argv holds it)."""
-    found, mark = [], f"{root}/streamrl-sbx-".encode()
-    for d in os.listdir("/proc"):
-        try:
-            if d.isdigit() and mark in Path(f"/proc/{d}/cmdline").read_bytes():
-                found.append(int(d))
-        except OSError:
-            pass
-    return found
+def own_workdirs(sandbox_root: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The test's own directory (fixture sandbox_root) as tempfile's default, where the sandbox makes its
+    workdirs: the leftover check sees this test's processes only."""
+    monkeypatch.setattr(tempfile, "tempdir", sandbox_root)
+    return sandbox_root
 
 
 def _leftovers_after_reaping(root: str) -> list[int]:
-    """_leftovers(root) once the processes the sandbox SIGKILLed have finished exiting (the kernel tears
+    """sandboxed(root) once the processes the sandbox SIGKILLed have finished exiting (the kernel tears
     them down after the run returns), or after 10 s if some never go."""
-    deadline = time.monotonic() + 10.0
-    while _leftovers(root) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return _leftovers(root)
+    eventually(lambda: not sandboxed(root), 10.0, poll_s=0.05)
+    return sandboxed(root)
 
 
 def _last_line(r: ExecResult) -> str:

@@ -7,18 +7,18 @@ next sandbox built, which never touches a live process's directory."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from bounded import eventually
 from reward_scorers import SandboxSleep
 from sandbox_levels import LEVELS, level_works
+from sandbox_procs import sandboxed
 
 from streamrl.rewards.sandbox import Limits, LocalSandbox
 from streamrl.rewards.sandbox_workdirs import PREFIX, host_tag, make_workdir, start_time
@@ -58,38 +58,9 @@ def _skip_unless_available(level: str) -> None:
         pytest.skip(f"{level} cannot run on this machine")
 
 
-@pytest.fixture
-def root() -> Iterator[str]:
-    """The callers' temporary directory: their workdirs only (reachable by a dropped uid)."""
-    path = tempfile.mkdtemp(prefix="sbx-test-")
-    os.chmod(path, 0o755)
-    yield path
-    for pid in _sandboxed(path):  # nothing of a failed test keeps running
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _sandboxed(root: str) -> list[int]:
-    """Processes of a sandbox whose workdir is under root (`unshare` and the bootstrap: their argv
-    holds it; the program is a fork of the bootstrap)."""
-    found, mark = [], f"{root}/streamrl-sbx-".encode()
-    for d in os.listdir("/proc"):
-        try:
-            if d.isdigit() and mark in Path(f"/proc/{d}/cmdline").read_bytes():
-                found.append(int(d))
-        except OSError:
-            pass
-    return found
-
-
-def _poll(until: object, timeout_s: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not until() and time.monotonic() < deadline:  # type: ignore[operator]
-        time.sleep(0.05)
-    return bool(until())  # type: ignore[operator]
+def _poll(until: Callable[[], bool], timeout_s: float = 20.0) -> bool:
+    """bounded.eventually, reading /proc at most 20 times a second."""
+    return eventually(until, timeout_s, poll_s=0.05)
 
 
 def _start(root: str, level: str, launcher: str, wall_s: float, how: str = "main") -> subprocess.Popen[bytes]:
@@ -103,65 +74,71 @@ def _start(root: str, level: str, launcher: str, wall_s: float, how: str = "main
     )
     assert proc.stdout is not None and proc.stdout.readline() == b"started\n"
     running = 3 if level == "rlimits" else 4
-    assert _poll(lambda: len(_sandboxed(root)) >= running, 60.0), "the sandboxed program never started"
+    assert _poll(lambda: len(sandboxed(root)) >= running, 60.0), "the sandboxed program never started"
     return proc
 
 
 @pytest.mark.parametrize(("level", "launcher"), CASES)
 def test_the_program_dies_with_its_caller(
-    root: str, level: str, launcher: str, monkeypatch: pytest.MonkeyPatch
+    sandbox_root: str, level: str, launcher: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _skip_unless_available(level)
-    proc = _start(root, level, launcher, wall_s=120.0)  # the wall-time limit is far away
+    proc = _start(sandbox_root, level, launcher, wall_s=120.0)  # the wall-time limit is far away
     os.kill(proc.pid, signal.SIGKILL)
     assert proc.wait(timeout=60) == -signal.SIGKILL
-    assert _poll(lambda: not _sandboxed(root)), f"still running: {_sandboxed(root)}"
+    assert _poll(lambda: not sandboxed(sandbox_root)), f"still running: {sandboxed(sandbox_root)}"
     # its workdir, which the killed caller could not remove, goes when the next sandbox is built
-    monkeypatch.setattr(tempfile, "tempdir", root)
+    monkeypatch.setattr(tempfile, "tempdir", sandbox_root)
     LocalSandbox(isolation="rlimits", min_isolation="rlimits")
-    assert os.listdir(root) == []
+    assert os.listdir(sandbox_root) == []
 
 
 @pytest.mark.parametrize("level", LEVELS)
-def test_the_program_ends_at_its_wall_limit_when_its_caller_no_longer_watches(root: str, level: str) -> None:
+def test_the_program_ends_at_its_wall_limit_when_its_caller_no_longer_watches(
+    sandbox_root: str, level: str
+) -> None:
     """The caller is stopped (SIGSTOP): alive, so no parent-death signal, but its watchdog is gone."""
     _skip_unless_available(level)
-    proc = _start(root, level, "setpriv", wall_s=2.0)
+    proc = _start(sandbox_root, level, "setpriv", wall_s=2.0)
     os.kill(proc.pid, signal.SIGSTOP)
     try:
-        assert _poll(lambda: not _sandboxed(root)), f"still running: {_sandboxed(root)}"
+        assert _poll(lambda: not sandboxed(sandbox_root)), f"still running: {sandboxed(sandbox_root)}"
     finally:
         os.kill(proc.pid, signal.SIGCONT)
     out, _ = proc.communicate(timeout=60)
     assert (proc.returncode, out) == (0, b"timeout\n")
-    assert os.listdir(root) == []
+    assert os.listdir(sandbox_root) == []
 
 
 @pytest.mark.parametrize("level", LEVELS)
-def test_a_reward_worker_killed_at_its_timeout_takes_its_sandbox_with_it(root: str, level: str) -> None:
+def test_a_reward_worker_killed_at_its_timeout_takes_its_sandbox_with_it(
+    sandbox_root: str, level: str
+) -> None:
     """reward.service=process: the worker running the sandbox is SIGKILLed at reward.timeout_s; the
     program goes with it, and the worker that replaces it removes the workdir when it sets up."""
     _skip_unless_available(level)
-    scorer = SandboxSleep(level, root)
+    scorer = SandboxSleep(level, sandbox_root)
     with RewardService(scorer, workers=1, timeout_s=3.0, mode="process", cache_size=0) as svc:
         fut = svc.submit(60.0)
         running = 3 if level == "rlimits" else 4
-        assert _poll(lambda: len(_sandboxed(root)) >= running, 60.0), "the sandboxed program never started"
+        assert _poll(lambda: len(sandboxed(sandbox_root)) >= running, 60.0), (
+            "the sandboxed program never started"
+        )
         assert fut.result(timeout=60).error == "timeout"
-        assert _poll(lambda: not _sandboxed(root)), f"still running: {_sandboxed(root)}"
-        assert _poll(lambda: os.listdir(root) == [], 60.0), f"left behind: {os.listdir(root)}"
+        assert _poll(lambda: not sandboxed(sandbox_root)), f"still running: {sandboxed(sandbox_root)}"
+        assert _poll(lambda: os.listdir(sandbox_root) == [], 60.0), f"left behind: {os.listdir(sandbox_root)}"
 
 
 @pytest.mark.parametrize("level", LEVELS)
-def test_a_run_in_a_daemon_thread_ends_with_the_interpreter(root: str, level: str) -> None:
+def test_a_run_in_a_daemon_thread_ends_with_the_interpreter(sandbox_root: str, level: str) -> None:
     """The interpreter exits while a daemon thread is mid-run (a scoring service closed without
     waiting): the program dies and its directory is removed, with no later sandbox to clean up."""
     _skip_unless_available(level)
-    proc = _start(root, level, "setpriv", wall_s=120.0, how="thread")
+    proc = _start(sandbox_root, level, "setpriv", wall_s=120.0, how="thread")
     proc.communicate(b"exit\n", timeout=60)
     assert proc.returncode == 0
-    assert _poll(lambda: not _sandboxed(root)), f"still running: {_sandboxed(root)}"
-    assert os.listdir(root) == []
+    assert _poll(lambda: not sandboxed(sandbox_root)), f"still running: {sandboxed(sandbox_root)}"
+    assert os.listdir(sandbox_root) == []
 
 
 def test_only_the_workdirs_of_processes_that_are_gone_are_removed(
@@ -211,23 +188,23 @@ def test_only_the_workdirs_of_processes_that_are_gone_are_removed(
 
 @pytest.mark.parametrize("level", LEVELS)
 def test_a_child_that_left_the_process_group_ends_with_the_program(
-    root: str, level: str, monkeypatch: pytest.MonkeyPatch
+    sandbox_root: str, level: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _skip_unless_available(level)
-    monkeypatch.setattr(tempfile, "tempdir", root)
+    monkeypatch.setattr(tempfile, "tempdir", sandbox_root)
     box = LocalSandbox(isolation=level, min_isolation="rlimits")
     prog = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nprint('parent done')\n"
     r = box.run(prog, "", Limits(wall_s=30.0))
     assert (r.status, r.exit_code, r.stdout) == ("ok", 0, "parent done\n")
-    assert _poll(lambda: not _sandboxed(root)), f"still running: {_sandboxed(root)}"
+    assert _poll(lambda: not sandboxed(sandbox_root)), f"still running: {sandboxed(sandbox_root)}"
 
 
 @pytest.mark.parametrize("level", LEVELS)
 def test_a_child_that_left_the_process_group_ends_at_the_wall_limit(
-    root: str, level: str, monkeypatch: pytest.MonkeyPatch
+    sandbox_root: str, level: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _skip_unless_available(level)
-    monkeypatch.setattr(tempfile, "tempdir", root)
+    monkeypatch.setattr(tempfile, "tempdir", sandbox_root)
     r = LocalSandbox(isolation=level, min_isolation="rlimits").run(SLEEPERS, "", Limits(wall_s=2.0))
     assert (r.status, r.exit_code) == ("timeout", None)
-    assert _poll(lambda: not _sandboxed(root)), f"still running: {_sandboxed(root)}"
+    assert _poll(lambda: not sandboxed(sandbox_root)), f"still running: {sandboxed(sandbox_root)}"

@@ -5,13 +5,12 @@ else a template of your own (`task_config.chat_template=FILE`)."""
 
 from __future__ import annotations
 
-import json
 import shutil
-import threading
 from pathlib import Path
 
 import pytest
 from tiny_args import TINY
+from train_cli import rows_file, train
 
 from streamrl.cli import main
 from streamrl.config import load_config
@@ -42,30 +41,6 @@ def no_system_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def _rows(tmp_path: Path, rows: list[dict] = ROWS) -> Path:
-    f = tmp_path / "rows.jsonl"
-    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return f
-
-
-def _train(args: list[str]) -> int:
-    """main() in a thread, joined with a limit against a hang (not a speed check)."""
-    out: list[int] = []
-    t = threading.Thread(target=lambda: out.append(main(["train", *args])), daemon=True)
-    t.start()
-    t.join(timeout=120)
-    assert not t.is_alive(), "train hung"
-    return out[0]
-
-
-def _no_weights(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    import streamrl.models.startup as startup
-
-    loads: list[int] = []
-    monkeypatch.setattr(startup, "load_model", lambda *a, **k: loads.append(1))
-    return loads
-
-
 def _first_id(overrides: list[str]) -> str:
     """The id of the training problem preflight renders first."""
     import itertools
@@ -82,73 +57,74 @@ def _first_id(overrides: list[str]) -> str:
 def test_a_template_that_refuses_the_system_turn_is_one_line_naming_the_fix(
     no_system_model: Path,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    weight_loads: list[int],
     capsys: pytest.CaptureFixture,
     task: str,
 ) -> None:
-    loads = _no_weights(monkeypatch)
-    spec = f"task=data:{_rows(tmp_path)}" if task == "data" else f"task={task}"
+    spec = f"task=data:{rows_file(tmp_path, ROWS)}" if task == "data" else f"task={task}"
     pid = _first_id([*TINY, spec])
     run = tmp_path / "run"
-    assert _train([*TINY, f"model={no_system_model}", spec, f"run_dir={run}"]) == 2
+    assert train([*TINY, f"model={no_system_model}", spec, f"run_dir={run}"]) == 2
     assert capsys.readouterr().err == (
         f"streamrl: error: model={no_system_model}: its chat template refused the prompt of problem "
         f'{pid} (System role not supported): drop the system turn with task_config.system_prompt="", '
         "or give a template that takes one: task_config.chat_template=FILE\n"
     )
-    assert not run.exists() and loads == []
+    assert not run.exists() and weight_loads == []
 
 
 def test_the_fix_it_names_passes(no_system_model: Path, tmp_path: Path) -> None:
-    cfg = load_config(None, [*TINY, f"model={no_system_model}", f"task=data:{_rows(tmp_path)}"])
+    cfg = load_config(None, [*TINY, f"model={no_system_model}", f"task=data:{rows_file(tmp_path, ROWS)}"])
     cfg.task_config.system_prompt = ""
     assert preflight(cfg).task is not None
 
 
 def test_a_template_that_refuses_a_chat_without_a_system_turn_names_a_template_of_your_own(
-    tmp_path: Path, no_system_model: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+    tmp_path: Path, no_system_model: Path, weight_loads: list[int], capsys: pytest.CaptureFixture
 ) -> None:
     template = tmp_path / "one_turn.jinja"
     template.write_text(ONE_TURN)
-    loads = _no_weights(monkeypatch)
-    args = [*TINY, f"task=data:{_rows(tmp_path)}", "task_config.system_prompt=", "task_config.few_shot_n=1"]
+    args = [
+        *TINY,
+        f"task=data:{rows_file(tmp_path, ROWS)}",
+        "task_config.system_prompt=",
+        "task_config.few_shot_n=1",
+    ]
     pid = _first_id(args)
     run = tmp_path / "run"
     given = [f"model={no_system_model}", f"task_config.chat_template={template}", f"run_dir={run}"]
-    assert _train([*args, *given]) == 2
+    assert train([*args, *given]) == 2
     assert capsys.readouterr().err == (
         f"streamrl: error: the chat template {template} (task_config.chat_template) refused the prompt of "
         f"problem {pid} (Only one turn is supported): give a template that renders it: "
         "task_config.chat_template=FILE\n"
     )
-    assert not run.exists() and loads == []
+    assert not run.exists() and weight_loads == []
 
 
 def test_a_rows_own_system_turn_is_named_as_the_rows(
-    tmp_path: Path, no_system_model: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+    tmp_path: Path, no_system_model: Path, weight_loads: list[int], capsys: pytest.CaptureFixture
 ) -> None:
     chats = [
         {"messages": [{"role": "system", "content": "Be exact."}, {"role": "user", "content": r["prompt"]}]}
         | {"answer": r["answer"]}
         for r in ROWS
     ]
-    loads = _no_weights(monkeypatch)
-    args = [*TINY, f"task=data:{_rows(tmp_path, chats)}", "task_config.columns={messages: messages}"]
+    args = [*TINY, f"task=data:{rows_file(tmp_path, chats)}", "task_config.columns={messages: messages}"]
     pid = _first_id(args)
     run = tmp_path / "run"
-    assert _train([*args, f"model={no_system_model}", f"run_dir={run}"]) == 2
+    assert train([*args, f"model={no_system_model}", f"run_dir={run}"]) == 2
     assert capsys.readouterr().err == (
         f"streamrl: error: model={no_system_model}: its chat template refused the prompt of problem "
         f"{pid} (System role not supported): its row brings a system turn of its own: give a template "
         "that takes one: task_config.chat_template=FILE\n"
     )
-    assert not run.exists() and loads == []
+    assert not run.exists() and weight_loads == []
 
 
 def test_streamrl_eval_names_the_fix_before_the_weights_load(
-    tmp_path: Path, no_system_model: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+    tmp_path: Path, no_system_model: Path, weight_loads: list[int], capsys: pytest.CaptureFixture
 ) -> None:
-    loads = _no_weights(monkeypatch)
     args = ["eval", f"model={no_system_model}", "size=2", f"run_dir={tmp_path / 'ev'}"]
     assert main(args) == 2
     err = capsys.readouterr().err
@@ -158,4 +134,4 @@ def test_streamrl_eval_names_the_fix_before_the_weights_load(
         '(System role not supported): drop the system turn with task_config.system_prompt="", or give a '
         "template that takes one: task_config.chat_template=FILE\n"
     ), err
-    assert err.count("\n") == 1 and loads == [] and not (tmp_path / "ev").exists()
+    assert err.count("\n") == 1 and weight_loads == [] and not (tmp_path / "ev").exists()

@@ -4,7 +4,6 @@ list of what cannot be matched, the message when trl is missing, and the time-to
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -155,11 +154,8 @@ def test_trl_and_streamrl_tokenize_the_same_prompts_to_the_same_ids():
     assert prompt_ids_identical(build_tokenizer(), chats) == 8
 
 
-def test_missing_trl_prints_the_install_hint(monkeypatch):
-    real = importlib.util.find_spec
-    monkeypatch.setattr(
-        vs_trl.importlib.util, "find_spec", lambda name: None if name == "trl" else real(name)
-    )
+def test_missing_trl_prints_the_install_hint(not_installed):
+    not_installed("trl")
     with pytest.raises(SystemExit, match=r"pip install 'streamrl\[bench\]'"):
         vs_trl.main(["--model", "tiny", "--steps", "1"])
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from streamrl.config import EnvConfig, TaskConfig
+from streamrl.data.prompts import SHOT_TEMPLATES
 from streamrl.data.reasoning_gym import ReasoningGymTask
 from streamrl.data.task import SMALL_MODEL_ARGS
 from streamrl.envs.base import EnvStep, EnvTask, ProblemEnv, register, truncate_middle
@@ -24,11 +25,19 @@ from streamrl.types import Problem
 
 DEFAULT_DATASET = "basic_arithmetic"
 _CODE = re.compile(r"```(?:python|py)[ \t]*\n(.*?)```", re.DOTALL)
+
+
+def _written(extract: str, answer: str = "<number>") -> str:
+    """An answer as the few-shot examples write it for reward.extract (data/prompts.py SHOT_TEMPLATES)."""
+    return SHOT_TEMPLATES[extract].format(answer=answer)
+
+
+# the system prompt's request for the final answer, by reward.extract
 _FORMATS = {
-    "answer_is": "write 'The answer is <number>.'",
-    "boxed": "write the final answer in \\boxed{}",
+    "answer_is": f"write '{_written('answer_is')}'",
+    "boxed": f"write the final answer in {_written('boxed', answer='')}",
     "last_number": "end your reply with the final number",
-    "gsm8k": "end your reply with '#### <number>'",
+    "gsm8k": f"end your reply with '{_written('gsm8k')}'",
 }
 
 

@@ -335,6 +335,22 @@ def test_a_run_saved_with_a_judge_call_longer_than_its_timeout_resumes_as_it_ran
     assert capsys.readouterr().err == ""
 
 
+def test_the_python_api_keeps_a_resumed_runs_judge_timeouts_on_a_config_made_before(tmp_path, capsys):
+    """make_config(resume=RUN) keeps the saved judge timeouts; keywords layered on that Config do too,
+    unless they set a judge timeout, which is checked as in a new run."""
+    from streamrl.api import _layered
+    from streamrl.config import config_yaml
+
+    judge = ["reward.scorer=judge", "reward.judge_url=http://127.0.0.1:9/v1", "reward.judge_model=m"]
+    saved = load_config(None, [*judge, f"run_dir={tmp_path}"])
+    saved.reward.judge_timeout_s = 30.0
+    (tmp_path / "config.yaml").write_text(config_yaml(saved))
+    cfg = load_config(None, [f"resume={tmp_path}"])
+    assert _layered(cfg, {}, {"max_steps": 3}, None).reward.judge_timeout_s == 30.0
+    with pytest.raises(ValueError, match=r"^config keys 'reward.timeout_s' and 'reward.judge_timeout_s'"):
+        _layered(cfg, {}, {"reward.judge_timeout_s": 25}, None)
+
+
 # ---- eval: k without n ------------------------------------------------------------------------------
 
 

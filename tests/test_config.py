@@ -369,3 +369,18 @@ def test_a_mixture_sources_keys_are_checked_as_the_same_top_level_keys(source, m
         ],
     )
     assert cfg.task_config.sources[0]["shuffle_buffer"] == 8
+
+
+def test_a_vllm_run_saved_with_rollout_precision_resumes_as_it_ran(tmp_path, not_installed):
+    """rollout.precision with engine=vllm is refused in a new run; a run saved before that refusal resumes
+    with it (its evaluations keep their precision): the next check it meets is vLLM's install."""
+    from streamrl.config import Config, config_yaml
+
+    not_installed("vllm")
+    saved = Config(engine="vllm")
+    saved.rollout.precision, saved.run_dir = "bf16", str(tmp_path)
+    (tmp_path / "config.yaml").write_text(config_yaml(saved))
+    with pytest.raises(ConfigError, match=r"^engine=vllm needs vLLM"):
+        load_config(None, [f"resume={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"^config key 'rollout.precision'=bf16 is not the rollouts' dtype"):
+        load_config(tmp_path / "config.yaml", [f"run_dir={tmp_path / 'again'}"])  # a new run of it

@@ -35,7 +35,7 @@ from typing import Any
 
 from streamrl.config import Config, ConfigError, given_k, load_config, n_from_k
 from streamrl.config_parse import apply_key, read_yaml
-from streamrl.config_rewards import reward_fn_name
+from streamrl.config_rewards import JUDGE_FIT_KEYS, reward_fn_name
 from streamrl.config_validate import validate
 
 
@@ -192,7 +192,8 @@ def _layered(
             apply_key(cfg, k, v)
         if given_k(overrides):  # the Config's own k and n stay as they were made
             n_from_k(cfg, overrides)
-        validate(cfg)
+        judge = (f"reward.{k}" for k in JUDGE_FIT_KEYS)  # a resumed run keeps its judge timeouts
+        validate(cfg, keep_saved_judge=bool(cfg.resume) and not any(k in overrides for k in judge))
         return cfg
     if isinstance(config, dict):  # its section dicts and the keywords' set only their own keys
         return load_config(None, values=[*config.items(), *overrides.items(), *settings.items()], base=base)

@@ -44,7 +44,8 @@ def _validate_vllm(cfg: Any) -> None:
             "engine=vllm runs in the async rollout workers only: set runtime.mode=async (colocated shares "
             "the trainer's module with the engine; vLLM holds its own weights and pins its OpenMP threads)"
         )
-    if cfg.rollout.precision != type(cfg.rollout)().precision:
+    # a run saved before this refusal resumes as it ran: its evaluations keep their precision
+    if cfg.rollout.precision != type(cfg.rollout)().precision and not cfg.resume:
         raise ConfigError(
             f"config key 'rollout.precision'={cfg.rollout.precision} is not the rollouts' dtype with "
             "engine=vllm (vLLM decodes in vllm.dtype): set vllm.dtype (float32, bfloat16 or auto) and drop "

@@ -23,6 +23,14 @@ FORMS = [
     ("2.5 \\times 10^{+3}", "2.5e3", Decimal(2500)),
     ("-1.2 \\cdot 10^{-4}", "-1.2e-4", Decimal("-0.00012")),
     ("3*10^8", "3e8", Decimal(300000000)),
+    ("2.5·10^3", "2.5e3", Decimal(2500)),  # a middle dot
+    ("2.5 · 10^{3}", "2.5e3", Decimal(2500)),
+    ("-1.2·10^{-4}", "-1.2e-4", Decimal("-0.00012")),
+    ("2·10^3", "2e3", Decimal(2000)),
+    ("2.5⋅10^3", "2.5e3", Decimal(2500)),  # a dot operator
+    ("2.5 × 10^3", "2.5e3", Decimal(2500)),
+    ("2.5\\times 10^{3}", "2.5e3", Decimal(2500)),
+    ("2.5\\cdot10^3", "2.5e3", Decimal(2500)),
     (".5×10^3", ".5e3", Decimal(500)),
     ("1e-3", "1e-3", Decimal("0.001")),
     ("1e+3", "1e+3", Decimal(1000)),
@@ -94,6 +102,34 @@ def test_one_grammar_reads_and_values(written, extracted, exact):
 )
 def test_a_plus_sign_is_read_as_the_numbers_own(text, style, expected):
     assert extract_answer(text, style) == expected
+
+
+@pytest.mark.parametrize(
+    "text, style, expected",
+    [
+        ("so it comes to 2·5", "last_number", "5"),  # a dot between digits is no decimal point
+        ("The answer is 2·5.", "answer_is", "2"),
+        ("so it comes to 2·10", "last_number", "10"),  # a dot before 10 with no power is no scale
+        ("so it comes to 3·4^2", "last_number", "4^2"),  # only a power of ten scales
+        ("so it comes to 2.5·10", "last_number", "10"),
+    ],
+)
+def test_a_dot_is_a_multiplication_sign_only_before_a_power_of_ten(text, style, expected):
+    assert extract_answer(text, style) == expected
+
+
+@pytest.mark.parametrize("written", ["2·5", "2·10", "3·4^2", "2.5·10", "2.5·10^3.5", "·10^3"])
+def test_a_dot_without_a_number_and_a_power_of_ten_is_no_number(written):
+    assert not is_number(written)
+    assert value(written) is None
+
+
+def test_a_middle_dot_scales_on_both_sides_of_a_comparison():
+    assert math_equal("2.5·10^3", "2500") is True
+    assert math_equal("2500", "2.5·10^3") is True
+    assert math_equal("2.5·10^3", "2.5 \\times 10^{3}") is True
+    assert math_equal("2.5·10^3", "25") is False
+    assert math_equal("2·5", "2.5") is False
 
 
 def test_a_wrong_number_in_any_form_is_still_wrong():

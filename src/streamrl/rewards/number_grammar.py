@@ -5,8 +5,8 @@ A number is signed (-5, +5); a currency sign may come before it, with its minus 
 sign (\\$18, -\\$5, \\$-5, €18: a dollar as LaTeX escapes it, euro, pound or yen); its digits may be
 grouped by three with commas (1,234; LaTeX's 1{,}234) or spaces (1 000 000: a space, no-break, thin or
 narrow no-break space); it may have a decimal part (12.5, .5), an exponent (1e3, 2.5E-4, 1e+3), be in
-scientific notation (2.5×10^3, 2.5 \\times 10^{-3}, 3*10^+8, 6 x 10^23), a vulgar fraction or a mixed
-number (½, 1½, 2 ¾), a fraction (3/4) or a power (10^6, 2^{-3}, 10^+3). Text is read after
+scientific notation (2.5×10^3, 2.5·10^3, 2.5 \\times 10^{-3}, 3*10^+8, 6 x 10^23), a vulgar fraction or
+a mixed number (½, 1½, 2 ¾), a fraction (3/4) or a power (10^6, 2^{-3}, 10^+3). Text is read after
 numerals.ascii_digits: digits of any script and the typographic minus are ASCII by then.
 """
 
@@ -19,7 +19,9 @@ from fractions import Fraction
 from streamrl.rewards.numerals import SPACE, VULGAR_CLASS, vulgar_to_ascii
 
 SIGN = r"[-+]"
-TIMES = r"(?:×|\\times|\\cdot|\*|x)"  # scientific notation's multiplication sign
+# scientific notation's multiplication sign; a middle dot or a dot operator (2.5·10^3, 2.5⋅10^3) is one
+# only between a number and a power of ten: 2·5 (a decimal point in some hands) and 2·10 are no number
+TIMES = r"(?:×|\u00b7|\u22c5|\\times|\\cdot|\*|x)"
 CURRENCY = r"(?:\\?\$|[€£¥])"  # a dollar (LaTeX escapes it: \$), euro, pound or yen sign
 EXPONENT = rf"{SIGN}?\d+"
 POWER = rf"\^(?:{EXPONENT}|\{{{EXPONENT}\}})"

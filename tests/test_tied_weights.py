@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from streamrl.engine.hf import load_whole
-from streamrl.models.lora import apply_lora, check_targets_on_meta, merged_state
+from streamrl.models.lora import apply_lora, check_targets_on_meta, merged_state, merged_weights
 from streamrl.models.tied import tied_groups
 from streamrl.placement.shared_weights import SharedWeights
 from streamrl.placement.weight_sync import copy_into
@@ -41,6 +41,76 @@ def test_lora_on_a_tied_lm_head_is_refused_in_one_line(tiny):
     assert "\n" not in str(e.value) and "untied embeddings" in str(e.value)
     with pytest.raises(ValueError, match=TIED):
         check_targets_on_meta(model.config, ("lm_head",))
+
+
+def test_a_fresh_run_is_told_to_leave_the_tied_head_out(tiny):
+    with pytest.raises(ValueError) as e:
+        check_targets_on_meta(tiny[0].config, ("q_proj", "lm_head"))
+    assert str(e.value) == (
+        "config key 'train.lora_targets': 'lm_head' is the output embedding, which this model ties to its "
+        "input embedding (tie_word_embeddings): the merged weights cannot hold both; leave it out of "
+        "train.lora_targets, or train a model with untied embeddings"
+    )
+
+
+def _resume_refusal(run, start: str) -> str:
+    return (
+        f"resume: config key 'train.lora_targets' in {run}/config.yaml names 'lm_head', the output "
+        "embedding, which this model ties to its input embedding (tie_word_embeddings): the merged weights "
+        f"cannot hold both, and a resumed run keeps its targets; start a new run from {start} with "
+        "'lm_head' left out of train.lora_targets"
+    )
+
+
+def _model_dir(path):
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    return path
+
+
+def test_a_resumed_run_on_a_tied_head_is_pointed_at_its_merged_weights(tiny, tmp_path):
+    """A run that trained an adapter on a tied LM head (before that was refused) cannot resume, and
+    train.lora_targets cannot change on resume: it starts over from its merged weights, the exported
+    checkpoint/ or else its newest state's model/."""
+    from streamrl.loop.state import STATE_DIR
+
+    config = tiny[0].config
+    with pytest.raises(ValueError) as e:
+        check_targets_on_meta(config, ("q_proj", "lm_head"), tmp_path)
+    assert str(e.value) == _resume_refusal(tmp_path, "its base model (the run saved no merged weights)")
+    for step in (2, 999_999, 1_000_000):  # by number: step-1000000 sorts before step-999999 as text
+        _model_dir(tmp_path / STATE_DIR / f"step-{step:06d}" / "model")
+    (tmp_path / STATE_DIR / "step-1000001").mkdir()  # a state without a model
+    assert merged_weights(tmp_path) == tmp_path / STATE_DIR / "step-1000000" / "model"
+    with pytest.raises(ValueError) as e:
+        check_targets_on_meta(config, ("q_proj", "lm_head"), tmp_path)
+    assert str(e.value) == _resume_refusal(tmp_path, f"model={tmp_path}/state/step-1000000/model")
+    _model_dir(tmp_path / "checkpoint")
+    with pytest.raises(ValueError) as e:
+        check_targets_on_meta(config, ("q_proj", "lm_head"), tmp_path)
+    assert str(e.value) == _resume_refusal(tmp_path, f"model={tmp_path}/checkpoint")
+    check_targets_on_meta(config, ("q_proj",), tmp_path)  # a run without the head resumes
+
+
+def test_resuming_a_run_on_a_tied_head_is_refused_before_anything_loads(tmp_path, capsys):
+    """`streamrl train resume=RUN` of such a run: the one line, naming its checkpoint."""
+    from tiny_args import TINY
+
+    from streamrl.cli import main
+    from streamrl.config import config_yaml, load_config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    saved = load_config(
+        None, [*TINY, "train.lora_rank=4", "train.lora_targets=[q_proj,lm_head]", f"run_dir={run}"]
+    )
+    (run / "config.yaml").write_text(config_yaml(saved))
+    _model_dir(run / "checkpoint")
+    assert main(["train", f"resume={run}"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"streamrl: error: {_resume_refusal(run, f'model={run}/checkpoint')}"
+    )
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint", "config.yaml"]
 
 
 def test_lora_on_an_untied_lm_head_trains_and_merges():

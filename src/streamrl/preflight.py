@@ -148,7 +148,8 @@ def preflight(cfg: Any) -> Checked:
     if cfg.train.lora_rank:  # the adapters' target layers exist (the layers built with no weights)
         from streamrl.models.lora import check_targets_on_meta
 
-        check_targets_on_meta(model_config, cfg.train.lora_targets)
+        resumed = Path(cfg.resume) if cfg.resume else None  # its targets are the saved ones
+        check_targets_on_meta(model_config, cfg.train.lora_targets, resumed)
     tokenizer = load_tokenizer(model_files, tc.chat_template, cfg.model)  # no template: one line
     if drawn:  # a template that refuses the prompt (a system turn, say): one line
         check_template(tokenizer, drawn[0], tc.chat_template, cfg.model, cfg.task)

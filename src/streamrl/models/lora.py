@@ -44,11 +44,11 @@ def apply_lora(model: Any, rank: int, alpha: float, targets: tuple[str, ...], dr
     return model
 
 
-def check_targets(model: Any, targets: tuple[str, ...]) -> None:
+def check_targets(model: Any, targets: tuple[str, ...], resumed: Path | None = None) -> None:
     """One line (ValueError) when a target names no linear layer of `model` (nn.Linear or transformers'
     Conv1D), or names its output embedding while the model ties it to the input embedding (its weights
     may be on the meta device: preflight checks the targets before any weights load,
-    check_targets_on_meta)."""
+    check_targets_on_meta). resumed: the run directory of a resume, whose targets are its saved ones."""
     names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, _linear_types())}
     missing = [t for t in targets if t not in names]
     if missing:
@@ -56,7 +56,7 @@ def check_targets(model: Any, targets: tuple[str, ...]) -> None:
             f"config key 'train.lora_targets': no linear layer named {missing} in this model; "
             f"its linear layers are {sorted(names)}"
         )
-    _refuse_tied_head(model, targets)
+    _refuse_tied_head(model, targets, resumed)
 
 
 def _linear_types() -> tuple[type, ...]:
@@ -67,29 +67,53 @@ def _linear_types() -> tuple[type, ...]:
     return (torch.nn.Linear, Conv1D)
 
 
-def _refuse_tied_head(model: Any, targets: tuple[str, ...]) -> None:
+def _refuse_tied_head(model: Any, targets: tuple[str, ...], resumed: Path | None) -> None:
     """An adapter on a tied output embedding: the merged weights would give the LM head W + BA and the
-    embedding W, one tensor in every engine and checkpoint, which keeps only one of them."""
+    embedding W, one tensor in every engine and checkpoint, which keeps only one of them.
+
+    A run that trained one (before this was refused) cannot resume: its saved adapters and optimizer
+    state are those targets', which a resume keeps (config.RESUME_FIXED). What it trained is in its
+    merged weights, which hold the LM head and the embedding apart (transformers loads them untied): a
+    new run starts from them."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     if head is None or embed is None or head.weight is not embed.weight:
         return
     name = next(n for n, m in model.named_modules() if m is head).rsplit(".", 1)[-1]
-    if name in targets:
+    if name not in targets:
+        return
+    tied = "which this model ties to its input embedding (tie_word_embeddings): the merged weights cannot"
+    if resumed is None:
         raise ValueError(
-            f"config key 'train.lora_targets': {name!r} is the output embedding, which this model ties to "
-            "its input embedding (tie_word_embeddings): the merged weights cannot hold both; leave it out "
-            "of train.lora_targets, or train a model with untied embeddings"
+            f"config key 'train.lora_targets': {name!r} is the output embedding, {tied} hold both; leave it "
+            "out of train.lora_targets, or train a model with untied embeddings"
         )
+    merged = merged_weights(resumed)
+    start = f"model={merged}" if merged else "its base model (the run saved no merged weights)"
+    raise ValueError(
+        f"resume: config key 'train.lora_targets' in {resumed}/config.yaml names {name!r}, the output "
+        f"embedding, {tied} hold both, and a resumed run keeps its targets; start a new run from {start} "
+        f"with {name!r} left out of train.lora_targets"
+    )
 
 
-def check_targets_on_meta(model_config: Any, targets: tuple[str, ...]) -> None:
+def merged_weights(run_dir: Path) -> Path | None:
+    """A run's newest plain model directory, its LoRA adapters merged in: its exported checkpoint/, else
+    the model/ of its newest saved state (state/step-N/model, loop/state.py); None when it has neither."""
+    if (run_dir / "checkpoint" / "config.json").is_file():
+        return run_dir / "checkpoint"
+    states = [p.parent for p in (run_dir / "state").glob("step-*/model/config.json")]
+    steps = [p for p in states if p.parent.name.removeprefix("step-").isdigit()]
+    return max(steps, key=lambda p: int(p.parent.name.removeprefix("step-")), default=None)
+
+
+def check_targets_on_meta(model_config: Any, targets: tuple[str, ...], resumed: Path | None = None) -> None:
     """check_targets on the model's layers built on the meta device from its config: no weights read."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(model_config)
-    check_targets(model, targets)
+    check_targets(model, targets, resumed)
 
 
 def is_lora(model: Any) -> bool:

@@ -20,13 +20,28 @@ from streamrl.types import TrainBatch
 TARGETS = ("q_proj", "v_proj")
 
 
+def _adapted(model, targets, std=1.0):
+    """A copy of `model` with rank-2 adapters (alpha 8) on `targets`, their B drawn from N(0, std^2):
+    B starts at zero, and the update needs something to add."""
+    lora = apply_lora(copy.deepcopy(model), rank=2, alpha=8.0, targets=targets)
+    for name, p in lora.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=std)
+    return lora
+
+
+def _assert_computes(model, reference, base, ids):
+    """`model` computes the logits `reference` does on `ids`, and `base` other ones (the update counts)."""
+    with torch.no_grad():
+        want = reference(ids).logits
+        torch.testing.assert_close(model(ids).logits, want, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(base(ids).logits, want, rtol=1e-3, atol=1e-3)
+
+
 def test_merged_state_is_the_plain_models_weights_plus_the_low_rank_update(tiny):
     model, _ = tiny
     plain = copy.deepcopy(model)
-    lora = apply_lora(copy.deepcopy(model), rank=2, alpha=8.0, targets=TARGETS)
-    for name, p in lora.named_parameters():  # B starts at zero: give the update something to add
-        if "lora_B" in name:
-            torch.nn.init.normal_(p)
+    lora = _adapted(model, TARGETS)
     state = merged_state(lora)
     assert set(state) == set(plain.state_dict())
     mod = lora.model.layers[0].self_attn.q_proj
@@ -106,12 +121,8 @@ def test_the_checkpoint_adapter_is_peft_format_and_reproduces_the_trained_model(
     assert conf["base_model_name_or_path"] == str(base_dir)
     peft = PeftModel.from_pretrained(load_model(base_dir), adapter).eval()
     trained = load_model(latest_state(lora_run) / "model").eval()  # the trained policy, merged, fp32
-    base = load_model(base_dir).eval()
-    ids = torch.tensor([[1, 17, 5, 42, 9, 3, 28]])
-    with torch.no_grad():
-        want = trained(ids).logits
-        torch.testing.assert_close(peft(ids).logits, want, rtol=1e-5, atol=1e-5)
-        assert not torch.allclose(base(ids).logits, want, rtol=1e-3, atol=1e-3)  # training changed it
+    base = load_model(base_dir).eval()  # training changed it
+    _assert_computes(peft, trained, base, torch.tensor([[1, 17, 5, 42, 9, 3, 28]]))
 
 
 def test_a_lora_run_resumes_exactly(lora_run, tmp_path):
@@ -162,18 +173,11 @@ def test_lora_on_gpt2_conv1d_layers_merges_into_their_transposed_weights():
     model = GPT2LMHeadModel(config).eval()
     with pytest.raises(ValueError, match=r"its linear layers are \['c_attn', 'c_fc', 'c_proj', 'lm_head'\]"):
         apply_lora(copy.deepcopy(model), 2, 8.0, ("q_proj",))
-    lora = apply_lora(copy.deepcopy(model), 2, 8.0, ("c_attn", "c_proj"))
+    lora = _adapted(model, ("c_attn", "c_proj"), std=0.5)
     assert lora.peft_config["default"].fan_in_fan_out  # saved so, as PEFT's own GPT-2 adapters are
-    for name, p in lora.named_parameters():
-        if "lora_B" in name:
-            torch.nn.init.normal_(p, std=0.5)
     plain = copy.deepcopy(model)
     plain.load_state_dict(merged_state(lora))
-    ids = torch.tensor([[1, 7, 3, 9, 2]])
-    with torch.no_grad():
-        want = lora(ids).logits
-        torch.testing.assert_close(plain(ids).logits, want, atol=1e-5, rtol=1e-5)
-        assert not torch.allclose(model(ids).logits, want, atol=1e-3, rtol=1e-3)  # the adapters count
+    _assert_computes(plain, lora, model, torch.tensor([[1, 7, 3, 9, 2]]))  # the adapters count
 
 
 def test_evaluating_a_checkpoints_adapter_points_at_the_merged_model(tmp_path, capsys):

@@ -249,16 +249,16 @@ def test_the_monitors_kept_series_give_what_the_rules_give_on_plain_lists():
 
 
 def test_the_median_before_the_last_value_drops_one_copy_of_it():
-    from streamrl.observe.diagnostics import History, _median_before_last
+    from streamrl.observe.history import History, median_before_last
 
     h = History()
     h.series("kl_ref")  # tracked from here on: later values are kept incrementally
     for v in [0.5, 0.1, 0.3, 0.2]:
         h.append({"kl_ref": v})
-    assert _median_before_last(h, "kl_ref") == (0.3, 3)  # of 0.5, 0.1, 0.3
+    assert median_before_last(h, "kl_ref") == (0.3, 3)  # of 0.5, 0.1, 0.3
     h.append({"kl_ref": 0.1})
-    assert _median_before_last(h, "kl_ref") == (0.25, 4)  # of 0.1, 0.2, 0.3, 0.5
+    assert median_before_last(h, "kl_ref") == (0.25, 4)  # of 0.1, 0.2, 0.3, 0.5
     h.append({"entropy": 2.0})  # a record without the key changes nothing kept for it
     assert h.series("kl_ref") == [0.5, 0.1, 0.3, 0.2, 0.1]
     assert h.sorted_series("kl_ref") == [0.1, 0.1, 0.2, 0.3, 0.5]
-    assert _median_before_last([{"kl_ref": 0.2}, {"kl_ref": 0.6}, {"kl_ref": 9.0}], "kl_ref") == (0.4, 2)
+    assert median_before_last([{"kl_ref": 0.2}, {"kl_ref": 0.6}, {"kl_ref": 9.0}], "kl_ref") == (0.4, 2)

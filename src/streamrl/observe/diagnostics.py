@@ -9,6 +9,7 @@ so a step costs the same at step 10 and at step 10000 (a rule given a plain list
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,34 @@ class Rule:
 
     def __call__(self, history: Sequence[Record]) -> str | None:
         return self.check(history, self.threshold) if history else None
+
+
+NON_FINITE_KEY = "non_finite"  # a record read back from metrics.jsonl: its keys logged as NaN/inf (null)
+
+
+def non_finite_keys(record: Record) -> list[str]:
+    """The record's metrics that are NaN or infinite, sorted: numbers in memory, or named under
+    NON_FINITE_KEY once metrics.jsonl wrote them as null (observe/metrics.py)."""
+    found = {
+        k
+        for k, v in record.items()
+        if isinstance(v, float) and not math.isfinite(v)  # an int or bool is always finite
+    }
+    named = record.get(NON_FINITE_KEY)
+    if isinstance(named, list):
+        found.update(str(k) for k in named)
+    return sorted(found)
+
+
+def _non_finite(history: Sequence[Record], limit: float) -> str | None:
+    bad = non_finite_keys(history[-1])
+    if len(bad) <= limit:
+        return None
+    shown = ", ".join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
+    return (
+        f"{len(bad)} metric(s) are NaN or infinite ({shown}): the run diverged; resume from a state "
+        "saved before it (state/) with a lower train.lr, or look for a reward or loss term that overflows"
+    )
 
 
 def _reward_rose(history: Sequence[Record], k: int = 3) -> bool:
@@ -203,6 +232,9 @@ def _correction_masks(history: Sequence[Record], limit: float) -> str | None:
 
 
 RULES: tuple[Rule, ...] = (
+    Rule(
+        "non_finite", "number of the step's metrics that are NaN or infinite above threshold", 0, _non_finite
+    ),
     Rule(
         "entropy_collapse",
         "entropy below threshold x its first value while the reward does not rise",

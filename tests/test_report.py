@@ -309,3 +309,25 @@ def test_an_out_path_that_cannot_be_written_is_refused_before_the_runs_are_read(
     assert (
         f"--out {missing} is in a directory that does not exist ({missing.parent})" in capsys.readouterr().err
     )
+
+
+def _status(html: str) -> str:
+    return re.findall(r"<td>([^<]*)</td></tr>", html.split("<h2>Diagnostics")[0])[-1]
+
+
+def test_the_status_column_tells_a_stopped_run_from_a_finished_one(tmp_path):
+    """summary.json is written when a run ends, stopped too: the report says how it ended."""
+    run = make_run(tmp_path / "run")
+    assert _status(write_report([run]).read_text()) == "in progress (or stopped before the end)"
+    summary = {"steps": 5, "interrupted": False, "final_eval_stopped": False, "timings": {"total": 12.0}}
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert _status(write_report([run]).read_text()) == "finished"
+    (run / "summary.json").write_text(json.dumps({**summary, "steps": 3, "interrupted": True}))
+    assert _status(write_report([run]).read_text()) == "stopped at step 3"  # no state/: cannot resume
+    (run / "state").mkdir()
+    assert _status(write_report([run]).read_text()) == "stopped at step 3 (resume to continue)"
+    (run / "summary.json").write_text(
+        json.dumps({**summary, "interrupted": True, "final_eval_stopped": True})
+    )
+    said = "stopped in the final evaluation at step 5 (resume to evaluate it)"
+    assert _status(write_report([run]).read_text()) == said

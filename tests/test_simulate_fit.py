@@ -228,3 +228,53 @@ def test_grid_json_rows_and_scenarios() -> None:
     with pytest.raises(ValueError) as e:
         scenario("pipeline")
     assert str(e.value) == "unknown scenario 'pipeline': choose areal or april"
+
+
+def _async_run(path, eta: int) -> None:
+    rows = [
+        {
+            "step": s,
+            "response_length": 10.0,
+            "truncation_rate": 0.0,
+            "tokens_generated": 640,
+            "tokens_trained": 640 + 64 * 40,
+            "train_time": 2.0,
+            "weight_sync_time": 0.1,
+            "trainer_wait_time": 5.0 if s == 1 else 1.0,
+            "trainer_wait_share": 0.3,
+            "engine_idle_share": 0.1,
+            "samples_per_s": 64 * s / (3.1 * s + 4),
+            "groups_carried_over": 2,
+            "filtered_zero_variance": 1,
+        }
+        for s in range(1, 6)
+    ]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (path / "config.yaml").write_text(
+        f"max_staleness: {eta}\nruntime: {{mode: async, rollout_workers: 1, rollout_threads: 1}}\n"
+        "train: {threads: 1}\nrollout: {prompts_per_step: 8, samples_per_prompt: 8, max_new_tokens: 48}\n"
+    )
+
+
+def test_a_run_directory_is_simulated_in_its_own_mode_first(tmp_path, capsys) -> None:
+    """An async run at max_staleness=3: the first row is async at eta 3 (3 joins the default etas), then
+    the other etas and modes; explicit modes= / etas= still choose the grid."""
+    from streamrl.sim.cli import build
+
+    _async_run(tmp_path, 3)
+    g = build([str(tmp_path)])[4]
+    assert g["modes"] == ["async", "sync", "partial"] and g["etas"] == [3, 0, 1, 2, 4]
+    assert build([str(tmp_path), "modes=sync", "etas=1"])[4]["modes"] == ["sync"]
+    assert main(["simulate", str(tmp_path), "steps=2", "modes=async,sync"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    first = rows.index(next(r for r in rows if r.startswith("mode"))) + 1
+    assert [r.split()[0] + " " + r.split()[3] for r in rows[first:]] == [
+        "async 3",
+        "async 0",
+        "async 1",
+        "async 2",
+        "async 4",
+        "sync -",
+    ]
+    _async_run(tmp_path, 1)  # an eta of the default grid is not repeated
+    assert build([str(tmp_path)])[4]["etas"] == [1, 0, 2, 4]

@@ -331,3 +331,31 @@ def test_the_status_column_tells_a_stopped_run_from_a_finished_one(tmp_path):
     )
     said = "stopped in the final evaluation at step 5 (resume to evaluate it)"
     assert _status(write_report([run]).read_text()) == said
+
+
+@pytest.mark.parametrize("written", ["null", "bare"])
+def test_a_diverged_steps_values_are_gaps_and_its_diagnostic_is_shown(tmp_path, written):
+    """Step 6 logged NaN entropy and an infinite train_time: metrics.jsonl holds null (or, written before
+    null was used, bare NaN / Infinity); the curves leave a gap, the bars count 0 s, the rule names them."""
+    from streamrl.observe.metrics import json_line
+
+    run = make_run(tmp_path / "run")
+    bad = {
+        "step": 6,
+        "time": 12.0,
+        "entropy": float("nan"),
+        "train_time": float("inf"),
+        "weight_sync_time": 0.5,
+    }
+    line = json_line(bad) if written == "null" else json.dumps(bad)
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write(line + "\n")
+    html = write_report([run]).read_text()
+    assert (
+        '<div class="warn" data-rule="non_finite"><b>non_finite</b> at steps 6: 2 metric(s) are NaN or'
+        in html
+    )
+    assert 'data-series="entropy" data-points="5"' in html
+    phases = plots(html)["phases"]
+    assert not re.search(r"nan|inf", phases, re.I)
+    assert re.findall(r"<title>6: ([^<]+)</title>", phases) == ["weight_sync_time = 0.5"]

@@ -86,7 +86,8 @@ def test_fit_recovers_costs_from_a_synthetic_run(tmp_path, decode_alpha, shared,
 
 
 def test_a_torn_last_metrics_line_is_skipped(tmp_path) -> None:
-    row = {"step": 1, "response_length": 4.0, "truncation_rate": 0.0, "tokens_generated": 32}
+    row = {"step": 1, "response_length": 4.0, "tokens_generated": 32, "tokens_trained": 64}
+    row.update(train_time=1.0, samples_per_s=2.0)
     whole = json.dumps(row) + "\n" + json.dumps({**row, "step": 2}) + "\n"
     (tmp_path / "metrics.jsonl").write_text(whole + json.dumps({**row, "step": 3})[:20])  # killed mid-line
     (tmp_path / "config.yaml").write_text("runtime: {mode: colocated}\n")
@@ -278,3 +279,17 @@ def test_a_run_directory_is_simulated_in_its_own_mode_first(tmp_path, capsys) ->
     ]
     _async_run(tmp_path, 1)  # an eta of the default grid is not repeated
     assert build([str(tmp_path)])[4]["etas"] == [1, 0, 2, 4]
+
+
+def test_a_metric_the_fit_needs_logged_as_null_is_missing_and_said_in_one_line(tmp_path, capsys) -> None:
+    """A NaN or infinite train_time reaches metrics.jsonl as null: a missing value, which the fit names
+    (step and key) instead of failing on it."""
+    _async_run(tmp_path, 1)
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    lines[2] = lines[2].replace('"train_time": 2.0', '"train_time": null')
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"metrics.jsonl: step 3 has no train_time \(not logged, or NaN"):
+        fit.load_run(tmp_path, cores=2)
+    assert main(["simulate", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "step 3 has no train_time" in err[0]

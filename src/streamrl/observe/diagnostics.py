@@ -18,6 +18,7 @@ from typing import Any
 from streamrl.observe.history import History, Record, median_before_last
 from streamrl.observe.history import number as _num
 from streamrl.observe.history import series as _series
+from streamrl.observe.metrics import NON_FINITE_KEY
 from streamrl.types import BUDGET_REASON
 
 
@@ -32,9 +33,6 @@ class Rule:
 
     def __call__(self, history: Sequence[Record]) -> str | None:
         return self.check(history, self.threshold) if history else None
-
-
-NON_FINITE_KEY = "non_finite"  # a record read back from metrics.jsonl: its keys logged as NaN/inf (null)
 
 
 def non_finite_keys(record: Record) -> list[str]:

@@ -359,3 +359,20 @@ def test_a_diverged_steps_values_are_gaps_and_its_diagnostic_is_shown(tmp_path, 
     phases = plots(html)["phases"]
     assert not re.search(r"nan|inf", phases, re.I)
     assert re.findall(r"<title>6: ([^<]+)</title>", phases) == ["weight_sync_time = 0.5"]
+
+
+def test_table_cells_are_escaped_dicts_too():
+    from streamrl.observe.report import _table
+
+    html = _table(["k"], [[{"<img src=x onerror=alert(1)>": "<b>2</b>"}], ["<i>", 0.5]])
+    assert "<img" not in html and "<b>" not in html and "<i>" not in html
+    assert "<td>&lt;img src=x onerror=alert(1)&gt;: &lt;b&gt;2&lt;/b&gt;</td>" in html
+
+
+def test_the_accounting_tables_filter_reasons_are_escaped(tmp_path):
+    run = make_run(tmp_path / "run")
+    acc = json.loads((run / "accounting.json").read_text())
+    acc["filter_reasons"] = {"<script>x</script>": 3}
+    (run / "accounting.json").write_text(json.dumps(acc))
+    html = write_report([run]).read_text()
+    assert "<script" not in html and "<td>&lt;script&gt;x&lt;/script&gt;: 3</td>" in html

@@ -165,7 +165,7 @@ def _table(head: list[str], rows: list[list[Any]]) -> str:
         if isinstance(v, float):
             return f"{v:.4g}"
         if isinstance(v, dict):
-            return ", ".join(f"{k}: {x}" for k, x in v.items()) or "-"
+            return escape(", ".join(f"{k}: {x}" for k, x in v.items())) or "-"
         return escape(str(v))
 
     th = "".join(f"<th>{escape(h)}</th>" for h in head)

@@ -376,3 +376,12 @@ def test_the_accounting_tables_filter_reasons_are_escaped(tmp_path):
     (run / "accounting.json").write_text(json.dumps(acc))
     html = write_report([run]).read_text()
     assert "<script" not in html and "<td>&lt;script&gt;x&lt;/script&gt;: 3</td>" in html
+
+
+def test_stacked_bars_draw_no_segment_for_a_non_finite_value():
+    """NaN and infinities are left out: the same bars as with 0 there, the axis set by the finite ones."""
+    nan, inf = float("nan"), float("inf")
+    odd = stacked_bars("s", "S", ["a", "b"], {"x": [1.0, inf], "y": [3.0, nan], "z": [-inf, 2.0]}, "step")
+    plain = stacked_bars("s", "S", ["a", "b"], {"x": [1.0, 0.0], "y": [3.0, 0.0], "z": [0.0, 2.0]}, "step")
+    assert odd == plain and not re.search(r"nan|inf", odd, re.I) and odd.count("data-stack=") == 3
+    assert "no data" in stacked_bars("s", "S", ["a"], {"x": [nan], "y": [inf]}, "step")

@@ -102,6 +102,24 @@ def test_engine_counters_continue_across_a_resume(tiny):
     assert 0.99 < records[-1].metrics["engine_row_share"] < 1.0
 
 
+def test_trainer_wait_share_continues_across_a_resume(tiny):
+    """trainer_wait_share is the trainer's waited seconds over the loop's, both over the whole run: a
+    resumed runner starts from the totals the saved state holds (state.clock), so the wait for its first
+    batch does not read as a run spent waiting. A state saved before these totals starts them at 0."""
+    records, _ = _run(tiny, ["max_steps=2", "max_staleness=1"], RunState())
+    first = records[0].clock
+    assert 0 < first["trainer_waited"] < first["loop_elapsed"] < 1000
+    assert records[0].metrics["trainer_wait_share"] == first["trainer_waited"] / first["loop_elapsed"]
+    resumed = RunState(step=0, clock={"time": 9.0, "trainer_waited": 2500.0, "loop_elapsed": 10**4})
+    records, _ = _run(tiny, ["max_steps=2", "max_staleness=1"], resumed)
+    for r in records:
+        assert 2500 < r.clock["trainer_waited"] < r.clock["loop_elapsed"] < 10**4 + 1000
+        assert r.metrics["trainer_wait_share"] == pytest.approx(0.25, abs=0.03)
+    old = RunState(clock={"time": 9.0, "train_elapsed": 8.0})  # saved before the totals were
+    records, _ = _run(tiny, ["max_steps=1", "max_staleness=1"], old)
+    assert 0 < records[0].clock["trainer_waited"] < records[0].clock["loop_elapsed"] < 1000
+
+
 def test_async_dynamic_sampling_trains_only_informative_groups(tiny):
     records, c = _run(tiny, ["max_steps=6", "max_staleness=1", "rollout.dynamic_sampling=true"])
     assert all(r.metrics["zero_adv_group_frac"] == 0 for r in records)

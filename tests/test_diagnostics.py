@@ -48,6 +48,7 @@ def flat_reward(rows: list[dict]) -> list[dict]:
 
 
 TRIGGERS = {
+    "non_finite": with_tail("loss", [float("nan")]),
     "entropy_collapse": flat_reward(with_tail("entropy", [0.05])),
     "entropy_explosion": with_tail("entropy", [4.0]),
     "reward_stuck": with_tail("zero_adv_group_frac", [1.0, 1.0, 1.0]),
@@ -117,8 +118,30 @@ def test_scoring_budget_message_counts_the_scores_cut_off():
 
 
 def test_missing_and_non_finite_values_are_ignored():
+    """by every rule but non_finite, which names them"""
     rows = [{"step": i, "entropy": float("nan"), "ratio_max": None, "truncation_rate": "x"} for i in range(5)]
-    assert diagnose(rows) == []
+    assert [(f.rule, f.steps) for f in diagnose(rows)] == [("non_finite", [0, 1, 2, 3, 4])]
+
+
+def test_non_finite_metrics_are_named_at_every_step_they_appear():
+    """A diverged run: NaN or inf in memory, or the keys metrics.jsonl wrote as null (read back under
+    "non_finite"); whole numbers and flags never are."""
+    rows = healthy(6)
+    rows[3].update(loss=float("nan"), kl_ref=float("-inf"), entropy=float("inf"))
+    rows[5].update(non_finite=["grad_norm", "loss"], loss=None, optimizer_steps=1, lends=True)
+    lines: list[str] = []
+    mon = DiagnosticsMonitor(emit=lines.append)
+    for r in rows:
+        mon.update(r)
+    assert lines == [
+        "warning [non_finite] step 4: 3 metric(s) are NaN or infinite (entropy, kl_ref, loss): the run "
+        "diverged; resume from a state saved before it (state/) with a lower train.lr, or look for a reward "
+        "or loss term that overflows"
+    ]
+    (found,) = mon.findings()
+    assert found.steps == [4, 6] and "(grad_norm, loss)" in found.last_message
+    many = {"step": 1, **{f"m{i}": float("nan") for i in range(10)}}
+    assert "(m0, m1, m2, m3, m4, m5, m6, m7 and 2 more)" in diagnose([many])[0].first_message
 
 
 def test_episode_errors_warn_above_one_percent_with_the_reasons():
@@ -249,16 +272,28 @@ def test_the_monitors_kept_series_give_what_the_rules_give_on_plain_lists():
 
 
 def test_the_median_before_the_last_value_drops_one_copy_of_it():
-    from streamrl.observe.diagnostics import History, _median_before_last
+    from streamrl.observe.history import History, median_before_last
 
     h = History()
     h.series("kl_ref")  # tracked from here on: later values are kept incrementally
     for v in [0.5, 0.1, 0.3, 0.2]:
         h.append({"kl_ref": v})
-    assert _median_before_last(h, "kl_ref") == (0.3, 3)  # of 0.5, 0.1, 0.3
+    assert median_before_last(h, "kl_ref") == (0.3, 3)  # of 0.5, 0.1, 0.3
     h.append({"kl_ref": 0.1})
-    assert _median_before_last(h, "kl_ref") == (0.25, 4)  # of 0.1, 0.2, 0.3, 0.5
+    assert median_before_last(h, "kl_ref") == (0.25, 4)  # of 0.1, 0.2, 0.3, 0.5
     h.append({"entropy": 2.0})  # a record without the key changes nothing kept for it
     assert h.series("kl_ref") == [0.5, 0.1, 0.3, 0.2, 0.1]
     assert h.sorted_series("kl_ref") == [0.1, 0.1, 0.2, 0.3, 0.5]
-    assert _median_before_last([{"kl_ref": 0.2}, {"kl_ref": 0.6}, {"kl_ref": 9.0}], "kl_ref") == (0.4, 2)
+    assert median_before_last([{"kl_ref": 0.2}, {"kl_ref": 0.6}, {"kl_ref": 9.0}], "kl_ref") == (0.4, 2)
+
+
+def test_the_docs_list_every_rule_with_its_threshold():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "diagnostics.md").read_text()
+    rows = {
+        line.split("|")[1].strip(" `"): line.split("|")[3].strip()
+        for line in doc.splitlines()
+        if "| `" in line
+    }
+    assert rows == {r.name: f"{r.threshold:g}" for r in RULES}

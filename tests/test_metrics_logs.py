@@ -88,7 +88,55 @@ def test_non_finite_metrics_stay_out_of_tensorboard(tmp_path, value):
     w.write({"step": 1, "kl_ref": value, "loss": 0.5})
     w.close()
     assert _scalars(tmp_path) == {"loss": [(1, 0.5)]}
-    assert str(json.loads((tmp_path / "metrics.jsonl").read_text())["kl_ref"]) == str(value)  # jsonl keeps it
+    # metrics.jsonl: null, and the key named
+    line = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert line == {"step": 1, "kl_ref": None, "loss": 0.5, "non_finite": ["kl_ref"]}
+
+
+def _strict(constant: str) -> None:
+    raise ValueError(f"not JSON: {constant}")
+
+
+def test_metrics_jsonl_is_strict_json_and_a_reader_sees_what_was_not_finite(tmp_path):
+    """NaN and Infinity are no JSON: written as null with the keys named, the record itself unchanged
+    (the live diagnostics read it after the writer); read back, a null is a missing value and the
+    non_finite rule finds the step as it did live. A file written with bare NaN reads the same."""
+    from streamrl.observe.diagnostics import diagnose
+    from streamrl.observe.run_data import read_metrics
+
+    record = {
+        "step": 1,
+        "loss": float("nan"),
+        "kl_ref": float("-inf"),
+        "lr": 0.1,
+        "hist": {"0": float("inf")},
+    }
+    w = MetricsWriter(tmp_path, tensorboard=False)
+    w.write(record)
+    w.write({"step": 2, "loss": 0.5, "heldout_accuracy": None})
+    w.close()
+    assert str(record["loss"]) == "nan" and "non_finite" not in record  # not changed
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    first = json.loads(lines[0], parse_constant=_strict)
+    assert first == {
+        "step": 1,
+        "loss": None,
+        "kl_ref": None,
+        "lr": 0.1,
+        "hist": {"0": None},
+        "non_finite": ["loss", "kl_ref"],
+    }
+    read = read_metrics(tmp_path / "metrics.jsonl")
+    assert read == [
+        {"step": 1, "lr": 0.1, "hist": {"0": None}, "non_finite": ["loss", "kl_ref"]},
+        {"step": 2, "loss": 0.5},
+    ]
+    live, replayed = diagnose([record]), diagnose(read)
+    assert [(f.rule, f.steps) for f in replayed] == [("non_finite", [1])]
+    assert replayed[0].first_message == live[0].first_message
+    old = tmp_path / "old.jsonl"  # written before null was used
+    old.write_text('{"step": 1, "loss": NaN, "kl_ref": -Infinity, "lr": 0.1, "x": null}\n')
+    assert read_metrics(old) == [{"step": 1, "lr": 0.1, "non_finite": ["loss", "kl_ref"]}]
 
 
 def test_a_sync_writes_out_tensorboards_pending_events(tmp_path):

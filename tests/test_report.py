@@ -309,3 +309,79 @@ def test_an_out_path_that_cannot_be_written_is_refused_before_the_runs_are_read(
     assert (
         f"--out {missing} is in a directory that does not exist ({missing.parent})" in capsys.readouterr().err
     )
+
+
+def _status(html: str) -> str:
+    return re.findall(r"<td>([^<]*)</td></tr>", html.split("<h2>Diagnostics")[0])[-1]
+
+
+def test_the_status_column_tells_a_stopped_run_from_a_finished_one(tmp_path):
+    """summary.json is written when a run ends, stopped too: the report says how it ended."""
+    run = make_run(tmp_path / "run")
+    assert _status(write_report([run]).read_text()) == "in progress (or stopped before the end)"
+    summary = {"steps": 5, "interrupted": False, "final_eval_stopped": False, "timings": {"total": 12.0}}
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert _status(write_report([run]).read_text()) == "finished"
+    (run / "summary.json").write_text(json.dumps({**summary, "steps": 3, "interrupted": True}))
+    assert _status(write_report([run]).read_text()) == "stopped at step 3"  # no state/: cannot resume
+    (run / "state").mkdir()
+    assert _status(write_report([run]).read_text()) == "stopped at step 3 (resume to continue)"
+    (run / "summary.json").write_text(
+        json.dumps({**summary, "interrupted": True, "final_eval_stopped": True})
+    )
+    said = "stopped in the final evaluation at step 5 (resume to evaluate it)"
+    assert _status(write_report([run]).read_text()) == said
+
+
+@pytest.mark.parametrize("written", ["null", "bare"])
+def test_a_diverged_steps_values_are_gaps_and_its_diagnostic_is_shown(tmp_path, written):
+    """Step 6 logged NaN entropy and an infinite train_time: metrics.jsonl holds null (or, written before
+    null was used, bare NaN / Infinity); the curves leave a gap, the bars count 0 s, the rule names them."""
+    from streamrl.observe.metrics import json_line
+
+    run = make_run(tmp_path / "run")
+    bad = {
+        "step": 6,
+        "time": 12.0,
+        "entropy": float("nan"),
+        "train_time": float("inf"),
+        "weight_sync_time": 0.5,
+    }
+    line = json_line(bad) if written == "null" else json.dumps(bad)
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write(line + "\n")
+    html = write_report([run]).read_text()
+    assert (
+        '<div class="warn" data-rule="non_finite"><b>non_finite</b> at steps 6: 2 metric(s) are NaN or'
+        in html
+    )
+    assert 'data-series="entropy" data-points="5"' in html
+    phases = plots(html)["phases"]
+    assert not re.search(r"nan|inf", phases, re.I)
+    assert re.findall(r"<title>6: ([^<]+)</title>", phases) == ["weight_sync_time = 0.5"]
+
+
+def test_table_cells_are_escaped_dicts_too():
+    from streamrl.observe.report import _table
+
+    html = _table(["k"], [[{"<img src=x onerror=alert(1)>": "<b>2</b>"}], ["<i>", 0.5]])
+    assert "<img" not in html and "<b>" not in html and "<i>" not in html
+    assert "<td>&lt;img src=x onerror=alert(1)&gt;: &lt;b&gt;2&lt;/b&gt;</td>" in html
+
+
+def test_the_accounting_tables_filter_reasons_are_escaped(tmp_path):
+    run = make_run(tmp_path / "run")
+    acc = json.loads((run / "accounting.json").read_text())
+    acc["filter_reasons"] = {"<script>x</script>": 3}
+    (run / "accounting.json").write_text(json.dumps(acc))
+    html = write_report([run]).read_text()
+    assert "<script" not in html and "<td>&lt;script&gt;x&lt;/script&gt;: 3</td>" in html
+
+
+def test_stacked_bars_draw_no_segment_for_a_non_finite_value():
+    """NaN and infinities are left out: the same bars as with 0 there, the axis set by the finite ones."""
+    nan, inf = float("nan"), float("inf")
+    odd = stacked_bars("s", "S", ["a", "b"], {"x": [1.0, inf], "y": [3.0, nan], "z": [-inf, 2.0]}, "step")
+    plain = stacked_bars("s", "S", ["a", "b"], {"x": [1.0, 0.0], "y": [3.0, 0.0], "z": [0.0, 2.0]}, "step")
+    assert odd == plain and not re.search(r"nan|inf", odd, re.I) and odd.count("data-stack=") == 3
+    assert "no data" in stacked_bars("s", "S", ["a"], {"x": [nan], "y": [inf]}, "step")

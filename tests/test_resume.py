@@ -52,6 +52,9 @@ def test_ctrl_c_then_resume_is_exactly_once(tmp_path):
     assert acc1["carried_over"] > 0  # eta = 2 keeps groups in flight: they must survive the stop
     state = json.loads((latest_state(run) / "run_state.json").read_text())
     assert state["step"] == state["version"] == k
+    # the async loop's totals behind trainer_wait_share, as of step k: the resume continues them
+    clock = state["clock"]
+    assert 0 < clock["trainer_waited"] < clock["loop_elapsed"] <= clock["time"]
     carried = {g for g, st in state["ledger"]["state"].items() if st == "carried_over"}
     assert len(carried) == acc1["carried_over"]
 
@@ -67,7 +70,11 @@ def test_ctrl_c_then_resume_is_exactly_once(tmp_path):
     acc = json.loads((run / "accounting.json").read_text())
     assert acc["trained"] == 20 and acc["lost"] == 0
     assert acc["admitted"] == acc["trained"] + acc["filtered"] + acc["carried_over"]
-    final = json.loads((latest_state(run) / "run_state.json").read_text())["ledger"]["state"]
+    ended = json.loads((latest_state(run) / "run_state.json").read_text())
+    assert ended["clock"]["loop_elapsed"] > clock["loop_elapsed"]
+    assert ended["clock"]["trainer_waited"] >= clock["trainer_waited"]
+    assert rows[-1]["trainer_wait_share"] == ended["clock"]["trainer_waited"] / ended["clock"]["loop_elapsed"]
+    final = ended["ledger"]["state"]
     assert all(final[g] in ("trained", "filtered", "carried_over") for g in carried)
     assert carried & {g["group_id"] for g in groups}, "carried-over groups are trained first after resume"
     ev = json.loads((run / "eval.json").read_text())

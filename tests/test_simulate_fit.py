@@ -86,7 +86,8 @@ def test_fit_recovers_costs_from_a_synthetic_run(tmp_path, decode_alpha, shared,
 
 
 def test_a_torn_last_metrics_line_is_skipped(tmp_path) -> None:
-    row = {"step": 1, "response_length": 4.0, "truncation_rate": 0.0, "tokens_generated": 32}
+    row = {"step": 1, "response_length": 4.0, "tokens_generated": 32, "tokens_trained": 64}
+    row.update(train_time=1.0, samples_per_s=2.0)
     whole = json.dumps(row) + "\n" + json.dumps({**row, "step": 2}) + "\n"
     (tmp_path / "metrics.jsonl").write_text(whole + json.dumps({**row, "step": 3})[:20])  # killed mid-line
     (tmp_path / "config.yaml").write_text("runtime: {mode: colocated}\n")
@@ -228,3 +229,67 @@ def test_grid_json_rows_and_scenarios() -> None:
     with pytest.raises(ValueError) as e:
         scenario("pipeline")
     assert str(e.value) == "unknown scenario 'pipeline': choose areal or april"
+
+
+def _async_run(path, eta: int) -> None:
+    rows = [
+        {
+            "step": s,
+            "response_length": 10.0,
+            "truncation_rate": 0.0,
+            "tokens_generated": 640,
+            "tokens_trained": 640 + 64 * 40,
+            "train_time": 2.0,
+            "weight_sync_time": 0.1,
+            "trainer_wait_time": 5.0 if s == 1 else 1.0,
+            "trainer_wait_share": 0.3,
+            "engine_idle_share": 0.1,
+            "samples_per_s": 64 * s / (3.1 * s + 4),
+            "groups_carried_over": 2,
+            "filtered_zero_variance": 1,
+        }
+        for s in range(1, 6)
+    ]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (path / "config.yaml").write_text(
+        f"max_staleness: {eta}\nruntime: {{mode: async, rollout_workers: 1, rollout_threads: 1}}\n"
+        "train: {threads: 1}\nrollout: {prompts_per_step: 8, samples_per_prompt: 8, max_new_tokens: 48}\n"
+    )
+
+
+def test_a_run_directory_is_simulated_in_its_own_mode_first(tmp_path, capsys) -> None:
+    """An async run at max_staleness=3: the first row is async at eta 3 (3 joins the default etas), then
+    the other etas and modes; explicit modes= / etas= still choose the grid."""
+    from streamrl.sim.cli import build
+
+    _async_run(tmp_path, 3)
+    g = build([str(tmp_path)])[4]
+    assert g["modes"] == ["async", "sync", "partial"] and g["etas"] == [3, 0, 1, 2, 4]
+    assert build([str(tmp_path), "modes=sync", "etas=1"])[4]["modes"] == ["sync"]
+    assert main(["simulate", str(tmp_path), "steps=2", "modes=async,sync"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    first = rows.index(next(r for r in rows if r.startswith("mode"))) + 1
+    assert [r.split()[0] + " " + r.split()[3] for r in rows[first:]] == [
+        "async 3",
+        "async 0",
+        "async 1",
+        "async 2",
+        "async 4",
+        "sync -",
+    ]
+    _async_run(tmp_path, 1)  # an eta of the default grid is not repeated
+    assert build([str(tmp_path)])[4]["etas"] == [1, 0, 2, 4]
+
+
+def test_a_metric_the_fit_needs_logged_as_null_is_missing_and_said_in_one_line(tmp_path, capsys) -> None:
+    """A NaN or infinite train_time reaches metrics.jsonl as null: a missing value, which the fit names
+    (step and key) instead of failing on it."""
+    _async_run(tmp_path, 1)
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    lines[2] = lines[2].replace('"train_time": 2.0', '"train_time": null')
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"metrics.jsonl: step 3 has no train_time \(not logged, or NaN"):
+        fit.load_run(tmp_path, cores=2)
+    assert main(["simulate", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "step 3 has no train_time" in err[0]

@@ -179,6 +179,10 @@ class AsyncRunner:
             self.trainer.set_boundary(self.threads.work)
         budget = RunBudget(cfg.max_steps, cfg.max_time, self.stop)
         waited, first_step = 0.0, self.state.step  # a resumed run's rates count its own steps
+        # but its share of time waiting is over the whole run, as engine_idle_share is (0: a state
+        # saved before these totals were)
+        saved = self.state.clock
+        waited_before, elapsed_before = saved.get("trainer_waited", 0.0), saved.get("loop_elapsed", 0.0)
         per_step = self.B * cfg.rollout.samples_per_prompt
         try:
             while budget.more(self.state.step):
@@ -217,18 +221,23 @@ class AsyncRunner:
                 self.state.version = self.trainer.version
                 self.in_step = False
                 try:  # the step is trained and counted: it is logged even if a statistic fails
+                    elapsed = budget.elapsed
+                    rec.clock = {
+                        "trainer_waited": waited_before + waited,
+                        "loop_elapsed": elapsed_before + elapsed,
+                    }
                     m = rec.metrics
                     m.update(
                         tokens_per_s=(m["tokens_generated"] + m["tokens_trained"])
                         / (wait + m["train_time"] + m["weight_sync_time"]),
                         trainer_wait_time=wait,
-                        trainer_wait_share=waited / budget.elapsed,
+                        trainer_wait_share=rec.clock["trainer_waited"] / rec.clock["loop_elapsed"],
                         engine_idle_share=idle / max(busy + idle, 1e-9),
                         engine_busy_time=busy,  # cumulative seconds the rollout workers spent generating
                         engine_tokens=generated,  # cumulative tokens they sampled, dropped groups' too
                         engine_row_share=row_share,  # KV-cache rows per sequence in their decode steps
                         groups_carried_over=in_flight,
-                        samples_per_s=(step - first_step) * per_step / budget.elapsed,
+                        samples_per_s=(step - first_step) * per_step / elapsed,
                         filtered_stale=self.ledger.filter_reasons.get("stale", 0),
                         filtered_zero_variance=self.ledger.filter_reasons.get("zero_variance", 0),
                         **self.counters.step(backend.stats(), self.sh.duplicates, self.stall.resent),

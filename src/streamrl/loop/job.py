@@ -285,7 +285,7 @@ def _run_train(
                 finally:  # the step is trained and counted: it is logged even if its evaluation failed
                     record["time"] = resumed_at["time"] + time.perf_counter() - t_start
                     record["train_elapsed"] = resumed_at["train_elapsed"] + clock.elapsed
-                    clock_at.update(time=record["time"], train_elapsed=record["train_elapsed"])
+                    clock_at.update(time=record["time"], train_elapsed=record["train_elapsed"], **rec.clock)
                     try:
                         groups_log.write(rec.groups, rec.step, rec.advantages)
                     except BaseException:  # the step's metrics line even so; the log's error is the one

@@ -43,7 +43,8 @@ class RunState:
     counters: dict[str, int] = field(default_factory=dict)
     # agent episodes returned after the last logged step (loop/episode_errors.py), logged after the resume
     episodes: dict[str, Any] = field(default_factory=dict)
-    # the run's `time` and `train_elapsed` as of this state's step, which a resumed run continues
+    # the run's `time` and `train_elapsed` as of this state's step, which a resumed run continues, and
+    # the async loop's trainer_waited and loop_elapsed seconds (trainer_wait_share), continued too
     clock: dict[str, float] = field(default_factory=dict)
 
 

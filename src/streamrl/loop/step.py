@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -23,12 +23,15 @@ from streamrl.types import Group, TrainBatch, Trajectory
 @dataclass
 class StepRecord:
     """One trained step. metrics: its metrics.jsonl line; groups: the groups trained, in batch order;
-    advantages: one per trajectory in that order (None for a token-level estimator such as GAE)."""
+    advantages: one per trajectory in that order (None for a token-level estimator such as GAE); clock:
+    the loop's running totals as of this step, which the saved state keeps (RunState.clock) so that a
+    resumed run continues them."""
 
     step: int
     metrics: dict[str, Any]
     groups: list[Group]
     advantages: list[float] | None
+    clock: dict[str, float] = field(default_factory=dict)
 
 
 def train_on(

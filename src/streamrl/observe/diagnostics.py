@@ -3,81 +3,23 @@
 A rule looks at the records so far (oldest first) and returns a one-line message when it fires at the
 latest record, else None. `diagnose` replays a whole stream (for the report); `DiagnosticsMonitor`
 follows a live run and reports each rule once, at the step where it starts firing (for the console).
-The monitor keeps its records in a `History`, whose series grow with each record, so a step costs the
-same at step 10 and at step 10000 (a rule given a plain list recomputes them).
+The monitor keeps its records in a `History` (observe/history.py), whose series grow with each record,
+so a step costs the same at step 10 and at step 10000 (a rule given a plain list recomputes them).
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from streamrl.observe.history import History, Record, median_before_last
+from streamrl.observe.history import number as _num
+from streamrl.observe.history import series as _series
+from streamrl.observe.metrics import NON_FINITE_KEY
 from streamrl.types import BUDGET_REASON
-
-Record = dict[str, Any]
-
-
-def _num(r: Record, key: str) -> float | None:
-    v = r.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        return None
-    return float(v)
-
-
-def _series(history: Sequence[Record], key: str) -> list[float]:
-    """The finite numbers logged under `key`, oldest first."""
-    if isinstance(history, History):
-        return history.series(key)
-    return [v for v in (_num(r, key) for r in history) if v is not None]
-
-
-class History(list[Record]):
-    """The records so far, with each key's series (and its sorted values) kept up to date as records are
-    appended: a rule reading a series costs O(1) instead of a pass over the whole stream."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._series: dict[str, list[float]] = {}
-        self._sorted: dict[str, list[float]] = {}
-
-    def append(self, record: Record) -> None:
-        super().append(record)
-        for key, values in self._series.items():
-            if (v := _num(record, key)) is not None:
-                values.append(v)
-                if key in self._sorted:
-                    bisect.insort(self._sorted[key], v)
-
-    def series(self, key: str) -> list[float]:
-        """Shared, not copied: callers must not change it."""
-        if key not in self._series:
-            self._series[key] = [v for v in (_num(r, key) for r in self) if v is not None]
-        return self._series[key]
-
-    def sorted_series(self, key: str) -> list[float]:
-        if key not in self._sorted:
-            self._sorted[key] = sorted(self.series(key))
-        return self._sorted[key]
-
-
-def _median_before_last(history: Sequence[Record], key: str) -> tuple[float | None, int]:
-    """(median, count) of `key` over every record but the last, which holds a value of `key`."""
-    if not isinstance(history, History):
-        before = _series(history[:-1], key)
-        return (statistics.median(before) if before else None), len(before)
-    values, last = history.sorted_series(key), history.series(key)[-1]
-    n, skip = len(values) - 1, bisect.bisect_left(values, last)  # drop one copy of the last value
-
-    def at(j: int) -> float:
-        return values[j] if j < skip else values[j + 1]
-
-    if n <= 0:
-        return None, 0
-    return (at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2), n
 
 
 @dataclass(frozen=True)
@@ -91,6 +33,31 @@ class Rule:
 
     def __call__(self, history: Sequence[Record]) -> str | None:
         return self.check(history, self.threshold) if history else None
+
+
+def non_finite_keys(record: Record) -> list[str]:
+    """The record's metrics that are NaN or infinite, sorted: numbers in memory, or named under
+    NON_FINITE_KEY once metrics.jsonl wrote them as null (observe/metrics.py)."""
+    found = {
+        k
+        for k, v in record.items()
+        if isinstance(v, float) and not math.isfinite(v)  # an int or bool is always finite
+    }
+    named = record.get(NON_FINITE_KEY)
+    if isinstance(named, list):
+        found.update(str(k) for k in named)
+    return sorted(found)
+
+
+def _non_finite(history: Sequence[Record], limit: float) -> str | None:
+    bad = non_finite_keys(history[-1])
+    if len(bad) <= limit:
+        return None
+    shown = ", ".join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
+    return (
+        f"{len(bad)} metric(s) are NaN or infinite ({shown}): the run diverged; resume from a state "
+        "saved before it (state/) with a lower train.lr, or look for a reward or loss term that overflows"
+    )
 
 
 def _reward_rose(history: Sequence[Record], k: int = 3) -> bool:
@@ -157,7 +124,7 @@ def _kl_spike(history: Sequence[Record], factor: float) -> str | None:
         now = _num(history[-1], key)
         if now is None or now < floor:
             continue
-        med, count = _median_before_last(history, key)
+        med, count = median_before_last(history, key)
         if med is None or count < 3:
             continue
         if now > factor * max(med, floor / factor):
@@ -263,6 +230,9 @@ def _correction_masks(history: Sequence[Record], limit: float) -> str | None:
 
 
 RULES: tuple[Rule, ...] = (
+    Rule(
+        "non_finite", "number of the step's metrics that are NaN or infinite above threshold", 0, _non_finite
+    ),
     Rule(
         "entropy_collapse",
         "entropy below threshold x its first value while the reward does not rise",

@@ -19,6 +19,31 @@ def sync_file(f: Any) -> None:
         os.fsync(f.fileno())
 
 
+NON_FINITE_KEY = "non_finite"  # a metrics.jsonl line's keys whose value was NaN or infinite (written as null)
+
+
+def _finite_or_none(v: Any) -> Any:
+    """v with every NaN or infinite float, nested ones too, replaced by None."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _finite_or_none(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite_or_none(x) for x in v]
+    return v
+
+
+def json_line(record: dict[str, Any]) -> str:
+    """The record as one line of strict JSON: a NaN or infinite number (which JSON has no word for) is
+    written as null, and the top-level keys that held one are listed under NON_FINITE_KEY, so a reader
+    of the file still sees that the run logged them (observe/run_data.py read_metrics)."""
+    bad = [k for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)]
+    row = _finite_or_none(record)
+    if bad:
+        row[NON_FINITE_KEY] = bad
+    return json.dumps(row, allow_nan=False)
+
+
 class Sink(Protocol):
     def write(self, record: dict[str, Any]) -> None: ...
     def close(self) -> None: ...
@@ -43,7 +68,8 @@ class MetricsWriter:
             self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge_step)
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record) + "\n")
+        self._file.write(json_line(record) + "\n")  # the record itself is not changed: the live
+        # diagnostics read it next, with its NaN and infinite values
         if self._tb is not None:
             step = int(record["step"])
             for k, v in record.items():

@@ -160,7 +160,9 @@ def line_chart(
 def stacked_bars(
     name: str, title: str, categories: list[str], stacks: dict[str, list[float]], x_label: str
 ) -> str:
-    """A <figure> with stacked vertical bars: one bar per category, one colored segment per stack."""
+    """A <figure> with stacked vertical bars: one bar per category, one colored segment per stack. A
+    value that is NaN, infinite or not above 0 draws no segment."""
+    stacks = {k: [v if math.isfinite(v) and v > 0 else 0.0 for v in vals] for k, vals in stacks.items()}
     totals = [sum(v[i] for v in stacks.values()) for i in range(len(categories))]
     if not categories or not any(t > 0 for t in totals):
         return _empty(name, title, "no data in this run")

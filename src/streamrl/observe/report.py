@@ -165,7 +165,7 @@ def _table(head: list[str], rows: list[list[Any]]) -> str:
         if isinstance(v, float):
             return f"{v:.4g}"
         if isinstance(v, dict):
-            return ", ".join(f"{k}: {x}" for k, x in v.items()) or "-"
+            return escape(", ".join(f"{k}: {x}" for k, x in v.items())) or "-"
         return escape(str(v))
 
     th = "".join(f"<th>{escape(h)}</th>" for h in head)
@@ -215,7 +215,6 @@ def _evals(runs: list[RunData]) -> str:
         diff = ev.get("difference")
         d = f"{diff['mean']:+.1%} (95% CI {diff['ci95'][0]:+.1%} to {diff['ci95'][1]:+.1%})" if diff else "-"
         wall = (run.summary or {}).get("timings", {}).get("total")
-        status = "finished" if run.summary else "in progress (or stopped before the end)"
         rows.append(
             [
                 run.label,
@@ -224,13 +223,27 @@ def _evals(runs: list[RunData]) -> str:
                 acc(ev.get("final")),
                 d,
                 f"{wall:.0f} s" if wall else "-",
-                status,
+                _status(run),
             ]
         )
     return _table(
         ["run", "steps", "held-out base", "held-out final", "difference (paired)", "wall time", "status"],
         rows,
     )
+
+
+def _status(run: RunData) -> str:
+    """How the run ended, from summary.json (written when a run ends, stopped too; none while it runs)."""
+    s = run.summary
+    if not s:
+        return "in progress (or stopped before the end)"
+    if not s.get("interrupted"):
+        return "finished"
+    where = "in the final evaluation " if s.get("final_eval_stopped") else ""
+    said = f"stopped {where}at step {s.get('steps', '?')}"
+    if not (run.path / "state").is_dir():  # a run that saves no state (train.strategy=fsdp2)
+        return said
+    return said + (" (resume to evaluate it)" if where else " (resume to continue)")
 
 
 def _config_env(runs: list[RunData]) -> str:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from streamrl.config_parse import read_yaml
+from streamrl.observe.metrics import NON_FINITE_KEY
 
 
 @dataclass
@@ -25,14 +27,16 @@ class RunData:
     findings: list[Any] | None = None  # diagnostics.Finding of a live run's monitor (None: replay)
 
     def values(self, key: str, x: str = "step") -> tuple[list[float], list[float | None]]:
-        """(xs, ys) of a numeric metric over the records that have x; missing values are None (gaps)."""
+        """(xs, ys) of a numeric metric over the records that have x; missing and non-finite values are
+        None (gaps)."""
         xs, ys = [], []
         for r in self.records:
             if not isinstance(r.get(x), (int, float)):
                 continue
             v = r.get(key)
             xs.append(float(r[x]))
-            ys.append(float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None)
+            number = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            ys.append(float(v) if number else None)
         return xs, ys
 
     def has(self, key: str) -> bool:
@@ -54,8 +58,20 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
             raise ValueError(f"{path}:{i + 1}: not a JSON line ({e.msg})") from None
         if not isinstance(row, dict):
             raise ValueError(f"{path}:{i + 1}: expected a JSON object per line")
-        out.append(row)
+        out.append(_without_gaps(row))
     return out
+
+
+def _without_gaps(row: dict[str, Any]) -> dict[str, Any]:
+    """A metrics line with its null values dropped: a metric the step did not log, or one that was NaN or
+    infinite (named in the line's NON_FINITE_KEY list, where a file written before null was used gets its
+    bare NaN / Infinity keys too), so every reader treats them as missing."""
+    bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
+    kept = {k: v for k, v in row.items() if v is not None and k not in bad}
+    if bad:
+        named = kept.get(NON_FINITE_KEY)
+        kept[NON_FINITE_KEY] = [*(named if isinstance(named, list) else []), *bad]
+    return kept
 
 
 def _json(path: Path) -> dict[str, Any] | None:

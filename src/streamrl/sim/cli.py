@@ -1,7 +1,8 @@
 """`streamrl simulate RUN_DIR | params.yaml | scenario=areal|april [key=value ...] [--json]`
 
 RUN_DIR: costs and lengths fitted from its config.yaml + metrics.jsonl (see sim/fit.py), the run's
-own mode first. params.yaml / key=value: any field of Costs (decode_step_s, decode_token_s,
+own mode first (colocated: sync; async: at its max_staleness, added to the etas).
+params.yaml / key=value: any field of Costs (decode_step_s, decode_token_s,
 prefill_token_s, train_token_s, train_step_s, allreduce_s, weight_sync_s, startup_s), Workload
 (batch_groups, group_size, prompt_len, max_batch, filter_rate, shared_prefill, cached_prefix,
 row_share, lengths=fixed:N|list:..|lognormal:..)
@@ -83,6 +84,10 @@ def build(args: list[str]) -> tuple[str, Costs, Workload, Setup, dict[str, list[
         costs, notes = fit.fit_costs(run, alpha, decode_alpha=decode_alpha, shared_prefill=shared)
         work, setup = fit.workload(run, shared), fit.setup(run, alpha, decode_alpha)
         g.update(engines=[setup.engines], ranks=[setup.ranks])
+        # the run's own mode first (colocated: sync; async: at its max_staleness), then the others
+        g["modes"] = [setup.mode, *(m for m in g["modes"] if m != setup.mode)]
+        if setup.mode == "async":
+            g["etas"] = [setup.eta, *(e for e in g["etas"] if e != setup.eta)]
         title = (
             f"fitted from {source} ({len(run.rows)} steps, measured {run.rows[-1]['samples_per_s']:.3f}"
             " samples/s)"

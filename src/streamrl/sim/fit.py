@@ -103,6 +103,9 @@ class Run:
         return int(tr.get("threads") or max(1, self.cores - rollout)), int(rt.get("rollout_threads", 1))
 
 
+NEEDED = ("tokens_generated", "tokens_trained", "train_time", "response_length", "samples_per_s")
+
+
 def load_run(path: str | Path, cores: int | None = None) -> Run:
     p = Path(path)
     cfg_path, met_path = p / "config.yaml", p / "metrics.jsonl"
@@ -113,6 +116,13 @@ def load_run(path: str | Path, cores: int | None = None) -> Run:
     rows = read_metrics(met_path)  # a torn last line (a run killed mid-write) is skipped
     if not rows:
         raise ValueError(f"{met_path} has no steps to fit")
+    for r in rows:  # read_metrics drops null values: a NaN or infinite one is missing too
+        if missing := [k for k in NEEDED if k not in r]:
+            raise ValueError(
+                f"{met_path}: step {r.get('step', '?')} has no {', '.join(missing)} (not logged, or NaN or "
+                "infinite): the fit needs it at every step; fit a copy of the run whose metrics.jsonl stops "
+                "before that step"
+            )
     return Run(p, config, rows, cores or os.cpu_count() or 1)
 
 

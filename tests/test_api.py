@@ -305,3 +305,21 @@ def test_a_function_from_a_notebook_cell_is_refused_with_where_to_put_it():
         )
     finally:
         linecache.cache.pop(cell, None)
+
+
+def test_run_metrics_read_as_the_report_reads_them(tmp_path, monkeypatch):
+    """Run.metrics drops a NaN metric written as null (and names it) and skips a torn last line."""
+    import streamrl.loop.job as job
+
+    lines = [
+        json.dumps({"step": 1, "loss": 0.5, "entropy": None, "non_finite": ["entropy"]}),
+        json.dumps({"step": 2, "loss": 0.25, "entropy": 1.5}),
+        '{"step": 3, "lo',
+    ]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines))
+    monkeypatch.setattr(job, "run_train", lambda cfg: {"run_dir": str(tmp_path)})
+    run = streamrl.train(model="tiny-random", run_dir=str(tmp_path))
+    assert run.metrics == [
+        {"step": 1, "loss": 0.5, "non_finite": ["entropy"]},
+        {"step": 2, "loss": 0.25, "entropy": 1.5},
+    ]

@@ -215,13 +215,12 @@ def train(
     _refuse_in_a_worker_bootstrap("train")
     cfg = make_config(config, reward_fn=reward_fn, train_data=train_data, eval_data=eval_data, **overrides)
     from streamrl.loop.job import run_train
+    from streamrl.observe.run_data import read_metrics
 
     summary = run_train(cfg)  # its preflight checks model, data and functions before anything is written
     run_dir = Path(summary["run_dir"])
-    lines = (
-        (run_dir / "metrics.jsonl").read_text().splitlines() if (run_dir / "metrics.jsonl").is_file() else []
-    )
-    return Run(run_dir, summary, [json.loads(x) for x in lines if x.strip()])
+    path = run_dir / "metrics.jsonl"
+    return Run(run_dir, summary, read_metrics(path) if path.is_file() else [])
 
 
 def evaluate(

@@ -83,12 +83,12 @@ class OnlineFilterSampler(Sampler):
     def _state(
         small: dict[str, Any], rate: Iterable[tuple[str, float]], skips: Iterable[tuple[str, int]]
     ) -> dict[str, Any]:
+        # copies: the caller writes the state later, as taken now
         return {**small, "rate": list(rate), "skips": dict(skips)}
 
     def state_dict(self) -> dict[str, Any]:
         with self.lock:
-            # "skips": a copy: the caller writes it later, as taken now
-            return self._state(self._small(), self.rate.items(), dict(self.skips).items())
+            return self._state(self._small(), self.rate.items(), self.skips.items())
 
     def mark(self) -> None:
         with self.lock:

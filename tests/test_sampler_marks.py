@@ -2,13 +2,14 @@
 of a run without the failed step. (That the colocated loop's marks copy no posteriors is checked
 in test_step_failure.py.)"""
 
+import copy
 import json
 import random
 
 import pytest
 from test_samplers import _epochs, _group, _population
 
-from streamrl.data import samplers
+from streamrl.data import mopps, samplers
 from streamrl.data.bounded_memory import BoundedMemory
 from streamrl.data.samplers import MoPPSSampler, OnlineFilterSampler, Sampler
 
@@ -55,7 +56,7 @@ def test_mopps_resumed_from_a_mark_draws_what_a_run_without_the_failed_step_draw
     """Draws and feedback after the mark (a step that then fails) change the pool, the posteriors (some
     forgotten past a small memory) and the RNG: the state as of the mark is the one saved there, and a
     sampler resumed from it draws what the run that went on from the mark draws."""
-    monkeypatch.setattr(samplers, "MEMORY", memory)
+    monkeypatch.setattr(mopps, "MEMORY", memory)
     run, whole = (MoPPSSampler(_epochs(_population()), pool=8, seed=3) for _ in range(2))
     _feedback(run, 40, random.Random(0))
     _feedback(whole, 40, random.Random(0))
@@ -77,3 +78,25 @@ def test_other_samplers_state_as_of_a_mark_is_the_one_saved_there(make):
     saved = json.loads(json.dumps(s.state_dict()))
     _feedback(s, 10, random.Random(1))
     assert json.loads(json.dumps(s.state_at_mark())) == saved != s.state_dict()
+
+
+@pytest.mark.parametrize("memory", [20, samplers.MEMORY])
+def test_online_filter_marks_copy_nothing_and_rebuild_the_state_of_the_mark(monkeypatch, memory):
+    """A mark takes no state (the pass rates it remembers are not copied at every step). After draws and
+    feedback since (rates of prompts seen before the mark set again, new prompts', skip counts raised
+    and cleared at a recheck, rates forgotten past a small memory), the state as of the mark is the one
+    a deep copy took then."""
+    monkeypatch.setattr(samplers, "MEMORY", memory)
+    s = OnlineFilterSampler(_epochs(_population()), recheck=3)
+    _feedback(s, 100, random.Random(0))
+    then = copy.deepcopy(s.state_dict())
+    before = {k for k, _ in then["rate"]}
+    real, taken = OnlineFilterSampler.state_dict, []
+    monkeypatch.setattr(OnlineFilterSampler, "state_dict", lambda self: taken.append(1) or real(self))
+    s.mark()
+    assert taken == []  # nothing taken at the mark
+    after = set(_feedback(s, 100, random.Random(1)))
+    assert after & before and after - before  # rates the mark held set again, and new ones
+    now = real(s)
+    assert now["rate"] != then["rate"] and now["skips"] != then["skips"] and now["counts"] != then["counts"]
+    assert then["skips"] and s.state_at_mark() == then

@@ -42,6 +42,7 @@ class Checked:
     task: Task
     model_dir: Path
     split: tuple[list[Problem], set[str]]  # prepare_split's (held-out problems, prompts never trained on)
+    tokenizer: Any  # load_tokenizer's, with the run's chat template: training loads it no second time
 
 
 def check_run_dir(path: Path, may_hold_run: bool, training: bool = False) -> None:
@@ -157,4 +158,4 @@ def preflight(cfg: Any) -> Checked:
     prompts = PromptFilter(tokenizer, limit, f"task {cfg.task}", warn=False)
     next(prompts.apply(itertools.chain(drawn, stream)))
     model_dir = resolve_model_dir(cfg.model, cfg.seed)  # the weights, once every check above passed
-    return Checked(task, model_dir, split)
+    return Checked(task, model_dir, split, tokenizer)

@@ -3,7 +3,7 @@ and its contents as of a mark, rebuilt only when asked for.
 
 A loop that may have to save the stream's state from before a step (a step whose rollouts fail draws
 its problems again on resume, loop/colocated.py) marks the start of every step. Copying every entry at
-each mark would cost a step what is remembered (up to data/samplers.py MEMORY); instead the memory
+each mark would cost a step what is remembered (up to data/sampler_base.py MEMORY); instead the memory
 keeps, from the mark on, each changed entry's value and place before its first change, and rebuilds the
 contents as of the mark from them when a state is taken. Entries are kept in the order they were last
 set, each with a rising sequence number, so an entry's place is its number. Not thread-safe: its

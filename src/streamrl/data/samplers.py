@@ -1,246 +1,56 @@
 """Samplers: which problem is rolled out next, with feedback from every scored group.
 
 A sampler is an iterator of problems over the task's training stream (`base`) plus `observe(group)`,
-which the loops call once per scored group (trained or filtered). Selected by `rollout.sampler`:
+which the loops call once per scored group (trained or filtered); the base class and its resume
+protocol are in data/sampler_base.py. Selected by `rollout.sampler`:
 
-- uniform: the stream's own order.
-- mopps (MoPPS, model-predictive prompt selection): each prompt i has a Beta(a_i, b_i) posterior of its
-  success rate, from a Beta(1, 1) prior, updated by a group of n samples with s successes as
-      a_i <- lam * a_i + s,    b_i <- lam * b_i + (n - s)        (lam = 1: no forgetting)
-  A pool of K candidates is kept filled from the stream. Each draw samples theta_i ~ Beta(a_i, b_i)
-  for every candidate and returns  argmin_i |theta_i - target|  (Thompson sampling toward
-  target = 0.5, where the group-relative advantage has the most signal). The chosen prompt stays in
-  the pool, so it can be revisited with what was learned; it retires after `max_draws` draws, and a
-  candidate whose posterior mean has left [target - band, target + band] is replaced by a fresh one.
-  Posteriors of retired prompts are remembered, so a finite dataset's prompts start the next epoch
-  with them.
+- uniform: the stream's own order (data/sampler_base.py).
+- mopps (MoPPS, model-predictive prompt selection): Thompson sampling of a pool of prompts toward a
+  target success rate, from each prompt's Beta posterior (data/mopps.py).
 - online_filter (balanced online difficulty filtering): a prompt whose last observed pass rate was 0
   or 1 is skipped when the stream offers it again (epochs of a finite dataset); after `recheck` skips
   it is re-measured. A stream that never repeats a prompt (reasoning-gym) passes through unchanged.
 - curriculum: a reasoning-gym curriculum; when the accuracy of the last W samples reaches the
   threshold, one attribute's level is raised (round robin) and the stream restarts at the new level.
 
-Resume: `state_dict()` holds plain JSON (positions in the base stream, posteriors, levels, RNG); the
-problems of the pool are re-drawn from the deterministic stream by their positions. `state_at_mark()`
-is the state as of the last `mark()`: MoPPS rebuilds its posteriors only then (data/bounded_memory.py).
+Resume: `state_dict()` holds plain JSON (positions in the base stream, posteriors, pass rates, levels,
+RNG). `state_at_mark()` is the state as of the last `mark()`: MoPPS and online_filter rebuild what they
+remember per prompt only then (data/bounded_memory.py), so a mark costs no copy of it.
 """
 
 from __future__ import annotations
 
 import copy
-import random
-import threading
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from streamrl.data.bounded_memory import BoundedMemory
+from streamrl.data.mopps import MoPPSSampler
 from streamrl.data.prompt_limit import PromptFilter
+from streamrl.data.sampler_base import MEMORY, Sampler, successes
 from streamrl.types import Group, Problem
 
+__all__ = [
+    "MEMORY",
+    "CurriculumSampler",
+    "MoPPSSampler",
+    "OnlineFilterSampler",
+    "Sampler",
+    "check_curriculum",
+    "make_sampler",
+]
+
 MAX_SKIPS = 10_000  # consecutive skips before a filter gives up and returns the next problem anyway
-MEMORY = 100_000  # posteriors / pass rates remembered (oldest forgotten first)
-
-
-def _rng_state(state: tuple[Any, ...]) -> list[Any]:
-    """A random.Random's getstate() as JSON."""
-    v, internal, gauss = state
-    return [v, list(internal), gauss]
-
-
-def _set_rng(rng: random.Random, s: list[Any]) -> None:
-    rng.setstate((s[0], tuple(s[1]), s[2]))
-
-
-class Sampler:
-    """Uniform: the base stream as it comes. Subclasses choose and learn from feedback."""
-
-    def __init__(self, base: Iterator[Problem]) -> None:
-        self.base = base
-        self.base_drawn = 0  # position in the base stream (what a resume skips to)
-        self.last_id = ""  # the id of the problem at that position (what a resume checks it reached)
-        self.lock = threading.Lock()  # next() runs in the admission thread, metrics() in the trainer's
-        self._marked: dict[str, Any] | None = None  # state_dict() at the last mark()
-
-    def _pull(self) -> Problem:
-        self.base_drawn += 1
-        p = next(self.base)
-        self.last_id = p.id
-        return p
-
-    def _position(self) -> dict[str, Any]:
-        return {"base_drawn": self.base_drawn, "last_id": self.last_id}
-
-    def _check_position(self, d: dict[str, Any]) -> None:
-        """After a resume re-drew the saved number of problems: the last one must be the one the run
-        drew there. Another means the stream changed under the run: its data, or what decides which
-        prompts are skipped as too long (data/prompt_limit.py). States saved without an id pass."""
-        saved = d.get("last_id")
-        if saved and saved != self.last_id:
-            raise ValueError(
-                f"resume: the training stream's problem {self.base_drawn} is '{self.last_id}', the run drew "
-                f"'{saved}' there: its data changed, or a setting that decides which prompts are too long "
-                "(task_config.max_prompt_tokens, rollout.max_new_tokens, train.token_budget, the system "
-                "prompt or chat template); resume with the run's own data and settings, or start a new run "
-                "from its checkpoint"
-            )
-
-    def __iter__(self) -> Sampler:
-        return self
-
-    def __next__(self) -> Problem:
-        with self.lock:
-            return self._pull()
-
-    def observe(self, group: Group) -> None:
-        """Feedback: one scored group (its samples' `correct`)."""
-
-    def metrics(self) -> dict[str, float]:
-        return {}
-
-    def state_dict(self) -> dict[str, Any]:
-        return self._position()
-
-    def load_state_dict(self, d: dict[str, Any]) -> None:
-        for _ in range(int(d["base_drawn"])):
-            self._pull()
-        self._check_position(d)
-        self._marked = None
-
-    def mark(self) -> None:
-        """Remember this point: `state_at_mark()` is the state_dict as of now, until the next mark."""
-        self._marked = self.state_dict()
-
-    def state_at_mark(self) -> dict[str, Any]:
-        """The state_dict as of the last mark (as of now if never marked)."""
-        return self.state_dict() if self._marked is None else self._marked
-
-
-def _successes(group: Group) -> tuple[int, int]:
-    return sum(bool(t.correct) for t in group.trajectories), len(group.trajectories)
-
-
-@dataclass
-class _Candidate:
-    problem: Problem
-    position: int  # index in the base stream
-    draws: int = 0
-
-
-class MoPPSSampler(Sampler):
-    def __init__(
-        self,
-        base: Iterator[Problem],
-        pool: int = 64,
-        target: float = 0.5,
-        seed: int = 0,
-        max_draws: int = 8,
-        band: float = 0.3,
-        lam: float = 1.0,
-    ) -> None:
-        super().__init__(base)
-        self.K, self.target, self.max_draws, self.band, self.lam = pool, target, max_draws, band, lam
-        self.pool: OrderedDict[str, _Candidate] = OrderedDict()
-        self.post: BoundedMemory[list[float]] = BoundedMemory(MEMORY)  # id -> [a, b]
-        self.rng = random.Random(seed)
-        self.draws = self.retired = self.evicted = 0
-
-    def _ab(self, pid: str) -> list[float]:
-        return self.post.get(pid, [1.0, 1.0])
-
-    def _mean(self, pid: str) -> float:
-        a, b = self._ab(pid)
-        return a / (a + b)
-
-    def _fill(self) -> None:
-        """Pull candidates until the pool holds K, or until a pull finds one the pool holds: the stream
-        came round (a dataset smaller than the pool never fills it, and every draw would pull K)."""
-        for _ in range(self.K):
-            if len(self.pool) >= self.K:
-                return
-            pos = self.base_drawn
-            p = self._pull()
-            if p.id in self.pool:
-                return
-            self.pool[p.id] = _Candidate(p, pos)
-
-    def __next__(self) -> Problem:
-        with self.lock:
-            self._fill()
-            ids = list(self.pool)
-            theta = [self.rng.betavariate(*self._ab(i)) for i in ids]
-            best = min(range(len(ids)), key=lambda j: abs(theta[j] - self.target))
-            cand = self.pool[ids[best]]
-            cand.draws += 1
-            self.draws += 1
-            if cand.draws >= self.max_draws:
-                del self.pool[ids[best]]
-                self.retired += 1
-            return cand.problem
-
-    def observe(self, group: Group) -> None:
-        s, n = _successes(group)
-        pid = group.problem.id
-        with self.lock:
-            a, b = self._ab(pid)
-            self.post.put(pid, [self.lam * a + s, self.lam * b + (n - s)])
-            if pid in self.pool and abs(self._mean(pid) - self.target) > self.band:
-                del self.pool[pid]  # saturated (too easy or too hard): make room for a fresh prompt
-                self.evicted += 1
-
-    def metrics(self) -> dict[str, float]:
-        with self.lock:
-            means = [self._mean(i) for i in self.pool]
-            return {
-                "sampler_pool_size": float(len(self.pool)),
-                "sampler_pool_success_mean": sum(means) / max(len(means), 1),
-                "sampler_evicted": float(self.evicted),
-                "sampler_retired": float(self.retired),
-            }
-
-    def state_dict(self) -> dict[str, Any]:
-        with self.lock:
-            return self._state(self._small(), self.post.items())
-
-    def _small(self) -> dict[str, Any]:
-        """The state but its posteriors, with the RNG's own tuple: what a mark copies."""
-        pool = [[c.position, c.draws] for c in self.pool.values()]
-        counts = [self.draws, self.retired, self.evicted]
-        return {**self._position(), "pool": pool, "post": [], "rng": self.rng.getstate(), "counts": counts}
-
-    @staticmethod
-    def _state(small: dict[str, Any], post: Iterable[tuple[str, list[float]]]) -> dict[str, Any]:
-        return {**small, "post": [[k, v[0], v[1]] for k, v in post], "rng": _rng_state(small["rng"])}
-
-    def mark(self) -> None:
-        with self.lock:
-            self._marked = self._small()
-            self.post.mark()  # the posteriors as of now are rebuilt by state_at_mark, not copied
-
-    def state_at_mark(self) -> dict[str, Any]:
-        with self.lock:
-            return self._state(self._marked or self._small(), self.post.items_at_mark())
-
-    def load_state_dict(self, d: dict[str, Any]) -> None:
-        wanted = {int(pos): int(draws) for pos, draws in d["pool"]}
-        for pos in range(int(d["base_drawn"])):
-            p = self._pull()
-            if pos in wanted:
-                self.pool[p.id] = _Candidate(p, pos, wanted[pos])
-        self._check_position(d)
-        self.post = BoundedMemory(MEMORY, ((k, [float(a), float(b)]) for k, a, b in d["post"]))
-        _set_rng(self.rng, d["rng"])
-        self.draws, self.retired, self.evicted = d["counts"]
-        self._marked = None
+UNBOUNDED = 2**63  # the skip counts: one per prompt skipped and not yet re-measured, none forgotten
 
 
 class OnlineFilterSampler(Sampler):
     def __init__(self, base: Iterator[Problem], recheck: int = 2) -> None:
         super().__init__(base)
         self.recheck = recheck
-        self.rate: OrderedDict[str, float] = OrderedDict()  # id -> pass rate of its last group
-        self.skips: dict[str, int] = {}
+        self.rate: BoundedMemory[float] = BoundedMemory(MEMORY)  # id -> pass rate of its last group
+        self.skips: BoundedMemory[int] = BoundedMemory(UNBOUNDED)  # id -> times skipped since
         self.skipped = self.forced = 0
 
     def __next__(self) -> Problem:
@@ -250,36 +60,51 @@ class OnlineFilterSampler(Sampler):
                 if self.rate.get(p.id) not in (0.0, 1.0):
                     return p
                 self.skipped += 1
-                self.skips[p.id] = self.skips.get(p.id, 0) + 1
+                self.skips.put(p.id, self.skips.get(p.id, 0) + 1)
                 if self.skips[p.id] >= self.recheck:  # measure it again next time it comes
-                    del self.rate[p.id], self.skips[p.id]
+                    self.rate.pop(p.id)
+                    self.skips.pop(p.id)
             self.forced += 1  # every prompt saturated: train on one rather than stall
             return self._pull()
 
     def observe(self, group: Group) -> None:
-        s, n = _successes(group)
+        s, n = successes(group)
         with self.lock:
-            self.rate[group.problem.id] = s / max(n, 1)
-            self.rate.move_to_end(group.problem.id)
-            if len(self.rate) > MEMORY:
-                self.rate.popitem(last=False)
+            self.rate.put(group.problem.id, s / max(n, 1))  # the least recent past MEMORY is forgotten
 
     def metrics(self) -> dict[str, float]:
         return {"sampler_skipped": float(self.skipped), "sampler_forced": float(self.forced)}
 
+    def _small(self) -> dict[str, Any]:
+        """The state but what it remembers per prompt: what a mark copies."""
+        return {**self._position(), "rate": [], "skips": {}, "counts": [self.skipped, self.forced]}
+
+    @staticmethod
+    def _state(
+        small: dict[str, Any], rate: Iterable[tuple[str, float]], skips: Iterable[tuple[str, int]]
+    ) -> dict[str, Any]:
+        # copies: the caller writes the state later, as taken now
+        return {**small, "rate": list(rate), "skips": dict(skips)}
+
     def state_dict(self) -> dict[str, Any]:
         with self.lock:
-            return {
-                **self._position(),
-                "rate": list(self.rate.items()),
-                "skips": dict(self.skips),  # a copy: the caller writes it later, as taken now
-                "counts": [self.skipped, self.forced],
-            }
+            return self._state(self._small(), self.rate.items(), self.skips.items())
+
+    def mark(self) -> None:
+        with self.lock:
+            self._marked = self._small()
+            self.rate.mark()  # the pass rates and skips as of now are rebuilt by state_at_mark, not copied
+            self.skips.mark()
+
+    def state_at_mark(self) -> dict[str, Any]:
+        with self.lock:
+            small = self._marked or self._small()
+            return self._state(small, self.rate.items_at_mark(), self.skips.items_at_mark())
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         super().load_state_dict(d)
-        self.rate = OrderedDict((k, float(v)) for k, v in d["rate"])
-        self.skips = {k: int(v) for k, v in d["skips"].items()}
+        self.rate = BoundedMemory(MEMORY, ((k, float(v)) for k, v in d["rate"]))
+        self.skips = BoundedMemory(UNBOUNDED, ((k, int(v)) for k, v in d["skips"].items()))
         self.skipped, self.forced = d["counts"]
 
 

@@ -19,54 +19,35 @@ from __future__ import annotations
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from streamrl.data.prompts import render_prompt_ids
-from streamrl.loop.dynamic_sampling import DynamicSampling
-from streamrl.loop.episode_errors import EpisodeErrors
-from streamrl.loop.ledger import Ledger
-from streamrl.loop.shared import Shared
-from streamrl.loop.staleness import StalenessManager
-from streamrl.loop.stall import StallWatch
-from streamrl.loop.state import RunState
-from streamrl.placement.backend import RolloutBackend
-from streamrl.rollout.drafts import DraftStore
+from streamrl.loop.shared import LoopParts
 from streamrl.rollout.trajectory import RolloutSettings
 from streamrl.rollout.worker import GroupRequest, GroupResult
-from streamrl.types import Group, Problem
+from streamrl.types import Group
 
 
 class Admission:
     """Admits requests under the staleness bound and accepts their results (see the module's text).
 
-    The pieces shared with the trainer side (sh, ledger, staleness, stall, sampling, episode_errors,
-    drafts) are the runner's; this class owns the requests to re-admit (`readmit`, the state's
-    unfinished ones), the newest published version and its thread."""
+    `parts` holds the pieces shared with the trainer side (the runner's); this class owns the requests
+    to re-admit (`readmit`, the state's unfinished ones), the newest published version and its thread."""
 
     def __init__(
         self,
+        parts: LoopParts,
         *,
-        stream: Iterator[Problem],
-        state: RunState,
         tokenizer: Any,
         settings: RolloutSettings,
-        backend: RolloutBackend,
-        sh: Shared,
-        ledger: Ledger,
-        staleness: StalenessManager,
-        stall: StallWatch,
-        sampling: DynamicSampling,
-        episode_errors: EpisodeErrors,
-        drafts: DraftStore | None,
         on_group_scored: Callable[[Group], None] | None,
         published: int,
     ) -> None:
-        self.stream, self.state, self.tokenizer, self.settings = stream, state, tokenizer, settings
-        self.backend, self.sh, self.ledger, self.staleness = backend, sh, ledger, staleness
-        self.stall, self.sampling, self.episode_errors, self.drafts = stall, sampling, episode_errors, drafts
+        self.parts, self.tokenizer, self.settings = parts, tokenizer, settings
+        self.sh = parts.sh  # the one every method takes its lock from
         self.on_group_scored = on_group_scored  # the sampler's feedback on each returned group
-        self.readmit: deque[GroupRequest] = deque(state.unfinished)
+        self.readmit: deque[GroupRequest] = deque(parts.state.unfinished)
         self.published = published  # the newest weights the workers can load (the trainer sets it)
         self._stopping = threading.Event()
         self._carried = False  # the state holds the carry-over: nothing more is drawn (sh.cond)
@@ -90,19 +71,20 @@ class Admission:
 
     def next_request(self) -> GroupRequest:
         """A carried-over request first, else a new one for the stream's next problem (under sh.cond)."""
+        p = self.parts
         if self.readmit:
             req = self.readmit.popleft()
-            self.ledger.requeue(req.group_id, "running")
+            p.ledger.requeue(req.group_id, "running")
         else:
-            problem = next(self.stream)
-            self.state.problems_drawn += 1
-            gid = f"g{self.state.groups_made}"
-            self.state.groups_made += 1
+            problem = next(p.stream)
+            p.state.problems_drawn += 1
+            gid = f"g{p.state.groups_made}"
+            p.state.groups_made += 1
             ids = render_prompt_ids(self.tokenizer, problem.messages)
             req = GroupRequest(gid, problem, ids, self.settings.samples, 0, self.settings.greedy_baseline)
-            if self.drafts is not None:
-                req.drafts = self.drafts.drafts(problem.id)
-            self.ledger.admitted(gid)
+            if p.drafts is not None:
+                req.drafts = p.drafts.drafts(problem.id)
+            p.ledger.admitted(gid)
         # the published version: the trainer's own runs ahead between its update and the publish, and a
         # request admitted under it would make its worker reload the old weights every decode step
         req.admitted_version = self.published
@@ -110,21 +92,22 @@ class Admission:
 
     def run(self) -> None:
         """The admission loop, until `stop`; an exception is handed to the trainer thread (sh.errors)."""
+        p = self.parts
         try:
             while not self._stopping.is_set():
-                while not self._stopping.is_set() and self.staleness.try_admit():
+                while not self._stopping.is_set() and p.staleness.try_admit():
                     with self.sh.cond:
                         if self._carried:  # a draw now would advance the saved sampler, unrecorded
                             return
                         req = self.next_request()
                         self.sh.inflight[req.group_id] = req
-                    self.backend.submit(req)
-                for res in self.backend.poll(0.05):
+                    p.backend.submit(req)
+                for res in p.backend.poll(0.05):
                     self.accept(res)
                 with self.sh.cond:
-                    again, warning = self.stall.due(self.sh.inflight)
+                    again, warning = p.stall.due(self.sh.inflight)
                 for req in again:  # the first copy back counts (accept), later ones are duplicates
-                    self.backend.resend(req, elsewhere=req.group_id in self.stall.repeated)
+                    p.backend.resend(req, elsewhere=req.group_id in p.stall.repeated)
                 if warning:
                     print(warning, file=sys.stderr, flush=True)
         except Exception as e:  # a backend failure must reach the trainer thread, not die silently
@@ -135,6 +118,7 @@ class Admission:
     def accept(self, res: GroupResult) -> None:
         """A worker's result: its counters, then the group into the buffer, filtered or dropped as a
         duplicate (takes sh.cond, notifies the trainer)."""
+        p = self.parts
         with self.sh.cond:
             # the work behind every result counts, a duplicate's too (the counters run since the
             # worker's previous result)
@@ -156,21 +140,21 @@ class Admission:
                 # stays in flight, and a stop carries it over to be generated again
                 if group.trajectories and self.on_group_scored is not None:
                     self.on_group_scored(group)
-                keep = bool(group.trajectories) and self.sampling.keep(group)
+                keep = bool(group.trajectories) and p.sampling.keep(group)
                 del self.sh.inflight[res.group_id]
-                self.stall.returned()
-                self.ledger.returned(res.group_id)
-                self.episode_errors.add(group)
-                if self.drafts is not None:
-                    self.drafts.add(group)
+                p.stall.returned()
+                p.ledger.returned(res.group_id)
+                p.episode_errors.add(group)
+                if p.drafts is not None:
+                    p.drafts.add(group)
                 if not group.trajectories:  # agents that made no call: nothing to train on
-                    self.ledger.filtered(res.group_id, "no_calls")
-                    self.staleness.on_return(kept=False)
+                    p.ledger.filtered(res.group_id, "no_calls")
+                    p.staleness.on_return(kept=False)
                 elif not keep:
                     # its slot goes to a new group at once, so the engine refills while the trainer trains
-                    self.ledger.filtered(res.group_id, "zero_variance")
-                    self.staleness.on_return(kept=False)
+                    p.ledger.filtered(res.group_id, "zero_variance")
+                    p.staleness.on_return(kept=False)
                 else:
-                    self.staleness.on_return(kept=True)
+                    p.staleness.on_return(kept=True)
                     self.sh.buffer.append(res)
             self.sh.cond.notify_all()

@@ -25,7 +25,7 @@ from streamrl.loop.budget import RunBudget
 from streamrl.loop.dynamic_sampling import DynamicSampling, applies
 from streamrl.loop.episode_errors import EpisodeErrors
 from streamrl.loop.ledger import Ledger
-from streamrl.loop.shared import RunCounters, Shared
+from streamrl.loop.shared import LoopParts, RunCounters, Shared
 from streamrl.loop.signals import StopFlag
 from streamrl.loop.staleness import StalenessManager, next_in_batch
 from streamrl.loop.stall import StallWatch
@@ -82,19 +82,22 @@ class AsyncRunner:
         self._started = self._closed = False  # the workers (start, close)
         self.in_step = False  # between taking a batch and counting its step: nothing to save
         # its thread admits requests and takes their results in; the rest is the trainer's side
-        self.admission = Admission(
-            stream=stream,
-            state=state,
-            tokenizer=tokenizer,
-            settings=settings,
-            backend=self.backend,
+        parts = LoopParts(
             sh=self.sh,
+            state=state,
+            stream=stream,
+            backend=self.backend,
             ledger=self.ledger,
             staleness=self.staleness,
             stall=self.stall,
             sampling=self.sampling,
             episode_errors=self.episode_errors,
             drafts=self.drafts,
+        )
+        self.admission = Admission(
+            parts,
+            tokenizer=tokenizer,
+            settings=settings,
             on_group_scored=on_group_scored,  # the sampler's feedback
             published=trainer.version,  # the weights backend.start gives the workers
         )

@@ -68,16 +68,21 @@ class Components:
 
 
 def build_components(
-    cfg: Config, task: Task | None = None, split: tuple[list[Problem], set[str]] | None = None
+    cfg: Config,
+    task: Task | None = None,
+    split: tuple[list[Problem], set[str]] | None = None,
+    tokenizer: Any = None,
 ) -> Components:
-    """Model, tokenizer, task (held-out list + training stream), engine and trainer for `cfg`; `task` and
-    its `split` (prepare_split's result) when preflight made them already."""
+    """Model, tokenizer, task (held-out list + training stream), engine and trainer for `cfg`; `task`, its
+    `split` (prepare_split's result) and the `tokenizer` when preflight made them already."""
     if not cfg.task_config.args:
         cfg.task_config.args = default_task_args(cfg.task)
     if task is None:  # first: a bad task or a refused code sandbox fails before any download
         task = task_from_config(cfg)
     # fp32 master weights
-    started = start_model(cfg.model, cfg.seed, cfg.device, chat_template=cfg.task_config.chat_template)
+    started = start_model(
+        cfg.model, cfg.seed, cfg.device, chat_template=cfg.task_config.chat_template, tokenizer=tokenizer
+    )
     model, tokenizer = started.model, started.tokenizer
     heldout, exclude = split if split is not None else prepare_split(task, cfg)
     prompts = PromptFilter(tokenizer, prompt_limit(cfg, model.config), f"task {cfg.task}")
@@ -158,7 +163,7 @@ def _run_train(
 
     start_server_for(cfg)  # the workers' fork server imports torch on another core while we load the model
     t0 = time.perf_counter()
-    parts = build_components(cfg, checked.task, checked.split)
+    parts = build_components(cfg, checked.task, checked.split, checked.tokenizer)
     closers.callback(parts.trainer.close)
     tokenizer, task, heldout, engine, trainer = (
         parts.tokenizer,

@@ -1,11 +1,24 @@
-"""What the asynchronous loop's admission thread and trainer thread share, guarded by one condition."""
+"""What the asynchronous loop's admission thread and trainer thread share, guarded by one condition
+(`Shared.cond`); `LoopParts` gathers the pieces both hold."""
 
 from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from streamrl.loop.dynamic_sampling import DynamicSampling
+    from streamrl.loop.episode_errors import EpisodeErrors
+    from streamrl.loop.ledger import Ledger
+    from streamrl.loop.staleness import StalenessManager
+    from streamrl.loop.stall import StallWatch
+    from streamrl.loop.state import RunState
+    from streamrl.placement.backend import RolloutBackend
+    from streamrl.rollout.drafts import DraftStore
+    from streamrl.types import Problem
 
 # event counters a step record carries for the whole run: the loop's and the backend's (stats())
 RUN_COUNTERS = (
@@ -80,3 +93,21 @@ class Shared:
             "rows": self.rows,
             "cache_rows": self.cache_rows,
         }
+
+
+@dataclass(frozen=True)
+class LoopParts:
+    """The pieces the asynchronous loop's trainer side (loop/asynchronous.py) builds and its admission
+    thread (loop/admission.py) uses too: `sh.cond` guards all of them but the staleness manager, which
+    has its own lock, and the backend, which is called outside it."""
+
+    sh: Shared
+    state: RunState  # its draw counters and unfinished requests
+    stream: Iterator[Problem]  # the training problems, drawn by the admission thread
+    backend: RolloutBackend
+    ledger: Ledger
+    staleness: StalenessManager
+    stall: StallWatch  # groups that never come back
+    sampling: DynamicSampling  # the dynamic-sampling filter
+    episode_errors: EpisodeErrors
+    drafts: DraftStore | None  # speculative rollouts' drafts, if on

@@ -79,7 +79,7 @@ def load_full(
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     options = _options(load=True)
-    set_model_state_dict(model, weights, options=options)
+    set_model_state_dict(model, dict(weights), options=options)  # torch puts its shards into the dict
     if not moments:
         return
     by_name: dict[str, Any] = {}

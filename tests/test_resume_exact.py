@@ -12,6 +12,7 @@ import json
 import math
 import random
 import re
+import shutil
 
 import pytest
 import torch
@@ -110,20 +111,94 @@ def test_restore_loads_every_saved_piece(runs, tmp_path):
     assert parts.trainer.version == restored.version == state.version == 4
 
 
+def _data_parallel_runs(base, strategy):
+    """(a 3-step run over 2 ranks, the same run stopped after step 1 and resumed) under `base`."""
+    args = [
+        *SYNC,
+        "max_steps=3",
+        f"train.strategy={strategy}",
+        "train.world_size=2",
+        "train.dist_timeout_s=60",
+    ]
+    args.append("train.token_budget=200")  # several micro-batches: the follower trains on some of them
+    whole, split = base / "whole", base / "split"
+    assert main(["train", *args, f"run_dir={whole}"]) == 0
+    with pytest.MonkeyPatch.context() as mp:
+        stop_after(mp, 1)
+        assert main(["train", *args, f"run_dir={split}"]) == 0
+    assert [r["step"] for r in _rows(split)] == [1]
+    assert main(["train", f"resume={split}"]) == 0
+    return whole, split
+
+
+@pytest.fixture(scope="module")
+def fsdp2_runs(tmp_path_factory):
+    return _data_parallel_runs(tmp_path_factory.mktemp("fsdp2"), "fsdp2")
+
+
 def test_a_data_parallel_run_resumes_exactly(tmp_path):
     """train.strategy=ddp over 2 ranks: a resume hands the followers rank 0's weights, optimizer moments,
     scheduler and version, so a run stopped after step 1 ends bitwise equal to one that never stopped.
     A follower left with its start weights or fresh moments would put other gradients into the
     all-reduce of the steps after the resume."""
-    ddp = [*SYNC, "max_steps=3", "train.strategy=ddp", "train.world_size=2", "train.dist_timeout_s=60"]
-    ddp.append("train.token_budget=200")  # several micro-batches: the follower trains on some of them
-    whole, split = tmp_path / "whole", tmp_path / "split"
-    assert main(["train", *ddp, f"run_dir={whole}"]) == 0
-    with pytest.MonkeyPatch.context() as mp:
-        stop_after(mp, 1)
-        assert main(["train", *ddp, f"run_dir={split}"]) == 0
-    assert [r["step"] for r in _rows(split)] == [1]
-    assert main(["train", f"resume={split}"]) == 0
+    _assert_resumed_exactly(*_data_parallel_runs(tmp_path, "ddp"))
+
+
+def test_a_sharded_run_resumes_exactly(fsdp2_runs):
+    """train.strategy=fsdp2 over 2 ranks: its state holds the whole model and optimizer, gathered from
+    the ranks' shards, and a resume gives every rank its shards back, so the resumed run ends bitwise
+    equal to one that never stopped."""
+    _assert_resumed_exactly(*fsdp2_runs)
+
+
+def test_a_sharded_state_is_saved_whole_and_restored_on_every_rank(fsdp2_runs):
+    """The fsdp2 state is one process's format (every parameter's moments, numbered as a single-process
+    optimizer numbers them, full size); restored into fresh ranks, the state gathered back from their
+    shards is the saved one, tensor for tensor: the follower's shards were loaded too."""
+    _, split = fsdp2_runs
+    state, model_dir, tensors = load_state(split)
+    saved = load_file(str(model_dir / "model.safetensors"))
+    optimizer = tensors["optimizer"]
+    cfg = load_config(None, [f"resume={split}"])
+    parts = job.build_components(cfg)
+    try:
+        params = [p for p in parts.model.parameters() if p.requires_grad]
+        assert sorted(optimizer["state"]) == list(range(len(params)))
+        assert [g["params"] for g in optimizer["param_groups"]] == [list(range(len(params)))]
+        for i, p in enumerate(params):  # the whole tensor, not a rank's shard
+            assert optimizer["state"][i]["exp_avg"].shape == p.shape
+            assert float(optimizer["state"][i]["step"]) == 3
+        # nothing trained yet: no moments (torch's gather would make them with a zero step), and a state
+        # saved so, loaded, leaves none either
+        fresh = parts.trainer.optimizer_state()
+        assert fresh["state"] == {}
+        parts.trainer.load_full_state(saved, fresh)
+        assert parts.trainer.optimizer_state()["state"] == {}
+        restored = restore(split, parts.model, parts.trainer, parts.engine, parts.stream)
+        _assert_optimizer_equal(parts.trainer.optimizer_state(), optimizer)
+        weights = parts.trainer.policy_state()
+        assert weights.keys() >= saved.keys()
+        assert all(torch.equal(weights[k], v) for k, v in saved.items())
+        assert parts.trainer.scheduler.state_dict() == tensors["scheduler"]
+        assert parts.trainer.version == restored.version == state.version == 3
+    finally:
+        parts.trainer.close()
+
+
+def test_a_sharded_runs_state_resumes_in_one_process(fsdp2_runs, tmp_path):
+    """The fsdp2 state is one process's: train.strategy=single resumes it, its optimizer fused as its
+    own are, and trains on from the saved moments."""
+    _, split = fsdp2_runs
+    run = tmp_path / "run"
+    shutil.copytree(split, run)
+    assert main(["train", f"resume={run}", "train.strategy=single", "train.world_size=1", "max_steps=4"]) == 0
+    assert [r["step"] for r in _rows(run)] == [1, 2, 3, 4]
+    optimizer = load_state(run)[2]["optimizer"]
+    assert [g["fused"] for g in optimizer["param_groups"]] == [True]
+    assert {float(s["step"]) for s in optimizer["state"].values()} == {4.0}
+
+
+def _assert_resumed_exactly(whole, split):
     w_weights, w_tensors = _tensors(whole)
     s_weights, s_tensors = _tensors(split)
     differ = [k for k in w_weights if not torch.equal(w_weights[k], s_weights[k])]

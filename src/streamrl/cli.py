@@ -109,18 +109,13 @@ def main(argv: list[str] | None = None) -> int:
         checked = preflight(cfg)  # model, task, data: before the heavy imports and any file is written
         from streamrl.loop.export import CheckpointWriteError
         from streamrl.loop.job import run_train
-        from streamrl.loop.run_dir import saves_states
         from streamrl.loop.state import StateSaveError
         from streamrl.placement.backend import RolloutFailure
 
         try:
             run_train(cfg, checked=checked)
-        except RolloutFailure as e:  # the state is saved (but fsdp2's): say why, no traceback
-            kept = (
-                f"the state is saved, continue with resume={cfg.run_dir}"
-                if saves_states(cfg)
-                else f"train.strategy=fsdp2 runs cannot be resumed; the exports in {cfg.run_dir} are kept"
-            )
+        except RolloutFailure as e:  # the state is saved: say why, no traceback
+            kept = f"the state is saved, continue with resume={cfg.run_dir}"
             print(f"streamrl: stopped: {e}; {kept}", file=sys.stderr)
             return 1
         except StateSaveError as e:  # the newest complete state is kept: say why, no traceback

@@ -30,8 +30,6 @@ def _validate_distributed(cfg: Any) -> None:
         )
     if t.strategy == "fsdp2" and t.lora_rank:
         raise ConfigError("train.strategy=fsdp2 with train.lora_rank > 0 is not supported: use ddp")
-    if t.strategy == "fsdp2" and cfg.resume:
-        raise ConfigError("resume with train.strategy=fsdp2 is not supported (sharded optimizer): use ddp")
     if t.dist_backend == "nccl" and not cfg.device.startswith("cuda"):
         raise ConfigError(f"train.dist_backend=nccl needs device=cuda, got {cfg.device}: use gloo or auto")
 

@@ -11,7 +11,6 @@ from typing import Any
 
 from streamrl.config import Config
 from streamrl.loop.durable import could_not_write, swap_in, temp_beside, write_failed
-from streamrl.loop.run_dir import saves_states
 from streamrl.loop.state import STATE_DIR
 from streamrl.models import lora, smollm2
 from streamrl.models.hub import split_id
@@ -109,9 +108,5 @@ def export_checkpoint(
         if not write_failed(e):
             raise
         state = Path(cfg.run_dir) / STATE_DIR
-        kept = (
-            f" The run state in {state} holds the same model (model/ in its newest step)"
-            if saves_states(cfg)
-            else ""  # train.strategy=fsdp2 saves no state
-        )
+        kept = f" The run state in {state} holds the same model (model/ in its newest step)"
         raise CheckpointWriteError(f"{could_not_write('the checkpoint', path, e)}{kept}") from e

@@ -29,7 +29,7 @@ from streamrl.loop.export import export_checkpoint, prune_exports
 from streamrl.loop.heldout import eval_record, periodic_eval, run_eval_record, without_final
 from streamrl.loop.ledger import Ledger
 from streamrl.loop.restore import restore
-from streamrl.loop.run_dir import PeriodicSaver, claim_run_dir, reconcile_logs, saves_states, stop_message
+from streamrl.loop.run_dir import PeriodicSaver, claim_run_dir, reconcile_logs, stop_message
 from streamrl.loop.signals import StopFlag
 from streamrl.loop.state import RunState, latest_state, save_state
 from streamrl.loop.step import StepRecord
@@ -252,16 +252,12 @@ def _run_train(
         snapshot.clock = dict(clock_at)
         observer.sync()  # the logs up to this state are on disk before the state says they are
         groups_log.sync()
-        if saves_states(cfg):  # fsdp2: a state its resume refuses is not written
-            save_state(
-                run_dir, snapshot, trainer, tokenizer, engine.generator.get_state(), cfg.train.keep_states
-            )
+        save_state(run_dir, snapshot, trainer, tokenizer, engine.generator.get_state(), cfg.train.keep_states)
         counts = _accounting(Ledger.from_state_dict(snapshot.ledger), parts.prompts)
         write_text_atomic(run_dir / "accounting.json", json.dumps(counts, indent=2))
         return snapshot
 
-    every = (cfg.train.save_every, cfg.train.save_every_s) if saves_states(cfg) else (0, 0.0)
-    saver = PeriodicSaver(*every, lambda: save(runner.snapshot()))
+    saver = PeriodicSaver(cfg.train.save_every, cfg.train.save_every_s, lambda: save(runner.snapshot()))
     t_train = time.perf_counter()
     clock = TrainClock()  # train_elapsed: the loop's time minus periodic evaluation, saves and exports
     resumed_at = dict(clock_at)  # a resumed run's clocks continue the saved ones
@@ -337,7 +333,7 @@ def _run_train(
             timings["save"] = time.perf_counter() - t_save
     interrupted, final_eval_stopped = bool(stop), False
     if interrupted:
-        console.print(stop_message(cfg, stop.reason, state.step, run_dir), style="yellow", markup=False)
+        console.print(stop_message(stop.reason, state.step, run_dir), style="yellow", markup=False)
 
     torch.set_num_threads(os.cpu_count() or 1)
     if cfg.eval.after and heldout and not interrupted:
@@ -350,8 +346,6 @@ def _run_train(
             interrupted = final_eval_stopped = True
             said = f"stopped by {stop.reason} during the final evaluation; step {state.step} is saved: "
             said += f"evaluate it with `streamrl train resume={run_dir}`"
-            if not saves_states(cfg):
-                said = stop_message(cfg, f"{stop.reason} during the final evaluation", state.step, run_dir)
             console.print(said, style="yellow", markup=False)
     # with what eval.json holds now: `streamrl eval` may have scored a checkpoint meanwhile
     evals = update_json(eval_file, lambda now: run_eval_record(base, final, {**old_eval, **now}))

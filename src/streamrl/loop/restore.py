@@ -14,6 +14,7 @@ from streamrl.data.samplers import Sampler
 from streamrl.loop.state import RunState, load_state
 from streamrl.models.lora import is_lora
 from streamrl.placement.colocated import push_policy
+from streamrl.trainer.full_state import with_implementation_of
 from streamrl.trainer.trainer import Trainer
 
 
@@ -27,19 +28,27 @@ def restore(run_dir: Path, model: nn.Module, trainer: Trainer, engine: Any, stre
     from safetensors.torch import load_file
 
     weights = load_file(str(model_dir / "model.safetensors"))
-    loaded = model.load_state_dict(weights, strict=False)  # LoRA: the adapter file restores
-    if loaded.unexpected_keys and not is_lora(model):
-        raise ValueError(f"resume: {model_dir} does not match the model ({loaded.unexpected_keys[:3]})")
-    trainer.load_value_head(model_dir)
-    trainer.load_adapter(model_dir)
-    trainer.optimizer.load_state_dict(tensors["optimizer"])
+    # a state saved by another train.strategy keeps this optimizer's implementation (fused or not)
+    optimizer = with_implementation_of(trainer.optimizer, tensors["optimizer"])
+    if trainer.train.strategy == "fsdp2":  # sharded: every rank takes its shards of the saved state
+        unexpected = [k for k in weights if k not in model.state_dict()]
+    else:
+        unexpected = model.load_state_dict(weights, strict=False).unexpected_keys  # LoRA: its adapter file
+    if unexpected and not is_lora(model):
+        raise ValueError(f"resume: {model_dir} does not match the model ({unexpected[:3]})")
+    if trainer.train.strategy == "fsdp2":
+        trainer.load_full_state(weights, optimizer)
+    else:
+        trainer.load_value_head(model_dir)
+        trainer.load_adapter(model_dir)
+        trainer.optimizer.load_state_dict(optimizer)
     trainer.scheduler.load_state_dict(tensors["scheduler"])
     torch.set_rng_state(tensors["torch_rng"])
     random.setstate(tensors["py_rng"])
     if "engine_rng" in tensors:
         engine.generator.set_state(tensors["engine_rng"])
     trainer.version = state.version
-    if hasattr(trainer, "sync_followers"):  # ddp: the follower ranks take the restored state
+    if hasattr(trainer, "sync_followers"):  # data parallel: the follower ranks take the restored state
         trainer.sync_followers()
     push_policy(engine, trainer)
     return state

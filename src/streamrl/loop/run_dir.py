@@ -10,7 +10,6 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from streamrl.files import sync_dir, write_text_atomic
 from streamrl.loop.durable import recover
@@ -87,27 +86,9 @@ def _set_aside(run_dir: Path, name: str, step: int) -> int:
     return finished + len(orphaned)
 
 
-def saves_states(cfg: Any) -> bool:
-    """Whether the run saves states to resume from: not train.strategy=fsdp2, whose optimizer is
-    sharded over the ranks (its resume is refused); its model-only exports are kept."""
-    return cfg.train.strategy != "fsdp2"
-
-
-def stop_message(cfg: Any, reason: str, step: int, run_dir: Path) -> str:
-    """What a run stopped by `reason` at `step` keeps, and how to continue it if it can."""
-    if saves_states(cfg):
-        resume = f"`streamrl train resume={run_dir}`"
-        return f"stopped by {reason} at step {step}: state saved; continue with {resume}"
-    kept = (
-        [f"{run_dir / 'checkpoints'}/step-* (every {cfg.checkpoint.every} steps)"]
-        if cfg.checkpoint.every
-        else []
-    )
-    kept += [f"{run_dir / 'checkpoint'} (step {step})"] if cfg.checkpoint.save else []
-    return (
-        f"stopped by {reason} at step {step}: train.strategy=fsdp2 runs cannot be resumed (their optimizer "
-        f"is sharded), so no state is saved; kept: {', '.join(kept) or 'no model (checkpoint.save=false)'}"
-    )
+def stop_message(reason: str, step: int, run_dir: Path) -> str:
+    """What a run stopped by `reason` at `step` keeps, and how to continue it."""
+    return f"stopped by {reason} at step {step}: state saved; continue with `streamrl train resume={run_dir}`"
 
 
 class PeriodicSaver:

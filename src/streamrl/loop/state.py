@@ -130,7 +130,7 @@ def _write(tmp: Path, state: RunState, trainer: Any, tokenizer: Any, engine_rng:
     trainer.save(str(tmp / "model"), tokenizer)
     torch.save(
         {
-            "optimizer": trainer.optimizer.state_dict(),
+            "optimizer": trainer.optimizer_state(),  # fsdp2: gathered whole from the ranks' shards
             "scheduler": trainer.scheduler.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "py_rng": random.getstate(),

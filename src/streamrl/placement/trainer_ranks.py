@@ -2,11 +2,11 @@
 
 Rank 0 is the calling process (it runs the RL loop); ranks 1..world-1 are spawned followers that run
 `run_follower`: load the same model, join the process group, then loop on commands from rank 0
-("step", batch) / ("sync", state) / ("stop", None). Commands travel on a plain queue, not a
-collective, so a follower may wait for minutes while rank 0 generates; train.dist_timeout_s bounds
-only the collectives inside a step. Followers ignore Ctrl-C (rank 0 decides), stop on "stop", and
-exit on their own if rank 0 dies. With runtime.backend=ray the followers are Ray actors running the
-same run_follower (placement/ray_ranks.py).
+("step", batch) / ("sync", state) / ("gather", None) / ("load", moments) / ("stop", None). Commands
+travel on a plain queue, not a collective, so a follower may wait for minutes while rank 0 generates;
+train.dist_timeout_s bounds only the collectives a command runs. Followers ignore Ctrl-C (rank 0
+decides), stop on "stop", and exit on their own if rank 0 dies. With runtime.backend=ray the followers
+are Ray actors running the same run_follower (placement/ray_ranks.py).
 """
 
 from __future__ import annotations
@@ -219,5 +219,9 @@ def _follow(
             trainer.step(payload)
         elif kind == "sync":
             trainer.load_sync(payload)
+        elif kind == "gather":  # fsdp2: rank 0 saves the optimizer state, gathered from every rank
+            trainer.optimizer_state()
+        elif kind == "load":  # fsdp2: rank 0 resumes, every rank takes its shards of the saved state
+            trainer.load_full_state({}, {}, moments=payload)
         else:
             raise ValueError(f"unknown trainer command {kind!r}")

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from streamrl.config import Config
+from streamrl.trainer.full_state import gather_model, gather_optimizer, load_full
 from streamrl.trainer.objective import merge_metric
 from streamrl.trainer.trainer import Trainer
 from streamrl.types import TrainBatch
@@ -207,48 +208,69 @@ class DistributedTrainer(Trainer):
         return torch.cat(parts)
 
     def _after_step(self) -> None:
-        if self.train.strategy != "fsdp2":
-            return
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        # a collective: every rank calls it here, so rank 0 can hand out weights without the others
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        self._full_state = get_model_state_dict(self.model, options=opts)
+        if self.train.strategy == "fsdp2":
+            # a collective: every rank calls it here, so rank 0 can hand out weights without the others
+            self._full_state = gather_model(self.model)
 
     # ---- controller side -------------------------------------------------------------------
-    def step(self, batch: TrainBatch) -> dict[str, float]:
+    def _lead(self, command: tuple[str, Any], run: Callable[[], Any]) -> Any:
+        """Rank 0: send `command` to the followers, then run its part of it; a failure names theirs."""
         if self.links is not None:
-            self.links.send(("step", batch))
+            self.links.send(command)
         try:
-            return super().step(batch)
+            return run()
         except Exception as e:
             if self.links is None:
                 raise
             raise RuntimeError(self.links.failure(e)) from e
 
+    def step(self, batch: TrainBatch) -> dict[str, float]:
+        return self._lead(("step", batch), lambda: super(DistributedTrainer, self).step(batch))
+
+    def optimizer_state(self) -> dict[str, Any]:
+        """fsdp2: the full optimizer state gathered from the shards, on rank 0 ({} on the others)."""
+        if self.train.strategy != "fsdp2":
+            return super().optimizer_state()  # ddp: every rank holds all of it
+        return self._lead(("gather", None), lambda: gather_optimizer(self.model, self.optimizer))
+
+    def load_full_state(
+        self, weights: dict[str, torch.Tensor], optimizer: dict[str, Any], moments: bool | None = None
+    ) -> None:
+        """fsdp2, resume: rank 0 passes the saved weights and optimizer state (one process's format),
+        the followers {}, {} and whether it has moments; every rank loads its shards of them
+        (trainer/full_state.py)."""
+        has = bool(optimizer.get("state")) if moments is None else moments
+
+        def load() -> None:
+            load_full(self.model, self.optimizer, weights, optimizer, has)
+            self._after_step()  # the full weights rank 0 hands out are the loaded ones
+
+        self._lead(("load", has), load)
+
     def sync_followers(self) -> None:
-        """After rank 0 loaded a checkpoint (resume): followers take its weights, optimizer,
-        scheduler and version. ddp only (validated). The state goes as bytes, by value: torch's
-        process queues hand a tensor over by sharing its memory, and every rank would then update one
-        set of optimizer moments in place."""
+        """After rank 0 loaded a checkpoint (resume): followers take its scheduler and version, and
+        with ddp its weights and optimizer (fsdp2 loaded those on every rank: load_full_state). The
+        state goes as bytes, by value: torch's process queues hand a tensor over by sharing its memory,
+        and every rank would then update one set of optimizer moments in place."""
         if self.links is not None:
-            extra = {
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-                "version": self.version,
-            }
+            extra: dict[str, Any] = {"scheduler": self.scheduler.state_dict(), "version": self.version}
+            if self.train.strategy == "ddp":
+                extra["optimizer"] = self.optimizer.state_dict()
             buffer = io.BytesIO()
             torch.save(extra, buffer)
             self.links.send(("sync", buffer.getvalue()))
-        self.broadcast_parameters()
+        if self.train.strategy == "ddp":
+            self.broadcast_parameters()
 
     def load_sync(self, payload: bytes) -> None:
         """Follower side of sync_followers."""
         extra = torch.load(io.BytesIO(payload), weights_only=False)  # rank 0's own state
-        self.optimizer.load_state_dict(extra["optimizer"])
+        if "optimizer" in extra:
+            self.optimizer.load_state_dict(extra["optimizer"])
         self.scheduler.load_state_dict(extra["scheduler"])
         self.version = extra["version"]
-        self.broadcast_parameters()
+        if self.train.strategy == "ddp":
+            self.broadcast_parameters()
 
     def broadcast_parameters(self) -> None:
         with torch.no_grad():

@@ -177,6 +177,10 @@ class Trainer:
     def _after_step(self) -> None:
         """Runs on every process after the optimizer steps of one batch."""
 
+    def optimizer_state(self) -> dict[str, Any]:
+        """The optimizer's state_dict, whole (what a run state saves)."""
+        return self.optimizer.state_dict()
+
     def engine_state(self) -> dict[str, torch.Tensor] | None:
         """Weights for a colocated engine; None: it shares self.model (nothing to copy)."""
         return None

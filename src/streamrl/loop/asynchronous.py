@@ -235,6 +235,7 @@ class AsyncRunner:
                         **episode_errors,
                     )
                 finally:
+                    rec.last = not budget.more(step)  # saved by the final save then, not a periodic one
                     on_step(rec)
         finally:
             self.trainer.set_boundary(None)

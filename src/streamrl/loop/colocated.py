@@ -190,4 +190,5 @@ class ColocatedRunner:
                     **self.episode_errors.take(),
                 )
             finally:
+                rec.last = not budget.more(step)  # saved by the final save then, not a periodic one
                 on_step(rec)

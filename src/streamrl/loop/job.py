@@ -304,9 +304,9 @@ def _run_train(
                     with clock.pause():
                         export_checkpoint(trainer, tokenizer, path, cfg, rec.step, before, after)
                         prune_exports(path.parent, cfg.checkpoint.keep, rec.step)
-                # the last step's state, or a stopped run's (with what arrives meanwhile), is saved when
-                # the loop ends: saving it here too would write it twice
-                if rec.step < cfg.max_steps and not stop:
+                # the last step's state (max_steps, max_time, a stop: with what arrives meanwhile) is
+                # saved when the loop ends: saving it here too would write it twice
+                if not (rec.last or stop):
                     with clock.pause():
                         saver.after_step(rec.step)
 
@@ -326,7 +326,7 @@ def _run_train(
                 newest = latest_state(run_dir)
                 kept = f"its newest saved state, {newest.name}, is kept" if newest else "no state was saved"
                 console.print(f"[yellow]the run failed inside step {state.step + 1}: {kept}[/]")
-            else:
+            elif saver.step != state.step:  # a stop during or after its periodic save: saved once
                 state.sampler = runner.stream_position()  # colocated: before a failed step's draws
                 save(state)
             timings["save"] = time.perf_counter() - t_save

@@ -23,12 +23,14 @@ from streamrl.types import Group, TrainBatch, Trajectory
 @dataclass
 class StepRecord:
     """One trained step. metrics: its metrics.jsonl line; groups: the groups trained, in batch order;
-    advantages: one per trajectory in that order (None for a token-level estimator such as GAE)."""
+    advantages: one per trajectory in that order (None for a token-level estimator such as GAE); last:
+    the loop ends after it (max_steps, a stop or max_time, as the loop found when the step was done)."""
 
     step: int
     metrics: dict[str, Any]
     groups: list[Group]
     advantages: list[float] | None
+    last: bool = False
 
 
 def train_on(

@@ -25,7 +25,7 @@ from streamrl.eval.heldout import EvalStopped, evaluate
 from streamrl.files import hold_run_dir, update_json, write_text_atomic
 from streamrl.loop.asynchronous import AsyncRunner
 from streamrl.loop.colocated import ColocatedRunner
-from streamrl.loop.export import export_checkpoint, prune_exports
+from streamrl.loop.export import CheckpointWriteError, export_checkpoint, export_stop, prune_exports
 from streamrl.loop.heldout import eval_record, periodic_eval, run_eval_record, without_final
 from streamrl.loop.ledger import Ledger
 from streamrl.loop.restore import restore
@@ -257,6 +257,7 @@ def _run_train(
 
     every = (cfg.train.save_every, cfg.train.save_every_s) if saves_states(cfg) else (0, 0.0)
     saver = PeriodicSaver(*every, lambda: save(runner.snapshot()))
+    export_failed = False
     t_train = time.perf_counter()
     clock = TrainClock()  # train_elapsed: the loop's time minus periodic evaluation, saves and exports
     resumed_at = dict(clock_at)  # a resumed run's clocks continue the saved ones
@@ -311,6 +312,11 @@ def _run_train(
                         saver.after_step(rec.step)
 
             runner.run(on_step)
+    except CheckpointWriteError as e:  # a periodic export: the step's state is not saved either
+        if not saves_states(cfg):
+            raise
+        export_failed = True
+        raise CheckpointWriteError(export_stop(run_dir, state.step, e.__cause__ or e)) from e.__cause__
     finally:
         # the loop, periodic saves included; the final save is timed apart
         timings["train"] = time.perf_counter() - t_train
@@ -326,7 +332,7 @@ def _run_train(
                 newest = latest_state(run_dir)
                 kept = f"its newest saved state, {newest.name}, is kept" if newest else "no state was saved"
                 console.print(f"[yellow]the run failed inside step {state.step + 1}: {kept}[/]")
-            elif saver.step != state.step:  # a stop during or after its periodic save: saved once
+            elif not export_failed and saver.step != state.step:  # a stop after a periodic save: saved once
                 state.sampler = runner.stream_position()  # colocated: before a failed step's draws
                 save(state)
             timings["save"] = time.perf_counter() - t_save

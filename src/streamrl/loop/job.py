@@ -257,7 +257,7 @@ def _run_train(
 
     every = (cfg.train.save_every, cfg.train.save_every_s) if saves_states(cfg) else (0, 0.0)
     saver = PeriodicSaver(*every, lambda: save(runner.snapshot()))
-    export_failed = False
+    export_failed = ended = False
     t_train = time.perf_counter()
     clock = TrainClock()  # train_elapsed: the loop's time minus periodic evaluation, saves and exports
     resumed_at = dict(clock_at)  # a resumed run's clocks continue the saved ones
@@ -312,6 +312,7 @@ def _run_train(
                         saver.after_step(rec.step)
 
             runner.run(on_step)
+            ended = True  # by max_steps, max_time or a stop: not a failure, which moves the state on
     except CheckpointWriteError as e:  # a periodic export: the step's state is not saved either
         if not saves_states(cfg):
             raise
@@ -332,7 +333,9 @@ def _run_train(
                 newest = latest_state(run_dir)
                 kept = f"its newest saved state, {newest.name}, is kept" if newest else "no state was saved"
                 console.print(f"[yellow]the run failed inside step {state.step + 1}: {kept}[/]")
-            elif not export_failed and saver.step != state.step:  # a stop after a periodic save: saved once
+            # a failed export leaves the state before its step the newest; a step saved periodically as
+            # the loop ended (a stop during its save) is saved once; a failure's groups are recorded
+            elif not (export_failed or (ended and saver.step == state.step)):
                 state.sampler = runner.stream_position()  # colocated: before a failed step's draws
                 save(state)
             timings["save"] = time.perf_counter() - t_save

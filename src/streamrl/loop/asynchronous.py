@@ -216,6 +216,7 @@ class AsyncRunner:
                 self.state.step = step
                 self.state.version = self.trainer.version
                 self.in_step = False
+                rec.last = not budget.more(step)  # saved by the final save then, not a periodic one
                 try:  # the step is trained and counted: it is logged even if a statistic fails
                     m = rec.metrics
                     m.update(
@@ -235,7 +236,6 @@ class AsyncRunner:
                         **episode_errors,
                     )
                 finally:
-                    rec.last = not budget.more(step)  # saved by the final save then, not a periodic one
                     on_step(rec)
         finally:
             self.trainer.set_boundary(None)

@@ -218,3 +218,51 @@ def test_a_failed_export_names_the_state_whatever_the_strategy(tmp_path):
             export_checkpoint(FullDisk(), None, tmp_path / "checkpoint", cfg, 1, None, None)
         assert str(e.value).startswith(f"could not write the checkpoint {tmp_path / 'checkpoint'} (")
         assert "holds the same model (model/ in its newest step)" in str(e.value)
+
+
+def test_a_failed_periodic_export_leaves_the_state_before_it_to_resume_from(tmp_path, monkeypatch, capsys):
+    """A periodic export that cannot be written (a full disk) stops the run without saving that step's
+    state, whose write would meet the same disk: the state before it stays the newest, loadable, and
+    its resume trains the step again and exports it."""
+    import errno
+
+    real, tried = Trainer.save, []
+
+    def save(self, path, *args, **kwargs):
+        if Path(path).parent.name == "checkpoints" and Path(path).name.startswith(".tmp-step-4-"):
+            tried.append(path)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "save", save)
+    run = tmp_path / "run"
+    args = [*TINY, "runtime.mode=colocated", "max_staleness=0", "train.save_every=2", "checkpoint.every=2"]
+    assert main(["train", *args, "max_steps=6", "eval.after=false", f"run_dir={run}"]) == 1
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if x.startswith("streamrl: stopped:")]
+    assert len(tried) == 1 and len(lines) == 1 and "Traceback" not in err
+    free = lines[0].split("); ")[1].split(" MB")[0]
+    assert lines[0] == (
+        f"streamrl: stopped: could not write the checkpoint {run / 'checkpoints' / 'step-4'} ([Errno 28] No "
+        f"space left on device); {free} MB free on that disk. Step 4's state is not saved, so that a resume "
+        f"trains and exports it again: free disk space and resume with resume={run} (from its newest "
+        "state, step-000002)"
+    )
+    assert [d.name for d in state_dirs(run)] == ["step-000002"]
+    assert load_state(run)[0].step == 2
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-2"]  # nothing half-written
+    monkeypatch.undo()  # space freed: the resume trains steps 3 and 4 again and exports step 4
+    assert main(["train", *args, "max_steps=4", "eval.after=false", f"resume={run}"]) == 0
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-2", "step-4"]
+    assert load_state(run)[0].step == 4
+
+
+def test_a_failed_periodic_export_before_any_state_says_to_train_again(tmp_path):
+    from streamrl.loop.export import export_stop
+
+    said = export_stop(tmp_path, 2, OSError(28, "No space left on device"))
+    assert said.startswith(f"could not write the checkpoint {tmp_path / 'checkpoints' / 'step-2'} (")
+    assert said.endswith(
+        "Step 2's state is not saved, so that a resume trains and exports it again: no state was saved yet: "
+        "free disk space and train again with overwrite=true"
+    )

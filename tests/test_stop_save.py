@@ -1,32 +1,148 @@
-"""A run stopped (Ctrl-C, SIGTERM) on a train.save_every step saves its state once: the final save
-that follows the loop, which holds what arrived meanwhile, not a periodic save as well."""
+"""A run saves each step's state once, however it ends: a step the loop ends after (max_steps, max_time,
+Ctrl-C or SIGTERM) on a train.save_every step is saved by the final save that follows the loop, which
+holds what arrived meanwhile, not by a periodic save as well; a stop during a periodic save keeps it."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import time
+import types
 
+import pytest
 from tiny_args import TINY
 
 from streamrl.cli import main
-from streamrl.loop import job
+from streamrl.loop import budget, job
+from streamrl.loop.budget import RunBudget
+from streamrl.loop.signals import StopFlag
 
 
-def test_a_stop_on_a_save_every_step_saves_the_state_once(tmp_path, monkeypatch) -> None:
+def _count_saves(monkeypatch, during=None) -> list[int]:
+    """The steps job.save_state writes, in order; `during(step)` runs inside each save."""
     real_save, saved = job.save_state, []
 
     def save_state(run_dir, snapshot, *args, **kw):
         saved.append(snapshot.step)
+        if during is not None:
+            during(snapshot.step)
         return real_save(run_dir, snapshot, *args, **kw)
+
+    monkeypatch.setattr(job, "save_state", save_state)
+    return saved
+
+
+def _states(run) -> list[str]:
+    return sorted(p.name for p in (run / "state").iterdir())
+
+
+def test_a_stop_on_a_save_every_step_saves_the_state_once(tmp_path, monkeypatch) -> None:
+    saved = _count_saves(monkeypatch)
 
     def periodic_eval(*args, **kw):  # step 2's evaluation: a real SIGINT, taken by the run's handler
         os.kill(os.getpid(), signal.SIGINT)
         return {}
 
-    monkeypatch.setattr(job, "save_state", save_state)
     monkeypatch.setattr(job, "periodic_eval", periodic_eval)
     run = tmp_path / "run"
     args = ["max_steps=6", "train.save_every=2", "eval.every=2", "eval.after=false", f"run_dir={run}"]
     assert main(["train", *TINY, *args]) == 0
     assert saved == [2]
-    assert sorted(p.name for p in (run / "state").iterdir()) == ["step-000002"]
+    assert _states(run) == ["step-000002"]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["interrupted"] and summary["timings"]["periodic_saves"] == 0.0  # the final save's
+
+
+@pytest.mark.parametrize("mode", [["runtime.mode=colocated", "max_staleness=0"], ["runtime.mode=async"]])
+def test_a_run_max_time_ends_on_a_save_every_step_saves_it_once(tmp_path, monkeypatch, mode) -> None:
+    saved = _count_saves(monkeypatch)
+    clock = [0.0]  # seconds the run's time budget is pushed on by
+    monkeypatch.setattr(
+        budget, "time", types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + clock[0])
+    )
+
+    def periodic_eval(*args, **kw):  # step 2's evaluation: max_time is spent by the end of step 3
+        clock[0] = 1e6
+        return {}
+
+    monkeypatch.setattr(job, "periodic_eval", periodic_eval)
+    run = tmp_path / "run"
+    args = ["max_steps=6", "max_time=1000", "train.save_every=3", "eval.every=2", "eval.after=false"]
+    assert main(["train", *TINY, *mode, *args, f"run_dir={run}"]) == 0
+    assert saved == [3]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 3 and not summary["interrupted"]
+    assert summary["timings"]["periodic_saves"] == 0.0  # the final save wrote it, not a periodic one
+    assert _states(run) == ["step-000003"]
+
+
+def test_max_time_spent_during_a_save_every_steps_evaluation_saves_each_step_once(
+    tmp_path, monkeypatch
+) -> None:
+    saved = _count_saves(monkeypatch)
+    clock = [0.0]
+    monkeypatch.setattr(
+        budget, "time", types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + clock[0])
+    )
+
+    def periodic_eval(*args, **kw):  # step 3's evaluation: max_time is spent after step 3 was done
+        clock[0] = 1e6
+        return {}
+
+    monkeypatch.setattr(job, "periodic_eval", periodic_eval)
+    run = tmp_path / "run"
+    args = ["runtime.mode=colocated", "max_staleness=0", "max_steps=6", "max_time=1000", "train.save_every=3"]
+    assert main(["train", *TINY, *args, "eval.every=3", "eval.after=false", f"run_dir={run}"]) == 0
+    # step 3 is saved periodically, as its record said the run goes on; step 4 is the last
+    assert saved == [3, 4]
+    assert _states(run) == ["step-000003", "step-000004"]
+
+
+def test_a_run_max_steps_ends_on_a_save_every_step_saves_each_step_once(tmp_path, monkeypatch) -> None:
+    saved = _count_saves(monkeypatch)
+    run = tmp_path / "run"
+    args = [
+        "runtime.mode=colocated",
+        "max_staleness=0",
+        "max_steps=4",
+        "train.save_every=2",
+        "eval.after=false",
+    ]
+    assert main(["train", *TINY, *args, f"run_dir={run}"]) == 0
+    assert saved == [2, 4]
+    assert _states(run) == ["step-000002", "step-000004"]
+
+
+def test_a_stop_during_a_periodic_save_keeps_that_save(tmp_path, monkeypatch) -> None:
+    def during(step: int) -> None:  # a SIGTERM while step 2's state is written: the loop ends after it
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    saved = _count_saves(monkeypatch, during)
+    run = tmp_path / "run"
+    args = [
+        "runtime.mode=colocated",
+        "max_staleness=0",
+        "max_steps=6",
+        "train.save_every=2",
+        "eval.after=false",
+    ]
+    assert main(["train", *TINY, *args, f"run_dir={run}"]) == 0
+    assert saved == [2]
+    assert _states(run) == ["step-000002"]
+    assert json.loads((run / "summary.json").read_text())["interrupted"]
+
+
+def test_max_times_verdict_after_a_step_holds_through_its_save(monkeypatch) -> None:
+    now = [0.0]
+    monkeypatch.setattr(budget, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    b = RunBudget(max_steps=10, max_time=5.0, stop=StopFlag())
+    assert b.more(1)  # step 1 done at t=0: the run goes on
+    now[0] = 6.0  # its periodic save took the run past max_time
+    assert b.more(1)  # the loop still starts step 2, as step 1's record said
+    assert not b.more(2)  # step 2 done past max_time: the run ends
+    now[0] = 0.0
+    assert not b.more(2)
+    assert not RunBudget(max_steps=2, max_time=0.0, stop=StopFlag()).more(2)  # max_time=0: no limit
+    assert RunBudget(max_steps=3, max_time=0.0, stop=StopFlag()).more(2)

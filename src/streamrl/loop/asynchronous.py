@@ -223,6 +223,7 @@ class AsyncRunner:
                 self.state.step = step
                 self.state.version = self.trainer.version
                 self.in_step = False
+                rec.last = not budget.more(step)  # saved by the final save then, not a periodic one
                 try:  # the step is trained and counted: it is logged even if a statistic fails
                     elapsed = budget.elapsed
                     rec.clock = {

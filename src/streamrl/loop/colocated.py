@@ -174,6 +174,7 @@ class ColocatedRunner:
             self.in_step = False
             wall = time.perf_counter() - t0
             per_step = self.B * cfg.rollout.samples_per_prompt
+            rec.last = not budget.more(step)  # saved by the final save then, not a periodic one
             try:  # the step is trained and counted: it is logged even if a statistic fails
                 m = rec.metrics
                 m.update(

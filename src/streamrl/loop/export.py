@@ -11,7 +11,7 @@ from typing import Any
 
 from streamrl.config import Config
 from streamrl.loop.durable import could_not_write, swap_in, temp_beside, write_failed
-from streamrl.loop.state import STATE_DIR
+from streamrl.loop.state import STATE_DIR, latest_state
 from streamrl.models import lora, smollm2
 from streamrl.models.hub import split_id
 from streamrl.models.precision import PRECISIONS
@@ -57,6 +57,20 @@ def _name_the_adapters_base(checkpoint: Path, model: str) -> None:
 
 class CheckpointWriteError(RuntimeError):
     """The checkpoint could not be written (a full disk, most often); the run state is kept."""
+
+
+def export_stop(run_dir: Path, step: int, e: BaseException) -> str:
+    """Why a run whose export of `step` (checkpoints/step-N) could not be written stops, and what to do.
+    That step's state is not saved either: on a full disk its write would fail too, and the state a
+    resume starts from, the one before, makes the resume train the step again and export it."""
+    newest = latest_state(run_dir)
+    fix = (
+        f"free disk space and resume with resume={run_dir} (from its newest state, {newest.name})"
+        if newest
+        else "no state was saved yet: free disk space and train again with overwrite=true"
+    )
+    failed = could_not_write("the checkpoint", run_dir / "checkpoints" / f"step-{step}", e)
+    return f"{failed} Step {step}'s state is not saved, so that a resume trains and exports it again: {fix}"
 
 
 def prune_exports(root: Path, keep: int, step: int) -> list[Path]:

@@ -25,7 +25,7 @@ from streamrl.eval.heldout import EvalStopped, evaluate
 from streamrl.files import hold_run_dir, update_json, write_text_atomic
 from streamrl.loop.asynchronous import AsyncRunner
 from streamrl.loop.colocated import ColocatedRunner
-from streamrl.loop.export import export_checkpoint, prune_exports
+from streamrl.loop.export import CheckpointWriteError, export_checkpoint, export_stop, prune_exports
 from streamrl.loop.heldout import eval_record, periodic_eval, run_eval_record, without_final
 from streamrl.loop.ledger import Ledger
 from streamrl.loop.restore import restore
@@ -258,6 +258,7 @@ def _run_train(
         return snapshot
 
     saver = PeriodicSaver(cfg.train.save_every, cfg.train.save_every_s, lambda: save(runner.snapshot()))
+    export_failed = ended = False
     t_train = time.perf_counter()
     clock = TrainClock()  # train_elapsed: the loop's time minus periodic evaluation, saves and exports
     resumed_at = dict(clock_at)  # a resumed run's clocks continue the saved ones
@@ -305,13 +306,17 @@ def _run_train(
                     with clock.pause():
                         export_checkpoint(trainer, tokenizer, path, cfg, rec.step, before, after)
                         prune_exports(path.parent, cfg.checkpoint.keep, rec.step)
-                # the last step's state, or a stopped run's (with what arrives meanwhile), is saved when
-                # the loop ends: saving it here too would write it twice
-                if rec.step < cfg.max_steps and not stop:
+                # the last step's state (max_steps, max_time, a stop: with what arrives meanwhile) is
+                # saved when the loop ends: saving it here too would write it twice
+                if not (rec.last or stop):
                     with clock.pause():
                         saver.after_step(rec.step)
 
             runner.run(on_step)
+            ended = True  # by max_steps, max_time or a stop: not a failure, which moves the state on
+    except CheckpointWriteError as e:  # a periodic export: the step's state is not saved either
+        export_failed = True
+        raise CheckpointWriteError(export_stop(run_dir, state.step, e.__cause__ or e)) from e.__cause__
     finally:
         # the loop, periodic saves included; the final save is timed apart
         timings["train"] = time.perf_counter() - t_train
@@ -327,7 +332,9 @@ def _run_train(
                 newest = latest_state(run_dir)
                 kept = f"its newest saved state, {newest.name}, is kept" if newest else "no state was saved"
                 console.print(f"[yellow]the run failed inside step {state.step + 1}: {kept}[/]")
-            else:
+            # a failed export leaves the state before its step the newest; a step saved periodically as
+            # the loop ended (a stop during its save) is saved once; a failure's groups are recorded
+            elif not (export_failed or (ended and saver.step == state.step)):
                 state.sampler = runner.stream_position()  # colocated: before a failed step's draws
                 save(state)
             timings["save"] = time.perf_counter() - t_save

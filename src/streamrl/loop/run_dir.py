@@ -99,6 +99,7 @@ class PeriodicSaver:
         self.last = time.monotonic()
         self.seconds = 0.0  # time spent saving
         self.count = 0
+        self.step: int | None = None  # the step last saved
 
     def after_step(self, step: int) -> bool:
         due = (self.every > 0 and step % self.every == 0) or (
@@ -109,5 +110,6 @@ class PeriodicSaver:
             self.save()
             self.seconds += time.perf_counter() - t0
             self.count += 1
+            self.step = step
             self.last = time.monotonic()
         return due

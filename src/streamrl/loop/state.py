@@ -101,7 +101,7 @@ def save_state(
     try:
         tmp = temp_beside(final)
         _write(tmp, state, trainer, tokenizer, engine_rng)
-        swap_in(tmp, final)  # the same step may be saved again (the final save right after a periodic one)
+        swap_in(tmp, final)  # the same step may be saved again (by a resume that trains no further)
     except Exception as e:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

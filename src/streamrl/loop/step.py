@@ -23,14 +23,16 @@ from streamrl.types import Group, TrainBatch, Trajectory
 @dataclass
 class StepRecord:
     """One trained step. metrics: its metrics.jsonl line; groups: the groups trained, in batch order;
-    advantages: one per trajectory in that order (None for a token-level estimator such as GAE); clock:
-    the loop's running totals as of this step, which the saved state keeps (RunState.clock) so that a
-    resumed run continues them."""
+    advantages: one per trajectory in that order (None for a token-level estimator such as GAE); last:
+    the loop ends after it (max_steps, a stop or max_time, as the loop found when the step was done);
+    clock: the loop's running totals as of this step, which the saved state keeps (RunState.clock) so
+    that a resumed run continues them."""
 
     step: int
     metrics: dict[str, Any]
     groups: list[Group]
     advantages: list[float] | None
+    last: bool = False
     clock: dict[str, float] = field(default_factory=dict)
 
 

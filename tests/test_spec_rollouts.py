@@ -230,6 +230,31 @@ def test_a_resumed_run_offers_the_same_drafts(tmp_path):
     assert groups[0] == groups[1]
 
 
+def test_a_failed_colocated_step_leaves_the_drafts_as_before_it(tmp_path, monkeypatch):
+    """Step 3 fails once its first group came back: the state saved is step 2's, and so is its store
+    (the failed step's responses are dropped with it, as its problems are drawn again)."""
+    from streamrl.loop.dynamic_sampling import DynamicSampling
+
+    sync = [*_spec_args(tmp_path), "runtime.mode=colocated", "max_staleness=0", "train.save_every=0"]
+    two, failed = tmp_path / "two", tmp_path / "failed"
+    assert main(["train", *sync, "max_steps=2", f"run_dir={two}"]) == 0
+    calls, real = [0], DynamicSampling.keep
+
+    def keep(self, group):
+        calls[0] += 1
+        if calls[0] == 5:  # two groups a step: step 3's first
+            raise RuntimeError("injected failure after a group came back")
+        return real(self, group)
+
+    monkeypatch.setattr(DynamicSampling, "keep", keep)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        main(["train", *sync, "max_steps=3", f"run_dir={failed}"])
+    monkeypatch.undo()
+    saved, expected = load_state(failed)[0], load_state(two)[0]
+    assert saved.step == expected.step == 2
+    assert len(saved.drafts) == 2 and saved.drafts == expected.drafts
+
+
 def _problem_ids(run: Path) -> set[str]:
     return {json.loads(x)["problem_id"] for x in (run / "groups.jsonl").read_text().splitlines()}
 

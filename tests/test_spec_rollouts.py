@@ -15,7 +15,7 @@ from tiny_args import TINY
 
 from streamrl.cli import main
 from streamrl.config import ConfigError, load_config
-from streamrl.engine.base import Draft
+from streamrl.engine.base import Draft, GenRequest
 from streamrl.loop.ledger import Ledger
 from streamrl.loop.state import RunState, load_state
 from streamrl.loop.step_metrics import speculative_stats
@@ -80,6 +80,37 @@ def test_speculative_step_metrics():
         "spec_token_share": 5 / 8,
     }
     assert speculative_stats(trajs[2:]) == {}
+
+
+class _Decoder:
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return ""
+
+
+def test_samples_offered_drafts_the_cut_tree_left_out_still_count(lms):
+    """Two drafts that differ from their first token: at branch_min=2 the tree keeps no node, so no
+    sample verifies a token. They were still offered drafts: the figures say 0 accepted, not nothing."""
+    from spec_harness import PROMPT, draw
+
+    from streamrl.rollout.trajectory import RolloutSettings, make_trajectory
+
+    drafts = (Draft((2, 3, 1), (-1.0,) * 3), Draft((3, 2, 1), (-1.0,) * 3))
+    reqs = [GenRequest(PROMPT, 3, 1.0, drafts=drafts) for _ in range(4)]
+    reqs += [GenRequest(PROMPT, 3, 1.0), GenRequest(PROMPT, 3, 0.0, drafts=drafts)]  # none; greedy
+    settings = RolloutSettings(6, 3, 1.0, 1.0, 8, False, False, 0.0)
+    problem = Problem("p", [], "1")
+    results = draw(lms[0], reqs, seed=0, branch_min=2)
+    trajs = [make_trajectory(problem, r, _Decoder(), settings, "g", k) for k, r in enumerate(results)]
+    assert [t.drafted for t in trajs] == [True] * 4 + [False, False]
+    assert [(t.draft_tokens, t.tree_tokens) for t in trajs] == [(0, 0)] * 6
+    assert speculative_stats(trajs) == {
+        "spec_verified_tokens": 0,
+        "spec_acceptance_rate": 0.0,
+        "spec_accepted_per_draft": 0.0,
+        "spec_decode_steps_saved": 0,
+        "spec_draft_share": 4 / 6,
+        "spec_token_share": 0.0,
+    }
 
 
 @pytest.mark.parametrize(

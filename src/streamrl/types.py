@@ -51,7 +51,9 @@ class Trajectory:
     reward: float = 0.0
     correct: bool = False
     reward_info: dict[str, Any] = field(default_factory=dict)
-    # speculative rollouts: tokens decided against a draft proposal, and how many of them were accepted
+    # speculative rollouts: the request offered drafts (earlier responses, whether or not any token was
+    # decided against them); tokens decided against a draft proposal, and how many of them were accepted
+    drafted: bool = False
     draft_tokens: int = 0
     draft_accepted: int = 0
     tree_tokens: int = 0  # speculative rollouts: first tokens along the drafts' tree (no decode step)

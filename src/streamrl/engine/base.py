@@ -63,6 +63,12 @@ class GenRequest:
     drafts: tuple[Draft, ...] = ()
     lenience: float = 0.0  # 0: exact verification; > 0: SPEC-RL's lenient acceptance (biased)
 
+    @property
+    def offers_drafts(self) -> bool:
+        """A sampled request with a non-empty draft: its tokens are decided against its prompt's draft tree
+        (none may be, when the tree is cut before its first token)."""
+        return self.temperature > 0 and any(d.token_ids for d in self.drafts)
+
 
 def model_context(config: Any) -> int | None:
     """The positions a transformers config's model can attend over (max_position_embeddings, which

@@ -34,7 +34,8 @@ def decoded_rows(engine: Any) -> tuple[int, int]:
 @dataclass(frozen=True)
 class Draft:
     """An earlier response to the same prompt, offered as a speculative prefix (engine/speculative.py):
-    token_ids [D] and the behaviour log-probs [D] they were sampled with."""
+    token_ids [D] and the log-probs [D] the policy that generated them gave them (under its sampling
+    distribution; for a token the lenient rule decided, the verifying policy's, not the mixture's)."""
 
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
@@ -97,6 +98,9 @@ class GenResult:
     draft_tokens: int = 0  # tokens decided against a draft proposal (accepted or drawn from the residual)
     draft_accepted: int = 0  # of which the proposed token was accepted
     tree_tokens: int = 0  # the first tokens that are a path of the drafts' tree: emitted with no decode step
+    # lenient verification: the verifying policy's log p of the first len(policy_logprobs) tokens, where
+    # the lenient rule decided some of them (their logprobs are the mixture's log b); past it, logprobs
+    policy_logprobs: list[float] = field(default_factory=list)
 
 
 class Engine(Protocol):

@@ -84,4 +84,7 @@ def make_trajectory(
         draft_tokens=res.draft_tokens,
         draft_accepted=res.draft_accepted,
         tree_tokens=res.tree_tokens,
+        policy_logprobs=res.policy_logprobs + res.logprobs[len(res.policy_logprobs) :]
+        if res.policy_logprobs
+        else [],
     )

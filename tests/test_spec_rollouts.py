@@ -132,6 +132,18 @@ def test_samples_offered_drafts_the_cut_tree_left_out_still_count(lms):
             "set rollout.temperature > 0 or rollout.spec_drafts=0",
         ),
         (["rollout.spec_lenience=-1"], "config key 'rollout.spec_lenience' must be >= 0, got -1"),
+        (
+            ["rollout.spec_lenience=1.5", "loss.prox=behav"],
+            "rollout.spec_lenience > 0 biases the responses, which decoupled PPO's weight pi_prox / pi_behav "
+            "corrects, but loss.prox=behav makes that weight 1: set loss.prox=recompute, or "
+            "rollout.spec_lenience=0",
+        ),
+        (
+            ["rollout.spec_lenience=1.5", "loss.name=ppo_clip"],
+            "rollout.spec_lenience > 0 biases the responses, which decoupled PPO's weight pi_prox / pi_behav "
+            "corrects, but loss.name=ppo_clip makes that weight 1: set loss.name=decoupled_ppo, or "
+            "rollout.spec_lenience=0",
+        ),
     ],
 )
 def test_refused_combinations(overrides, message):
@@ -149,6 +161,18 @@ def test_speculative_settings_without_drafts_are_refused(override):
         load_config(None, [override])
     assert str(e.value) == (f"config key '{key}' needs speculative rollouts: set rollout.spec_drafts > 0")
     load_config(None, [override, "rollout.spec_drafts=4"])  # with drafts: accepted
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["loss.prox=recompute"],
+        ["loss.name=ppo_clip", "loss.rollout_correction=token_tis"],  # weighted by pi_old / pi_behav
+        ["loss.prox=behav", "rollout.spec_lenience=0"],  # exact verification: nothing to correct
+    ],
+)
+def test_lenience_where_a_weight_corrects_it(overrides):
+    load_config(None, ["rollout.spec_drafts=4", "rollout.spec_lenience=1.5", *overrides])
 
 
 @pytest.mark.parametrize("override", ["rollout.spec_branch_min=2", "rollout.spec_prompts=4096"])

@@ -15,7 +15,7 @@ from tiny_args import TINY
 
 from streamrl.cli import main
 from streamrl.config import ConfigError, load_config
-from streamrl.engine.base import Draft
+from streamrl.engine.base import Draft, GenRequest
 from streamrl.loop.ledger import Ledger
 from streamrl.loop.state import RunState, load_state
 from streamrl.loop.step_metrics import speculative_stats
@@ -82,6 +82,37 @@ def test_speculative_step_metrics():
     assert speculative_stats(trajs[2:]) == {}
 
 
+class _Decoder:
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return ""
+
+
+def test_samples_offered_drafts_the_cut_tree_left_out_still_count(lms):
+    """Two drafts that differ from their first token: at branch_min=2 the tree keeps no node, so no
+    sample verifies a token. They were still offered drafts: the figures say 0 accepted, not nothing."""
+    from spec_harness import PROMPT, draw
+
+    from streamrl.rollout.trajectory import RolloutSettings, make_trajectory
+
+    drafts = (Draft((2, 3, 1), (-1.0,) * 3), Draft((3, 2, 1), (-1.0,) * 3))
+    reqs = [GenRequest(PROMPT, 3, 1.0, drafts=drafts) for _ in range(4)]
+    reqs += [GenRequest(PROMPT, 3, 1.0), GenRequest(PROMPT, 3, 0.0, drafts=drafts)]  # none; greedy
+    settings = RolloutSettings(6, 3, 1.0, 1.0, 8, False, False, 0.0)
+    problem = Problem("p", [], "1")
+    results = draw(lms[0], reqs, seed=0, branch_min=2)
+    trajs = [make_trajectory(problem, r, _Decoder(), settings, "g", k) for k, r in enumerate(results)]
+    assert [t.drafted for t in trajs] == [True] * 4 + [False, False]
+    assert [(t.draft_tokens, t.tree_tokens) for t in trajs] == [(0, 0)] * 6
+    assert speculative_stats(trajs) == {
+        "spec_verified_tokens": 0,
+        "spec_acceptance_rate": 0.0,
+        "spec_accepted_per_draft": 0.0,
+        "spec_decode_steps_saved": 0,
+        "spec_draft_share": 4 / 6,
+        "spec_token_share": 0.0,
+    }
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -101,6 +132,18 @@ def test_speculative_step_metrics():
             "set rollout.temperature > 0 or rollout.spec_drafts=0",
         ),
         (["rollout.spec_lenience=-1"], "config key 'rollout.spec_lenience' must be >= 0, got -1"),
+        (
+            ["rollout.spec_lenience=1.5", "loss.prox=behav"],
+            "rollout.spec_lenience > 0 biases the responses, which decoupled PPO's weight pi_prox / pi_behav "
+            "corrects, but loss.prox=behav makes that weight 1: set loss.prox=recompute, or "
+            "rollout.spec_lenience=0",
+        ),
+        (
+            ["rollout.spec_lenience=1.5", "loss.name=ppo_clip"],
+            "rollout.spec_lenience > 0 biases the responses, which decoupled PPO's weight pi_prox / pi_behav "
+            "corrects, but loss.name=ppo_clip makes that weight 1: set loss.name=decoupled_ppo, or "
+            "rollout.spec_lenience=0",
+        ),
     ],
 )
 def test_refused_combinations(overrides, message):
@@ -118,6 +161,18 @@ def test_speculative_settings_without_drafts_are_refused(override):
         load_config(None, [override])
     assert str(e.value) == (f"config key '{key}' needs speculative rollouts: set rollout.spec_drafts > 0")
     load_config(None, [override, "rollout.spec_drafts=4"])  # with drafts: accepted
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["loss.prox=recompute"],
+        ["loss.name=ppo_clip", "loss.rollout_correction=token_tis"],  # weighted by pi_old / pi_behav
+        ["loss.prox=behav", "rollout.spec_lenience=0"],  # exact verification: nothing to correct
+    ],
+)
+def test_lenience_where_a_weight_corrects_it(overrides):
+    load_config(None, ["rollout.spec_drafts=4", "rollout.spec_lenience=1.5", *overrides])
 
 
 @pytest.mark.parametrize("override", ["rollout.spec_branch_min=2", "rollout.spec_prompts=4096"])
@@ -228,6 +283,31 @@ def test_a_resumed_run_offers_the_same_drafts(tmp_path):
         assert {k: rb.get(k) for k in keys} == {k: ra[k] for k in keys}, f"step {ra['step']}"
     groups = [(run / "groups.jsonl").read_text() for run in (whole, split)]
     assert groups[0] == groups[1]
+
+
+def test_a_failed_colocated_step_leaves_the_drafts_as_before_it(tmp_path, monkeypatch):
+    """Step 3 fails once its first group came back: the state saved is step 2's, and so is its store
+    (the failed step's responses are dropped with it, as its problems are drawn again)."""
+    from streamrl.loop.dynamic_sampling import DynamicSampling
+
+    sync = [*_spec_args(tmp_path), "runtime.mode=colocated", "max_staleness=0", "train.save_every=0"]
+    two, failed = tmp_path / "two", tmp_path / "failed"
+    assert main(["train", *sync, "max_steps=2", f"run_dir={two}"]) == 0
+    calls, real = [0], DynamicSampling.keep
+
+    def keep(self, group):
+        calls[0] += 1
+        if calls[0] == 5:  # two groups a step: step 3's first
+            raise RuntimeError("injected failure after a group came back")
+        return real(self, group)
+
+    monkeypatch.setattr(DynamicSampling, "keep", keep)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        main(["train", *sync, "max_steps=3", f"run_dir={failed}"])
+    monkeypatch.undo()
+    saved, expected = load_state(failed)[0], load_state(two)[0]
+    assert saved.step == expected.step == 2
+    assert len(saved.drafts) == 2 and saved.drafts == expected.drafts
 
 
 def _problem_ids(run: Path) -> set[str]:

@@ -118,6 +118,39 @@ def test_lenient_acceptance_is_biased_and_records_the_probability_it_sampled_wit
             assert r.logprobs[i] == pytest.approx(math.log(float(b[tok])), abs=1e-5)
 
 
+def test_a_copied_response_offers_the_policy_probability_it_was_generated_with(lms):
+    """A token the lenient rule copied records log b for training but the verifying policy's log p as
+    the next round's p_draft: the same policy then accepts it with min(1, p(x) / p(x)) = 1, SPEC-RL's
+    rule, not with p(x) (log b of a certain copy is 0)."""
+    from streamrl.rollout.drafts import DraftStore
+    from streamrl.rollout.trajectory import RolloutSettings, make_trajectory
+    from streamrl.types import Group, Problem
+
+    class Decoder:
+        def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+            return ""
+
+    p_now = float(next_probs(lms[0], PROMPT)[3])  # 0.47: far from 0 and 1
+    draft = Draft((3,), (math.log(p_now / 2),))  # a = min(1, p_now / (p_now / 2)) = 1: copied
+    first = draw(lms[0], [GenRequest(PROMPT, 2, drafts=(draft,), lenience=1.0)], seed=0)[0]
+    after = float(next_probs(lms[0], [*PROMPT, 3])[first.token_ids[1]])
+    assert first.token_ids[0] == 3 and first.draft_accepted == 1
+    assert first.logprobs == pytest.approx([0.0, math.log(after)], abs=1e-5)  # log b = log 1, then plain
+    assert first.policy_logprobs == pytest.approx([math.log(p_now)], abs=1e-5)
+    problem = Problem("p", [], "1")
+    settings = RolloutSettings(1, 2, 1.0, 1.0, 8, False, False, 0.0)
+    traj = make_trajectory(problem, first, Decoder(), settings, "g", 0)
+    assert traj.behaviour_logprobs == first.logprobs
+    assert traj.policy_logprobs == pytest.approx([math.log(p_now), math.log(after)], abs=1e-5)
+    store = DraftStore(1, 1)
+    store.add(Group(problem, [traj]))
+    (stored,) = store.drafts("p")
+    assert stored.logprobs == pytest.approx([math.log(p_now), math.log(after)], abs=1e-5)
+    again = draw(lms[0], [GenRequest(PROMPT, 2, drafts=(stored,), lenience=1.0) for _ in range(400)], seed=1)
+    assert all(r.token_ids == first.token_ids and r.draft_accepted == 2 for r in again)  # a = 1 each
+    assert max(abs(lp) for r in again for lp in r.logprobs) < 1e-5  # log b = log 1
+
+
 def test_a_draft_stops_at_its_stop_token_and_at_max_new_tokens(lms):
     """lenience 1e9 accepts every draft token: the rest is decided by the stop token and the length."""
     lp = (-1.0,) * 5

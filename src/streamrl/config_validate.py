@@ -324,6 +324,26 @@ def _validate_speculative(cfg: Any) -> None:
             "rollout.spec_drafts > 0 verifies sampled responses; rollout.temperature=0 is greedy: "
             "set rollout.temperature > 0 or rollout.spec_drafts=0"
         )
+    if r.spec_lenience > 0 and (unweighted := _without_behaviour_weight(cfg.loss)):
+        weightless, fix = unweighted
+        raise ConfigError(
+            f"rollout.spec_lenience > 0 biases the responses, which decoupled PPO's weight "
+            f"pi_prox / pi_behav corrects, but {weightless} makes that weight 1: set {fix}, "
+            "or rollout.spec_lenience=0"
+        )
+
+
+def _without_behaviour_weight(lc: Any) -> tuple[str, str] | None:
+    """(the setting, its fix) when the loss's old policy is the behaviour policy itself, so no weight
+    pi_prox / pi_behav corrects what the engine sampled with (a rollout correction weights by pi_old /
+    pi_behav instead); None otherwise."""
+    if lc.rollout_correction != "none":
+        return None
+    if lc.name == "decoupled_ppo" and lc.prox == "behav":
+        return "loss.prox=behav", "loss.prox=recompute"
+    if lc.name == "ppo_clip":
+        return "loss.name=ppo_clip", "loss.name=decoupled_ppo"
+    return None
 
 
 def resolved_weight_sync(cfg: Any) -> str:

@@ -51,10 +51,15 @@ class Trajectory:
     reward: float = 0.0
     correct: bool = False
     reward_info: dict[str, Any] = field(default_factory=dict)
-    # speculative rollouts: tokens decided against a draft proposal, and how many of them were accepted
+    # speculative rollouts: the request offered drafts (earlier responses, whether or not any token was
+    # decided against them); tokens decided against a draft proposal, and how many of them were accepted
+    drafted: bool = False
     draft_tokens: int = 0
     draft_accepted: int = 0
     tree_tokens: int = 0  # speculative rollouts: first tokens along the drafts' tree (no decode step)
+    # lenient speculative rollouts: [C] the generating policy's log p of each token where
+    # behaviour_logprobs hold the lenient rule's mixture's log b (which training reads); empty: the same
+    policy_logprobs: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.loss_mask:
@@ -65,6 +70,11 @@ class Trajectory:
                 f"trajectory {self.sample_id}: completion_ids, behaviour_logprobs, versions and loss_mask "
                 f"must have equal lengths, got {n}, {len(self.behaviour_logprobs)}, {len(self.versions)}, "
                 f"{len(self.loss_mask)}"
+            )
+        if self.policy_logprobs and len(self.policy_logprobs) != n:
+            raise ValueError(
+                f"trajectory {self.sample_id}: policy_logprobs must be empty or have the {n} entries of "
+                f"completion_ids, got {len(self.policy_logprobs)}"
             )
 
 

@@ -34,7 +34,8 @@ def decoded_rows(engine: Any) -> tuple[int, int]:
 @dataclass(frozen=True)
 class Draft:
     """An earlier response to the same prompt, offered as a speculative prefix (engine/speculative.py):
-    token_ids [D] and the behaviour log-probs [D] they were sampled with."""
+    token_ids [D] and the log-probs [D] the policy that generated them gave them (under its sampling
+    distribution; for a token the lenient rule decided, the verifying policy's, not the mixture's)."""
 
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
@@ -62,6 +63,12 @@ class GenRequest:
     tag: Any = None  # caller's handle (e.g. the sample id), returned untouched
     drafts: tuple[Draft, ...] = ()
     lenience: float = 0.0  # 0: exact verification; > 0: SPEC-RL's lenient acceptance (biased)
+
+    @property
+    def offers_drafts(self) -> bool:
+        """A sampled request with a non-empty draft: its tokens are decided against its prompt's draft tree
+        (none may be, when the tree is cut before its first token)."""
+        return self.temperature > 0 and any(d.token_ids for d in self.drafts)
 
 
 def model_context(config: Any) -> int | None:
@@ -91,6 +98,9 @@ class GenResult:
     draft_tokens: int = 0  # tokens decided against a draft proposal (accepted or drawn from the residual)
     draft_accepted: int = 0  # of which the proposed token was accepted
     tree_tokens: int = 0  # the first tokens that are a path of the drafts' tree: emitted with no decode step
+    # lenient verification: the verifying policy's log p of the first len(policy_logprobs) tokens, where
+    # the lenient rule decided some of them (their logprobs are the mixture's log b); past it, logprobs
+    policy_logprobs: list[float] = field(default_factory=list)
 
 
 class Engine(Protocol):

@@ -59,6 +59,7 @@ class ColocatedRunner:
         self.settings = RolloutSettings.from_config(cfg)
         self.sampling = DynamicSampling(applies(cfg), self.B, r.dynamic_sampling_rounds)
         self.drafts = draft_store(r.spec_drafts, r.spec_prompts, state.drafts)  # speculative rollouts
+        self.returned: list[Group] = []  # the step's groups, stored as drafts once its batch is complete
         self.episode_errors = EpisodeErrors(cfg.task.startswith("agent:"))
         push_policy(self.engine, trainer)
         self.scoring = Scoring(cfg, task)
@@ -80,6 +81,7 @@ class ColocatedRunner:
         kept: list[Group] = []
         timing = {"generate_time": 0.0, "reward_time": 0.0}
         made = self._first_group.pop(step, 0)
+        self.returned = []
         self.sampling.next_step()
         self.scoring.begin_step()  # the step's rounds share one reward.step_budget_s
         for _ in range(1 + self.cfg.rollout.dynamic_sampling_rounds):
@@ -94,8 +96,7 @@ class ColocatedRunner:
             timing = {k: timing[k] + t[k] for k in timing}
             for g in groups:
                 self.episode_errors.add(g)
-                if self.drafts is not None:
-                    self.drafts.add(g)
+                self.returned.append(g)
                 if not g.trajectories:  # agents that made no call: nothing to train on
                     continue
                 gid = g.trajectories[0].group_id
@@ -162,6 +163,10 @@ class ColocatedRunner:
                 self.rewound = sampler_state(self.stream, at_mark=True)  # its problems are drawn again
                 self.state.problems_drawn = drawn  # on resume
                 raise
+            if self.drafts is not None:  # a failed step's responses are dropped with it, drafts included
+                for g in self.returned:
+                    self.drafts.add(g)
+            self.returned = []
             self.in_step = True  # the update may fail half-applied from here until the step counts
             rec = train_on(
                 step, groups, self.trainer, cfg, lambda: push_policy(self.engine, self.trainer), self.replay

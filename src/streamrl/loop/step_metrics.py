@@ -63,13 +63,14 @@ def _outcomes(g: Group) -> list[tuple[float, bool, bool]]:
 
 
 def speculative_stats(trajs: list[Any]) -> dict[str, float]:
-    """Speculative rollouts, over the samples that verified a draft: draft tokens verified and the share
-    accepted, accepted tokens per draft, and the decode steps saved (a row emits the tokens along its
-    path of the drafts' tree without a decode step of its own, accepted or drawn from the residual;
-    a sample whose every token is on the tree saves one fewer, as its first token costs no decode step
-    in plain sampling either); the shares of samples with a draft and of generated tokens from the
-    drafts' tree."""
-    drafted = [t for t in trajs if t.draft_tokens]
+    """Speculative rollouts, over the samples offered a draft (whether or not the drafts' tree, cut to
+    the nodes rollout.spec_branch_min drafts share, kept any token to verify): draft tokens verified and
+    the share accepted (0 when none was verified), accepted tokens per draft, and the decode steps saved
+    (a row emits the tokens along its path of the drafts' tree without a decode step of its own,
+    accepted or drawn from the residual; a sample whose every token is on the tree saves one fewer, as
+    its first token costs no decode step in plain sampling either); the shares of samples offered a
+    draft and of generated tokens from the drafts' tree."""
+    drafted = [t for t in trajs if t.drafted or t.draft_tokens]
     if not drafted:
         return {}
     accepted = sum(t.draft_accepted for t in drafted)
@@ -78,7 +79,7 @@ def speculative_stats(trajs: list[Any]) -> dict[str, float]:
     inside = sum(0 < t.tree_tokens == len(t.completion_ids) for t in drafted)  # ended on the tree
     return {
         "spec_verified_tokens": verified,
-        "spec_acceptance_rate": accepted / verified,
+        "spec_acceptance_rate": accepted / verified if verified else 0.0,
         "spec_accepted_per_draft": accepted / len(drafted),
         "spec_decode_steps_saved": reused - inside,
         "spec_draft_share": len(drafted) / len(trajs),

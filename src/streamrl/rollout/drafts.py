@@ -2,8 +2,11 @@
 when the prompt comes round again (engine/speculative.py verifies them).
 
 Bounded twice: `per_prompt` responses per problem id (the newest replace the oldest) and `prompts`
-problem ids (the one stored least recently is dropped first). Token ids and behaviour log-probs are
-kept as compact arrays (8 bytes a token). The loop that sees every finished group keeps the store and
+problem ids (the one stored least recently is dropped first). Token ids and the generating policy's
+log-probs are kept as compact arrays (8 bytes a token): where the lenient rule decided a token, the
+verifying policy's log p, which the lenient rule reads as p_draft when the prompt comes round again,
+not the mixture's log b the token was trained with (a store saved before they were told apart holds
+log b there, and loads as it is). The loop that sees every finished group keeps the store and
 saves it with the run state (`state_dict` / `load_state_dict`), so a resumed run offers the same drafts.
 """
 
@@ -33,7 +36,7 @@ class DraftStore:
     def add(self, group: Group) -> None:
         """Keep the group's responses (not its greedy baseline) as the newest ones of its problem."""
         new = [
-            (array("i", t.completion_ids), array("f", t.behaviour_logprobs))
+            (array("i", t.completion_ids), array("f", t.policy_logprobs or t.behaviour_logprobs))
             for t in group.trajectories
             if t.completion_ids
         ]

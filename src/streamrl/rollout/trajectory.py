@@ -80,7 +80,11 @@ def make_trajectory(
         finish_reason=res.finish_reason,
         text=tokenizer.decode(res.token_ids, skip_special_tokens=True),
         loss_mask=[0] * len(res.token_ids) if masked else [],
+        drafted=res.request.offers_drafts,
         draft_tokens=res.draft_tokens,
         draft_accepted=res.draft_accepted,
         tree_tokens=res.tree_tokens,
+        policy_logprobs=res.policy_logprobs + res.logprobs[len(res.policy_logprobs) :]
+        if res.policy_logprobs
+        else [],
     )

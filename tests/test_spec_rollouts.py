@@ -144,6 +144,12 @@ def test_samples_offered_drafts_the_cut_tree_left_out_still_count(lms):
             "corrects, but loss.name=ppo_clip makes that weight 1: set loss.name=decoupled_ppo, or "
             "rollout.spec_lenience=0",
         ),
+        (
+            ["rollout.spec_lenience=1.5", "loss.name=reinforce"],
+            "rollout.spec_lenience > 0 biases the responses, which decoupled PPO's weight pi_prox / pi_behav "
+            "corrects, but loss.name=reinforce makes that weight 1: set loss.name=decoupled_ppo, or "
+            "rollout.spec_lenience=0",
+        ),
     ],
 )
 def test_refused_combinations(overrides, message):
@@ -169,6 +175,7 @@ def test_speculative_settings_without_drafts_are_refused(override):
         ["loss.prox=recompute"],
         ["loss.name=ppo_clip", "loss.rollout_correction=token_tis"],  # weighted by pi_old / pi_behav
         ["loss.prox=behav", "rollout.spec_lenience=0"],  # exact verification: nothing to correct
+        ["loss.name=reinforce", "loss.rollout_correction=token_tis"],
     ],
 )
 def test_lenience_where_a_weight_corrects_it(overrides):

@@ -341,8 +341,8 @@ def _without_behaviour_weight(lc: Any) -> tuple[str, str] | None:
         return None
     if lc.name == "decoupled_ppo" and lc.prox == "behav":
         return "loss.prox=behav", "loss.prox=recompute"
-    if lc.name == "ppo_clip":
-        return "loss.name=ppo_clip", "loss.name=decoupled_ppo"
+    if lc.name in ("ppo_clip", "reinforce"):  # the one clips pi / pi_behav, the other weights nothing
+        return f"loss.name={lc.name}", "loss.name=decoupled_ppo"
     return None
 
 

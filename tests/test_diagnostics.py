@@ -135,8 +135,8 @@ def test_non_finite_metrics_are_named_at_every_step_they_appear():
         mon.update(r)
     assert lines == [
         "warning [non_finite] step 4: 3 metric(s) are NaN or infinite (entropy, kl_ref, loss): the run "
-        "diverged; resume from a state saved before it (state/) with a lower train.lr, or look for a reward "
-        "or loss term that overflows"
+        "diverged; start a new run from a model saved before it (model=RUN/checkpoints/step-N or "
+        "RUN/state/step-N/model) with a lower train.lr, or look for a reward or loss term that overflows"
     ]
     (found,) = mon.findings()
     assert found.steps == [4, 6] and "(grad_norm, loss)" in found.last_message

@@ -146,3 +146,27 @@ def test_max_times_verdict_after_a_step_holds_through_its_save(monkeypatch) -> N
     assert not b.more(2)
     assert not RunBudget(max_steps=2, max_time=0.0, stop=StopFlag()).more(2)  # max_time=0: no limit
     assert RunBudget(max_steps=3, max_time=0.0, stop=StopFlag()).more(2)
+
+
+def test_a_stop_after_a_periodic_save_saves_the_step_again_with_what_arrived(tmp_path, monkeypatch) -> None:
+    """Async: a Ctrl-C while the trainer waits for step 2's batch, after step 1's periodic save, ends the
+    loop without a new step; the save after the loop writes step 1 again, with the groups that came back
+    since (the periodic save cannot hold them), and a resume continues from it."""
+    from streamrl.loop import asynchronous
+
+    saved = _count_saves(monkeypatch)
+    real_take, calls = asynchronous.AsyncRunner._take_batch, []
+
+    def take(self):
+        calls.append(1)
+        if len(calls) == 2:  # step 1 is trained, logged and saved: the stop comes while step 2 waits
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_take(self)
+
+    monkeypatch.setattr(asynchronous.AsyncRunner, "_take_batch", take)
+    run = tmp_path / "run"
+    args = ["runtime.mode=async", "max_steps=4", "train.save_every=1", "eval.after=false"]
+    assert main(["train", *TINY, *args, f"run_dir={run}"]) == 0
+    assert saved == [1, 1]
+    assert _states(run) == ["step-000001"]
+    assert json.loads((run / "summary.json").read_text())["interrupted"]

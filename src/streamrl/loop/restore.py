@@ -31,7 +31,8 @@ def restore(run_dir: Path, model: nn.Module, trainer: Trainer, engine: Any, stre
     # a state saved by another train.strategy keeps this optimizer's implementation (fused or not)
     optimizer = with_implementation_of(trainer.optimizer, tensors["optimizer"])
     if trainer.train.strategy == "fsdp2":  # sharded: every rank takes its shards of the saved state
-        unexpected = [k for k in weights if k not in model.state_dict()]
+        names = model.state_dict().keys()
+        unexpected = [k for k in weights if k not in names]
     else:
         unexpected = model.load_state_dict(weights, strict=False).unexpected_keys  # LoRA: its adapter file
     if unexpected and not is_lora(model):

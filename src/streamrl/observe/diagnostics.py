@@ -55,8 +55,9 @@ def _non_finite(history: Sequence[Record], limit: float) -> str | None:
         return None
     shown = ", ".join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
     return (
-        f"{len(bad)} metric(s) are NaN or infinite ({shown}): the run diverged; resume from a state "
-        "saved before it (state/) with a lower train.lr, or look for a reward or loss term that overflows"
+        f"{len(bad)} metric(s) are NaN or infinite ({shown}): the run diverged; start a new run from a "
+        "model saved before it (model=RUN/checkpoints/step-N or RUN/state/step-N/model) with a lower "
+        "train.lr, or look for a reward or loss term that overflows"
     )
 
 

@@ -241,7 +241,7 @@ def _status(run: RunData) -> str:
         return "finished"
     where = "in the final evaluation " if s.get("final_eval_stopped") else ""
     said = f"stopped {where}at step {s.get('steps', '?')}"
-    if not (run.path / "state").is_dir():  # a run that saves no state (train.strategy=fsdp2)
+    if not (run.path / "state").is_dir():  # stopped before its first save: nothing to resume
         return said
     return said + (" (resume to evaluate it)" if where else " (resume to continue)")
 

@@ -26,6 +26,19 @@ if "HF_DATASETS_CACHE" not in os.environ:
     _DATASETS_CACHE = os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="streamrl-hf-datasets-")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under `pytest -n --dist loadgroup`, the tests that use a module-scoped fixture of their own module
+    run on one worker, so that fixture (often whole training runs) is built once, not once per worker."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        module = item.nodeid.split("::")[0]
+        defs = item._fixtureinfo.name2fixturedefs.values()
+        if any(d[-1].scope == "module" and d[-1].baseid == module for d in defs):
+            item.add_marker(pytest.mark.xdist_group(module))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     # Real SmolLM2 conversions are reused from the user cache; everything else is per test session.

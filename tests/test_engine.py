@@ -3,7 +3,7 @@ import torch
 
 from streamrl.engine.base import GenRequest
 from streamrl.engine.hf import HFEngine
-from streamrl.engine.sampling import sample_inverse_cdf, sample_next
+from streamrl.engine.sampling import sample_inverse_cdf, sample_next, sampling_probs
 
 
 def _prompts(tok):
@@ -103,15 +103,31 @@ def test_inverse_cdf_sampling_matches_the_distribution_and_never_draws_zero_weig
 
 
 def test_inverse_cdf_sampling_stays_in_range_at_u_close_to_one():
-    w = torch.tensor([[0.5, 0.5, 0.0, 0.0]])
-    # the largest float32 below 1: u x total may round to total; the draw must still be a positive token
+    """A block's sum and the running sum inside it round differently: here the block sum is 2 ulp above
+    the running sum's last value, so the largest uniform below 1 aims past every running sum of the
+    block; the draw must still be a token of the vocabulary with a positive weight."""
+    g = torch.Generator().manual_seed(123)
+    w = torch.rand(1, 256, generator=g) * torch.rand(1, 256, generator=g) ** 4
+    assert w.sum(-1).item() > w.cumsum(-1)[0, -1].item()  # the rounding this test is about
     orig = torch.rand
     try:
         torch.rand = lambda *a, **k: torch.full((1, 1), 1.0 - 2**-24)  # type: ignore[assignment]
         tok = sample_inverse_cdf(w, None)
     finally:
         torch.rand = orig
-    assert tok.item() == 1
+    assert 0 <= tok.item() < 256 and w[0, tok.item()] > 0
+
+
+def test_a_tiny_temperature_samples_the_top_token_without_nan():
+    """logits / T overflows fp32 at T = 1e-39 (|logit| / T > 3.4e38): the distribution must still be
+    the one-hot limit, not NaN, whatever the other rows' temperatures."""
+    logits = torch.tensor([[1.0, 3.0, -2.0, float("-inf")], [0.5, 0.2, 100.0, -50.0]])
+    for t in (1e-6, 1e-39):
+        for top_p in (1.0, 0.9):
+            probs = sampling_probs(logits, t, top_p)
+            assert probs.tolist() == [[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]]
+            tok, lp = sample_next(logits, t, top_p, torch.Generator().manual_seed(0))
+            assert tok.tolist() == [1, 2] and lp.tolist() == [0.0, 0.0]
 
 
 def test_sampled_logprobs_equal_log_softmax_at_temperature():

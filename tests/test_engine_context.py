@@ -3,6 +3,8 @@ prompt that fills the context finishes at once, in one-shot generation and in co
 
 import copy
 
+import pytest
+
 from streamrl.engine.base import GenRequest, generate, model_context, within_context
 from streamrl.engine.continuous import ContinuousDecoder
 from streamrl.engine.hf import HFEngine
@@ -36,6 +38,17 @@ def test_generation_stops_at_the_models_context(tiny):
     assert [len(r.token_ids) for r in out] == [8, 0, 10]
     assert [r.finish_reason for r in out] == ["length", "length", "length"]
     assert [len(r.request.prompt_ids) + len(r.token_ids) for r in out] == [20, 20, 15]
+
+
+def test_an_empty_prompt_is_refused_before_it_joins_a_batch(tiny):
+    dec = ContinuousDecoder(_engine(tiny, 20))
+    dec.add([GenRequest(list(range(5, 9)), max_new_tokens=2)])
+    with pytest.raises(ValueError, match="GenRequest.prompt_ids is empty"):
+        dec.add([GenRequest([], max_new_tokens=3)])
+    done = []
+    while not dec.idle:  # the request already added decodes on
+        done += dec.step()
+    assert [len(r.token_ids) for r in done] == [2]
 
 
 def test_continuous_decoding_stops_at_the_models_context(tiny):

@@ -44,6 +44,8 @@ class ContinuousDecoder:
 
     def add(self, requests: list[GenRequest]) -> None:
         for req in requests:
+            if not req.prompt_ids:  # before it joins a batch: its prefill would fail every row's step
+                raise ValueError("GenRequest.prompt_ids is empty")
             req = within_context(req, self.engine.context)
             if req.max_new_tokens < 1:
                 self.filled.append(GenResult(request=req, finish_reason="length"))

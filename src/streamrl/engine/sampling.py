@@ -63,7 +63,9 @@ def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float) -> to
     """logits [..., V] -> the distribution sampled from [..., V] (fp32): softmax(logits / temperature)
     restricted to the top-p nucleus and renormalised. temperature > 0."""
     logits = logits.float()
-    scaled = logits if temperature == 1.0 else logits / temperature
+    # shifted by the row's largest logit before the division: at a tiny temperature logits / T would
+    # overflow fp32 (inf, then NaN from the softmax); shifted, it tends to a one-hot row
+    scaled = logits if temperature == 1.0 else (logits - logits.amax(-1, keepdim=True)) / temperature
     if top_p < 1.0:
         logp = torch.log_softmax(scaled, dim=-1)
         sorted_logp, order = logp.sort(dim=-1, descending=True)

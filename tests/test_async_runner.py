@@ -200,3 +200,20 @@ def test_fresher_groups_fill_the_batch_when_too_few_due_ones_are_generating():
     assert _picked(r, 3) == "v5"  # the oldest buffered: 3 places, 1 due group generating
     assert _picked(r, 2) == "v6"
     assert _picked(r, 1) is None
+
+
+def test_the_runner_and_its_admission_thread_hold_each_shared_piece_once():
+    """The pieces both sides use live in the runner's LoopParts alone: the runner reads them there, and
+    none can be replaced on one side (a new ledger, say) without the other seeing it."""
+    import dataclasses
+
+    from streamrl.loop.shared import LoopParts
+
+    r = _picker(eta=1, version=0)
+    assert r.admission.parts is r.parts
+    names = [f.name for f in dataclasses.fields(LoopParts)]
+    assert len(names) == 10
+    for name in names:
+        assert getattr(r, name) is getattr(r.parts, name), name
+        with pytest.raises(AttributeError):
+            setattr(r, name, None)

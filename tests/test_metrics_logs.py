@@ -160,3 +160,19 @@ def test_a_sync_writes_out_tensorboards_pending_events(tmp_path):
     assert (events.scalars, events.flushes) == ([("loss", 0.5, 1)], 1)
     w._tb = None
     w.close()
+
+
+def test_the_writer_the_reader_and_the_rule_name_the_same_non_finite_keys():
+    """One list for all three: the top-level floats that are NaN or infinite, in the row's order (an int,
+    a bool, a string, None and a nested table of counts are not)."""
+    from streamrl.observe.diagnostics import non_finite_keys
+    from streamrl.observe.metrics import json_line, nan_or_inf_keys
+    from streamrl.observe.run_data import _without_gaps
+
+    inf = float("inf")
+    row = {"step": 3, "z": inf, "ok": True, "a": float("nan"), "n": None, "s": "x", "b": -inf, "h": {"0": 1}}
+    assert nan_or_inf_keys(row) == ["z", "a", "b"]
+    assert json.loads(json_line(row))["non_finite"] == ["z", "a", "b"]
+    kept = {"step": 3, "ok": True, "s": "x", "h": {"0": 1}}
+    assert _without_gaps(row) == {**kept, "non_finite": ["z", "a", "b"]}
+    assert non_finite_keys(row) == ["a", "b", "z"]

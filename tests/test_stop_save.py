@@ -170,3 +170,27 @@ def test_a_stop_after_a_periodic_save_saves_the_step_again_with_what_arrived(tmp
     assert saved == [1, 1]
     assert _states(run) == ["step-000001"]
     assert json.loads((run / "summary.json").read_text())["interrupted"]
+
+
+def test_the_saver_names_the_step_whose_save_a_stop_came_during() -> None:
+    """Only a save that a stop came during (or before the saver asked) is the step's last: a step not
+    due for one, or a save before any stop, names nothing."""
+    from streamrl.loop.run_dir import PeriodicSaver
+    from streamrl.loop.state import RunState
+
+    stop: list[str] = []
+
+    def save() -> RunState:
+        if during:
+            stop.append("SIGTERM")
+        return RunState()
+
+    during = False
+    saver = PeriodicSaver(2, 0.0, save, lambda: bool(stop))
+    assert not saver.after_step(1) and saver.after_step(2) and saver.stopped_in_save is None
+    during = True
+    assert not saver.after_step(3) and saver.stopped_in_save is None  # not due: no save, no stop
+    assert saver.after_step(4) and saver.stopped_in_save == 4
+    assert saver.count == 2
+    late = PeriodicSaver(2, 0.0, RunState, lambda: True)  # a stop with no save at the step
+    assert not late.after_step(1) and late.stopped_in_save is None

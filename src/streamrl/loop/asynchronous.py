@@ -32,7 +32,7 @@ from streamrl.loop.stall import StallWatch
 from streamrl.loop.state import RunState, sampler_state
 from streamrl.loop.step import StepRecord, train_on
 from streamrl.placement.backend import STARTUP_S, RolloutBackend, RolloutFailure, make_backend
-from streamrl.rollout.drafts import draft_store
+from streamrl.rollout.drafts import DraftStore, draft_store
 from streamrl.rollout.trajectory import RolloutSettings
 from streamrl.rollout.worker import GroupResult, run_worker
 from streamrl.trainer.trainer import Trainer
@@ -53,49 +53,44 @@ class AsyncRunner:
         replay: ReplayBuffer | None = None,
         backend: RolloutBackend | None = None,
     ) -> None:
-        self.cfg, self.trainer, self.tokenizer, self.stream = cfg, trainer, tokenizer, stream
+        self.cfg, self.trainer, self.tokenizer = cfg, trainer, tokenizer
         self.replay = replay  # rollout replay
         self.worker_target = worker_target  # tests swap in a scripted engine (local backend)
-        self.backend = backend or make_backend(cfg, worker_target)  # runtime.backend: local | ray
-        self.state, self.stop = state, stop
+        self.stop = stop
         self.B, self.eta = cfg.rollout.prompts_per_step, cfg.max_staleness
         r = cfg.rollout
         settings = RolloutSettings.from_config(cfg)
-        self.sampling = DynamicSampling(applies(cfg), self.B, r.dynamic_sampling_rounds)
-        # speculative rollouts: every returned group's responses are drafts for its prompt's next group
-        self.drafts = draft_store(r.spec_drafts, r.spec_prompts, state.drafts)
-        self.ledger = Ledger()
+        ledger = Ledger()
         if state.ledger:
-            self.ledger.load_state_dict(state.ledger)
-        # rebase on resume: trained groups + carried finished ones count as accepted (AReaL #1388)
-        self.staleness = StalenessManager.resumed(self.B, self.eta, trainer.version, len(state.finished), 0)
-        self.sh = Shared.resumed(state.engine)  # the workers' cumulative counters continue after a resume
-        self.counters = RunCounters(state.counters)  # so do the run's event counters
-        # agent episodes since the last step (sh.cond), those a stopped run had not logged included
-        self.episode_errors = EpisodeErrors(cfg.task.startswith("agent:"), state.episodes)
+            ledger.load_state_dict(state.ledger)
+        sh = Shared.resumed(state.engine)  # the workers' cumulative counters continue after a resume
         for res in state.finished:
-            self.ledger.requeue(res.group_id, "buffered")
-            self.sh.buffer.append(res)
-        # group id -> its oldest token's version, found once: a returned group's tokens never change (sh.cond)
-        self.oldest: dict[str, int] = {}
-        self.stall = StallWatch(cfg.runtime.worker_timeout_s)  # groups that never come back (sh.cond)
-        self._started = self._closed = False  # the workers (start, close)
-        self.in_step = False  # between taking a batch and counting its step: nothing to save
-        # its thread admits requests and takes their results in; the rest is the trainer's side
-        parts = LoopParts(
-            sh=self.sh,
+            ledger.requeue(res.group_id, "buffered")
+            sh.buffer.append(res)
+        # what the admission thread (which admits requests and takes their results in) shares with the
+        # trainer's side: held here only, the properties below read it
+        self.parts = LoopParts(
+            sh=sh,
             state=state,
             stream=stream,
-            backend=self.backend,
-            ledger=self.ledger,
-            staleness=self.staleness,
-            stall=self.stall,
-            sampling=self.sampling,
-            episode_errors=self.episode_errors,
-            drafts=self.drafts,
+            backend=backend or make_backend(cfg, worker_target),  # runtime.backend: local | ray
+            ledger=ledger,
+            # rebase on resume: trained groups + carried finished ones count as accepted (AReaL #1388)
+            staleness=StalenessManager.resumed(self.B, self.eta, trainer.version, len(state.finished), 0),
+            stall=StallWatch(cfg.runtime.worker_timeout_s),  # groups that never come back (sh.cond)
+            sampling=DynamicSampling(applies(cfg), self.B, r.dynamic_sampling_rounds),
+            # agent episodes since the last step (sh.cond), those a stopped run had not logged included
+            episode_errors=EpisodeErrors(cfg.task.startswith("agent:"), state.episodes),
+            # speculative rollouts: every returned group's responses are drafts for its prompt's next group
+            drafts=draft_store(r.spec_drafts, r.spec_prompts, state.drafts),
         )
+        self.counters = RunCounters(state.counters)  # the run's event counters continue after a resume too
+        # group id -> its oldest token's version, found once: a returned group's tokens never change (sh.cond)
+        self.oldest: dict[str, int] = {}
+        self._started = self._closed = False  # the workers (start, close)
+        self.in_step = False  # between taking a batch and counting its step: nothing to save
         self.admission = Admission(
-            parts,
+            self.parts,
             tokenizer=tokenizer,
             settings=settings,
             on_group_scored=on_group_scored,  # the sampler's feedback
@@ -103,6 +98,46 @@ class AsyncRunner:
         )
         # elastic cores: the trainer lends its threads while it waits for rollouts (placement/cores.py)
         self.threads = self.backend.trainer_threads()
+
+    @property
+    def sh(self) -> Shared:
+        return self.parts.sh
+
+    @property
+    def state(self) -> RunState:
+        return self.parts.state
+
+    @property
+    def stream(self) -> Iterator[Problem]:
+        return self.parts.stream
+
+    @property
+    def backend(self) -> RolloutBackend:
+        return self.parts.backend
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.parts.ledger
+
+    @property
+    def staleness(self) -> StalenessManager:
+        return self.parts.staleness
+
+    @property
+    def stall(self) -> StallWatch:
+        return self.parts.stall
+
+    @property
+    def sampling(self) -> DynamicSampling:
+        return self.parts.sampling
+
+    @property
+    def episode_errors(self) -> EpisodeErrors:
+        return self.parts.episode_errors
+
+    @property
+    def drafts(self) -> DraftStore | None:
+        return self.parts.drafts
 
     def _take_batch(self) -> list[GroupResult] | None:
         """B groups within the staleness bound, oldest first; None if a stop was requested."""

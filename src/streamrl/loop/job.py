@@ -257,9 +257,10 @@ def _run_train(
         write_text_atomic(run_dir / "accounting.json", json.dumps(counts, indent=2))
         return snapshot
 
-    saver = PeriodicSaver(cfg.train.save_every, cfg.train.save_every_s, lambda: save(runner.snapshot()))
+    saver = PeriodicSaver(
+        cfg.train.save_every, cfg.train.save_every_s, lambda: save(runner.snapshot()), lambda: bool(stop)
+    )
     export_failed = ended = False
-    stopped_in_save: list[int] = []  # the step whose periodic save a stop came during
     t_train = time.perf_counter()
     clock = TrainClock()  # train_elapsed: the loop's time minus periodic evaluation, saves and exports
     resumed_at = dict(clock_at)  # a resumed run's clocks continue the saved ones
@@ -312,8 +313,6 @@ def _run_train(
                 if not (rec.last or stop):
                     with clock.pause():
                         saver.after_step(rec.step)
-                    if stop and saver.step == rec.step:  # it came during that save, which is the step's
-                        stopped_in_save.append(rec.step)
 
             runner.run(on_step)
             ended = True  # by max_steps, max_time or a stop: not a failure, which moves the state on
@@ -337,7 +336,7 @@ def _run_train(
                 console.print(f"[yellow]the run failed inside step {state.step + 1}: {kept}[/]")
             # a failed export leaves the state before its step the newest; a step saved periodically as
             # the loop ended (a stop during its save) is saved once; a failure's groups are recorded
-            elif not (export_failed or (ended and stopped_in_save == [state.step])):
+            elif not (export_failed or (ended and saver.stopped_in_save == state.step)):
                 state.sampler = runner.stream_position()  # colocated: before a failed step's draws
                 save(state)
             timings["save"] = time.perf_counter() - t_save

@@ -92,14 +92,19 @@ def stop_message(reason: str, step: int, run_dir: Path) -> str:
 
 
 class PeriodicSaver:
-    """Saves every `every` steps and/or every `every_s` seconds (0 turns either off)."""
+    """Saves every `every` steps and/or every `every_s` seconds (0 turns either off). `stopped`: whether
+    a stop was requested; one that came during a step's save ends the loop after it, and that save,
+    made after the step, is the step's state: `stopped_in_save` names the step, which the save after
+    the loop need not write again."""
 
-    def __init__(self, every: int, every_s: float, save: Callable[[], RunState]) -> None:
-        self.every, self.every_s, self.save = every, every_s, save
+    def __init__(
+        self, every: int, every_s: float, save: Callable[[], RunState], stopped: Callable[[], bool]
+    ) -> None:
+        self.every, self.every_s, self.save, self.stopped = every, every_s, save, stopped
         self.last = time.monotonic()
         self.seconds = 0.0  # time spent saving
         self.count = 0
-        self.step: int | None = None  # the step last saved
+        self.stopped_in_save: int | None = None  # the step whose save a stop came during
 
     def after_step(self, step: int) -> bool:
         due = (self.every > 0 and step % self.every == 0) or (
@@ -110,6 +115,7 @@ class PeriodicSaver:
             self.save()
             self.seconds += time.perf_counter() - t0
             self.count += 1
-            self.step = step
             self.last = time.monotonic()
+            if self.stopped():
+                self.stopped_in_save = step
         return due

@@ -9,7 +9,6 @@ so a step costs the same at step 10 and at step 10000 (a rule given a plain list
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from typing import Any
 from streamrl.observe.history import History, Record, median_before_last
 from streamrl.observe.history import number as _num
 from streamrl.observe.history import series as _series
-from streamrl.observe.metrics import NON_FINITE_KEY
+from streamrl.observe.metrics import NON_FINITE_KEY, nan_or_inf_keys
 from streamrl.types import BUDGET_REASON
 
 
@@ -38,11 +37,7 @@ class Rule:
 def non_finite_keys(record: Record) -> list[str]:
     """The record's metrics that are NaN or infinite, sorted: numbers in memory, or named under
     NON_FINITE_KEY once metrics.jsonl wrote them as null (observe/metrics.py)."""
-    found = {
-        k
-        for k, v in record.items()
-        if isinstance(v, float) and not math.isfinite(v)  # an int or bool is always finite
-    }
+    found = set(nan_or_inf_keys(record))
     named = record.get(NON_FINITE_KEY)
     if isinstance(named, list):
         found.update(str(k) for k in named)

@@ -22,6 +22,12 @@ def sync_file(f: Any) -> None:
 NON_FINITE_KEY = "non_finite"  # a metrics.jsonl line's keys whose value was NaN or infinite (written as null)
 
 
+def nan_or_inf_keys(row: dict[str, Any]) -> list[str]:
+    """The top-level keys of a metrics row whose value is a NaN or infinite float, in the row's order (an
+    int or bool is always finite; the tables a row nests, counts by reason, hold ints)."""
+    return [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
+
+
 def _finite_or_none(v: Any) -> Any:
     """v with every NaN or infinite float, nested ones too, replaced by None."""
     if isinstance(v, float) and not math.isfinite(v):
@@ -37,7 +43,7 @@ def json_line(record: dict[str, Any]) -> str:
     """The record as one line of strict JSON: a NaN or infinite number (which JSON has no word for) is
     written as null, and the top-level keys that held one are listed under NON_FINITE_KEY, so a reader
     of the file still sees that the run logged them (observe/run_data.py read_metrics)."""
-    bad = [k for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)]
+    bad = nan_or_inf_keys(record)
     row = _finite_or_none(record)
     if bad:
         row[NON_FINITE_KEY] = bad

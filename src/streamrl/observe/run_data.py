@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrl.config_parse import read_yaml
-from streamrl.observe.metrics import NON_FINITE_KEY
+from streamrl.observe.metrics import NON_FINITE_KEY, nan_or_inf_keys
 
 
 @dataclass
@@ -66,7 +66,7 @@ def _without_gaps(row: dict[str, Any]) -> dict[str, Any]:
     """A metrics line with its null values dropped: a metric the step did not log, or one that was NaN or
     infinite (named in the line's NON_FINITE_KEY list, where a file written before null was used gets its
     bare NaN / Infinity keys too), so every reader treats them as missing."""
-    bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
+    bad = nan_or_inf_keys(row)
     kept = {k: v for k, v in row.items() if v is not None and k not in bad}
     if bad:
         named = kept.get(NON_FINITE_KEY)

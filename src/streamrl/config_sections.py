@@ -63,8 +63,8 @@ class RolloutConfig:
     spec_branch_min: int = 2
     spec_prompts: int = 4096  # speculative rollouts: prompts whose responses are kept (oldest dropped)
     # 0 = exact verification; > 0 = SPEC-RL's lenient min(1, spec_lenience * p_now / p_draft): biased,
-    # corrected by the decoupled-PPO weight through the recorded behaviour log-probs (so refused where
-    # that weight is 1: loss.prox=behav, loss.name=ppo_clip or reinforce without a rollout correction)
+    # corrected by the decoupled-PPO weight through the recorded behaviour log-probs (so refused without
+    # a rollout correction unless loss.name=decoupled_ppo with loss.prox=recompute)
     spec_lenience: float = 0.0
 
 

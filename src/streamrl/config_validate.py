@@ -336,13 +336,17 @@ def _validate_speculative(cfg: Any) -> None:
 def _without_behaviour_weight(lc: Any) -> tuple[str, str] | None:
     """(the setting, its fix) when the loss's old policy is the behaviour policy itself, so no weight
     pi_prox / pi_behav corrects what the engine sampled with (a rollout correction weights by pi_old /
-    pi_behav instead); None otherwise."""
+    pi_behav instead); None otherwise. Each loss declares the weight where it is registered
+    (LossSpec.behaviour_weight): one that does not is refused, whatever its name."""
+    from streamrl.algo import registry  # late import: algo imports nothing from config
+
     if lc.rollout_correction != "none":
         return None
-    if lc.name == "decoupled_ppo" and lc.prox == "behav":
+    if not registry.POLICY_LOSSES[lc.name].behaviour_weight:
+        weighted = sorted(name for name, spec in registry.POLICY_LOSSES.items() if spec.behaviour_weight)
+        return f"loss.name={lc.name}", " or ".join(f"loss.name={name}" for name in weighted)
+    if lc.prox == "behav":  # the proximal policy is the behaviour policy: the weight is 1
         return "loss.prox=behav", "loss.prox=recompute"
-    if lc.name in ("ppo_clip", "reinforce"):  # the one clips pi / pi_behav, the other weights nothing
-        return f"loss.name={lc.name}", "loss.name=decoupled_ppo"
     return None
 
 

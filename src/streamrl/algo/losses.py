@@ -54,7 +54,10 @@ def ppo_clip(t: LossTensors, p: LossParams) -> tuple[torch.Tensor, dict[str, flo
 
 
 @policy_loss(
-    "decoupled_ppo", proximal=True, reads=("eps_low", "eps_high", "dual_clip", "behav_weight_cap", "prox")
+    "decoupled_ppo",
+    proximal=True,
+    behaviour_weight=True,
+    reads=("eps_low", "eps_high", "dual_clip", "behav_weight_cap", "prox"),
 )
 def decoupled_ppo(t: LossTensors, p: LossParams) -> tuple[torch.Tensor, dict[str, float]]:
     """Decoupled PPO (AReaL): the clip is around the proximal policy, staleness is corrected by weight.

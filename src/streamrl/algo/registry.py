@@ -41,12 +41,19 @@ class LossSpec:
     proximal: the loss reads the proximal policy's log-probs (decoupled PPO): with several optimizer
         steps per batch the trainer computes them in an extra pass before the first step.
     reads: the loss.* config keys the loss reads (LossParams fields, and `prox`); validation refuses a
-        non-default value of a key no chosen piece reads, so nothing is ignored silently."""
+        non-default value of a key no chosen piece reads, so nothing is ignored silently.
+    behaviour_weight: the loss multiplies each token by pi_prox / pi_behav, its proximal policy (the
+        trainer's, recomputed; proximal is then set) over the engine's sampling policy, so a behaviour
+        policy that no trainer weights ever were (lenient speculative rollouts) is corrected; 1 with
+        loss.prox=behav. False: the loss's ratio is taken against pi_behav itself (its old policy), or
+        there is none, and validation refuses lenient rollouts unless a rollout correction weights by
+        pi_old / pi_behav."""
 
     name: str
     fn: Callable[..., Any]
     proximal: bool = False
     reads: frozenset[str] = frozenset()
+    behaviour_weight: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,9 +99,14 @@ def advantage(
     return deco
 
 
-def policy_loss(name: str, *, reads: tuple[str, ...], proximal: bool = False) -> Callable[[F], F]:
+def policy_loss(
+    name: str, *, reads: tuple[str, ...], proximal: bool = False, behaviour_weight: bool = False
+) -> Callable[[F], F]:
+    if behaviour_weight and not proximal:
+        raise ValueError(f"'{name}' weights by pi_prox / pi_behav: register it with proximal=True")
+
     def deco(fn: F) -> F:
-        _add(POLICY_LOSSES, name, LossSpec(name, fn, proximal, frozenset(reads)))
+        _add(POLICY_LOSSES, name, LossSpec(name, fn, proximal, frozenset(reads), behaviour_weight))
         return fn
 
     return deco

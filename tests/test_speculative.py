@@ -32,6 +32,7 @@ from spec_harness import (  # tests/ is on sys.path (rootdir conftest)
 )
 
 from streamrl.engine.base import Draft, GenRequest
+from streamrl.engine.speculative import _lenient
 
 
 def test_plain_sampling_fits_the_exact_distribution(lms):
@@ -89,6 +90,16 @@ def test_verified_drafts_leave_the_current_policy_exact(lms, case):
             assert len(tree_prefixes(offered, 1)) > len(kept) > 0  # a cut tree
         assert all(r.tree_tokens == in_tree(r.token_ids, kept) for r in results[start : start + BATCH])
     assert fit_pvalue(results, response_probs(lms[0], 3, temperature, top_p)) > FIT
+
+
+@pytest.mark.parametrize("p_old", [0.0, 0.25])
+def test_a_lenient_draft_token_the_current_policy_excludes_is_never_copied(p_old):
+    """p_now(x) = 0 (outside the top-p nucleus, or a -inf logit): whatever the stored probability, the
+    token is redrawn from p, and the recorded behaviour log-prob is that of the token drawn."""
+    p = torch.tensor([0.5, 0.5, 0.0])
+    for seed in range(20):
+        tok, logb = _lenient(p, 2, p_old, 2.0, 0.0, torch.Generator().manual_seed(seed))
+        assert tok in (0, 1) and logb == math.log(0.5)
 
 
 def test_lenient_acceptance_is_biased_and_records_the_probability_it_sampled_with(lms):

@@ -331,7 +331,10 @@ def _lenient(
     p: torch.Tensor, x: int, p_old: float, lenience: float, u: float, gen: torch.Generator
 ) -> tuple[int, float]:
     """SPEC-RL's acceptance -> (token, log b(token) of the mixture it was drawn from)."""
-    a = min(1.0, lenience * float(p[x]) / p_old) if p_old > 0 else 1.0
+    if p[x] <= 0:  # a token the current distribution excludes (top-p, -inf) is never copied
+        a = 0.0
+    else:  # p_old 0: a copy whose own probability underflowed or was excluded when it was decided
+        a = min(1.0, lenience * float(p[x]) / p_old) if p_old > 0 else 1.0
     tok = x if u < a else int(sample_inverse_cdf(p[None], gen)[0])
     behaviour = (1.0 - a) * float(p[tok]) + (a if tok == x else 0.0)
     return tok, math.log(behaviour)

@@ -198,6 +198,34 @@ def test_a_sharded_runs_state_resumes_in_one_process(fsdp2_runs, tmp_path):
     assert {float(s["step"]) for s in optimizer["state"].values()} == {4.0}
 
 
+def test_a_single_process_state_resumes_sharded_on_every_rank(runs):
+    """The other way round: a single-process state restored into train.strategy=fsdp2 over 2 ranks
+    gives each rank its shards of the saved weights and moments; gathered back, they are the saved
+    state tensor for tensor."""
+    _, split = runs
+    state, model_dir, tensors = load_state(split)
+    saved = load_file(str(model_dir / "model.safetensors"))
+    more = ["train.strategy=fsdp2", "train.world_size=2", "train.dist_timeout_s=60"]
+    parts = job.build_components(load_config(None, [f"resume={split}", *more]))
+    try:
+        restored = restore(split, parts.model, parts.trainer, parts.engine, parts.stream)
+        gathered = parts.trainer.optimizer_state()
+        # fused is the implementation's own (fsdp2's sharded parameters take the unfused step)
+        assert [g.pop("fused") for g in gathered["param_groups"]] == [False]
+        expected = {
+            **tensors["optimizer"],
+            "param_groups": [dict(g) for g in tensors["optimizer"]["param_groups"]],
+        }
+        assert [g.pop("fused") for g in expected["param_groups"]] == [True]
+        _assert_optimizer_equal(gathered, expected)
+        weights = parts.trainer.policy_state()
+        assert all(torch.equal(weights[k], v) for k, v in saved.items())
+        assert parts.trainer.scheduler.state_dict() == tensors["scheduler"]
+        assert parts.trainer.version == restored.version == state.version == 4
+    finally:
+        parts.trainer.close()
+
+
 def _assert_resumed_exactly(whole, split):
     w_weights, w_tensors = _tensors(whole)
     s_weights, s_tensors = _tensors(split)

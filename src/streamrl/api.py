@@ -311,11 +311,11 @@ def evaluate(
     eval_data: Any = None,
     **overrides: Any,
 ) -> dict[str, Any]:
-    """Evaluate as `streamrl eval` does (greedy accuracy; pass@k, avg@n, maj@k with eval={'n': N}; n, k, temperature and size are short
-    for the eval.* keys, as in `streamrl eval`) on the
-    task's held-out problems, or on eval_data rows (all of them when given from code, unless eval.size
-    says how many); returns the result dict. A trained run's export (RUN/checkpoint) is evaluated with
-    the run's task settings under those given, as `streamrl eval` does (eval_settings.py), unless
+    """Evaluate as `streamrl eval` does (greedy accuracy; pass@k, avg@n, maj@k with eval={'n': N}; n, k,
+    temperature and size are short for the eval.* keys there and here) on the task's held-out problems,
+    or on eval_data rows (all of them when given from code, unless eval.size says how many); returns
+    the result dict. A trained run's export (RUN/checkpoint) is evaluated with the run's task settings
+    under those given, as `streamrl eval` does (eval_settings.py), unless
     `config` is a Config made before (it sets every key)."""
     from streamrl.eval_settings import expand_short_keys, given, say_taken, with_run_settings
 

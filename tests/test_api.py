@@ -115,6 +115,34 @@ def test_the_cli_trains_with_a_config_file_on_jsonl_rows(workdir: Path) -> None:
             "config key 'reward.fn': file 'missing.py' \\(from 'missing.py:f'\\) not found",
         ),
         ({"model": "./no-such-model"}, "model './no-such-model': not a model directory"),
+        (
+            {"reward_fn": [("my_rewards.py:brevity", "abc")]},
+            r"^reward_fn\[0\]: weight must be a finite number, got 'abc'$",
+        ),
+        (
+            {"reward_fn": [("my_rewards.py:brevity", None)]},
+            r"^reward_fn\[0\]: weight must be a finite number, got None$",
+        ),
+        (
+            {"reward_fn": [("my_rewards.py:brevity", 0.2, "x")]},
+            r"^reward_fn\[0\]: expected a function or \(function, weight\), got a tuple of 3$",
+        ),
+        (
+            {"reward_fn": 123},
+            r"^reward_fn: expected a function, a \(function, weight\) pair or a list of them, got int$",
+        ),
+        (
+            {"train_data": ROWS, "task": "rg:chain_sum"},
+            r"^task='rg:chain_sum' and train_data both name the training data: pass one",
+        ),
+        (
+            {"train_data": [{"prompt": r["prompt"]} for r in ROWS]},
+            r"^train_data: no usable rows .*; first problem: train_data\[0\]: missing column 'answer'$",
+        ),
+        (
+            {"train_data": ROWS, "eval_data": [{"question": "What is 1 + 1?", "answer": "2"}]},
+            r"^eval_data: no usable rows .*; first problem: eval_data\[0\]: missing column 'prompt'$",
+        ),
     ],
 )
 def test_bad_arguments_raise_one_line_and_write_nothing(workdir: Path, kwargs: dict, message: str) -> None:
@@ -122,6 +150,32 @@ def test_bad_arguments_raise_one_line_and_write_nothing(workdir: Path, kwargs: d
         streamrl.train(run_dir=str(workdir / "run"), **kwargs)
     assert "\n" not in str(e.value)
     assert not (workdir / "run").exists()
+    assert not (workdir / "cache").exists()  # rows from code are written only once they are checked
+
+
+def test_evaluate_names_rows_from_code_as_passed_and_writes_nothing(workdir: Path) -> None:
+    rows = [{"prompt": r["prompt"]} for r in ROWS[:3]]
+    with pytest.raises(
+        streamrl.ConfigError, match=r"first problem: eval_data\[0\]: missing column 'answer'$"
+    ):
+        streamrl.evaluate("tiny-random", eval_data=rows, run_dir=str(workdir / "run"))
+    assert not (workdir / "run").exists() and not (workdir / "cache").exists()
+
+
+def test_evaluate_takes_the_eval_commands_short_keys(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import streamrl.eval_cli
+
+    made = []
+    monkeypatch.setattr(streamrl.eval_cli, "run_eval", lambda cfg: made.append(cfg) or {})
+    streamrl.evaluate("tiny-random", k=[1, 4], n=8, temperature=0.5, size=3)
+    streamrl.evaluate("tiny-random", k=[1, 8])  # k alone samples n = max(k), as `streamrl eval k=1,8`
+    assert [(c.eval.k, c.eval.n, c.eval.size) for c in made] == [
+        ((1, 4), 8, 3),
+        ((1, 8), 8, made[1].eval.size),
+    ]
+    assert made[0].eval.temperature == 0.5
+    with pytest.raises(streamrl.ConfigError, match=r"^n= and eval.n both set eval.n: pass one$"):
+        streamrl.evaluate("tiny-random", n=4, **{"eval.n": 2})
 
 
 def test_rows_without_reference_answers_train_on_your_own_reward(workdir: Path) -> None:
@@ -150,7 +204,7 @@ def test_evaluate_takes_eval_data_as_the_held_out_rows_whatever_the_task(monkeyp
 
     seen = []
     monkeypatch.setattr(eval_cli, "run_eval", lambda cfg: seen.append(cfg) or {})
-    rows = [{"question": "What is 2+2?", "answer": "4"}]
+    rows = [{"prompt": "What is 2+2?", "answer": "4"}]
     streamrl.evaluate("tiny-random", task="hf:openai/gsm8k:main", eval_data=rows)
     [cfg] = seen
     assert cfg.task == "hf:openai/gsm8k:main"

@@ -27,9 +27,11 @@ import copy
 import hashlib
 import inspect
 import json
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from numbers import Real
 from pathlib import Path
 from typing import Any
 
@@ -72,9 +74,11 @@ def _spec(fn: Callable[..., Any] | str, key: str) -> str:
     """A function -> the spec worker processes import it by (module:name or file.py:name)."""
     if isinstance(fn, str):
         return fn
+    if not callable(fn):
+        raise ConfigError(f"{key}: expected a function or (function, weight), got {type(fn).__name__}")
     name = getattr(fn, "__qualname__", "")
     if not callable(fn) or not name.isidentifier():  # a lambda, a nested function, a bound method
-        raise ValueError(
+        raise ConfigError(
             f"{key}: {fn!r} is not a top-level function; define it at the top level of a module or script "
             "(rollout workers import it by name in their own processes)"
         )
@@ -82,7 +86,7 @@ def _spec(fn: Callable[..., Any] | str, key: str) -> str:
     if module in ("__main__", "__mp_main__") or not module:
         source = inspect.getsourcefile(fn)
         if source is None or not os.path.isfile(source):  # interactive (a notebook cell): no file to import
-            raise ValueError(
+            raise ConfigError(
                 f"{key}: {name} is defined interactively; put it in a .py file and pass it from there "
                 "(rollout workers import it by name)"
             )
@@ -96,10 +100,17 @@ def _reward_settings(reward_fn: Any) -> dict[str, Any]:
         return {}
     if callable(reward_fn) or isinstance(reward_fn, str):
         return {"reward.fn": _spec(reward_fn, "reward_fn")}
+    if not isinstance(reward_fn, (list, tuple)):
+        raise ConfigError(
+            "reward_fn: expected a function, a (function, weight) pair or a list of them, got "
+            f"{type(reward_fn).__name__}"
+        )
+    if _is_pair(reward_fn):  # reward_fn=(fn, 0.5): one weighted function
+        reward_fn = [reward_fn]
     entries = []
     for i, item in enumerate(reward_fn):
-        fn, weight = item if isinstance(item, tuple) else (item, 1.0)
-        entries.append({"fn": _spec(fn, f"reward_fn[{i}]"), "weight": float(weight)})
+        fn, weight = _fn_and_weight(item, f"reward_fn[{i}]")
+        entries.append({"fn": _spec(fn, f"reward_fn[{i}]"), "weight": weight})
     names = [reward_fn_name(e) for e in entries]
     for e, name in zip(entries, names):
         if names.count(name) > 1:  # a.score and b.score: each logged as reward/<module>.<name>
@@ -108,36 +119,97 @@ def _reward_settings(reward_fn: Any) -> dict[str, Any]:
     return {"reward.fns": entries}
 
 
-def _data_file(rows: Any, key: str) -> str:
-    """Rows (a list of dicts or a datasets.Dataset) -> a JSONL file in the cache named by its content;
-    a string is a path or a source spec (`hf:NAME[:CONFIG]`, `data:PATH`) already."""
+def _is_pair(value: Any) -> bool:
+    """(function, weight): a tuple of two whose second is neither a function nor a spec."""
+    return (
+        isinstance(value, tuple) and len(value) == 2 and not (callable(value[1]) or isinstance(value[1], str))
+    )
+
+
+def _fn_and_weight(item: Any, key: str) -> tuple[Any, float]:
+    """A reward_fn entry -> (function or spec, weight); a tuple must be (function, finite weight)."""
+    if not isinstance(item, tuple):
+        return item, 1.0
+    if len(item) != 2:
+        raise ConfigError(f"{key}: expected a function or (function, weight), got a tuple of {len(item)}")
+    fn, weight = item
+    if isinstance(weight, bool) or not isinstance(weight, Real) or not math.isfinite(weight):
+        raise ConfigError(f"{key}: weight must be a finite number, got {weight!r}")
+    return fn, float(weight)
+
+
+@dataclass
+class _Rows:
+    """Rows from code, as the JSONL file in the cache they are written to once checked."""
+
+    key: str  # the argument that passed them: train_data or eval_data
+    lines: list[str]  # one JSON object per row, in the order given
+    path: Path  # named by the content
+
+    def check(self, cfg: Config) -> None:
+        """One line, naming the rows as passed (`train_data[0]`), when none is a problem under the
+        config's column mapping (data/columns.py; a file's rows are read the same way)."""
+        from streamrl.data.columns import parse_row, resolve_columns
+        from streamrl.data.row_task import no_usable_rows
+
+        columns = resolve_columns(cfg.task_config.columns)
+        problems = []
+        for i, line in enumerate(self.lines):
+            try:
+                parse_row(json.loads(line), columns)
+            except ValueError as e:
+                problems.append(f"{self.key}[{i}]: {e}")
+        if len(problems) == len(self.lines):
+            raise ConfigError(str(no_usable_rows(self.key, problems, None)))
+
+    def write(self) -> str:
+        if not self.path.is_file():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text("".join(self.lines))
+            tmp.replace(self.path)
+        return str(self.path)
+
+
+def _data_source(rows: Any, key: str) -> str | _Rows:
+    """Rows (a list of dicts or a datasets.Dataset) -> _Rows, their JSONL file in the cache named by its
+    content, written after the config is made (_write_rows); a string is a path or a source spec
+    (`hf:NAME[:CONFIG]`, `data:PATH`) already."""
     if isinstance(rows, (str, Path)):
         return str(rows)
     if type(rows).__name__ == "IterableDataset":
-        raise ValueError(
+        raise ConfigError(
             f"{key}: a streamed IterableDataset cannot be copied for the rollout workers; pass its name "
             "as task='hf:NAME' with task_config={'streaming': True}, or a Dataset"
         )
     if not isinstance(rows, Sequence) and not hasattr(rows, "to_list"):
-        raise ValueError(
+        raise ConfigError(
             f"{key}: expected a list of dicts, a datasets.Dataset or a path, got {type(rows).__name__}"
         )
     records = rows.to_list() if hasattr(rows, "to_list") else list(rows)
     bad = next((i for i, r in enumerate(records) if not isinstance(r, dict)), None)
     if bad is not None:
-        raise ValueError(f"{key}[{bad}]: expected a dict of columns, got {type(records[bad]).__name__}")
+        raise ConfigError(f"{key}[{bad}]: expected a dict of columns, got {type(records[bad]).__name__}")
     if not records:
-        raise ValueError(f"{key}: no rows")
-    text = "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in records)
+        raise ConfigError(f"{key}: no rows")
+    lines = [json.dumps(r, sort_keys=True, default=str) + "\n" for r in records]
     from streamrl.models.cache import cache_dir
 
-    path = cache_dir() / "data" / f"{hashlib.sha1(text.encode()).hexdigest()[:16]}.jsonl"
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
-    return str(path)
+    name = hashlib.sha1("".join(lines).encode()).hexdigest()[:16]
+    return _Rows(key, lines, cache_dir() / "data" / f"{name}.jsonl")
+
+
+def _path(source: str | _Rows) -> str:
+    return source if isinstance(source, str) else str(source.path)
+
+
+def _write_rows(cfg: Config, *sources: str | _Rows | None) -> None:
+    """The rows from code checked against the made config, then written (before that, nothing is)."""
+    rows = [s for s in sources if isinstance(s, _Rows)]
+    for r in rows:
+        r.check(cfg)
+    for r in rows:
+        r.write()
 
 
 def _task_spec(source: str) -> str:
@@ -166,11 +238,20 @@ def make_config(
 ) -> Config:
     """The validated Config of a train/evaluate call (nothing is written but the cache's data files)."""
     settings: dict[str, Any] = {**_reward_settings(reward_fn)}
-    if train_data is not None:
-        settings["task"] = _task_spec(_data_file(train_data, "train_data"))
-    if eval_data is not None:
-        settings["task_config.eval_data"] = _data_file(eval_data, "eval_data")
-    return _layered(config, settings, overrides)
+    if train_data is not None and "task" in overrides:
+        raise ConfigError(
+            f"task={overrides['task']!r} and train_data both name the training data: pass one (train_data: "
+            "rows, a path or 'hf:NAME'; task: a task such as 'rg:NAME')"
+        )
+    train = None if train_data is None else _data_source(train_data, "train_data")
+    held = None if eval_data is None else _data_source(eval_data, "eval_data")
+    if train is not None:
+        settings["task"] = _task_spec(_path(train))
+    if held is not None:
+        settings["task_config.eval_data"] = _path(held)
+    cfg = _layered(config, settings, overrides)
+    _write_rows(cfg, train, held)
+    return cfg
 
 
 def _layered(
@@ -230,18 +311,21 @@ def evaluate(
     eval_data: Any = None,
     **overrides: Any,
 ) -> dict[str, Any]:
-    """Evaluate as `streamrl eval` does (greedy accuracy; pass@k, avg@n, maj@k with eval={'n': N}) on the
-    task's held-out problems, or on eval_data rows (all of them when given from code, unless eval.size
-    says how many); returns the result dict. A trained run's export (RUN/checkpoint) is evaluated with
-    the run's task settings under those given, as `streamrl eval` does (eval_settings.py), unless
+    """Evaluate as `streamrl eval` does (greedy accuracy; pass@k, avg@n, maj@k with eval={'n': N}; n, k,
+    temperature and size are short for the eval.* keys there and here) on the task's held-out problems,
+    or on eval_data rows (all of them when given from code, unless eval.size says how many); returns
+    the result dict. A trained run's export (RUN/checkpoint) is evaluated with the run's task settings
+    under those given, as `streamrl eval` does (eval_settings.py), unless
     `config` is a Config made before (it sets every key)."""
-    from streamrl.eval_settings import given, say_taken, with_run_settings
+    from streamrl.eval_settings import expand_short_keys, given, say_taken, with_run_settings
 
+    overrides = expand_short_keys(overrides)
     if model is not None:
         overrides["model"] = str(model)
-    rows = None
+    source = rows = None
     if eval_data is not None:  # the rows are the held-out set itself (the task: their scoring)
-        rows = _data_file(eval_data, "eval_data")
+        source = _data_source(eval_data, "eval_data")
+        rows = _path(source)
         overrides.setdefault("task", _task_spec(rows))
         overrides["task_config.eval_data"] = rows
     if isinstance(config, Config):
@@ -254,6 +338,7 @@ def evaluate(
             given("task", path, pairs),
             lambda base: _layered(config, {}, overrides, base),
         )
+    _write_rows(cfg, source)
     if rows is not None and not isinstance(eval_data, (str, Path)) and not _size_given(config, overrides):
         cfg.eval.size = len(Path(rows).read_text().splitlines())  # one JSONL line per row
     say_taken(taken)

@@ -17,10 +17,8 @@ from rich.table import Table
 from streamrl.config import Config, config_yaml
 from streamrl.data.task import default_task_args, prompt_key
 from streamrl.eval.sampling_metrics import default_ks
-from streamrl.eval_settings import trained_run
+from streamrl.eval_settings import SHORTHANDS, trained_run
 from streamrl.files import update_json
-
-SHORTHANDS = {"n": "eval.n", "k": "eval.k", "temperature": "eval.temperature", "size": "eval.size"}
 
 
 def expand_shorthands(overrides: list[str]) -> list[str]:

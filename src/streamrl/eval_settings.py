@@ -28,6 +28,20 @@ PROMPT_KEYS = ("system_prompt", "instruction", "chat_template", "few_shot", "few
 SCORING_KEYS = ("extract", "code_partial_credit", "sandbox_min_isolation", "sandbox_executor")
 EVAL_KEYS = ("size", "max_new_tokens")
 ROLLOUT_KEYS = ("max_new_tokens",)  # eval.max_new_tokens=0 is the run's reply length, not the default's
+# the eval command's and streamrl.evaluate's short keys: n=8 is eval.n=8
+SHORTHANDS = {"n": "eval.n", "k": "eval.k", "temperature": "eval.temperature", "size": "eval.size"}
+
+
+def expand_short_keys(keywords: dict[str, Any]) -> dict[str, Any]:
+    """streamrl.evaluate's keywords with n, k, temperature and size as their eval.* keys (SHORTHANDS), in
+    the order given; a short key and its eval.* key both given is one line."""
+    out: dict[str, Any] = {}
+    for key, value in keywords.items():
+        full = SHORTHANDS.get(key, key)
+        if full != key and full in keywords:
+            raise ConfigError(f"{key}= and {full} both set {full}: pass one")
+        out[full] = value
+    return out
 
 
 def trained_run(model: str) -> tuple[Path, dict[str, Any]] | None:

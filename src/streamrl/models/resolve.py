@@ -8,7 +8,7 @@ from typing import Any
 from streamrl.models import smollm2, tiny
 from streamrl.models.cache import cache_dir
 from streamrl.models.hub import hub_files, hub_weights, split_id
-from streamrl.models.model_files import check_model_files, check_weight_files
+from streamrl.models.model_files import check_model_files
 from streamrl.models.quiet import no_progress_bars
 
 KNOWN_MODELS = ("smollm2-135m-instruct", "tiny-random")
@@ -35,7 +35,7 @@ def _model_files(name: str, seed: int) -> tuple[Path, bool]:
         )
     else:
         path, hub = hub_files(name), True
-    check_model_files(path, name, weights=not hub)  # a Hub model's weights are checked once fetched
+    check_model_files(path, name, weights=not hub)  # a Hub model's: hub_weights
     return path, hub
 
 
@@ -62,10 +62,7 @@ def resolve_model_dir(name: str, seed: int = 0) -> Path:
     """'smollm2-135m-instruct' | 'tiny-random' | a local HF model directory | a Hugging Face Hub id
     ('org/name', 'org/name@revision': models/hub.py) -> directory path, with the weights."""
     path, hub = _model_files(name, seed)
-    if hub:
-        path = hub_weights(name, path)
-        check_weight_files(path, name)
-    return path
+    return hub_weights(name, path) if hub else path
 
 
 def chat_template_file(chat_template: str) -> Path:

@@ -63,3 +63,31 @@ def test_a_streamed_read_that_fails_names_the_source_rows_and_line(tmp_path, mon
         ValueError, match=r"^gen: reading failed after \d row\(s\) of this pass: connection reset"
     ):
         list(task.train_stream(0, set()))
+
+
+def test_a_line_that_is_not_json_is_the_one_line_on_stderr(tmp_path, capsys, caplog):
+    """datasets' JSON reader logs its own failure before it raises (to stderr, through its logger); the
+    run says it once, by line."""
+    from tiny_args import TINY
+
+    from streamrl.cli import main
+
+    f = tmp_path / "rows.jsonl"
+    f.write_text("\n".join([*_lines(3), '{"prompt": "x", answer: 1}', *_lines(3)]) + "\n")
+    run = tmp_path / "run"
+    assert main(["train", *TINY, f"task=data:{f}", f"run_dir={run}"]) == 2
+    assert capsys.readouterr().err == (
+        f"streamrl: error: {f}:4: not valid JSON (Expecting property name enclosed in double quotes); fix or "
+        "remove the line\n"
+    )
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("datasets")] == []
+    assert not run.exists()
+
+
+def test_a_streamed_read_that_fails_later_logs_nothing_besides_its_error(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(json_lines, "SCAN_BYTES", 0)
+    f = tmp_path / "big.jsonl"
+    f.write_text("\n".join([*_lines(3), "{oops", *_lines(3)]) + "\n")
+    with pytest.raises(ValueError, match="reading failed after 0 row"):
+        make_task(f"data:{f}", {}, "", "", "answer_is", streaming=True)
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("datasets")] == []

@@ -135,3 +135,25 @@ def test_streamrl_eval_names_the_fix_before_the_weights_load(
         "template that takes one: task_config.chat_template=FILE\n"
     ), err
     assert err.count("\n") == 1 and weight_loads == [] and not (tmp_path / "ev").exists()
+
+
+def test_a_template_that_does_not_parse_is_a_syntax_error_not_a_refusal(
+    tmp_path: Path, no_system_model: Path, weight_loads: list[int], capsys: pytest.CaptureFixture
+) -> None:
+    template = tmp_path / "bad.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }\n")
+    run = tmp_path / "run"
+    rows = f"task=data:{rows_file(tmp_path, ROWS)}"
+    assert train([*TINY, rows, f"task_config.chat_template={template}", f"run_dir={run}"]) == 2
+    assert capsys.readouterr().err == (
+        f"streamrl: error: {template} line 1: template syntax error (unexpected '}}'): fix the template\n"
+    )
+    (no_system_model.parent / "broken").mkdir()
+    broken = shutil.copytree(no_system_model, no_system_model.parent / "broken" / "model")
+    (broken / "chat_template.jinja").write_text("{{ messages }}\n{{ m.content }\n")
+    assert train([*TINY, rows, f"model={broken}", f"run_dir={run}"]) == 2
+    assert capsys.readouterr().err == (
+        f"streamrl: error: model={broken}: its chat template line 2: template syntax error (unexpected "
+        "'}'): give a template that parses: task_config.chat_template=FILE\n"
+    )
+    assert not run.exists() and weight_loads == []

@@ -68,7 +68,7 @@ def test_file_spec_relative_to_the_working_directory_and_absolute(workdir):
             "uc_agents_e:solv",
             "'uc_agents_e' has no attribute 'solv' (from 'uc_agents_e:solv'): name one it defines: solve",
         ),
-        ("uc_agents_e:VALUE", "'uc_agents_e:VALUE' is a int, not callable: name a function or class"),
+        ("uc_agents_e:VALUE", "'uc_agents_e:VALUE' is an int, not callable: name a function or class"),
         ("uc_agents_e", "'uc_agents_e' must look like package.module:function or path/to/file.py:function"),
         (
             "uc_broken_f:solve",
@@ -114,3 +114,14 @@ def test_missing_agent_module_stops_before_the_run_directory(workdir, capsys):
         "streamrl: error: config key 'task': no module 'uc_nope_i' (from 'uc_nope_i:solve')"
     )
     assert not run.exists()
+
+
+def test_a_missing_name_lists_every_function_the_file_defines(workdir):
+    names = [f"fn_{i:02d}" for i in range(14)]
+    (workdir / "uc_many_h.py").write_text("".join(f"def {n}(): pass\n" for n in names) + "VALUE = 3\n")
+    with pytest.raises(ValueError) as e:
+        load_object("uc_many_h.py:nothere", "reward.fn")
+    assert str(e.value) == (
+        "config key 'reward.fn': 'uc_many_h.py' has no attribute 'nothere' (from 'uc_many_h.py:nothere'): "
+        f"name one it defines: {', '.join(names)}"
+    )

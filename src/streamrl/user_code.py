@@ -18,6 +18,11 @@ from typing import Any
 _FILE_MODULES: dict[Path, ModuleType] = {}  # a file is executed once per process
 
 
+def article(noun: str) -> str:
+    """`noun` with its indefinite article: 'an int', 'a float'."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+
+
 def _one_line(e: BaseException) -> str:
     text = " ".join(str(e).split())
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
@@ -98,11 +103,12 @@ def load_object(spec: str, key: str, callable_required: bool = True) -> Any:
             for n, v in vars(module).items()
             if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module.__name__
         )
-        fix = f"name one it defines: {', '.join(names[:10])}" if names else "check the name"
+        fix = f"name one it defines: {', '.join(names)}" if names else "check the name"
         raise ValueError(f"config key '{key}': '{where}' has no attribute '{attr}' (from '{spec}'): {fix}")
     obj = getattr(module, attr)
     if callable_required and not callable(obj):
         raise ValueError(
-            f"config key '{key}': '{spec}' is a {type(obj).__name__}, not callable: name a function or class"
+            f"config key '{key}': '{spec}' is {article(type(obj).__name__)}, not callable: name a function "
+            "or class"
         )
     return obj

@@ -5,16 +5,35 @@ source held in memory is read whole at set-up, and a failure is traced to its fi
 streamed source is read as training goes: its local .jsonl files are scanned at set-up when they hold
 at most SCAN_BYTES in all (the scan parses every line, at some 8 MB/s on a busy shared core and a few
 times that on an idle one); a larger set is not, and a bad line stops the run where training reaches
-it, named the same way (data/streamed.py).
+it, named the same way (data/streamed.py). While `datasets` reads (quiet_json_reader), its JSON reader
+logs nothing of its own: a line it fails on is then named once, here. Silencing it costs nothing on a
+good file, where checking every file first would parse each line twice on every run.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import logging
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 SCAN_BYTES = 128 * 2**20
+# the logger of datasets' JSON reader, which logs "Failed to load JSON from file ..." before it raises
+JSON_READER_LOGGER = "datasets.packaged_modules.json.json"
+
+
+@contextmanager
+def quiet_json_reader() -> Iterator[None]:
+    """datasets' JSON reader logs nothing while the block runs (its failure is raised, and named by
+    first_bad_line)."""
+    logger = logging.getLogger(JSON_READER_LOGGER)
+    was = logger.disabled  # not its level: setting that clears every logger's cache, on every row
+    logger.disabled = True
+    try:
+        yield
+    finally:
+        logger.disabled = was
 
 
 def jsonl_files(path: Path) -> list[Path]:

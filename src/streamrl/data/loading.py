@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from streamrl.data.json_lines import check_before_streaming, first_bad_line, jsonl_files
+from streamrl.data.json_lines import check_before_streaming, first_bad_line, jsonl_files, quiet_json_reader
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 LOCAL_HINT = (
@@ -121,7 +121,8 @@ def _path_splits(path: Path, streaming: bool) -> dict[str, Any]:
     if streaming:  # read as training goes: a bad line is named now, not where training reaches it
         check_before_streaming(path)
     try:
-        return dict(datasets.load_dataset(builder, data_files=files, streaming=streaming))
+        with quiet_json_reader():  # a line that is not JSON: named once, below
+            return dict(datasets.load_dataset(builder, data_files=files, streaming=streaming))
     except Exception as e:  # the file's own problem, in one line
         bad = first_bad_line(jsonl_files(path))
         raise ValueError(bad or f"{path}: datasets could not read it: {one_line(e)}") from None

@@ -74,16 +74,30 @@ def render_prompt_ids(
     return list(tokenizer(text, add_special_tokens=False).input_ids)
 
 
+def template_syntax_error(e: Any, chat_template: str, model: str) -> str:
+    """The one line for a chat template that does not parse (jinja2's TemplateSyntaxError `e`):
+    the file (task_config.chat_template) or the model's own template, its line and the fix."""
+    said = " ".join(str(e.message or "").split()) or type(e).__name__
+    if chat_template:
+        return f"{chat_template} line {e.lineno}: template syntax error ({said}): fix the template"
+    return (
+        f"model={model}: its chat template line {e.lineno}: template syntax error ({said}): give a "
+        "template that parses: task_config.chat_template=FILE"
+    )
+
+
 def check_template(tokenizer: Any, problem: Any, chat_template: str, model: str, task: str) -> None:
     """Render `problem`'s prompt once: a chat template that refuses it (Jinja's TemplateError, such as
     Gemma-2's 'System role not supported') is a ValueError of one line naming the template's message and
     the fix: task_config.system_prompt="" when the system turn is the configured one, else a template
     that renders the chat (task_config.chat_template=FILE). `chat_template`: that key's value ("" = the
     model's own template); `task`: the task spec (an env: task brings a system prompt of its own)."""
-    from jinja2 import TemplateError
+    from jinja2 import TemplateError, TemplateSyntaxError
 
     try:
         render_prompt_ids(tokenizer, problem.messages)
+    except TemplateSyntaxError as e:  # not a refusal: the template does not parse
+        raise ValueError(template_syntax_error(e, chat_template, model)) from None
     except TemplateError as e:
         if chat_template:
             template = f"the chat template {chat_template} (task_config.chat_template)"

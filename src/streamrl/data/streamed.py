@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrl.data.columns import check_question_column, excluded, held_key, parse_row
-from streamrl.data.json_lines import first_bad_line
+from streamrl.data.json_lines import first_bad_line, quiet_json_reader
 from streamrl.data.loading import one_line
 from streamrl.data.repeats import streamed_conflicts
 from streamrl.data.row_task import SHOWN_WARNINGS, RowTask, log, no_usable_rows, report_skipped
@@ -117,7 +117,8 @@ class StreamedDataTask(RowTask):
         it = iter(ds)
         for n in itertools.count():
             try:
-                rec = next(it)
+                with quiet_json_reader():  # a line that is not JSON: named once, below
+                    rec = next(it)
             except StopIteration:
                 return
             except Exception as e:

@@ -1,12 +1,15 @@
 """What a model directory must hold before transformers reads it, checked from its files alone (no weights
-read, nothing run): config.json naming an architecture transformers has built in as a causal LM (custom
-code, `auto_map`, would make transformers ask whether to run it), and the files a tokenizer is built from.
-Each refusal is one line naming the model as given (`model=...`) and the way out."""
+read, nothing run): a config.json that is JSON, naming an architecture transformers has built in as a
+causal LM (custom code, `auto_map`, would make transformers ask whether to run it), the files a tokenizer
+is built from, and a whole set of weights (models/weight_files.py: every shard there, each safetensors
+header read). Each refusal is one line naming the model as given (`model=...`) and the way out."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from streamrl.models.weight_files import weights_problem
 
 # the files transformers builds a tokenizer from (tokenization_utils_tokenizers.py): a tokenizers
 # serialization, Mistral's tekken.json, BPE vocab.json (merges.txt beside it, or generated), WordPiece
@@ -28,15 +31,36 @@ def has_tokenizer_files(path: Path) -> bool:
     )
 
 
-def check_model_files(path: Path, name: str) -> None:
-    """ValueError (one line) when the model in directory `path`, given as `name`, cannot be loaded with
-    transformers' built-in code and tokenizer files. A config.json that is not JSON is left to
-    transformers, whose error names the file."""
+def check_weight_files(path: Path, name: str) -> None:
+    """ValueError (one line) when directory `path` lacks a whole set of weights for model `name`."""
+    problem = weights_problem(path)
+    if problem:
+        raise ValueError(f"model={name}: {problem}")
+
+
+def read_config(path: Path, name: str) -> dict:
+    """The config.json of directory `path` (model `name`); ValueError (one line) when it is not a JSON
+    object."""
+    file = path / "config.json"
     try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        config = {}
-    config = config if isinstance(config, dict) else {}
+        config = json.loads(file.read_text())
+    except OSError as e:
+        raise ValueError(f"model={name}: {file} cannot be read ({e.strerror})") from None
+    except ValueError as e:  # JSONDecodeError, or not UTF-8
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(
+            f"model={name}: {file} is not valid JSON ({reason}): restore it from the base model"
+        ) from None
+    if not isinstance(config, dict):
+        raise ValueError(f"model={name}: {file} is not a JSON object: restore it from the base model")
+    return config
+
+
+def check_model_files(path: Path, name: str, weights: bool = True) -> None:
+    """ValueError (one line) when the model in directory `path`, given as `name`, cannot be loaded with
+    transformers' built-in code and tokenizer files, or (`weights`) lacks a whole set of weights. A Hub
+    snapshot is checked with weights=False, before its weights are downloaded (models/hub.py)."""
+    config = read_config(path, name)
     model_type = config.get("model_type")
     built_in = isinstance(model_type, str) and model_type in causal_lm_types()
     if config.get("auto_map") and not built_in:  # a built-in model_type loads without the custom code
@@ -56,3 +80,5 @@ def check_model_files(path: Path, name: str) -> None:
             f"model={name}: no tokenizer files (tokenizer.json, tokenizer.model, vocab.json + merges.txt, "
             "tekken.json) next to its config.json: copy them from the base model"
         )
+    if weights:
+        check_weight_files(path, name)

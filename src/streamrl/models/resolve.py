@@ -35,7 +35,7 @@ def _model_files(name: str, seed: int) -> tuple[Path, bool]:
         )
     else:
         path, hub = hub_files(name), True
-    check_model_files(path, name)
+    check_model_files(path, name, weights=not hub)  # a Hub model's: hub_weights
     return path, hub
 
 

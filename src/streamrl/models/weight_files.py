@@ -48,3 +48,56 @@ def download_sets(path: Path) -> list[list[str]]:
     in transformers' order: the shards its index names, else its single file; a format whose index
     cannot be read gives []."""
     return [index_shards(path / index) if (path / index).is_file() else [single] for single, index in FORMATS]
+
+
+def safetensors_problem(file: Path) -> str:
+    """Why `file` is not a whole safetensors file, '' when it is. Only its header is read (an 8-byte
+    little-endian length, then that much JSON), and the tensor data it describes must fill the rest of
+    the file exactly, as safetensors requires: no tensor is read."""
+    try:
+        size = file.stat().st_size
+        with file.open("rb") as f:
+            head = f.read(8)
+            length = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if length < 0 or 8 + length > size:
+                return f"its header runs past the end of the file's {size} bytes"
+            header = json.loads(f.read(length))
+    except OSError as e:
+        return f"it cannot be read: {e.strerror}"
+    except ValueError:  # not JSON, not UTF-8
+        return "its header is not JSON"
+    try:
+        tensors = [t for key, t in header.items() if key != "__metadata__"]
+        end = max((int(t["data_offsets"][1]) for t in tensors), default=0)
+    except (AttributeError, TypeError, KeyError, IndexError, ValueError):
+        return "its header does not describe tensors"
+    if 8 + length + end != size:
+        return f"it holds {size} bytes where its header describes {8 + length + end}"
+    return ""
+
+
+def weights_problem(path: Path) -> str:
+    """What keeps transformers from loading the weights of directory `path` ('' when nothing), naming
+    the file and the way out: no weight set (weight_set), a shard index that does not read or names
+    shards that are not there, a safetensors file cut short (safetensors_problem)."""
+    files = weight_set(path)
+    if not files:
+        index = next((path / index for _, index in FORMATS if (path / index).is_file()), None)
+        if index is not None:
+            return f"{index} is not a shard index (JSON with a weight_map): copy it again from the base model"
+        return (
+            f"no weights in {path} (model.safetensors, model.safetensors.index.json with its shards, or "
+            "pytorch_model.bin): copy them from the base model"
+        )
+    missing = [f for f in files if not (path / f).is_file()]
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        return (
+            f"{path} lacks {len(missing)} of the {len(files)} shards its index names ({missing[0]}{more}): "
+            "copy them from the base model"
+        )
+    for f in files:
+        reason = safetensors_problem(path / f) if f.endswith(".safetensors") else ""
+        if reason:
+            return f"{path / f} is not a whole safetensors file ({reason}): copy it again from the base model"
+    return ""

@@ -1,0 +1,120 @@
+"""A local model directory whose weights transformers cannot load, or whose config.json is not JSON, is
+refused in one line naming the file and the fix, before anything loads or is written: no weights, a
+shard index naming shards that are not there, a safetensors file cut short (its header read, no tensor),
+a config.json that is not JSON. A sharded directory with every shard loads as usual."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from tiny_args import TINY
+
+from streamrl.cli import main
+from streamrl.models import resolve_model_dir
+
+
+def _tiny_copy(tmp_path: Path, change: Callable[[Path], None]) -> Path:
+    d = tmp_path / "model"
+    shutil.copytree(resolve_model_dir("tiny-random", seed=0), d)
+    change(d)
+    return d
+
+
+def _truncate(d: Path) -> None:
+    weights = d / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+
+
+def _sharded_without_one(d: Path) -> None:
+    (d / "model.safetensors").unlink()
+    weight_map = {
+        "a.weight": "model-00001-of-00002.safetensors",
+        "b.weight": "model-00002-of-00002.safetensors",
+    }
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    (d / "model-00001-of-00002.safetensors").write_bytes(b"")
+
+
+CASES = [
+    (
+        lambda d: (d / "model.safetensors").unlink(),
+        "no weights in {d} (model.safetensors, model.safetensors.index.json with its shards, or "
+        "pytorch_model.bin): copy them from the base model",
+    ),
+    (
+        _truncate,
+        "{d}/model.safetensors is not a whole safetensors file (it holds {half} bytes where its header "
+        "describes {full}): copy it again from the base model",
+    ),
+    (
+        lambda d: (d / "config.json").write_text("{bad\n"),
+        "{d}/config.json is not valid JSON (Expecting property name enclosed in double quotes: line 1 "
+        "column 2 (char 1)): restore it from the base model",
+    ),
+    (
+        _sharded_without_one,
+        "{d} lacks 1 of the 2 shards its index names (model-00002-of-00002.safetensors): copy them from "
+        "the base model",
+    ),
+    (
+        lambda d: ((d / "model.safetensors").unlink(), (d / "model.safetensors.index.json").write_text("{")),
+        "{d}/model.safetensors.index.json is not a shard index (JSON with a weight_map): copy it again "
+        "from the base model",
+    ),
+]
+IDS = ["no-weights", "truncated", "config-not-json", "shard-missing", "index-not-json"]
+
+
+def _expected(d: Path, message: str) -> str:
+    full = (resolve_model_dir("tiny-random", seed=0) / "model.safetensors").stat().st_size
+    return f"model={d}: " + message.format(d=d, half=full // 2, full=full)
+
+
+@pytest.mark.parametrize(("change", "message"), CASES, ids=IDS)
+def test_weights_or_config_transformers_cannot_load_are_one_line_before_anything_is_written(
+    tmp_path, capsys, change, message
+):
+    model = _tiny_copy(tmp_path, change)
+    run = tmp_path / "run"
+    assert main(["train", *TINY, f"model={model}", f"run_dir={run}"]) == 2
+    assert capsys.readouterr().err == f"streamrl: error: {_expected(model, message)}\n"
+    assert not run.exists()
+
+
+def test_eval_refuses_missing_weights_in_one_line_before_writing(tmp_path, capsys):
+    model = _tiny_copy(tmp_path, CASES[0][0])
+    run = tmp_path / "run"
+    assert main(["eval", f"model={model}", "size=4", "eval.max_new_tokens=8", f"run_dir={run}"]) == 2
+    assert capsys.readouterr().err == f"streamrl: error: {_expected(model, CASES[0][1])}\n"
+    assert not run.exists()
+
+
+def test_the_python_api_refuses_a_truncated_weights_file_in_one_line(tmp_path):
+    import streamrl
+
+    model = _tiny_copy(tmp_path, _truncate)
+    run = tmp_path / "run"
+    with pytest.raises(ValueError) as e:
+        streamrl.train(model=str(model), run_dir=str(run), max_steps=1)
+    assert str(e.value) == _expected(model, CASES[1][1])
+    assert not run.exists()
+
+
+def test_a_sharded_directory_with_every_shard_loads(tmp_path):
+    from streamrl.models import load_model
+
+    original = load_model(resolve_model_dir("tiny-random", seed=0))
+
+    def shard(d: Path) -> None:
+        (d / "model.safetensors").unlink()
+        original.save_pretrained(d, max_shard_size="100KB")
+
+    model = _tiny_copy(tmp_path, shard)
+    assert len(list(model.glob("model-*.safetensors"))) > 1
+    assert resolve_model_dir(str(model)) == model
+    assert load_model(model) is not None

@@ -215,8 +215,8 @@ def test_reward_errors_warn_above_one_percent_with_the_reasons_but_not_the_step_
     assert [f.rule for f in found] == ["reward_errors"] and found[0].steps == [3]
     assert found[0].first_message == (
         "32 of 64 rewards (50.0%) failed and count as 0 (> 1%): TypeError x30, timeout x2; "
-        "the first message of each kind was printed, and each step's are in metrics.jsonl reward_error_examples: "
-        "fix the reward function or scorer, or raise reward.timeout_s"
+        "the first message of each kind was printed, and each step's are in metrics.jsonl "
+        "reward_error_examples: fix the reward function or scorer, or raise reward.timeout_s"
     )
     rows[-1].update(reward_errors=8, reward_error_reasons={"step_budget": 8})  # the budget's own rule
     assert diagnose(rows) == []

@@ -1,5 +1,6 @@
 """What the train job does with each step's record: write the metrics stream (JSONL, TensorBoard,
-optionally W&B), print each kind of failure's first message and diagnostics warnings once, and refresh report.html every N steps."""
+optionally W&B), print each kind of failure's first message and diagnostics warnings once, and
+refresh report.html every N steps."""
 
 from __future__ import annotations
 

@@ -12,7 +12,6 @@ import pytest
 from tiny_args import TINY  # tests/ is on sys.path
 
 from streamrl.cli import main
-from streamrl.observe.error_examples import ErrorExamples
 
 RAISE_LATER = """
 def raise_later(prompts, completions, completion_ids, **kw):
@@ -43,9 +42,13 @@ def test_a_reward_that_raises_is_shown_once_with_its_message(tmp_path: Path, cap
     assert out.count("KeyError: 'answer_x'") == 1  # 8 failures, one line
     assert "reward error (scored 0) at step 1, the first KeyError: " + message in out
     assert "in metrics.jsonl reward_error_examples" in out  # the warning says where the message is
+    # the rollout worker's own log is kept in the run directory, the service's line in it
+    assert "(KeyError: 'answer_x')" in (run / "rollout-worker0.log").read_text()
 
 
 def test_each_kind_is_shown_once_in_a_run_and_not_again_after_a_resume():
+    from streamrl.observe.error_examples import ErrorExamples
+
     rows = [
         {"step": 1, "reward_error_examples": {"KeyError": "KeyError: 'a'"}},
         {"step": 2, "reward_error_examples": {"KeyError": "KeyError: 'b'", "timeout": "timeout: slow"}},

@@ -32,7 +32,8 @@ class EpisodeErrors:
         """The counts since the last take, for the run state."""
         if not self.episodes:
             return {}
-        return {"episodes": self.episodes, "reasons": dict(self.reasons), "examples": dict(self.examples)}
+        out = {"episodes": self.episodes, "reasons": dict(self.reasons)}
+        return {**out, "examples": dict(self.examples)} if self.examples else out
 
     def add(self, group: Group) -> None:
         if group.episode_errors is None:  # not an agent group

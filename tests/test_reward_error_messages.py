@@ -62,3 +62,16 @@ def test_each_kind_is_shown_once_in_a_run_and_not_again_after_a_resume():
     ]
     resumed = ErrorExamples(history=rows[:2])
     assert resumed.update(rows[1]) == [] and len(resumed.update(rows[2])) == 1
+
+
+def test_a_worker_logs_tail_is_the_ended_process_own(tmp_path: Path):
+    from streamrl.placement.backend import _tail
+
+    log = tmp_path / "rollout-worker0.log"
+    log.write_text("--- first process\nTraceback: old failure\n--- second process\n")
+    start = log.stat().st_size
+    assert _tail(log, start) == "(nothing)"  # the restarted process wrote nothing yet
+    with log.open("a") as f:
+        f.write("KeyError: 'answer_x'\n")
+    assert _tail(log, start) == repr("KeyError: 'answer_x'")
+    assert _tail(log, 0, n=10) == repr("'answer_x'")

@@ -198,6 +198,11 @@ def test_episodes_failing_before_any_call_are_counted_and_warned_about(tmp_path,
     assert acc["lost"] == 0 and acc["filter_reasons"]["no_calls"] >= errors // 2
     err = capsys.readouterr().err
     assert "warning [episode_errors]" in err and "agent episodes" in err
+    # the message: in the step records, and printed once however many episodes failed
+    message = "ConnectionError: agent could not reach its own backend (problem "
+    examples = [r["episode_error_examples"]["ConnectionError"] for r in rows if r["episode_errors"]]
+    assert examples and all(e.startswith(message) for e in examples)
+    assert " ".join(err.split()).count(message) == 1
 
 
 def test_a_stop_cuts_off_the_held_out_agents(tiny, tmp_path):
@@ -308,7 +313,8 @@ def test_an_episode_whose_scoring_failed_earns_nothing():
     ep = score_episode(settings, Problem("p", [], "1"), "g", 0, AgentRun("x"), calls, timed_out)
     assert (ep.reward, ep.correct, ep.formatted, ep.error) == (0.0, False, False, "")
     info = ep.trajectories[0].reward_info
-    assert (info["reward_error"], info["reward_error_detail"]) == ("timeout", "over reward.timeout_s=1")
+    assert info["reward_error"] == "timeout"
+    assert info["reward_error_detail"] == "timeout: over reward.timeout_s=1 (problem p)"
     assert (info["reward_latency_s"], info["reward_cached"]) == (1.0, False)
     assert ep.trajectories[0].reward == 0.0
 

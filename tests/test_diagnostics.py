@@ -153,7 +153,8 @@ def test_episode_errors_warn_above_one_percent_with_the_reasons():
     assert found.rule == "episode_errors" and found.steps == [3]
     assert found.first_message == (
         "34 of 128 agent episodes (26.6%) ended in an error (> 1%): APIConnectionError x30, KeyError x4; "
-        "each costs its episode's reward"
+        "each costs its episode's reward: the first message of each kind was printed, and each step's are in "
+        "metrics.jsonl episode_error_examples"
     )
     rows[-1].update(episodes=0, episode_errors=0)  # a step without agent episodes says nothing
     assert diagnose(rows) == []
@@ -214,7 +215,8 @@ def test_reward_errors_warn_above_one_percent_with_the_reasons_but_not_the_step_
     assert [f.rule for f in found] == ["reward_errors"] and found[0].steps == [3]
     assert found[0].first_message == (
         "32 of 64 rewards (50.0%) failed and count as 0 (> 1%): TypeError x30, timeout x2; "
-        "the log names each error: fix the reward function or scorer, or raise reward.timeout_s"
+        "the first message of each kind was printed, and each step's are in metrics.jsonl "
+        "reward_error_examples: fix the reward function or scorer, or raise reward.timeout_s"
     )
     rows[-1].update(reward_errors=8, reward_error_reasons={"step_budget": 8})  # the budget's own rule
     assert diagnose(rows) == []

@@ -44,6 +44,8 @@ def test_a_verifier_that_raises_costs_the_accuracy_not_your_functions_reward(use
     assert t.reward_info["verdict_error"] == "RuntimeError"
     record = step_record(1, [Group(_problem(), [t])], {}, 0)
     assert (record["verdict_errors"], record["verdict_error_reasons"]) == (1, {"RuntimeError": 1})
+    pid = _problem().id  # the message reaches the step record, naming the problem
+    assert record["verdict_error_examples"] == {"RuntimeError": f"RuntimeError: verifier bug (problem {pid})"}
     assert (record["reward_errors"], record["accuracy"], record["reward_mean"]) == (0, 0.0, 1 / 3)
 
 

@@ -66,6 +66,10 @@ def test_failures_cost_one_reward_each_and_are_counted(scoring):
     rec = step_record(1, [Group(problem, trajs)], {}, 0)
     assert (rec["reward_errors"], rec["reward_timeouts"]) == (2, 1)
     assert rec["reward_error_reasons"] == {"RuntimeError": 1, "timeout": 1}
+    assert rec["reward_error_examples"] == {  # each reason's first message, naming the problem
+        "RuntimeError": "RuntimeError: scorer bug (problem p1)",
+        "timeout": "timeout: no result within 0.5s; worker replaced (problem p2)",
+    }
     assert rec["reward_cache_hit_rate"] == 0.25  # the second "ok" for the same problem came from the cache
     # response lengths 2, 2, 2, 5: mean 2.75, population std sqrt(37 / 4 - 2.75^2)
     assert rec["response_length"] == 2.75 and rec["response_length_max"] == 5

@@ -150,6 +150,7 @@ def test_a_silent_worker_beside_a_starting_one_gets_its_own_time_limit(tmp_path,
             spawned=spawned,
             proc=proc,
             log=log,
+            log_start=0,
             held={},
         )
 

@@ -85,7 +85,8 @@ class Group:
     `baseline` is the scored greedy (temperature 0) response that ReMax subtracts; it is never trained on.
     `episode_rewards` ([G], agent tasks): the reward of each episode, whose calls may make zero, one or
     several trajectories (tagged reward_info["episode"]); advantages are then computed per episode.
-    `episode_errors` ([G], agent tasks): why each episode ended in an error ("" when it did not).
+    `episode_errors` ([G], agent tasks): why each episode ended in an error ("" when it did not);
+    `episode_error_details` its message.
     `episode_correct`, `episode_formatted` ([G], agent tasks): each episode's verdict, which the step's
     accuracy and format rate count once per episode, whatever number of trajectories it made.
     """
@@ -95,6 +96,7 @@ class Group:
     baseline: Trajectory | None = None
     episode_rewards: list[float] | None = None
     episode_errors: list[str] | None = None
+    episode_error_details: list[str] | None = None  # [G]: each error's message ("" when none)
     episode_correct: list[bool] | None = None
     episode_formatted: list[bool] | None = None
 

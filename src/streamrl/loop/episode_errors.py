@@ -3,7 +3,8 @@
 Every returned group is counted, also one that is then filtered or holds no trajectory: an episode
 that failed on its first call leaves nothing to train on and would otherwise vanish. The step record
 gets `episodes` (agent episodes returned since the previous step), `episode_errors` and
-`episode_error_reasons` ({exception type: count}); the `episode_errors` diagnostics rule warns when
+`episode_error_reasons` ({exception type: count}), `episode_error_examples` ({exception type: its
+first message since the previous step}); the `episode_errors` diagnostics rule warns when
 the share is high. What was counted after the last step when the run stops goes into the run state
 (`pending`), and the resumed run's first step record includes it.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from streamrl.loop.step_metrics import MESSAGE_CHARS
 from streamrl.types import Group
 
 
@@ -24,16 +26,24 @@ class EpisodeErrors:
         self.active = active
         self.episodes = int((pending or {}).get("episodes", 0))
         self.reasons: Counter[str] = Counter((pending or {}).get("reasons", {}))
+        self.examples: dict[str, str] = dict((pending or {}).get("examples", {}))
 
     def pending(self) -> dict[str, Any]:
         """The counts since the last take, for the run state."""
-        return {"episodes": self.episodes, "reasons": dict(self.reasons)} if self.episodes else {}
+        if not self.episodes:
+            return {}
+        out = {"episodes": self.episodes, "reasons": dict(self.reasons)}
+        return {**out, "examples": dict(self.examples)} if self.examples else out
 
     def add(self, group: Group) -> None:
         if group.episode_errors is None:  # not an agent group
             return
         self.episodes += len(group.episode_errors)
         self.reasons.update(reason for reason in group.episode_errors if reason)
+        details = group.episode_error_details or [""] * len(group.episode_errors)
+        for reason, detail in zip(group.episode_errors, details):
+            if reason and reason not in self.examples:
+                self.examples[reason] = (detail or reason)[:MESSAGE_CHARS]
 
     def take(self) -> dict[str, Any]:
         """The counts since the last take (nothing for runs without agent tasks), then reset."""
@@ -43,7 +53,9 @@ class EpisodeErrors:
             "episodes": self.episodes,
             "episode_errors": sum(self.reasons.values()),
             "episode_error_reasons": dict(sorted(self.reasons.items())),
+            "episode_error_examples": dict(sorted(self.examples.items())),
         }
         self.episodes = 0
         self.reasons = Counter()
+        self.examples = {}
         return out

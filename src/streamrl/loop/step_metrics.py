@@ -8,6 +8,8 @@ from typing import Any
 
 from streamrl.types import BUDGET_REASON, TIMEOUT_REASONS, Group
 
+MESSAGE_CHARS = 500  # an error message kept in the step record is cut to this many characters
+
 
 def step_record(
     step: int,
@@ -98,7 +100,8 @@ def _per_function_means(trajs: list[Any]) -> dict[str, float]:
 
 
 def _scoring_stats(trajs: list[Any]) -> dict[str, Any]:
-    """How scoring went: failures by reason (reward 0 each), latency, cache hits, and the task's verdicts
+    """How scoring went: failures by reason (reward 0 each) and the first message of each reason,
+    latency, cache hits, and the task's verdicts
     that failed under a reward of your functions alone (counted as wrong). Timeouts are the
     scores past reward.timeout_s ("timeout"), a judge's requests past reward.judge_timeout_s
     ("JudgeError/timeout") and those still outstanding when the step's reward.step_budget_s ran out
@@ -115,10 +118,30 @@ def _scoring_stats(trajs: list[Any]) -> dict[str, Any]:
         "reward_timeouts": sum(errors.get(k, 0) for k in (*TIMEOUT_REASONS, BUDGET_REASON)),
         "reward_step_budget_expired": errors.get(BUDGET_REASON, 0),
         "reward_error_reasons": dict(errors),
+        "reward_error_examples": first_messages(infos, "reward_error", "reward_error_detail"),
         "reward_latency_mean_s": statistics.fmean(i["reward_latency_s"] for i in infos),
         "reward_cache_hit_rate": statistics.fmean(float(i["reward_cached"]) for i in infos),
-        **({"verdict_errors": verdicts.total(), "verdict_error_reasons": dict(verdicts)} if verdicts else {}),
+        **(
+            {
+                "verdict_errors": verdicts.total(),
+                "verdict_error_reasons": dict(verdicts),
+                "verdict_error_examples": first_messages(infos, "verdict_error", "verdict_error_detail"),
+            }
+            if verdicts
+            else {}
+        ),
     }
+
+
+def first_messages(infos: list[dict[str, Any]], reason_key: str, detail_key: str) -> dict[str, str]:
+    """{reason: the message of its first failure in `infos`}: what the user reads to fix it (the
+    console prints each reason's once, observe/error_examples.py)."""
+    out: dict[str, str] = {}
+    for i in infos:
+        reason = i.get(reason_key)
+        if reason and reason not in out:
+            out[reason] = str(i.get(detail_key) or reason)[:MESSAGE_CHARS]
+    return out
 
 
 def _baseline_stats(groups: list[Group]) -> dict[str, float]:

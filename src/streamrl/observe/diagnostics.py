@@ -183,7 +183,8 @@ def _episode_errors(history: Sequence[Record], limit: float) -> str | None:
     top = _top_reasons(reasons)
     return (
         f"{errors:.0f} of {n:.0f} agent episodes ({errors / n:.1%}) ended in an error (> {limit:.0%}): "
-        f"{top}; each costs its episode's reward"
+        f"{top}; each costs its episode's reward: the first message of each kind was printed, and each "
+        "step's are in metrics.jsonl episode_error_examples"
     )
 
 
@@ -200,7 +201,8 @@ def _reward_errors(history: Sequence[Record], limit: float) -> str | None:
     top = _top_reasons(reasons)
     return (
         f"{failed} of {n:.0f} rewards ({failed / n:.1%}) failed and count as 0 (> {limit:.0%}): {top}; the "
-        "log names each error: fix the reward function or scorer, or raise reward.timeout_s"
+        "first message of each kind was printed, and each step's are in metrics.jsonl "
+        "reward_error_examples: fix the reward function or scorer, or raise reward.timeout_s"
     )
 
 

@@ -1,5 +1,6 @@
 """What the train job does with each step's record: write the metrics stream (JSONL, TensorBoard,
-optionally W&B), print diagnostics warnings once per rule, and refresh report.html every N steps."""
+optionally W&B), print each kind of failure's first message and diagnostics warnings once, and
+refresh report.html every N steps."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from rich.markup import escape
 
 from streamrl.config import Config, to_dict
 from streamrl.observe.diagnostics import DiagnosticsMonitor
+from streamrl.observe.error_examples import ErrorExamples
 from streamrl.observe.metrics import MetricsWriter, Sink
 from streamrl.observe.report import write_report
 from streamrl.observe.run_data import read_metrics
@@ -39,10 +41,13 @@ class RunObserver:
         self.monitor = DiagnosticsMonitor(
             emit=lambda line: console.print(f"[yellow]{escape(line)}[/]"), history=earlier
         )
+        self.errors = ErrorExamples(history=earlier)
         self._report_failed = False
 
     def on_step(self, record: dict[str, Any]) -> None:
         self.writer.write(record)
+        for line in self.errors.update(record):  # each kind of failure's first message, once
+            self.console.print(f"[yellow]{escape(line)}[/]")
         self.monitor.update(record)
         every = self.cfg.observe.report_every
         if every and record["step"] % every == 0:

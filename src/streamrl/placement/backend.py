@@ -74,21 +74,38 @@ class RolloutFailure(RuntimeError):
 
 class _Worker:
     """One spawned worker: its own request and result queues (a process killed while holding a shared
-    queue's lock would block every other), its heartbeat, its stderr log and the groups it holds."""
+    queue's lock would block every other), its heartbeat, its stderr log and the groups it holds.
 
-    def __init__(self, ctx: Any, index: int) -> None:
+    The log is the run directory's rollout-worker<i>.log, kept and appended to by every process of that
+    worker (restarts, a resumed run), each after a line naming its start; without a run directory, a
+    temporary file deleted at close. `log_start`: where the current process's output begins."""
+
+    def __init__(self, ctx: Any, index: int, run_dir: Path | None = None) -> None:
         self.index = index
         self.requests, self.results = ctx.Queue(), ctx.Queue()
         self.heartbeat = ctx.Value("d", 0.0, lock=False)  # 0: not started yet (imports, model load)
-        self.log = Path(tempfile.mkstemp(prefix=f"streamrl-worker{index}-", suffix=".log")[1])
+        self.kept = run_dir is not None
+        if run_dir is not None:
+            self.log = run_dir / f"rollout-worker{index}.log"
+            self.log.touch()
+        else:
+            self.log = Path(tempfile.mkstemp(prefix=f"streamrl-worker{index}-", suffix=".log")[1])
+        self.log_start = 0
         self.held: dict[str, GroupRequest] = {}
         self.proc: Any = None
         self.spawned = 0.0
 
+    def begin_log(self) -> None:
+        """A line naming the process about to start; its own output follows."""
+        with self.log.open("a") as f:
+            f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} rollout worker {self.index} starting\n")
+            self.log_start = f.tell()
+
     def close(self) -> None:
         self.requests.cancel_join_thread()
         self.results.cancel_join_thread()
-        self.log.unlink(missing_ok=True)
+        if not self.kept:
+            self.log.unlink(missing_ok=True)
 
 
 class LocalRollouts:
@@ -125,6 +142,7 @@ class LocalRollouts:
         cfg = self.cfg
         args = (w.index, to_dict(cfg), w.requests, w.results, self.weights, cfg.runtime.rollout_threads)
         w.heartbeat.value = 0.0
+        w.begin_log()
         w.spawned = time.monotonic()
         if self.cores is not None:  # a restarted worker's dead predecessor holds nothing
             self.cores.reset(1 + w.index)
@@ -141,7 +159,8 @@ class LocalRollouts:
     def start(self, state: dict[str, torch.Tensor], version: int) -> None:
         self.weights = SharedWeights(state, self.ctx)
         self.weights.publish(state, version)
-        self.workers = [_Worker(self.ctx, i) for i in range(self.cfg.runtime.rollout_workers)]
+        run_dir = Path(self.cfg.run_dir) if self.cfg.run_dir and Path(self.cfg.run_dir).is_dir() else None
+        self.workers = [_Worker(self.ctx, i, run_dir) for i in range(self.cfg.runtime.rollout_workers)]
         for w in self.workers:
             self._spawn(w)
 
@@ -224,7 +243,7 @@ class LocalRollouts:
                 how = f"killed by {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
                 if code is not None and code >= 0:  # it exited: what it sent has left it whole
                     out += self._drain([w])
-            tail = _tail(w.log)
+            tail = _tail(w.log, w.log_start)
             if self.restarts >= self.cfg.runtime.max_restarts:
                 if self.cores is not None:  # the threads it held or borrowed go back to the others
                     self.cores.reset(1 + w.index)
@@ -275,9 +294,10 @@ class LocalRollouts:
             time.sleep(0.01)
         killed = [w for w in self.workers if w.proc.is_alive()]
         for w in killed:
+            tail = _tail(w.log, w.log_start)
             print(
                 f"streamrl: warning: rollout worker {w.index} did not stop within {STOP_TIMEOUT_S:g} s: "
-                f"killed (the groups it held are carried over); its stderr ended: {_tail(w.log)}",
+                f"killed (the groups it held are carried over); its stderr ended: {tail}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -290,9 +310,13 @@ class LocalRollouts:
         return out
 
 
-def _tail(log: Path, n: int = 400) -> str:
+def _tail(log: Path, start: int = 0, n: int = 400) -> str:
+    """The last n characters one process wrote to its log from `start` on."""
     try:
-        text = log.read_text(errors="replace").strip()
+        with log.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(start, size - 4 * n))
+            text = f.read().decode(errors="replace").strip()
     except OSError:
         return "(no log)"
     return repr(text[-n:]) if text else "(nothing)"

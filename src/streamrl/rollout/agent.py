@@ -34,7 +34,7 @@ from streamrl.envs.agent_trajectory import assemble
 from streamrl.envs.chat_completion import CallRecord
 from streamrl.envs.proxy import CALL_ID_HEADER, ChatProxy
 from streamrl.rewards.service import RewardOutcome
-from streamrl.rollout.score import Scoring, outcome_reward
+from streamrl.rollout.score import Scoring, error_message, outcome_reward
 from streamrl.rollout.trajectory import RolloutSettings
 from streamrl.types import EvalStopped, Group, Problem, Trajectory
 
@@ -64,6 +64,7 @@ class AgentEpisode:
     correct: bool = False  # the base task's verdict on the final text (False when the agent failed)
     formatted: bool = False
     text: str = ""  # the agent's final answer
+    detail: str = ""  # the error's message ("" when the agent returned)
 
 
 def agent_client(base_url: str, episode: str) -> Any:
@@ -141,14 +142,18 @@ def score_episode(
     if run.error:
         info["agent_error"] = run.detail
     if outcome.error is not None:  # a scorer past reward.timeout_s or the step's budget, or one that raised
-        info["reward_error_detail"] = outcome.info.get("error_detail", "")
+        detail, fn = outcome.info.get("error_detail"), outcome.info.get("reward_fn")
+        info["reward_error_detail"] = error_message(outcome.error, detail, fn=fn, problem=problem.id)
     for t in trajs:
         t.reward_info = dict(info)
     if trajs and not run.error:  # how scoring went, once per episode the service scored (the step's
         # rewards_scored, reward_errors and latency count episodes)
         scored = {"reward_error": outcome.error, "reward_latency_s": outcome.latency_s}
         trajs[0].reward_info.update(scored, reward_cached=outcome.cached)
-    return AgentEpisode(reward, trajs, run.error, correct, formatted, run.text)
+    # the first line of the error's detail reads "Type: message" already
+    first = (run.detail.splitlines() or [run.error])[0][:500]
+    detail = f"{first} (problem {problem.id})" if run.error else ""
+    return AgentEpisode(reward, trajs, run.error, correct, formatted, run.text, detail)
 
 
 def episode_group(problem: Problem, episodes: list[AgentEpisode]) -> Group:
@@ -158,6 +163,7 @@ def episode_group(problem: Problem, episodes: list[AgentEpisode]) -> Group:
         trajectories=[t for ep in episodes for t in ep.trajectories],
         episode_rewards=[ep.reward for ep in episodes],
         episode_errors=[ep.error for ep in episodes],
+        episode_error_details=[ep.detail for ep in episodes],
         episode_correct=[ep.correct for ep in episodes],
         episode_formatted=[ep.formatted for ep in episodes],
     )

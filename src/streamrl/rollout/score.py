@@ -49,6 +49,12 @@ def outcome_reward(
     return reward, s.correct, {"extracted": s.extracted, "formatted": s.formatted}
 
 
+def error_message(reason: str, detail: Any, fn: Any = None, problem: Any = None) -> str:
+    """One failure as the user reads it: `KeyError: 'answer_x' (reward function f, problem 12)`."""
+    where = ", ".join(x for x in (fn and f"reward function {fn}", problem and f"problem {problem}") if x)
+    return f"{reason}: {detail or '(no message)'}" + (f" ({where})" if where else "")
+
+
 class TaskScorer:
     """scorer(problem, text) -> (reward, info). Builds its task (or judge) lazily in whichever process
     runs it, so only the config travels to a worker process."""
@@ -116,7 +122,9 @@ class TaskScorer:
             if any(f.spec == TASK for f in self._fns):  # the reward is made of it: the score fails
                 raise
             # a reward of your functions alone: a verdict that fails costs its accuracy only
-            reward, info = 0.0, {"correct": False, "verdict_error": error_label(e)}
+            label = error_label(e)
+            detail = error_message(label, str(e)[:500], problem=problem.id)
+            reward, info = 0.0, {"correct": False, "verdict_error": label, "verdict_error_detail": detail}
         columns = reward_columns(problem)
         total = 0.0
         keep_on_failure({"correct": info["correct"]})  # a function that hangs or kills its worker
@@ -129,7 +137,7 @@ class TaskScorer:
                     fn = self._loaded[f.name]
                     value = call_fn(fn, f.name, prompt, completion, list(ids), columns, cfg.reward.timeout_s)
             except (Exception, SystemExit) as e:  # the sample's reward fails; its accuracy does not
-                raise ScoreFailed(e, {"correct": info["correct"]}) from e
+                raise ScoreFailed(e, {"correct": info["correct"], "reward_fn": f.name}) from e
             info[f"reward/{f.name}"] = value
             total += 0.0 if value is None else f.weight * value
         return total, info
@@ -209,7 +217,7 @@ class Scoring:
         info = dict(outcome.info)
         # a failed score is wrong unless it kept the task's verdict (only your own function failed)
         correct = bool(info.pop("correct", False))
-        info.pop("error_detail", None)
+        detail, fn = info.pop("error_detail", None), info.pop("reward_fn", None)
         rc, cap = self.cfg.reward, self.cfg.rollout.max_new_tokens
         n = len(traj.completion_ids)
         shaping = overlong_penalty(n, cap, rc.overlong_buffer, rc.overlong_penalty) - rc.length_penalty * n
@@ -221,6 +229,9 @@ class Scoring:
             "reward_latency_s": outcome.latency_s,
             "reward_cached": outcome.cached,
         }
+        if outcome.error is not None:  # its message: the step record keeps the first of each reason
+            msg = error_message(outcome.error, detail, fn=fn, problem=traj.problem_id)
+            traj.reward_info["reward_error_detail"] = msg
 
     def score(self, pairs: list[tuple[Problem, Trajectory]]) -> None:
         """Score many trajectories concurrently (all submitted before any is awaited), waiting at most

@@ -174,8 +174,10 @@ def test_evaluate_takes_the_eval_commands_short_keys(workdir: Path, monkeypatch:
         ((1, 8), 8, made[1].eval.size),
     ]
     assert made[0].eval.temperature == 0.5
-    with pytest.raises(streamrl.ConfigError, match=r"^n= and eval.n both set eval.n: pass one$"):
-        streamrl.evaluate("tiny-random", n=4, **{"eval.n": 2})
+    for both in ({"eval.n": 2}, {"eval": {"n": 2}}):  # dotted or nested, before or after the short key
+        for keywords in ({"n": 4, **both}, {**both, "n": 4}):
+            with pytest.raises(streamrl.ConfigError, match=r"^n= and eval.n both set eval.n: pass one$"):
+                streamrl.evaluate("tiny-random", **keywords)
 
 
 def test_rows_without_reference_answers_train_on_your_own_reward(workdir: Path) -> None:

@@ -122,7 +122,7 @@ def test_a_tiny_temperature_samples_the_top_token_without_nan():
     """logits / T overflows fp32 at T = 1e-39 (|logit| / T > 3.4e38): the distribution must still be
     the one-hot limit, not NaN, whatever the other rows' temperatures."""
     logits = torch.tensor([[1.0, 3.0, -2.0, float("-inf")], [0.5, 0.2, 100.0, -50.0]])
-    for t in (1e-6, 1e-39):
+    for t in (1e-6, 1e-39, 1e-46):
         for top_p in (1.0, 0.9):
             probs = sampling_probs(logits, t, top_p)
             assert probs.tolist() == [[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]]

@@ -42,11 +42,12 @@ def test_generation_stops_at_the_models_context(tiny):
 
 def test_an_empty_prompt_is_refused_before_it_joins_a_batch(tiny):
     dec = ContinuousDecoder(_engine(tiny, 20))
+    with pytest.raises(ValueError, match="GenRequest.prompt_ids is empty: give every request a prompt"):
+        dec.add([GenRequest(list(range(5, 9)), max_new_tokens=2), GenRequest([], max_new_tokens=3)])
+    assert dec.idle  # nothing of the refused call was queued
     dec.add([GenRequest(list(range(5, 9)), max_new_tokens=2)])
-    with pytest.raises(ValueError, match="GenRequest.prompt_ids is empty"):
-        dec.add([GenRequest([], max_new_tokens=3)])
     done = []
-    while not dec.idle:  # the request already added decodes on
+    while not dec.idle:
         done += dec.step()
     assert [len(r.token_ids) for r in done] == [2]
 

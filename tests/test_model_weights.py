@@ -105,6 +105,36 @@ def test_the_python_api_refuses_a_truncated_weights_file_in_one_line(tmp_path):
     assert not run.exists()
 
 
+def test_an_adapter_directory_with_a_config_json_is_named_an_adapter(tmp_path, capsys):
+    """A PEFT adapter saved with its base model's config.json has no model weights: the advice is the
+    adapter's (its merged model), not to copy weights from the base model."""
+
+    def adapter(d: Path) -> None:
+        (d / "model.safetensors").rename(d / "adapter_model.safetensors")
+        (d / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
+
+    model = _tiny_copy(tmp_path, adapter)
+    assert main(["train", *TINY, f"model={model}", f"run_dir={tmp_path / 'run'}"]) == 2
+    assert capsys.readouterr().err == (
+        f"streamrl: error: model '{model}': a PEFT adapter (adapter_config.json), not a model: give its "
+        "base model with the adapter merged in (PEFT's merge_and_unload, then save_pretrained)\n"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_header_past_safetensors_limit_is_not_read(tmp_path):
+    from streamrl.models.weight_files import MAX_HEADER, safetensors_problem
+
+    f = tmp_path / "model.safetensors"
+    with f.open("wb") as out:  # a sparse file: 8 + MAX_HEADER + 1 bytes, its length field MAX_HEADER + 1
+        out.write((MAX_HEADER + 1).to_bytes(8, "little"))
+        out.truncate(8 + MAX_HEADER + 1)
+    assert (
+        safetensors_problem(f)
+        == f"its header claims {MAX_HEADER + 1} bytes, past safetensors' limit of {MAX_HEADER}"
+    )
+
+
 def test_a_sharded_directory_with_every_shard_loads(tmp_path):
     from streamrl.models import load_model
 

@@ -28,10 +28,17 @@ def _strict(line: str) -> dict:
     return json.loads(line, parse_constant=refuse)
 
 
-def test_a_reward_that_raises_is_shown_once_with_its_message(tmp_path: Path, capsys: pytest.CaptureFixture):
+@pytest.mark.parametrize("mode", ["async", "colocated"])
+def test_a_reward_that_raises_is_shown_once_with_its_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture, mode: str
+):
+    """Once on the console in either mode: colocated, the reward service runs in the trainer's process,
+    whose own first-failure line would be a second one."""
     (tmp_path / "rw.py").write_text(RAISE_LATER)
     run = tmp_path / "run"
     args = [*TINY, f"reward.fn={tmp_path / 'rw.py'}:raise_later", "max_steps=1", "eval.after=false"]
+    if mode == "colocated":
+        args += ["runtime.mode=colocated", "max_staleness=0"]
     assert main(["train", *args, f"run_dir={run}"]) == 0
     captured = capsys.readouterr()
     out = " ".join((captured.out + captured.err).split())  # the console wraps long lines
@@ -42,8 +49,8 @@ def test_a_reward_that_raises_is_shown_once_with_its_message(tmp_path: Path, cap
     assert out.count("KeyError: 'answer_x'") == 1  # 8 failures, one line
     assert "reward error (scored 0) at step 1, the first KeyError: " + message in out
     assert "in metrics.jsonl reward_error_examples" in out  # the warning says where the message is
-    # the rollout worker's own log is kept in the run directory, the service's line in it
-    assert "(KeyError: 'answer_x')" in (run / "rollout-worker0.log").read_text()
+    if mode == "async":  # the rollout worker's own log is kept in the run directory, the service's line in it
+        assert "(KeyError: 'answer_x')" in (run / "rollout-worker0.log").read_text()
 
 
 def test_each_kind_is_shown_once_in_a_run_and_not_again_after_a_resume():

@@ -30,10 +30,10 @@ ACCEPTS_LENIENCE = {
 }
 
 
-def refusal(setting: str, fix: str) -> str:
+def refusal(why: str, fix: str) -> str:
     return (
         "rollout.spec_lenience > 0 biases the responses, which decoupled PPO's weight pi_prox / pi_behav "
-        f"corrects, but {setting} makes that weight 1: set {fix}, or rollout.spec_lenience=0"
+        f"corrects, but {why}: set {fix}, a loss.rollout_correction, or rollout.spec_lenience=0"
     )
 
 
@@ -49,7 +49,7 @@ def test_lenience_by_loss(name):
         return
     with pytest.raises(ConfigError) as e:
         load_config(None, overrides)
-    assert str(e.value) == refusal(f"loss.name={name}", "loss.name=decoupled_ppo")
+    assert str(e.value) == refusal(f"loss.name={name} has no such weight", "loss.name=decoupled_ppo")
     # a rollout correction weights by pi_old / pi_behav, the loss's ratio then being against pi_old
     load_config(None, [*overrides, "loss.rollout_correction=token_tis"])
 
@@ -58,7 +58,7 @@ def test_lenience_by_loss(name):
 def test_a_proximal_policy_that_is_the_behaviour_policy_corrects_nothing(name):
     with pytest.raises(ConfigError) as e:
         load_config(None, [*LENIENT, f"loss.name={name}", "loss.prox=behav"])
-    assert str(e.value) == refusal("loss.prox=behav", "loss.prox=recompute")
+    assert str(e.value) == refusal("loss.prox=behav makes that weight 1", "loss.prox=recompute")
 
 
 def test_a_loss_registered_without_a_behaviour_weight_is_refused(monkeypatch):
@@ -66,7 +66,7 @@ def test_a_loss_registered_without_a_behaviour_weight_is_refused(monkeypatch):
     monkeypatch.setitem(registry.POLICY_LOSSES, "plain_pg", LossSpec("plain_pg", lambda t, p: None))
     with pytest.raises(ConfigError) as e:
         load_config(None, [*LENIENT, "loss.name=plain_pg"])
-    assert str(e.value) == refusal("loss.name=plain_pg", "loss.name=decoupled_ppo")
+    assert str(e.value) == refusal("loss.name=plain_pg has no such weight", "loss.name=decoupled_ppo")
     load_config(None, ["loss.name=plain_pg"])  # exact rollouts: nothing to correct
 
 

@@ -135,20 +135,20 @@ def test_samples_offered_drafts_the_cut_tree_left_out_still_count(lms):
         (
             ["rollout.spec_lenience=1.5", "loss.prox=behav"],
             "rollout.spec_lenience > 0 biases the responses, which decoupled PPO's weight pi_prox / pi_behav "
-            "corrects, but loss.prox=behav makes that weight 1: set loss.prox=recompute, or "
-            "rollout.spec_lenience=0",
+            "corrects, but loss.prox=behav makes that weight 1: set loss.prox=recompute, a "
+            "loss.rollout_correction, or rollout.spec_lenience=0",
         ),
         (
             ["rollout.spec_lenience=1.5", "loss.name=ppo_clip"],
             "rollout.spec_lenience > 0 biases the responses, which decoupled PPO's weight pi_prox / pi_behav "
-            "corrects, but loss.name=ppo_clip makes that weight 1: set loss.name=decoupled_ppo, or "
-            "rollout.spec_lenience=0",
+            "corrects, but loss.name=ppo_clip has no such weight: set loss.name=decoupled_ppo, a "
+            "loss.rollout_correction, or rollout.spec_lenience=0",
         ),
         (
             ["rollout.spec_lenience=1.5", "loss.name=reinforce"],
             "rollout.spec_lenience > 0 biases the responses, which decoupled PPO's weight pi_prox / pi_behav "
-            "corrects, but loss.name=reinforce makes that weight 1: set loss.name=decoupled_ppo, or "
-            "rollout.spec_lenience=0",
+            "corrects, but loss.name=reinforce has no such weight: set loss.name=decoupled_ppo, a "
+            "loss.rollout_correction, or rollout.spec_lenience=0",
         ),
     ],
 )

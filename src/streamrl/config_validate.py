@@ -325,18 +325,18 @@ def _validate_speculative(cfg: Any) -> None:
             "set rollout.temperature > 0 or rollout.spec_drafts=0"
         )
     if r.spec_lenience > 0 and (unweighted := _without_behaviour_weight(cfg.loss)):
-        weightless, fix = unweighted
+        why, fix = unweighted
         raise ConfigError(
             f"rollout.spec_lenience > 0 biases the responses, which decoupled PPO's weight "
-            f"pi_prox / pi_behav corrects, but {weightless} makes that weight 1: set {fix}, "
+            f"pi_prox / pi_behav corrects, but {why}: set {fix}, a loss.rollout_correction, "
             "or rollout.spec_lenience=0"
         )
 
 
 def _without_behaviour_weight(lc: Any) -> tuple[str, str] | None:
-    """(the setting, its fix) when the loss's old policy is the behaviour policy itself, so no weight
-    pi_prox / pi_behav corrects what the engine sampled with (a rollout correction weights by pi_old /
-    pi_behav instead); None otherwise. Each loss declares the weight where it is registered
+    """(why no weight corrects, the fix) when the loss's old policy is the behaviour policy itself, so
+    no weight pi_prox / pi_behav corrects what the engine sampled with (a rollout correction weights by
+    pi_old / pi_behav instead); None otherwise. Each loss declares the weight where it is registered
     (LossSpec.behaviour_weight): one that does not is refused, whatever its name."""
     from streamrl.algo import registry  # late import: algo imports nothing from config
 
@@ -344,9 +344,11 @@ def _without_behaviour_weight(lc: Any) -> tuple[str, str] | None:
         return None
     if not registry.POLICY_LOSSES[lc.name].behaviour_weight:
         weighted = sorted(name for name, spec in registry.POLICY_LOSSES.items() if spec.behaviour_weight)
-        return f"loss.name={lc.name}", " or ".join(f"loss.name={name}" for name in weighted)
+        return f"loss.name={lc.name} has no such weight", " or ".join(
+            f"loss.name={name}" for name in weighted
+        )
     if lc.prox == "behav":  # the proximal policy is the behaviour policy: the weight is 1
-        return "loss.prox=behav", "loss.prox=recompute"
+        return "loss.prox=behav makes that weight 1", "loss.prox=recompute"
     return None
 
 

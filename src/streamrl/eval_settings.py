@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from streamrl.config import Config, ConfigError, load_config
+from streamrl.config import Config, ConfigError, _sets, load_config
 from streamrl.config_parse import parse_override, read_yaml
 
 # the task_config keys that shape the prompt, whatever the task
@@ -38,7 +38,7 @@ def expand_short_keys(keywords: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in keywords.items():
         full = SHORTHANDS.get(key, key)
-        if full != key and full in keywords:
+        if full != key and _sets(full.split("."), keywords):  # as eval.n=... or eval={"n": ...}
             raise ConfigError(f"{key}= and {full} both set {full}: pass one")
         out[full] = value
     return out

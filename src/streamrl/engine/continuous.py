@@ -43,9 +43,9 @@ class ContinuousDecoder:
         return not self.batches and not self.waiting and not self.filled
 
     def add(self, requests: list[GenRequest]) -> None:
+        if any(not req.prompt_ids for req in requests):  # its prefill would fail every row's step
+            raise ValueError("GenRequest.prompt_ids is empty: give every request a prompt token")
         for req in requests:
-            if not req.prompt_ids:  # before it joins a batch: its prefill would fail every row's step
-                raise ValueError("GenRequest.prompt_ids is empty")
             req = within_context(req, self.engine.context)
             if req.max_new_tokens < 1:
                 self.filled.append(GenResult(request=req, finish_reason="length"))

@@ -65,7 +65,9 @@ def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float) -> to
     logits = logits.float()
     # shifted by the row's largest logit before the division: at a tiny temperature logits / T would
     # overflow fp32 (inf, then NaN from the softmax); shifted, it tends to a one-hot row
-    scaled = logits if temperature == 1.0 else (logits - logits.amax(-1, keepdim=True)) / temperature
+    # (a temperature below fp32's smallest normal, which would round to 0 in the division, is taken as it)
+    t = max(temperature, torch.finfo(torch.float32).tiny)
+    scaled = logits if temperature == 1.0 else (logits - logits.amax(-1, keepdim=True)) / t
     if top_p < 1.0:
         logp = torch.log_softmax(scaled, dim=-1)
         sorted_logp, order = logp.sort(dim=-1, descending=True)

@@ -10,6 +10,7 @@ from streamrl.models.cache import cache_dir
 from streamrl.models.hub import hub_files, hub_weights, split_id
 from streamrl.models.model_files import check_model_files
 from streamrl.models.quiet import no_progress_bars
+from streamrl.models.weight_files import weight_set
 
 KNOWN_MODELS = ("smollm2-135m-instruct", "tiny-random")
 
@@ -24,10 +25,12 @@ def _model_files(name: str, seed: int) -> tuple[Path, bool]:
         # v2: the chat template renders tools; a cached build with the older template is not reused
         target = cache_dir() / "models" / f"tiny-random-v2-seed{seed}"
         path = target if (target / "config.json").exists() else tiny.build(target, seed=seed)
+    elif (local / "adapter_config.json").is_file() and not (
+        (local / "config.json").is_file() and weight_set(local)  # a whole model beside an adapter's config
+    ):
+        raise ValueError(_adapter_not_a_model(name, local))
     elif (local / "config.json").is_file():
         path = local
-    elif (local / "adapter_config.json").is_file():
-        raise ValueError(_adapter_not_a_model(name, local))
     elif local.exists() or name.startswith((".", "/", "~")) or split_id(name) is None:
         raise ValueError(
             f"model '{name}': not a model directory (no config.json there); use one of "

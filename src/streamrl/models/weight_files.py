@@ -50,6 +50,9 @@ def download_sets(path: Path) -> list[list[str]]:
     return [index_shards(path / index) if (path / index).is_file() else [single] for single, index in FORMATS]
 
 
+MAX_HEADER = 100_000_000  # bytes: the safetensors library refuses a longer header
+
+
 def safetensors_problem(file: Path) -> str:
     """Why `file` is not a whole safetensors file, '' when it is. Only its header is read (an 8-byte
     little-endian length, then that much JSON), and the tensor data it describes must fill the rest of
@@ -61,6 +64,8 @@ def safetensors_problem(file: Path) -> str:
             length = int.from_bytes(head, "little") if len(head) == 8 else -1
             if length < 0 or 8 + length > size:
                 return f"its header runs past the end of the file's {size} bytes"
+            if length > MAX_HEADER:  # safetensors' own limit: a corrupt length is not read into memory
+                return f"its header claims {length} bytes, past safetensors' limit of {MAX_HEADER}"
             header = json.loads(f.read(length))
     except OSError as e:
         return f"it cannot be read: {e.strerror}"

@@ -86,6 +86,7 @@ class RewardService:
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"RewardService mode '{mode}' is unknown; choose from {', '.join(MODES)}")
+        self.first_failure_level = logging.WARNING  # how each kind's first failure is logged
         if workers < 1 or timeout_s <= 0 or cache_size < 0:
             raise ValueError(
                 f"RewardService needs workers >= 1, timeout_s > 0, cache_size >= 0 "
@@ -224,7 +225,7 @@ class RewardService:
         """Count one outcome and resolve its future. Caller holds the lock."""
         first = self._stats.record(outcome.cached, outcome.latency_s, outcome.error)
         if outcome.error is not None:
-            level = logging.WARNING if first else logging.DEBUG
+            level = self.first_failure_level if first else logging.DEBUG
             log.log(
                 level, "reward %s -> 0.0 (%s: %s)", self.name, outcome.error, outcome.info.get("error_detail")
             )

@@ -74,13 +74,17 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+# a rollout worker's stderr: RUN_DIR/rollout-worker<i>.log, or a temporary streamrl-worker<i>-*.log
+WORKER_LOGS = ("rollout-worker", "streamrl-worker")
+
+
 def _rollout_workers(pid: int) -> list[int]:
     """The rollout worker processes of the run `pid` (forked by its fork server, a child of the run):
     its descendants whose stderr is a worker log."""
     out = []
     for child in _descendants(pid):
         try:
-            if "streamrl-worker" in os.readlink(f"/proc/{child}/fd/2"):
+            if Path(os.readlink(f"/proc/{child}/fd/2")).name.startswith(WORKER_LOGS):
                 out.append(child)
         except OSError:  # gone meanwhile
             pass

@@ -35,9 +35,11 @@ def test_a_freed_block_stays_mapped_for_the_next_allocation() -> None:
     """By default glibc maps a 256 MiB block on its own (above its largest dynamic mmap threshold,
     32 MiB) and unmaps it on free, or, carved from the top of the heap, trims it back to the OS once
     freed: either way the same request again faults in 65536 fresh 4 KiB pages. With keep_freed_memory
-    the block comes from the heap and stays there: after the first round, no page faults."""
+    the block comes from the heap and stays there: after the first round, none of its pages faults again
+    (the interpreter's own objects, allocated around the call, may fault a page or two)."""
     assert keep_freed_memory() is True
     libc = ctypes.CDLL("libc.so.6")
     libc.malloc.restype = ctypes.c_void_p
     _malloc_touch_free(libc, 256 * MIB)  # fresh pages, unless an earlier test left such a block free
-    assert [_malloc_touch_free(libc, 256 * MIB) for _ in range(3)] == [0, 0, 0]
+    faults = [_malloc_touch_free(libc, 256 * MIB) for _ in range(3)]
+    assert all(f <= 4 for f in faults), faults  # a fresh block: 65536

@@ -7,6 +7,9 @@ import math
 import pytest
 import torch
 
+from streamrl.algo.loss_inputs import LossParams, LossTensors
+from streamrl.algo.registry import KL_ESTIMATORS, POLICY_LOSSES
+from streamrl.engine.sampling import MIN_LOGPROB, floored_temperature, sample_next, sampling_probs
 from streamrl.trainer import fused_logprobs
 from streamrl.trainer.fused_logprobs import token_logprobs_entropy
 
@@ -116,3 +119,99 @@ def test_a_masked_token_adds_nothing_to_the_entropy_or_its_gradient() -> None:
     assert x.grad is not None and finite.grad is not None
     torch.testing.assert_close(x.grad[:, :2], finite.grad, rtol=0, atol=1e-15)
     assert x.grad[0, 2].item() == 0.0
+
+
+# 1e-46 rounds to 0 in fp32; 1e-39 is below fp32's smallest normal; 1e-37 and 1e-30 overflow logits / T
+TINY_AND_ORDINARY = [1e-46, 1e-39, 1e-37, 1e-30, 1e-3, 1.0]
+
+
+def _engine_logits() -> torch.Tensor:
+    """fp32 [4, 50]; the last row has a three-way tie at the top."""
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0)) * 5
+    logits[3, [7, 9]] = logits[3].max()
+    return logits
+
+
+def _tempered_reference(x: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """d (log-probs + entropies).sum() / d x by fp64 autograd, tempered as the engine samples."""
+    z = x.detach().double().requires_grad_()
+    scaled = (z - z.amax(-1, keepdim=True).detach()) / floored_temperature(temperature)
+    logp = torch.log_softmax(scaled if temperature != 1.0 else z, dim=-1)
+    ent = -(logp.exp() * logp.clamp(min=torch.finfo(logp.dtype).min)).sum(-1)
+    (logp.gather(-1, tokens[:, None]).sum() + ent.sum()).backward()
+    assert z.grad is not None
+    return z.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("temperature", TINY_AND_ORDINARY)
+def test_logprobs_and_gradients_agree_with_the_engine_at_any_temperature(
+    temperature: float, dtype: torch.dtype
+) -> None:
+    """The tokens the engine samples get the log-probs it recorded (at a tiny temperature exactly: 0 for
+    the top token, log(1/3) for a three-way tie); values and gradients are finite and the gradients are
+    the fp64 reference's with the engine's temperature floor."""
+    logits = _engine_logits()
+    tokens, engine_lp = sample_next(logits, temperature, 1.0, torch.Generator().manual_seed(1))
+    x = logits.to(dtype).requires_grad_()
+    lp, ent = token_logprobs_entropy(x, tokens, temperature)
+    assert ent is not None and torch.isfinite(lp).all() and torch.isfinite(ent).all()
+    if temperature <= 1e-30:
+        assert engine_lp.tolist() == [0.0, 0.0, 0.0, pytest.approx(-math.log(3.0), abs=1e-7)]
+        assert lp[:3].tolist() == [0.0, 0.0, 0.0]
+        if dtype == torch.float32:
+            assert torch.equal(lp, engine_lp)
+    torch.testing.assert_close(lp.float(), engine_lp, rtol=0, atol=2e-6)
+    (lp.sum() + ent.sum()).backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+    ref = _tempered_reference(logits, tokens, temperature)
+    scale = float(ref.abs().max())
+    torch.testing.assert_close(x.grad.double(), ref, rtol=1e-5, atol=1e-6 * scale)
+
+
+def test_the_trainer_takes_the_engines_temperature_floor() -> None:
+    """At T = 1e-39 (below fp32's smallest normal) both divide by floored_temperature(T), not by T: a
+    gap of 1e-38 is 0.85 floored temperatures (1/T would make it 10)."""
+    logits = torch.tensor([[0.0, -1e-38]], dtype=torch.float64)
+    t = floored_temperature(1e-39)
+    assert t == torch.finfo(torch.float32).tiny
+    expected = torch.log_softmax(logits / t, dim=-1)[0, 1].item()
+    assert expected == pytest.approx(-1.2064, abs=1e-4)
+    lp, _ = token_logprobs_entropy(logits, torch.tensor([1]), 1e-39)
+    assert lp.item() == pytest.approx(expected, abs=1e-12)
+    probs = sampling_probs(logits, 1e-39, 1.0)
+    assert probs[0, 1].log().item() == pytest.approx(expected, abs=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_token_the_engine_cannot_sample_is_floored_with_no_gradient(dtype: torch.dtype) -> None:
+    """Below the top at T = 1e-39 a token's log-prob is -inf in fp32 (and ~-1e38 in fp64): both become
+    MIN_LOGPROB, the least the engine can record (log of fp32's smallest positive), with zero gradient."""
+    assert MIN_LOGPROB == math.log(2.0**-149)
+    assert torch.tensor(2.0**-149).log().item() == pytest.approx(MIN_LOGPROB, abs=1e-5)
+    x = torch.tensor([[0.0, -1.0, 2.0], [0.0, -1.0, 2.0]], dtype=dtype, requires_grad=True)
+    lp, ent = token_logprobs_entropy(x, torch.tensor([0, 2]), 1e-39)
+    assert lp.tolist() == [torch.tensor(MIN_LOGPROB, dtype=dtype).item(), 0.0]
+    assert ent is not None and ent.tolist() == [0.0, 0.0]
+    (lp.sum() + ent.sum()).backward()
+    assert x.grad is not None and x.grad.tolist() == [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+
+
+@pytest.mark.parametrize("loss", sorted(POLICY_LOSSES))
+@pytest.mark.parametrize("estimator", sorted(KL_ESTIMATORS))
+def test_every_loss_and_kl_stays_finite_on_tiny_temperature_logprobs(loss: str, estimator: str) -> None:
+    """Log-probs at T = 1e-39 under a policy whose top token moved: a sampled token (row 0) and a padding
+    token (row 1, masked) are below the top, a reference's top token differs too. Each policy loss and KL
+    estimator, with the padding masked, gives a finite loss and finite gradients."""
+    logits = torch.tensor([[[0.0, 3.0, 1.0], [2.0, 0.0, 1.0]], [[0.0, 3.0, 1.0], [2.0, 0.0, 5.0]]])
+    tokens = torch.tensor([[1, 0], [1, 1]])
+    x = logits.clone().requires_grad_()
+    lp, _ = token_logprobs_entropy(x, tokens, 1e-39)
+    ref_lp, _ = token_logprobs_entropy(logits.flip(-1), tokens, 1e-39)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    t = LossTensors(lp, torch.zeros(2, 2), torch.tensor([[1.0, 1.0], [-1.0, -1.0]]), mask)
+    per_token, _ = POLICY_LOSSES[loss].fn(t, LossParams())
+    per_token = per_token + 0.1 * KL_ESTIMATORS[estimator](lp, ref_lp)
+    total = (per_token * mask).sum()
+    total.backward()
+    assert torch.isfinite(total) and x.grad is not None and torch.isfinite(x.grad).all()

@@ -2,7 +2,32 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+# The least log-prob the engine can record: log of fp32's smallest positive (subnormal) number. A sampled
+# token has a positive fp32 probability, so every recorded log-prob is at least this; a token below it
+# has probability 0 and is never sampled.
+MIN_LOGPROB = -149 * math.log(2.0)
+
+
+def floored_temperature(temperature: float) -> float:
+    """temperature > 0 -> the one logits are divided by: at least fp32's smallest normal number (a smaller
+    one, or a subnormal, would round logits / T to inf or the division to 0). The engine and the trainer
+    both take it from here."""
+    return max(temperature, torch.finfo(torch.float32).tiny)
+
+
+def tempered_(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """In place: logits [..., V] -> (logits - their row's largest) / floored_temperature(temperature),
+    returned; at temperature 1 untouched. Shifted before the division, a tiny temperature gives 0 for
+    the row's top token(s) and very negative or -inf for the rest (never inf or NaN, which logits / T
+    would give once |logit| / T passes the dtype's largest number): the softmax tends to its one-hot
+    (or tied) limit. temperature > 0; `logits` must be a tensor the caller owns."""
+    if temperature == 1.0:
+        return logits
+    return logits.sub_(logits.amax(-1, keepdim=True)).div_(floored_temperature(temperature))
 
 
 def sample_next(
@@ -63,11 +88,7 @@ def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float) -> to
     """logits [..., V] -> the distribution sampled from [..., V] (fp32): softmax(logits / temperature)
     restricted to the top-p nucleus and renormalised. temperature > 0."""
     logits = logits.float()
-    # shifted by the row's largest logit before the division: at a tiny temperature logits / T would
-    # overflow fp32 (inf, then NaN from the softmax); shifted, it tends to a one-hot row
-    # (a temperature below fp32's smallest normal, which would round to 0 in the division, is taken as it)
-    t = max(temperature, torch.finfo(torch.float32).tiny)
-    scaled = logits if temperature == 1.0 else (logits - logits.amax(-1, keepdim=True)) / t
+    scaled = logits if temperature == 1.0 else tempered_(logits.clone(), temperature)
     if top_p < 1.0:
         logp = torch.log_softmax(scaled, dim=-1)
         sorted_logp, order = logp.sort(dim=-1, descending=True)

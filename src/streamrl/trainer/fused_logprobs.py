@@ -8,16 +8,29 @@ instead of keeping fp32 [N, V] activations. SmolLM2 at N = 2000, one thread, fwd
 1.19 s for one autograd log_softmax (benchmarks/logprob_kernel.py) and ~1.9 s with a second for the entropy.
 
 Formulas, with x = logits / T (per row), lse = logsumexp(x), p = softmax(x), t = the sampled token:
-    logprob  = x_t - lse
+    logprob  = max(x_t - lse, MIN_LOGPROB)
     entropy  = -sum_j p_j log p_j
-    d logprob / d x_j = [j = t] - p_j
+    d logprob / d x_j = [j = t] - p_j  (0 where the floor holds)
     d entropy / d x_j = -p_j (log p_j + entropy)
 and d / d logits = (d / d x) / T.
+
+The temperature is applied as the engine samples (engine/sampling.py tempered_): each row shifted by its
+largest logit, then divided by floored_temperature(T), so at any T > 0 (1e-39 included) the log-probs are
+the engine's: 0 for a row's top token, -log k for a k-way tie at the top, and no inf or NaN in values or
+gradients. Tiny temperatures are handled rather than refused: the engine, evaluation and agent calls
+sample at any T > 0, and no bound separates "tiny" from "small" (the distribution is one-hot where the
+top logit leads by more than ~100 T, which depends on the model). A log-prob is floored at MIN_LOGPROB,
+the least one the engine can record (log of fp32's smallest positive number): a token below it has
+engine probability 0 and is never sampled, and a finite floor keeps the loss's log-ratios, KL terms and
+masked sums finite where the token is padding, or where a stale sample's token is no longer the top one
+at a tiny T (-inf there would give inf - inf = NaN, or -inf * 0 = NaN under a mask).
 """
 
 from __future__ import annotations
 
 import torch
+
+from streamrl.engine.sampling import MIN_LOGPROB, floored_temperature, tempered_
 
 CHUNK_ELEMENTS = 16 * 49152  # fp32 3 MB per chunk: its passes stay in L2/L3 (best of 8..1024 rows, V 49152)
 # an accelerator: a chunk is a few kernel launches, so far fewer, larger chunks (fp32 50 MB at V 49152)
@@ -37,11 +50,11 @@ def _chunks(x: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
     return out
 
 
-def _rows(x: torch.Tensor, inv_t: float) -> torch.Tensor:
-    """A chunk of logits [n, V] -> fp32 (fp64 stays fp64) scaled by 1 / T; always a fresh tensor."""
+def _rows(x: torch.Tensor, temperature: float) -> torch.Tensor:
+    """A chunk of logits [n, V] -> fp32 (fp64 stays fp64) tempered as the engine samples (tempered_);
+    always a fresh tensor."""
     dtype = torch.promote_types(x.dtype, torch.float32)
-    out = x.to(dtype, copy=True)
-    return out.mul_(inv_t) if inv_t != 1.0 else out
+    return tempered_(x.to(dtype, copy=True), temperature)
 
 
 class _LogprobEntropy(torch.autograd.Function):
@@ -50,7 +63,7 @@ class _LogprobEntropy(torch.autograd.Function):
         ctx: torch.autograd.function.FunctionCtx,
         logits: torch.Tensor,
         tokens: torch.Tensor,
-        inv_t: float,
+        temperature: float,
         with_entropy: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         B, C, _ = logits.shape
@@ -62,15 +75,15 @@ class _LogprobEntropy(torch.autograd.Function):
         with torch.autocast(device_type=logits.device.type, enabled=False):
             for s, rows in _chunks(logits):
                 e = s + rows.shape[0]
-                x = _rows(rows, inv_t)
+                x = _rows(rows, temperature)
                 m = torch.logsumexp(x, dim=-1)
                 lse[s:e] = m
-                lp[s:e] = x.gather(-1, tok[s:e]).squeeze(-1) - m
+                lp[s:e] = (x.gather(-1, tok[s:e]).squeeze(-1) - m).clamp_(min=MIN_LOGPROB)
                 if with_entropy:  # a -inf logit (a masked token) adds 0, not 0 * -inf
                     logp = x.sub_(m[:, None]).clamp_(min=torch.finfo(x.dtype).min)
                     ent[s:e] = -(logp.exp() * logp).sum(-1)
         ctx.save_for_backward(logits, tok, lse, ent)
-        ctx.inv_t = inv_t
+        ctx.temperature = temperature
         ctx.set_materialize_grads(False)
         if not with_entropy:
             ctx.mark_non_differentiable(ent)
@@ -82,7 +95,7 @@ class _LogprobEntropy(torch.autograd.Function):
         ctx: torch.autograd.function.FunctionCtx, g_lp: torch.Tensor | None, g_ent: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, None, None, None]:
         logits, tok, lse, ent = ctx.saved_tensors  # type: ignore[attr-defined]
-        inv_t: float = ctx.inv_t  # type: ignore[attr-defined]
+        temperature: float = ctx.temperature  # type: ignore[attr-defined]
         if g_lp is None and g_ent is None:
             return None, None, None, None
         g_lp = g_lp.reshape(-1, 1) if g_lp is not None else None
@@ -92,18 +105,19 @@ class _LogprobEntropy(torch.autograd.Function):
         with torch.autocast(device_type=logits.device.type, enabled=False):
             for s, rows in _chunks(logits):
                 e = s + rows.shape[0]
-                logp = _rows(rows, inv_t).sub_(lse[s:e, None])
+                logp = _rows(rows, temperature).sub_(lse[s:e, None])
+                floored = logp.gather(-1, tok[s:e]) < MIN_LOGPROB  # the forward's floor held: no gradient
                 p = logp.exp()
                 if g_ent is not None:  # -p (log p + H) * g_ent
                     logp.clamp_(min=torch.finfo(logp.dtype).min)  # as in the forward: 0, not 0 * -inf
                     g = logp.add_(ent[s:e, None]).mul_(p).mul_(-g_ent[s:e])
                 else:
                     g = torch.zeros_like(p)
-                if g_lp is not None:  # (onehot - p) * g_lp
-                    w = g_lp[s:e]
+                if g_lp is not None:  # (onehot - p) * g_lp; 0 where the forward's floor held
+                    w = g_lp[s:e].masked_fill(floored, 0.0)
                     g.sub_(p.mul_(w)).scatter_add_(-1, tok[s:e], w.to(g.dtype))
-                if inv_t != 1.0:
-                    g.mul_(inv_t)
+                if temperature != 1.0:
+                    g.div_(floored_temperature(temperature))
                 flat[s:e] = g
         return grad, None, None, None
 
@@ -118,7 +132,8 @@ def token_logprobs_entropy(
     """logits [B, C, V] or [N, V] (any float dtype, may be a strided view), tokens [B, C] or [N] ->
     (log softmax(logits / T)[tokens], entropy of softmax(logits / T) or None), fp32 (fp64 for fp64 logits),
     shaped like tokens. The log-probs are differentiable w.r.t. logits, the entropy too with entropy_grad
-    (an entropy bonus needs it; else it is detached); temperature <= 0 means 1 (greedy)."""
+    (an entropy bonus needs it; else it is detached); temperature <= 0 means 1 (greedy, whose log-probs
+    the engine records at temperature 1). Log-probs are floored at MIN_LOGPROB (module docstring)."""
     if logits.shape[:-1] != tokens.shape:
         raise ValueError(
             f"logits {tuple(logits.shape)} do not match tokens {tuple(tokens.shape)}: need [..., V]"
@@ -126,8 +141,7 @@ def token_logprobs_entropy(
     flat = logits.dim() == 2
     x3 = logits.unsqueeze(0) if flat else logits
     t3 = tokens.unsqueeze(0) if flat else tokens
-    inv_t = 1.0 / temperature if temperature > 0 else 1.0
-    lp, ent = _LogprobEntropy.apply(x3, t3.long(), inv_t, with_entropy)
+    lp, ent = _LogprobEntropy.apply(x3, t3.long(), temperature if temperature > 0 else 1.0, with_entropy)
     if flat:
         lp, ent = lp[0], ent[0]
     if not with_entropy:

@@ -344,6 +344,24 @@ def test_engine_vllm_config_errors(not_installed):
     )
     with pytest.raises(ConfigError, match="engine"):
         load_config(None, ["engine=sglang"])
+
+
+def test_engine_vllm_refuses_a_temperature_it_would_decode_greedily(not_installed):
+    """vLLM decodes below 1e-5 greedily and records log-probs at temperature 1: the trainer's would differ
+    (0 and greedy are consistent on both sides, and engine=hf takes any temperature)."""
+    not_installed("vllm")
+    for t in ("1e-39", "9e-6"):
+        with pytest.raises(ConfigError) as e:
+            load_config(None, ["engine=vllm", f"rollout.temperature={t}"])
+        assert str(e.value) == (
+            f"config key 'rollout.temperature'={float(t):g} is below 1e-05, where vLLM decodes greedily and "
+            f"records log-probs at temperature 1, not {float(t):g} as the trainer takes them: set "
+            "rollout.temperature >= 1e-05, rollout.temperature=0 (greedy), or engine=hf"
+        )
+    for t in ("0", "1e-5"):  # past this check, to the install hint
+        with pytest.raises(ConfigError, match="engine=vllm needs vLLM"):
+            load_config(None, ["engine=vllm", f"rollout.temperature={t}"])
+    assert load_config(None, ["rollout.temperature=1e-39"]).rollout.temperature == 1e-39
     assert load_config(None, ["vllm.dtype=bfloat16"]).vllm.dtype == "bfloat16"  # engine=hf ignores it
 
 

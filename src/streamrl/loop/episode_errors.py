@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from streamrl.loop.step_metrics import MESSAGE_CHARS
+from streamrl.loop.step_metrics import first_messages
 from streamrl.types import Group
 
 
@@ -41,9 +41,7 @@ class EpisodeErrors:
         self.episodes += len(group.episode_errors)
         self.reasons.update(reason for reason in group.episode_errors if reason)
         details = group.episode_error_details or [""] * len(group.episode_errors)
-        for reason, detail in zip(group.episode_errors, details):
-            if reason and reason not in self.examples:
-                self.examples[reason] = (detail or reason)[:MESSAGE_CHARS]
+        self.examples = first_messages(zip(group.episode_errors, details), self.examples)
 
     def take(self) -> dict[str, Any]:
         """The counts since the last take (nothing for runs without agent tasks), then reset."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from streamrl.types import BUDGET_REASON, TIMEOUT_REASONS, Group
@@ -118,14 +119,14 @@ def _scoring_stats(trajs: list[Any]) -> dict[str, Any]:
         "reward_timeouts": sum(errors.get(k, 0) for k in (*TIMEOUT_REASONS, BUDGET_REASON)),
         "reward_step_budget_expired": errors.get(BUDGET_REASON, 0),
         "reward_error_reasons": dict(errors),
-        "reward_error_examples": first_messages(infos, "reward_error", "reward_error_detail"),
+        "reward_error_examples": _examples(infos, "reward_error"),
         "reward_latency_mean_s": statistics.fmean(i["reward_latency_s"] for i in infos),
         "reward_cache_hit_rate": statistics.fmean(float(i["reward_cached"]) for i in infos),
         **(
             {
                 "verdict_errors": verdicts.total(),
                 "verdict_error_reasons": dict(verdicts),
-                "verdict_error_examples": first_messages(infos, "verdict_error", "verdict_error_detail"),
+                "verdict_error_examples": _examples(infos, "verdict_error"),
             }
             if verdicts
             else {}
@@ -133,15 +134,23 @@ def _scoring_stats(trajs: list[Any]) -> dict[str, Any]:
     }
 
 
-def first_messages(infos: list[dict[str, Any]], reason_key: str, detail_key: str) -> dict[str, str]:
-    """{reason: the message of its first failure in `infos`}: what the user reads to fix it (the
+def first_messages(
+    failures: Iterable[tuple[str | None, Any]], known: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """{reason: the message of its first failure}: `known` (the reasons met before, kept as they are)
+    followed by each new reason of the (reason, message) `failures` (a falsy reason is no failure, a
+    falsy message is the reason's name; cut to MESSAGE_CHARS). What the user reads to fix it (the
     console prints each reason's once, observe/error_examples.py)."""
-    out: dict[str, str] = {}
-    for i in infos:
-        reason = i.get(reason_key)
+    out = dict(known or {})
+    for reason, message in failures:
         if reason and reason not in out:
-            out[reason] = str(i.get(detail_key) or reason)[:MESSAGE_CHARS]
+            out[reason] = str(message or reason)[:MESSAGE_CHARS]
     return out
+
+
+def _examples(infos: list[dict[str, Any]], kind: str) -> dict[str, str]:
+    """The first message of each reason of `kind` ("reward_error", "verdict_error") in the samples."""
+    return first_messages((i.get(kind), i.get(f"{kind}_detail")) for i in infos)
 
 
 def _baseline_stats(groups: list[Group]) -> dict[str, float]:

@@ -1,12 +1,14 @@
 """The first message of each kind of failure, shown once: a step record keeps, next to its counts by
 reason (`reward_error_reasons`, `verdict_error_reasons`, `episode_error_reasons`), the first message
 of each reason in that step (`reward_error_examples`, ...: {reason: message}); the train job prints a
-reason's message the first time the run meets it, so thousands of failures of one kind print one line.
+reason's message the first time the run meets it, so thousands of failures of one kind print one line;
+the report lists each reason's first message over the run (`run_examples`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 # the step record's {reason: first message} tables, and what each counts
@@ -15,6 +17,40 @@ EXAMPLE_KEYS: dict[str, str] = {
     "verdict_error_examples": "task verdict error (counted wrong)",
     "episode_error_examples": "agent episode error",
 }
+
+
+def entries(record: Mapping[str, Any]) -> Iterator[tuple[str, str, str]]:
+    """(table key, reason, message) of each example a step record holds, in EXAMPLE_KEYS order (a table
+    that is not a mapping holds none)."""
+    for key in EXAMPLE_KEYS:
+        examples = record.get(key)
+        if isinstance(examples, Mapping):
+            for reason, message in examples.items():
+                yield key, str(reason), str(message)
+
+
+@dataclass
+class RunExample:
+    """A reason's first message over a run: `what` it counts (EXAMPLE_KEYS), the step whose record first
+    had it, and how many step records had that reason."""
+
+    what: str
+    reason: str
+    message: str
+    first_step: Any
+    steps: int
+
+
+def run_examples(records: Sequence[Mapping[str, Any]]) -> list[RunExample]:
+    """Each (kind, reason) the run's records met, with its first message, by kind then first step."""
+    found: dict[str, dict[str, RunExample]] = {key: {} for key in EXAMPLE_KEYS}
+    for record in records:
+        for key, reason, message in entries(record):
+            if reason in found[key]:
+                found[key][reason].steps += 1
+            else:
+                found[key][reason] = RunExample(EXAMPLE_KEYS[key], reason, message, record.get("step"), 1)
+    return [example for kind in found.values() for example in kind.values()]
 
 
 class ErrorExamples:
@@ -28,13 +64,9 @@ class ErrorExamples:
 
     def update(self, record: Mapping[str, Any]) -> list[str]:
         out = []
-        for key, what in EXAMPLE_KEYS.items():
-            examples = record.get(key)
-            if not isinstance(examples, Mapping):
+        for key, reason, message in entries(record):
+            if (key, reason) in self.seen:
                 continue
-            for reason, message in examples.items():
-                if (key, reason) in self.seen:
-                    continue
-                self.seen.add((key, reason))
-                out.append(f"{what} at step {record.get('step')}, the first {reason}: {message}")
+            self.seen.add((key, reason))
+            out.append(f"{EXAMPLE_KEYS[key]} at step {record.get('step')}, the first {reason}: {message}")
         return out

@@ -17,6 +17,7 @@ from typing import Any
 from streamrl.files import write_text_atomic
 from streamrl.observe.diagnostics import RULES, Finding, diagnose
 from streamrl.observe.environment import collect_environment
+from streamrl.observe.error_examples import run_examples
 from streamrl.observe.plots import Series, line_chart, stacked_bars
 from streamrl.observe.run_data import RunData, flatten, load_run, unique_labels
 
@@ -202,6 +203,21 @@ def _diagnostics(runs: list[RunData]) -> str:
     return "".join(parts) + f"<details><summary>rules</summary>{rules}</details>"
 
 
+def _error_examples(runs: list[RunData]) -> str:
+    """Each kind of failure's first message in the run, where it first appeared and in how many steps
+    (the step records' *_error_examples); nothing when no run had one."""
+    head = ["kind", "reason", "first message", "first at step", "steps with it"]
+    rows = [
+        [run.label, e.what, e.reason, e.message, e.first_step, e.steps]
+        for run in runs
+        for e in run_examples(run.records)
+    ]
+    if not rows:
+        return ""
+    table = _table(["run", *head], rows) if len(runs) > 1 else _table(head, [r[1:] for r in rows])
+    return f"<h2>Error messages</h2>{table}"
+
+
 def _evals(runs: list[RunData]) -> str:
     def acc(e: dict[str, Any] | None) -> str:
         if not e:
@@ -342,7 +358,7 @@ def render_report(runs: list[RunData]) -> str:
 <h1>{escape(title)}</h1>
 <p class="meta">{meta} &middot; generated {generated} by <code>streamrl report</code></p>
 <h2>Held-out evaluation</h2>{_evals(runs)}
-<h2>Diagnostics</h2>{_diagnostics(runs)}
+<h2>Diagnostics</h2>{_diagnostics(runs)}{_error_examples(runs)}
 <h2>Training curves</h2><div class="grid">{"".join(charts)}</div>
 <h2>Sample accounting</h2><div class="grid">{_accounting(runs)}</div>
 <h2>Config and environment</h2>{_config_env(runs)}

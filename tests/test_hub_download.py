@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import zipfile
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
@@ -200,14 +201,24 @@ def _index(shards: list[str]) -> str:
     return json.dumps({"metadata": {}, "weight_map": {f"layer.{i}": s for i, s in enumerate(shards)}})
 
 
+def _stand_in(file: Path) -> None:
+    """A weight file holding no tensor that its check passes: a safetensors file with an empty header,
+    a PyTorch checkpoint's zip archive with its data.pkl."""
+    if file.suffix == ".bin":
+        with zipfile.ZipFile(file, "w") as z:
+            z.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+    else:
+        file.write_bytes((2).to_bytes(8, "little") + b"{}")
+
+
 def _made_up(
     d: Path, files: list[str], index: list[str] | None = None, bin_index: list[str] | None = None
 ) -> Path:
-    """A directory with config.json, `files` (empty stand-ins for weights) and the indexes given."""
+    """A directory with config.json, `files` (stand-ins for weights) and the indexes given."""
     d.mkdir(parents=True, exist_ok=True)
     (d / "config.json").write_text("{}")
     for f in files:
-        (d / f).write_bytes(b"")
+        _stand_in(d / f)
     if index is not None:
         (d / "model.safetensors.index.json").write_text(_index(index))
     if bin_index is not None:

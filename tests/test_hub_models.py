@@ -131,6 +131,27 @@ def test_a_cached_snapshot_missing_a_shard_its_index_names_is_not_taken_as_compl
     assert not run.exists()
 
 
+def test_a_cut_short_file_in_the_hub_cache_is_refused_with_the_command_that_downloads_it_again(
+    tmp_path: Path,
+) -> None:
+    """The set of weights is whole but a file of it is cut short (a disk that filled, a copied cache):
+    its header is checked as a local directory's, and the way out is a forced download of that file
+    (a deleted snapshot alone would link the same cut-short blob again)."""
+    snap = _hub_cache(tmp_path / "hub", "testorg/tiny-chat")
+    weights = snap / "model.safetensors"
+    full = weights.stat().st_size
+    weights.write_bytes(weights.read_bytes()[: full // 2])
+    run = tmp_path / "run"
+    res = _cli([*TINY, "model=testorg/tiny-chat", f"run_dir={run}"], tmp_path / "hub")
+    assert res.returncode == 2
+    assert res.stderr == (
+        f"streamrl: error: model=testorg/tiny-chat: {weights} is not a whole safetensors file (it holds "
+        f"{full // 2} bytes where its header describes {full}): download it again: `hf download "
+        f"testorg/tiny-chat model.safetensors --revision {COMMIT} --force-download`\n"
+    )
+    assert not run.exists()
+
+
 def test_a_whole_set_of_weights_in_either_format_makes_a_snapshot_complete(tmp_path: Path) -> None:
     """A repository with both formats sharded: the safetensors shards complete, the .bin index's shards
     never downloaded (only the safetensors set is fetched): complete. Missing a shard of it: not."""

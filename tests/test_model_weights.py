@@ -1,12 +1,15 @@
 """A local model directory whose weights transformers cannot load, or whose config.json is not JSON, is
 refused in one line naming the file and the fix, before anything loads or is written: no weights, a
 shard index naming shards that are not there, a safetensors file cut short (its header read, no tensor),
-a config.json that is not JSON. A sharded directory with every shard loads as usual."""
+a PyTorch checkpoint cut short (its zip directory read, no tensor), a config.json that is not JSON. A
+sharded directory with every shard loads as usual. The fix suits the directory: a model streamrl built
+into its cache is deleted and rebuilt, a Hub snapshot downloaded again (tests/test_hub_models.py)."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,6 +43,32 @@ def _sharded_without_one(d: Path) -> None:
     (d / "model-00001-of-00002.safetensors").write_bytes(b"")
 
 
+def _to_bin(d: Path, shards: int = 1) -> list[str]:
+    """Replace model.safetensors with the same tensors as PyTorch checkpoints (torch.save's zip format):
+    pytorch_model.bin, or `shards` shards and their index -> the checkpoint files, in order."""
+    import torch
+    from safetensors.torch import load_file
+
+    tensors = load_file(d / "model.safetensors")
+    (d / "model.safetensors").unlink()
+    if shards == 1:
+        torch.save(tensors, d / "pytorch_model.bin")
+        return ["pytorch_model.bin"]
+    names = [f"pytorch_model-0000{i + 1}-of-0000{shards}.bin" for i in range(shards)]
+    weight_map = {key: names[i % shards] for i, key in enumerate(sorted(tensors))}
+    for name in names:
+        torch.save({k: t for k, t in tensors.items() if weight_map[k] == name}, d / name)
+    (d / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    return names
+
+
+def _cut_half(file: Path) -> None:
+    data = file.read_bytes()
+    file.write_bytes(data[: len(data) // 2])
+
+
+BIN_CUT = "is not a whole PyTorch checkpoint (its zip directory cannot be read: the file is cut short)"
+
 CASES = [
     (
         lambda d: (d / "model.safetensors").unlink(),
@@ -66,8 +95,24 @@ CASES = [
         "{d}/model.safetensors.index.json is not a shard index (JSON with a weight_map): copy it again "
         "from the base model",
     ),
+    (
+        lambda d: _cut_half(d / _to_bin(d)[0]),
+        "{d}/pytorch_model.bin " + BIN_CUT + ": copy it again from the base model",
+    ),
+    (
+        lambda d: _cut_half(d / _to_bin(d, shards=2)[1]),
+        "{d}/pytorch_model-00002-of-00002.bin " + BIN_CUT + ": copy it again from the base model",
+    ),
 ]
-IDS = ["no-weights", "truncated", "config-not-json", "shard-missing", "index-not-json"]
+IDS = [
+    "no-weights",
+    "truncated",
+    "config-not-json",
+    "shard-missing",
+    "index-not-json",
+    "bin-truncated",
+    "bin-shard-truncated",
+]
 
 
 def _expected(d: Path, message: str) -> str:
@@ -148,3 +193,64 @@ def test_a_sharded_directory_with_every_shard_loads(tmp_path):
     assert len(list(model.glob("model-*.safetensors"))) > 1
     assert resolve_model_dir(str(model)) == model
     assert load_model(model) is not None
+
+
+def test_a_whole_pytorch_checkpoint_passes_in_either_layout(tmp_path):
+    single = _tiny_copy(tmp_path / "a", _to_bin)
+    sharded = _tiny_copy(tmp_path / "b", lambda d: _to_bin(d, shards=2))
+    assert resolve_model_dir(str(single)) == single
+    assert resolve_model_dir(str(sharded)) == sharded
+
+
+def test_a_pytorch_checkpoint_is_told_by_its_first_bytes_and_zip_directory(tmp_path):
+    """torch.save's zip archive must name a data.pkl; a legacy checkpoint (a bare pickle) is taken on
+    its first two bytes; anything else is neither."""
+    import torch
+
+    from streamrl.models.weight_files import pytorch_problem
+
+    legacy, other_zip, text = tmp_path / "legacy.bin", tmp_path / "other.bin", tmp_path / "text.bin"
+    torch.save({"w": torch.ones(2)}, legacy, _use_new_zipfile_serialization=False)
+    with zipfile.ZipFile(other_zip, "w") as z:
+        z.writestr("archive/version", "3")
+    text.write_text("version https://git-lfs.github.com/spec/v1\n")  # a Git LFS pointer, say
+    assert legacy.read_bytes()[:2] == b"\x80\x02"
+    assert pytorch_problem(legacy) == ""
+    assert pytorch_problem(other_zip) == "its zip archive holds no data.pkl"
+    assert pytorch_problem(text) == "it is neither a zip archive nor a pickle"
+
+
+def test_a_cut_short_build_in_the_cache_is_deleted_and_built_again(tmp_path, monkeypatch):
+    """tiny-random (like smollm2-135m-instruct) is built once into streamrl's cache: a build cut short
+    is not copied from any base model, it is deleted, and the next use builds it again."""
+    monkeypatch.setenv("STREAMRL_CACHE", str(tmp_path / "cache"))
+    built = resolve_model_dir("tiny-random", seed=0)
+    assert built == tmp_path / "cache" / "models" / "tiny-random-v2-seed0"
+    full = (built / "model.safetensors").stat().st_size
+    _truncate(built)
+    with pytest.raises(ValueError) as e:
+        resolve_model_dir("tiny-random", seed=0)
+    assert str(e.value) == (
+        f"model=tiny-random: {built}/model.safetensors is not a whole safetensors file (it holds "
+        f"{full // 2} bytes where its header describes {full}): delete {built} so it is rebuilt"
+    )
+    shutil.rmtree(built)  # as told
+    assert resolve_model_dir("tiny-random", seed=0) == built
+    assert (built / "model.safetensors").stat().st_size == full
+
+
+def test_the_way_out_suits_where_the_directory_came_from(tmp_path, monkeypatch):
+    from streamrl.models import smollm2
+    from streamrl.models.weight_files import way_out
+
+    monkeypatch.setenv("STREAMRL_CACHE", str(tmp_path / "cache"))
+    converted = smollm2.converted_dir()
+    snap = tmp_path / "hub" / "models--org--name" / "snapshots" / "abc123"
+    assert way_out(converted, "model.safetensors") == f"delete {converted} so it is rebuilt"
+    assert way_out(converted) == f"delete {converted} so it is rebuilt"
+    assert way_out(snap, "model-00002-of-00002.safetensors") == (
+        "download it again: `hf download org/name model-00002-of-00002.safetensors --revision abc123 "
+        "--force-download`"
+    )
+    assert way_out(tmp_path / "model", "pytorch_model.bin") == "copy it again from the base model"
+    assert way_out(tmp_path / "model") == "copy them from the base model"

@@ -12,3 +12,8 @@ def cache_dir() -> Path:
         return Path(root)
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "streamrl"
+
+
+def models_dir() -> Path:
+    """Where the models streamrl builds itself live (tiny-random, smollm2-135m-instruct)."""
+    return cache_dir() / "models"

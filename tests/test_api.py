@@ -162,6 +162,29 @@ def test_evaluate_names_rows_from_code_as_passed_and_writes_nothing(workdir: Pat
     assert not (workdir / "run").exists() and not (workdir / "cache").exists()
 
 
+@pytest.mark.parametrize("streaming", [False, True])
+def test_rows_from_code_are_named_as_passed_when_skipped(
+    workdir: Path, caplog: pytest.LogCaptureFixture, streaming: bool
+) -> None:
+    """Past the API's check (some rows are usable), the rows are read from their file in the cache; the
+    rows skipped are named by the argument and index, not by that file and line."""
+    from streamrl.api import make_config
+    from streamrl.tasks import task_from_config
+
+    train = [*ROWS[:3], {"prompt": "What is 9 + 9?"}, {"prompt": "", "answer": "2"}]
+    held = [{"prompt": "What is 7 + 7?", "answer": None}, {"prompt": "What is 8 + 8?", "answer": "16"}]
+    task_config = {"streaming": streaming}
+    cfg = make_config(train_data=train, eval_data=held, task_config=task_config, **{"eval.size": 1})
+    assert Path(cfg.task.removeprefix("data:")).name.startswith("train_data-")
+    task_from_config(cfg)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "streamrl.data"]
+    assert warnings == [
+        "train_data: skipped 2 malformed row(s): train_data[3]: no 'answer' key (other rows have it): add it "
+        "or drop the row; train_data[4]: column 'prompt' must be a non-empty string",
+        "eval_data: skipped 1 malformed row(s): eval_data[0]: column 'answer' is empty",
+    ]
+
+
 def test_evaluate_takes_the_eval_commands_short_keys(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import streamrl.eval_cli
 

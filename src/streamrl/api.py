@@ -15,8 +15,9 @@
 
 Settings are the config's keys: a YAML file or a dict as `config`, then keyword overrides (a section as
 a dict, `train={"lr": 1e-5}`, or a dotted key through `**{"train.lr": 1e-5}`). Rows from code (a list of
-dicts or a `datasets.Dataset`) are written once to a JSONL file named after their content in streamrl's
-cache and the run's task points at it, so rollout workers, config.yaml and `resume=` see the same data.
+dicts or a `datasets.Dataset`) are written once to a JSONL file named after the argument and their
+content in streamrl's cache and the run's task points at it, so rollout workers, config.yaml and
+`resume=` see the same data; warnings name its rows as passed, `train_data[2]` (data/row_names.py).
 A reward function must be importable by name (a module's or a script's top-level function): rollout
 workers run in their own processes and import it there.
 """
@@ -144,7 +145,7 @@ class _Rows:
 
     key: str  # the argument that passed them: train_data or eval_data
     lines: list[str]  # one JSON object per row, in the order given
-    path: Path  # named by the content
+    path: Path  # named by the argument and the content
 
     def check(self, cfg: Config) -> None:
         """One line, naming the rows as passed (`train_data[0]`), when none is a problem under the
@@ -172,9 +173,9 @@ class _Rows:
 
 
 def _data_source(rows: Any, key: str) -> str | _Rows:
-    """Rows (a list of dicts or a datasets.Dataset) -> _Rows, their JSONL file in the cache named by its
-    content, written after the config is made (_write_rows); a string is a path or a source spec
-    (`hf:NAME[:CONFIG]`, `data:PATH`) already."""
+    """Rows (a list of dicts or a datasets.Dataset) -> _Rows, their JSONL file in the cache named by the
+    argument and their content, written after the config is made (_write_rows); a string is a path or a
+    source spec (`hf:NAME[:CONFIG]`, `data:PATH`) already."""
     if isinstance(rows, (str, Path)):
         return str(rows)
     if type(rows).__name__ == "IterableDataset":
@@ -193,10 +194,9 @@ def _data_source(rows: Any, key: str) -> str | _Rows:
     if not records:
         raise ConfigError(f"{key}: no rows")
     lines = [json.dumps(r, sort_keys=True, default=str) + "\n" for r in records]
-    from streamrl.models.cache import cache_dir
+    from streamrl.data.row_names import code_rows_file  # its rows are named as passed: train_data[0]
 
-    name = hashlib.sha1("".join(lines).encode()).hexdigest()[:16]
-    return _Rows(key, lines, cache_dir() / "data" / f"{name}.jsonl")
+    return _Rows(key, lines, code_rows_file(key, hashlib.sha1("".join(lines).encode()).hexdigest()[:16]))
 
 
 def _path(source: str | _Rows) -> str:

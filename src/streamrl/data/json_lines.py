@@ -10,6 +10,9 @@ logs nothing of its own: a line it fails on is then named once, here. Silencing 
 good file, where checking every file first would parse each line twice on every run. The silence is a
 filter on that logger dropping what a thread logs inside the block: other threads, and the block's end
 in one thread while another is still inside, leave the others' records alone.
+
+`datasets` fills a key a row leaves out with null; raw_rows reads the rows' own text again, for the
+few rows a warning names, so a missing key is told from a null one (data/row_task.py).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 SCAN_BYTES = 128 * 2**20
 # the logger of datasets' JSON reader, which logs "Failed to load JSON from file ..." before it raises
@@ -92,3 +96,25 @@ def check_before_streaming(path: Path) -> None:
     files = jsonl_files(path)
     if files and sum(f.stat().st_size for f in files) <= SCAN_BYTES and (bad := first_bad_line(files)):
         raise ValueError(bad)
+
+
+def raw_rows(path: Path, wanted: set[int]) -> dict[int, Any]:
+    """{row: its record as the line's own JSON} for the rows `wanted` (1-based, as `datasets` numbers a
+    .jsonl file's rows: a blank line is none) that parse; read up to the last one wanted."""
+    found: dict[int, Any] = {}
+    if not wanted:
+        return found
+    last, row = max(wanted), 0
+    with path.open("rb") as f:
+        for raw in f:
+            if not raw.strip():
+                continue
+            row += 1
+            if row in wanted:
+                try:
+                    found[row] = json.loads(raw)
+                except ValueError:  # not JSON or not UTF-8: datasets would have refused the file
+                    pass
+            if row >= last:
+                break
+    return found

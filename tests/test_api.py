@@ -136,6 +136,11 @@ def test_the_cli_trains_with_a_config_file_on_jsonl_rows(workdir: Path) -> None:
             r"^task='rg:chain_sum' and train_data both name the training data: pass one",
         ),
         (
+            {"config": {"task": "rg:chain_sum"}, "train_data": ROWS},
+            r"^the config dict's 'task': 'rg:chain_sum' and train_data both name the training data: pass one "
+            r"\(train_data: rows, a path or 'hf:NAME'; task: a task such as 'rg:NAME'\)$",
+        ),
+        (
             {"train_data": [{"prompt": r["prompt"]} for r in ROWS]},
             r"^train_data: no usable rows .*; first problem: train_data\[0\]: missing column 'answer'$",
         ),

@@ -228,6 +228,17 @@ def _refuse_in_a_worker_bootstrap(what: str) -> None:
         )
 
 
+def _refuse_a_second_task(config: Any, overrides: dict[str, Any]) -> None:
+    """One line when a `task` keyword or a config dict's `task` is given beside train_data (which sets
+    the task: it would replace the other silently)."""
+    for given, where in ((overrides, "task={!r}"), (config, "the config dict's 'task': {!r}")):
+        if isinstance(given, dict) and "task" in given:
+            raise ConfigError(
+                f"{where.format(given['task'])} and train_data both name the training data: pass one "
+                "(train_data: rows, a path or 'hf:NAME'; task: a task such as 'rg:NAME')"
+            )
+
+
 def make_config(
     config: str | Path | dict[str, Any] | Config | None = None,
     *,
@@ -238,11 +249,8 @@ def make_config(
 ) -> Config:
     """The validated Config of a train/evaluate call (nothing is written but the cache's data files)."""
     settings: dict[str, Any] = {**_reward_settings(reward_fn)}
-    if train_data is not None and "task" in overrides:
-        raise ConfigError(
-            f"task={overrides['task']!r} and train_data both name the training data: pass one (train_data: "
-            "rows, a path or 'hf:NAME'; task: a task such as 'rg:NAME')"
-        )
+    if train_data is not None:
+        _refuse_a_second_task(config, overrides)
     train = None if train_data is None else _data_source(train_data, "train_data")
     held = None if eval_data is None else _data_source(eval_data, "eval_data")
     if train is not None:

@@ -136,6 +136,11 @@ def test_the_cli_trains_with_a_config_file_on_jsonl_rows(workdir: Path) -> None:
             r"^task='rg:chain_sum' and train_data both name the training data: pass one",
         ),
         (
+            {"config": {"task": "rg:chain_sum"}, "train_data": ROWS},
+            r"^the config dict's 'task': 'rg:chain_sum' and train_data both name the training data: pass one "
+            r"\(train_data: rows, a path or 'hf:NAME'; task: a task such as 'rg:NAME'\)$",
+        ),
+        (
             {"train_data": [{"prompt": r["prompt"]} for r in ROWS]},
             r"^train_data: no usable rows .*; first problem: train_data\[0\]: missing column 'answer'$",
         ),
@@ -160,6 +165,29 @@ def test_evaluate_names_rows_from_code_as_passed_and_writes_nothing(workdir: Pat
     ):
         streamrl.evaluate("tiny-random", eval_data=rows, run_dir=str(workdir / "run"))
     assert not (workdir / "run").exists() and not (workdir / "cache").exists()
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_rows_from_code_are_named_as_passed_when_skipped(
+    workdir: Path, caplog: pytest.LogCaptureFixture, streaming: bool
+) -> None:
+    """Past the API's check (some rows are usable), the rows are read from their file in the cache; the
+    rows skipped are named by the argument and index, not by that file and line."""
+    from streamrl.api import make_config
+    from streamrl.tasks import task_from_config
+
+    train = [*ROWS[:3], {"prompt": "What is 9 + 9?"}, {"prompt": "", "answer": "2"}]
+    held = [{"prompt": "What is 7 + 7?", "answer": None}, {"prompt": "What is 8 + 8?", "answer": "16"}]
+    task_config = {"streaming": streaming}
+    cfg = make_config(train_data=train, eval_data=held, task_config=task_config, **{"eval.size": 1})
+    assert Path(cfg.task.removeprefix("data:")).name.startswith("train_data-")
+    task_from_config(cfg)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "streamrl.data"]
+    assert warnings == [
+        "train_data: skipped 2 malformed row(s): train_data[3]: no 'answer' key (other rows have it): add it "
+        "or drop the row; train_data[4]: column 'prompt' must be a non-empty string",
+        "eval_data: skipped 1 malformed row(s): eval_data[0]: column 'answer' is empty",
+    ]
 
 
 def test_evaluate_takes_the_eval_commands_short_keys(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

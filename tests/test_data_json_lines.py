@@ -91,3 +91,64 @@ def test_a_streamed_read_that_fails_later_logs_nothing_besides_its_error(tmp_pat
     with pytest.raises(ValueError, match="reading failed after 0 row"):
         make_task(f"data:{f}", {}, "", "", "answer_is", streaming=True)
     assert [r.getMessage() for r in caplog.records if r.name.startswith("datasets")] == []
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_row_without_a_key_other_rows_have_is_named_as_missing_it(tmp_path, caplog, streaming):
+    """datasets reads a left-out key as null: the row's own line tells it from an explicit null or empty
+    value (a blank line is no row)."""
+    f = tmp_path / "rows.jsonl"
+    rows = [{"prompt": "a?", "answer": "1"}, {"prompt": "b?"}, {"prompt": "c?", "answer": None}]
+    rows += [{"prompt": "d?", "answer": ""}, {"prompt": "e?", "answer": "5", "meta": {"n": 1}}]
+    f.write_text("\n".join([json.dumps(rows[0]), "", *map(json.dumps, rows[1:])]) + "\n")
+    make_task(f"data:{f}", {}, "", "", "answer_is", streaming=streaming)
+    assert (
+        f"{f}: skipped 3 malformed row(s): {f}:row 2: no 'answer' key (other rows have it): add it or drop "
+        f"the row; {f}:row 3: column 'answer' is empty; {f}:row 4: column 'answer' is empty"
+    ) in caplog.text
+    f.write_text(json.dumps({"prompt": "a?", "level": None}) + "\n")
+    with pytest.raises(ValueError) as e:  # no row has it: the column mapping is what to fix
+        make_task(f"data:{f}", {}, "", "", "answer_is", streaming=streaming)
+    assert str(e.value).endswith(f"first problem: {f}:row 1: missing column 'answer'")
+
+
+def test_the_json_reader_is_quiet_only_in_the_threads_inside_the_block(caplog):
+    """Two overlapping blocks in two threads, and a block nested in another: a record is dropped while
+    its own thread is inside a block, and only then."""
+    import logging
+    import threading
+
+    logger = logging.getLogger(json_lines.JSON_READER_LOGGER)
+    a_in, b_in, a_out, b_done = (threading.Event() for _ in range(4))
+
+    def a() -> None:
+        with json_lines.quiet_json_reader():
+            a_in.set()
+            b_in.wait(10)
+            logger.warning("a inside")
+        a_out.set()
+        b_done.wait(10)
+        logger.warning("a after")
+
+    def b() -> None:
+        a_in.wait(10)
+        with json_lines.quiet_json_reader():
+            b_in.set()
+            a_out.wait(10)  # the other thread has left its block: this one is still inside
+            logger.warning("b inside")
+        b_done.set()
+
+    with caplog.at_level(logging.WARNING, logger=json_lines.JSON_READER_LOGGER):
+        threads = [threading.Thread(target=a), threading.Thread(target=b)]
+        for t in threads:
+            t.start()
+        a_in.wait(10)
+        logger.warning("main while a is inside")
+        for t in threads:
+            t.join(10)
+        with json_lines.quiet_json_reader():
+            with json_lines.quiet_json_reader():
+                logger.warning("nested, inner")
+            logger.warning("nested, outer")
+        logger.warning("main after")
+    assert [r.getMessage() for r in caplog.records] == ["main while a is inside", "a after", "main after"]

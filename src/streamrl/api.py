@@ -15,8 +15,9 @@
 
 Settings are the config's keys: a YAML file or a dict as `config`, then keyword overrides (a section as
 a dict, `train={"lr": 1e-5}`, or a dotted key through `**{"train.lr": 1e-5}`). Rows from code (a list of
-dicts or a `datasets.Dataset`) are written once to a JSONL file named after their content in streamrl's
-cache and the run's task points at it, so rollout workers, config.yaml and `resume=` see the same data.
+dicts or a `datasets.Dataset`) are written once to a JSONL file named after the argument and their
+content in streamrl's cache and the run's task points at it, so rollout workers, config.yaml and
+`resume=` see the same data; warnings name its rows as passed, `train_data[2]` (data/row_names.py).
 A reward function must be importable by name (a module's or a script's top-level function): rollout
 workers run in their own processes and import it there.
 """
@@ -144,7 +145,7 @@ class _Rows:
 
     key: str  # the argument that passed them: train_data or eval_data
     lines: list[str]  # one JSON object per row, in the order given
-    path: Path  # named by the content
+    path: Path  # named by the argument and the content
 
     def check(self, cfg: Config) -> None:
         """One line, naming the rows as passed (`train_data[0]`), when none is a problem under the
@@ -172,9 +173,9 @@ class _Rows:
 
 
 def _data_source(rows: Any, key: str) -> str | _Rows:
-    """Rows (a list of dicts or a datasets.Dataset) -> _Rows, their JSONL file in the cache named by its
-    content, written after the config is made (_write_rows); a string is a path or a source spec
-    (`hf:NAME[:CONFIG]`, `data:PATH`) already."""
+    """Rows (a list of dicts or a datasets.Dataset) -> _Rows, their JSONL file in the cache named by the
+    argument and their content, written after the config is made (_write_rows); a string is a path or a
+    source spec (`hf:NAME[:CONFIG]`, `data:PATH`) already."""
     if isinstance(rows, (str, Path)):
         return str(rows)
     if type(rows).__name__ == "IterableDataset":
@@ -193,10 +194,9 @@ def _data_source(rows: Any, key: str) -> str | _Rows:
     if not records:
         raise ConfigError(f"{key}: no rows")
     lines = [json.dumps(r, sort_keys=True, default=str) + "\n" for r in records]
-    from streamrl.models.cache import cache_dir
+    from streamrl.data.row_names import code_rows_file  # its rows are named as passed: train_data[0]
 
-    name = hashlib.sha1("".join(lines).encode()).hexdigest()[:16]
-    return _Rows(key, lines, cache_dir() / "data" / f"{name}.jsonl")
+    return _Rows(key, lines, code_rows_file(key, hashlib.sha1("".join(lines).encode()).hexdigest()[:16]))
 
 
 def _path(source: str | _Rows) -> str:
@@ -228,6 +228,17 @@ def _refuse_in_a_worker_bootstrap(what: str) -> None:
         )
 
 
+def _refuse_a_second_task(config: Any, overrides: dict[str, Any]) -> None:
+    """One line when a `task` keyword or a config dict's `task` is given beside train_data (which sets
+    the task: it would replace the other silently)."""
+    for given, where in ((overrides, "task={!r}"), (config, "the config dict's 'task': {!r}")):
+        if isinstance(given, dict) and "task" in given:
+            raise ConfigError(
+                f"{where.format(given['task'])} and train_data both name the training data: pass one "
+                "(train_data: rows, a path or 'hf:NAME'; task: a task such as 'rg:NAME')"
+            )
+
+
 def make_config(
     config: str | Path | dict[str, Any] | Config | None = None,
     *,
@@ -238,11 +249,8 @@ def make_config(
 ) -> Config:
     """The validated Config of a train/evaluate call (nothing is written but the cache's data files)."""
     settings: dict[str, Any] = {**_reward_settings(reward_fn)}
-    if train_data is not None and "task" in overrides:
-        raise ConfigError(
-            f"task={overrides['task']!r} and train_data both name the training data: pass one (train_data: "
-            "rows, a path or 'hf:NAME'; task: a task such as 'rg:NAME')"
-        )
+    if train_data is not None:
+        _refuse_a_second_task(config, overrides)
     train = None if train_data is None else _data_source(train_data, "train_data")
     held = None if eval_data is None else _data_source(eval_data, "eval_data")
     if train is not None:

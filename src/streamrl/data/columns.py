@@ -59,12 +59,20 @@ def check_question_column(label: str, columns: dict[str, str], names: list[str] 
         )
 
 
+class MissingColumn(ValueError):
+    """A record without a mapped column (`missing column 'X'`); `column`: its name."""
+
+    def __init__(self, column: str) -> None:
+        super().__init__(f"missing column '{column}'")
+        self.column = column
+
+
 def _get(rec: dict[str, Any], column: str) -> Any:
-    """rec[column], following dots into nested objects; KeyError names the missing column."""
+    """rec[column], following dots into nested objects; MissingColumn names the missing column."""
     cur: Any = rec
     for part in column.split("."):
         if not isinstance(cur, dict) or part not in cur:
-            raise KeyError(f"missing column '{column}'")
+            raise MissingColumn(column)
         cur = cur[part]
     return cur
 
@@ -74,7 +82,7 @@ def _optional(rec: dict[str, Any], column: str) -> Any:
     the tests out of its math rows and the answer out of its code rows (a table fills them with null)."""
     try:
         value = _get(rec, column)
-    except KeyError:
+    except MissingColumn:
         return None
     return None if value == "" else value
 
@@ -168,38 +176,35 @@ def parse_row(rec: Any, columns: dict[str, str]) -> dict[str, Any]:
 
     if not isinstance(rec, dict):
         raise ValueError(f"expected an object, got {type(rec).__name__}")
-    try:
-        question, messages = _question(rec, columns)
-        tests = None
-        raw = _optional(rec, columns["tests"]) if "tests" in columns else None
-        if raw in ([], "[]") and _optional(rec, columns.get("answer") or "") is not None:
-            raw = None  # a math row of a mixed file may write its tests as an empty list
-        if raw is not None:
-            try:
-                parsed = json.loads(raw) if isinstance(raw, str) else raw
-            except json.JSONDecodeError as e:
-                raise ValueError(f"column '{columns['tests']}' is not valid JSON ({e})") from None
-            tests = validate_tests(parsed, "tests")
-        kind = str(_get(rec, columns["task"])) if "task" in columns else ("code" if tests else "math")
-        if kind not in ("math", "code"):
-            raise ValueError(f"column '{columns['task']}' must be 'math' or 'code', got {kind!r}")
-        if kind == "code" and not tests:
-            raise ValueError("a code row needs tests (map them with task_config.columns.tests)")
-        answer, answers = "", None  # task_config.columns.answer=null: no reference answers
-        if "answer" in columns:
-            if kind == "code":  # the tests score a code row: it may leave the answer out
-                answer = code_answer(_optional(rec, columns["answer"]), columns["answer"])
-            else:
-                accepted, listed = accepted_answers(_get(rec, columns["answer"]), columns["answer"])
-                answer, answers = accepted[0], (accepted if listed else None)
-        rid = None
-        if "id" in columns:
-            rid = _get(rec, columns["id"])
-            if rid is None or str(rid).strip() == "":
-                raise ValueError(f"column '{columns['id']}' (the row id) is empty")
-            rid = str(rid)
-    except KeyError as e:
-        raise ValueError(e.args[0]) from None
+    question, messages = _question(rec, columns)
+    tests = None
+    raw = _optional(rec, columns["tests"]) if "tests" in columns else None
+    if raw in ([], "[]") and _optional(rec, columns.get("answer") or "") is not None:
+        raw = None  # a math row of a mixed file may write its tests as an empty list
+    if raw is not None:
+        try:
+            parsed = json.loads(raw) if isinstance(raw, str) else raw
+        except json.JSONDecodeError as e:
+            raise ValueError(f"column '{columns['tests']}' is not valid JSON ({e})") from None
+        tests = validate_tests(parsed, "tests")
+    kind = str(_get(rec, columns["task"])) if "task" in columns else ("code" if tests else "math")
+    if kind not in ("math", "code"):
+        raise ValueError(f"column '{columns['task']}' must be 'math' or 'code', got {kind!r}")
+    if kind == "code" and not tests:
+        raise ValueError("a code row needs tests (map them with task_config.columns.tests)")
+    answer, answers = "", None  # task_config.columns.answer=null: no reference answers
+    if "answer" in columns:
+        if kind == "code":  # the tests score a code row: it may leave the answer out
+            answer = code_answer(_optional(rec, columns["answer"]), columns["answer"])
+        else:
+            accepted, listed = accepted_answers(_get(rec, columns["answer"]), columns["answer"])
+            answer, answers = accepted[0], (accepted if listed else None)
+    rid = None
+    if "id" in columns:
+        rid = _get(rec, columns["id"])
+        if rid is None or str(rid).strip() == "":
+            raise ValueError(f"column '{columns['id']}' (the row id) is empty")
+        rid = str(rid)
     return {
         "question": question,
         "messages": messages,

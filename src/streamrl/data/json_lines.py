@@ -7,33 +7,59 @@ at most SCAN_BYTES in all (the scan parses every line, at some 8 MB/s on a busy 
 times that on an idle one); a larger set is not, and a bad line stops the run where training reaches
 it, named the same way (data/streamed.py). While `datasets` reads (quiet_json_reader), its JSON reader
 logs nothing of its own: a line it fails on is then named once, here. Silencing it costs nothing on a
-good file, where checking every file first would parse each line twice on every run.
+good file, where checking every file first would parse each line twice on every run. The silence is a
+filter on that logger dropping what a thread logs inside the block: other threads, and the block's end
+in one thread while another is still inside, leave the others' records alone.
+
+`datasets` fills a key a row leaves out with null; raw_rows reads the rows' own text again, for the
+few rows a warning names, so a missing key is told from a null one (data/row_task.py).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 SCAN_BYTES = 128 * 2**20
 # the logger of datasets' JSON reader, which logs "Failed to load JSON from file ..." before it raises
 JSON_READER_LOGGER = "datasets.packaged_modules.json.json"
 
 
+class _InsideBlocks(logging.Filter):
+    """Drops the records a thread logs while it is inside quiet_json_reader (at any depth)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._depth = threading.local()  # per thread: how many quiet_json_reader blocks it is inside
+
+    def enter(self) -> None:
+        self._depth.n = getattr(self._depth, "n", 0) + 1
+
+    def leave(self) -> None:
+        self._depth.n -= 1
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(self._depth, "n", 0)  # a logger's filters run in the thread that logs
+
+
+_QUIET = _InsideBlocks()
+
+
 @contextmanager
 def quiet_json_reader() -> Iterator[None]:
-    """datasets' JSON reader logs nothing while the block runs (its failure is raised, and named by
-    first_bad_line)."""
-    logger = logging.getLogger(JSON_READER_LOGGER)
-    was = logger.disabled  # not its level: setting that clears every logger's cache, on every row
-    logger.disabled = True
+    """datasets' JSON reader logs nothing from this thread while the block runs (its failure is raised,
+    and named by first_bad_line); other threads' records pass."""
+    logging.getLogger(JSON_READER_LOGGER).addFilter(_QUIET)  # once: a filter already there is kept
+    _QUIET.enter()
     try:
         yield
     finally:
-        logger.disabled = was
+        _QUIET.leave()
 
 
 def jsonl_files(path: Path) -> list[Path]:
@@ -70,3 +96,25 @@ def check_before_streaming(path: Path) -> None:
     files = jsonl_files(path)
     if files and sum(f.stat().st_size for f in files) <= SCAN_BYTES and (bad := first_bad_line(files)):
         raise ValueError(bad)
+
+
+def raw_rows(path: Path, wanted: set[int]) -> dict[int, Any]:
+    """{row: its record as the line's own JSON} for the rows `wanted` (1-based, as `datasets` numbers a
+    .jsonl file's rows: a blank line is none) that parse; read up to the last one wanted."""
+    found: dict[int, Any] = {}
+    if not wanted:
+        return found
+    last, row = max(wanted), 0
+    with path.open("rb") as f:
+        for raw in f:
+            if not raw.strip():
+                continue
+            row += 1
+            if row in wanted:
+                try:
+                    found[row] = json.loads(raw)
+                except ValueError:  # not JSON or not UTF-8: datasets would have refused the file
+                    pass
+            if row >= last:
+                break
+    return found

@@ -28,25 +28,28 @@ from streamrl.data.columns import check_question_column, excluded, held_key, par
 from streamrl.data.json_lines import jsonl_files
 from streamrl.data.loading import held_split_name, open_splits, pick_split
 from streamrl.data.repeats import Repeats
+from streamrl.data.row_names import Label, label_of, skipped_rows
 from streamrl.data.row_task import RowTask, log, no_usable_rows, report_skipped
 from streamrl.data.streamed import StreamedDataTask
 from streamrl.data.task import Task
 from streamrl.types import Problem
 
 
-def collect_rows(records: Iterable[Any], columns: dict[str, str], label: str) -> tuple[list[dict], list[str]]:
+def collect_rows(
+    records: Iterable[Any], columns: dict[str, str], label: Label
+) -> tuple[list[dict], list[str]]:
     """Distinct-prompt rows in sha1(key) order (data/columns.py row_key; a repeated prompt as
-    data/repeats.py says), and one message per skipped row (`label:row N: why`)."""
-    check_question_column(label, columns, getattr(records, "column_names", None))
+    data/repeats.py says), and one message per skipped row (`FILE:row N: why`, data/row_names.py)."""
+    check_question_column(str(label), columns, getattr(records, "column_names", None))
     rows: dict[str, dict[str, Any]] = {}
-    skipped: list[str] = []
-    repeats = Repeats(label)
+    failed: list[tuple[int, Any, ValueError]] = []  # (row, record, why it was refused)
+    repeats = Repeats(str(label))
     id_rows: dict[str, int] = {}  # a mapped row id -> the row it was first seen in
     for i, rec in enumerate(records, 1):
         try:
             row = parse_row(rec, columns)
         except ValueError as e:
-            skipped.append(f"{label}:row {i}: {e}")
+            failed.append((i, rec, e))
             continue
         if not repeats.read(rows, row, i):  # a prompt read before
             continue
@@ -57,10 +60,11 @@ def collect_rows(records: Iterable[Any], columns: dict[str, str], label: str) ->
                 f"{first} and {i}, different prompts): map a column unique per row, or drop columns.id"
             )
         rows[row["key"]] = row
-    report_skipped(label, skipped)
+    skipped = skipped_rows(label, failed, columns)
+    report_skipped(str(label), skipped)
     repeats.report()
     if not rows:
-        raise no_usable_rows(label, skipped, getattr(records, "column_names", None))
+        raise no_usable_rows(str(label), skipped, getattr(records, "column_names", None))
     return sorted(rows.values(), key=lambda r: hashlib.sha1(r["key"].encode()).hexdigest()), skipped
 
 
@@ -164,7 +168,7 @@ def task_from_rows(
     for what, value in (("rows", rows), ("eval_rows", eval_rows)):
         if value is not None and (isinstance(value, (str, bytes, dict)) or not isinstance(value, Iterable)):
             raise ValueError(f"{what} must be a list of dicts, a datasets.Dataset or IterableDataset")
-    labels = (name, f"{name}[eval_rows]")
+    labels = (Label(name), Label(f"{name}[eval_rows]"))
     return _task(name, rows, eval_rows, labels, cols, _is_iterable_dataset(rows), shuffle_buffer, kw)
 
 
@@ -172,7 +176,7 @@ def _task(
     name: str,
     train: Any,
     held: Any,
-    labels: tuple[str, str],
+    labels: tuple[Label, Label],
     cols: dict[str, str],
     streaming: bool,
     shuffle_buffer: int,
@@ -188,7 +192,7 @@ def _task(
     if held is not None:
         eval_rows, bad = collect_rows(held, cols, labels[1])
         skipped += bad
-    return DataTask(name, rows, eval_rows, skipped, labels[1], **kw)
+    return DataTask(name, rows, eval_rows, skipped, str(labels[1]), **kw)
 
 
 def data_task(
@@ -224,7 +228,8 @@ def data_task(
     elif held_name := held_split_name(splits, split, eval_split):
         held, held_label = pick_split(name, splits, held_name, "eval_split"), f"{name}[{held_name}]"
     files = (local_jsonl(spec), local_jsonl(eval_data) if eval_data else local_jsonl(spec))
-    return _task(name, train, held, (train_label, held_label), cols, streaming, shuffle_buffer, kw, files)
+    labels = (label_of(train_label, spec), label_of(held_label, eval_data or spec))
+    return _task(name, train, held, labels, cols, streaming, shuffle_buffer, kw, files)
 
 
 def local_jsonl(spec: str) -> list[Path]:

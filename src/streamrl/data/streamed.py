@@ -31,6 +31,7 @@ from streamrl.data.columns import check_question_column, excluded, held_key, par
 from streamrl.data.json_lines import first_bad_line, quiet_json_reader
 from streamrl.data.loading import one_line
 from streamrl.data.repeats import streamed_conflicts
+from streamrl.data.row_names import Label, skipped_rows
 from streamrl.data.row_task import SHOWN_WARNINGS, RowTask, log, no_usable_rows, report_skipped
 from streamrl.types import Problem
 
@@ -44,18 +45,18 @@ class StreamedDataTask(RowTask):
         train: Any,
         columns: dict[str, str],
         held: Any = None,
-        labels: tuple[str, str] = ("", ""),
+        labels: tuple[Label, Label] | None = None,
         shuffle_buffer: int = 10_000,
         files: tuple[list[Path], list[Path]] = ([], []),
         **kw: Any,
     ) -> None:
-        """train / held: IterableDatasets (held None: held out from train); labels: how the two name
-        their rows in warnings (default: name); files: the local .jsonl files of each, where a failed
-        read looks for its bad line; kw: RowTask's and Task's settings."""
+        """train / held: IterableDatasets (held None: held out from train); labels: how warnings name
+        the two and their rows (data/row_names.py; default: name); files: the local .jsonl files of
+        each, where a failed read looks for its bad line; kw: RowTask's and Task's settings."""
         super().__init__(**kw)
         self.name = name
         self.train, self.held, self.columns = train, held, columns
-        self.train_label, self.held_label = labels[0] or name, labels[1] or name
+        self.train_label, self.held_label = labels or (Label(name), Label(name))
         self.files = {"train": files[0], "held": files[1]}
         self.shuffle_buffer = shuffle_buffer
         self.skipped: list[str] = []  # malformed rows met while training (`where: why`)
@@ -67,15 +68,15 @@ class StreamedDataTask(RowTask):
             if ds is not None:
                 self._peek(ds, label, split)
 
-    def _peek(self, ds: Any, label: str, split: str) -> None:
-        check_question_column(label, self.columns, getattr(ds, "column_names", None))
-        rows, bad = [], []
+    def _peek(self, ds: Any, label: Label, split: str) -> None:
+        check_question_column(str(label), self.columns, getattr(ds, "column_names", None))
+        rows, failed = [], []
         first: dict[str, int] = {}  # a mapped row id -> the row it was first seen in
         for i, rec in enumerate(itertools.islice(self._records(ds, label, split), PEEK_ROWS), 1):
             try:
                 row = parse_row(rec, self.columns)
             except ValueError as e:
-                bad.append(f"{label}:row {i}: {e}")
+                failed.append((i, rec, e))
                 continue
             if self._repeats(row, split):  # its id came in this peek with another prompt
                 raise ValueError(
@@ -86,13 +87,14 @@ class StreamedDataTask(RowTask):
             first.setdefault(row["id"], i)
             rows.append((i, row))
         self._ids[split].clear()  # the stream is read again from its start
+        bad = skipped_rows(label, failed, self.columns)
         if not rows:
-            raise no_usable_rows(label, bad, getattr(ds, "column_names", None))
-        report_skipped(label, bad)
-        streamed_conflicts(label, rows)
+            raise no_usable_rows(str(label), bad, getattr(ds, "column_names", None))
+        report_skipped(str(label), bad)
+        streamed_conflicts(str(label), rows)
         self.use_sandbox_for(row for _, row in rows)
 
-    def _rows(self, ds: Any, label: str, split: str) -> Iterator[dict[str, Any]]:
+    def _rows(self, ds: Any, label: Label, split: str) -> Iterator[dict[str, Any]]:
         """The usable rows of ds (split: "train" or "held") in its order; a malformed one is skipped (the
         first few are logged)."""
         for rec in self._records(ds, label, split):
@@ -110,7 +112,7 @@ class StreamedDataTask(RowTask):
                 continue
             yield row
 
-    def _records(self, ds: Any, label: str, split: str) -> Iterator[Any]:
+    def _records(self, ds: Any, label: Label, split: str) -> Iterator[Any]:
         """ds's records in its order. A read that fails (a line that is not JSON: the rest of its file
         cannot be read) is a ValueError naming the source, the rows this pass read, and the bad line
         of a local .jsonl file."""

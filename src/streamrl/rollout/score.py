@@ -127,15 +127,15 @@ class TaskScorer:
             reward, info = 0.0, {"correct": False, "verdict_error": label, "verdict_error_detail": detail}
         columns = reward_columns(problem)
         total = 0.0
-        keep_on_failure({"correct": info["correct"]})  # a function that hangs or kills its worker
         for f in self._fns:
             try:
                 if f.spec == TASK:
                     value = reward
-                else:
+                else:  # a function that hangs or kills its worker still costs its reward only, named
+                    keep_on_failure({"correct": info["correct"], "reward_fn": f.name})
                     prompt, completion = sample_args(f.completions, problem, text)
                     fn = self._loaded[f.name]
-                    value = call_fn(fn, f.name, prompt, completion, list(ids), columns, cfg.reward.timeout_s)
+                    value = call_fn(fn, prompt, completion, list(ids), columns, cfg.reward.timeout_s)
             except (Exception, SystemExit) as e:  # the sample's reward fails; its accuracy does not
                 raise ScoreFailed(e, {"correct": info["correct"], "reward_fn": f.name}) from e
             info[f"reward/{f.name}"] = value

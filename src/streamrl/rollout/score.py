@@ -144,16 +144,23 @@ class TaskScorer:
 
 
 class Scoring:
-    """The scoring of one process. cfg.reward.service picks thread (default), process or inline."""
+    """The scoring of one process. cfg.reward.service picks thread (default), process or inline.
+    first_failure_level: how the service logs the first failure of each kind (RewardService); DEBUG in
+    a process whose step records show each kind's first message (observe/error_examples.py)."""
 
-    def __init__(self, cfg: Any, task: Any = None) -> None:
+    def __init__(self, cfg: Any, task: Any = None, first_failure_level: int = logging.WARNING) -> None:
         from streamrl.config import to_dict
 
         rc = cfg.reward
         self.cfg, self.task = cfg, task  # task: None unless the caller built it (env tasks need it)
         scorer = TaskScorer(to_dict(cfg), task if rc.service != "process" else None)
         self.service = RewardService(
-            scorer, workers=rc.workers, timeout_s=rc.timeout_s, cache_size=rc.cache_size, mode=rc.service
+            scorer,
+            workers=rc.workers,
+            timeout_s=rc.timeout_s,
+            cache_size=rc.cache_size,
+            mode=rc.service,
+            first_failure_level=first_failure_level,
         )
         self.budget_s = rc.step_budget_s  # 0: no limit
         self.budget_left = self.budget_s  # what the current step has not used yet (score)

@@ -28,6 +28,7 @@ from typing import Any
 
 from streamrl.data.answers import reference_text
 from streamrl.data.task import Task
+from streamrl.loop.step_metrics import MESSAGE_CHARS
 from streamrl.rewards.fn_formats import sample_args
 from streamrl.rewards.service import RewardOutcome, RewardService
 from streamrl.rewards.shaping import overlong_penalty
@@ -123,7 +124,7 @@ class TaskScorer:
                 raise
             # a reward of your functions alone: a verdict that fails costs its accuracy only
             label = error_label(e)
-            detail = error_message(label, str(e)[:500], problem=problem.id)
+            detail = error_message(label, str(e)[:MESSAGE_CHARS], problem=problem.id)
             reward, info = 0.0, {"correct": False, "verdict_error": label, "verdict_error_detail": detail}
         columns = reward_columns(problem)
         total = 0.0

@@ -278,6 +278,10 @@ def test_judge_without_endpoint_or_model_is_refused(tmp_path, capsys, monkeypatc
         ValueError, match=r"^reward.judge_url must start with http:// or https://, got 'host:1'$"
     ):
         load_config(None, ["reward.scorer=judge", "reward.judge_url=host:1"])
+    with pytest.raises(  # a URL's credentials stay out of the message
+        ValueError, match=r"^reward.judge_url must start with http:// or https://, got 'user:\*\*\*@host:1'$"
+    ):
+        load_config(None, ["reward.scorer=judge", "reward.judge_url=user:secret@host:1"])
 
 
 def test_a_judge_call_must_fit_in_the_reward_timeout(tmp_path, capsys, captured):

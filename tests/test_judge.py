@@ -127,6 +127,56 @@ def test_resolve_config_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         JudgeConfig(base_url="http://x", model="m", template="grade {question}")
 
 
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://user:secret@judge.example/v1", "https://user:***@judge.example/v1"),
+        ("http://sk-token@127.0.0.1:8000/v1", "http://***@127.0.0.1:8000/v1"),  # a user name alone
+        ("https://u:p@ss@judge.example/v1?k=1", "https://u:***@judge.example/v1?k=1"),  # an unescaped @
+        ("user:secret@judge.example/v1", "user:***@judge.example/v1"),  # no scheme (refused, but shown)
+        ("http://judge.example/v1/a@b", "http://judge.example/v1/a@b"),  # an @ in the path is no userinfo
+        ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/v1"),
+    ],
+)
+def test_a_urls_credentials_are_redacted(url: str, shown: str) -> None:
+    from streamrl.config_rewards import redact_url
+
+    assert redact_url(url) == shown
+
+
+CREDS_URL = "http://user:secret@judge.example/v1"
+
+
+def test_judge_errors_do_not_show_the_urls_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError) as e:
+        JudgeConfig(base_url="ftp://user:secret@judge.example/v1", model="m")
+    assert (
+        str(e.value) == "judge base_url 'ftp://user:***@judge.example/v1' must start with http:// or https://"
+    )
+
+    def timed_out(self: LLMJudge, body: bytes) -> dict:
+        raise TimeoutError("timed out")
+
+    monkeypatch.setattr(LLMJudge, "_post", timed_out)
+    with pytest.raises(JudgeError) as e:
+        LLMJudge(JudgeConfig(CREDS_URL, "m", retries=0)).judge("q", "a", "r")
+    assert str(e.value) == (
+        "timeout: http://user:***@judge.example/v1/chat/completions failed after 1 attempts: no reply "
+        "within 30s (timed out)"
+    )
+
+
+def test_a_url_with_credentials_fails_at_once_without_showing_them() -> None:
+    """urllib sends no credentials from a URL: they end up in its host, and its error would quote them."""
+    judge = LLMJudge(JudgeConfig("http://user:secret@127.0.0.1/v1", "m", retries=2, backoff_s=0.01))
+    with pytest.raises(JudgeError) as e:
+        judge.judge("q", "a", "r")
+    assert str(e.value) == (
+        "invalid url: http://user:***@127.0.0.1/v1/chat/completions: user:password@ in the URL is not sent: "
+        "remove it (an API key goes in STREAMRL_JUDGE_API_KEY)"
+    )
+
+
 def test_worst_case_bound() -> None:
     c = JudgeConfig("http://x", "m", timeout_s=2, retries=3, backoff_s=0.5, backoff_max_s=1.5)
     assert c.worst_case_s() == 4 * 2 + 0.5 + 1.0 + 1.5

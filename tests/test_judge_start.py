@@ -65,6 +65,38 @@ def test_unreachable_judge() -> None:
     )
 
 
+def test_a_judge_urls_credentials_stay_out_of_the_start_up_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamrl.rewards import judge_check
+    from streamrl.rewards.judge import LLMJudge
+
+    with pytest.raises(ValueError) as e:  # urllib cannot open it (its error would quote the password)
+        _check("http://user:secret@127.0.0.1/v1")
+    assert str(e.value) == (
+        "the judge at reward.judge_url=http://user:***@127.0.0.1/v1 cannot be opened: user:password@ in "
+        "the URL is not sent: remove it (an API key goes in STREAMRL_JUDGE_API_KEY)"
+    )
+
+    def timed_out(self: LLMJudge, body: bytes) -> dict:
+        raise TimeoutError("timed out")
+
+    monkeypatch.setattr(judge_check, "_served_models", lambda c, where: [MODEL])
+    monkeypatch.setattr(LLMJudge, "_post", timed_out)
+    with pytest.raises(ValueError) as e:
+        _check("https://user:secret@judge.example/v1")
+    assert str(e.value) == (
+        f"the probe grading request to reward.judge_model={MODEL} at reward.judge_url=https://user:***@"
+        "judge.example/v1 failed: timeout: https://user:***@judge.example/v1/chat/completions failed after 1 "
+        "attempts: no reply within 5s (timed out)"
+    )
+    monkeypatch.setattr(judge_check, "_served_models", lambda c, where: ["other"])
+    with pytest.raises(ValueError) as e:
+        _check("https://user:secret@judge.example/v1")
+    assert str(e.value) == (
+        f"reward.judge_model={MODEL} is not served by the judge at reward.judge_url=https://user:***@"
+        "judge.example/v1 (it serves: other); set reward.judge_model to one of them"
+    )
+
+
 def test_model_not_served(serve) -> None:
     server = serve((200, "VERDICT: 1", 0), models=["llama-3", "qwen-2"])
     with pytest.raises(ValueError) as e:

@@ -143,10 +143,10 @@ TEXT_ERROR = "TypeError: string indices must be integers, not 'str'"
         (
             ["reward.fn=my_rewards.py:broken"],
             "config key 'reward.fn': my_rewards.py:broken fails on the first training problem (id p1) with "
-            "completions as text (TypeError: reward function 'broken' returned list [0.5, 0.5]; expected a "
-            "list with one float (or None) per completion) and with completions as chat messages (TypeError: "
-            "reward function 'broken' returned list [0.5, 0.5]; expected a list with one float (or None) per "
-            "completion): fix it so that it returns a float or None per completion in one of them",
+            "completions as text (TypeError: the function returned list [0.5, 0.5]; expected a list with "
+            "one float (or None) per completion) and with completions as chat messages (TypeError: the "
+            "function returned list [0.5, 0.5]; expected a list with one float (or None) per completion): "
+            "fix it so that it returns a float or None per completion in one of them",
         ),
         (
             ["reward.fn=trl.rewards:accuracy_reward", "reward.completions=text"],

@@ -98,19 +98,33 @@ def test_none_means_not_applicable(user_file: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("fn", "reason"),
+    ("fn", "reason", "message"),
     [
-        ("broken", "TypeError"),
-        ("raises", "RuntimeError"),
-        ("text_score", "TypeError"),
-        ("keyed_score", "TypeError"),
+        (
+            "broken",
+            "TypeError",
+            "the function returned list [0.5, 0.5]; expected a list with one float (or None) per completion",
+        ),
+        ("raises", "RuntimeError", "boom"),
+        ("text_score", "TypeError", "the function returned '8' for a completion; expected a float or None"),
+        (
+            "keyed_score",
+            "TypeError",
+            "the function returned dict {0.7: 'so 7'}; expected a list with one "
+            "float (or None) per completion",
+        ),
+        ("nan_score", "TypeError", "the function returned nan for a completion; expected a finite float"),
     ],
-    ids=["malformed", "raises", "text", "mapping"],
+    ids=["malformed", "raises", "text", "mapping", "nan"],
 )
-def test_a_failing_function_costs_that_sample_only(user_file: Path, fn: str, reason: str) -> None:
+def test_a_failing_function_costs_that_sample_only(
+    user_file: Path, fn: str, reason: str, message: str
+) -> None:
+    """Its message names the function once, in the parentheses every reward error ends with."""
     t = _scored([f"reward.fn=my_rewards.py:{fn}"], _problem(), _traj("so 7", [5]))
     assert t.reward == 0.0 and t.correct is True  # the reward fails; the task's verdict stands
     assert t.reward_info["reward_error"] == reason
+    assert t.reward_info["reward_error_detail"] == f"{reason}: {message} (reward function {fn}, problem p1)"
 
 
 @pytest.mark.parametrize("service", ["inline", "thread", "process"])
@@ -140,6 +154,12 @@ def test_accuracy_is_the_tasks_verdict_when_your_function_hangs_or_kills_its_wor
     overrides = [f"reward.fn=my_rewards.py:{fn}", f"reward.timeout_s={timeout}", f"reward.service={service}"]
     t = _scored([*overrides, f"task=data:{rows}"], _problem(), _traj(text, [5]))
     assert (t.reward, t.correct, t.reward_info["reward_error"]) == (0.0, correct, reason)
+    details = {  # a dead worker's pipe may close before its exit is seen, or after
+        "timeout": ["no result within 1s; worker replaced"],
+        "WorkerDied": ["worker process exited with code 3", "worker pipe closed (exit code 3)"],
+    }[reason]
+    named = [f"{reason}: {d} (reward function {fn}, problem p1)" for d in details]
+    assert t.reward_info["reward_error_detail"] in named
 
 
 def test_each_function_is_logged_in_metrics(user_file: Path) -> None:
@@ -166,7 +186,7 @@ def test_an_async_function_is_awaited_on_one_loop_that_lives_on(user_file: Path)
     t = _scored(["reward.fn=my_rewards.py:async_brevity"], _problem(), _traj("so 7", [5, 6, 7]))
     assert t.reward_info["reward/async_brevity"] == 0.25 and t.reward == 0.25
     fn = load_object("my_rewards.py:async_brevity", "reward.fn")
-    assert [call_fn(fn, "f", "q", "so 7", [5], {}) for _ in range(2)] == [0.5, 0.5]
+    assert [call_fn(fn, "q", "so 7", [5], {}) for _ in range(2)] == [0.5, 0.5]
     loops = fn.__globals__["LOOPS"][-2:]
     assert loops[0] is loops[1] and loops[0].is_running()
 
@@ -188,6 +208,9 @@ def test_an_async_function_past_the_timeout_is_cancelled_not_left_on_the_loop(
     t = box[0]
     if service == "inline":  # the function's own timeout
         assert (t.reward, t.correct, t.reward_info["reward_error"]) == (0.0, True, "TimeoutError")
+        assert t.reward_info["reward_error_detail"] == (
+            "TimeoutError: the function gave no result within 0.5 s (reward function async_hangs, problem p1)"
+        )
     else:  # whichever gives up first, the service or the function's own timeout: the verdict is kept
         error = t.reward_info["reward_error"]
         assert t.reward == 0.0 and error in ("timeout", "TimeoutError") and t.correct is True

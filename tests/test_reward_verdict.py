@@ -17,15 +17,15 @@ from streamrl.rollout.score import Scoring
 from streamrl.types import Group, Trajectory
 
 
-def _scored_by(overrides: list[str], verifier_raises: bool) -> Trajectory:
-    """One response "so 7" (2 tokens) to 3+4, scored inline; the verifier raises if asked to."""
+def _scored_by(overrides: list[str], verifier_raises: bool, message: str = "verifier bug") -> Trajectory:
+    """One response "so 7" (2 tokens) to 3+4, scored inline; the verifier raises `message` if asked to."""
     from streamrl.data.sources import task_from_rows
 
     task = task_from_rows([{"prompt": "What is 3+4?", "answer": "7"}], extract="last_number")
     if verifier_raises:
 
         def score(problem: object, text: str) -> None:
-            raise RuntimeError("verifier bug")
+            raise RuntimeError(message)
 
         task.score = score  # type: ignore[method-assign]
     cfg = load_config(None, ["reward.extract=last_number", "reward.service=inline", *overrides])
@@ -47,6 +47,13 @@ def test_a_verifier_that_raises_costs_the_accuracy_not_your_functions_reward(use
     pid = _problem().id  # the message reaches the step record, naming the problem
     assert record["verdict_error_examples"] == {"RuntimeError": f"RuntimeError: verifier bug (problem {pid})"}
     assert (record["reward_errors"], record["accuracy"], record["reward_mean"]) == (0, 0.0, 1 / 3)
+
+
+def test_a_verifiers_long_message_is_cut_as_every_kept_message_is(user_file: Path) -> None:
+    from streamrl.loop.step_metrics import MESSAGE_CHARS
+
+    t = _scored_by(["reward.fn=my_rewards.py:brevity"], verifier_raises=True, message="x" * 2000)
+    assert t.reward_info["verdict_error_detail"] == f"RuntimeError: {'x' * MESSAGE_CHARS} (problem p1)"
 
 
 def test_a_verifier_that_works_keeps_its_verdict_and_no_error(user_file: Path) -> None:

@@ -1,5 +1,6 @@
 """Rollout-side scoring: a failing or hanging scorer costs one reward, counted in the step metrics."""
 
+import logging
 import threading
 
 import pytest
@@ -44,6 +45,27 @@ def scoring(monkeypatch):
     s = Scoring(load_config(None, keys))
     yield s
     s.close()
+
+
+@pytest.mark.parametrize(("given", "first"), [(None, logging.WARNING), (logging.DEBUG, logging.DEBUG)])
+def test_the_first_failure_of_a_kind_is_logged_at_the_level_scoring_is_given(
+    monkeypatch, caplog, given, first
+):
+    """The colocated trainer gives DEBUG: its step records show each kind's first message already, so a
+    warning of its own would print it twice. Later failures of the kind are at DEBUG either way."""
+    monkeypatch.setattr(scoring_mod, "TaskScorer", FlakyScorer)
+    cfg = load_config(None, ["reward.service=inline"])
+    s = Scoring(cfg) if given is None else Scoring(cfg, first_failure_level=given)
+    caplog.set_level(logging.DEBUG, logger="streamrl.rewards.service")
+    trajs = [make_traj(i, [1], [2]) for i in range(2)]
+    for t in trajs:
+        t.text = "boom"
+    s.score([(Problem("p", [], "1"), t) for t in trajs])
+    s.close()
+    logged = [(r.levelno, r.getMessage()) for r in caplog.records if "scorer bug" in r.getMessage()]
+    assert logged == [
+        (level, "reward flaky -> 0.0 (RuntimeError: scorer bug)") for level in (first, logging.DEBUG)
+    ]
 
 
 def test_failures_cost_one_reward_each_and_are_counted(scoring):

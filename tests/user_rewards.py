@@ -63,6 +63,9 @@ USER_FILE = textwrap.dedent(
     def keyed_score(prompts, completions, **columns):
         return {0.7: completions[0]}  # a mapping iterates as its keys
 
+    def nan_score(prompts, completions, **columns):
+        return [float("nan")]
+
     def hangs(prompts, completions, **columns):
         import time
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
@@ -14,6 +15,21 @@ from streamrl.config_parse import ConfigError
 # (rewards/judge.py resolve_judge_config reads the same variables, in this order)
 JUDGE_URL_ENV = ("STREAMRL_JUDGE_URL", "OPENAI_BASE_URL")
 JUDGE_MODEL_ENV = ("STREAMRL_JUDGE_MODEL",)
+
+# a URL's scheme, then its userinfo up to the last @ before the host (a password may hold an @ unescaped)
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)?([^/?#]*)@")
+
+
+def redact_url(url: str) -> str:
+    """`url` as a message may show it: https://user:***@host/v1 for https://user:secret@host/v1, and
+    https://***@host/v1 for a user name alone (often a token). Every judge URL a message or a log line
+    shows goes through it."""
+    m = _USERINFO.match(url)
+    if m is None:
+        return url
+    user, colon, _ = m[2].partition(":")
+    shown = f"{user}:***" if colon else "***"
+    return f"{m[1] or ''}{shown}@{url[m.end() :]}"
 
 
 def validate_rewards(cfg: Any, keep_saved_judge: bool = False) -> None:
@@ -39,7 +55,7 @@ def _validate_judge(rc: Any, keep_saved: bool) -> None:
             f"reward.judge_model (or {' / '.join(JUDGE_MODEL_ENV)}); missing: {', '.join(missing)}"
         )
     if not url.startswith(("http://", "https://")):
-        raise ConfigError(f"reward.judge_url must start with http:// or https://, got {url!r}")
+        raise ConfigError(f"reward.judge_url must start with http:// or https://, got {redact_url(url)!r}")
     if (misfit := judge_misfit(rc)) and not keep_saved:
         raise ConfigError(misfit)
 

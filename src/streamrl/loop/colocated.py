@@ -63,9 +63,8 @@ class ColocatedRunner:
         self.returned: list[Group] = []  # the step's groups, stored as drafts once its batch is complete
         self.episode_errors = EpisodeErrors(cfg.task.startswith("agent:"))
         push_policy(self.engine, trainer)
-        self.scoring = Scoring(cfg, task)
         # this process's step records show each kind's first message (observe/error_examples.py)
-        self.scoring.service.first_failure_level = logging.DEBUG
+        self.scoring = Scoring(cfg, task, first_failure_level=logging.DEBUG)
         self.decoded = [0, 0]  # sequences and KV-cache rows the rollouts' decode steps forwarded
         # a step whose rollouts failed before a stop left its groups in the ledger (filtered): run again
         # on resume, it numbers its groups after theirs, so a problem drawn again is a new group id

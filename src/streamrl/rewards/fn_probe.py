@@ -56,7 +56,7 @@ def probe_formats(
             continue
         failures: list[tuple[str, str]] = []
         for fmt in (TEXT, CHAT) if f.completions == AUTO else (f.completions,):
-            error = _probe(rc, loaded[f.name], f.name, fmt, problem, columns)
+            error = _probe(rc, loaded[f.name], fmt, problem, columns)
             if error is None:
                 out[f.name] = fmt
                 break
@@ -89,13 +89,13 @@ def _refusal(rc: Any, index: int, f: RewardFn, problem: Problem, failures: list[
 
 
 def _probe(
-    rc: Any, fn: Callable[..., Any], name: str, fmt: str, problem: Problem, columns: dict[str, Any]
+    rc: Any, fn: Callable[..., Any], fmt: str, problem: Problem, columns: dict[str, Any]
 ) -> str | None:
     """One call of `fn` in `fmt` -> None when it returned a valid result, else its error in one line."""
     prompt, completion = sample_args(fmt, problem, PROBE_TEXT)
 
     def call() -> None:
-        call_fn(fn, name, prompt, completion, list(PROBE_IDS), columns, rc.timeout_s)
+        call_fn(fn, prompt, completion, list(PROBE_IDS), columns, rc.timeout_s)
 
     try:
         if rc.service != "thread":  # a reward process's worker, or inline: the calling thread

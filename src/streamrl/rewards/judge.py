@@ -35,7 +35,13 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamrl.config_rewards import JUDGE_BACKOFF_MAX_S, JUDGE_BACKOFF_S, JUDGE_RETRIES, judge_backoff_s
+from streamrl.config_rewards import (
+    JUDGE_BACKOFF_MAX_S,
+    JUDGE_BACKOFF_S,
+    JUDGE_RETRIES,
+    judge_backoff_s,
+    redact_url,
+)
 
 DEFAULT_SYSTEM_PROMPT = "You are a strict, fair grader. You compare a response with a reference answer."
 
@@ -191,7 +197,9 @@ class JudgeConfig:
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"judge base_url '{self.base_url}' must start with http:// or https://")
+            raise ValueError(
+                f"judge base_url '{redact_url(self.base_url)}' must start with http:// or https://"
+            )
         if not self.model:
             raise ValueError("judge model is empty: pass model= or set STREAMRL_JUDGE_MODEL")
         if self.timeout_s <= 0:
@@ -241,6 +249,14 @@ class JudgeResult:
     reply: str  # the judge's full reply text
     attempts: int  # HTTP attempts made (1 = no retry)
     latency_s: float
+
+
+def unopenable(url: str, e: http.client.InvalidURL) -> str:
+    """Why urllib cannot open `url`, without its credentials: urllib sends none from a URL (they end up
+    in the host part, which its error quotes)."""
+    if redact_url(url) != url:
+        return "user:password@ in the URL is not sent: remove it (an API key goes in STREAMRL_JUDGE_API_KEY)"
+    return str(e)
 
 
 def _retry_after(err: urllib.error.HTTPError) -> float | None:
@@ -296,12 +312,15 @@ class LLMJudge:
                     err = JudgeError("timeout", f"no connection within {c.timeout_s:g}s")
                 else:
                     err = JudgeError("connection error", str(e.reason))
+            except http.client.InvalidURL as e:  # every attempt would fail alike
+                raise JudgeError("invalid url", f"{redact_url(c.url)}: {unopenable(c.url, e)}") from None
             except (OSError, http.client.HTTPException) as e:  # reset / disconnected mid-response
                 err = JudgeError("connection error", f"{type(e).__name__}: {e}")
             except json.JSONDecodeError as e:
                 raise JudgeError("malformed response", f"reply is not JSON ({e})") from None
             if attempt == c.retries:
-                raise JudgeError(err.reason, f"{c.url} failed after {attempt + 1} attempts: {err.detail}")
+                shown = redact_url(c.url)
+                raise JudgeError(err.reason, f"{shown} failed after {attempt + 1} attempts: {err.detail}")
             time.sleep(wait * (0.75 + 0.25 * random.random()))  # jitter: retries from many callers spread
         try:
             content = data["choices"][0]["message"]["content"]

@@ -12,11 +12,13 @@ Three checks, each one HTTP request without retries, bounded by reward.judge_tim
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import json
 import urllib.error
 import urllib.request
 
-from streamrl.rewards.judge import JudgeConfig, JudgeError, LLMJudge
+from streamrl.config_rewards import redact_url
+from streamrl.rewards.judge import JudgeConfig, JudgeError, LLMJudge, unopenable
 
 PROBE = ("What is 2 + 3?", "5", "2 + 3 = 5. The answer is 5.")  # question, reference, response
 
@@ -42,6 +44,8 @@ def _served_models(c: JudgeConfig, where: str) -> list[str] | None:
         else:
             why = _one_line(e.read(200).decode("utf-8", "replace"))
         raise ValueError(f"{where} answered GET /models with http {e.code}: {why}") from None
+    except http.client.InvalidURL as e:
+        raise ValueError(f"{where} cannot be opened: {unopenable(c.base_url, e)}") from None
     except urllib.error.URLError as e:
         if isinstance(e.reason, TimeoutError):
             raise ValueError(slow) from None
@@ -59,7 +63,8 @@ def _served_models(c: JudgeConfig, where: str) -> list[str] | None:
 def check_judge(c: JudgeConfig) -> None:
     """Raise ValueError (one line naming reward.judge_url / reward.judge_model and what failed) unless
     the judge answers, serves the model and grades one probe."""
-    where = f"the judge at reward.judge_url={c.base_url}"
+    url = f"reward.judge_url={redact_url(c.base_url)}"
+    where = f"the judge at {url}"
     served = _served_models(c, where)
     if served and c.model not in served:  # an empty listing says nothing: the probe decides
         listed = ", ".join(served[:10]) + (", ..." if len(served) > 10 else "")
@@ -72,6 +77,5 @@ def check_judge(c: JudgeConfig) -> None:
         probe.judge(*PROBE)
     except JudgeError as e:
         raise ValueError(
-            f"the probe grading request to reward.judge_model={c.model} at reward.judge_url={c.base_url} "
-            f"failed: {_one_line(str(e))}"
+            f"the probe grading request to reward.judge_model={c.model} at {url} failed: {_one_line(str(e))}"
         ) from None

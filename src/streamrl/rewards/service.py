@@ -35,7 +35,6 @@ import itertools
 import logging
 import math
 import multiprocessing as mp
-import pickle
 import threading
 import time
 from collections import OrderedDict, deque
@@ -46,7 +45,7 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from streamrl.rewards.service_stats import ServiceStats
-from streamrl.rewards.workers import Task, Worker, call_scorer
+from streamrl.rewards.workers import Task, Worker, call_scorer, check_picklable
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +70,8 @@ class RewardService:
     scorer_fn(*args) -> float | (float, dict). timeout_s bounds one call from the moment a worker takes
     it (queue time excluded). start_timeout_s bounds a worker's start-up; three start-up failures in a
     row (e.g. the scorer cannot be unpickled in a fresh process) fail every request with
-    "WorkerStartFailed" instead of respawning forever.
+    "WorkerStartFailed" instead of respawning forever. first_failure_level: how the first failure of
+    each kind is logged (later ones at DEBUG); DEBUG where something else shows it to the user.
     """
 
     def __init__(
@@ -83,23 +83,18 @@ class RewardService:
         mode: str = "process",
         start_timeout_s: float = 60.0,
         name: str | None = None,
+        first_failure_level: int = logging.WARNING,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"RewardService mode '{mode}' is unknown; choose from {', '.join(MODES)}")
-        self.first_failure_level = logging.WARNING  # how each kind's first failure is logged
         if workers < 1 or timeout_s <= 0 or cache_size < 0:
             raise ValueError(
                 f"RewardService needs workers >= 1, timeout_s > 0, cache_size >= 0 "
                 f"(got workers={workers}, timeout_s={timeout_s}, cache_size={cache_size})"
             )
         if mode == "process":
-            try:
-                pickle.dumps(scorer_fn)
-            except Exception as e:
-                raise ValueError(
-                    f"scorer_fn cannot be pickled for mode='process' ({e}); define it at module top level "
-                    "(or as a top-level class instance), or use mode='thread'"
-                ) from None
+            check_picklable(scorer_fn)
+        self.first_failure_level = first_failure_level
         self.scorer_fn, self.workers, self.timeout_s, self.mode = scorer_fn, workers, timeout_s, mode
         self.cache_size, self.start_timeout_s = cache_size, start_timeout_s
         self.name = (

@@ -129,7 +129,6 @@ def check_arguments(loaded: Mapping[str, Callable[..., Any]], fns: list[RewardFn
 
 def call_fn(
     fn: Callable[..., Any],
-    name: str,
     prompt: Any,
     completion: Any,
     ids: list[int],
@@ -139,7 +138,9 @@ def call_fn(
     """One sample through `fn` in TRL's batch convention -> its value (None: not applicable). `prompt`
     and `completion` are text or chat messages (fn_formats.sample_args).
     TypeError (counted by the service as that sample's failure) when the result is malformed;
-    TimeoutError when an async function has no result within timeout_s (its coroutine is cancelled)."""
+    TimeoutError when an async function has no result within timeout_s (its coroutine is cancelled).
+    Their messages do not name `fn`: the caller's message around them does (reward function f, or the
+    config key that set it)."""
     out = fn(
         prompts=[prompt],
         completions=[completion],
@@ -152,14 +153,14 @@ def call_fn(
             out = pending.result(timeout=timeout_s)
         except concurrent.futures.TimeoutError:  # the builtin TimeoutError from Python 3.11 on
             pending.cancel()  # cancelled in the shared loop, not left running there for good
-            raise TimeoutError(f"reward function '{name}' gave no result within {timeout_s:g} s") from None
+            raise TimeoutError(f"the function gave no result within {timeout_s:g} s") from None
     try:  # a string or a mapping iterates as characters or keys: never a list of rewards
         values = None if isinstance(out, (str, bytes, Mapping)) else list(out)
     except TypeError:
         values = None
     if values is None or len(values) != 1:
         raise TypeError(
-            f"reward function '{name}' returned {type(out).__name__} {str(out)[:60]}; expected a list "
+            f"the function returned {type(out).__name__} {str(out)[:60]}; expected a list "
             "with one float (or None) per completion"
         )
     value = values[0]
@@ -171,12 +172,10 @@ def call_fn(
         value = float(value)
     except (TypeError, ValueError):
         raise TypeError(
-            f"reward function '{name}' returned {value!r} for a completion; expected a float or None"
+            f"the function returned {value!r} for a completion; expected a float or None"
         ) from None
     if not math.isfinite(value):
-        raise TypeError(
-            f"reward function '{name}' returned {value} for a completion; expected a finite float"
-        )
+        raise TypeError(f"the function returned {value} for a completion; expected a finite float")
     return value
 
 

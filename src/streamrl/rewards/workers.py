@@ -71,6 +71,17 @@ def call_scorer(scorer: Callable[..., Any], args: tuple) -> tuple:
         return ("err", error_label(e), str(e)[:500], {})
 
 
+def check_picklable(scorer: Callable[..., Any]) -> None:
+    """ValueError of one line unless `scorer` can travel to a worker process (mode='process')."""
+    try:
+        pickle.dumps(scorer)
+    except Exception as e:
+        raise ValueError(
+            f"scorer_fn cannot be pickled for mode='process' ({e}); define it at module top level "
+            "(or as a top-level class instance), or use mode='thread'"
+        ) from None
+
+
 def error_label(e: BaseException) -> str:
     """The reason a failed score is counted under: the exception's type, and a judge's own reason
     after it ("JudgeError/timeout", "JudgeError/http 500"), so a dead endpoint and an unreadable

@@ -28,6 +28,7 @@ from typing import Any
 
 from streamrl.data.answers import reference_text
 from streamrl.data.task import Task
+from streamrl.loop.step_metrics import MESSAGE_CHARS
 from streamrl.rewards.fn_formats import sample_args
 from streamrl.rewards.service import RewardOutcome, RewardService
 from streamrl.rewards.shaping import overlong_penalty
@@ -123,19 +124,19 @@ class TaskScorer:
                 raise
             # a reward of your functions alone: a verdict that fails costs its accuracy only
             label = error_label(e)
-            detail = error_message(label, str(e)[:500], problem=problem.id)
+            detail = error_message(label, str(e)[:MESSAGE_CHARS], problem=problem.id)
             reward, info = 0.0, {"correct": False, "verdict_error": label, "verdict_error_detail": detail}
         columns = reward_columns(problem)
         total = 0.0
-        keep_on_failure({"correct": info["correct"]})  # a function that hangs or kills its worker
         for f in self._fns:
             try:
                 if f.spec == TASK:
                     value = reward
-                else:
+                else:  # a function that hangs or kills its worker still costs its reward only, named
+                    keep_on_failure({"correct": info["correct"], "reward_fn": f.name})
                     prompt, completion = sample_args(f.completions, problem, text)
                     fn = self._loaded[f.name]
-                    value = call_fn(fn, f.name, prompt, completion, list(ids), columns, cfg.reward.timeout_s)
+                    value = call_fn(fn, prompt, completion, list(ids), columns, cfg.reward.timeout_s)
             except (Exception, SystemExit) as e:  # the sample's reward fails; its accuracy does not
                 raise ScoreFailed(e, {"correct": info["correct"], "reward_fn": f.name}) from e
             info[f"reward/{f.name}"] = value
@@ -144,16 +145,23 @@ class TaskScorer:
 
 
 class Scoring:
-    """The scoring of one process. cfg.reward.service picks thread (default), process or inline."""
+    """The scoring of one process. cfg.reward.service picks thread (default), process or inline.
+    first_failure_level: how the service logs the first failure of each kind (RewardService); DEBUG in
+    a process whose step records show each kind's first message (observe/error_examples.py)."""
 
-    def __init__(self, cfg: Any, task: Any = None) -> None:
+    def __init__(self, cfg: Any, task: Any = None, first_failure_level: int = logging.WARNING) -> None:
         from streamrl.config import to_dict
 
         rc = cfg.reward
         self.cfg, self.task = cfg, task  # task: None unless the caller built it (env tasks need it)
         scorer = TaskScorer(to_dict(cfg), task if rc.service != "process" else None)
         self.service = RewardService(
-            scorer, workers=rc.workers, timeout_s=rc.timeout_s, cache_size=rc.cache_size, mode=rc.service
+            scorer,
+            workers=rc.workers,
+            timeout_s=rc.timeout_s,
+            cache_size=rc.cache_size,
+            mode=rc.service,
+            first_failure_level=first_failure_level,
         )
         self.budget_s = rc.step_budget_s  # 0: no limit
         self.budget_left = self.budget_s  # what the current step has not used yet (score)

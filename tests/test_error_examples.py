@@ -14,7 +14,8 @@ from rich.console import Console
 from streamrl.config import Config
 from streamrl.loop.episode_errors import EpisodeErrors
 from streamrl.loop.run_dir import reconcile_logs
-from streamrl.loop.step_metrics import MESSAGE_CHARS, first_messages
+from streamrl.loop.step_metrics import first_messages
+from streamrl.observe.error_examples import MESSAGE_CHARS
 from streamrl.observe.live import RunObserver
 from streamrl.observe.report import write_report
 from streamrl.types import Group, Problem

@@ -50,7 +50,7 @@ def test_a_verifier_that_raises_costs_the_accuracy_not_your_functions_reward(use
 
 
 def test_a_verifiers_long_message_is_cut_as_every_kept_message_is(user_file: Path) -> None:
-    from streamrl.loop.step_metrics import MESSAGE_CHARS
+    from streamrl.observe.error_examples import MESSAGE_CHARS
 
     t = _scored_by(["reward.fn=my_rewards.py:brevity"], verifier_raises=True, message="x" * 2000)
     assert t.reward_info["verdict_error_detail"] == f"RuntimeError: {'x' * MESSAGE_CHARS} (problem p1)"

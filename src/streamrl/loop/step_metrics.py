@@ -7,9 +7,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from streamrl.observe.error_examples import MESSAGE_CHARS
 from streamrl.types import BUDGET_REASON, TIMEOUT_REASONS, Group
-
-MESSAGE_CHARS = 500  # an error message kept in the step record is cut to this many characters
 
 
 def step_record(

@@ -11,6 +11,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+MESSAGE_CHARS = 500  # an error message kept in the step record is cut to this many characters
+
 # the step record's {reason: first message} tables, and what each counts
 EXAMPLE_KEYS: dict[str, str] = {
     "reward_error_examples": "reward error (scored 0)",

@@ -28,7 +28,7 @@ from typing import Any
 
 from streamrl.data.answers import reference_text
 from streamrl.data.task import Task
-from streamrl.loop.step_metrics import MESSAGE_CHARS
+from streamrl.observe.error_examples import MESSAGE_CHARS
 from streamrl.rewards.fn_formats import sample_args
 from streamrl.rewards.service import RewardOutcome, RewardService
 from streamrl.rewards.shaping import overlong_penalty

@@ -9,7 +9,7 @@ STAMP_DEMO  := $(VENV)/.installed-demo
 STAMP_TEST  := $(VENV)/.installed-test
 EXTRAS_DEMO := smollm2
 EXTRAS_TEST := dev,ray,smollm2,bench
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 
 .PHONY: demo test test-vllm setup-vllm lint setup clean chromium mutation
 
@@ -38,7 +38,8 @@ setup: $(STAMP_TEST)
 demo: $(STAMP_DEMO)
 	$(VENV)/bin/streamrl train
 
-# two pytest workers (many tests wait on subprocesses, sandboxes or timeouts); the Ray tests share one
+# three pytest workers on two cores: many tests wait on subprocesses, sandboxes or timeouts, and two
+# workers kept the cores about half busy; the Ray tests share one worker
 test: $(STAMP_TEST) chromium
 	$(PY) -m pytest -q --durations=20 -n $(TEST_WORKERS) --dist loadgroup
 

@@ -20,6 +20,7 @@ class Bound:
     lo_open: bool = False
     hi_open: bool = False
     or_zero: bool = False
+    zero: str = "off"  # what 0 means, where or_zero
 
     def accepts(self, v: float) -> bool:
         if self.or_zero and v == 0:
@@ -41,7 +42,7 @@ class Bound:
             out = f"{'<' if self.hi_open else '<='} {_show(self.hi)}"
         else:
             out = "finite"
-        return f"0 (off) or {out}" if self.or_zero else out
+        return f"0 ({self.zero}) or {out}" if self.or_zero else out
 
 
 POSITIVE = Bound(0, lo_open=True)
@@ -75,7 +76,9 @@ BOUNDS: dict[str, Bound] = {
     "rollout.prompts_per_step": POSITIVE,
     "rollout.samples_per_prompt": POSITIVE,
     "rollout.max_new_tokens": POSITIVE,
-    "rollout.temperature": NON_NEGATIVE,  # 0: greedy
+    # below 1e-4 a sample is the greedy one and its log-prob at T carries no gradient, but for top logits
+    # that tie, where it grows as 1/T (inf near fp32's floor); 0 samples greedily, its log-probs at T = 1
+    "rollout.temperature": Bound(1e-4, or_zero=True, zero="greedy"),
     "rollout.top_p": UNIT_NO_ZERO,
     "rollout.max_batch": POSITIVE,
     "rollout.spec_drafts": NON_NEGATIVE,  # 0: off

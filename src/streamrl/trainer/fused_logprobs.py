@@ -16,10 +16,10 @@ and d / d logits = (d / d x) / T.
 
 The temperature is applied as the engine samples (engine/sampling.py tempered_): each row shifted by its
 largest logit, then divided by floored_temperature(T), so at any T > 0 (1e-39 included) the log-probs are
-the engine's: 0 for a row's top token, -log k for a k-way tie at the top, and no inf or NaN in values or
-gradients. Tiny temperatures are handled rather than refused: the engine, evaluation and agent calls
-sample at any T > 0, and no bound separates "tiny" from "small" (the distribution is one-hot where the
-top logit leads by more than ~100 T, which depends on the model). A log-prob is floored at MIN_LOGPROB,
+the engine's: 0 for a row's top token, -log k for a k-way tie at the top, and no inf or NaN in the values.
+The gradients are finite too, but where top logits tie they grow as 1/T (inf near fp32's floor once
+multiplied by a weight above ~7): training takes rollout.temperature 0 (greedy) or >= 1e-4
+(config_bounds.py), while evaluation samples at any T > 0. A log-prob is floored at MIN_LOGPROB,
 the least one the engine can record (log of fp32's smallest positive number): a token below it has
 engine probability 0 and is never sampled, and a finite floor keeps the loss's log-ratios, KL terms and
 masked sums finite where the token is padding, or where a stale sample's token is no longer the top one

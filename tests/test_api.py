@@ -407,3 +407,86 @@ def test_run_metrics_read_as_the_report_reads_them(tmp_path, monkeypatch):
         {"step": 1, "loss": 0.5, "non_finite": ["entropy"]},
         {"step": 2, "loss": 0.25, "entropy": 1.5},
     ]
+
+
+def test_a_run_recorded_with_the_older_name_of_its_rows_file_resumes_with_the_same_rows(
+    workdir: Path,
+) -> None:
+    """A run started when rows from code were written to `<digest>.jsonl` (now `train_data-<digest>.jsonl`)
+    resumes on the file its config.yaml names when the same rows are passed; other rows are refused, as
+    rows, not as an override the user never gave."""
+    from streamrl.api import make_config
+    from streamrl.config import config_yaml
+
+    held = [{"prompt": "What is 7 + 7?", "answer": "14"}]
+    run = workdir / "run"
+    cfg = make_config(train_data=ROWS, eval_data=held, run_dir=str(run))
+    new = [Path(cfg.task.removeprefix("data:")), Path(cfg.task_config.eval_data)]
+    old = [p.with_name(p.name.partition("-")[2]) for p in new]
+    for a, b in zip(new, old):
+        a.rename(b)  # the cache as the run left it
+    cfg.task, cfg.task_config.eval_data = f"data:{old[0]}", str(old[1])
+    run.mkdir()
+    (run / "config.yaml").write_text(config_yaml(cfg))
+    resumed = make_config(train_data=ROWS, eval_data=held, resume=str(run))
+    assert (resumed.task, resumed.task_config.eval_data) == (f"data:{old[0]}", str(old[1]))
+    assert not any(p.exists() for p in new)
+    fix = "or no {0} (the run reads its own), or start a new run from its checkpoint"
+    with pytest.raises(streamrl.ConfigError) as e:
+        make_config(train_data=ROWS[1:], eval_data=held, resume=str(run))
+    assert str(e.value) == (
+        f"resume: train_data holds other rows than {run}/config.yaml names (task: 'data:{old[0]}'): a "
+        "resumed run keeps them (the data position is the saved stream's); pass the rows it started with, "
+        + fix.format("train_data")
+    )
+    with pytest.raises(streamrl.ConfigError) as e:
+        make_config({"resume": str(run)}, train_data=ROWS, eval_data=held * 2)
+    assert str(e.value) == (
+        f"resume: eval_data holds other rows than {run}/config.yaml names (task_config.eval_data: "
+        f"'{old[1]}'): a resumed run keeps them (the held-out set, and so the training stream, are the saved "
+        "ones); pass the rows it started with, " + fix.format("eval_data")
+    )
+
+
+def test_a_config_files_task_beside_train_data_is_refused(workdir: Path) -> None:
+    (workdir / "c.yaml").write_text("task: rg:chain_sum\nmax_steps: 2\n")
+    with pytest.raises(streamrl.ConfigError) as e:
+        streamrl.train("c.yaml", train_data=ROWS, run_dir=str(workdir / "run"))
+    assert str(e.value) == (
+        "config file 'c.yaml' sets task: 'rg:chain_sum', and train_data names the training data too: remove "
+        "task from the file, or pass no train_data"
+    )
+    assert not (workdir / "run").exists() and not (workdir / "cache").exists()
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_repeated_rows_from_code_are_named_as_passed(
+    workdir: Path, caplog: pytest.LogCaptureFixture, streaming: bool
+) -> None:
+    from streamrl.api import make_config
+    from streamrl.tasks import task_from_config
+
+    rows = [dict(r, uid=f"u{i}") for i, r in enumerate(ROWS[:4])]
+    rows.append(dict(rows[1], answer="5", uid="u4"))  # row 4 gives row 1's prompt another answer
+    task_config = {"streaming": streaming, "columns": {"id": "uid"}}
+    task_from_config(make_config(train_data=rows, task_config=task_config, **{"eval.size": 1}))
+    warnings = [r.getMessage() for r in caplog.records if r.name == "streamrl.data"]
+    if streaming:
+        assert warnings == [
+            "train_data: 1 row(s) read at set-up give the prompt of an earlier row other answers or tests "
+            "(train_data[4] (as train_data[1])): a streamed source reads each row as a problem of its own, "
+            "scored by its own answer; give a prompt one row (with a list of accepted answers), or read the "
+            "source without streaming"
+        ]
+    else:
+        assert warnings == [
+            "train_data: 1 row(s) give the prompt of an earlier row another answer (train_data[4] (as "
+            "train_data[1])): a prompt is read once, its answers merged as accepted alternatives"
+        ]
+    rows[2]["uid"] = "u0"
+    with pytest.raises(ValueError) as e:
+        task_from_config(make_config(train_data=rows, task_config=task_config, **{"eval.size": 1}))
+    assert str(e.value) == (
+        "task_config.columns.id: column 'uid' repeats 'u0' (train_data[0] and train_data[2], different "
+        "prompts): map a column unique per row, or drop columns.id"
+    )

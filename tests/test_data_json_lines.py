@@ -152,3 +152,32 @@ def test_the_json_reader_is_quiet_only_in_the_threads_inside_the_block(caplog):
             logger.warning("nested, outer")
         logger.warning("main after")
     assert [r.getMessage() for r in caplog.records] == ["main while a is inside", "a after", "main after"]
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_only_the_rows_the_warning_shows_are_read_again(tmp_path, caplog, monkeypatch, streaming):
+    """Of many rows refused with a null, only those the warning shows (the first five) have their lines
+    read again; the rest keep their record's message, and what is kept of a refused row is no record."""
+    from streamrl.data import row_names
+
+    read, real = [], row_names.raw_rows
+    monkeypatch.setattr(
+        row_names, "raw_rows", lambda path, wanted: read.append(sorted(wanted)) or real(path, wanted)
+    )
+    f = tmp_path / "rows.jsonl"
+    rows = [{"prompt": "a?", "answer": "1"}, {"prompt": "b?", "answer": ""}]
+    rows += [{"prompt": f"q{i}?"} for i in range(7)]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = make_task(f"data:{f}", {}, "", "", "answer_is", streaming=streaming)
+    assert read == [[3, 4, 5, 6]]  # row 2's answer is "": its line need not be read
+    missing = "no 'answer' key (other rows have it): add it or drop the row"
+    assert (
+        f"{f}: skipped 8 malformed row(s): {f}:row 2: column 'answer' is empty; {f}:row 3: {missing}; "
+        f"{f}:row 4: {missing}; {f}:row 5: {missing}; {f}:row 6: {missing} (and 3 more)"
+    ) in caplog.text
+    if not streaming:
+        assert task.skipped[5:] == [f"{f}:row {i}: column 'answer' is empty" for i in (7, 8, 9)]
+    refused = ValueError("column 'answer' is empty")
+    record = {"prompt": "q?", "answer": None}
+    assert row_names.failure(row_names.Label(str(f), jsonl=f), 4, record, refused) == (4, str(refused), True)
+    assert row_names.failure(row_names.Label("hf:x"), 4, record, refused) == (4, str(refused), False)

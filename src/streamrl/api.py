@@ -229,14 +229,46 @@ def _refuse_in_a_worker_bootstrap(what: str) -> None:
 
 
 def _refuse_a_second_task(config: Any, overrides: dict[str, Any]) -> None:
-    """One line when a `task` keyword or a config dict's `task` is given beside train_data (which sets
-    the task: it would replace the other silently)."""
+    """One line when a `task` keyword, a config dict's `task` or a config file's is given beside
+    train_data (which sets the task: it would replace the other silently)."""
     for given, where in ((overrides, "task={!r}"), (config, "the config dict's 'task': {!r}")):
         if isinstance(given, dict) and "task" in given:
             raise ConfigError(
                 f"{where.format(given['task'])} and train_data both name the training data: pass one "
                 "(train_data: rows, a path or 'hf:NAME'; task: a task such as 'rg:NAME')"
             )
+    if isinstance(config, (str, Path)) and Path(config).is_file():  # else load_config names the problem
+        data = read_yaml(config)
+        if isinstance(data, dict) and "task" in data:
+            raise ConfigError(
+                f"config file '{config}' sets task: {data['task']!r}, and train_data names the training data "
+                "too: remove task from the file, or pass no train_data"
+            )
+
+
+def _resume_on_saved_rows(config: Any, overrides: dict[str, Any], *sources: str | _Rows | None) -> None:
+    """Resuming a run (resume=RUN) with rows from code: their file is the one RUN/config.yaml names when
+    it holds the same rows (the name it had when the run started: data/row_names.py); other rows are
+    refused with one line."""
+    from streamrl.config import RESUME_FIXED
+    from streamrl.data.row_names import resumed_rows_file
+
+    resume = {**(config if isinstance(config, dict) else {}), **overrides}.get("resume")
+    path = Path(str(resume)) / "config.yaml"
+    saved = read_yaml(path, "resume") if resume and path.is_file() else None
+    if not isinstance(saved, dict):  # not resuming; else load_config names a directory not a run's
+        return
+    for rows in (s for s in sources if isinstance(s, _Rows)):
+        key = "task" if rows.key == "train_data" else "task_config.eval_data"
+        section = saved if key == "task" else saved.get("task_config")
+        value = section.get(key.rpartition(".")[2]) if isinstance(section, dict) else None
+        if (found := resumed_rows_file(str(value or ""), rows.path)) is None:
+            raise ConfigError(
+                f"resume: {rows.key} holds other rows than {resume}/config.yaml names ({key}: {value!r}): a "
+                f"resumed run keeps them ({RESUME_FIXED[key]}); pass the rows it started with, or no "
+                f"{rows.key} (the run reads its own), or start a new run from its checkpoint"
+            )
+        rows.path = found
 
 
 def make_config(
@@ -253,6 +285,7 @@ def make_config(
         _refuse_a_second_task(config, overrides)
     train = None if train_data is None else _data_source(train_data, "train_data")
     held = None if eval_data is None else _data_source(eval_data, "eval_data")
+    _resume_on_saved_rows(config, overrides, train, held)
     if train is not None:
         settings["task"] = _task_spec(_path(train))
     if held is not None:

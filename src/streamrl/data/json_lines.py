@@ -12,7 +12,7 @@ filter on that logger dropping what a thread logs inside the block: other thread
 in one thread while another is still inside, leave the others' records alone.
 
 `datasets` fills a key a row leaves out with null; raw_rows reads the rows' own text again, for the
-few rows a warning names, so a missing key is told from a null one (data/row_task.py).
+few rows a warning names, so a missing key is told from a null one (data/row_names.py).
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ A source held in memory reads each prompt once:
 - any other repeat (other tests, another kind, only other columns such as an id) keeps the first row.
 
 The merged and kept repeats are each named in one warning at set-up: how many, and the first few as
-`row N (as row M)`. A streamed source reads each row as a problem of its own (data/streamed.py); its
+`row N (as row M)` (rows passed from code as passed, `train_data[4] (as train_data[1])`:
+data/row_names.py). A streamed source reads each row as a problem of its own (data/streamed.py); its
 set-up read warns the same way when its rows give one prompt other answers or tests.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from streamrl.data.row_names import Label
 from streamrl.data.row_task import SHOWN_WARNINGS, log
 
 
@@ -35,9 +37,9 @@ def conflicts(first: dict[str, Any], row: dict[str, Any]) -> bool:
 
 
 class Repeats:
-    """The repeats of one source's rows, met in row order (`label` names the source)."""
+    """The repeats of one source's rows, met in row order (`label` names the source and its rows)."""
 
-    def __init__(self, label: str) -> None:
+    def __init__(self, label: Label) -> None:
         self.label = label
         self.first: dict[str, int] = {}  # a prompt's key -> the row it was first read from
         self.records: dict[str, list[Any]] = {}  # a repeated prompt's key -> the records read for it
@@ -71,7 +73,7 @@ class Repeats:
                 "once, its answers merged as accepted alternatives",
                 self.label,
                 len(self.merged),
-                pairs(self.merged),
+                pairs(self.label, self.merged),
             )
         if self.kept:
             log.warning(
@@ -79,18 +81,19 @@ class Repeats:
                 "(%s): the earlier row is kept",
                 self.label,
                 len(self.kept),
-                pairs(self.kept),
+                pairs(self.label, self.kept),
             )
 
 
-def pairs(found: list[tuple[int, int]]) -> str:
-    """`row 5 (as row 2), row 9 (as row 4)` for the first few repeats, and how many more."""
-    shown = ", ".join(f"row {i} (as row {first})" for first, i in found[:SHOWN_WARNINGS])
+def pairs(label: Label, found: list[tuple[int, int]]) -> str:
+    """`row 5 (as row 2), row 9 (as row 4)` (`train_data[4] (as train_data[1])`, ...) for the first few
+    repeats, and how many more."""
+    shown = ", ".join(f"{label.row(i)} (as {label.row(first)})" for first, i in found[:SHOWN_WARNINGS])
     more = len(found) - SHOWN_WARNINGS
     return shown + (f" and {more} more" if more > 0 else "")
 
 
-def streamed_conflicts(label: str, rows: list[tuple[int, dict[str, Any]]]) -> None:
+def streamed_conflicts(label: Label, rows: list[tuple[int, dict[str, Any]]]) -> None:
     """One warning when rows a streamed source read at set-up ((row number, parsed row), in order) give
     one prompt other answers or tests: each is a problem of its own there, scored by its own."""
     first: dict[str, tuple[int, dict[str, Any]]] = {}
@@ -106,5 +109,5 @@ def streamed_conflicts(label: str, rows: list[tuple[int, dict[str, Any]]]) -> No
             "prompt one row (with a list of accepted answers), or read the source without streaming",
             label,
             len(found),
-            pairs(found),
+            pairs(label, found),
         )

@@ -28,7 +28,7 @@ from streamrl.data.columns import check_question_column, excluded, held_key, par
 from streamrl.data.json_lines import jsonl_files
 from streamrl.data.loading import held_split_name, open_splits, pick_split
 from streamrl.data.repeats import Repeats
-from streamrl.data.row_names import Label, label_of, skipped_rows
+from streamrl.data.row_names import Label, failure, label_of, skipped_rows
 from streamrl.data.row_task import RowTask, log, no_usable_rows, report_skipped
 from streamrl.data.streamed import StreamedDataTask
 from streamrl.data.task import Task
@@ -42,22 +42,23 @@ def collect_rows(
     data/repeats.py says), and one message per skipped row (`FILE:row N: why`, data/row_names.py)."""
     check_question_column(str(label), columns, getattr(records, "column_names", None))
     rows: dict[str, dict[str, Any]] = {}
-    failed: list[tuple[int, Any, ValueError]] = []  # (row, record, why it was refused)
-    repeats = Repeats(str(label))
+    failed: list[tuple[int, str, bool]] = []  # what skipped_rows needs of each refused row
+    repeats = Repeats(label)
     id_rows: dict[str, int] = {}  # a mapped row id -> the row it was first seen in
     for i, rec in enumerate(records, 1):
         try:
             row = parse_row(rec, columns)
         except ValueError as e:
-            failed.append((i, rec, e))
+            failed.append(failure(label, i, rec, e))
             continue
         if not repeats.read(rows, row, i):  # a prompt read before
             continue
         if row["id"] is not None and (first := id_rows.setdefault(row["id"], i)) != i:
             # the id keys the reward cache, the sampler's pool and the drafts: two prompts cannot share it
             raise ValueError(
-                f"task_config.columns.id: column '{columns['id']}' repeats '{row['id']}' ({label}: rows "
-                f"{first} and {i}, different prompts): map a column unique per row, or drop columns.id"
+                f"task_config.columns.id: column '{columns['id']}' repeats '{row['id']}' "
+                f"({label.two_rows(first, i)}, different prompts): map a column unique per row, or drop "
+                "columns.id"
             )
         rows[row["key"]] = row
     skipped = skipped_rows(label, failed, columns)

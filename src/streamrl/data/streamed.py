@@ -31,7 +31,7 @@ from streamrl.data.columns import check_question_column, excluded, held_key, par
 from streamrl.data.json_lines import first_bad_line, quiet_json_reader
 from streamrl.data.loading import one_line
 from streamrl.data.repeats import streamed_conflicts
-from streamrl.data.row_names import Label, skipped_rows
+from streamrl.data.row_names import Label, failure, skipped_rows
 from streamrl.data.row_task import SHOWN_WARNINGS, RowTask, log, no_usable_rows, report_skipped
 from streamrl.types import Problem
 
@@ -76,13 +76,13 @@ class StreamedDataTask(RowTask):
             try:
                 row = parse_row(rec, self.columns)
             except ValueError as e:
-                failed.append((i, rec, e))
+                failed.append(failure(label, i, rec, e))
                 continue
             if self._repeats(row, split):  # its id came in this peek with another prompt
                 raise ValueError(
-                    f"task_config.columns.id: column '{self.columns['id']}' repeats '{row['id']}' ({label}: "
-                    f"rows {first[row['id']]} and {i}, different prompts): map a column unique per row, or "
-                    "drop columns.id"
+                    f"task_config.columns.id: column '{self.columns['id']}' repeats '{row['id']}' "
+                    f"({label.two_rows(first[row['id']], i)}, different prompts): map a column unique per "
+                    "row, or drop columns.id"
                 )
             first.setdefault(row["id"], i)
             rows.append((i, row))
@@ -91,7 +91,7 @@ class StreamedDataTask(RowTask):
         if not rows:
             raise no_usable_rows(str(label), bad, getattr(ds, "column_names", None))
         report_skipped(str(label), bad)
-        streamed_conflicts(str(label), rows)
+        streamed_conflicts(label, rows)
         self.use_sandbox_for(row for _, row in rows)
 
     def _rows(self, ds: Any, label: Label, split: str) -> Iterator[dict[str, Any]]:

@@ -29,6 +29,7 @@ LAYERS = [
     {"loop"},  # the RL loop and the train job
     {"eval_settings"},  # the config of `streamrl eval`: a trained run's task settings under the given ones
     {"sim", "eval_cli", "score_cli", "report_cli"},
+    {"api_rows"},  # the Python API's rows from code (train_data=, eval_data=)
     {"cli", "api"},  # the command line; the Python API (streamrl.train, streamrl.evaluate)
 ]
 

@@ -17,7 +17,7 @@ Settings are the config's keys: a YAML file or a dict as `config`, then keyword 
 a dict, `train={"lr": 1e-5}`, or a dotted key through `**{"train.lr": 1e-5}`). Rows from code (a list of
 dicts or a `datasets.Dataset`) are written once to a JSONL file named after the argument and their
 content in streamrl's cache and the run's task points at it, so rollout workers, config.yaml and
-`resume=` see the same data; warnings name its rows as passed, `train_data[2]` (data/row_names.py).
+`resume=` see the same data; warnings name its rows as passed, `train_data[2]` (api_rows.py).
 A reward function must be importable by name (a module's or a script's top-level function): rollout
 workers run in their own processes and import it there.
 """
@@ -25,17 +25,23 @@ workers run in their own processes and import it there.
 from __future__ import annotations
 
 import copy
-import hashlib
 import inspect
-import json
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from numbers import Real
 from pathlib import Path
 from typing import Any
 
+from streamrl.api_rows import (
+    data_source,
+    refuse_a_second_task,
+    resume_on_saved_rows,
+    source_path,
+    task_spec,
+    write_rows,
+)
 from streamrl.config import Config, ConfigError, given_k, load_config, n_from_k
 from streamrl.config_parse import apply_key, read_yaml
 from streamrl.config_rewards import JUDGE_FIT_KEYS, reward_fn_name
@@ -139,84 +145,6 @@ def _fn_and_weight(item: Any, key: str) -> tuple[Any, float]:
     return fn, float(weight)
 
 
-@dataclass
-class _Rows:
-    """Rows from code, as the JSONL file in the cache they are written to once checked."""
-
-    key: str  # the argument that passed them: train_data or eval_data
-    lines: list[str]  # one JSON object per row, in the order given
-    path: Path  # named by the argument and the content
-
-    def check(self, cfg: Config) -> None:
-        """One line, naming the rows as passed (`train_data[0]`), when none is a problem under the
-        config's column mapping (data/columns.py; a file's rows are read the same way)."""
-        from streamrl.data.columns import parse_row, resolve_columns
-        from streamrl.data.row_task import no_usable_rows
-
-        columns = resolve_columns(cfg.task_config.columns)
-        problems = []
-        for i, line in enumerate(self.lines):
-            try:
-                parse_row(json.loads(line), columns)
-            except ValueError as e:
-                problems.append(f"{self.key}[{i}]: {e}")
-        if len(problems) == len(self.lines):
-            raise ConfigError(str(no_usable_rows(self.key, problems, None)))
-
-    def write(self) -> str:
-        if not self.path.is_file():
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text("".join(self.lines))
-            tmp.replace(self.path)
-        return str(self.path)
-
-
-def _data_source(rows: Any, key: str) -> str | _Rows:
-    """Rows (a list of dicts or a datasets.Dataset) -> _Rows, their JSONL file in the cache named by the
-    argument and their content, written after the config is made (_write_rows); a string is a path or a
-    source spec (`hf:NAME[:CONFIG]`, `data:PATH`) already."""
-    if isinstance(rows, (str, Path)):
-        return str(rows)
-    if type(rows).__name__ == "IterableDataset":
-        raise ConfigError(
-            f"{key}: a streamed IterableDataset cannot be copied for the rollout workers; pass its name "
-            "as task='hf:NAME' with task_config={'streaming': True}, or a Dataset"
-        )
-    if not isinstance(rows, Sequence) and not hasattr(rows, "to_list"):
-        raise ConfigError(
-            f"{key}: expected a list of dicts, a datasets.Dataset or a path, got {type(rows).__name__}"
-        )
-    records = rows.to_list() if hasattr(rows, "to_list") else list(rows)
-    bad = next((i for i, r in enumerate(records) if not isinstance(r, dict)), None)
-    if bad is not None:
-        raise ConfigError(f"{key}[{bad}]: expected a dict of columns, got {type(records[bad]).__name__}")
-    if not records:
-        raise ConfigError(f"{key}: no rows")
-    lines = [json.dumps(r, sort_keys=True, default=str) + "\n" for r in records]
-    from streamrl.data.row_names import code_rows_file  # its rows are named as passed: train_data[0]
-
-    return _Rows(key, lines, code_rows_file(key, hashlib.sha1("".join(lines).encode()).hexdigest()[:16]))
-
-
-def _path(source: str | _Rows) -> str:
-    return source if isinstance(source, str) else str(source.path)
-
-
-def _write_rows(cfg: Config, *sources: str | _Rows | None) -> None:
-    """The rows from code checked against the made config, then written (before that, nothing is)."""
-    rows = [s for s in sources if isinstance(s, _Rows)]
-    for r in rows:
-        r.check(cfg)
-    for r in rows:
-        r.write()
-
-
-def _task_spec(source: str) -> str:
-    """A source spec (`hf:NAME[:CONFIG]`, `data:PATH`) as it is; a path -> `data:PATH`."""
-    return source if source.startswith(("hf:", "data:")) else f"data:{source}"
-
-
 def _refuse_in_a_worker_bootstrap(what: str) -> None:
     """A spawned worker imports the user's script as __mp_main__: an unguarded call would train again."""
     import multiprocessing
@@ -226,49 +154,6 @@ def _refuse_in_a_worker_bootstrap(what: str) -> None:
             f"streamrl.{what}() ran while a worker process imported your script: put the call under "
             '`if __name__ == "__main__":`'
         )
-
-
-def _refuse_a_second_task(config: Any, overrides: dict[str, Any]) -> None:
-    """One line when a `task` keyword, a config dict's `task` or a config file's is given beside
-    train_data (which sets the task: it would replace the other silently)."""
-    for given, where in ((overrides, "task={!r}"), (config, "the config dict's 'task': {!r}")):
-        if isinstance(given, dict) and "task" in given:
-            raise ConfigError(
-                f"{where.format(given['task'])} and train_data both name the training data: pass one "
-                "(train_data: rows, a path or 'hf:NAME'; task: a task such as 'rg:NAME')"
-            )
-    if isinstance(config, (str, Path)) and Path(config).is_file():  # else load_config names the problem
-        data = read_yaml(config)
-        if isinstance(data, dict) and "task" in data:
-            raise ConfigError(
-                f"config file '{config}' sets task: {data['task']!r}, and train_data names the training data "
-                "too: remove task from the file, or pass no train_data"
-            )
-
-
-def _resume_on_saved_rows(config: Any, overrides: dict[str, Any], *sources: str | _Rows | None) -> None:
-    """Resuming a run (resume=RUN) with rows from code: their file is the one RUN/config.yaml names when
-    it holds the same rows (the name it had when the run started: data/row_names.py); other rows are
-    refused with one line."""
-    from streamrl.config import RESUME_FIXED
-    from streamrl.data.row_names import resumed_rows_file
-
-    resume = {**(config if isinstance(config, dict) else {}), **overrides}.get("resume")
-    path = Path(str(resume)) / "config.yaml"
-    saved = read_yaml(path, "resume") if resume and path.is_file() else None
-    if not isinstance(saved, dict):  # not resuming; else load_config names a directory not a run's
-        return
-    for rows in (s for s in sources if isinstance(s, _Rows)):
-        key = "task" if rows.key == "train_data" else "task_config.eval_data"
-        section = saved if key == "task" else saved.get("task_config")
-        value = section.get(key.rpartition(".")[2]) if isinstance(section, dict) else None
-        if (found := resumed_rows_file(str(value or ""), rows.path)) is None:
-            raise ConfigError(
-                f"resume: {rows.key} holds other rows than {resume}/config.yaml names ({key}: {value!r}): a "
-                f"resumed run keeps them ({RESUME_FIXED[key]}); pass the rows it started with, or no "
-                f"{rows.key} (the run reads its own), or start a new run from its checkpoint"
-            )
-        rows.path = found
 
 
 def make_config(
@@ -282,16 +167,16 @@ def make_config(
     """The validated Config of a train/evaluate call (nothing is written but the cache's data files)."""
     settings: dict[str, Any] = {**_reward_settings(reward_fn)}
     if train_data is not None:
-        _refuse_a_second_task(config, overrides)
-    train = None if train_data is None else _data_source(train_data, "train_data")
-    held = None if eval_data is None else _data_source(eval_data, "eval_data")
-    _resume_on_saved_rows(config, overrides, train, held)
+        refuse_a_second_task(config, overrides)
+    train = None if train_data is None else data_source(train_data, "train_data")
+    held = None if eval_data is None else data_source(eval_data, "eval_data")
+    resume_on_saved_rows(config, overrides, train, held)
     if train is not None:
-        settings["task"] = _task_spec(_path(train))
+        settings["task"] = task_spec(source_path(train))
     if held is not None:
-        settings["task_config.eval_data"] = _path(held)
+        settings["task_config.eval_data"] = source_path(held)
     cfg = _layered(config, settings, overrides)
-    _write_rows(cfg, train, held)
+    write_rows(cfg, train, held)
     return cfg
 
 
@@ -365,9 +250,9 @@ def evaluate(
         overrides["model"] = str(model)
     source = rows = None
     if eval_data is not None:  # the rows are the held-out set itself (the task: their scoring)
-        source = _data_source(eval_data, "eval_data")
-        rows = _path(source)
-        overrides.setdefault("task", _task_spec(rows))
+        source = data_source(eval_data, "eval_data")
+        rows = source_path(source)
+        overrides.setdefault("task", task_spec(rows))
         overrides["task_config.eval_data"] = rows
     if isinstance(config, Config):
         cfg, taken = make_config(config, **overrides), None
@@ -379,7 +264,7 @@ def evaluate(
             given("task", path, pairs),
             lambda base: _layered(config, {}, overrides, base),
         )
-    _write_rows(cfg, source)
+    write_rows(cfg, source)
     if rows is not None and not isinstance(eval_data, (str, Path)) and not _size_given(config, overrides):
         cfg.eval.size = len(Path(rows).read_text().splitlines())  # one JSONL line per row
     say_taken(taken)

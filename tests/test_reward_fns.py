@@ -15,8 +15,9 @@ from user_rewards import _problem, _scored, _traj  # tests/ is on sys.path
 
 from streamrl.cli import main
 from streamrl.config import load_config
+from streamrl.loop.step_metrics import step_record
 from streamrl.rollout.score import Scoring
-from streamrl.types import Trajectory
+from streamrl.types import Group, Trajectory
 
 
 def test_weighted_functions_and_the_task_reward_sum_exactly(user_file: Path) -> None:
@@ -125,6 +126,19 @@ def test_a_failing_function_costs_that_sample_only(
     assert t.reward == 0.0 and t.correct is True  # the reward fails; the task's verdict stands
     assert t.reward_info["reward_error"] == reason
     assert t.reward_info["reward_error_detail"] == f"{reason}: {message} (reward function {fn}, problem p1)"
+
+
+def test_a_long_message_is_cut_before_the_function_it_names(user_file: Path) -> None:
+    """A 2000-character exception message: its text is cut, the step record keeps the function's name."""
+    from streamrl.observe.error_examples import MESSAGE_CHARS
+
+    t = _scored(["reward.fn=my_rewards.py:raises_long"], _problem(), _traj("so 7", [5]))
+    where = " (reward function raises_long, problem p1)"
+    kept = MESSAGE_CHARS - len(f"RuntimeError: ...{where}")
+    message = f"RuntimeError: {'y' * kept}...{where}"
+    assert len(message) == MESSAGE_CHARS and t.reward_info["reward_error_detail"] == message
+    record = step_record(1, [Group(_problem(), [t])], {}, 0)
+    assert record["reward_error_examples"] == {"RuntimeError": message}
 
 
 @pytest.mark.parametrize("service", ["inline", "thread", "process"])

@@ -6,6 +6,7 @@ awaited on one loop and cancelled at their timeout, and the answer a function is
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from pathlib import Path
 
@@ -139,6 +140,24 @@ def test_a_long_message_is_cut_before_the_function_it_names(user_file: Path) -> 
     assert len(message) == MESSAGE_CHARS and t.reward_info["reward_error_detail"] == message
     record = step_record(1, [Group(_problem(), [t])], {}, 0)
     assert record["reward_error_examples"] == {"RuntimeError": message}
+
+
+@pytest.mark.parametrize(
+    ("fn", "service", "failure"),
+    [
+        ("raises", "inline", "RuntimeError: boom"),
+        ("hangs", "thread", "timeout: no result within 1s; worker replaced"),
+    ],
+)
+def test_the_services_log_line_names_the_function_that_failed(
+    user_file: Path, caplog: pytest.LogCaptureFixture, fn: str, service: str, failure: str
+) -> None:
+    """Not the scorer (`task`): a rollout worker's log then says which of your functions to look at."""
+    caplog.set_level(logging.DEBUG, logger="streamrl.rewards.service")
+    keys = [f"reward.fn=my_rewards.py:{fn}", f"reward.service={service}", "reward.timeout_s=1"]
+    _scored(keys, _problem(), _traj("so 7", [5]))
+    failed = [r.getMessage() for r in caplog.records if "-> 0.0" in r.getMessage()]
+    assert failed == [f"reward function {fn} -> 0.0 ({failure})"]
 
 
 @pytest.mark.parametrize("service", ["inline", "thread", "process"])

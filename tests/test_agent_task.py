@@ -319,6 +319,31 @@ def test_an_episode_whose_scoring_failed_earns_nothing():
     assert ep.trajectories[0].reward == 0.0
 
 
+def test_a_long_agent_error_is_cut_before_the_problem_it_names():
+    """A 2000-character exception message: the first line of the agent's error is cut so that the
+    problem's name survives the step record's MESSAGE_CHARS."""
+    from types import SimpleNamespace
+
+    from streamrl.envs.chat_completion import CallRecord
+    from streamrl.loop.episode_errors import EpisodeErrors
+    from streamrl.observe.error_examples import MESSAGE_CHARS
+    from streamrl.rewards.service import RewardOutcome
+    from streamrl.rollout.agent import AgentRun, episode_group, score_episode
+    from streamrl.types import Problem
+
+    settings = SimpleNamespace(format_weight=0.1, mask_truncated=False)
+    calls = [CallRecord([1, 2], [3, 4], [-0.1, -0.2], [0, 0], "stop", "x")]
+    run = AgentRun("", "KeyError", "KeyError: " + "k" * 2000 + "\nTraceback ...")
+    p = Problem("p7", [], "1")
+    ep = score_episode(settings, p, "g", 0, run, calls, RewardOutcome(0.0, {}))
+    kept = MESSAGE_CHARS - len("KeyError: ... (problem p7)")
+    message = f"KeyError: {'k' * kept}... (problem p7)"
+    assert len(message) == MESSAGE_CHARS and ep.detail == message
+    errors = EpisodeErrors(active=True)
+    errors.add(episode_group(p, [ep]))
+    assert errors.take()["episode_error_examples"] == {"KeyError": message}
+
+
 def test_a_steps_accuracy_and_reward_count_each_episode_once():
     """An episode makes any number of trajectories (n > 1 choices, rewritten histories) or none: the
     step's reward, accuracy and format rate are over episodes, not trajectories."""

@@ -279,9 +279,31 @@ def test_judge_without_endpoint_or_model_is_refused(tmp_path, capsys, monkeypatc
     ):
         load_config(None, ["reward.scorer=judge", "reward.judge_url=host:1"])
     with pytest.raises(  # a URL's credentials stay out of the message
-        ValueError, match=r"^reward.judge_url must start with http:// or https://, got 'user:\*\*\*@host:1'$"
+        ValueError, match=r"^reward.judge_url must start with http:// or https://, got '\*\*\*@host:1'$"
     ):
         load_config(None, ["reward.scorer=judge", "reward.judge_url=user:secret@host:1"])
+
+
+def test_a_judge_url_with_credentials_is_refused_naming_where_it_came_from(
+    tmp_path, capsys, monkeypatch, captured
+):
+    """urllib sends no user:password@ from a URL: it would ask the resolver for "user:pass@host" (or read
+    a password's '/' as the end of a port), so such a URL is refused before any work."""
+    for var in JUDGE_ENV:
+        monkeypatch.delenv(var, raising=False)
+    judge = ["train", "reward.scorer=judge", "reward.judge_model=m", f"run_dir={tmp_path / 'run'}"]
+    assert main([*judge, "reward.judge_url=https://u:ab/cd+ef@judge.example/v1"]) == 2
+    assert _error(capsys) == (
+        "streamrl: error: reward.judge_url carries credentials (user:...@): remove them and set "
+        "STREAMRL_JUDGE_API_KEY\n"
+    )
+    assert not (tmp_path / "run").exists()
+    monkeypatch.setenv("STREAMRL_JUDGE_URL", "http://u:s@127.0.0.1:8000/v1")
+    with pytest.raises(ValueError) as e:
+        load_config(None, ["reward.scorer=judge", "reward.judge_model=m"])
+    assert str(e.value) == (
+        "STREAMRL_JUDGE_URL carries credentials (user:...@): remove them and set STREAMRL_JUDGE_API_KEY"
+    )
 
 
 def test_a_judge_call_must_fit_in_the_reward_timeout(tmp_path, capsys, captured):

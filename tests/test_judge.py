@@ -130,11 +130,12 @@ def test_resolve_config_errors(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     ("url", "shown"),
     [
-        ("https://user:secret@judge.example/v1", "https://user:***@judge.example/v1"),
+        ("https://user:secret@judge.example/v1", "https://***@judge.example/v1"),
         ("http://sk-token@127.0.0.1:8000/v1", "http://***@127.0.0.1:8000/v1"),  # a user name alone
-        ("https://u:p@ss@judge.example/v1?k=1", "https://u:***@judge.example/v1?k=1"),  # an unescaped @
-        ("user:secret@judge.example/v1", "user:***@judge.example/v1"),  # no scheme (refused, but shown)
-        ("http://judge.example/v1/a@b", "http://judge.example/v1/a@b"),  # an @ in the path is no userinfo
+        ("https://u:p@ss@judge.example/v1?k=1", "https://***@judge.example/v1?k=1"),  # an unescaped @
+        ("https://u:ab/cd+ef@judge.example/v1", "https://***@judge.example/v1"),  # ... and a '/'
+        ("user:secret@judge.example/v1", "***@judge.example/v1"),  # no scheme (refused, but shown)
+        ("http://judge.example/v1/a@b", "http://***@b"),  # an @ in the path: hidden too, harmlessly
         ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/v1"),
     ],
 )
@@ -144,36 +145,63 @@ def test_a_urls_credentials_are_redacted(url: str, shown: str) -> None:
     assert redact_url(url) == shown
 
 
-CREDS_URL = "http://user:secret@judge.example/v1"
+CREDENTIALS = "judge base_url carries credentials (user:...@): remove them and set STREAMRL_JUDGE_API_KEY"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://user:secret@127.0.0.1:8000/v1",  # urllib would ask the resolver for "user:secret@127.0.0.1"
+        "https://u:ab/cd+ef@judge.example/v1",  # a '/' in the password: urllib would read port "ab"
+        "https://u:ab?cd#ef@judge.example/v1",
+        "https://sk-token@judge.example/v1",  # a user name alone
+    ],
+)
+def test_a_judge_url_with_credentials_is_refused_before_any_request(url: str) -> None:
+    """No JudgeConfig holds credentials in its URL, so neither its repr nor a request shows them."""
+    with pytest.raises(ValueError) as e:
+        JudgeConfig(url, "m", api_key="k")
+    assert str(e.value) == CREDENTIALS
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        (
+            "ftp://user:secret@judge.example/v1",
+            "must start with http:// or https://, got 'ftp://***@judge.example/v1'",
+        ),
+        (
+            "http://judge.example:abc/v1",
+            "has a port that is not a number: 'judge.example:abc' (write host:port, e.g. 127.0.0.1:8000)",
+        ),
+        (
+            "http://judge.example/v1\n",
+            "holds a space or a control character ('\\n'): 'http://judge.example/v1\\n'",
+        ),
+    ],
+)
+def test_a_judge_url_urllib_cannot_open_is_refused_in_one_line(url: str, problem: str) -> None:
+    with pytest.raises(ValueError) as e:
+        JudgeConfig(url, "m")
+    assert str(e.value) == f"judge base_url {problem}"
+
+
+def test_a_judge_url_with_an_at_sign_past_its_host_is_taken() -> None:
+    c = JudgeConfig("http://judge.example:8000/v1/a@b", "m", api_key="secret")
+    assert c.url == "http://judge.example:8000/v1/a@b/chat/completions"
+    assert "secret" not in repr(c)
 
 
 def test_judge_errors_do_not_show_the_urls_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(ValueError) as e:
-        JudgeConfig(base_url="ftp://user:secret@judge.example/v1", model="m")
-    assert (
-        str(e.value) == "judge base_url 'ftp://user:***@judge.example/v1' must start with http:// or https://"
-    )
-
     def timed_out(self: LLMJudge, body: bytes) -> dict:
         raise TimeoutError("timed out")
 
     monkeypatch.setattr(LLMJudge, "_post", timed_out)
     with pytest.raises(JudgeError) as e:
-        LLMJudge(JudgeConfig(CREDS_URL, "m", retries=0)).judge("q", "a", "r")
+        LLMJudge(JudgeConfig("http://judge.example/v1/a@b", "m", retries=0)).judge("q", "a", "r")
     assert str(e.value) == (
-        "timeout: http://user:***@judge.example/v1/chat/completions failed after 1 attempts: no reply "
-        "within 30s (timed out)"
-    )
-
-
-def test_a_url_with_credentials_fails_at_once_without_showing_them() -> None:
-    """urllib sends no credentials from a URL: they end up in its host, and its error would quote them."""
-    judge = LLMJudge(JudgeConfig("http://user:secret@127.0.0.1/v1", "m", retries=2, backoff_s=0.01))
-    with pytest.raises(JudgeError) as e:
-        judge.judge("q", "a", "r")
-    assert str(e.value) == (
-        "invalid url: http://user:***@127.0.0.1/v1/chat/completions: user:password@ in the URL is not sent: "
-        "remove it (an API key goes in STREAMRL_JUDGE_API_KEY)"
+        "timeout: http://***@b/chat/completions failed after 1 attempts: no reply within 30s (timed out)"
     )
 
 

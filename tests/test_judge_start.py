@@ -69,11 +69,10 @@ def test_a_judge_urls_credentials_stay_out_of_the_start_up_errors(monkeypatch: p
     from streamrl.rewards import judge_check
     from streamrl.rewards.judge import LLMJudge
 
-    with pytest.raises(ValueError) as e:  # urllib cannot open it (its error would quote the password)
-        _check("http://user:secret@127.0.0.1/v1")
+    with pytest.raises(ValueError) as e:  # refused before any request: urllib would send none of them
+        _check("http://user:ab/cd@127.0.0.1/v1")
     assert str(e.value) == (
-        "the judge at reward.judge_url=http://user:***@127.0.0.1/v1 cannot be opened: user:password@ in "
-        "the URL is not sent: remove it (an API key goes in STREAMRL_JUDGE_API_KEY)"
+        "judge base_url carries credentials (user:...@): remove them and set STREAMRL_JUDGE_API_KEY"
     )
 
     def timed_out(self: LLMJudge, body: bytes) -> dict:
@@ -82,18 +81,18 @@ def test_a_judge_urls_credentials_stay_out_of_the_start_up_errors(monkeypatch: p
     monkeypatch.setattr(judge_check, "_served_models", lambda c, where: [MODEL])
     monkeypatch.setattr(LLMJudge, "_post", timed_out)
     with pytest.raises(ValueError) as e:
-        _check("https://user:secret@judge.example/v1")
+        _check("https://judge.example/v1/user@secret")  # an @ past the host: hidden all the same
     assert str(e.value) == (
-        f"the probe grading request to reward.judge_model={MODEL} at reward.judge_url=https://user:***@"
-        "judge.example/v1 failed: timeout: https://user:***@judge.example/v1/chat/completions failed after 1 "
-        "attempts: no reply within 5s (timed out)"
+        f"the probe grading request to reward.judge_model={MODEL} at reward.judge_url=https://***@secret "
+        "failed: timeout: https://***@secret/chat/completions failed after 1 attempts: no reply within 5s "
+        "(timed out)"
     )
     monkeypatch.setattr(judge_check, "_served_models", lambda c, where: ["other"])
     with pytest.raises(ValueError) as e:
-        _check("https://user:secret@judge.example/v1")
+        _check("https://judge.example/v1/user@secret")
     assert str(e.value) == (
-        f"reward.judge_model={MODEL} is not served by the judge at reward.judge_url=https://user:***@"
-        "judge.example/v1 (it serves: other); set reward.judge_model to one of them"
+        f"reward.judge_model={MODEL} is not served by the judge at reward.judge_url=https://***@secret "
+        "(it serves: other); set reward.judge_model to one of them"
     )
 
 

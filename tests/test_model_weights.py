@@ -87,8 +87,8 @@ CASES = [
     ),
     (
         _sharded_without_one,
-        "{d} lacks 1 of the 2 shards its index names (model-00002-of-00002.safetensors): copy them from "
-        "the base model",
+        "{d} lacks 1 of the 2 shards its index names (model-00002-of-00002.safetensors): copy it again "
+        "from the base model",
     ),
     (
         lambda d: ((d / "model.safetensors").unlink(), (d / "model.safetensors.index.json").write_text("{")),
@@ -246,11 +246,49 @@ def test_the_way_out_suits_where_the_directory_came_from(tmp_path, monkeypatch):
     monkeypatch.setenv("STREAMRL_CACHE", str(tmp_path / "cache"))
     converted = smollm2.converted_dir()
     snap = tmp_path / "hub" / "models--org--name" / "snapshots" / "abc123"
-    assert way_out(converted, "model.safetensors") == f"delete {converted} so it is rebuilt"
+    assert way_out(converted, ["model.safetensors"]) == f"delete {converted} so it is rebuilt"
     assert way_out(converted) == f"delete {converted} so it is rebuilt"
-    assert way_out(snap, "model-00002-of-00002.safetensors") == (
+    assert way_out(snap, ["model-00002-of-00002.safetensors"]) == (
         "download it again: `hf download org/name model-00002-of-00002.safetensors --revision abc123 "
         "--force-download`"
     )
-    assert way_out(tmp_path / "model", "pytorch_model.bin") == "copy it again from the base model"
+    assert way_out(tmp_path / "model", ["pytorch_model.bin"]) == "copy it again from the base model"
     assert way_out(tmp_path / "model") == "copy them from the base model"
+
+
+def test_a_hub_snapshot_short_of_weights_downloads_only_those_again(tmp_path, monkeypatch):
+    """Never the whole repository (`hf download REPO --force-download` fetches every file of it): the
+    shards it lacks by name, or with no weight set at all the safetensors weights by pattern."""
+    from streamrl.models.weight_files import weights_problem
+
+    monkeypatch.setenv("STREAMRL_CACHE", str(tmp_path / "cache"))
+    snap = tmp_path / "hub" / "models--org--name" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    shards = [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
+    weight_map = {f"w{i}": shard for i, shard in enumerate(shards)}
+    (snap / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    (snap / shards[0]).write_bytes(b"")
+    assert weights_problem(snap) == (
+        f"{snap} lacks 2 of the 3 shards its index names ({shards[1]} and 1 more): download them again: "
+        f"`hf download org/name {shards[1]} {shards[2]} --revision abc123 --force-download`"
+    )
+    for file in (snap / "model.safetensors.index.json", snap / shards[0]):
+        file.unlink()
+    assert weights_problem(snap) == (
+        f"no weights in {snap} (model.safetensors, model.safetensors.index.json with its shards, or "
+        'pytorch_model.bin): download them again: `hf download org/name --include "model*.safetensors*" '
+        "--revision abc123 --force-download`"
+    )
+
+
+@pytest.mark.parametrize("check", ["pytorch_problem", "safetensors_problem"])
+def test_a_read_error_without_a_system_reason_shows_its_own_text(tmp_path, monkeypatch, check):
+    from streamrl.models import weight_files
+
+    def fails(self, *args, **kwargs):
+        raise OSError("the mount went away")
+
+    (tmp_path / "w").write_bytes(b"PK")
+    monkeypatch.setattr(weight_files.Path, "open", fails)
+    assert getattr(weight_files, check)(tmp_path / "w") == "it cannot be read: the mount went away"

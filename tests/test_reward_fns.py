@@ -6,6 +6,7 @@ awaited on one loop and cancelled at their timeout, and the answer a function is
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from pathlib import Path
 
@@ -15,8 +16,9 @@ from user_rewards import _problem, _scored, _traj  # tests/ is on sys.path
 
 from streamrl.cli import main
 from streamrl.config import load_config
+from streamrl.loop.step_metrics import step_record
 from streamrl.rollout.score import Scoring
-from streamrl.types import Trajectory
+from streamrl.types import Group, Trajectory
 
 
 def test_weighted_functions_and_the_task_reward_sum_exactly(user_file: Path) -> None:
@@ -125,6 +127,37 @@ def test_a_failing_function_costs_that_sample_only(
     assert t.reward == 0.0 and t.correct is True  # the reward fails; the task's verdict stands
     assert t.reward_info["reward_error"] == reason
     assert t.reward_info["reward_error_detail"] == f"{reason}: {message} (reward function {fn}, problem p1)"
+
+
+def test_a_long_message_is_cut_before_the_function_it_names(user_file: Path) -> None:
+    """A 2000-character exception message: its text is cut, the step record keeps the function's name."""
+    from streamrl.observe.error_examples import MESSAGE_CHARS
+
+    t = _scored(["reward.fn=my_rewards.py:raises_long"], _problem(), _traj("so 7", [5]))
+    where = " (reward function raises_long, problem p1)"
+    kept = MESSAGE_CHARS - len(f"RuntimeError: ...{where}")
+    message = f"RuntimeError: {'y' * kept}...{where}"
+    assert len(message) == MESSAGE_CHARS and t.reward_info["reward_error_detail"] == message
+    record = step_record(1, [Group(_problem(), [t])], {}, 0)
+    assert record["reward_error_examples"] == {"RuntimeError": message}
+
+
+@pytest.mark.parametrize(
+    ("fn", "service", "failure"),
+    [
+        ("raises", "inline", "RuntimeError: boom"),
+        ("hangs", "thread", "timeout: no result within 1s; worker replaced"),
+    ],
+)
+def test_the_services_log_line_names_the_function_that_failed(
+    user_file: Path, caplog: pytest.LogCaptureFixture, fn: str, service: str, failure: str
+) -> None:
+    """Not the scorer (`task`): a rollout worker's log then says which of your functions to look at."""
+    caplog.set_level(logging.DEBUG, logger="streamrl.rewards.service")
+    keys = [f"reward.fn=my_rewards.py:{fn}", f"reward.service={service}", "reward.timeout_s=1"]
+    _scored(keys, _problem(), _traj("so 7", [5]))
+    failed = [r.getMessage() for r in caplog.records if "-> 0.0" in r.getMessage()]
+    assert failed == [f"reward function {fn} -> 0.0 ({failure})"]
 
 
 @pytest.mark.parametrize("service", ["inline", "thread", "process"])

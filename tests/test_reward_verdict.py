@@ -53,7 +53,11 @@ def test_a_verifiers_long_message_is_cut_as_every_kept_message_is(user_file: Pat
     from streamrl.observe.error_examples import MESSAGE_CHARS
 
     t = _scored_by(["reward.fn=my_rewards.py:brevity"], verifier_raises=True, message="x" * 2000)
-    assert t.reward_info["verdict_error_detail"] == f"RuntimeError: {'x' * MESSAGE_CHARS} (problem p1)"
+    kept = MESSAGE_CHARS - len("RuntimeError: ... (problem p1)")  # only the exception's text is cut
+    message = f"RuntimeError: {'x' * kept}... (problem p1)"
+    assert len(message) == MESSAGE_CHARS and t.reward_info["verdict_error_detail"] == message
+    record = step_record(1, [Group(_problem(), [t])], {}, 0)
+    assert record["verdict_error_examples"] == {"RuntimeError": message}
 
 
 def test_a_verifier_that_works_keeps_its_verdict_and_no_error(user_file: Path) -> None:

@@ -26,6 +26,9 @@ USER_FILE = textwrap.dedent(
     def raises(prompts, completions, **columns):
         raise RuntimeError("boom")
 
+    def raises_long(prompts, completions, **columns):
+        raise RuntimeError("y" * 2000)
+
     LOOPS = []
 
     async def async_brevity(prompts, completions, completion_ids, **columns):

@@ -16,20 +16,40 @@ from streamrl.config_parse import ConfigError
 JUDGE_URL_ENV = ("STREAMRL_JUDGE_URL", "OPENAI_BASE_URL")
 JUDGE_MODEL_ENV = ("STREAMRL_JUDGE_MODEL",)
 
-# a URL's scheme, then its userinfo up to the last @ before the host (a password may hold an @ unescaped)
-_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)?([^/?#]*)@")
+JUDGE_API_KEY_ENV = "STREAMRL_JUDGE_API_KEY"  # the judge's API key (else OPENAI_API_KEY)
+
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+# a URL's host and optional port number as written after its scheme, up to the first '/', '?' or '#'
+_HOST_PORT = re.compile(r"(\[[^\]@]*\]|[^:\[\]@]*)(:\d*)?")
 
 
 def redact_url(url: str) -> str:
-    """`url` as a message may show it: https://user:***@host/v1 for https://user:secret@host/v1, and
-    https://***@host/v1 for a user name alone (often a token). Every judge URL a message or a log line
-    shows goes through it."""
-    m = _USERINFO.match(url)
-    if m is None:
+    """`url` as a message may show it: everything up to its last '@' hidden (https://***@host/v1 for
+    https://user:secret@host/v1; a password may hold an '@' or a '/' unescaped). Every judge URL a message
+    or a log line shows goes through it."""
+    head, at, rest = url.rpartition("@")
+    if not at:
         return url
-    user, colon, _ = m[2].partition(":")
-    shown = f"{user}:***" if colon else "***"
-    return f"{m[1] or ''}{shown}@{url[m.end() :]}"
+    scheme = _SCHEME.match(head)
+    return f"{scheme[0] if scheme else ''}***@{rest}"
+
+
+def judge_url_problem(url: str, name: str) -> str:
+    """Why `url` cannot be the judge's endpoint, in one line naming it `name` ('' when it can): a scheme
+    other than http(s), credentials (user:password@ before the host: urllib sends none, it takes them
+    for the host, so the password would reach the resolver), a space or a control character, a port that
+    is not a number."""
+    if not url.startswith(("http://", "https://")):
+        return f"{name} must start with http:// or https://, got {redact_url(url)!r}"
+    authority = re.split(r"[/?#]", url.partition("://")[2], maxsplit=1)[0]
+    host_port = _HOST_PORT.fullmatch(authority)
+    if not host_port and "@" in url:  # user:pass@host, or a password whose '/' cut it short (u:ab/cd@host)
+        return f"{name} carries credentials (user:...@): remove them and set {JUDGE_API_KEY_ENV}"
+    if m := re.search(r"[\x00-\x20\x7f]", url):
+        return f"{name} holds a space or a control character ({m[0]!r}): {url!r}"
+    if not host_port:
+        return f"{name} has a port that is not a number: {authority!r} (write host:port, e.g. 127.0.0.1:8000)"
+    return ""
 
 
 def validate_rewards(cfg: Any, keep_saved_judge: bool = False) -> None:
@@ -54,8 +74,9 @@ def _validate_judge(rc: Any, keep_saved: bool) -> None:
             f"reward.scorer=judge needs reward.judge_url (or {' / '.join(JUDGE_URL_ENV)}) and "
             f"reward.judge_model (or {' / '.join(JUDGE_MODEL_ENV)}); missing: {', '.join(missing)}"
         )
-    if not url.startswith(("http://", "https://")):
-        raise ConfigError(f"reward.judge_url must start with http:// or https://, got {redact_url(url)!r}")
+    name = "reward.judge_url" if rc.judge_url else next(v for v in JUDGE_URL_ENV if os.environ.get(v))
+    if problem := judge_url_problem(url, name):
+        raise ConfigError(problem)
     if (misfit := judge_misfit(rc)) and not keep_saved:
         raise ConfigError(misfit)
 

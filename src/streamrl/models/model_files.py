@@ -45,7 +45,7 @@ def read_config(path: Path, name: str) -> dict:
     try:
         config = json.loads(file.read_text())
     except OSError as e:
-        raise ValueError(f"model={name}: {file} cannot be read ({e.strerror})") from None
+        raise ValueError(f"model={name}: {file} cannot be read ({e.strerror or e})") from None
     except ValueError as e:  # JSONDecodeError, or not UTF-8
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(

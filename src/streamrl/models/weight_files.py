@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from streamrl.models.cache import models_dir
@@ -58,6 +59,12 @@ def download_sets(path: Path) -> list[list[str]]:
     return [index_shards(path / index) if (path / index).is_file() else [single] for single, index in FORMATS]
 
 
+def unreadable(e: OSError) -> str:
+    """Why a file cannot be read: the system's reason ("Permission denied"), else the error's own text
+    (an OSError raised with a message alone has no strerror)."""
+    return f"it cannot be read: {e.strerror or e}"
+
+
 MAX_HEADER = 100_000_000  # bytes: the safetensors library refuses a longer header
 
 
@@ -76,7 +83,7 @@ def safetensors_problem(file: Path) -> str:
                 return f"its header claims {length} bytes, past safetensors' limit of {MAX_HEADER}"
             header = json.loads(f.read(length))
     except OSError as e:
-        return f"it cannot be read: {e.strerror}"
+        return unreadable(e)
     except ValueError:  # not JSON, not UTF-8
         return "its header is not JSON"
     try:
@@ -103,7 +110,7 @@ def pytorch_problem(file: Path) -> str:
             f.seek(0)
             names = zipfile.ZipFile(f).namelist()
     except OSError as e:
-        return f"it cannot be read: {e.strerror}"
+        return unreadable(e)
     except (zipfile.BadZipFile, ValueError, EOFError):
         return "its zip directory cannot be read: the file is cut short"
     if not any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
@@ -127,19 +134,25 @@ def hub_snapshot(path: Path) -> tuple[str, str] | None:
     return entry.name.removeprefix("models--").replace("--", "/"), path.name
 
 
-def way_out(path: Path, file: str = "") -> str:
-    """What to do about a problem with weight file `file` of directory `path` (with its set of weights
-    when ''): a model streamrl built into its cache (tiny-random, smollm2-135m-instruct) is deleted and
-    built again on its next use; a Hub snapshot downloads the file again, replacing the cached one;
-    another directory copies it again from its base model."""
+# the weights of a Hub snapshot that holds no weight set: the safetensors file, or its index and shards
+SNAPSHOT_WEIGHTS = "model*.safetensors*"
+
+
+def way_out(path: Path, files: Sequence[str] = ()) -> str:
+    """What to do about weight files `files` of directory `path` (cut short, unreadable or missing; ()
+    when it holds no weight set at all): a model streamrl built into its cache (tiny-random,
+    smollm2-135m-instruct) is deleted and built again on its next use; a Hub snapshot downloads those
+    files again, replacing the cached ones (and only them: never the whole repository); another directory
+    copies them again from its base model."""
     if path.resolve().parent == models_dir().resolve():
         return f"delete {path} so it is rebuilt"
+    them = "it" if len(files) == 1 else "them"
     snapshot = hub_snapshot(path)
     if snapshot is not None:
         repo, commit = snapshot
-        what = f"it again: `hf download {repo} {file}" if file else f"them again: `hf download {repo}"
-        return f"download {what} --revision {commit} --force-download`"
-    return "copy it again from the base model" if file else "copy them from the base model"
+        what = " ".join(files) if files else f'--include "{SNAPSHOT_WEIGHTS}"'
+        return f"download {them} again: `hf download {repo} {what} --revision {commit} --force-download`"
+    return "copy it again from the base model" if len(files) == 1 else "copy them from the base model"
 
 
 def weights_problem(path: Path) -> str:
@@ -150,7 +163,7 @@ def weights_problem(path: Path) -> str:
     if not files:
         index = next((index for _, index in FORMATS if (path / index).is_file()), None)
         if index is not None:
-            return f"{path / index} is not a shard index (JSON with a weight_map): {way_out(path, index)}"
+            return f"{path / index} is not a shard index (JSON with a weight_map): {way_out(path, [index])}"
         return (
             f"no weights in {path} (model.safetensors, model.safetensors.index.json with its shards, or "
             f"pytorch_model.bin): {way_out(path)}"
@@ -160,11 +173,11 @@ def weights_problem(path: Path) -> str:
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
         return (
             f"{path} lacks {len(missing)} of the {len(files)} shards its index names ({missing[0]}{more}): "
-            f"{way_out(path)}"
+            f"{way_out(path, missing)}"
         )
     for f in files:
         check, kind = FILE_CHECKS.get(Path(f).suffix, (None, ""))
         reason = check(path / f) if check else ""  # another format's shard: left to transformers
         if reason:
-            return f"{path / f} is not a whole {kind} ({reason}): {way_out(path, f)}"
+            return f"{path / f} is not a whole {kind} ({reason}): {way_out(path, [f])}"
     return ""

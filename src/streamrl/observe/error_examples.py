@@ -21,6 +21,16 @@ EXAMPLE_KEYS: dict[str, str] = {
 }
 
 
+def fit_message(head: str, detail: str, tail: str = "") -> str:
+    """head + detail + tail in MESSAGE_CHARS characters, cutting the detail only (its end becomes "..."):
+    the head names the failure, the tail where it happened (the reward function, the problem), and a
+    long exception message must not cut them off. Every message a step record keeps is built by it."""
+    room = MESSAGE_CHARS - len(head) - len(tail)
+    if len(detail) > room:
+        detail = detail[: max(0, room - 3)] + "..."
+    return head + detail + tail
+
+
 def entries(record: Mapping[str, Any]) -> Iterator[tuple[str, str, str]]:
     """(table key, reason, message) of each example a step record holds, in EXAMPLE_KEYS order (a table
     that is not a mapping holds none)."""

@@ -36,10 +36,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamrl.config_rewards import (
+    JUDGE_API_KEY_ENV,
     JUDGE_BACKOFF_MAX_S,
     JUDGE_BACKOFF_S,
     JUDGE_RETRIES,
     judge_backoff_s,
+    judge_url_problem,
     redact_url,
 )
 
@@ -196,10 +198,8 @@ class JudgeConfig:
     template: str = DEFAULT_TEMPLATE
 
     def __post_init__(self) -> None:
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(
-                f"judge base_url '{redact_url(self.base_url)}' must start with http:// or https://"
-            )
+        if problem := judge_url_problem(self.base_url, "judge base_url"):  # so no repr shows a password
+            raise ValueError(problem)
         if not self.model:
             raise ValueError("judge model is empty: pass model= or set STREAMRL_JUDGE_MODEL")
         if self.timeout_s <= 0:
@@ -229,7 +229,7 @@ def resolve_judge_config(
     env = os.environ
     base_url = base_url or env.get("STREAMRL_JUDGE_URL") or env.get("OPENAI_BASE_URL")
     model = model or env.get("STREAMRL_JUDGE_MODEL")
-    api_key = api_key or env.get("STREAMRL_JUDGE_API_KEY") or env.get("OPENAI_API_KEY")
+    api_key = api_key or env.get(JUDGE_API_KEY_ENV) or env.get("OPENAI_API_KEY")
     if not base_url:
         raise ValueError("judge URL missing: pass base_url= or set STREAMRL_JUDGE_URL (or OPENAI_BASE_URL)")
     if not model:
@@ -249,14 +249,6 @@ class JudgeResult:
     reply: str  # the judge's full reply text
     attempts: int  # HTTP attempts made (1 = no retry)
     latency_s: float
-
-
-def unopenable(url: str, e: http.client.InvalidURL) -> str:
-    """Why urllib cannot open `url`, without its credentials: urllib sends none from a URL (they end up
-    in the host part, which its error quotes)."""
-    if redact_url(url) != url:
-        return "user:password@ in the URL is not sent: remove it (an API key goes in STREAMRL_JUDGE_API_KEY)"
-    return str(e)
 
 
 def _retry_after(err: urllib.error.HTTPError) -> float | None:
@@ -312,8 +304,6 @@ class LLMJudge:
                     err = JudgeError("timeout", f"no connection within {c.timeout_s:g}s")
                 else:
                     err = JudgeError("connection error", str(e.reason))
-            except http.client.InvalidURL as e:  # every attempt would fail alike
-                raise JudgeError("invalid url", f"{redact_url(c.url)}: {unopenable(c.url, e)}") from None
             except (OSError, http.client.HTTPException) as e:  # reset / disconnected mid-response
                 err = JudgeError("connection error", f"{type(e).__name__}: {e}")
             except json.JSONDecodeError as e:

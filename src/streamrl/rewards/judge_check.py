@@ -12,13 +12,12 @@ Three checks, each one HTTP request without retries, bounded by reward.judge_tim
 from __future__ import annotations
 
 import dataclasses
-import http.client
 import json
 import urllib.error
 import urllib.request
 
 from streamrl.config_rewards import redact_url
-from streamrl.rewards.judge import JudgeConfig, JudgeError, LLMJudge, unopenable
+from streamrl.rewards.judge import JudgeConfig, JudgeError, LLMJudge
 
 PROBE = ("What is 2 + 3?", "5", "2 + 3 = 5. The answer is 5.")  # question, reference, response
 
@@ -44,8 +43,6 @@ def _served_models(c: JudgeConfig, where: str) -> list[str] | None:
         else:
             why = _one_line(e.read(200).decode("utf-8", "replace"))
         raise ValueError(f"{where} answered GET /models with http {e.code}: {why}") from None
-    except http.client.InvalidURL as e:
-        raise ValueError(f"{where} cannot be opened: {unopenable(c.base_url, e)}") from None
     except urllib.error.URLError as e:
         if isinstance(e.reason, TimeoutError):
             raise ValueError(slow) from None

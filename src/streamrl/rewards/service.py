@@ -219,11 +219,11 @@ class RewardService:
     def _finish(self, fut: Future, outcome: RewardOutcome) -> None:
         """Count one outcome and resolve its future. Caller holds the lock."""
         first = self._stats.record(outcome.cached, outcome.latency_s, outcome.error)
-        if outcome.error is not None:
+        if outcome.error is not None:  # named after your reward function when one of them failed
             level = self.first_failure_level if first else logging.DEBUG
-            log.log(
-                level, "reward %s -> 0.0 (%s: %s)", self.name, outcome.error, outcome.info.get("error_detail")
-            )
+            fn = outcome.info.get("reward_fn")
+            who = f"function {fn}" if fn else self.name
+            log.log(level, "reward %s -> 0.0 (%s: %s)", who, outcome.error, outcome.info.get("error_detail"))
         if fut.running() or fut.set_running_or_notify_cancel():  # a future cancelled while queued stays so
             fut.set_result(outcome)
 

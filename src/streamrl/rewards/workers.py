@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from streamrl.observe.error_examples import MESSAGE_CHARS
+
 # of the task this thread is scoring: send (keep_on_failure), deadline and cancel (time_left)
 _current = threading.local()
 
@@ -66,9 +68,9 @@ def call_scorer(scorer: Callable[..., Any], args: tuple) -> tuple:
             raise ValueError(f"scorer returned a non-finite reward ({reward})")
         return ("ok", reward, dict(info), {})
     except ScoreFailed as e:
-        return ("err", error_label(e.cause), str(e.cause)[:500], dict(e.info))
+        return ("err", error_label(e.cause), str(e.cause)[:MESSAGE_CHARS], dict(e.info))
     except (Exception, SystemExit) as e:  # SystemExit too: sys.exit() in a scorer is one bad reward
-        return ("err", error_label(e), str(e)[:500], {})
+        return ("err", error_label(e), str(e)[:MESSAGE_CHARS], {})
 
 
 def check_picklable(scorer: Callable[..., Any]) -> None:

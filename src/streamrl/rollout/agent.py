@@ -33,6 +33,7 @@ from streamrl.envs.agent_task import AgentTask
 from streamrl.envs.agent_trajectory import assemble
 from streamrl.envs.chat_completion import CallRecord
 from streamrl.envs.proxy import CALL_ID_HEADER, ChatProxy
+from streamrl.observe.error_examples import fit_message
 from streamrl.rewards.service import RewardOutcome
 from streamrl.rollout.score import Scoring, error_message, outcome_reward
 from streamrl.rollout.trajectory import RolloutSettings
@@ -151,8 +152,8 @@ def score_episode(
         scored = {"reward_error": outcome.error, "reward_latency_s": outcome.latency_s}
         trajs[0].reward_info.update(scored, reward_cached=outcome.cached)
     # the first line of the error's detail reads "Type: message" already
-    first = (run.detail.splitlines() or [run.error])[0][:500]
-    detail = f"{first} (problem {problem.id})" if run.error else ""
+    first = (run.detail.splitlines() or [run.error])[0]
+    detail = fit_message("", first, f" (problem {problem.id})") if run.error else ""
     return AgentEpisode(reward, trajs, run.error, correct, formatted, run.text, detail)
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from streamrl.data.answers import reference_text
 from streamrl.data.task import Task
-from streamrl.observe.error_examples import MESSAGE_CHARS
+from streamrl.observe.error_examples import fit_message
 from streamrl.rewards.fn_formats import sample_args
 from streamrl.rewards.service import RewardOutcome, RewardService
 from streamrl.rewards.shaping import overlong_penalty
@@ -51,9 +51,10 @@ def outcome_reward(
 
 
 def error_message(reason: str, detail: Any, fn: Any = None, problem: Any = None) -> str:
-    """One failure as the user reads it: `KeyError: 'answer_x' (reward function f, problem 12)`."""
+    """One failure as the user reads it: `KeyError: 'answer_x' (reward function f, problem 12)`, a long
+    detail cut so that the whole fits in MESSAGE_CHARS (fit_message)."""
     where = ", ".join(x for x in (fn and f"reward function {fn}", problem and f"problem {problem}") if x)
-    return f"{reason}: {detail or '(no message)'}" + (f" ({where})" if where else "")
+    return fit_message(f"{reason}: ", str(detail or "(no message)"), f" ({where})" if where else "")
 
 
 class TaskScorer:
@@ -124,7 +125,7 @@ class TaskScorer:
                 raise
             # a reward of your functions alone: a verdict that fails costs its accuracy only
             label = error_label(e)
-            detail = error_message(label, str(e)[:MESSAGE_CHARS], problem=problem.id)
+            detail = error_message(label, str(e), problem=problem.id)
             reward, info = 0.0, {"correct": False, "verdict_error": label, "verdict_error_detail": detail}
         columns = reward_columns(problem)
         total = 0.0

@@ -78,7 +78,8 @@ def test_two_ranks_match_one_process(tiny, strategy, backend, loss, capsys):
     extra = [f"train.strategy={strategy}", "train.world_size=2", "train.dist_timeout_s=60"]
     if backend == "ray":  # rank 1 is a Ray actor (1 CPU) beside one rollout actor slot
         pytest.importorskip("ray")
-        extra += ["runtime.backend=ray", "ray.num_cpus=2"]
+        # a limit against a hang: on a loaded machine a new Ray instance's actor once took over 60 s to join
+        extra += ["runtime.backend=ray", "ray.num_cpus=2", "train.dist_timeout_s=180"]
     cfg2 = load_config(None, base + extra)
     dist_trainer = make_trainer(copy.deepcopy(tiny[0]), cfg2, pad_id=0)
     try:

@@ -101,8 +101,8 @@ def test_ray_run_two_actors_three_steps(ray_instance, tiny):
     assert c2["trained"] == 4 * cfg.rollout.prompts_per_step
 
 
-def test_killed_actor_loses_and_duplicates_nothing(ray_instance, tiny):
-    cfg = _cfg("max_steps=4", "ray.max_restarts=1", "max_staleness=2")
+def test_killed_actor_loses_and_duplicates_nothing(ray_instance, tiny, tmp_path):
+    cfg = _cfg("max_steps=4", "ray.max_restarts=1", "max_staleness=2", f"run_dir={tmp_path}")
     runner, state = _runner(cfg, tiny)
     killed: dict[str, object] = {}  # held: the group ids actor 0 held; restart_seen: bool
     records = []
@@ -135,6 +135,9 @@ def test_killed_actor_loses_and_duplicates_nothing(ray_instance, tiny):
     print("events:", runner.backend.events, "duplicates:", last.metrics["duplicate_results"])
     for gid in killed["held"]:  # the dead actor's groups ended trained or carried over, once each
         assert runner.ledger.state[gid] in ("trained", "carried_over", "filtered")
+    # each actor's stderr log, appended to by its restart after a line of its own
+    starts = [(tmp_path / f"rollout-worker{i}.log").read_text().count(" starting\n") for i in (0, 1)]
+    assert starts == [2, 1]
 
 
 # ---- an actor's stderr ------------------------------------------------------------------------------
@@ -185,17 +188,21 @@ def test_an_actors_failing_reward_is_kept_in_its_log_and_shown_once(
     assert "written to descriptor 2\n" in log and "written to descriptor 2" not in out
 
 
-def test_an_actor_whose_log_is_not_there_keeps_rays_stderr(tmp_path):
+def test_an_actor_whose_log_is_not_there_keeps_rays_stderr(tmp_path, monkeypatch):
     """A run directory the actor's node does not see (no file the trainer created): nothing is created,
     stderr stays as it was."""
     from streamrl.placement.worker_log import keep_stderr
 
+    monkeypatch.setattr(sys, "stderr", sys.stderr)  # put back even if keep_stderr replaced it
+    saved = os.dup(2)
     before = os.fstat(2)
     assert keep_stderr(str(tmp_path), 0) is None
     assert keep_stderr(str(tmp_path / "elsewhere"), 0) is None
     assert keep_stderr("", 0) is None
     assert list(tmp_path.iterdir()) == []
     after = os.fstat(2)
+    os.dup2(saved, 2)  # this process's stderr back, had it been pointed at a file
+    os.close(saved)
     assert (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino)
 
 

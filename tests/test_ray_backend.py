@@ -6,14 +6,18 @@ One local Ray instance (2 CPUs) serves the whole module; each run starts and kil
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import os
+import sys
 import time
+import uuid
 
 import pytest
 from bounded import call_bounded, eventually
 from tiny_args import TINY
 
+from streamrl.cli import main
 from streamrl.config import ConfigError, load_config
 from streamrl.loop.asynchronous import AsyncRunner
 from streamrl.loop.signals import StopFlag
@@ -97,8 +101,8 @@ def test_ray_run_two_actors_three_steps(ray_instance, tiny):
     assert c2["trained"] == 4 * cfg.rollout.prompts_per_step
 
 
-def test_killed_actor_loses_and_duplicates_nothing(ray_instance, tiny):
-    cfg = _cfg("max_steps=4", "ray.max_restarts=1", "max_staleness=2")
+def test_killed_actor_loses_and_duplicates_nothing(ray_instance, tiny, tmp_path):
+    cfg = _cfg("max_steps=4", "ray.max_restarts=1", "max_staleness=2", f"run_dir={tmp_path}")
     runner, state = _runner(cfg, tiny)
     killed: dict[str, object] = {}  # held: the group ids actor 0 held; restart_seen: bool
     records = []
@@ -131,6 +135,75 @@ def test_killed_actor_loses_and_duplicates_nothing(ray_instance, tiny):
     print("events:", runner.backend.events, "duplicates:", last.metrics["duplicate_results"])
     for gid in killed["held"]:  # the dead actor's groups ended trained or carried over, once each
         assert runner.ledger.state[gid] in ("trained", "carried_over", "filtered")
+    # each actor's stderr log, appended to by its restart after a line of its own
+    starts = [(tmp_path / f"rollout-worker{i}.log").read_text().count(" starting\n") for i in (0, 1)]
+    assert starts == [2, 1]
+
+
+# ---- an actor's stderr ------------------------------------------------------------------------------
+RAISE_LATER = """
+import os
+
+def raise_later(prompts, completions, completion_ids, **kw):
+    if len(completion_ids[0]) >= 8:  # the start-up check's short sample passes
+        os.write(2, b"written to descriptor 2\\n")  # as a C extension would, past sys.stderr
+        raise KeyError("answer_x")
+    return [0.0]
+"""
+
+
+@ray.remote(num_cpus=0)
+def _to_stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def test_an_actors_failing_reward_is_kept_in_its_log_and_shown_once(
+    ray_instance, tmp_path, capsys: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture
+):
+    """The actor's stderr (the reward service's first-failure warning) is in RUN_DIR/rollout-worker0.log
+    and not forwarded by Ray to this console, where the train job's own line is the one showing it."""
+    (tmp_path / "rw.py").write_text(RAISE_LATER)
+    run = tmp_path / "run"
+    args = [*TINY, "runtime.backend=ray", "runtime.rollout_workers=1", "ray.rollout_cpus=1", "max_steps=1"]
+    args += [f"reward.fn={tmp_path / 'rw.py'}:raise_later", "eval.after=false", f"run_dir={run}"]
+    assert main(["train", *args]) == 0
+    # Ray forwards workers' stderr through one log monitor, in order: once a task's line written now has
+    # arrived, a line the actor wrote during the run would have too
+    barrier, seen = f"streamrl-barrier-{uuid.uuid4().hex}", []
+    ray.get(_to_stderr.remote(barrier), timeout=60)
+
+    def arrived() -> bool:
+        captured = capsys.readouterr()
+        seen.append(captured.out + captured.err)
+        return barrier in "".join(seen)
+
+    assert eventually(arrived, 120), "Ray forwarded no task's stderr to the driver: the test proves nothing"
+    out = " ".join("".join(seen).split())  # the console wraps long lines
+    warned = [r for r in caplog.records if r.levelno >= logging.WARNING and "answer_x" in r.getMessage()]
+    assert out.count("KeyError: 'answer_x'") + len(warned) == 1, out  # every failure, one line
+    assert "reward error (scored 0) at step 1, the first KeyError: KeyError: 'answer_x'" in out
+    log = (run / "rollout-worker0.log").read_text()
+    assert log.startswith("--- ") and log.count("rollout worker 0 starting\n") == 1, log
+    assert "-> 0.0 (KeyError: 'answer_x')" in log, log  # the reward service's warning
+    assert "written to descriptor 2\n" in log and "written to descriptor 2" not in out
+
+
+def test_an_actor_whose_log_is_not_there_keeps_rays_stderr(tmp_path, monkeypatch):
+    """A run directory the actor's node does not see (no file the trainer created): nothing is created,
+    stderr stays as it was."""
+    from streamrl.placement.worker_log import keep_stderr
+
+    monkeypatch.setattr(sys, "stderr", sys.stderr)  # put back even if keep_stderr replaced it
+    saved = os.dup(2)
+    before = os.fstat(2)
+    assert keep_stderr(str(tmp_path), 0) is None
+    assert keep_stderr(str(tmp_path / "elsewhere"), 0) is None
+    assert keep_stderr("", 0) is None
+    assert list(tmp_path.iterdir()) == []
+    after = os.fstat(2)
+    os.dup2(saved, 2)  # this process's stderr back, had it been pointed at a file
+    os.close(saved)
+    assert (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino)
 
 
 # ---- weight sync ------------------------------------------------------------------------------------

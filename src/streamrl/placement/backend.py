@@ -24,6 +24,7 @@ from streamrl.config import Config, to_dict
 from streamrl.placement.cores import ElasticCores, ThreadSetter, elastic_enabled, thread_split
 from streamrl.placement.forkserver import apply_environment, worker_context
 from streamrl.placement.shared_weights import SharedWeights
+from streamrl.placement.worker_log import log_path, start_line, stderr_to
 from streamrl.processes import parent_gone
 from streamrl.rollout.worker import STOP, GroupRequest, GroupResult
 
@@ -86,7 +87,7 @@ class _Worker:
         self.heartbeat = ctx.Value("d", 0.0, lock=False)  # 0: not started yet (imports, model load)
         self.kept = run_dir is not None
         if run_dir is not None:
-            self.log = run_dir / f"rollout-worker{index}.log"
+            self.log = log_path(run_dir, index)
             self.log.touch()
         else:
             self.log = Path(tempfile.mkstemp(prefix=f"streamrl-worker{index}-", suffix=".log")[1])
@@ -98,7 +99,7 @@ class _Worker:
     def begin_log(self) -> None:
         """A line naming the process about to start; its own output follows."""
         with self.log.open("a") as f:
-            f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} rollout worker {self.index} starting\n")
+            f.write(start_line(self.index))
             self.log_start = f.tell()
 
     def close(self) -> None:
@@ -378,9 +379,7 @@ def _worker_main(
     dies), then the worker itself, whose polls of its request queue are the heartbeat the supervisor
     watches."""
     apply_environment(env)
-    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
-    os.dup2(fd, 2)
-    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    stderr_to(os.open(log, os.O_WRONLY | os.O_APPEND))
     index, cfg, requests, *rest = args
     threads = ThreadSetter(cores, 1 + index) if cores is not None else None
     target(index, cfg, _BeatingRequests(requests, heartbeat, threads), *rest)

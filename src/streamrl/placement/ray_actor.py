@@ -4,6 +4,18 @@ thread queue, emptied through an outbox, with weights from the object store or a
 The loop runs in a thread of the actor; the controller talks to the actor by method calls that run in
 the actor's main thread: `exchange` (hand over requests, take finished groups), `announce` (new weights
 exist), `stop`. Ray wraps this plain class with ray.remote in placement/ray_rollouts.py.
+
+Its stderr goes to the run directory's rollout-worker<i>.log as a local worker's does (the first thing
+its __init__ does, placement/worker_log.py), so a reward function's failure, the reward service's
+first-failure warning and a traceback are kept with the run, and stay off the driver's console, where
+the trainer prints each kind of failure's first message itself, as with the local backend. Ray's own
+options were weighed: ray.init(log_to_driver=False) acts on every actor's stdout and stderr at once
+(a reward function's print would vanish too) and keeps nothing in the run directory, and neither
+runtime_env nor ray.LoggingConfig can send one actor's stderr to a chosen file (Ray names its worker
+logs by worker id and pid, under its session directory). What an actor writes before its __init__
+runs (unpickling this class, importing streamrl) stays in Ray's session logs, printed on the driver's
+console. Its stdout is left to Ray (printed on the driver's console, prefixed), as a local worker's
+goes to the trainer's console.
 """
 
 from __future__ import annotations
@@ -12,6 +24,7 @@ import queue
 import threading
 from typing import Any
 
+from streamrl.placement.worker_log import keep_stderr
 from streamrl.rollout.worker import STOP, GroupRequest, GroupResult, serve
 
 
@@ -36,6 +49,7 @@ def make_receiver(sync: dict[str, Any], timeout: float) -> Any:
 
 class RolloutActor:
     def __init__(self, worker_id: int, cfg_dict: dict[str, Any], sync: dict[str, Any]) -> None:
+        self.log = keep_stderr(str(cfg_dict.get("run_dir") or ""), worker_id)  # None: Ray's logs keep it
         import uuid
 
         import torch

@@ -8,7 +8,8 @@ the next call on its restart), the groups the old incarnation held go back to
 the least-loaded live actors (Ray restarts the actor up to ray.max_restarts times; after that its slot
 is retired). The runner drops a result whose group already returned (loop/asynchronous.py), so a
 group is trained at most once and none is lost. Actor restarts and re-dispatched groups are counted
-in the step records (actor_restarts, groups_redispatched).
+in the step records (actor_restarts, groups_redispatched). Each actor's stderr is appended to the run
+directory's rollout-worker<i>.log, as a local worker's is (placement/ray_actor.py, worker_log.py).
 
 Weights: object_store or broadcast (placement/weight_sync.py). Broadcast refuses restarts (config
 validation): a torch.distributed group cannot admit a new member, so a dead actor stops the run with
@@ -34,6 +35,7 @@ from streamrl.config import Config, to_dict
 from streamrl.config_validate import resolved_weight_sync
 from streamrl.placement.ray_actor import RolloutActor
 from streamrl.placement.weight_sync import BroadcastPublisher, FlatLayout, ObjectStorePublisher
+from streamrl.placement.worker_log import create_logs
 from streamrl.rollout.worker import GroupRequest, GroupResult
 
 POLL_WAIT_S = 0.05  # an actor holds an exchange call this long when it has nothing finished
@@ -124,6 +126,7 @@ class RayRollouts:
 
         self.started_ray = ensure_ray(self.cfg)
         check_resources(self.cfg, ray.cluster_resources())
+        create_logs(self.cfg.run_dir, self.n)  # an actor that can open its log keeps its stderr there
         r = self.cfg.ray
         options: dict[str, Any] = dict(
             num_cpus=r.rollout_cpus, num_gpus=r.rollout_gpus, max_restarts=r.max_restarts, max_task_retries=0

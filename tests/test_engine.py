@@ -130,6 +130,16 @@ def test_a_tiny_temperature_samples_the_top_token_without_nan():
             assert tok.tolist() == [1, 2] and lp.tolist() == [0.0, 0.0]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sampling_at_a_temperature_leaves_the_callers_logits_untouched(dtype):
+    """Tempering works in place on a copy: fp32 logits are copied once, bf16 ones only by .float()."""
+    logits = (torch.randn(2, 40, generator=torch.Generator().manual_seed(1)) * 3).to(dtype)
+    before = logits.clone()
+    probs = sampling_probs(logits, 0.5, 1.0)
+    assert torch.equal(logits, before)
+    assert torch.allclose(probs, torch.softmax(before.float() / 0.5, dim=-1), atol=1e-6)
+
+
 def test_sampled_logprobs_equal_log_softmax_at_temperature():
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0)) * 3
     tok, lp = sample_next(logits, 0.7, 1.0, torch.Generator().manual_seed(2))

@@ -87,8 +87,9 @@ def sample_rows(
 def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
     """logits [..., V] -> the distribution sampled from [..., V] (fp32): softmax(logits / temperature)
     restricted to the top-p nucleus and renormalised. temperature > 0."""
-    logits = logits.float()
-    scaled = logits if temperature == 1.0 else tempered_(logits.clone(), temperature)
+    scaled = logits.float()
+    if temperature != 1.0:  # tempered in place: on a copy, made once (.float() of bf16 already copied)
+        scaled = tempered_(scaled.clone() if scaled is logits else scaled, temperature)
     if top_p < 1.0:
         logp = torch.log_softmax(scaled, dim=-1)
         sorted_logp, order = logp.sort(dim=-1, descending=True)

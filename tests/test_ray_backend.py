@@ -9,6 +9,7 @@ import copy
 import logging
 import math
 import os
+import re
 import sys
 import time
 import uuid
@@ -138,6 +139,9 @@ def test_killed_actor_loses_and_duplicates_nothing(ray_instance, tiny, tmp_path)
     # each actor's stderr log, appended to by its restart after a line of its own
     starts = [(tmp_path / f"rollout-worker{i}.log").read_text().count(" starting\n") for i in (0, 1)]
     assert starts == [2, 1]
+    died = [e for e in runner.backend.events if e.startswith("rollout actor 0 died")]
+    assert len(died) == 1 and "restarted (1 of 1)" in died[0], died
+    assert "; its stderr ended: " in died[0] and "(no log)" not in died[0], died  # its own part of the log
 
 
 # ---- an actor's stderr ------------------------------------------------------------------------------
@@ -183,7 +187,7 @@ def test_an_actors_failing_reward_is_kept_in_its_log_and_shown_once(
     assert out.count("KeyError: 'answer_x'") + len(warned) == 1, out  # every failure, one line
     assert "reward error (scored 0) at step 1, the first KeyError: KeyError: 'answer_x'" in out
     log = (run / "rollout-worker0.log").read_text()
-    assert log.startswith("--- ") and log.count("rollout worker 0 starting\n") == 1, log
+    assert log.startswith("--- ") and len(re.findall(r"rollout worker 0 \(\w+\) starting\n", log)) == 1, log
     assert "-> 0.0 (KeyError: 'answer_x')" in log, log  # the reward service's warning
     assert "written to descriptor 2\n" in log and "written to descriptor 2" not in out
 

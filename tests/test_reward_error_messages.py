@@ -75,7 +75,7 @@ def test_each_kind_is_shown_once_in_a_run_and_not_again_after_a_resume():
 
 
 def test_a_worker_logs_tail_is_the_ended_process_own(tmp_path: Path):
-    from streamrl.placement.backend import _tail
+    from streamrl.placement.worker_log import tail as _tail
 
     log = tmp_path / "rollout-worker0.log"
     log.write_text("--- first process\nTraceback: old failure\n--- second process\n")

@@ -24,7 +24,7 @@ from streamrl.config import Config, to_dict
 from streamrl.placement.cores import ElasticCores, ThreadSetter, elastic_enabled, thread_split
 from streamrl.placement.forkserver import apply_environment, worker_context
 from streamrl.placement.shared_weights import SharedWeights
-from streamrl.placement.worker_log import log_path, start_line, stderr_to
+from streamrl.placement.worker_log import log_path, start_line, stderr_to, tail
 from streamrl.processes import parent_gone
 from streamrl.rollout.worker import STOP, GroupRequest, GroupResult
 
@@ -244,13 +244,13 @@ class LocalRollouts:
                 how = f"killed by {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
                 if code is not None and code >= 0:  # it exited: what it sent has left it whole
                     out += self._drain([w])
-            tail = _tail(w.log, w.log_start)
+            said = tail(w.log, w.log_start)
             if self.restarts >= self.cfg.runtime.max_restarts:
                 if self.cores is not None:  # the threads it held or borrowed go back to the others
                     self.cores.reset(1 + w.index)
                 self._failure = (
                     f"rollout worker {w.index} {how}; no restarts left (runtime.max_restarts="
-                    f"{self.cfg.runtime.max_restarts}); its stderr ended: {tail}"
+                    f"{self.cfg.runtime.max_restarts}); its stderr ended: {said}"
                 )
                 return out
             self.restarts += 1
@@ -264,7 +264,7 @@ class LocalRollouts:
             event = (
                 f"rollout worker {w.index} {how}; restarted ({self.restarts} of "
                 f"{self.cfg.runtime.max_restarts}), its {len(held)} group(s) go to the new process; "
-                f"its stderr ended: {tail}"
+                f"its stderr ended: {said}"
             )
             self.events.append(event)
             print(f"streamrl: {event}", file=sys.stderr, flush=True)
@@ -295,10 +295,10 @@ class LocalRollouts:
             time.sleep(0.01)
         killed = [w for w in self.workers if w.proc.is_alive()]
         for w in killed:
-            tail = _tail(w.log, w.log_start)
+            said = tail(w.log, w.log_start)
             print(
                 f"streamrl: warning: rollout worker {w.index} did not stop within {STOP_TIMEOUT_S:g} s: "
-                f"killed (the groups it held are carried over); its stderr ended: {tail}",
+                f"killed (the groups it held are carried over); its stderr ended: {said}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -309,18 +309,6 @@ class LocalRollouts:
                 out += self._drain([w])
             w.close()
         return out
-
-
-def _tail(log: Path, start: int = 0, n: int = 400) -> str:
-    """The last n characters one process wrote to its log from `start` on."""
-    try:
-        with log.open("rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(start, size - 4 * n))
-            text = f.read().decode(errors="replace").strip()
-    except OSError:
-        return "(no log)"
-    return repr(text[-n:]) if text else "(nothing)"
 
 
 LEND_AFTER_S = 0.1  # a worker idle this long lends its threads (shorter gaps are admission latency)

@@ -49,12 +49,13 @@ def make_receiver(sync: dict[str, Any], timeout: float) -> Any:
 
 class RolloutActor:
     def __init__(self, worker_id: int, cfg_dict: dict[str, Any], sync: dict[str, Any]) -> None:
-        self.log = keep_stderr(str(cfg_dict.get("run_dir") or ""), worker_id)  # None: Ray's logs keep it
         import uuid
 
+        self.incarnation = uuid.uuid4().hex  # new after every restart: the controller sees the death
+        run_dir = str(cfg_dict.get("run_dir") or "")
+        self.log = keep_stderr(run_dir, worker_id, self.incarnation)  # None: Ray's logs keep it
         import torch
 
-        self.incarnation = uuid.uuid4().hex  # new after every restart: the controller sees the death
         torch.set_num_threads(int(cfg_dict["runtime"]["rollout_threads"]))
         self.worker_id = worker_id
         self.requests: queue.Queue[Any] = queue.Queue()

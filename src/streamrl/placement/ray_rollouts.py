@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator, Set
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,7 +37,7 @@ from streamrl.config import Config, to_dict
 from streamrl.config_validate import resolved_weight_sync
 from streamrl.placement.ray_actor import RolloutActor
 from streamrl.placement.weight_sync import BroadcastPublisher, FlatLayout, ObjectStorePublisher
-from streamrl.placement.worker_log import create_logs
+from streamrl.placement.worker_log import create_logs, incarnation_tail, log_path
 from streamrl.rollout.worker import GroupRequest, GroupResult
 
 POLL_WAIT_S = 0.05  # an actor holds an exchange call this long when it has nothing finished
@@ -236,14 +238,14 @@ class RayRollouts:
                 self._exchange(slot)
                 continue
             except RayActorError as e:
-                self._on_death(slot, e)
+                self._on_death(slot, e, dead=self.incarnation[slot])
                 continue
             if self.incarnation[slot] is None:
                 self.incarnation[slot] = incarnation
             elif incarnation != self.incarnation[slot]:  # died between calls; this call ran on its restart
-                self.incarnation[slot] = incarnation
+                dead, self.incarnation[slot] = self.incarnation[slot], incarnation
                 restarted = RuntimeError("restarted between two calls")
-                self._on_death(slot, restarted, keep=sent, failed_call=False)
+                self._on_death(slot, restarted, keep=sent, failed_call=False, dead=dead)
             for res in got:  # returned: no slot needs to regenerate it any more
                 for held in self.held:
                     held.pop(res.group_id, None)
@@ -271,27 +273,42 @@ class RayRollouts:
         return list(reqs.values())
 
     def _on_death(
-        self, slot: int, err: Exception, keep: Set[str] = frozenset(), failed_call: bool = True
+        self,
+        slot: int,
+        err: Exception,
+        keep: Set[str] = frozenset(),
+        failed_call: bool = True,
+        dead: str | None = None,
     ) -> None:
         """`keep`: group ids the restarted actor already has (they are not re-dispatched). failed_call:
         the death was seen by a call that failed (the next call is made here); False: by a reply from
-        the new incarnation (the caller makes the next call)."""
+        the new incarnation (the caller makes the next call). `dead`: the dead incarnation's id (None
+        before its first reply), whose stderr tail the event and the console line quote."""
         self.deaths[slot] += 1
         n_lost = len(self._lost(slot, keep))
-        self.events.append(f"actor {slot} died ({type(err).__name__}: {err}); {n_lost} groups re-dispatched")
         cause = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        said = self._stderr_tail(slot, dead)
         if self.mode == "broadcast":
             self.fatal = (
                 f"rollout actor {slot} died ({cause}); runtime.weight_sync=broadcast cannot admit a "
                 "restarted actor into its group: use runtime.weight_sync=object_store to survive actor deaths"
+                f"{said}"
             )
         if self.deaths[slot] > self.cfg.ray.max_restarts:
             self.retired.add(slot)  # Ray will not restart it again
         if not self._live():
             self.fatal = self.fatal or (
                 f"all {self.n} rollout actors died (ray.max_restarts={self.cfg.ray.max_restarts} each); "
-                f"last: {cause}"
+                f"last: {cause}{said}"
             )
+        what = (
+            "retired"
+            if slot in self.retired
+            else f"restarted ({self.deaths[slot]} of {self.cfg.ray.max_restarts})"
+        )
+        event = f"rollout actor {slot} died ({cause}); {what}, {n_lost} group(s) re-dispatched{said}"
+        self.events.append(event)
+        print(f"streamrl: {event}", file=sys.stderr, flush=True)
         self._redispatch(slot, keep)
         if slot not in self.retired:
             self.restarts += 1
@@ -301,6 +318,13 @@ class RayRollouts:
             if failed_call:  # no call in flight to the slot: the next one finds the new incarnation
                 self.incarnation[slot] = None
                 self._exchange(slot)
+
+    def _stderr_tail(self, slot: int, dead: str | None) -> str:
+        """ "; its stderr ended: ..." from the run directory's log of the slot, or "" when there is none
+        (no run directory, or the actor died before its first reply)."""
+        if not self.cfg.run_dir or dead is None:
+            return ""
+        return f"; its stderr ended: {incarnation_tail(log_path(Path(self.cfg.run_dir), slot), dead)}"
 
     def failure(self) -> str | None:
         return self.fatal

@@ -10,6 +10,7 @@ warning, say), tracebacks and C extensions all write there.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -20,9 +21,46 @@ def log_path(run_dir: Path, index: int) -> Path:
     return run_dir / f"rollout-worker{index}.log"
 
 
-def start_line(index: int) -> str:
-    """The line a worker's log gets before the output of each process of that worker."""
-    return f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} rollout worker {index} starting\n"
+_START = re.compile(rb"^--- \d{4}-\d\d-\d\d \d\d:\d\d:\d\d rollout worker \d+ .*starting$", re.MULTILINE)
+TAIL_CHARS = 400  # how much of a dead worker's stderr its restart or failure message quotes
+
+
+def start_line(index: int, incarnation: str = "") -> str:
+    """The line a worker's log gets before the output of each process of that worker; a Ray actor's
+    names its incarnation (a fresh id per start), so that its own output can be found again."""
+    who = f" ({incarnation})" if incarnation else ""
+    return f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} rollout worker {index}{who} starting\n"
+
+
+def tail(log: Path, start: int = 0, n: int = TAIL_CHARS) -> str:
+    """The last n characters one process wrote to its log from byte `start` on, quoted; "(nothing)"
+    when it wrote nothing, "(no log)" when the log cannot be read."""
+    try:
+        with log.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(start, size - 4 * n))
+            text = f.read().decode(errors="replace").strip()
+    except OSError:
+        return "(no log)"
+    return repr(text[-n:]) if text else "(nothing)"
+
+
+def incarnation_tail(log: Path, incarnation: str, n: int = TAIL_CHARS) -> str:
+    """What the process of a Ray actor's `incarnation` wrote last to its log, up to the next process's
+    start line (its restart may already have begun writing): quoted, "(nothing)", or "(no log)" when
+    the log cannot be read or holds no start line of that incarnation (its node does not see the run
+    directory, or it died before writing one)."""
+    try:
+        data = log.read_bytes() if incarnation else b""
+    except OSError:
+        return "(no log)"
+    start = data.rfind(f" ({incarnation}) starting\n".encode())
+    if start < 0:
+        return "(no log)"
+    body = data[data.index(b"\n", start) + 1 :]
+    following = _START.search(body)  # the next process's start line, if it has written one
+    text = body[: following.start() if following else len(body)].decode(errors="replace").strip()
+    return repr(text[-n:]) if text else "(nothing)"
 
 
 def stderr_to(fd: int) -> None:
@@ -33,10 +71,10 @@ def stderr_to(fd: int) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
 
 
-def keep_stderr(run_dir: str, index: int) -> Path | None:
+def keep_stderr(run_dir: str, index: int, incarnation: str = "") -> Path | None:
     """In a Ray actor: its stderr from now on appended to the run's rollout-worker<index>.log, after a
-    start line; -> the log, or None when the log cannot be opened (no run directory, or one the actor's
-    node does not see).
+    start line naming its incarnation; -> the log, or None when the log cannot be opened (no run
+    directory, or one the actor's node does not see).
 
     The file is opened only if it exists (without O_CREAT): the trainer's process created it, so an
     actor that can open it shares the trainer's filesystem (a single-node Ray, or a run directory on a
@@ -52,7 +90,7 @@ def keep_stderr(run_dir: str, index: int) -> Path | None:
         fd = os.open(log, os.O_WRONLY | os.O_APPEND)
     except OSError:
         return None
-    os.write(fd, start_line(index).encode())
+    os.write(fd, start_line(index, incarnation).encode())
     stderr_to(fd)
     return log
 

@@ -277,8 +277,9 @@ def test_a_hub_snapshot_short_of_weights_downloads_only_those_again(tmp_path, mo
         file.unlink()
     assert weights_problem(snap) == (
         f"no weights in {snap} (model.safetensors, model.safetensors.index.json with its shards, or "
-        'pytorch_model.bin): download them again: `hf download org/name --include "model*.safetensors*" '
-        "--revision abc123 --force-download`"
+        'pytorch_model.bin): download them: `hf download org/name --include "model*.safetensors*" '
+        "--revision abc123` (for a repository without safetensors weights: `hf download org/name --include "
+        '"pytorch_model*.bin*" --revision abc123`)'
     )
 
 

@@ -134,8 +134,9 @@ def hub_snapshot(path: Path) -> tuple[str, str] | None:
     return entry.name.removeprefix("models--").replace("--", "/"), path.name
 
 
-# the weights of a Hub snapshot that holds no weight set: the safetensors file, or its index and shards
-SNAPSHOT_WEIGHTS = "model*.safetensors*"
+# the weights of a Hub snapshot that holds no weight set, per format in transformers' order: the single
+# file, or its index and shards (which format the repository has is not known offline)
+SNAPSHOT_WEIGHTS = ("model*.safetensors*", "pytorch_model*.bin*")
 
 
 def way_out(path: Path, files: Sequence[str] = ()) -> str:
@@ -150,7 +151,12 @@ def way_out(path: Path, files: Sequence[str] = ()) -> str:
     snapshot = hub_snapshot(path)
     if snapshot is not None:
         repo, commit = snapshot
-        what = " ".join(files) if files else f'--include "{SNAPSHOT_WEIGHTS}"'
+        if not files:  # the safetensors weights, or the .bin ones of a repository that has no others
+            first, other = (
+                f'`hf download {repo} --include "{p}" --revision {commit}`' for p in SNAPSHOT_WEIGHTS
+            )
+            return f"download them: {first} (for a repository without safetensors weights: {other})"
+        what = " ".join(files)
         return f"download {them} again: `hf download {repo} {what} --revision {commit} --force-download`"
     return "copy it again from the base model" if len(files) == 1 else "copy them from the base model"
 

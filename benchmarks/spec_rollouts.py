@@ -20,6 +20,9 @@ problems / prompts_per_step, when every prompt has drafts):
                    workers generated, groups dynamic sampling drops included, over their busy time;
                    colocated: the trained samples' tokens over generate_time)
     samples/s      samples trained / wall seconds over those steps
+    engine cores   the threads the engine computed on, on average over its busy seconds (async, from
+                   runtime.elastic_cores: with `lend` a waiting trainer lends its core, so the arm whose
+                   trainer waits more generates on more cores; `fixed` holds it at the split)
     acceptance     draft tokens accepted / draft tokens verified (spec only), accepted tokens per draft
     held-out       final greedy accuracy over all seeds' held-out answers, with its 95% Wilson interval
 
@@ -113,8 +116,9 @@ def run_one(
 
 
 def window(run: dict[str, Any], first_epoch_steps: int, per_step: int) -> dict[str, float]:
-    """Totals over the steps after the first epoch: tokens, generating and wall seconds, steps, draft
-    tokens verified and accepted, samples with a draft (per_step: samples trained per step)."""
+    """Totals over the steps after the first epoch: tokens, generating and wall seconds, the engine's
+    thread-seconds (async; 0 when not recorded), steps, draft tokens verified and accepted, samples
+    with a draft (per_step: samples trained per step)."""
     rows = run["rows"]
     before = [r for r in rows if r["step"] <= first_epoch_steps]
     after = [r for r in rows if r["step"] > first_epoch_steps]
@@ -132,6 +136,8 @@ def window(run: dict[str, Any], first_epoch_steps: int, per_step: int) -> dict[s
         "tokens": tokens,
         "generate_s": gen_s,
         "wall_s": after[-1]["time"] - before[-1]["time"],
+        "engine_thread_s": after[-1].get("cores_worker_thread_s", 0.0)
+        - before[-1].get("cores_worker_thread_s", 0.0),
         "steps": len(after),
         "verified": sum(r.get("spec_verified_tokens", 0) for r in after),
         "accepted": sum(r.get("spec_acceptance_rate", 0.0) * r.get("spec_verified_tokens", 0) for r in after),
@@ -144,7 +150,16 @@ def summarise(arm: str, runs: list[dict[str, Any]], args: argparse.Namespace) ->
     wins = [w for run in runs if (w := window(run, first, args.prompts * args.samples))]
     total = {
         k: sum(w[k] for w in wins)
-        for k in ("tokens", "generate_s", "wall_s", "steps", "verified", "accepted", "drafted")
+        for k in (
+            "tokens",
+            "generate_s",
+            "wall_s",
+            "engine_thread_s",
+            "steps",
+            "verified",
+            "accepted",
+            "drafted",
+        )
     }
     correct = [c for run in runs for c in run["correct"]]
     lo, hi = wilson_interval(sum(correct), len(correct))
@@ -157,6 +172,9 @@ def summarise(arm: str, runs: list[dict[str, Any]], args: argparse.Namespace) ->
         else float("nan"),
         "samples_per_s": total["steps"] * args.prompts * args.samples / total["wall_s"]
         if total["wall_s"]
+        else float("nan"),
+        "engine_cores": total["engine_thread_s"] / total["generate_s"]
+        if total["generate_s"] and total["engine_thread_s"]
         else float("nan"),
         "acceptance_rate": total["accepted"] / total["verified"] if total["verified"] else float("nan"),
         "accepted_per_draft": total["accepted"] / total["drafted"] if total["drafted"] else float("nan"),
@@ -222,13 +240,15 @@ def main(argv: list[str] | None = None) -> None:
         f"lenience={args.lenience:g}; from the second epoch on (steps > {args.problems // args.prompts}):"
     )
     print(
-        f"{'arm':>6} {'rollout tok/s':>14} {'samples/s':>10} {'acceptance':>10} {'acc/draft':>9}  "
+        f"{'arm':>6} {'rollout tok/s':>14} {'samples/s':>10} {'engine cores':>12} {'acceptance':>10} "
+        f"{'acc/draft':>9}  "
         "held-out (95% CI)"
     )
     for s in results:
         lo, hi = s["heldout_ci95"]
         print(
             f"{s['arm']:>6} {s['rollout_tokens_per_s']:>14.1f} {s['samples_per_s']:>10.3f} "
+            f"{s['engine_cores']:>12.2f} "
             f"{s['acceptance_rate']:>10.3f} {s['accepted_per_draft']:>9.2f}  "
             f"{100 * s['heldout_accuracy']:.1f}% ({100 * lo:.1f}-{100 * hi:.1f})"
             + (f"  failed seeds {s['failed']}" if s["failed"] else "")

@@ -213,6 +213,42 @@ def test_a_batch_with_drafts_packed_into_a_running_ones_step_stays_exact(lms):
     _decode_on_and_check(lms[0], dec, out, running, max_new, temperature)
 
 
+def test_prompts_with_and_without_a_tree_joining_together_prefill_apart_and_stay_exact(lms, monkeypatch):
+    """A prompt with a draft tree and a longer one without drafts join a running batch in one step: where
+    the engine packs, each prefills its own rectangle (its prompt; the tree's columns only for the
+    prompt that has drafts) in the running batch's forward. The responses with the tree are still
+    exactly the current policy's, and every token's log-prob is the teacher-forced one."""
+    from streamrl.engine import continuous
+
+    temperature, max_new = 1.0, 3
+    drafts = tuple(old_responses(lms, 6))
+    model = copy.deepcopy(lms[0])
+    model.config._attn_implementation = register()
+    vars(model).pop("_streamrl_packable", None)
+    engine = HFEngine(model, _Tok(), max_batch=10**5, seed=22)
+    assert engine.packs()
+    dec = ContinuousDecoder(engine)
+    running = [GenRequest([2, 2, 2] + PROMPT, 8, temperature) for _ in range(8)]
+    dec.add(running)
+    out = dec.step()
+    other = [GenRequest([3, 2] + PROMPT, max_new, temperature) for _ in range(8)]
+    forwards: list[list[tuple[int, ...]]] = []
+    pack = continuous.packed_hidden
+    monkeypatch.setattr(
+        continuous,
+        "packed_hidden",
+        lambda m, segs, d: forwards.append([tuple(s.ids.shape) for s in segs]) or pack(m, segs, d),
+    )
+    dec.add([GenRequest(PROMPT, max_new, temperature, drafts=drafts) for _ in range(N)] + other)
+    out += dec.step()
+    monkeypatch.undo()
+    (forward,) = forwards
+    tree = (1, len(PROMPT) + nodes([d.token_ids for d in drafts]))
+    assert sorted(forward[1:]) == sorted([tree, (1, len(PROMPT) + 2)])
+    assert len(dec.batches) == 1
+    _decode_on_and_check(lms[0], dec, out, running + other, max_new, temperature)
+
+
 def _decode_on_and_check(
     model,
     dec: ContinuousDecoder,

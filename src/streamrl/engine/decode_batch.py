@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import torch
 
 from streamrl.engine.base import GenRequest, GenResult
-from streamrl.engine.draft_tree import DraftTree, choose_drafts, prompt_trees
+from streamrl.engine.draft_tree import DraftTree, choose_drafts, prompt_trees, row_drafts
 from streamrl.engine.kv_cache import GrowingLayer, growing_cache, next_rows
 from streamrl.engine.packed import Segment
 from streamrl.engine.sampling import sample_rows
@@ -67,13 +67,13 @@ class DecodeBatch:
         self.rows = torch.arange(len(requests))
         # speculative rollouts: the drafts are verified in the prompts' prefill (engine/speculative.py);
         # greedy rows take none; a lenient row's draft is chosen first and kept whole in the tree
-        drafts = [
-            tuple(d.token_ids[: r.max_new_tokens] for d in r.drafts) if r.temperature > 0 else ()
-            for r in requests
-        ]
         self._chosen, whole = choose_drafts(requests, engine.generator)
         self._prefill(
-            [r.prompt_ids for r in requests], share=engine.share_rows, drafts=drafts, whole=whole, hold=hold
+            [r.prompt_ids for r in requests],
+            share=engine.share_rows,
+            drafts=row_drafts(requests),
+            whole=whole,
+            hold=hold,
         )
 
     def _prefill(

@@ -93,6 +93,14 @@ class DraftTree:
         return out[::-1]
 
 
+def row_drafts(requests: Sequence[GenRequest]) -> list[tuple[tuple[int, ...], ...]]:
+    """Each request's drafts for its prompt's tree, cut at its max_new_tokens; none for a greedy one."""
+    return [
+        tuple(d.token_ids[: r.max_new_tokens] for d in r.drafts) if r.temperature > 0 else ()
+        for r in requests
+    ]
+
+
 def prompt_trees(
     inverse: list[int],
     n: int,

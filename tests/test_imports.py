@@ -16,7 +16,7 @@ LAYERS = [
     # user_code imports nothing from streamrl; files imports processes
     {"types", "config_parse", "presets", "user_code", "processes", "files"},
     {"algo"},
-    {"config_algo", "config_bounds", "config_rewards", "config_validate"},
+    {"config_algo", "config_bounds", "config_resume", "config_rewards", "config_validate"},
     # config_docs: `streamrl config`, read from the field comments of config.py and config_sections.py
     {"config", "config_sections", "config_docs"},
     {"models", "observe", "rewards"},

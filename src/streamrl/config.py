@@ -9,6 +9,7 @@ accepted.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import sys
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any, Literal
 import yaml
 
 from streamrl.config_parse import ConfigError, apply_key, parse_override, read_yaml
+from streamrl.config_resume import RESUME_FIXED, refuse_a_fixed_change
 from streamrl.config_rewards import JUDGE_FIT_KEYS, RESPONSE_KEYS, judge_kept_warning
 from streamrl.config_sections import (
     AdvantageConfig,
@@ -45,6 +47,7 @@ __all__ = [
     "EvalConfig",
     "LossConfig",
     "ObserveConfig",
+    "RESUME_FIXED",
     "RayConfig",
     "RewardConfig",
     "RolloutConfig",
@@ -56,6 +59,7 @@ __all__ = [
     "from_dict",
     "load_config",
     "parse_override",
+    "refuse_changes_a_resume_would_ignore",
     "to_dict",
 ]
 
@@ -117,9 +121,7 @@ def load_config(
             raise ConfigError(
                 "resume=RUN_DIR takes its config from RUN_DIR/config.yaml; drop the config file"
             )
-        path = Path(resume) / "config.yaml"
-        if not path.is_file():
-            raise ConfigError(f"resume: '{resume}' is not a run directory (no config.yaml)")
+        path = _saved_config(resume)
     data: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -152,8 +154,8 @@ def load_config(
         _drop_reward_keys_unread(cfg, [data], given_pairs)
         _refuse_another_run_dir(parsed, resume)
         cfg.run_dir = resume
-        _refuse_changes_a_resume_would_ignore(data, cfg, resume)
-        _drop_data_keys_unread(cfg, given_pairs, f"resume: {resume}/config.yaml")
+        refuse_changes_a_resume_would_ignore(cfg)
+        _note_dropped(_drop_data_keys_unread(cfg, given_pairs), f"resume: {resume}/config.yaml")
         _drop_lora_keys_unread(cfg, given_pairs)
         if cfg.eval.k and not _sets(["eval", "n"], *given_pairs):  # the saved eval.n is a resolved one
             cfg.eval.n = max(cfg.eval.n, *cfg.eval.k)
@@ -161,7 +163,8 @@ def load_config(
         _drop_reward_keys_unread(cfg, [preset], [data, *given_pairs])
         n_from_k(cfg, preset, data, *given_pairs)
         if base:  # a trained run's task settings: saved, as a resumed run's are
-            _drop_data_keys_unread(cfg, [data, *given_pairs], "eval: the trained run's config.yaml")
+            dropped = _drop_data_keys_unread(cfg, [data, *given_pairs])
+            _note_dropped(dropped, "eval: the trained run's config.yaml")
     # the judge timeouts a resumed run saved are its own; one the user gives is checked as in a new run
     keep_judge = bool(resume) and not any(_sets(["reward", k], *given_pairs) for k in JUDGE_FIT_KEYS)
     validate(cfg, keep_saved_judge=keep_judge)
@@ -179,83 +182,52 @@ def _refuse_another_run_dir(parsed: list[tuple[str, Any]], resume: str) -> None:
         )
 
 
-# the held-out evaluations a resumed run's later ones are compared with
-HELD_OUT = (
-    "the base model's evaluation in eval.json and the periodic ones so far were measured with the saved value"
-)
-
-# what a resumed run takes from its saved state, so an override would be ignored, would corrupt it or
-# would make its evaluations measure something else than the ones made before it
-RESUME_FIXED = {
-    "model": "the weights are the saved state's",
-    "algo": "its preset was applied to the loss and advantage keys when the run started",
-    "seed": "the data order and the random generators continue the saved ones",
-    "task": "the data position is the saved stream's",
-    "task_config.args": "the data position is the saved stream's",
-    "task_config.columns": "the data position is the saved stream's",
-    "task_config.split": "the data position is the saved stream's",
-    "task_config.sources": "the data position is the saved stream's",
-    "task_config.streaming": "the data position is the saved stream's",
-    "task_config.shuffle_buffer": "the data position is the saved stream's",
-    "task_config.eval_split": "the held-out set, and so the training stream, are the saved ones",
-    "task_config.eval_data": "the held-out set, and so the training stream, are the saved ones",
-    "task_config.few_shot": "the few-shot examples are excluded from the saved training stream",
-    "task_config.few_shot_n": "the few-shot examples are excluded from the saved training stream",
-    "eval.size": "the held-out set, and so the training stream, are the saved ones",
-    "runtime.mode": "the groups one loop carries over are not read by the other",
-    "rollout.sampler": "the saved data position and feedback are that sampler's",
-    "train.lr": "the optimizer and scheduler states restore the saved learning rate",
-    "train.weight_decay": "the optimizer state restores the saved value",
-    "train.betas": "the optimizer state restores the saved values",
-    "train.lora_rank": "the saved adapters and optimizer state are that rank's (0: the full model's)",
-    "train.lora_alpha": "it scales the saved adapters: another value would change the trained model",
-    "train.lora_targets": "the saved adapters and optimizer state are those modules'",
-    # what the held-out evaluations read: the base model's, kept in eval.json, and the periodic ones
-    # already logged are compared with the final and later ones, measured the same way
-    "task_config.system_prompt": HELD_OUT,
-    "task_config.instruction": HELD_OUT,
-    "task_config.chat_template": HELD_OUT,
-    "reward.extract": HELD_OUT,
-    "eval.max_new_tokens": HELD_OUT,
-    "eval.temperature": "the periodic evaluations' pass@k, maj@k and avg@n were sampled at the saved value",
-    "env.max_turns": HELD_OUT,
-    "env.max_total_tokens": HELD_OUT,
-    "env.max_tokens_per_turn": HELD_OUT,
-    "env.top_k": HELD_OUT,
-    "env.max_observation_chars": HELD_OUT,
-    "env.code_timeout": HELD_OUT,
-    "env.agent_timeout_s": HELD_OUT,
-}
+def _saved_config(resume: str) -> Path:
+    """RUN_DIR/config.yaml of the run `resume` names; one line if there is none."""
+    path = Path(resume) / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(f"resume: '{resume}' is not a run directory (no config.yaml)")
+    return path
 
 
-def _refuse_changes_a_resume_would_ignore(saved: dict[str, Any], cfg: Config, resume: str) -> None:
-    """One line for an override of a key the saved state fixes (RESUME_FIXED)."""
-    base = Config()
-    for k, v in saved.items():
-        apply_key(base, str(k), v)
-    for key, why in RESUME_FIXED.items():
-        old, new = base, cfg
-        for part in key.split("."):
-            old, new = getattr(old, part), getattr(new, part)
-        if not _same_setting(key, old, new):
-            raise ConfigError(
-                f"resume: config key '{key}' is {old!r} in {resume}/config.yaml, not {new!r}: a resumed run "
-                f"keeps it ({why}); drop the override, or start a new run from its checkpoint"
-            )
+def refuse_changes_a_resume_would_ignore(cfg: Config) -> None:
+    """A resumed run (cfg.resume) changes no key its saved state fixes (RESUME_FIXED): one line naming the
+    first that differs from RUN_DIR/config.yaml, however it was changed (an override, a keyword of
+    streamrl.train, a Config's attribute set after it was made). Both sides are compared as a resume
+    reads them: the keys the run's data sources or model never read are dropped from each (given again,
+    validate refuses them). load_config runs it for its overrides, preflight for every training run."""
+    if not cfg.resume:
+        return
+    data = read_yaml(_saved_config(cfg.resume)) or {}
+    saved = Config()
+    for k, v in data.items() if isinstance(data, dict) else []:
+        apply_key(saved, str(k), v)
+    refuse_a_fixed_change(_as_resumed(saved), _as_resumed(copy.deepcopy(cfg)), cfg.resume)
 
 
-def _same_setting(key: str, old: Any, new: Any) -> bool:
-    """Equal values; a chat template file is recorded absolute, so the same file named relative is too."""
-    if key == "task_config.chat_template" and old and new:
-        return bool(Path(old).expanduser().resolve() == Path(new).expanduser().resolve())
-    return bool(old == new)
+def _as_resumed(cfg: Config) -> Config:
+    """`cfg` without the data and LoRA keys its run never read (as a resume drops them when not given)."""
+    _drop_data_keys_unread(cfg, [])
+    _drop_lora_keys_unread(cfg, [])
+    return cfg
 
 
-def _drop_data_keys_unread(cfg: Config, given: list[dict[str, Any]], saved: str) -> None:
+def _note_dropped(dropped: list[str], saved: str) -> None:
+    """One line naming the data keys dropped from the config.yaml `saved` names."""
+    if dropped:
+        print(
+            f"streamrl: note: {saved} sets {', '.join(dropped)}, which the run's data sources never "
+            "read: dropped (a new run refuses them)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _drop_data_keys_unread(cfg: Config, given: list[dict[str, Any]]) -> list[str]:
     """A resumed data task (hf:, data:), or a mixture's data source, saved with args, or with a shuffle
     buffer and no streaming, keys its source never read and that are refused today: back to their
-    defaults, as the run used them, with one line naming them and where they were `saved` (given again on
-    the command line, they are refused). So too in `streamrl eval` of a run's export."""
+    defaults, as the run used them; returns the keys dropped (given again on the command line, they are
+    refused). So too in `streamrl eval` of a run's export."""
     tc, default = cfg.task_config, TaskConfig()
     dropped = []
     if is_data_source(cfg.task):
@@ -275,13 +247,7 @@ def _drop_data_keys_unread(cfg: Config, given: list[dict[str, Any]], saved: str)
                 dropped += [f"task_config.sources[{i}].{k}" for k in unread]
             sources.append(src)
         tc.sources = tuple(sources)
-    if dropped:
-        print(
-            f"streamrl: note: {saved} sets {', '.join(dropped)}, which the run's data sources never "
-            "read: dropped (a new run refuses them)",
-            file=sys.stderr,
-            flush=True,
-        )
+    return dropped
 
 
 def _unread_by_data(source: dict[str, Any], key: str) -> bool:

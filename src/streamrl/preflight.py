@@ -1,11 +1,13 @@
-"""The checks that need more than the config: the model resolves (a known name, a local directory or a
-Hugging Face Hub id, downloaded or found in the cache), the reward functions import and score the first
-training problem in the format they read (rewards/fn_probe.py), an LLM judge
-answers (reward.scorer=judge: rewards/judge_check.py), the configured lengths fit the model's context
-and train.token_budget (data/prompt_limit.py) and the task builds (its data read, its sandbox checked)
-with a training prompt short enough. They run before any weights load and before a run directory is
-created (a Hub model's weights are downloaded last, once they all passed); each failure is one line
-(ValueError), so a bad run costs seconds and leaves nothing behind."""
+"""The checks that need more than the config: a resumed run changes no key its saved state fixes
+(RUN_DIR/config.yaml: config.RESUME_FIXED, however the Config was made or changed), the model
+resolves (a known name, a local directory or a Hugging Face Hub id, downloaded or found in the cache),
+the reward functions import and score the first training problem in the format they read
+(rewards/fn_probe.py), an LLM judge answers (reward.scorer=judge: rewards/judge_check.py), the
+configured lengths fit the model's context and train.token_budget (data/prompt_limit.py) and the task
+builds (its data read, its sandbox checked) with a training prompt short enough. They run before any
+weights load and before a run directory is created (a Hub model's weights are downloaded last, once
+they all passed); each failure is one line (ValueError), so a bad run costs seconds and leaves nothing
+behind."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from streamrl.config import refuse_changes_a_resume_would_ignore
 from streamrl.data.mixture import SOURCE_SEED_STEP
 from streamrl.data.prompt_limit import PromptFilter, prompt_limit
 from streamrl.data.prompts import check_template
@@ -103,6 +106,8 @@ def one_row_per_source(
 
 def preflight(cfg: Any) -> Checked:
     """Build the task and resolve the model of `cfg` (task_config.args filled with the task's defaults)."""
+    # a resume's fixed keys as saved, however cfg was made or changed: before anything is read or written
+    refuse_changes_a_resume_would_ignore(cfg)
     check_device(cfg.device)
     if cfg.rollout.top_p < 1.0:
         raise ValueError(

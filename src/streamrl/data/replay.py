@@ -3,7 +3,8 @@
 A sample is kept when it was trained fresh, is correct and had a positive advantage. Each batch of N
 fresh samples gets  n = min(floor(share * N / (1 - share)), len(buffer))  replayed ones, so that
 replayed / (fresh + replayed) = share once the buffer is full enough. They are drawn without
-replacement (never the same sample twice in one batch) from the last `capacity` successes.
+replacement (never the same sample twice in one batch) from the last `capacity` successes (a resumed
+run's rollout.replay_capacity applies to its saved ones: a smaller one keeps the newest).
 
 A replayed sample keeps its tokens, its behaviour log-probs and versions from the policy that produced
 it, and the advantage it was trained with. The loss corrects for the policy gap like for any stale
@@ -75,10 +76,13 @@ class ReplayBuffer:
         }
 
     def state(self) -> list[Any]:
+        """[capacity saved, entries oldest first, the sampling generator's state, replayed so far]."""
         return [self.items.maxlen, list(self.items), self.rng.getstate(), self.replayed_total]
 
     def load(self, s: list[Any]) -> None:
-        self.items = deque(s[1], maxlen=s[0])
+        """A saved state() into this buffer, whose capacity (rollout.replay_capacity, given on resume)
+        is kept: a smaller one keeps the newest entries."""
+        self.items = deque(s[1], maxlen=self.items.maxlen)
         self.rng.setstate(s[2])
         self.replayed_total = s[3]
 

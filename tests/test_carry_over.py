@@ -201,11 +201,12 @@ def _returned(req, logprobs: list[float] | None) -> GroupResult:
         sample_id=f"{req.group_id}-0",
         prompt_ids=req.prompt_ids,
         completion_ids=[5],
-        behaviour_logprobs=logprobs,  # type: ignore[arg-type]
+        behaviour_logprobs=[-1.0],
         versions=[0],
         finish_reason="stop",
         reward=1.0,
     )
+    traj.behaviour_logprobs = logprobs  # type: ignore[assignment]  # None: what the draft store cannot keep
     group = Group(req.problem, [traj], episode_errors=["TimeoutError"], episode_error_details=["slow"])
     return GroupResult(req.group_id, group, 0)
 

@@ -6,15 +6,17 @@ from __future__ import annotations
 import copy
 import itertools
 import time
+from types import SimpleNamespace
 
 import pytest
 from scripted_worker import scripted_worker  # tests/ is on sys.path (rootdir conftest)
 
 from streamrl.config import load_config
 from streamrl.loop.asynchronous import AsyncRunner
+from streamrl.loop.episode_errors import EpisodeErrors
 from streamrl.loop.ledger import Ledger
 from streamrl.loop.signals import StopFlag
-from streamrl.loop.state import RunState
+from streamrl.loop.state import RunState, carried_mismatch
 from streamrl.rollout.worker import GroupResult
 from streamrl.types import Group, Trajectory
 
@@ -38,10 +40,12 @@ def _task():
     return make_task("rg:chain_sum", default_task_args("rg:chain_sum"), "", "", "answer_is")
 
 
-def _runner(tiny, state: RunState, stop: StopFlag, version: int = 0) -> AsyncRunner:
+def _runner(
+    tiny, state: RunState, stop: StopFlag, version: int = 0, extra: tuple[str, ...] = ()
+) -> AsyncRunner:
     from streamrl.trainer.trainer import Trainer
 
-    cfg = load_config(None, ARGS)
+    cfg = load_config(None, [*ARGS, *extra])
     trainer = Trainer.from_config(copy.deepcopy(tiny[0]), cfg, pad_id=0)
     trainer.version = version
     stream = itertools.islice(_task().train_stream(0, set()), state.problems_drawn, None)
@@ -187,3 +191,124 @@ def test_duplicate_result_is_dropped(tiny):
     runner.admission.accept(GroupResult(req.group_id, Group(req.problem, [traj]), 1))
     assert len(runner.sh.buffer) == 1 and runner.sh.duplicates == 1
     assert runner.ledger.counts()["generated"] == 1
+
+
+def _returned(req, logprobs: list[float] | None) -> GroupResult:
+    """`req`'s group back from a worker: one response, its log-probs `logprobs`, one episode error."""
+    traj = Trajectory(
+        problem_id=req.problem.id,
+        group_id=req.group_id,
+        sample_id=f"{req.group_id}-0",
+        prompt_ids=req.prompt_ids,
+        completion_ids=[5],
+        behaviour_logprobs=[-1.0],
+        versions=[0],
+        finish_reason="stop",
+        reward=1.0,
+    )
+    traj.behaviour_logprobs = logprobs  # type: ignore[assignment]  # None: what the draft store cannot keep
+    group = Group(req.problem, [traj], episode_errors=["TimeoutError"], episode_error_details=["slow"])
+    return GroupResult(req.group_id, group, 0)
+
+
+def test_a_group_whose_bookkeeping_fails_stays_in_flight_and_is_carried_over(tiny):
+    """A returned group the draft store cannot keep (a response without log-probs) leaves the requests
+    in flight only once all of its bookkeeping succeeded: the error is raised, the group is neither
+    counted nor returned in the ledger, and the carry-over keeps it for the resume to generate again."""
+    runner = _runner(tiny, RunState(), StopFlag(), extra=("rollout.spec_drafts=2",))
+    req = runner.admission.next_request()
+    runner.sh.inflight[req.group_id] = req
+    assert runner.staleness.try_admit()
+    with pytest.raises(TypeError):
+        runner.admission.accept(_returned(req, None))
+    assert list(runner.sh.inflight) == [req.group_id] and not runner.sh.buffer
+    assert runner.ledger.state == {req.group_id: "running"} and runner.ledger.generated == 0
+    assert runner.episode_errors.pending() == {} and runner.drafts.state_dict() == []
+    runner._carry_over([])  # as close() does
+    assert [r.group_id for r in runner.state.unfinished] == [req.group_id]
+    assert runner.ledger.counts()["carried_over"] == 1 and carried_mismatch(runner.state) is None
+    # the same group generated again, with its log-probs: taken in, counted once
+    runner2 = _runner(tiny, runner.state, StopFlag(), extra=("rollout.spec_drafts=2",))
+    again = runner2.admission.next_request()
+    runner2.sh.inflight[again.group_id] = again
+    assert runner2.staleness.try_admit()
+    runner2.admission.accept(_returned(again, [-1.0]))
+    assert runner2.episode_errors.pending() == {
+        "episodes": 1,
+        "reasons": {"TimeoutError": 1},
+        "examples": {"TimeoutError": "slow"},
+    }
+    assert [r.group_id for r in runner2.sh.buffer] == [req.group_id] and not runner2.sh.inflight
+
+
+def test_an_admission_failure_reaches_the_trainer_with_the_group_still_in_flight(tiny):
+    """The admission thread that fails on a result ends with the error for the trainer, not silently."""
+    runner = _runner(tiny, RunState(), StopFlag(), extra=("rollout.spec_drafts=2",))
+    req = runner.admission.next_request()
+    runner.sh.inflight[req.group_id] = req
+    assert runner.staleness.try_admit()
+    runner.staleness.try_admit = lambda: False  # type: ignore[method-assign]  # nothing more drawn
+    runner.parts.backend.poll = lambda timeout: [_returned(req, None)]  # type: ignore[method-assign]
+    runner.admission.run()
+    assert len(runner.sh.errors) == 1
+    assert runner.sh.errors[0].startswith("rollout admission failed: TypeError: ")
+    assert list(runner.sh.inflight) == [req.group_id]
+
+
+def test_episode_counts_are_all_or_nothing():
+    class Unprintable:
+        def __str__(self) -> str:
+            raise ValueError("no text")
+
+    errors = EpisodeErrors(True, {"episodes": 2, "reasons": {"KeyError": 1}, "examples": {"KeyError": "k"}})
+    before = errors.pending()
+    group = SimpleNamespace(episode_errors=["", "TimeoutError"], episode_error_details=["", Unprintable()])
+    with pytest.raises(ValueError, match="^no text$"):
+        errors.add(group)  # type: ignore[arg-type]
+    assert errors.pending() == before
+
+
+def test_a_failure_before_the_loop_carries_over_what_the_admission_thread_drew(tiny):
+    """Anything that raises once the admission thread draws (here the trainer's core boundaries) stops
+    the thread and carries over what it drew: the state's stream position is past those draws, so a
+    group drawn and carried over nowhere would be a problem the resume skips."""
+    state = RunState()
+    runner = _runner(tiny, state, StopFlag())
+    runner.threads = SimpleNamespace(work=lambda: None, wait=lambda: None)
+
+    def set_boundary(fn) -> None:
+        deadline = time.monotonic() + 60
+        while fn is not None and state.groups_made < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if fn is not None:
+            raise RuntimeError("no boundaries")
+
+    runner.trainer.set_boundary = set_boundary  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="^no boundaries$"):
+        runner.run(lambda rec: None)
+    assert not runner.admission._thread.is_alive()  # type: ignore[union-attr]
+    assert state.groups_made >= 2 and state.problems_drawn == state.groups_made
+    held = sorted(r.group_id for r in [*state.finished, *state.unfinished])
+    assert held == sorted(f"g{i}" for i in range(state.groups_made))
+    assert carried_mismatch(state) is None
+
+
+def test_a_state_that_would_lose_groups_says_which(tmp_path, capsys):
+    """The groups a state's ledger carries over are the ones it holds: a save that breaks it says so."""
+    from streamrl.loop.state import latest_state, save_state
+
+    state = RunState(step=4, ledger={"state": {"g1": "carried_over", "g2": "carried_over", "g3": "trained"}})
+    state.unfinished = [SimpleNamespace(group_id="g2"), SimpleNamespace(group_id="g9")]
+    said = (
+        "the state of step 4 carries over 1 group(s) (g1) neither finished nor unfinished: a resume never "
+        "makes them; it holds 1 group(s) (g9), which its ledger does not carry over: a resume refuses them"
+    )
+    assert carried_mismatch(state) == said
+    trainer = SimpleNamespace(
+        save=lambda d, tokenizer: None, optimizer_state=dict, scheduler=SimpleNamespace(state_dict=dict)
+    )
+    save_state(tmp_path, state, trainer, None)  # saved even so: the newest state there is
+    assert capsys.readouterr().err == f"streamrl: warning: {said}\n"
+    assert latest_state(tmp_path).name == "step-000004"  # type: ignore[union-attr]
+    state.finished, state.unfinished = [SimpleNamespace(group_id="g1")], [SimpleNamespace(group_id="g2")]
+    assert carried_mismatch(state) is None

@@ -339,6 +339,45 @@ def test_a_reconcile_cut_short_moves_no_line_twice(tmp_path: Path, monkeypatch, 
     assert aside.read_text().splitlines() == [json.dumps({"step": 9}), *lines[2:], *lines[1:]]
 
 
+@pytest.mark.parametrize("cut", ["before-the-log-cut", "before-the-journal-removal"])
+def test_a_resume_killed_while_it_sets_lines_aside_still_rewinds_wandb_once(
+    tmp_path: Path, monkeypatch, cut: str
+) -> None:
+    """The switch to a new W&B run is written before metrics.jsonl is cut: a kill between the two leaves
+    the lines past the state in the log, and the next resume completes the same switch, not another."""
+    from streamrl.loop import run_dir
+
+    lines = [json.dumps({"step": s, "time": float(s)}) for s in (1, 2, 3, 4)]
+    log, switch_file = tmp_path / "metrics.jsonl", tmp_path / "wandb_switch.json"
+    log.write_text("".join(x + "\n" for x in lines))
+    (tmp_path / "wandb_run_id").write_text("oldrun\n")  # as if the run logged to W&B
+    real = run_dir.write_text_atomic
+
+    def write(path: Path, text: str) -> None:
+        if path == log and cut == "before-the-log-cut":
+            raise KeyboardInterrupt  # the kill
+        real(path, text)
+        if path == log:
+            raise KeyboardInterrupt  # the kill, the log cut and its journal left
+
+    monkeypatch.setattr(run_dir, "write_text_atomic", write)
+    with pytest.raises(KeyboardInterrupt):
+        reconcile_logs(tmp_path, 2)
+    monkeypatch.undo()
+    switch = json.loads(switch_file.read_text())
+    assert switch["from"] == "oldrun" and switch["step"] == 2
+    assert reconcile_logs(tmp_path, 2) == {"metrics.jsonl": 2}
+    assert json.loads(switch_file.read_text()) == switch  # the same switch, not one from its new run
+    assert (tmp_path / "wandb_run_id").read_text() == switch["id"] + "\n"
+    assert [r["step"] for r in _lines(log)] == [1, 2]
+    # the new W&B run logs step 3 again and the run is killed before it saves: rewound again
+    log.write_text(log.read_text() + json.dumps({"step": 3, "time": 30.0}) + "\n")
+    assert reconcile_logs(tmp_path, 2) == {"metrics.jsonl": 1}
+    again = json.loads(switch_file.read_text())
+    assert again["from"] == switch["id"] != again["id"] and again["step"] == 2
+    assert (tmp_path / "wandb_run_id").read_text() == again["id"] + "\n"
+
+
 def test_periodic_saves_keep_the_newest_states(tmp_path: Path) -> None:
     run = tmp_path / "run"
     args = [*ARGS, "runtime.mode=colocated", "max_staleness=0", "max_steps=5", "train.keep_states=3"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -50,6 +51,11 @@ def sync_dir(d: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def file_digest(path: Path) -> str:
+    """The file's sha256 in hex ("" if there is none): whether a file changed between two moments."""
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
 
 
 RUN_LOCK = ".lock"  # in a run directory: flock'ed by the process training into it; the kernel lets go at exit

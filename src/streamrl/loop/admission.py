@@ -136,17 +136,19 @@ class Admission:
             else:
                 group = res.group
                 assert group is not None
-                # what can raise (the sampler's feedback, the filter) runs first: a group it fails on
-                # stays in flight, and a stop carries it over to be generated again
+                # what can raise (the sampler's feedback, the filter, the draft store, the episode
+                # counts) runs first: a group it fails on stays in flight, a stop carries it over to be
+                # generated again, and the error reaches the trainer (run). The drafts before the
+                # counts: a group generated again only refreshes its drafts, but would count twice
                 if group.trajectories and self.on_group_scored is not None:
                     self.on_group_scored(group)
                 keep = bool(group.trajectories) and p.sampling.keep(group)
+                if p.drafts is not None:
+                    p.drafts.add(group)
+                p.episode_errors.add(group)  # all or nothing
                 del self.sh.inflight[res.group_id]
                 p.stall.returned()
                 p.ledger.returned(res.group_id)
-                p.episode_errors.add(group)
-                if p.drafts is not None:
-                    p.drafts.add(group)
                 if not group.trajectories:  # agents that made no call: nothing to train on
                     p.ledger.filtered(res.group_id, "no_calls")
                     p.staleness.on_return(kept=False)

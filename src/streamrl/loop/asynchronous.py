@@ -213,16 +213,18 @@ class AsyncRunner:
         self.start()
         self.wait_ready()
         self.admission.start()
-        if self.threads is not None:
-            self.trainer.set_boundary(self.threads.work)
-        budget = RunBudget(cfg.max_steps, cfg.max_time, self.stop)
-        waited, first_step = 0.0, self.state.step  # a resumed run's rates count its own steps
-        # but its share of time waiting is over the whole run, as engine_idle_share is (0: a state
-        # saved before these totals were)
-        saved = self.state.clock
-        waited_before, elapsed_before = saved.get("trainer_waited", 0.0), saved.get("loop_elapsed", 0.0)
-        per_step = self.B * cfg.rollout.samples_per_prompt
+        # from here the admission thread draws: whatever raises, the finally stops it and carries
+        # over what it drew before the state is saved
         try:
+            if self.threads is not None:
+                self.trainer.set_boundary(self.threads.work)
+            budget = RunBudget(cfg.max_steps, cfg.max_time, self.stop)
+            waited, first_step = 0.0, self.state.step  # a resumed run's rates count its own steps
+            # but its share of time waiting is over the whole run, as engine_idle_share is (0: a state
+            # saved before these totals were)
+            saved = self.state.clock
+            waited_before, elapsed_before = saved.get("trainer_waited", 0.0), saved.get("loop_elapsed", 0.0)
+            per_step = self.B * cfg.rollout.samples_per_prompt
             while budget.more(self.state.step):
                 t0 = time.perf_counter()
                 taken = self._take_batch()

@@ -36,12 +36,15 @@ class EpisodeErrors:
         return {**out, "examples": dict(self.examples)} if self.examples else out
 
     def add(self, group: Group) -> None:
+        """Count a returned group's episodes: all of them or, if this raises, none."""
         if group.episode_errors is None:  # not an agent group
             return
-        self.episodes += len(group.episode_errors)
-        self.reasons.update(reason for reason in group.episode_errors if reason)
         details = group.episode_error_details or [""] * len(group.episode_errors)
-        self.examples = first_messages(zip(group.episode_errors, details), self.examples)
+        examples = first_messages(zip(group.episode_errors, details), self.examples)
+        reasons = Counter(reason for reason in group.episode_errors if reason)
+        self.episodes += len(group.episode_errors)
+        self.reasons.update(reasons)
+        self.examples = examples
 
     def take(self) -> dict[str, Any]:
         """The counts since the last take (nothing for runs without agent tasks), then reset."""

@@ -42,7 +42,6 @@ from streamrl.observe.metrics import GroupLog
 from streamrl.observe.model_card import Accuracy
 from streamrl.observe.progress import StepProgress
 from streamrl.observe.summary import print_summary
-from streamrl.observe.wandb_sink import rewind_wandb_run
 from streamrl.placement.colocated import push_policy
 from streamrl.placement.cores import elastic_enabled, thread_split
 from streamrl.placement.forkserver import start_server_for
@@ -189,9 +188,7 @@ def _run_train(
     write_text_atomic(run_dir / "environment.json", json.dumps(env, indent=2))
     moved: dict[str, int] = {}
     if cfg.resume:
-        moved = reconcile_logs(run_dir, state.step)
-        if moved.get("metrics.jsonl"):  # steps logged past the state: W&B would ignore them again
-            rewind_wandb_run(run_dir, state.step)
+        moved = reconcile_logs(run_dir, state.step)  # and W&B rewound first if it logged steps past it
         console.print(
             f"resumed at step {state.step} (policy version {state.version}), "
             f"{len(state.finished)} finished + {len(state.unfinished)} unfinished groups carried over"
@@ -337,8 +334,11 @@ def _run_train(
             # a failed export leaves the state before its step the newest; a step saved periodically as
             # the loop ended (a stop during its save) is saved once; a failure's groups are recorded
             elif not (export_failed or (ended and saver.stopped_in_save == state.step)):
-                state.sampler = runner.stream_position()  # colocated: before a failed step's draws
-                save(state)
+                try:  # the carry-over first (once: the loop's end ran it unless it failed before)
+                    runner.close()
+                finally:  # the admission thread drew its last: the state holds what it drew
+                    state.sampler = runner.stream_position()  # colocated: before a failed step's draws
+                    save(state)
             timings["save"] = time.perf_counter() - t_save
     interrupted, final_eval_stopped = bool(stop), False
     if interrupted:

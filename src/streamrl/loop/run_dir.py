@@ -3,7 +3,6 @@ saved into periodically so that a crash costs at most the steps since the last s
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -11,9 +10,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from streamrl.files import sync_dir, write_text_atomic
+from streamrl.files import file_digest, sync_dir, write_text_atomic
 from streamrl.loop.durable import recover
 from streamrl.loop.state import STATE_DIR, RunState, latest_state
+from streamrl.observe.wandb_sink import rewind_wandb_run
 from streamrl.preflight import check_run_dir
 
 LOGS = ("metrics.jsonl", "groups.jsonl")  # one line per step / per trained group, each with "step"
@@ -41,12 +41,29 @@ def claim_run_dir(run_dir: str, resume: bool, overwrite: bool) -> Path:
 def reconcile_logs(run_dir: Path, step: int) -> dict[str, int]:
     """Resuming from the state of `step`: log lines of later steps (written before a crash, whose
     groups will be trained again) move to NAME.orphaned, and a torn last line is dropped, so every step
-    and every group id appears once. Returns the lines moved per file."""
+    and every group id appears once. Returns the lines moved per file.
+
+    W&B ignores the steps trained again if its run logged them: the switch to a new W&B run is written
+    before metrics.jsonl is cut, so a kill between the two finds the lines there again and the next
+    resume completes the same switch (observe/wandb_sink.py), never misses it."""
+    metrics = run_dir / LOGS[0]
+    if metrics.is_file() and _split(metrics, step)[1]:
+        rewind_wandb_run(run_dir, step)
     return {name: _set_aside(run_dir, name, step) for name in LOGS if (run_dir / name).is_file()}
 
 
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def _split(path: Path, step: int) -> tuple[list[str], list[str]]:
+    """The log's lines up to `step`, and those past it (a torn last line among them)."""
+    keep: list[str] = []
+    orphaned: list[str] = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # the line a crash cut short
+            orphaned.append(line)
+            continue
+        (keep if int(row["step"]) <= step else orphaned).append(line)
+    return keep, orphaned
 
 
 def _set_aside(run_dir: Path, name: str, step: int) -> int:
@@ -57,24 +74,17 @@ def _set_aside(run_dir: Path, name: str, step: int) -> int:
     finished = 0
     if journal.is_file():  # a move cut short
         entry = json.loads(journal.read_text())
-        if _digest(path) == entry["log"]:  # the log was not cut yet: undo a partial append, redo it
+        if file_digest(path) == entry["log"]:  # the log was not cut yet: undo a partial append, redo it
             if aside.is_file() and aside.stat().st_size > entry["size"]:
                 os.truncate(aside, entry["size"])
         else:  # the log was cut: the move is complete
             finished = int(entry["lines"])
         journal.unlink()
-    keep, orphaned = [], []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:  # the line a crash cut short
-            orphaned.append(line)
-            continue
-        (keep if int(row["step"]) <= step else orphaned).append(line)
+    keep, orphaned = _split(path, step)
     if not orphaned:
         return finished
     size = aside.stat().st_size if aside.is_file() else 0
-    write_text_atomic(journal, json.dumps({"size": size, "log": _digest(path), "lines": len(orphaned)}))
+    write_text_atomic(journal, json.dumps({"size": size, "log": file_digest(path), "lines": len(orphaned)}))
     with aside.open("a", encoding="utf-8") as f:
         f.write("".join(x + "\n" for x in orphaned))
         f.flush()

@@ -12,6 +12,7 @@ import json
 import pickle
 import random
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,29 @@ def latest_state(run_dir: Path) -> Path | None:
     return dirs[-1] if dirs else None
 
 
+def carried_mismatch(state: RunState) -> str | None:
+    """What a state gets wrong about its carried-over groups, in one line, or None: the ids its ledger
+    carries over must be exactly those of its finished and unfinished groups, the ones a resume takes
+    up again (a carried-over id in neither list is never generated again, and `lost` stays 0)."""
+    marked = {g for g, s in state.ledger.get("state", {}).items() if s == "carried_over"}
+    held = {r.group_id for r in [*state.finished, *state.unfinished]}
+    missing, unmarked = sorted(marked - held), sorted(held - marked)
+    said = []
+    if missing:
+        said.append(
+            f"carries over {_ids(missing)} neither finished nor unfinished: a resume never makes them"
+        )
+    if unmarked:
+        said.append(f"holds {_ids(unmarked)}, which its ledger does not carry over: a resume refuses them")
+    return f"the state of step {state.step} {'; it '.join(said)}" if said else None
+
+
+def _ids(ids: list[str], shown: int = 5) -> str:
+    """How many groups, with the first `shown` ids and then how many more."""
+    more = f", {len(ids) - shown} more" if len(ids) > shown else ""
+    return f"{len(ids)} group(s) ({', '.join(ids[:shown])}{more})"
+
+
 class StateSaveError(RuntimeError):
     """The run state could not be written (a full disk, most often); the newest complete state is kept."""
 
@@ -94,7 +118,9 @@ def save_state(
     with it), so a resumed run draws the same tokens an uninterrupted one would. A write that fails
     removes its partial directory and raises StateSaveError naming the disk's free space and the
     state a resume would start from; any other error is raised as it is, its partial directory removed
-    too."""
+    too. A state whose carried-over groups do not add up (carried_mismatch) is saved with a warning."""
+    if (said := carried_mismatch(state)) is not None:  # saved even so: it is the newest state there is
+        print(f"streamrl: warning: {said}", file=sys.stderr, flush=True)
     root = run_dir / STATE_DIR
     final = root / f"{_PREFIX}{state.step:06d}"
     tmp: Path | None = None

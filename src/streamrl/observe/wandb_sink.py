@@ -19,21 +19,32 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from streamrl.files import write_text_atomic
+from streamrl.files import file_digest, write_text_atomic
 
 RUN_ID_FILE = "wandb_run_id"  # in the run directory
-SWITCH_FILE = "wandb_switch.json"  # {"from": old id, "id": new id, "step": the saved step resumed from}
+SWITCH_FILE = "wandb_switch.json"  # {"from": old id, "id": new id, "step": the saved step resumed from,
+# "log": metrics.jsonl's digest before its lines past the step were set aside}
+METRICS_LOG = "metrics.jsonl"  # what the W&B run logged, a line per step (observe/metrics.py)
 
 
 def rewind_wandb_run(run_dir: Path, step: int) -> None:
     """A resume went back to `step` below steps the run's W&B run logged: from now on the run logs
     into a new W&B run. The switch is written before the new id, so a kill between the two writes
-    still ends in the new run (WandbSink completes it)."""
+    still ends in the new run (WandbSink completes it); and before the metrics log is cut
+    (loop/run_dir.py), so a kill before the cut calls this again on the same log: the switch written
+    then stands (completed), and no other W&B run is started for the same rewind."""
     id_file = run_dir / RUN_ID_FILE
     if not id_file.is_file():  # no W&B run started: the next one starts fresh anyway
         return
-    switch = {"from": id_file.read_text().strip(), "id": uuid.uuid4().hex[:16], "step": step}
-    write_text_atomic(run_dir / SWITCH_FILE, json.dumps(switch))
+    run_id, log = id_file.read_text().strip(), file_digest(run_dir / METRICS_LOG)
+    switch_file = run_dir / SWITCH_FILE
+    switch = json.loads(switch_file.read_text()) if switch_file.is_file() else {}
+    done = (
+        switch.get("step") == step and switch.get("log") == log and run_id in (switch["from"], switch["id"])
+    )
+    if not done:
+        switch = {"from": run_id, "id": uuid.uuid4().hex[:16], "step": step, "log": log}
+        write_text_atomic(switch_file, json.dumps(switch))
     write_text_atomic(id_file, switch["id"] + "\n")
 
 

@@ -86,6 +86,58 @@ def test_resumed_run_logs_the_same_steps(runs):
     assert ga == gb  # the same problems, rewards and sampled text, step by step
 
 
+def test_a_stop_during_a_steps_rollouts_drops_the_step_and_the_resume_makes_it_exactly(
+    runs, tmp_path, monkeypatch
+):
+    """A SIGINT while step 3 generates ends its rollouts at the engine's next decode step: step 3 is
+    neither trained nor logged, step 2 is saved, and the resumed run makes step 3 again with the problems
+    and tokens the uninterrupted run had: it ends bitwise equal to it, with the same groups."""
+    import os
+    import signal
+
+    from streamrl.engine.hf import HFEngine
+    from streamrl.loop.colocated import ColocatedRunner
+
+    whole, _ = runs
+    run, at = tmp_path / "run", [0]
+    real_batch, real_wait = ColocatedRunner._batch, HFEngine.wait
+
+    def batch(self, step):
+        at[0] = step
+        return real_batch(self, step)
+
+    def wait(self, handles, stop=None):
+        if at[0] != 3 or stop is None:
+            return real_wait(self, handles, stop)
+        asked = [0]
+
+        def stop_soon():  # the signal comes after two decode steps
+            asked[0] += 1
+            if asked[0] == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+            return stop()
+
+        return real_wait(self, handles, stop_soon)
+
+    monkeypatch.setattr(ColocatedRunner, "_batch", batch)
+    monkeypatch.setattr(HFEngine, "wait", wait)
+    assert main(["train", *SYNC, f"run_dir={run}"]) == 0
+    monkeypatch.undo()
+    assert [r["step"] for r in _rows(run)] == [1, 2]
+    assert sorted(p.name for p in (run / "state").iterdir()) == ["step-000002"]
+    acc = json.loads((run / "accounting.json").read_text())
+    assert acc["lost"] == 0 and acc["trained"] == 4
+    assert json.loads((run / "summary.json").read_text())["interrupted"]
+    assert main(["train", f"resume={run}"]) == 0
+    w_weights, w_tensors = _tensors(whole)
+    r_weights, r_tensors = _tensors(run)
+    assert [k for k in w_weights if not torch.equal(w_weights[k], r_weights[k])] == []
+    _assert_optimizer_equal(w_tensors["optimizer"], r_tensors["optimizer"])
+    ga = [json.loads(x) for x in (whole / "groups.jsonl").read_text().splitlines()]
+    gb = [json.loads(x) for x in (run / "groups.jsonl").read_text().splitlines()]
+    assert ga == gb
+
+
 def test_restore_loads_every_saved_piece(runs, tmp_path):
     """Fresh components + restore == the saved state: weights, optimizer, scheduler, RNGs, sampler, engine."""
     _, split = runs

@@ -1,11 +1,15 @@
 """A run saves each step's state once, however it ends: a step the loop ends after (max_steps, max_time,
-Ctrl-C or SIGTERM) on a train.save_every step is saved by the final save that follows the loop, which
-holds what arrived meanwhile, not by a periodic save as well; a stop during a periodic save keeps it."""
+Ctrl-C or SIGTERM) on a train.save_every step is saved by the final save that follows the loop, not by a
+periodic save as well; a stop during a periodic save keeps it. A stop saves as soon as the loop ends,
+before the rollout workers are stopped, and again (the same state directory) only if their stop
+brought something new."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import shutil
 import signal
 import time
 import types
@@ -16,7 +20,11 @@ from tiny_args import TINY
 from streamrl.cli import main
 from streamrl.loop import budget, job
 from streamrl.loop.budget import RunBudget
+from streamrl.loop.ledger import Ledger
+from streamrl.loop.run_dir import PeriodicSaver, StopSaver
 from streamrl.loop.signals import StopFlag
+from streamrl.loop.state import RunState, load_state, same_save
+from streamrl.rollout.worker import GroupRequest, GroupResult
 
 
 def _count_saves(monkeypatch, during=None) -> list[int]:
@@ -48,7 +56,8 @@ def test_a_stop_on_a_save_every_step_saves_the_state_once(tmp_path, monkeypatch)
     run = tmp_path / "run"
     args = ["max_steps=6", "train.save_every=2", "eval.every=2", "eval.after=false", f"run_dir={run}"]
     assert main(["train", *TINY, *args]) == 0
-    assert saved == [2]
+    # as the loop ended, and again if the workers' stop brought groups back: one state directory
+    assert saved[0] == 2 and set(saved) == {2} and len(saved) <= 2
     assert _states(run) == ["step-000002"]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["interrupted"] and summary["timings"]["periodic_saves"] == 0.0  # the final save's
@@ -150,8 +159,8 @@ def test_max_times_verdict_after_a_step_holds_through_its_save(monkeypatch) -> N
 
 def test_a_stop_after_a_periodic_save_saves_the_step_again_with_what_arrived(tmp_path, monkeypatch) -> None:
     """Async: a Ctrl-C while the trainer waits for step 2's batch, after step 1's periodic save, ends the
-    loop without a new step; the save after the loop writes step 1 again, with the groups that came back
-    since (the periodic save cannot hold them), and a resume continues from it."""
+    loop without a new step; the stop's save writes step 1 again, with the groups that came back since
+    (the periodic save cannot hold them), and a resume continues from it."""
     from streamrl.loop import asynchronous
 
     saved = _count_saves(monkeypatch)
@@ -167,7 +176,7 @@ def test_a_stop_after_a_periodic_save_saves_the_step_again_with_what_arrived(tmp
     run = tmp_path / "run"
     args = ["runtime.mode=async", "max_steps=4", "train.save_every=1", "eval.after=false"]
     assert main(["train", *TINY, *args, f"run_dir={run}"]) == 0
-    assert saved == [1, 1]
+    assert saved[:2] == [1, 1] and set(saved) == {1} and len(saved) <= 3
     assert _states(run) == ["step-000001"]
     assert json.loads((run / "summary.json").read_text())["interrupted"]
 
@@ -194,3 +203,82 @@ def test_the_saver_names_the_step_whose_save_a_stop_came_during() -> None:
     assert saver.count == 2
     late = PeriodicSaver(2, 0.0, RunState, lambda: True)  # a stop with no save at the step
     assert not late.after_step(1) and late.stopped_in_save is None
+
+
+def _lines(path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def test_a_stop_saves_the_state_before_the_rollout_workers_are_stopped(tmp_path, monkeypatch) -> None:
+    """Async: a stop after step 2 saves step 2, the groups buffered or in flight carried over, before the
+    workers' stop, which may take longer than a container runtime waits before its SIGKILL. The run
+    directory as it stands when that stop begins (what such a kill leaves) resumes, and trains every
+    step and every group once."""
+    from interrupt import stop_after
+
+    from streamrl.placement.backend import LocalRollouts
+
+    run, killed = tmp_path / "run", tmp_path / "killed"
+    real_stop = LocalRollouts.stop
+
+    def stop(self):
+        if not killed.exists():
+            shutil.copytree(run, killed, ignore=shutil.ignore_patterns(".lock"))
+        return real_stop(self)
+
+    monkeypatch.setattr(LocalRollouts, "stop", stop)
+    stop_after(monkeypatch, 2)
+    args = ["runtime.mode=async", "max_steps=4", "train.save_every=0", "eval.after=false"]
+    assert main(["train", *TINY, *args, f"run_dir={run}"]) == 0
+    monkeypatch.undo()
+    assert _states(killed) == ["step-000002"] and _states(run) == ["step-000002"]
+    state = load_state(killed)[0]
+    counts = Ledger.from_state_dict(state.ledger).counts()
+    carried = [r.group_id for r in state.finished] + [q.group_id for q in state.unfinished]
+    assert counts["lost"] == 0 and counts["trained"] == 4 and counts["carried_over"] == len(carried)
+    assert counts["admitted"] == 4 + counts["filtered"] + len(carried) == state.groups_made
+    assert main(["train", f"resume={killed}"]) == 0
+    trained = [g["group_id"] for g in _lines(killed / "groups.jsonl")]
+    assert [r["step"] for r in _lines(killed / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert len(trained) == len(set(trained)) == 8
+    acc = json.loads((killed / "accounting.json").read_text())
+    assert acc["lost"] == 0 and acc["trained"] == 8
+
+
+def _request(gid: str) -> GroupRequest:
+    return GroupRequest(gid, None, [1], 2, 0)  # type: ignore[arg-type]
+
+
+def test_a_stops_second_save_is_made_only_if_the_workers_stop_changed_the_state() -> None:
+    """Compared by what is saved: the groups carried over (by id), the ledger, the data position; not the
+    clock and the replay buffer, which the job's save sets from the same values both times."""
+    early = RunState(step=2, ledger={"state": {"g4": "carried_over"}}, unfinished=[_request("g4")])
+    same = copy.deepcopy(early)
+    same.clock, same.replay = {"time": 5.0}, [1]
+    assert same_save(early, same)
+    came_back = copy.deepcopy(early)
+    came_back.unfinished, came_back.finished = [], [GroupResult("g4", None, 0)]
+    assert not same_save(early, came_back)
+    admitted = copy.deepcopy(early)
+    admitted.unfinished.append(_request("g5"))
+    assert not same_save(early, admitted)
+    drawn = copy.deepcopy(early)
+    drawn.sampler = {"drawn": 1}
+    assert not same_save(early, drawn)
+
+    written: list[int] = []
+    saver = StopSaver(lambda s: written.append(s.step) or s, PeriodicSaver(0, 0.0, RunState, lambda: True))
+    assert saver.needed(early)  # no stop's save: the save after the loop is the only one
+    saver(early)
+    assert written == [2] and not saver.needed(same) and saver.needed(came_back)
+
+
+def test_a_stop_during_a_periodic_save_is_not_saved_again_as_the_loop_ends() -> None:
+    periodic = PeriodicSaver(2, 0.0, RunState, lambda: True)
+    assert periodic.after_step(2) and periodic.stopped_in_save == 2
+    written: list[int] = []
+    saver = StopSaver(lambda s: written.append(s.step) or s, periodic)
+    saver(RunState(step=2))
+    assert written == [] and saver.saved is None
+    saver(RunState(step=3))  # a later step: not the periodic save's
+    assert written == [3]

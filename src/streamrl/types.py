@@ -12,7 +12,8 @@ TIMEOUT_REASONS = ("timeout", "JudgeError/timeout")
 
 
 class EvalStopped(Exception):
-    """An evaluation was asked to stop (Ctrl-C, SIGTERM) before it finished: nothing of it counts."""
+    """An evaluation, or a colocated step's rollouts, was asked to stop (Ctrl-C, SIGTERM) before it
+    finished: nothing of it counts."""
 
 
 @dataclass

@@ -204,10 +204,18 @@ class AsyncRunner:
             self.oldest[res.group_id] = min(versions)
         return self.oldest[res.group_id]
 
-    def run(self, on_step: Callable[[StepRecord], None]) -> None:
+    def run(
+        self, on_step: Callable[[StepRecord], None], on_stop: Callable[[RunState], None] | None = None
+    ) -> None:
+        """Train until the budget ends; `on_step` gets each step's record. A stop hands the run's state
+        to `on_stop` (the job saves it) as soon as the loop ends, before the workers are stopped (which
+        may take STOP_TIMEOUT_S and more); `close` then carries over what came back meanwhile too."""
         cfg = self.cfg
         if self.stop or self.state.step >= cfg.max_steps:  # stopped during the base evaluation, or done
-            self.close()
+            try:
+                self._stopped(on_stop)
+            finally:
+                self.close()
             return
         backend = self.backend
         self.start()
@@ -286,12 +294,18 @@ class AsyncRunner:
                     )
                 finally:
                     on_step(rec)
+            self._stopped(on_stop)
         finally:
             self.trainer.set_boundary(None)
             if self.threads is not None:  # the trainer computes no more: a worker yielding to it (alternate)
                 self.threads.wait()  # would otherwise never reach the stop request at its next decode step
             self.admission.stop(timeout=10)
             self.close()
+
+    def _stopped(self, on_stop: Callable[[RunState], None] | None) -> None:
+        """If a stop ended the loop: its state, what is buffered or in flight carried over, to `on_stop`."""
+        if self.stop and on_stop is not None:
+            on_stop(self.snapshot())
 
     def start(self) -> None:
         """Start the rollout workers on the trainer's weights (once; the job calls it before the base

@@ -29,7 +29,7 @@ from streamrl.loop.export import CheckpointWriteError, export_checkpoint, export
 from streamrl.loop.heldout import eval_record, periodic_eval, run_eval_record, without_final
 from streamrl.loop.ledger import Ledger
 from streamrl.loop.restore import restore
-from streamrl.loop.run_dir import PeriodicSaver, claim_run_dir, reconcile_logs, stop_message
+from streamrl.loop.run_dir import PeriodicSaver, StopSaver, claim_run_dir, reconcile_logs, stop_message
 from streamrl.loop.signals import StopFlag
 from streamrl.loop.state import RunState, latest_state, save_state
 from streamrl.loop.step import StepRecord
@@ -260,6 +260,12 @@ def _run_train(
     export_failed = ended = False
     t_train = time.perf_counter()
     clock = TrainClock()  # train_elapsed: the loop's time minus periodic evaluation, saves and exports
+
+    def save_paused(snapshot: RunState) -> RunState:
+        with clock.pause():
+            return save(snapshot)
+
+    on_stop = StopSaver(save_paused, saver)  # a stop's state, saved before the workers are stopped
     resumed_at = dict(clock_at)  # a resumed run's clocks continue the saved ones
     try:
         with StepProgress(cfg.max_steps, console, done=state.step, max_time=cfg.max_time) as progress:
@@ -311,14 +317,14 @@ def _run_train(
                     with clock.pause():
                         saver.after_step(rec.step)
 
-            runner.run(on_step)
+            runner.run(on_step, on_stop)
             ended = True  # by max_steps, max_time or a stop: not a failure, which moves the state on
     except CheckpointWriteError as e:  # a periodic export: the step's state is not saved either
         export_failed = True
         raise CheckpointWriteError(export_stop(run_dir, state.step, e.__cause__ or e)) from e.__cause__
     finally:
-        # the loop, periodic saves included; the final save is timed apart
-        timings["train"] = time.perf_counter() - t_train
+        # the loop, periodic saves included; the final save and a stop's (as the loop ended) are timed apart
+        timings["train"] = time.perf_counter() - t_train - on_stop.seconds
         timings["periodic_saves"] = saver.seconds
         timings["train_clock"] = clock.elapsed  # the loop minus periodic evaluation, saves and exports
         t_save = time.perf_counter()
@@ -332,14 +338,16 @@ def _run_train(
                 kept = f"its newest saved state, {newest.name}, is kept" if newest else "no state was saved"
                 console.print(f"[yellow]the run failed inside step {state.step + 1}: {kept}[/]")
             # a failed export leaves the state before its step the newest; a step saved periodically as
-            # the loop ended (a stop during its save) is saved once; a failure's groups are recorded
+            # the loop ended (a stop during its save) is saved once; a failure's groups are recorded; a
+            # stop's state saved as the loop ended is saved again if the workers' stop changed it
             elif not (export_failed or (ended and saver.stopped_in_save == state.step)):
                 try:  # the carry-over first (once: the loop's end ran it unless it failed before)
                     runner.close()
                 finally:  # the admission thread drew its last: the state holds what it drew
                     state.sampler = runner.stream_position()  # colocated: before a failed step's draws
-                    save(state)
-            timings["save"] = time.perf_counter() - t_save
+                    if on_stop.needed(state):
+                        save(state)
+            timings["save"] = time.perf_counter() - t_save + on_stop.seconds
     interrupted, final_eval_stopped = bool(stop), False
     if interrupted:
         console.print(stop_message(stop.reason, state.step, run_dir), style="yellow", markup=False)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from streamrl.files import file_digest, sync_dir, write_text_atomic
 from streamrl.loop.durable import recover
-from streamrl.loop.state import STATE_DIR, RunState, latest_state
+from streamrl.loop.state import STATE_DIR, RunState, latest_state, same_save
 from streamrl.observe.wandb_sink import rewind_wandb_run
 from streamrl.preflight import check_run_dir
 
@@ -129,3 +129,26 @@ class PeriodicSaver:
             if self.stopped():
                 self.stopped_in_save = step
         return due
+
+
+class StopSaver:
+    """The state a stop ends the loop with, saved at once: before the rollout workers are stopped (up to
+    STOP_TIMEOUT_S and their joins), which may outlast the seconds a container runtime leaves between its
+    SIGTERM and its SIGKILL. A step whose periodic save a stop came during is not saved again.
+    `needed(state)`: whether the save after the workers stopped has anything to add (groups that came
+    back meanwhile); it replaces this one then, both being of the same step."""
+
+    def __init__(self, save: Callable[[RunState], RunState], periodic: PeriodicSaver) -> None:
+        self.save, self.periodic = save, periodic
+        self.saved: RunState | None = None
+        self.seconds = 0.0  # time spent saving
+
+    def __call__(self, snapshot: RunState) -> None:
+        if self.periodic.stopped_in_save == snapshot.step:
+            return
+        t0 = time.perf_counter()
+        self.saved = self.save(snapshot)
+        self.seconds += time.perf_counter() - t0
+
+    def needed(self, state: RunState) -> bool:
+        return self.saved is None or not same_save(self.saved, state)

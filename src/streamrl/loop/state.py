@@ -8,6 +8,7 @@ at any moment (kill -9, power loss) leaves the newest complete state to resume f
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 import random
@@ -47,6 +48,21 @@ class RunState:
     # the run's `time` and `train_elapsed` as of this state's step, which a resumed run continues, and
     # the async loop's trainer_waited and loop_elapsed seconds (trainer_wait_share), continued too
     clock: dict[str, float] = field(default_factory=dict)
+
+
+# set by the job's save from what the loop ended with, the same for every save after it
+_SET_BY_SAVE = ("clock", "replay")
+_GROUPS = ("finished", "unfinished")  # GroupResult / GroupRequest: compared by group id
+
+
+def same_save(a: RunState, b: RunState) -> bool:
+    """Whether saving `b` would write what the save of `a` wrote: the same fields, the same groups carried
+    over (by id). A stop saves as soon as the loop ends, then again once the workers stopped only if
+    this says something changed meanwhile (groups that came back, requests admitted since)."""
+    plain = [f.name for f in dataclasses.fields(RunState) if f.name not in _SET_BY_SAVE + _GROUPS]
+    if any(getattr(a, k) != getattr(b, k) for k in plain):
+        return False
+    return all([g.group_id for g in getattr(a, k)] == [g.group_id for g in getattr(b, k)] for k in _GROUPS)
 
 
 def sampler_state(stream: Any, at_mark: bool = False) -> dict[str, Any]:

@@ -180,11 +180,11 @@ def rollout_agent_episodes(
     scoring: Scoring | None = None,
 ) -> list[AgentEpisode]:
     """Colocated: jobs = (problem, group_id, sample index k) -> each episode, in job order. `stop`
-    (evaluation) is asked before each decode step and between polls: once it says True, the agents
-    still running are cut off (the proxy closes) and EvalStopped is raised. `scoring` (training): each
-    final text goes to the reward service as its episode ends, bounded by reward.timeout_s and the
-    step's budget, and the calls sample at settings.temperature with top_p 1, whatever they ask
-    (envs/proxy.py); without it (evaluation) the texts are scored here at the end."""
+    (evaluation, a colocated step's rollouts) is asked before each decode step and between polls: once
+    it says True, the agents still running are cut off (the proxy closes) and EvalStopped is raised.
+    `scoring` (training): each final text goes to the reward service as its episode ends, bounded by
+    reward.timeout_s and the step's budget, and the calls sample at settings.temperature with top_p 1,
+    whatever they ask (envs/proxy.py); without it (evaluation) the texts are scored here at the end."""
     r = settings
     front = BatchingEngine(engine, max_batch=r.max_batch, stop=stop)
     proxy = ChatProxy(

@@ -10,6 +10,7 @@ EpisodeTable and feeds each turn's follow-up request back to its ContinuousDecod
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from streamrl.engine.base import GenRequest, GenResult
@@ -58,11 +59,13 @@ def rollout_episodes(
     task: EnvTask,
     settings: RolloutSettings,
     jobs: list[tuple[Problem, GenRequest, str]],
+    stop: Callable[[], bool] | None = None,
 ) -> list[Trajectory]:
-    """Colocated: jobs = (problem, first request with tag (_, k), group id) -> trajectories, same order."""
+    """Colocated: jobs = (problem, first request with tag (_, k), group id) -> trajectories, same order.
+    `stop`: asked before each decode step; True raises EvalStopped (envs/episode.py run_episodes)."""
     renderer = TurnRenderer(tokenizer)
     episodes = [new_episode(task, renderer, p, req) for p, req, _ in jobs]
-    run_episodes(engine, episodes)
+    run_episodes(engine, episodes, stop)
     pairs = zip(episodes, jobs, strict=True)
     return [episode_trajectory(ep, p, settings, gid, req.tag[1]) for ep, (p, req, gid) in pairs]
 

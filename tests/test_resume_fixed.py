@@ -106,6 +106,21 @@ def test_a_resumed_config_may_change_what_its_state_does_not_fix(run: Path) -> N
     assert _files(run) == before
 
 
+def test_a_run_saved_with_eval_length_0_resumes(run: Path) -> None:
+    """A config.yaml written unvalidated keeps eval.max_new_tokens 0 (held-out replies as long as the
+    training ones): the resume compares it as validate resolves it, and passes."""
+    text = (run / "config.yaml").read_text()
+    assert "max_new_tokens: 8" in text
+    lines = text.splitlines()
+    at = lines.index("eval:")
+    key = next(i for i in range(at, len(lines)) if lines[i].strip().startswith("max_new_tokens:"))
+    lines[key] = lines[key].split(":")[0] + ": 0"
+    (run / "config.yaml").write_text("\n".join(lines) + "\n")
+    cfg = make_config(resume=str(run))
+    assert cfg.eval.max_new_tokens == cfg.rollout.max_new_tokens
+    assert preflight(cfg).task is not None
+
+
 def test_a_run_saved_with_keys_it_never_read_resumes_through_the_python_api(run: Path) -> None:
     """A run saved with LoRA keys and no LoRA (before they were refused): the resume drops them, and the
     check before training compares the saved config as the resume read it, not its raw keys."""

@@ -36,7 +36,7 @@ from streamrl.config_sections import (
     TrainConfig,
     VLLMConfig,
 )
-from streamrl.config_validate import LORA_ONLY, is_data_source, validate
+from streamrl.config_validate import LORA_ONLY, is_data_source, resolve_eval_length, validate
 
 __all__ = [
     "AdvantageConfig",
@@ -206,9 +206,12 @@ def refuse_changes_a_resume_would_ignore(cfg: Config) -> None:
 
 
 def _as_resumed(cfg: Config) -> Config:
-    """`cfg` without the data and LoRA keys its run never read (as a resume drops them when not given)."""
+    """`cfg` without the data and LoRA keys its run never read (as a resume drops them when not given),
+    its held-out reply length resolved as validate resolves it (a config.yaml written unvalidated keeps
+    eval.max_new_tokens 0)."""
     _drop_data_keys_unread(cfg, [])
     _drop_lora_keys_unread(cfg, [])
+    resolve_eval_length(cfg)
     return cfg
 
 

@@ -53,6 +53,12 @@ def _validate_vllm(cfg: Any) -> None:
         raise ConfigError(VLLM_INSTALL_HINT)
 
 
+def resolve_eval_length(cfg: Any) -> None:
+    """eval.max_new_tokens 0: held-out replies get the room training replies get."""
+    if not cfg.eval.max_new_tokens:
+        cfg.eval.max_new_tokens = cfg.rollout.max_new_tokens
+
+
 def validate(cfg: Any, keep_saved_judge: bool = False) -> None:
     """The range of every numeric key (config_bounds.py), then checks across keys; eval.max_new_tokens=0
     becomes rollout.max_new_tokens, so every reader (and config.yaml) has the number. keep_saved_judge: a
@@ -69,8 +75,7 @@ def validate(cfg: Any, keep_saved_judge: bool = False) -> None:
         if value not in reg:
             raise ConfigError(f"config key '{key}' must be one of {', '.join(sorted(reg))}, got {value!r}")
     check_bounds(cfg)
-    if not cfg.eval.max_new_tokens:  # held-out replies get the room training replies get
-        cfg.eval.max_new_tokens = cfg.rollout.max_new_tokens
+    resolve_eval_length(cfg)
     token_level = registry.ADVANTAGES[cfg.advantage.name].token_level  # no per-sample advantage
     validate_algo(cfg, registry)
     _validate_lora(cfg.train)

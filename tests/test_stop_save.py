@@ -23,7 +23,7 @@ from streamrl.loop.budget import RunBudget
 from streamrl.loop.ledger import Ledger
 from streamrl.loop.run_dir import PeriodicSaver, StopSaver
 from streamrl.loop.signals import StopFlag
-from streamrl.loop.state import RunState, load_state, same_save
+from streamrl.loop.state import RunState, StateSaveError, load_state, same_save
 from streamrl.rollout.worker import GroupRequest, GroupResult
 
 
@@ -282,3 +282,24 @@ def test_a_stop_during_a_periodic_save_is_not_saved_again_as_the_loop_ends() -> 
     assert written == [] and saver.saved is None
     saver(RunState(step=3))  # a later step: not the periodic save's
     assert written == [3]
+
+
+def test_a_stops_save_that_could_not_be_written_is_not_tried_again() -> None:
+    """A full disk fails the stop's save (StateSaveError, raised): the save after the loop would fail the
+    same way, so it is not made; any other error leaves the later save to try."""
+
+    def full(state: RunState) -> RunState:
+        raise StateSaveError("no space left on device")
+
+    saver = StopSaver(full, PeriodicSaver(0, 0.0, RunState, lambda: True))
+    with pytest.raises(StateSaveError):
+        saver(RunState(step=2))
+    assert saver.failed and not saver.needed(RunState(step=2))
+
+    def broken(state: RunState) -> RunState:
+        raise OSError("the mount went away")
+
+    other = StopSaver(broken, PeriodicSaver(0, 0.0, RunState, lambda: True))
+    with pytest.raises(OSError):
+        other(RunState(step=2))
+    assert other.needed(RunState(step=2))

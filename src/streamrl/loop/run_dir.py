@@ -12,7 +12,7 @@ from pathlib import Path
 
 from streamrl.files import file_digest, sync_dir, write_text_atomic
 from streamrl.loop.durable import recover
-from streamrl.loop.state import STATE_DIR, RunState, latest_state, same_save
+from streamrl.loop.state import STATE_DIR, RunState, StateSaveError, latest_state, same_save
 from streamrl.observe.wandb_sink import rewind_wandb_run
 from streamrl.preflight import check_run_dir
 
@@ -141,14 +141,20 @@ class StopSaver:
     def __init__(self, save: Callable[[RunState], RunState], periodic: PeriodicSaver) -> None:
         self.save, self.periodic = save, periodic
         self.saved: RunState | None = None
+        self.failed = False  # the save failed to write (StateSaveError): not tried again
         self.seconds = 0.0  # time spent saving
 
     def __call__(self, snapshot: RunState) -> None:
         if self.periodic.stopped_in_save == snapshot.step:
             return
         t0 = time.perf_counter()
-        self.saved = self.save(snapshot)
-        self.seconds += time.perf_counter() - t0
+        try:
+            self.saved = self.save(snapshot)
+        except StateSaveError:  # a full disk: the save after the loop would fail the same way
+            self.failed = True
+            raise
+        finally:
+            self.seconds += time.perf_counter() - t0
 
     def needed(self, state: RunState) -> bool:
-        return self.saved is None or not same_save(self.saved, state)
+        return not self.failed and (self.saved is None or not same_save(self.saved, state))

@@ -20,9 +20,9 @@ problems / prompts_per_step, when every prompt has drafts):
                    workers generated, groups dynamic sampling drops included, over their busy time;
                    colocated: the trained samples' tokens over generate_time)
     samples/s      samples trained / wall seconds over those steps
-    engine cores   the threads the engine computed on, on average over its busy seconds (async, from
-                   runtime.elastic_cores: with `lend` a waiting trainer lends its core, so the arm whose
-                   trainer waits more generates on more cores; `fixed` holds it at the split)
+    engine cores   the threads the workers held, on average over the seconds they held any (async with
+                   runtime.elastic_cores=lend, where a waiting trainer lends its core, so the arm whose
+                   trainer waits more generates on more cores; `fixed` holds the split: not recorded)
     acceptance     draft tokens accepted / draft tokens verified (spec only), accepted tokens per draft
     held-out       final greedy accuracy over all seeds' held-out answers, with its 95% Wilson interval
 
@@ -116,9 +116,9 @@ def run_one(
 
 
 def window(run: dict[str, Any], first_epoch_steps: int, per_step: int) -> dict[str, float]:
-    """Totals over the steps after the first epoch: tokens, generating and wall seconds, the engine's
-    thread-seconds (async; 0 when not recorded), steps, draft tokens verified and accepted, samples
-    with a draft (per_step: samples trained per step)."""
+    """Totals over the steps after the first epoch: tokens, generating and wall seconds, the workers'
+    thread-seconds and seconds holding threads (lending cores; 0 when not recorded), steps, draft tokens
+    verified and accepted, samples with a draft (per_step: samples trained per step)."""
     rows = run["rows"]
     before = [r for r in rows if r["step"] <= first_epoch_steps]
     after = [r for r in rows if r["step"] > first_epoch_steps]
@@ -138,6 +138,8 @@ def window(run: dict[str, Any], first_epoch_steps: int, per_step: int) -> dict[s
         "wall_s": after[-1]["time"] - before[-1]["time"],
         "engine_thread_s": after[-1].get("cores_worker_thread_s", 0.0)
         - before[-1].get("cores_worker_thread_s", 0.0),
+        "engine_held_s": after[-1].get("cores_worker_held_s", 0.0)
+        - before[-1].get("cores_worker_held_s", 0.0),
         "steps": len(after),
         "verified": sum(r.get("spec_verified_tokens", 0) for r in after),
         "accepted": sum(r.get("spec_acceptance_rate", 0.0) * r.get("spec_verified_tokens", 0) for r in after),
@@ -155,6 +157,7 @@ def summarise(arm: str, runs: list[dict[str, Any]], args: argparse.Namespace) ->
             "generate_s",
             "wall_s",
             "engine_thread_s",
+            "engine_held_s",
             "steps",
             "verified",
             "accepted",
@@ -173,8 +176,8 @@ def summarise(arm: str, runs: list[dict[str, Any]], args: argparse.Namespace) ->
         "samples_per_s": total["steps"] * args.prompts * args.samples / total["wall_s"]
         if total["wall_s"]
         else float("nan"),
-        "engine_cores": total["engine_thread_s"] / total["generate_s"]
-        if total["generate_s"] and total["engine_thread_s"]
+        "engine_cores": total["engine_thread_s"] / total["engine_held_s"]
+        if total["engine_held_s"]
         else float("nan"),
         "acceptance_rate": total["accepted"] / total["verified"] if total["verified"] else float("nan"),
         "accepted_per_draft": total["accepted"] / total["drafted"] if total["drafted"] else float("nan"),

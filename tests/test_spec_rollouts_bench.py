@@ -13,6 +13,7 @@ import spec_rollouts  # noqa: E402
 
 def _row(step: int, tokens: int, busy: float, thread_s: float, t: float) -> dict:
     return {
+        "cores_worker_held_s": thread_s / 2 + step,
         "step": step,
         "engine_tokens": tokens,
         "engine_busy_time": busy,
@@ -35,6 +36,7 @@ def test_the_window_counts_the_steps_after_the_first_epoch_and_the_engines_cores
         "generate_s": 4.0,
         "wall_s": 8.0,
         "engine_thread_s": 6.0,
+        "engine_held_s": 5.0,
         "steps": 2,
         "verified": 20,
         "accepted": 10.0,
@@ -42,5 +44,5 @@ def test_the_window_counts_the_steps_after_the_first_epoch_and_the_engines_cores
     }
     args = argparse.Namespace(problems=8, prompts=4, samples=2)
     s = spec_rollouts.summarise("spec", [{"rows": rows, "seed": 0, "correct": [True, False]}], args)
-    assert (s["rollout_tokens_per_s"], s["engine_cores"], s["samples_per_s"]) == (150.0, 1.5, 2.0)
+    assert (s["rollout_tokens_per_s"], s["engine_cores"], s["samples_per_s"]) == (150.0, 1.2, 2.0)
     assert (s["acceptance_rate"], s["accepted_per_draft"]) == (0.5, 2.5)

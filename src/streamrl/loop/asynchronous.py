@@ -364,7 +364,7 @@ class AsyncRunner:
                 sampler=sampler_state(self.stream),
                 drafts=self.drafts.state_dict() if self.drafts is not None else [],
                 engine=self.sh.engine_counters(),
-                counters=self.counters.total(self.sh.duplicates, self.stall.resent, self.backend),
+                counters=self.counters.total(self.sh.duplicates, self.stall.resent),
                 episodes=self.episode_errors.pending(),
             )
 

@@ -1,13 +1,15 @@
 """A local model directory whose weights transformers cannot load, or whose config.json is not JSON, is
 refused in one line naming the file and the fix, before anything loads or is written: no weights, a
 shard index naming shards that are not there, a safetensors file cut short (its header read, no tensor),
-a PyTorch checkpoint cut short (its zip directory read, no tensor), a config.json that is not JSON. A
-sharded directory with every shard loads as usual. The fix suits the directory: a model streamrl built
-into its cache is deleted and rebuilt, a Hub snapshot downloaded again (tests/test_hub_models.py)."""
+a PyTorch checkpoint cut short (its zip directory read, or in the legacy format its pickles: no tensor),
+a config.json that is not JSON. A sharded directory with every shard loads as usual. The fix suits the
+directory: a model streamrl built into its cache is deleted and rebuilt, a Hub snapshot downloaded again
+(tests/test_hub_models.py)."""
 
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 import zipfile
 from collections.abc import Callable
@@ -43,16 +45,17 @@ def _sharded_without_one(d: Path) -> None:
     (d / "model-00001-of-00002.safetensors").write_bytes(b"")
 
 
-def _to_bin(d: Path, shards: int = 1) -> list[str]:
-    """Replace model.safetensors with the same tensors as PyTorch checkpoints (torch.save's zip format):
-    pytorch_model.bin, or `shards` shards and their index -> the checkpoint files, in order."""
+def _to_bin(d: Path, shards: int = 1, legacy: bool = False) -> list[str]:
+    """Replace model.safetensors with the same tensors as PyTorch checkpoints (torch.save's zip format,
+    or its legacy one): pytorch_model.bin, or `shards` shards and their index -> the checkpoint files,
+    in order."""
     import torch
     from safetensors.torch import load_file
 
     tensors = load_file(d / "model.safetensors")
     (d / "model.safetensors").unlink()
     if shards == 1:
-        torch.save(tensors, d / "pytorch_model.bin")
+        torch.save(tensors, d / "pytorch_model.bin", _use_new_zipfile_serialization=not legacy)
         return ["pytorch_model.bin"]
     names = [f"pytorch_model-0000{i + 1}-of-0000{shards}.bin" for i in range(shards)]
     weight_map = {key: names[i % shards] for i, key in enumerate(sorted(tensors))}
@@ -218,6 +221,87 @@ def test_a_pytorch_checkpoint_is_told_by_its_first_bytes_and_zip_directory(tmp_p
     assert pytorch_problem(legacy) == ""
     assert pytorch_problem(other_zip) == "its zip archive holds no data.pkl"
     assert pytorch_problem(text) == "it is neither a zip archive nor a pickle"
+
+
+def test_a_zip_checkpoint_cut_anywhere_is_cut_short(tmp_path):
+    """Its central directory ends the file: a cut anywhere, one byte short included, leaves none."""
+    import torch
+
+    from streamrl.models.weight_files import pytorch_problem
+
+    whole, cut = tmp_path / "whole.bin", tmp_path / "cut.bin"
+    torch.save({"w": torch.ones(3), "i": torch.arange(4)}, whole)
+    data = whole.read_bytes()
+    assert pytorch_problem(whole) == ""
+    for n in (len(data) - 1, len(data) - 22, len(data) - 200, len(data) // 2, 10):
+        cut.write_bytes(data[:n])
+        assert pytorch_problem(cut) == "its zip directory cannot be read: the file is cut short", n
+
+
+def _legacy_checkpoint(file: Path) -> bytes:
+    """torch.save's legacy format of three tensors whose storages take 72 bytes after the pickles:
+    (8 + 3 * 4) + (8 + 2 * 2) + (8 + 4 * 8) -> the file's bytes."""
+    import torch
+
+    tensors = {"w": torch.ones(3), "b": torch.zeros(2, dtype=torch.bfloat16), "i": torch.arange(4)}
+    torch.save(tensors, file, _use_new_zipfile_serialization=False)
+    return file.read_bytes()
+
+
+def test_a_legacy_checkpoint_cut_short_is_told_by_its_pickles(tmp_path):
+    """Its pickles are read (nothing they name is imported), and the storages' bytes they describe must
+    fit in the file: no tensor is read."""
+    from streamrl.models.weight_files import pytorch_problem
+
+    whole, cut = tmp_path / "whole.bin", tmp_path / "cut.bin"
+    data = _legacy_checkpoint(whole)
+    size = len(data)
+    assert pytorch_problem(whole) == ""
+    for n in (size - 1, size - 40, size - 72):  # in the storages' bytes, or right before them
+        cut.write_bytes(data[:n])
+        assert pytorch_problem(cut) == f"it holds {n} bytes where its pickles describe {size}", n
+    for n in (2, 40, size - 73):  # in the pickles (the last one's final byte, at the latest)
+        cut.write_bytes(data[:n])
+        assert pytorch_problem(cut) == "its pickles cannot be read: the file is cut short", n
+    cut.write_bytes(data + b"\0")  # torch reads no further than the storages
+    assert pytorch_problem(cut) == ""
+    cut.write_bytes(pickle.dumps({"w": 1}, protocol=2))
+    assert pytorch_problem(cut) == "it is a pickle without torch.save's magic number"
+
+
+class _Runs:
+    """Pickles as a call of exec: loading it runs code."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (exec, (f"open({str(self.marker)!r}, 'w').close()",))
+
+
+def test_a_legacy_checkpoint_is_read_without_running_what_it_names(tmp_path):
+    from streamrl.models.weight_files import LEGACY_MAGIC, pytorch_problem
+
+    marker, file = tmp_path / "ran", tmp_path / "w.bin"
+    parts = (LEGACY_MAGIC, 1001, {"little_endian": True}, {"w": _Runs(marker)}, [])
+    file.write_bytes(b"".join(pickle.dumps(x, protocol=2) for x in parts))
+    assert pytorch_problem(file) == "" and not marker.exists()
+    file.write_bytes(file.read_bytes()[:-1])
+    assert pytorch_problem(file) == "its pickles cannot be read: the file is cut short"
+    assert not marker.exists()
+
+
+def test_a_legacy_checkpoint_cut_short_is_refused_naming_it_and_the_fix(tmp_path):
+    from streamrl.models.weight_files import weights_problem
+
+    d = _tiny_copy(tmp_path, lambda d: _to_bin(d, legacy=True))
+    f = d / "pytorch_model.bin"
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) // 2])
+    assert weights_problem(d) == (
+        f"{f} is not a whole PyTorch checkpoint (it holds {len(data) // 2} bytes where its pickles "
+        f"describe {len(data)}): copy it again from the base model"
+    )
 
 
 def test_a_cut_short_build_in_the_cache_is_deleted_and_built_again(tmp_path, monkeypatch):

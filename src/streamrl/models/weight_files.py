@@ -7,17 +7,19 @@ a repository may ship next to them (a Mistral-format consolidated.safetensors, t
 no index names) are never part of the set: not downloaded, and not taken as a complete set.
 
 Each file of the set is checked without reading a tensor (a safetensors header, a PyTorch checkpoint's zip
-directory), and a problem comes with the way out that suits where the directory came from (`way_out`):
-a build in streamrl's cache is deleted and built again, a Hub snapshot downloaded again, any other
-directory copied again from its base model.
+directory or, in torch.save's legacy format, its pickles), and a problem comes with the way out that
+suits where the directory came from (`way_out`): a build in streamrl's cache is deleted and built again,
+a Hub snapshot downloaded again, any other directory copied again from its base model.
 """
 
 from __future__ import annotations
 
 import json
+import pickle
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 from streamrl.models.cache import models_dir
 
@@ -99,15 +101,15 @@ def safetensors_problem(file: Path) -> str:
 def pytorch_problem(file: Path) -> str:
     """Why `file` is not a whole PyTorch checkpoint, '' when it may be; no tensor is read. torch.save
     writes a zip archive holding a data.pkl, whose central directory (at the end of the file: one cut
-    short has none) must read and name it. A legacy checkpoint is a bare pickle: only its first two bytes
-    are checked (pickle's PROTO opcode, then a protocol from 2 to 5)."""
+    short has none) must read and name it. A legacy checkpoint is a bare pickle (pickle's PROTO opcode,
+    then a protocol from 2 to 5), checked by legacy_problem."""
     try:
         with file.open("rb") as f:
             head = f.read(2)
-            if head != b"PK":
-                pickle = len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5
-                return "" if pickle else "it is neither a zip archive nor a pickle"
             f.seek(0)
+            if head != b"PK":
+                pickled = len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5
+                return legacy_problem(f, file.stat().st_size) if pickled else NEITHER
             names = zipfile.ZipFile(f).namelist()
     except OSError as e:
         return unreadable(e)
@@ -115,6 +117,107 @@ def pytorch_problem(file: Path) -> str:
         return "its zip directory cannot be read: the file is cut short"
     if not any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
         return "its zip archive holds no data.pkl"
+    return ""
+
+
+NEITHER = "it is neither a zip archive nor a pickle"
+
+# torch.save's legacy format (_use_new_zipfile_serialization=False): pickles of this magic number, a
+# protocol version and the system's facts, then the saved object (each storage by reference: a persistent
+# id ("storage", its type, its key, its device, its element count, ...)), then the list of the storages'
+# keys, in the order their bytes follow the pickles: for each, its element count (8 bytes), then its
+# elements
+LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+# bytes per element of each storage type a legacy checkpoint names (torch/storage.py)
+STORAGE_BYTES = {
+    "DoubleStorage": 8,
+    "FloatStorage": 4,
+    "HalfStorage": 2,
+    "BFloat16Storage": 2,
+    "LongStorage": 8,
+    "IntStorage": 4,
+    "ShortStorage": 2,
+    "CharStorage": 1,
+    "ByteStorage": 1,
+    "BoolStorage": 1,
+    "ComplexDoubleStorage": 16,
+    "ComplexFloatStorage": 8,
+    "QInt32Storage": 4,
+    "QInt8Storage": 1,
+    "QUInt8Storage": 1,
+    "QUInt4x2Storage": 1,
+    "QUInt2x4Storage": 1,
+}
+
+
+class _Named:
+    """Stands for whatever class or function a legacy pickle names: nothing is imported and nothing of
+    the checkpoint's runs; what the pickle builds with it is taken and dropped."""
+
+    module = ""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def __setstate__(self, state: object) -> None:
+        pass
+
+    def __setitem__(self, key: object, value: object) -> None:
+        pass
+
+    def append(self, item: object) -> None:
+        pass
+
+    def extend(self, items: object) -> None:
+        pass
+
+
+class _Skim(pickle.Unpickler):
+    """Reads one pickle of a legacy checkpoint: `storages` {key: (type name, element count)} of the
+    storages it refers to."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        super().__init__(f)
+        self.storages: dict[str, tuple[str, int]] = {}
+
+    def find_class(self, module: str, name: str) -> type:
+        return type(name, (_Named,), {"module": module})
+
+    def persistent_load(self, pid: object) -> object:
+        if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] in ("storage", b"storage"):
+            kind = pid[1]
+            torch_type = isinstance(kind, type) and issubclass(kind, _Named) and kind.module == "torch"
+            self.storages[str(pid[2])] = (kind.__name__ if torch_type else "", pid[4])
+        return _Named()
+
+
+def legacy_problem(f: BinaryIO, size: int) -> str:
+    """Why the legacy checkpoint open in `f` (`size` bytes) is not whole, '' when it may be: its pickles
+    must read (nothing they name is imported), and the storages' bytes they describe must fit in the
+    file after them. No tensor is read. A storage type this does not know leaves the file to torch."""
+    try:
+        if _Skim(f).load() != LEGACY_MAGIC:
+            return "it is a pickle without torch.save's magic number"
+        _Skim(f).load()  # the protocol version
+        _Skim(f).load()  # the system's facts
+        saved = _Skim(f)
+        saved.load()
+        keys = _Skim(f).load()
+        end = f.tell()
+    except OSError:
+        raise
+    except Exception:  # a pickle cut short raises EOFError or UnpicklingError; a damaged one, others
+        return "its pickles cannot be read: the file is cut short"
+    if not isinstance(keys, list) or any(str(k) not in saved.storages for k in keys):
+        return "its pickles do not describe its storages"
+    for key in keys:
+        kind, count = saved.storages[str(key)]
+        width = STORAGE_BYTES.get(kind)
+        if width is None or not isinstance(count, int):
+            return ""
+        end += 8 + count * width
+    if end > size:
+        return f"it holds {size} bytes where its pickles describe {end}"
     return ""
 
 

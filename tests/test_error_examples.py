@@ -15,7 +15,7 @@ from streamrl.config import Config
 from streamrl.loop.episode_errors import EpisodeErrors
 from streamrl.loop.run_dir import reconcile_logs
 from streamrl.loop.step_metrics import first_messages
-from streamrl.observe.error_examples import MESSAGE_CHARS
+from streamrl.observe.error_examples import MESSAGE_CHARS, fit_message
 from streamrl.observe.live import RunObserver
 from streamrl.observe.report import write_report
 from streamrl.types import Group, Problem
@@ -33,12 +33,64 @@ def test_first_messages_keeps_each_reasons_first_message_after_the_known_ones():
     assert first_messages(failures) == {
         "KeyError": "KeyError: 'a'",
         "timeout": "timeout",  # no message: the reason's name
-        "ValueError": "v" * MESSAGE_CHARS,
+        "ValueError": "v" * (MESSAGE_CHARS - 3) + "...",  # cut as fit_message cuts
     }
     known = {"KeyError": "KeyError: 'old'"}
     got = first_messages([("KeyError", "KeyError: 'new'"), ("OSError", "OSError: e")], known)
     assert list(got.items()) == [("KeyError", "KeyError: 'old'"), ("OSError", "OSError: e")]
     assert known == {"KeyError": "KeyError: 'old'"}  # not changed in place
+
+
+WHERE = " (reward function f, problem p1)"
+
+
+def test_a_kept_message_is_one_line_with_its_head_and_tail_whole():
+    assert fit_message("ValueError: ", "bad row\n   at line 2\n\n", WHERE) == (
+        "ValueError: bad row at line 2 (reward function f, problem p1)"
+    )
+    cut = fit_message("ValueError: ", "v" * 1000, WHERE)
+    assert cut == "ValueError: " + "v" * (MESSAGE_CHARS - 15 - len(WHERE)) + "..." + WHERE
+    assert len(cut) == MESSAGE_CHARS
+
+
+def test_a_head_and_tail_too_long_for_the_message_keep_its_start_and_the_tails_end():
+    """A problem id of 600 characters: the middle goes, the message still ends as its tail does."""
+    got = fit_message("KeyError: ", "'x'", " (problem " + "p" * 600 + ")")
+    assert got == "KeyError: 'x' (problem " + "p" * 226 + "..." + "p" * 247 + ")"
+    assert len(got) == MESSAGE_CHARS
+
+
+def test_a_kept_message_is_never_cut_twice():
+    """first_messages fits every message again: one fit_message built comes through unchanged (before,
+    a backstop cut its last characters off: the tail naming the problem)."""
+    kept = [
+        fit_message("ValueError: ", "v" * 1000, WHERE),
+        fit_message("KeyError: ", "'x'", " (problem " + "p" * 600 + ")"),
+        fit_message("E: ", "a\nb"),
+    ]
+    for message in kept:
+        assert fit_message("", message) == message
+        assert first_messages([("E", message)]) == {"E": message}
+
+
+def test_a_scorers_long_message_reads_as_if_cut_once():
+    """The worker bounds the message it sends back (fit_message); the step record's message, cut again
+    for its reason and where, is the one the whole exception message would give."""
+    from streamrl.rewards.workers import call_scorer
+    from streamrl.rollout.score import error_message
+
+    text = "Traceback line\n" + "y" * 2000
+
+    def raises(*args: object) -> float:
+        raise RuntimeError(text)
+
+    status, reason, detail, kept = call_scorer(raises, ())
+    assert (status, reason, kept) == ("err", "RuntimeError", {})
+    assert detail == "Traceback line " + "y" * 482 + "..."
+    message = error_message(reason, detail, fn="f", problem="p1")
+    assert message == error_message(reason, text, fn="f", problem="p1")
+    ys = MESSAGE_CHARS - len("RuntimeError: Traceback line ...") - len(WHERE)
+    assert message == "RuntimeError: Traceback line " + "y" * ys + "..." + WHERE
 
 
 def test_episode_errors_keep_each_reasons_first_message_across_groups():

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MESSAGE_CHARS = 500  # an error message kept in the step record is cut to this many characters
+CUT = "..."  # where a kept message was cut
 
 # the step record's {reason: first message} tables, and what each counts
 EXAMPLE_KEYS: dict[str, str] = {
@@ -21,14 +22,31 @@ EXAMPLE_KEYS: dict[str, str] = {
 }
 
 
+def one_line(text: str) -> str:
+    """`text` on one line: its lines, stripped, joined by a space (empty ones dropped); a text without a
+    line break comes back as it is."""
+    lines = text.splitlines()
+    return text if lines == [text] else " ".join(line.strip() for line in lines if line.strip())
+
+
 def fit_message(head: str, detail: str, tail: str = "") -> str:
-    """head + detail + tail in MESSAGE_CHARS characters, cutting the detail only (its end becomes "..."):
-    the head names the failure, the tail where it happened (the reward function, the problem), and a
-    long exception message must not cut them off. Every message a step record keeps is built by it."""
-    room = MESSAGE_CHARS - len(head) - len(tail)
-    if len(detail) > room:
-        detail = detail[: max(0, room - 3)] + "..."
-    return head + detail + tail
+    """head + detail + tail on one line (one_line) in MESSAGE_CHARS characters, cutting the detail only
+    (its end becomes CUT): the head names the failure, the tail where it happened (the reward function,
+    the problem), and a long exception message must not cut them off. When head and tail alone do not fit
+    (a problem id of hundreds of characters, say), the middle goes instead: the message's start and its
+    tail's end (up to half the message) are kept. The one cut of every message a step record keeps: a
+    message it returns comes back unchanged from it (fit_message("", message) == message), and a detail
+    it cut reads, cut again for a head and a tail, as if cut once (no more of it is kept the second
+    time)."""
+    head, detail, tail = one_line(head), one_line(detail), one_line(tail)
+    text = head + detail + tail
+    if len(text) <= MESSAGE_CHARS:
+        return text
+    room = MESSAGE_CHARS - len(head) - len(tail) - len(CUT)
+    if room >= 0:
+        return head + detail[:room] + CUT + tail
+    back = min(len(tail), (MESSAGE_CHARS - len(CUT)) // 2)
+    return text[: MESSAGE_CHARS - len(CUT) - back] + CUT + text[len(text) - back :]
 
 
 def entries(record: Mapping[str, Any]) -> Iterator[tuple[str, str, str]]:

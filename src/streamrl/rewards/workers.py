@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from streamrl.observe.error_examples import MESSAGE_CHARS
+from streamrl.observe.error_examples import fit_message
 
 # of the task this thread is scoring: send (keep_on_failure), deadline and cancel (time_left)
 _current = threading.local()
@@ -59,7 +59,10 @@ class ScoreFailed(Exception):
 
 
 def call_scorer(scorer: Callable[..., Any], args: tuple) -> tuple:
-    """-> ("ok", reward, info, {}) | ("err", reason, detail, kept). Runs in the worker."""
+    """-> ("ok", reward, info, {}) | ("err", reason, detail, kept). Runs in the worker. detail: the
+    exception's message as fit_message leaves it (what crosses the pipe is bounded); the message the
+    step record keeps (score.error_message) may cut it further for its reason and where, and reads as if
+    cut once: fit_message keeps no more of a detail than this did."""
     try:
         out = scorer(*args)
         reward, info = out if isinstance(out, tuple) else (out, {})
@@ -68,9 +71,9 @@ def call_scorer(scorer: Callable[..., Any], args: tuple) -> tuple:
             raise ValueError(f"scorer returned a non-finite reward ({reward})")
         return ("ok", reward, dict(info), {})
     except ScoreFailed as e:
-        return ("err", error_label(e.cause), str(e.cause)[:MESSAGE_CHARS], dict(e.info))
+        return ("err", error_label(e.cause), fit_message("", str(e.cause)), dict(e.info))
     except (Exception, SystemExit) as e:  # SystemExit too: sys.exit() in a scorer is one bad reward
-        return ("err", error_label(e), str(e)[:MESSAGE_CHARS], {})
+        return ("err", error_label(e), fit_message("", str(e)), {})
 
 
 def check_picklable(scorer: Callable[..., Any]) -> None:

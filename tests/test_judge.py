@@ -187,21 +187,47 @@ def test_a_judge_url_urllib_cannot_open_is_refused_in_one_line(url: str, problem
     assert str(e.value) == f"judge base_url {problem}"
 
 
-def test_a_judge_url_with_an_at_sign_past_its_host_is_taken() -> None:
-    c = JudgeConfig("http://judge.example:8000/v1/a@b", "m", api_key="secret")
-    assert c.url == "http://judge.example:8000/v1/a@b/chat/completions"
+AT_PAST_HOST = (
+    "judge base_url holds an '@' after its host: write an '@' of its path as %40, or remove the "
+    "credentials (user:...@) and set STREAMRL_JUDGE_API_KEY"
+)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://u:12/ab@h",  # urllib: host u, port 12, path /ab@h; redact_url: credentials before '@h'
+        "http://judge.example:8000/v1/a@b",  # an '@' of the path
+        "https://judge.example/v1?key=a@b",
+        "https://judge.example/v1#a@b",
+    ],
+)
+def test_a_judge_url_with_an_at_sign_past_its_host_is_refused(url: str) -> None:
+    """Which part of such a URL is the host depends on who reads it (urllib or redact_url): it is
+    refused in one line, before any request, naming both ways out."""
+    with pytest.raises(ValueError) as e:
+        JudgeConfig(url, "m", api_key="k")
+    assert str(e.value) == AT_PAST_HOST
+
+
+def test_a_judge_url_with_a_percent_encoded_at_sign_is_taken() -> None:
+    c = JudgeConfig("http://judge.example:8000/v1/a%40b", "m", api_key="secret")
+    assert c.url == "http://judge.example:8000/v1/a%40b/chat/completions"
     assert "secret" not in repr(c)
 
 
-def test_judge_errors_do_not_show_the_urls_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_judge_errors_show_the_url_called(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whole: a URL JudgeConfig takes holds no '@', so no credentials."""
+
     def timed_out(self: LLMJudge, body: bytes) -> dict:
         raise TimeoutError("timed out")
 
     monkeypatch.setattr(LLMJudge, "_post", timed_out)
     with pytest.raises(JudgeError) as e:
-        LLMJudge(JudgeConfig("http://judge.example/v1/a@b", "m", retries=0)).judge("q", "a", "r")
+        LLMJudge(JudgeConfig("http://judge.example/v1/a%40b", "m", retries=0)).judge("q", "a", "r")
     assert str(e.value) == (
-        "timeout: http://***@b/chat/completions failed after 1 attempts: no reply within 30s (timed out)"
+        "timeout: http://judge.example/v1/a%40b/chat/completions failed after 1 attempts: no reply within "
+        "30s (timed out)"
     )
 
 

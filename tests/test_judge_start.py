@@ -78,21 +78,28 @@ def test_a_judge_urls_credentials_stay_out_of_the_start_up_errors(monkeypatch: p
     def timed_out(self: LLMJudge, body: bytes) -> dict:
         raise TimeoutError("timed out")
 
+    with pytest.raises(ValueError) as e:  # an '@' past the host: a path's, or a password's
+        _check("https://judge.example/v1/user@secret")
+    assert str(e.value) == (
+        "judge base_url holds an '@' after its host: write an '@' of its path as %40, or remove the "
+        "credentials (user:...@) and set STREAMRL_JUDGE_API_KEY"
+    )
     monkeypatch.setattr(judge_check, "_served_models", lambda c, where: [MODEL])
     monkeypatch.setattr(LLMJudge, "_post", timed_out)
-    with pytest.raises(ValueError) as e:
-        _check("https://judge.example/v1/user@secret")  # an @ past the host: hidden all the same
+    with pytest.raises(ValueError) as e:  # a URL taken is shown whole: it holds no credentials
+        _check("https://judge.example/v1/user%40x")
     assert str(e.value) == (
-        f"the probe grading request to reward.judge_model={MODEL} at reward.judge_url=https://***@secret "
-        "failed: timeout: https://***@secret/chat/completions failed after 1 attempts: no reply within 5s "
+        f"the probe grading request to reward.judge_model={MODEL} at reward.judge_url="
+        "https://judge.example/v1/user%40x failed: timeout: "
+        "https://judge.example/v1/user%40x/chat/completions failed after 1 attempts: no reply within 5s "
         "(timed out)"
     )
     monkeypatch.setattr(judge_check, "_served_models", lambda c, where: ["other"])
     with pytest.raises(ValueError) as e:
-        _check("https://judge.example/v1/user@secret")
+        _check("https://judge.example/v1/user%40x")
     assert str(e.value) == (
-        f"reward.judge_model={MODEL} is not served by the judge at reward.judge_url=https://***@secret "
-        "(it serves: other); set reward.judge_model to one of them"
+        f"reward.judge_model={MODEL} is not served by the judge at reward.judge_url="
+        "https://judge.example/v1/user%40x (it serves: other); set reward.judge_model to one of them"
     )
 
 

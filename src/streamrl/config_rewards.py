@@ -25,8 +25,9 @@ _HOST_PORT = re.compile(r"(\[[^\]@]*\]|[^:\[\]@]*)(:\d*)?")
 
 def redact_url(url: str) -> str:
     """`url` as a message may show it: everything up to its last '@' hidden (https://***@host/v1 for
-    https://user:secret@host/v1; a password may hold an '@' or a '/' unescaped). Every judge URL a message
-    or a log line shows goes through it."""
+    https://user:secret@host/v1; a password may hold an '@' or a '/' unescaped). A judge URL is refused
+    with an '@' anywhere after its scheme (judge_url_problem), so only the message refusing a URL before
+    its '@' is looked at (its scheme) needs it."""
     head, at, rest = url.rpartition("@")
     if not at:
         return url
@@ -37,14 +38,21 @@ def redact_url(url: str) -> str:
 def judge_url_problem(url: str, name: str) -> str:
     """Why `url` cannot be the judge's endpoint, in one line naming it `name` ('' when it can): a scheme
     other than http(s), credentials (user:password@ before the host: urllib sends none, it takes them
-    for the host, so the password would reach the resolver), a space or a control character, a port that
-    is not a number."""
+    for the host, so the password would reach the resolver), an '@' after a host (a path's, or a
+    password's that holds a '/': http://u:12/ab@host reads as host u, port 12 to urllib and as
+    credentials to redact_url; an '@' of a path is written %40), a space or a control character, a port
+    that is not a number. A URL it takes holds no '@', so it needs no redact_url."""
     if not url.startswith(("http://", "https://")):
         return f"{name} must start with http:// or https://, got {redact_url(url)!r}"
     authority = re.split(r"[/?#]", url.partition("://")[2], maxsplit=1)[0]
     host_port = _HOST_PORT.fullmatch(authority)
     if not host_port and "@" in url:  # user:pass@host, or a password whose '/' cut it short (u:ab/cd@host)
         return f"{name} carries credentials (user:...@): remove them and set {JUDGE_API_KEY_ENV}"
+    if "@" in url:  # past a host[:port]: a path's '@', or a password's after a port-like user:password
+        return (
+            f"{name} holds an '@' after its host: write an '@' of its path as %40, or remove the "
+            f"credentials (user:...@) and set {JUDGE_API_KEY_ENV}"
+        )
     if m := re.search(r"[\x00-\x20\x7f]", url):
         return f"{name} holds a space or a control character ({m[0]!r}): {url!r}"
     if not host_port:

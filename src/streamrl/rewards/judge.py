@@ -42,7 +42,6 @@ from streamrl.config_rewards import (
     JUDGE_RETRIES,
     judge_backoff_s,
     judge_url_problem,
-    redact_url,
 )
 
 DEFAULT_SYSTEM_PROMPT = "You are a strict, fair grader. You compare a response with a reference answer."
@@ -309,8 +308,8 @@ class LLMJudge:
             except json.JSONDecodeError as e:
                 raise JudgeError("malformed response", f"reply is not JSON ({e})") from None
             if attempt == c.retries:
-                shown = redact_url(c.url)
-                raise JudgeError(err.reason, f"{shown} failed after {attempt + 1} attempts: {err.detail}")
+                # c.url holds no credentials: JudgeConfig refuses a base_url with an '@' (judge_url_problem)
+                raise JudgeError(err.reason, f"{c.url} failed after {attempt + 1} attempts: {err.detail}")
             time.sleep(wait * (0.75 + 0.25 * random.random()))  # jitter: retries from many callers spread
         try:
             content = data["choices"][0]["message"]["content"]

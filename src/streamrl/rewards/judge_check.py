@@ -16,7 +16,6 @@ import json
 import urllib.error
 import urllib.request
 
-from streamrl.config_rewards import redact_url
 from streamrl.rewards.judge import JudgeConfig, JudgeError, LLMJudge
 
 PROBE = ("What is 2 + 3?", "5", "2 + 3 = 5. The answer is 5.")  # question, reference, response
@@ -60,7 +59,7 @@ def _served_models(c: JudgeConfig, where: str) -> list[str] | None:
 def check_judge(c: JudgeConfig) -> None:
     """Raise ValueError (one line naming reward.judge_url / reward.judge_model and what failed) unless
     the judge answers, serves the model and grades one probe."""
-    url = f"reward.judge_url={redact_url(c.base_url)}"
+    url = f"reward.judge_url={c.base_url}"  # no credentials: JudgeConfig refuses an '@' in it
     where = f"the judge at {url}"
     served = _served_models(c, where)
     if served and c.model not in served:  # an empty listing says nothing: the probe decides

@@ -195,6 +195,25 @@ def test_accuracy_is_the_tasks_verdict_when_your_function_hangs_or_kills_its_wor
     assert t.reward_info["reward_error_detail"] in named
 
 
+@pytest.mark.parametrize(
+    ("service", "fn", "reason"), [("thread", "hangs", "timeout"), ("process", "exits", "WorkerDied")]
+)
+def test_a_hang_or_a_dead_worker_names_the_function_then_running(
+    user_file: Path, service: str, fn: str, reason: str
+) -> None:
+    """Each of your functions tells the service its name as it starts (keep_on_failure): a score the
+    second one cuts short names the second, not the first that had finished (which one message per
+    sample, sent before the first, would name)."""
+    rows = user_file.parent / "rows.jsonl"
+    rows.write_text(json.dumps({"prompt": "What is 3+4?", "answer": "7"}) + "\n")
+    fns = f"reward.fns=[{{fn: my_rewards.py:brevity}}, {{fn: my_rewards.py:{fn}}}]"
+    timeout = 1 if fn == "hangs" else 60
+    overrides = [fns, f"reward.timeout_s={timeout}", f"reward.service={service}", f"task=data:{rows}"]
+    t = _scored(overrides, _problem(), _traj("so 7", [5]))
+    assert (t.reward, t.correct, t.reward_info["reward_error"]) == (0.0, True, reason)
+    assert t.reward_info["reward_error_detail"].endswith(f" (reward function {fn}, problem p1)")
+
+
 def test_each_function_is_logged_in_metrics(user_file: Path) -> None:
     run = user_file.parent / "run"
     fns = "reward.fns=[{fn: my_rewards.py:brevity}, {fn: task, weight: 0.5, name: verifier}]"

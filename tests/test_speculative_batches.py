@@ -160,11 +160,7 @@ def test_a_verified_batch_joins_a_running_one_and_its_last_tokens_ride_its_forwa
     sequence."""
     temperature, max_new = 1.0, 3
     drafts = tuple(old_responses(lms, 6))
-    engine = HFEngine(lms[0], _Tok(), max_batch=10**5, seed=21)
-    dec = ContinuousDecoder(engine)
-    running = [GenRequest([2, 2, 2] + PROMPT, 8, temperature) for _ in range(8)]
-    dec.add(running)
-    out = dec.step()
+    dec, running, out = _running_batch(HFEngine(lms[0], _Tok(), max_batch=10**5, seed=21), temperature)
     columns: list[int] = []
     hook = lms[0].model.register_forward_pre_hook(
         lambda _m, _a, kw: columns.append(kw["input_ids"].shape[1]), with_kwargs=True
@@ -187,17 +183,12 @@ def test_a_batch_with_drafts_packed_into_a_running_ones_step_stays_exact(lms):
     (goodness of fit), and every token's log-prob is the teacher-forced one."""
     temperature, max_new = 1.0, 3
     drafts = tuple(old_responses(lms, 6))
-    model = copy.deepcopy(lms[0])
-    model.config._attn_implementation = register()
-    vars(model).pop("_streamrl_packable", None)
-    engine = HFEngine(model, _Tok(), max_batch=10**5, seed=21)
-    assert engine.packs()  # (its one-time check forwards before the hook)
-    dec = ContinuousDecoder(engine)
-    running = [GenRequest([2, 2, 2] + PROMPT, 8, temperature) for _ in range(8)]
-    dec.add(running)
-    out = dec.step()
+    engine = _packing_engine(lms, seed=21)  # (its one-time check forwards before the hook)
+    dec, running, out = _running_batch(engine, temperature)
     tokens: list[int] = []
-    hook = model.get_input_embeddings().register_forward_pre_hook(lambda _m, a: tokens.append(a[0].numel()))
+    hook = engine.model.get_input_embeddings().register_forward_pre_hook(
+        lambda _m, a: tokens.append(a[0].numel())
+    )
     try:
         dec.add([GenRequest(PROMPT, max_new, temperature, drafts=drafts) for _ in range(N)])
         rows = engine.decode_cache_rows
@@ -222,15 +213,7 @@ def test_prompts_with_and_without_a_tree_joining_together_prefill_apart_and_stay
 
     temperature, max_new = 1.0, 3
     drafts = tuple(old_responses(lms, 6))
-    model = copy.deepcopy(lms[0])
-    model.config._attn_implementation = register()
-    vars(model).pop("_streamrl_packable", None)
-    engine = HFEngine(model, _Tok(), max_batch=10**5, seed=22)
-    assert engine.packs()
-    dec = ContinuousDecoder(engine)
-    running = [GenRequest([2, 2, 2] + PROMPT, 8, temperature) for _ in range(8)]
-    dec.add(running)
-    out = dec.step()
+    dec, running, out = _running_batch(_packing_engine(lms, seed=22), temperature)
     other = [GenRequest([3, 2] + PROMPT, max_new, temperature) for _ in range(8)]
     forwards: list[list[tuple[int, ...]]] = []
     pack = continuous.packed_hidden
@@ -247,6 +230,28 @@ def test_prompts_with_and_without_a_tree_joining_together_prefill_apart_and_stay
     assert sorted(forward[1:]) == sorted([tree, (1, len(PROMPT) + 2)])
     assert len(dec.batches) == 1
     _decode_on_and_check(lms[0], dec, out, running + other, max_new, temperature)
+
+
+def _packing_engine(lms, seed: int) -> HFEngine:
+    """An engine that packs (the streamrl attention) on a copy of the current policy: a joining batch's
+    prefill rides the running batch's forward."""
+    model = copy.deepcopy(lms[0])
+    model.config._attn_implementation = register()
+    vars(model).pop("_streamrl_packable", None)
+    engine = HFEngine(model, _Tok(), max_batch=10**5, seed=seed)
+    assert engine.packs()
+    return engine
+
+
+def _running_batch(
+    engine: HFEngine, temperature: float
+) -> tuple[ContinuousDecoder, list[GenRequest], list[GenResult]]:
+    """A decoder on `engine` whose batch of 8 rows of a longer prompt has run one step: the batch the
+    tests' requests join -> (decoder, the running requests, that step's results)."""
+    dec = ContinuousDecoder(engine)
+    running = [GenRequest([2, 2, 2] + PROMPT, 8, temperature) for _ in range(8)]
+    dec.add(running)
+    return dec, running, dec.step()
 
 
 def _decode_on_and_check(

@@ -14,7 +14,7 @@ from streamrl.data.replay import ReplayBuffer, Replayed
 from streamrl.data.samplers import MoPPSSampler
 from streamrl.loop.asynchronous import AsyncRunner
 from streamrl.loop.signals import StopFlag
-from streamrl.loop.state import RunState, latest_state
+from streamrl.loop.state import RunState, latest_state, state_dirs
 
 
 def test_async_runner_feeds_the_sampler_and_replays_distinct_samples(tiny):
@@ -84,6 +84,36 @@ def test_train_cli_with_mopps_and_replay_colocated_then_resume(tmp_path):
     assert (rows[-1]["replay_samples"], rows[-1]["replay_buffer_size"]) == (1.0, 1.0)
     acc = json.loads((run / "accounting.json").read_text())
     assert acc["replayed_samples"] == sum(r.get("replay_samples", 0) for r in rows)
+
+
+def test_a_resume_with_replay_off_keeps_the_saved_buffer(tmp_path, capsys):
+    """A run saved with replay on and resumed with rollout.replay_share=0: one line says what the saved
+    buffer holds, nothing is replayed, and every state the resume saves (a periodic one, the last) keeps
+    the buffer as saved; a later resume with replay on replays from it."""
+    run = tmp_path / "colo"
+    args = ["train", *TINY, "runtime.mode=colocated", "max_staleness=0"]
+    assert main([*args, "rollout.replay_share=0.3", "max_steps=1", f"run_dir={run}"]) == 0
+    saved = latest_state(run) / "carried.pkl"
+    carried = pickle.loads(saved.read_bytes())
+    planted = ReplayBuffer(0.3, 256)
+    planted.items.append(Replayed(make_traj(0, [5, 6, 7], [8, 9], 1.0, loss_mask=[1, 1]), 1.0, 1))
+    carried["replay"] = planted.state()
+    saved.write_bytes(pickle.dumps(carried))
+    capsys.readouterr()
+    off = ["rollout.replay_share=0", "train.save_every=1", "max_steps=3"]
+    assert main(["train", f"resume={run}", *off]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert (
+        "streamrl: note: rollout.replay_share is 0: the 1 success(es) in the saved replay buffer are not "
+        "replayed; the run state keeps them for a resume with rollout.replay_share > 0"
+    ) in err
+    rows = _rows(run)
+    assert [r["step"] for r in rows] == [1, 2, 3] and not any("replay_samples" in r for r in rows[1:])
+    states = state_dirs(run)
+    assert [d.name for d in states] == ["step-000002", "step-000003"]
+    assert all(pickle.loads((d / "carried.pkl").read_bytes())["replay"] == planted.state() for d in states)
+    assert main(["train", f"resume={run}", "rollout.replay_share=0.3", "max_steps=4"]) == 0
+    assert (_rows(run)[-1]["replay_samples"], _rows(run)[-1]["replay_buffer_size"]) == (1.0, 1.0)
 
 
 def test_train_cli_with_mopps_async(tmp_path):

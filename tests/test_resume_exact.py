@@ -19,12 +19,14 @@ import torch
 from interrupt import stop_after  # tests/ is on sys.path
 from safetensors.torch import load_file
 from tiny_args import TINY
+from transformers import PreTrainedModel
 
 from streamrl.cli import main
 from streamrl.config import load_config
 from streamrl.loop import job
-from streamrl.loop.restore import restore
+from streamrl.loop.restore import restore, saved_weights
 from streamrl.loop.state import load_state
+from streamrl.models.weight_files import index_shards
 
 SYNC = [*TINY, "runtime.mode=colocated", "max_staleness=0", "max_steps=4", "train.lr=1e-3"]
 # step metrics that measure time, not what was computed
@@ -37,7 +39,7 @@ def _rows(run):
 
 def _tensors(run):
     _, model_dir, tensors = load_state(run)
-    return load_file(str(model_dir / "model.safetensors")), tensors
+    return saved_weights(model_dir), tensors
 
 
 def _assert_optimizer_equal(a, b):
@@ -136,6 +138,42 @@ def test_a_stop_during_a_steps_rollouts_drops_the_step_and_the_resume_makes_it_e
     ga = [json.loads(x) for x in (whole / "groups.jsonl").read_text().splitlines()]
     gb = [json.loads(x) for x in (run / "groups.jsonl").read_text().splitlines()]
     assert ga == gb
+
+
+def test_a_state_saved_in_shards_resumes_exactly(runs, tmp_path, monkeypatch):
+    """A model past save_pretrained's max_shard_size is saved in shards (model.safetensors.index.json and
+    the files it names, here of at most 100KB): the resume loads every one, and the run ends bitwise
+    equal to the uninterrupted one. A state missing a shard its index names is refused in one line."""
+    whole, _ = runs
+    real = PreTrainedModel.save_pretrained
+
+    def sharded(self, *args, **kwargs):
+        return real(self, *args, **{**kwargs, "max_shard_size": "100KB"})
+
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", sharded)
+    run = tmp_path / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        stop_after(mp, 2)
+        assert main(["train", *SYNC, f"run_dir={run}"]) == 0
+    model_dir = load_state(run)[1]
+    shards = index_shards(model_dir / "model.safetensors.index.json")
+    assert len(shards) >= 3 and not (model_dir / "model.safetensors").exists()
+    assert main(["train", f"resume={run}"]) == 0
+    w_weights, w_tensors = _tensors(whole)
+    r_weights, r_tensors = _tensors(run)
+    assert w_weights.keys() == r_weights.keys()
+    assert [k for k in w_weights if not torch.equal(w_weights[k], r_weights[k])] == []
+    _assert_optimizer_equal(w_tensors["optimizer"], r_tensors["optimizer"])
+    assert w_tensors["scheduler"] == r_tensors["scheduler"]
+    broken = tmp_path / "broken"
+    shutil.copytree(load_state(run)[1], broken)
+    (broken / shards[1]).unlink()
+    with pytest.raises(ValueError) as e:
+        saved_weights(broken)
+    assert (
+        str(e.value)
+        == f"resume: {broken} lacks {shards[1]}, a shard its index names: its weights cannot be restored"
+    )
 
 
 def test_restore_loads_every_saved_piece(runs, tmp_path):

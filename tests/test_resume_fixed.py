@@ -76,6 +76,31 @@ def test_train_refuses_a_fixed_key_set_on_the_config_object(run: Path, key: str,
     assert _files(run) == before
 
 
+@pytest.mark.parametrize(("key", "old", "new"), CHANGES)
+def test_make_config_refuses_a_fixed_key_at_once(run: Path, key: str, old: Any, new: Any) -> None:
+    """make_config(resume=RUN, key=...) and make_config(a Config made with resume=, key=...): the line
+    comes from make_config itself, not later from train's preflight; the Config made before is kept."""
+    with pytest.raises(streamrl.ConfigError) as given:
+        make_config(resume=str(run), **{key: new})
+    cfg = make_config(resume=str(run))
+    with pytest.raises(streamrl.ConfigError) as layered:
+        make_config(cfg, **{key: new})
+    assert str(given.value) == str(layered.value) == _line(run, key, old, new)
+    assert (cfg.model, cfg.seed, cfg.train.lr) == ("tiny-random", 0, 2e-05)
+
+
+def test_evaluate_takes_a_resumed_config_with_another_model(
+    run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An evaluation continues no run: a Config made with resume= may evaluate another model (the run's
+    export, say) on another number of problems; only make_config, for training, refuses them."""
+    monkeypatch.setattr("streamrl.eval_cli.run_eval", lambda cfg: {"config": cfg})
+    cfg = make_config(resume=str(run))
+    out = streamrl.evaluate("smollm2-135m-instruct", cfg, eval={"size": 2})
+    assert (out["config"].model, out["config"].eval.size) == ("smollm2-135m-instruct", 2)
+    assert (out["config"].resume, out["config"].eval.max_new_tokens) == (str(run), 8)
+
+
 def test_a_resumed_config_refuses_the_same_change_as_the_cli(run: Path) -> None:
     """The same line from load_config (the CLI's overrides) and from preflight (every training run)."""
     with pytest.raises(streamrl.ConfigError) as cli:

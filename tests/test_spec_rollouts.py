@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import pickle
 import re
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from streamrl.cli import main
 from streamrl.config import ConfigError, load_config
 from streamrl.engine.base import Draft, GenRequest
 from streamrl.loop.ledger import Ledger
-from streamrl.loop.state import RunState, load_state
+from streamrl.loop.state import RunState, load_state, state_dirs
 from streamrl.loop.step_metrics import speculative_stats
 from streamrl.rollout.drafts import DraftStore
 from streamrl.rollout.worker import GroupRequest
@@ -290,6 +291,23 @@ def test_a_resumed_run_offers_the_same_drafts(tmp_path):
         assert {k: rb.get(k) for k in keys} == {k: ra[k] for k in keys}, f"step {ra['step']}"
     groups = [(run / "groups.jsonl").read_text() for run in (whole, split)]
     assert groups[0] == groups[1]
+
+
+@pytest.mark.parametrize("mode", ["colocated", "async"])
+def test_a_resume_without_drafts_keeps_the_saved_ones(tmp_path, mode):
+    """Saved with rollout.spec_drafts=4 and resumed with 0: every state the resume saves (a periodic one,
+    the last) keeps the saved store as it was, for a later resume with drafts on."""
+    staleness = "max_staleness=0" if mode == "colocated" else "max_staleness=1"
+    run = tmp_path / "run"
+    args = [*_spec_args(tmp_path), f"runtime.mode={mode}", staleness, f"run_dir={run}"]
+    assert main(["train", *args, "max_steps=2"]) == 0
+    saved = load_state(run)[0].drafts
+    assert sorted(pid for pid, _ in saved) == sorted(_problem_ids(run))
+    assert main(["train", f"resume={run}", "rollout.spec_drafts=0", "train.save_every=1", "max_steps=4"]) == 0
+    assert [r["step"] for r in _rows(run)] == [1, 2, 3, 4]
+    states = state_dirs(run)
+    assert [d.name for d in states] == ["step-000003", "step-000004"]
+    assert all(pickle.loads((d / "carried.pkl").read_bytes())["drafts"] == saved for d in states)
 
 
 def test_a_failed_colocated_step_leaves_the_drafts_as_before_it(tmp_path, monkeypatch):

@@ -42,7 +42,14 @@ from streamrl.api_rows import (
     task_spec,
     write_rows,
 )
-from streamrl.config import Config, ConfigError, given_k, load_config, n_from_k
+from streamrl.config import (
+    Config,
+    ConfigError,
+    given_k,
+    load_config,
+    n_from_k,
+    refuse_changes_a_resume_would_ignore,
+)
 from streamrl.config_parse import apply_key, read_yaml
 from streamrl.config_rewards import JUDGE_FIT_KEYS, reward_fn_name
 from streamrl.config_validate import validate
@@ -164,7 +171,8 @@ def make_config(
     eval_data: Any = None,
     **overrides: Any,
 ) -> Config:
-    """The validated Config of a train/evaluate call (nothing is written but the cache's data files)."""
+    """The validated Config of a train/evaluate call (nothing is written but the cache's data files); a
+    resumed run's (resume=, or a Config made with it) refuses a change of a key its state fixes at once."""
     settings: dict[str, Any] = {**_reward_settings(reward_fn)}
     if train_data is not None:
         refuse_a_second_task(config, overrides)
@@ -176,6 +184,8 @@ def make_config(
     if held is not None:
         settings["task_config.eval_data"] = source_path(held)
     cfg = _layered(config, settings, overrides)
+    if isinstance(config, Config):  # one made with resume=: its fixed keys (load_config checks the others)
+        refuse_changes_a_resume_would_ignore(cfg)
     write_rows(cfg, train, held)
     return cfg
 
@@ -254,8 +264,8 @@ def evaluate(
         rows = source_path(source)
         overrides.setdefault("task", task_spec(rows))
         overrides["task_config.eval_data"] = rows
-    if isinstance(config, Config):
-        cfg, taken = make_config(config, **overrides), None
+    if isinstance(config, Config):  # an evaluation continues no run: a resume's fixed keys bind none
+        cfg, taken = _layered(config, {}, overrides), None
     else:
         path = None if config is None or isinstance(config, dict) else config
         pairs = [*(config.items() if isinstance(config, dict) else []), *overrides.items()]

@@ -195,7 +195,8 @@ def refuse_changes_a_resume_would_ignore(cfg: Config) -> None:
     first that differs from RUN_DIR/config.yaml, however it was changed (an override, a keyword of
     streamrl.train, a Config's attribute set after it was made). Both sides are compared as a resume
     reads them: the keys the run's data sources or model never read are dropped from each (given again,
-    validate refuses them). load_config runs it for its overrides, preflight for every training run."""
+    validate refuses them). load_config runs it for its overrides, make_config for those put on a Config
+    made before, preflight for every training run (a Config changed since)."""
     if not cfg.resume:
         return
     data = read_yaml(_saved_config(cfg.resume)) or {}

@@ -4,7 +4,8 @@ A sample is kept when it was trained fresh, is correct and had a positive advant
 fresh samples gets  n = min(floor(share * N / (1 - share)), len(buffer))  replayed ones, so that
 replayed / (fresh + replayed) = share once the buffer is full enough. They are drawn without
 replacement (never the same sample twice in one batch) from the last `capacity` successes (a resumed
-run's rollout.replay_capacity applies to its saved ones: a smaller one keeps the newest).
+run's rollout.replay_capacity applies to its saved ones: a smaller one keeps the newest; resumed with
+rollout.replay_share=0, its state keeps the saved buffer as it was, for a later resume with replay on).
 
 A replayed sample keeps its tokens, its behaviour log-probs and versions from the policy that produced
 it, and the advantage it was trained with. The loss corrects for the policy gap like for any stale
@@ -90,3 +91,12 @@ class ReplayBuffer:
 def make_replay(cfg: Any) -> ReplayBuffer | None:
     r = cfg.rollout
     return ReplayBuffer(r.replay_share, r.replay_capacity, cfg.seed) if r.replay_share > 0 else None
+
+
+def replay_kept_note(saved: list[Any]) -> str:
+    """The line a resume with replay off (rollout.replay_share=0) says about the buffer it saved
+    (ReplayBuffer.state()): nothing is replayed, and every save keeps the buffer as it was saved."""
+    return (
+        f"streamrl: note: rollout.replay_share is 0: the {len(saved[1])} success(es) in the saved replay "
+        "buffer are not replayed; the run state keeps them for a resume with rollout.replay_share > 0"
+    )

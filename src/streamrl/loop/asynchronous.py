@@ -362,7 +362,7 @@ class AsyncRunner:
                 finished=list(self.sh.buffer),
                 unfinished=list(self.admission.readmit) + list(self.sh.inflight.values()),
                 sampler=sampler_state(self.stream),
-                drafts=self.drafts.state_dict() if self.drafts is not None else [],
+                drafts=self.drafts.state_dict() if self.drafts is not None else self.state.drafts,
                 engine=self.sh.engine_counters(),
                 counters=self.counters.total(self.sh.duplicates, self.stall.resent),
                 episodes=self.episode_errors.pending(),
@@ -383,7 +383,8 @@ class AsyncRunner:
             self.ledger.carry_over()
             self.state.ledger = self.ledger.state_dict()
             self.state.staleness = self.staleness.state_dict()
-            self.state.drafts = self.drafts.state_dict() if self.drafts is not None else []
+            if self.drafts is not None:  # off: the drafts a resume restored are kept as saved
+                self.state.drafts = self.drafts.state_dict()
             self.state.engine = self.sh.engine_counters()
             self.state.counters = self.counters.total(self.sh.duplicates, self.stall.resent, self.backend)
             self.state.episodes = self.episode_errors.pending()

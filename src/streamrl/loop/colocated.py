@@ -135,7 +135,7 @@ class ColocatedRunner:
             self.state,
             ledger=self.ledger.snapshot(),
             sampler=self.stream_position(),
-            drafts=self.drafts.state_dict() if self.drafts is not None else [],
+            drafts=self.drafts.state_dict() if self.drafts is not None else self.state.drafts,
         )
 
     def stream_position(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import copy
 import json
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +18,7 @@ from rich.console import Console
 from streamrl.config import Config, config_yaml
 from streamrl.config_validate import resolved_weight_sync
 from streamrl.data.prompt_limit import PromptFilter, prompt_limit
-from streamrl.data.replay import make_replay
+from streamrl.data.replay import make_replay, replay_kept_note
 from streamrl.data.samplers import Sampler, make_sampler
 from streamrl.data.task import Task, default_task_args
 from streamrl.engine.hf import HFEngine
@@ -198,9 +199,11 @@ def _run_train(
         )
 
     sampler = parts.stream
-    replay = make_replay(cfg)
+    replay, saved_replay = make_replay(cfg), state.replay  # replay off: the saved buffer is kept as saved
     if replay is not None and state.replay:
         replay.load(state.replay)
+    elif saved_replay:
+        print(replay_kept_note(saved_replay), file=sys.stderr, flush=True)
     hooks = {"on_group_scored": sampler.observe, "replay": replay}
     if cfg.runtime.mode == "colocated":
         runner: Any = ColocatedRunner(cfg, trainer, engine, tokenizer, task, sampler, state, stop, **hooks)
@@ -245,7 +248,7 @@ def _run_train(
 
     def save(snapshot: RunState) -> RunState:
         """weights, optimizer, position, carried groups, RNGs; accounting.json as of the same moment"""
-        snapshot.replay = replay.state() if replay is not None else []
+        snapshot.replay = replay.state() if replay is not None else saved_replay
         snapshot.clock = dict(clock_at)
         observer.sync()  # the logs up to this state are on disk before the state says they are
         groups_log.sync()

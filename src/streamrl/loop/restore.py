@@ -13,6 +13,7 @@ from torch import nn
 from streamrl.data.samplers import Sampler
 from streamrl.loop.state import RunState, load_state
 from streamrl.models.lora import is_lora
+from streamrl.models.weight_files import weight_set
 from streamrl.placement.colocated import push_policy
 from streamrl.trainer.full_state import with_implementation_of
 from streamrl.trainer.trainer import Trainer
@@ -25,9 +26,7 @@ def restore(run_dir: Path, model: nn.Module, trainer: Trainer, engine: Any, stre
         stream.load_state_dict(state.sampler)  # positions, posteriors, levels: data/samplers.py
     else:  # a run saved before samplers: the uniform stream is deterministic, skip what was drawn
         Sampler.load_state_dict(stream, {"base_drawn": state.problems_drawn})
-    from safetensors.torch import load_file
-
-    weights = load_file(str(model_dir / "model.safetensors"))
+    weights = saved_weights(model_dir)
     # a state saved by another train.strategy keeps this optimizer's implementation (fused or not)
     optimizer = with_implementation_of(trainer.optimizer, tensors["optimizer"])
     if trainer.train.strategy == "fsdp2":  # sharded: every rank takes its shards of the saved state
@@ -53,3 +52,19 @@ def restore(run_dir: Path, model: nn.Module, trainer: Trainer, engine: Any, stre
         trainer.sync_followers()
     push_policy(engine, trainer)
     return state
+
+
+def saved_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a saved state's model directory: its model.safetensors, or every shard its
+    model.safetensors.index.json names (save_pretrained shards a model past its max_shard_size)."""
+    from safetensors.torch import load_file
+
+    files = [f for f in weight_set(model_dir) if f.endswith(".safetensors")]  # what the save writes
+    missing = [f for f in files if not (model_dir / f).is_file()]
+    if not files or missing:
+        what = f"{missing[0]}, a shard its index names" if missing else "model.safetensors and a shard index"
+        raise ValueError(f"resume: {model_dir} lacks {what}: its weights cannot be restored")
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        weights.update(load_file(str(model_dir / f)))
+    return weights

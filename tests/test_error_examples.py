@@ -53,6 +53,14 @@ def test_a_kept_message_is_one_line_with_its_head_and_tail_whole():
     assert len(cut) == MESSAGE_CHARS
 
 
+def test_a_message_of_line_breaks_reads_as_none_and_a_tail_keeps_its_space():
+    from streamrl.rollout.score import error_message
+
+    assert fit_message("E: ", "x", " (problem a\nb)") == "E: x (problem a b)"
+    assert error_message("KeyError", "\n\n", fn="f") == "KeyError: (no message) (reward function f)"
+    assert first_messages([("OSError", "\n \n")]) == {"OSError": "OSError"}
+
+
 def test_a_head_and_tail_too_long_for_the_message_keep_its_start_and_the_tails_end():
     """A problem id of 600 characters: the middle goes, the message still ends as its tail does."""
     got = fit_message("KeyError: ", "'x'", " (problem " + "p" * 600 + ")")

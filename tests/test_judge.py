@@ -188,7 +188,7 @@ def test_a_judge_url_urllib_cannot_open_is_refused_in_one_line(url: str, problem
 
 
 AT_PAST_HOST = (
-    "judge base_url holds an '@' after its host: write an '@' of its path as %40, or remove the "
+    "judge base_url holds an '@' after its host: write an '@' of its path or query as %40, or remove the "
     "credentials (user:...@) and set STREAMRL_JUDGE_API_KEY"
 )
 

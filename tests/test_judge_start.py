@@ -81,7 +81,7 @@ def test_a_judge_urls_credentials_stay_out_of_the_start_up_errors(monkeypatch: p
     with pytest.raises(ValueError) as e:  # an '@' past the host: a path's, or a password's
         _check("https://judge.example/v1/user@secret")
     assert str(e.value) == (
-        "judge base_url holds an '@' after its host: write an '@' of its path as %40, or remove the "
+        "judge base_url holds an '@' after its host: write an '@' of its path or query as %40, or remove the "
         "credentials (user:...@) and set STREAMRL_JUDGE_API_KEY"
     )
     monkeypatch.setattr(judge_check, "_served_models", lambda c, where: [MODEL])

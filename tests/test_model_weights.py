@@ -206,8 +206,8 @@ def test_a_whole_pytorch_checkpoint_passes_in_either_layout(tmp_path):
 
 
 def test_a_pytorch_checkpoint_is_told_by_its_first_bytes_and_zip_directory(tmp_path):
-    """torch.save's zip archive must name a data.pkl; a legacy checkpoint (a bare pickle) is taken on
-    its first two bytes; anything else is neither."""
+    """torch.save's zip archive must name a data.pkl; a legacy checkpoint starts as a pickle (its
+    pickles are skimmed below); anything else is neither."""
     import torch
 
     from streamrl.models.weight_files import pytorch_problem
@@ -289,6 +289,43 @@ def test_a_legacy_checkpoint_is_read_without_running_what_it_names(tmp_path):
     file.write_bytes(file.read_bytes()[:-1])
     assert pytorch_problem(file) == "its pickles cannot be read: the file is cut short"
     assert not marker.exists()
+
+
+def test_a_legacy_checkpoints_storage_types_saved_on_a_gpu_or_unknown_still_count(tmp_path):
+    """A GPU's storage type (torch.cuda.FloatStorage) counts as the CPU's; one this does not know counts
+    its 8-byte length only, and the others are still checked (the sum a lower bound)."""
+    from streamrl.models.weight_files import pytorch_problem
+
+    data = _legacy_checkpoint(tmp_path / "whole.bin")
+    file = tmp_path / "w.bin"
+    gpu = data.replace(b"ctorch\nFloatStorage\n", b"ctorch.cuda\nFloatStorage\n")
+    unknown = data.replace(b"ctorch\nLongStorage\n", b"ctorch\nFutureStorage\n")
+    assert gpu != data and unknown != data
+    for body, uncounted in ((gpu, 0), (unknown, 4 * 8)):  # the unknown storage: 4 longs not counted
+        described = len(body) - uncounted
+        file.write_bytes(body)
+        assert pytorch_problem(file) == ""
+        n = len(body) - 72  # every storage's bytes gone
+        file.write_bytes(body[:n])
+        assert pytorch_problem(file) == f"it holds {n} bytes where its pickles describe {described}"
+
+
+def test_a_legacy_pickle_loading_by_extension_code_is_refused_unread(tmp_path):
+    """EXT1 loads whatever copyreg registered under its code, past find_class: refused before any
+    pickle is loaded, and copyreg's cache is left as it was."""
+    import copyreg
+
+    from streamrl.models.weight_files import LEGACY_MAGIC, pytorch_problem
+
+    head = b"".join(pickle.dumps(x, protocol=2) for x in (LEGACY_MAGIC, 1001, {"little_endian": True}))
+    file = tmp_path / "w.bin"
+    cache = dict(copyreg._extension_cache)
+    file.write_bytes(head + b"\x80\x02\x82\x01." + pickle.dumps([], protocol=2))  # EXT1 code 1
+    refused = "its pickles load objects by extension code, which torch.save never writes"
+    assert pytorch_problem(file) == refused
+    assert copyreg._extension_cache == cache
+    file.write_bytes(head + b"\x80\x02U\x02\xc3\xa9." + pickle.dumps([], protocol=2))  # a Python 2 str
+    assert pytorch_problem(file) == ""
 
 
 def test_a_legacy_checkpoint_cut_short_is_refused_naming_it_and_the_fix(tmp_path):

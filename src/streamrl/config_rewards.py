@@ -26,8 +26,8 @@ _HOST_PORT = re.compile(r"(\[[^\]@]*\]|[^:\[\]@]*)(:\d*)?")
 def redact_url(url: str) -> str:
     """`url` as a message may show it: everything up to its last '@' hidden (https://***@host/v1 for
     https://user:secret@host/v1; a password may hold an '@' or a '/' unescaped). A judge URL is refused
-    with an '@' anywhere after its scheme (judge_url_problem), so only the message refusing a URL before
-    its '@' is looked at (its scheme) needs it."""
+    with an '@' anywhere after its scheme (judge_url_problem), so only judge_url_problem's message for a
+    URL whose scheme is not http(s) needs it."""
     head, at, rest = url.rpartition("@")
     if not at:
         return url
@@ -50,7 +50,7 @@ def judge_url_problem(url: str, name: str) -> str:
         return f"{name} carries credentials (user:...@): remove them and set {JUDGE_API_KEY_ENV}"
     if "@" in url:  # past a host[:port]: a path's '@', or a password's after a port-like user:password
         return (
-            f"{name} holds an '@' after its host: write an '@' of its path as %40, or remove the "
+            f"{name} holds an '@' after its host: write an '@' of its path or query as %40, or remove the "
             f"credentials (user:...@) and set {JUDGE_API_KEY_ENV}"
         )
     if m := re.search(r"[\x00-\x20\x7f]", url):

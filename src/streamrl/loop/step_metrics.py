@@ -138,14 +138,14 @@ def first_messages(
 ) -> dict[str, str]:
     """{reason: the message of its first failure}: `known` (the reasons met before, kept as they are)
     followed by each new reason of the (reason, message) `failures` (a falsy reason is no failure, a
-    falsy message is the reason's name). Each message as fit_message leaves it: one built by fit_message
-    (every reward, verdict and episode error's is) comes through unchanged, anything else is cut the
-    same way. What the user reads to fix it (the console prints each reason's once,
-    observe/error_examples.py)."""
+    falsy message, or one of line breaks only, is the reason's name). Each message as fit_message
+    leaves it: one built by fit_message (every reward, verdict and episode error's is) comes through
+    unchanged, anything else is cut the same way. What the user reads to fix it (the console prints
+    each reason's once, observe/error_examples.py)."""
     out = dict(known or {})
     for reason, message in failures:
         if reason and reason not in out:
-            out[reason] = fit_message("", str(message or reason))
+            out[reason] = fit_message("", str(message or "")) or reason  # line breaks only: its name
     return out
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import pickletools
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -101,8 +102,8 @@ def safetensors_problem(file: Path) -> str:
 def pytorch_problem(file: Path) -> str:
     """Why `file` is not a whole PyTorch checkpoint, '' when it may be; no tensor is read. torch.save
     writes a zip archive holding a data.pkl, whose central directory (at the end of the file: one cut
-    short has none) must read and name it. A legacy checkpoint is a bare pickle (pickle's PROTO opcode,
-    then a protocol from 2 to 5), checked by legacy_problem."""
+    short has none) must read and name it. A legacy checkpoint starts with pickle's PROTO opcode and a
+    protocol from 2 to 5: five pickles, then the storages' bytes, checked by legacy_problem."""
     try:
         with file.open("rb") as f:
             head = f.read(2)
@@ -147,7 +148,12 @@ STORAGE_BYTES = {
     "QUInt8Storage": 1,
     "QUInt4x2Storage": 1,
     "QUInt2x4Storage": 1,
+    "ComplexHalfStorage": 4,
+    "UntypedStorage": 1,
 }
+# the opcodes that load an object by extension code (copyreg): they bypass find_class, and torch.save
+# never writes them
+EXTENSIONS = {"EXT1", "EXT2", "EXT4"}
 
 
 class _Named:
@@ -172,12 +178,15 @@ class _Named:
         pass
 
 
+TORCH = ("torch", "torch.cuda")  # the modules of a legacy checkpoint's storage types (saved on a GPU: cuda)
+
+
 class _Skim(pickle.Unpickler):
     """Reads one pickle of a legacy checkpoint: `storages` {key: (type name, element count)} of the
     storages it refers to."""
 
     def __init__(self, f: BinaryIO) -> None:
-        super().__init__(f)
+        super().__init__(f, encoding="latin1")  # a Python 2 pickle's str: any byte reads
         self.storages: dict[str, tuple[str, int]] = {}
 
     def find_class(self, module: str, name: str) -> type:
@@ -186,39 +195,62 @@ class _Skim(pickle.Unpickler):
     def persistent_load(self, pid: object) -> object:
         if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] in ("storage", b"storage"):
             kind = pid[1]
-            torch_type = isinstance(kind, type) and issubclass(kind, _Named) and kind.module == "torch"
+            torch_type = isinstance(kind, type) and issubclass(kind, _Named) and kind.module in TORCH
             self.storages[str(pid[2])] = (kind.__name__ if torch_type else "", pid[4])
         return _Named()
 
 
 def legacy_problem(f: BinaryIO, size: int) -> str:
     """Why the legacy checkpoint open in `f` (`size` bytes) is not whole, '' when it may be: its pickles
-    must read (nothing they name is imported), and the storages' bytes they describe must fit in the
-    file after them. No tensor is read. A storage type this does not know leaves the file to torch."""
+    must read (nothing they name is imported; one loading by extension code is refused unread), and the
+    storages' bytes they describe must fit in the file after them. No tensor is read. A storage of a type
+    this does not know counts its 8-byte length only (the sum stays a lower bound)."""
     try:
-        if _Skim(f).load() != LEGACY_MAGIC:
+        if _skim(f) != LEGACY_MAGIC:
             return "it is a pickle without torch.save's magic number"
-        _Skim(f).load()  # the protocol version
-        _Skim(f).load()  # the system's facts
+        _skim(f)  # the protocol version
+        _skim(f)  # the system's facts
         saved = _Skim(f)
+        _refuse_extensions(f)
         saved.load()
-        keys = _Skim(f).load()
+        keys = _skim(f)
         end = f.tell()
+        if not isinstance(keys, list) or any(str(k) not in saved.storages for k in keys):
+            return "its pickles do not describe its storages"
+        for key in keys:
+            kind, count = saved.storages[str(key)]
+            width = STORAGE_BYTES.get(kind, 0) if isinstance(count, int) and count >= 0 else 0
+            end += 8 + count * width if width else 8
     except OSError:
         raise
+    except _Extension:
+        return "its pickles load objects by extension code, which torch.save never writes"
     except Exception:  # a pickle cut short raises EOFError or UnpicklingError; a damaged one, others
         return "its pickles cannot be read: the file is cut short"
-    if not isinstance(keys, list) or any(str(k) not in saved.storages for k in keys):
-        return "its pickles do not describe its storages"
-    for key in keys:
-        kind, count = saved.storages[str(key)]
-        width = STORAGE_BYTES.get(kind)
-        if width is None or not isinstance(count, int):
-            return ""
-        end += 8 + count * width
     if end > size:
         return f"it holds {size} bytes where its pickles describe {end}"
     return ""
+
+
+class _Extension(Exception):
+    """A pickle that loads an object by extension code (EXTENSIONS)."""
+
+
+def _refuse_extensions(f: BinaryIO) -> None:
+    """Raise _Extension if the pickle at f's position uses an extension code; f is left where it was
+    (pickletools only decodes the opcodes, it runs nothing)."""
+    start = f.tell()
+    try:
+        if any(op.name in EXTENSIONS for op, _, _ in pickletools.genops(f)):
+            raise _Extension
+    finally:
+        f.seek(start)
+
+
+def _skim(f: BinaryIO) -> object:
+    """The next pickle of a legacy checkpoint, read by _Skim (its storages not kept)."""
+    _refuse_extensions(f)
+    return _Skim(f).load()
 
 
 # what each kind of weight file is checked with, and what it is called

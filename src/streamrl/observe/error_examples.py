@@ -23,10 +23,14 @@ EXAMPLE_KEYS: dict[str, str] = {
 
 
 def one_line(text: str) -> str:
-    """`text` on one line: its lines, stripped, joined by a space (empty ones dropped); a text without a
-    line break comes back as it is."""
+    """`text` on one line: its lines, stripped, joined by a space (empty ones dropped), after the spaces
+    it starts with (a tail's " (problem ..." keeps its space); a text without a line break comes back as
+    it is, one of line breaks only as ''."""
     lines = text.splitlines()
-    return text if lines == [text] else " ".join(line.strip() for line in lines if line.strip())
+    if lines == [text]:
+        return text
+    joined = " ".join(line.strip() for line in lines if line.strip())
+    return text[: len(text) - len(text.lstrip(" \t"))] + joined if joined else ""
 
 
 def fit_message(head: str, detail: str, tail: str = "") -> str:

@@ -28,7 +28,7 @@ from typing import Any
 
 from streamrl.data.answers import reference_text
 from streamrl.data.task import Task
-from streamrl.observe.error_examples import fit_message
+from streamrl.observe.error_examples import fit_message, one_line
 from streamrl.rewards.fn_formats import sample_args
 from streamrl.rewards.service import RewardOutcome, RewardService
 from streamrl.rewards.shaping import overlong_penalty
@@ -54,7 +54,8 @@ def error_message(reason: str, detail: Any, fn: Any = None, problem: Any = None)
     """One failure as the user reads it: `KeyError: 'answer_x' (reward function f, problem 12)`, a long
     detail cut so that the whole fits in MESSAGE_CHARS (fit_message)."""
     where = ", ".join(x for x in (fn and f"reward function {fn}", problem and f"problem {problem}") if x)
-    return fit_message(f"{reason}: ", str(detail or "(no message)"), f" ({where})" if where else "")
+    text = one_line(str(detail or "")) or "(no message)"  # line breaks only: no message either
+    return fit_message(f"{reason}: ", text, f" ({where})" if where else "")
 
 
 class TaskScorer:

@@ -197,3 +197,17 @@ def test_a_resumed_replay_buffer_takes_the_configured_capacity(capacity: int, ke
     assert [r.trajectory.sample_id for r in buf.items] == (kept or [f"s{i}" for i in range(6)])
     buf.add(TrainBatch([_traj(i) for i in range(6, 12)], [1.0] * 6), step=2)
     assert len(buf.items) == capacity and buf.items[-1].trajectory.sample_id == "s11"
+
+
+def test_a_config_file_that_sets_resume_is_refused_with_both_ways_out(run: Path) -> None:
+    """A resumed run's config.yaml records what it resumed: given as a config file it neither resumes
+    (resume= alone does) nor silently starts a new run that continues another's state."""
+    saved = run / "config.yaml"
+    saved.write_text(saved.read_text().replace("resume: ''", f"resume: {run}"))
+    with pytest.raises(streamrl.ConfigError) as e:
+        load_config(saved, [f"run_dir={run.parent / 'new'}"])
+    assert str(e.value) == (
+        f"config file '{saved}' sets resume: {run}: to continue that run give resume={run} alone; to start "
+        "a new run from this file, delete its resume line"
+    )
+    assert load_config(None, [f"resume={run}"]).resume == str(run)  # the run's own resume reads it

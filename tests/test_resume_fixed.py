@@ -15,6 +15,8 @@ import streamrl
 from streamrl.api import make_config
 from streamrl.config import RESUME_FIXED, config_yaml, load_config, refuse_changes_a_resume_would_ignore
 from streamrl.data.replay import ReplayBuffer, make_replay
+from streamrl.eval_settings import eval_config
+from streamrl.observe.model_card import reproduce_command
 from streamrl.preflight import preflight
 from streamrl.types import TrainBatch, Trajectory
 
@@ -208,6 +210,19 @@ def test_a_config_file_that_sets_resume_is_refused_with_both_ways_out(run: Path)
         load_config(saved, [f"run_dir={run.parent / 'new'}"])
     assert str(e.value) == (
         f"config file '{saved}' sets resume: {run}: to continue that run give resume={run} alone; to start "
-        "a new run from this file, delete its resume line"
+        "a new run from this file, add resume= (empty) or delete its resume line"
     )
     assert load_config(None, [f"resume={run}"]).resume == str(run)  # the run's own resume reads it
+    # the model card's command trains it again (resume= clears it); an evaluation resumes nothing
+    cfg = load_config(None, [f"resume={run}"])
+    command = reproduce_command(cfg).split()
+    assert command[:3] == ["streamrl", "train", str(saved)] and command[-1] == "resume="
+    assert load_config(saved, command[3:]).resume == ""
+    assert eval_config(str(saved), [])[0].resume == ""
+
+
+def test_a_resume_naming_an_unknown_estimator_gets_validates_line(run: Path) -> None:
+    """Not a traceback from the critic check: validate's line naming the estimators there are."""
+    with pytest.raises(streamrl.ConfigError, match="advantage.name") as e:
+        load_config(None, [f"resume={run}", "advantage.name=gea"])
+    assert "resume:" not in str(e.value)

@@ -272,7 +272,7 @@ def evaluate(
         cfg, taken = with_run_settings(
             given("model", path, pairs),
             given("task", path, pairs),
-            lambda base: _layered(config, {}, overrides, base),
+            lambda base: _layered(config, {"resume": ""}, overrides, base),  # an evaluation resumes nothing
         )
     write_rows(cfg, source)
     if rows is not None and not isinstance(eval_data, (str, Path)) and not _size_given(config, overrides):

@@ -130,10 +130,11 @@ def load_config(
         data = read_yaml(path) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"config file '{path}' must hold a mapping of keys to values")
-        if data.get("resume") and not resume:  # a resumed run's config.yaml records what it resumed
+        if data.get("resume") and not any(k == "resume" for k, _ in parsed):  # a resumed run's records it
             raise ConfigError(
                 f"config file '{path}' sets resume: {data['resume']}: to continue that run give "
-                f"resume={data['resume']} alone; to start a new run from this file, delete its resume line"
+                f"resume={data['resume']} alone; to start a new run from this file, add resume= (empty) or "
+                "delete its resume line"
             )
     algo = next((str(v) for k, v in reversed(parsed) if k == "algo"), str(data.get("algo", "")))
     preset: dict[str, Any] = {}

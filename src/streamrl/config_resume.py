@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from streamrl.algo import advantage_spec
 from streamrl.config_parse import ConfigError
 
 # the held-out evaluations a resumed run's later ones are compared with
@@ -36,8 +35,8 @@ RESUME_FIXED = {
     "eval.size": "the held-out set, and so the training stream, are the saved ones",
     "runtime.mode": "the groups one loop carries over are not read by the other",
     "rollout.sampler": "the saved data position and feedback are that sampler's",
-    "advantage.name": "the saved optimizer state holds a value head's parameters with a critic's estimator "
-    "(gae) and none without: switch only between estimators without one",
+    "advantage.name": "whether it has a critic: the saved optimizer state holds a value head's parameters "
+    "with a critic's estimator (gae) and none without; switch only between estimators without one",
     "train.lr": "the optimizer and scheduler states restore the saved learning rate",
     "train.weight_decay": "the optimizer state restores the saved value",
     "train.betas": "the optimizer state restores the saved values",
@@ -79,7 +78,11 @@ def refuse_a_fixed_change(saved: Any, cfg: Any, resume: str) -> None:
 def _same_setting(key: str, old: Any, new: Any) -> bool:
     """Equal values; a chat template file is recorded absolute, so the same file named relative is too;
     two advantage estimators alike in having a critic (a value head) or not."""
-    if key == "advantage.name":
+    if key == "advantage.name":  # late: the config layer imports no torch until it must
+        from streamrl.algo import ADVANTAGES, advantage_spec
+
+        if old not in ADVANTAGES or new not in ADVANTAGES:  # validate names the estimators there are
+            return True
         return advantage_spec(old).critic == advantage_spec(new).critic
     if key == "task_config.chat_template" and old and new:
         return bool(Path(old).expanduser().resolve() == Path(new).expanduser().resolve())

@@ -118,7 +118,7 @@ def eval_config(path: str | None, overrides: list[str]) -> tuple[Config, str | N
     return with_run_settings(
         given("model", path, pairs),
         given("task", path, pairs),
-        lambda base: load_config(path, overrides, base=base),
+        lambda base: load_config(path, [*overrides, "resume="], base=base),  # an evaluation resumes nothing
     )
 
 

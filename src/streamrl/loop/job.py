@@ -202,7 +202,7 @@ def _run_train(
     replay, saved_replay = make_replay(cfg), state.replay  # replay off: the saved buffer is kept as saved
     if replay is not None and state.replay:
         replay.load(state.replay)
-    elif saved_replay:
+    elif saved_replay and saved_replay[1]:  # its successes: [capacity, entries, rng, count]
         print(replay_kept_note(saved_replay), file=sys.stderr, flush=True)
     hooks = {"on_group_scored": sampler.observe, "replay": replay}
     if cfg.runtime.mode == "colocated":

@@ -13,7 +13,7 @@ from torch import nn
 from streamrl.data.samplers import Sampler
 from streamrl.loop.state import RunState, load_state
 from streamrl.models.lora import is_lora
-from streamrl.models.weight_files import weight_set
+from streamrl.models.weight_files import SAFETENSORS, weight_set
 from streamrl.placement.colocated import push_policy
 from streamrl.trainer.full_state import with_implementation_of
 from streamrl.trainer.trainer import Trainer
@@ -61,6 +61,9 @@ def saved_weights(model_dir: Path) -> dict[str, torch.Tensor]:
 
     files = [f for f in weight_set(model_dir) if f.endswith(".safetensors")]  # what the save writes
     missing = [f for f in files if not (model_dir / f).is_file()]
+    if not files and (model_dir / SAFETENSORS[1]).is_file():
+        index = model_dir / SAFETENSORS[1]
+        raise ValueError(f"resume: {index} cannot be read or names no shard: its weights cannot be restored")
     if not files or missing:
         what = f"{missing[0]}, a shard its index names" if missing else "model.safetensors and a shard index"
         raise ValueError(f"resume: {model_dir} lacks {what}: its weights cannot be restored")

@@ -57,6 +57,8 @@ def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("exact")
     whole, split = base / "whole", base / "split"
     assert main(["train", *SYNC, f"run_dir={whole}"]) == 0
+    assert [r["step"] for r in _rows(whole)] == [1, 2, 3, 4]  # not stopped early (a stray signal)
+    assert not json.loads((whole / "summary.json").read_text())["interrupted"]
     with pytest.MonkeyPatch.context() as mp:
         stop_after(mp, 2)
         assert main(["train", *SYNC, f"run_dir={split}"]) == 0

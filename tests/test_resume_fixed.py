@@ -219,6 +219,8 @@ def test_a_config_file_that_sets_resume_is_refused_with_both_ways_out(run: Path)
     assert command[:3] == ["streamrl", "train", str(saved)] and command[-1] == "resume="
     assert load_config(saved, command[3:]).resume == ""
     assert eval_config(str(saved), [])[0].resume == ""
+    result = streamrl.evaluate(config=str(saved), run_dir=str(run.parent / "ev"), size=2)
+    assert result["problems"] == 2
 
 
 def test_a_resume_naming_an_unknown_estimator_gets_validates_line(run: Path) -> None:

@@ -74,6 +74,36 @@ def test_timeout_costs_one_reward_and_the_next_call_works(service, mode: str, tm
 
 
 @pytest.mark.parametrize("mode", ["process", "thread"])
+def test_a_result_sent_while_the_monitor_was_descheduled_is_no_timeout(
+    service, mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The monitor takes which pipes are ready, is descheduled (a loaded machine) while the scorer sends
+    its result, and wakes past the deadline: the result in the pipe counts, the worker is not replaced."""
+    import time
+
+    import streamrl.rewards.service as service_mod
+
+    real, gate = service_mod.wait, tmp_path / "gate"
+    svc = service(rs.wait_for_gate, timeout_s=0.5, mode=mode)
+    assert svc.wait_ready(60)
+
+    def descheduled(objs: list, timeout: float | None = None) -> list:
+        busy = [w for w in svc._pool if w.task is not None]
+        if gate.exists() or not busy:
+            return real(objs, timeout)
+        ready = real(objs, 0)  # the scorer is held at its gate: nothing to read yet
+        gate.touch()
+        real([busy[0].conn], 60)  # its result is in the pipe now
+        time.sleep(max(0.0, busy[0].deadline - time.monotonic()) + 0.05)  # and the deadline is past
+        return ready
+
+    monkeypatch.setattr(service_mod, "wait", descheduled)
+    o = svc.submit(str(gate), 1.0).result(timeout=60)
+    assert (o.reward, o.error) == (1.0, None)
+    assert (svc.metrics()["reward/timeouts"], svc.metrics()["reward/worker_restarts"]) == (0, 0)
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
 def test_what_a_scorer_kept_survives_its_timeout_and_only_for_its_own_task(
     service, mode: str, tmp_path: Path
 ) -> None:

@@ -346,7 +346,9 @@ class RewardService:
             return ("WorkerDied", f"worker process exited with code {w.proc.exitcode}")
         now = time.monotonic()
         if reason is None and w.task is not None and now >= w.deadline:
-            return ("timeout", f"no result within {self.timeout_s:g}s; worker replaced")
+            reason = self._drain(w)  # a result sent after `ready` was taken (the monitor descheduled) counts
+            if reason is None and w.task is not None:
+                return ("timeout", f"no result within {self.timeout_s:g}s; worker replaced")
         if reason is None and not w.ready and now - w.started > self.start_timeout_s:
             return ("WorkerStartFailed", f"worker not ready after {self.start_timeout_s:g}s")
         return reason

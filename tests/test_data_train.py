@@ -59,6 +59,17 @@ def _rows(run):
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+def _plant_one_success(run):
+    """The latest saved state's replay buffer replaced by one holding a single success -> that buffer."""
+    saved = latest_state(run) / "carried.pkl"
+    carried = pickle.loads(saved.read_bytes())
+    planted = ReplayBuffer(0.3, 256)
+    planted.items.append(Replayed(make_traj(0, [5, 6, 7], [8, 9], 1.0, loss_mask=[1, 1]), 1.0, 1))
+    carried["replay"] = planted.state()
+    saved.write_bytes(pickle.dumps(carried))
+    return planted
+
+
 def test_train_cli_with_mopps_and_replay_colocated_then_resume(tmp_path):
     run = tmp_path / "colo"
     args = ["train", *TINY, "runtime.mode=colocated", "max_staleness=0", "rollout.sampler=mopps"]
@@ -72,12 +83,7 @@ def test_train_cli_with_mopps_and_replay_colocated_then_resume(tmp_path):
     assert acc["replayed_samples"] == sum(r.get("replay_samples", 0) for r in rows)
     # the saved buffer is loaded on resume: a buffer of one planted success in place of the saved one
     # is the resumed step's whole buffer, replayed once: floor(0.3 * 8 / 0.7) = 3, at most 1
-    saved = latest_state(run) / "carried.pkl"
-    carried = pickle.loads(saved.read_bytes())
-    planted = ReplayBuffer(0.3, 256)
-    planted.items.append(Replayed(make_traj(0, [5, 6, 7], [8, 9], 1.0, loss_mask=[1, 1]), 1.0, 1))
-    carried["replay"] = planted.state()
-    saved.write_bytes(pickle.dumps(carried))
+    _plant_one_success(run)
     assert main(["train", f"resume={run}", "max_steps=3"]) == 0
     rows = _rows(run)
     assert [r["step"] for r in rows] == [1, 2, 3]
@@ -93,12 +99,7 @@ def test_a_resume_with_replay_off_keeps_the_saved_buffer(tmp_path, capsys):
     run = tmp_path / "colo"
     args = ["train", *TINY, "runtime.mode=colocated", "max_staleness=0"]
     assert main([*args, "rollout.replay_share=0.3", "max_steps=1", f"run_dir={run}"]) == 0
-    saved = latest_state(run) / "carried.pkl"
-    carried = pickle.loads(saved.read_bytes())
-    planted = ReplayBuffer(0.3, 256)
-    planted.items.append(Replayed(make_traj(0, [5, 6, 7], [8, 9], 1.0, loss_mask=[1, 1]), 1.0, 1))
-    carried["replay"] = planted.state()
-    saved.write_bytes(pickle.dumps(carried))
+    planted = _plant_one_success(run)
     capsys.readouterr()
     off = ["rollout.replay_share=0", "train.save_every=1", "max_steps=3"]
     assert main(["train", f"resume={run}", *off]) == 0

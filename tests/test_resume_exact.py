@@ -180,7 +180,8 @@ def test_a_state_saved_in_shards_resumes_exactly(runs, tmp_path, monkeypatch):
     index.write_text("{")  # cut short
     with pytest.raises(ValueError) as e:
         saved_weights(broken)
-    assert str(e.value) == f"resume: {index} cannot be read or names no shard: its weights cannot be restored"
+    why = "cannot be read or names no safetensors shard"
+    assert str(e.value) == f"resume: {index} {why}: its weights cannot be restored"
 
 
 def test_restore_loads_every_saved_piece(runs, tmp_path):

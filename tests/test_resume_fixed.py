@@ -213,6 +213,8 @@ def test_a_config_file_that_sets_resume_is_refused_with_both_ways_out(run: Path)
         "a new run from this file, add resume= (empty) or delete its resume line"
     )
     assert load_config(None, [f"resume={run}"]).resume == str(run)  # the run's own resume reads it
+    with pytest.raises(streamrl.ConfigError, match="drop the config file"):  # the last resume= counts
+        load_config(saved, ["resume=", f"resume={run}"])
     # the model card's command trains it again (resume= clears it); an evaluation resumes nothing
     cfg = load_config(None, [f"resume={run}"])
     command = reproduce_command(cfg).split()

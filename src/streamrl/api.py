@@ -268,11 +268,12 @@ def evaluate(
         cfg, taken = _layered(config, {}, overrides), None
     else:
         path = None if config is None or isinstance(config, dict) else config
+        overrides.setdefault("resume", "")  # a config file's resume (a resumed run's records it): not ours
         pairs = [*(config.items() if isinstance(config, dict) else []), *overrides.items()]
         cfg, taken = with_run_settings(
             given("model", path, pairs),
             given("task", path, pairs),
-            lambda base: _layered(config, {"resume": ""}, overrides, base),  # an evaluation resumes nothing
+            lambda base: _layered(config, {}, overrides, base),
         )
     write_rows(cfg, source)
     if rows is not None and not isinstance(eval_data, (str, Path)) and not _size_given(config, overrides):

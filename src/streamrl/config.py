@@ -115,7 +115,7 @@ def load_config(
     cfg = Config()
     given = list(values.items()) if isinstance(values, dict) else list(values or [])
     parsed = [parse_override(o) for o in overrides] + given
-    resume = next((str(v) for k, v in parsed if k == "resume"), "")
+    resume = next((str(v) for k, v in reversed(parsed) if k == "resume"), "")  # the last, as applied
     if resume:  # continue a run: its resolved config is the base, the overrides still apply
         if path is not None:
             raise ConfigError(

@@ -118,7 +118,8 @@ def eval_config(path: str | None, overrides: list[str]) -> tuple[Config, str | N
     return with_run_settings(
         given("model", path, pairs),
         given("task", path, pairs),
-        lambda base: load_config(path, [*overrides, "resume="], base=base),  # an evaluation resumes nothing
+        # a config file's resume (a resumed run's records it) is not the evaluation's
+        lambda base: load_config(path, ["resume=", *overrides], base=base),
     )
 
 

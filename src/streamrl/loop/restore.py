@@ -63,7 +63,8 @@ def saved_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     missing = [f for f in files if not (model_dir / f).is_file()]
     if not files and (model_dir / SAFETENSORS[1]).is_file():
         index = model_dir / SAFETENSORS[1]
-        raise ValueError(f"resume: {index} cannot be read or names no shard: its weights cannot be restored")
+        why = "cannot be read or names no safetensors shard"
+        raise ValueError(f"resume: {index} {why}: its weights cannot be restored")
     if not files or missing:
         what = f"{missing[0]}, a shard its index names" if missing else "model.safetensors and a shard index"
         raise ValueError(f"resume: {model_dir} lacks {what}: its weights cannot be restored")

@@ -151,8 +151,8 @@ STORAGE_BYTES = {
     "ComplexHalfStorage": 4,
     "UntypedStorage": 1,
 }
-# the opcodes that load an object by extension code (copyreg): they bypass find_class, and torch.save
-# never writes them
+# the opcodes that load an object by extension code (copyreg): one cached there bypasses find_class,
+# one not yet cached would put find_class's stand-in in that process-wide cache; torch.save writes none
 EXTENSIONS = {"EXT1", "EXT2", "EXT4"}
 
 

@@ -55,7 +55,10 @@ def not_a_number() -> str:
 
 
 def record_pid_then_sleep(path: str, seconds: float) -> float:
-    Path(path).write_text(str(os.getpid()))
+    """Writes this process's id (whole: a test that sees the file reads all of it), then sleeps."""
+    part = Path(f"{path}.part")
+    part.write_text(str(os.getpid()))
+    part.replace(path)
     time.sleep(seconds)
     return 1.0
 

@@ -75,8 +75,15 @@ def write_problems(root: Path, n_train: int, n_eval: int) -> tuple[Path, Path]:
 
 
 def run_one(
-    arm: str, seed: int, args: argparse.Namespace, data: tuple[Path, Path], root: Path
+    arm: str,
+    seed: int,
+    args: argparse.Namespace,
+    data: tuple[Path, Path],
+    root: Path,
+    keep_state: bool = False,
 ) -> dict[str, Any]:
+    """One training run in a subprocess -> its step records and final held-out correctness; its resume
+    state is removed unless keep_state."""
     run_dir = root / f"{arm}-seed{seed}"
     spec = (
         [f"rollout.spec_drafts={args.drafts}", f"rollout.spec_lenience={args.lenience}"]
@@ -106,7 +113,8 @@ def run_one(
         return {"arm": arm, "seed": seed, "failed": proc.returncode, "rows": [], "correct": []}
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = json.loads((run_dir / "eval.json").read_text())
-    drop_resume_state(run_dir)
+    if not keep_state:
+        drop_resume_state(run_dir)
     return {
         "arm": arm,
         "seed": seed,

@@ -1,0 +1,76 @@
+"""benchmarks/spec_replay.py: the turns' order, the ratio and its interval, the tokens a turn counts."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import spec_replay  # noqa: E402
+
+from streamrl.engine.base import Draft, GenRequest  # noqa: E402
+from streamrl.engine.continuous import ContinuousDecoder  # noqa: E402
+from streamrl.engine.hf import HFEngine  # noqa: E402
+
+
+def test_each_pair_of_turns_runs_both_arms_and_the_pairs_alternate_which_goes_first():
+    assert spec_replay.turn_order(3) == ["plain", "spec", "spec", "plain", "plain", "spec"]
+
+
+def test_the_ratio_pools_tokens_over_seconds_and_its_interval_is_students_t_over_the_pairs():
+    turns = [("plain", 100, 1.0), ("spec", 200, 1.0), ("spec", 600, 2.0), ("plain", 50, 0.5)]
+    ratio, lo, hi = spec_replay.ratio_interval(turns)
+    assert ratio == pytest.approx((800 / 3.0) / (150 / 1.5))  # pooled, not the mean of the pair ratios
+    # per pair: 2 and 3; mean log ln(6)/2, stdev |ln 3 - ln 2| / sqrt 2, t(0.975, 1) = 12.7062
+    half = 12.7062 * (math.log(1.5) / math.sqrt(2)) / math.sqrt(2)
+    assert lo == pytest.approx(math.exp(math.log(6) / 2 - half), rel=1e-4)
+    assert hi == pytest.approx(math.exp(math.log(6) / 2 + half), rel=1e-4)
+    one = spec_replay.ratio_interval(turns[:2])
+    assert one[0] == 2.0 and math.isnan(one[1]) and math.isnan(one[2])
+
+
+def test_a_pair_that_is_not_one_turn_of_each_arm_is_refused():
+    with pytest.raises(ValueError, match="turns 0 and 1 are not one of each arm"):
+        spec_replay.ratio_interval([("plain", 1, 1.0), ("plain", 1, 1.0)])
+
+
+def test_a_turn_counts_every_token_sampled_in_it_once(tiny):
+    """At every turn's end the arm's count equals the tokens of every response it started (finished or
+    still decoding, each once), and the turns' counts add up to it; groups are kept at the load given."""
+    model, tok = tiny
+    engine = HFEngine(model, tok, max_batch=12, seed=3)
+    prompts = [list(range(5, 12)), list(range(20, 26)), list(range(30, 40))]
+    drafts = (Draft(tuple(range(40, 52)), tuple([-0.5] * 12)),)
+    seen: dict[int, object] = {}
+
+    def make(ids: list[int], d: tuple, gid: int) -> list[GenRequest]:
+        one = GenRequest(ids, 24, 1.0, 1.0, gid, drafts)
+        return [dataclasses.replace(one) for _ in range(4)]
+
+    decoder = ContinuousDecoder(engine)
+    arm = spec_replay.Arm(decoder, [(p, ()) for p in prompts], groups=2, make=make)
+    step = decoder.step
+
+    def recorded_step() -> list:
+        out = step()
+        for res in out:
+            seen[id(res)] = res
+        for b in decoder.batches:
+            for res in b.results:
+                seen[id(res)] = res
+        assert len(arm.open) <= 2
+        return out
+
+    decoder.step = recorded_step
+    total = 0
+    for _ in range(4):
+        tokens, seconds = arm.run(0.2)
+        total += tokens
+        assert seconds >= 0.2
+        assert arm.sampled() == total == sum(len(r.token_ids) for r in seen.values())
+    assert arm.made > 2 and arm.verified > 0  # groups joined as others finished; drafts were verified

@@ -12,39 +12,49 @@ about: the drift of the machine reaches both alike.
 
 Per seed: the job of spec_rollouts.py with speculative rollouts (--drafts; --epochs over --problems
 problems) trains and saves its state. Its weights and draft store then generate the --problems
-problems its sampler would draw next, one thread, as its rollout worker does: two ContinuousDecoders on
-one model in the engine's precision, each holding the worker's full load (rollout.max_batch rows:
-max_batch / samples_per_prompt groups, the next problem's group joining as soon as one finishes, the
-list coming round again at its end), one offering each prompt's stored drafts, the other none. They
-take --turns turns of --turn-s seconds in the order plain, spec, spec, plain, plain, spec, ... (each
-pair of turns in both orders, so a linear drift cancels) after one untimed turn each. A turn counts the
-tokens its arm sampled in it: those of the responses finished in it and the growth of those still
-decoding. The store is not updated: the epoch replayed is the one the run would train next, its drafts
-those the run saved.
+problems it would take next (its unfinished carried-over requests, then its sampler from the saved
+position) as its rollout worker does (the run's rollout_threads, engine precision, prefix cache,
+requests): two ContinuousDecoders on one model, each holding the worker's full load (the groups the
+staleness bound admits, (max_staleness + 1) x prompts_per_step, at most max_batch rows), the next
+problem's group joining as soon as one finishes, the list coming round again at its end; one offers
+each prompt's stored drafts, the other none. Each arm warms up until two loads of groups have joined;
+then they take --turns turns of --turn-s seconds in the order plain, spec, spec, plain, plain, spec,
+... (a multiple of 4, so a linear drift cancels). A turn counts the tokens its arm sampled in it: those
+of the responses finished in it and the growth of those still decoding.
 
-Printed per seed and pooled over the seeds: each arm's tokens per second (sampled tokens over the
-seconds of its turns), the acceptance rate, spec / plain, and a 95% interval of spec / plain (Student's
-t over the per-pair log ratios: it holds what the machine did within and between the pairs).
+What differs from training: the weights do not move (every prompt is verified by the weights its
+drafts are closest to, so acceptance is at most a little higher than training's, printed beside it),
+no weight update interrupts the engines (its cost, the same for both arms, draws training's ratio
+towards 1), the load is always full (a worker whose trainer lags holds fewer rows), and the run's
+fixed split is assumed (runtime.elastic_cores=lend lends a waiting trainer's core to the worker).
+
+Printed per seed: each arm's tokens per second (sampled tokens over the seconds of its turns), the
+acceptance rate, spec / plain with a 95% interval (Student's t over the pairs' log ratios: it holds
+what the machine did within and between the pairs); then pooled over the seeds, with that interval
+over every pair and one over the seeds (their mean log ratios: it also holds what differs between
+trained runs).
 Not a test: figures, not assertions.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import itertools
 import json
 import math
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from run_state import drop_resume_state
 from spec_rollouts import MODELS, run_one, write_problems
 
+from streamrl.engine.base import Draft, GenRequest
+from streamrl.engine.continuous import ContinuousDecoder
 from streamrl.eval.stats import t_quantile
 
 
@@ -75,13 +85,20 @@ def ratio_interval(turns: list[tuple[str, int, float]], level: float = 0.95) -> 
 
 
 class Arm:
-    """One engine's share of the replay: a ContinuousDecoder kept at `groups` groups of `samples`
-    requests, the next prompt (of `prompts`, round and round) joining as a group finishes."""
+    """One engine's share of the replay: a ContinuousDecoder kept at `groups` groups, the next prompt
+    of `prompts` (round and round) joining as a group finishes; make(prompt ids, drafts, group) -> the
+    group's requests."""
 
-    def __init__(self, decoder: Any, prompts: list[tuple[list[int], tuple]], groups: int, make: Any) -> None:
+    def __init__(
+        self,
+        decoder: ContinuousDecoder,
+        prompts: list[tuple[list[int], tuple[Draft, ...]]],
+        groups: int,
+        make: Callable[[list[int], tuple[Draft, ...], int], list[GenRequest]],
+    ) -> None:
         self.decoder, self.prompts, self.groups, self.make = decoder, prompts, groups, make
-        self._next: Iterator[int] = (i % len(prompts) for i in range(10**12))
-        self.open: dict[int, int] = {}  # group -> samples not finished
+        self._next = itertools.cycle(range(len(prompts)))
+        self.open: dict[int, int] = {}  # group -> requests not finished
         self.finished_tokens = self.verified = self.accepted = self.made = 0
 
     def sampled(self) -> int:
@@ -97,25 +114,38 @@ class Arm:
             self.open[gid] = len(requests)
             self.decoder.add(requests)
 
+    def step(self) -> None:
+        """One decode step, the load topped up first."""
+        self._fill()
+        for res in self.decoder.step():
+            self.finished_tokens += len(res.token_ids)
+            self.verified += res.draft_tokens
+            self.accepted += res.draft_accepted
+            gid = res.request.tag[0]
+            self.open[gid] -= 1
+            if not self.open[gid]:
+                del self.open[gid]
+
     def run(self, seconds: float) -> tuple[int, float]:
         """Decode steps until `seconds` have passed -> (tokens sampled in them, their seconds)."""
         before, t0 = self.sampled(), time.perf_counter()
         while time.perf_counter() - t0 < seconds:
-            self._fill()
-            for res in self.decoder.step():
-                self.finished_tokens += len(res.token_ids)
-                self.verified += res.draft_tokens
-                self.accepted += res.draft_accepted
-                gid = res.request.tag
-                self.open[gid] -= 1
-                if not self.open[gid]:
-                    del self.open[gid]
+            self.step()
         return self.sampled() - before, time.perf_counter() - t0
+
+    def warm(self) -> None:
+        """Steps until two loads of groups have joined (groups then start and end at their own times,
+        as in the worker's steady state); the draft counters start over."""
+        while self.made < 2 * self.groups:
+            self.step()
+        self.verified = self.accepted = 0
 
 
 def replay_arms(run_dir: Path, problems: int) -> tuple[dict[str, Arm], dict[str, Any]]:
-    """The two arms over `problems` problems a saved run would draw next (its sampler's saved
-    position), on its saved weights and draft store, one thread; and what they were built from."""
+    """The two arms over the `problems` problems a saved run would draw next (the requests it carried
+    over unfinished, then its sampler from the saved position), on its saved weights (loaded once into
+    the model both engines run) and, for `spec` only, its draft store; the worker's threads, load and
+    requests. -> (arms, what they were built from)."""
     import torch
     import yaml
 
@@ -123,33 +153,39 @@ def replay_arms(run_dir: Path, problems: int) -> tuple[dict[str, Arm], dict[str,
     from streamrl.data.prompt_limit import PromptFilter, prompt_limit
     from streamrl.data.prompts import render_prompt_ids
     from streamrl.data.samplers import make_sampler
-    from streamrl.engine.base import GenRequest
-    from streamrl.engine.continuous import ContinuousDecoder
-    from streamrl.engine.hf import HFEngine
+    from streamrl.engine.hf import HFEngine, load_whole
     from streamrl.loop.restore import saved_weights
     from streamrl.loop.state import load_state
     from streamrl.models.frozen import freeze
     from streamrl.models.precision import dtype_name, precision_dtype
     from streamrl.models.startup import start_model
     from streamrl.rollout.drafts import draft_store
+    from streamrl.rollout.trajectory import GREEDY, RolloutSettings, greedy_request
     from streamrl.tasks import prepare_split, task_from_config
 
-    torch.set_num_threads(1)  # the rollout worker's one core (runtime.elastic_cores=fixed)
     cfg = from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
-    r = cfg.rollout
+    torch.set_num_threads(cfg.runtime.rollout_threads)  # the worker's own (elastic_cores=fixed)
     state, model_dir, _ = load_state(run_dir)
-    started = start_model(cfg.model, cfg.seed, cfg.device, precision_dtype(r.precision, cfg.device))
-    model, tokenizer = freeze(started.model), started.tokenizer
-    task = task_from_config(cfg)
-    _, exclude = prepare_split(task, cfg)
-    prompts = PromptFilter(tokenizer, prompt_limit(cfg, model.config), f"task {cfg.task}", warn=False)
-    stream = make_sampler(cfg, task, cfg.seed, exclude, prompts)
-    stream.load_state_dict(state.sampler)
-    store = draft_store(r.spec_drafts, r.spec_prompts, state.drafts)
+    store = draft_store(cfg.rollout.spec_drafts, cfg.rollout.spec_prompts, state.drafts)
     if store is None:
         raise ValueError(f"{run_dir} was trained without rollout.spec_drafts: it saved no drafts")
-    drawn = [next(stream) for _ in range(problems)]
+    dtype = precision_dtype(cfg.rollout.precision, cfg.device)
+    started = start_model(cfg.model, cfg.seed, cfg.device, dtype, cfg.task_config.chat_template)
+    model, tokenizer = freeze(started.model), started.tokenizer
+    load_whole(model, saved_weights(model_dir))
+    task = task_from_config(cfg)
+    _, exclude = prepare_split(task, cfg)
+    limit = PromptFilter(tokenizer, prompt_limit(cfg, model.config), f"task {cfg.task}", warn=False)
+    stream = make_sampler(cfg, task, cfg.seed, exclude, limit)
+    stream.load_state_dict(state.sampler)
+    drawn = [req.problem for req in state.unfinished][:problems]
+    drawn += [next(stream) for _ in range(problems - len(drawn))]
     work = [(render_prompt_ids(tokenizer, p.messages), store.drafts(p.id)) for p in drawn]
+    r = RolloutSettings.from_config(cfg)
+    # the worker's load: the staleness bound admits eta + 1 batches, its engine decodes max_batch rows
+    groups = min(
+        r.max_batch // (r.samples + r.greedy_baseline), (cfg.max_staleness + 1) * cfg.rollout.prompts_per_step
+    )
     arms = {}
     for arm in ("plain", "spec"):
         engine = HFEngine(
@@ -158,35 +194,71 @@ def replay_arms(run_dir: Path, problems: int) -> tuple[dict[str, Arm], dict[str,
             r.max_batch,
             cfg.seed,
             cfg.device,
-            prefix_cache=r.prefix_cache,
-            branch_min=r.spec_branch_min,
+            prefix_cache=cfg.rollout.prefix_cache,
+            branch_min=cfg.rollout.spec_branch_min,
         )
-        engine.update_weights(saved_weights(model_dir) if arm == "plain" else None, state.version)
-        offer = arm == "spec"
+        engine.update_weights(None, state.version)
 
-        def make(ids: list[int], drafts: tuple, gid: int, offer: bool = offer) -> list[GenRequest]:
-            one = GenRequest(ids, r.max_new_tokens, r.temperature, r.top_p, gid, drafts if offer else ())
-            return [dataclasses.replace(one, lenience=r.spec_lenience) for _ in range(r.samples_per_prompt)]
+        def make(
+            ids: list[int], drafts: tuple[Draft, ...], gid: int, offer: bool = arm == "spec"
+        ) -> list[GenRequest]:
+            """The group's requests as the worker asks them (worker.py `ask`)."""
+            d = drafts if offer else ()
+            out = [
+                GenRequest(ids, r.max_new_tokens, r.temperature, r.top_p, (gid, k), d, r.spec_lenience)
+                for k in range(r.samples)
+            ]
+            return out + ([greedy_request(ids, r, (gid, GREEDY))] if r.greedy_baseline else [])
 
-        decoder = ContinuousDecoder(engine, cfg.runtime.weight_update)
-        arms[arm] = Arm(decoder, work, max(1, r.max_batch // r.samples_per_prompt), make)
+        arms[arm] = Arm(ContinuousDecoder(engine, cfg.runtime.weight_update), work, max(1, groups), make)
     about = {
         "version": state.version,
         "dtype": dtype_name(model.dtype),
+        "threads": cfg.runtime.rollout_threads,
+        "groups": max(1, groups),
         "with_drafts": sum(bool(d) for _, d in work),
         "drafts_per_prompt": statistics.fmean(len(d) for _, d in work),
+        "trained_acceptance": trained_acceptance(run_dir),
     }
     return arms, about
 
 
+def trained_acceptance(run_dir: Path) -> float:
+    """The acceptance rate of the run's last epoch as its step records give it (nan if none)."""
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    verified = sum(r.get("spec_verified_tokens", 0) for r in rows[len(rows) // 2 :])
+    accepted = sum(
+        r.get("spec_acceptance_rate", 0.0) * r.get("spec_verified_tokens", 0) for r in rows[len(rows) // 2 :]
+    )
+    return accepted / verified if verified else math.nan
+
+
 def measure(arms: dict[str, Arm], turns: int, turn_s: float) -> list[tuple[str, int, float]]:
-    """One untimed turn each, then `turns` timed turns in turn_order -> (arm, tokens, seconds) each."""
+    """Each arm warmed up, then `turns` timed turns in turn_order -> (arm, tokens, seconds) each."""
     for arm in arms.values():
-        arm.run(turn_s)
+        arm.warm()
     out = []
     for name in turn_order(turns // 2):
-        out.append((name, *arms[name].run(turn_s)))
+        tokens, seconds = arms[name].run(turn_s)
+        if tokens <= 0:
+            raise RuntimeError(f"a turn of {seconds:.2f} s sampled no token: give --turn-s more seconds")
+        out.append((name, tokens, seconds))
     return out
+
+
+def seeds_interval(per_seed: list[list[tuple[str, int, float]]], level: float = 0.95) -> tuple[float, float]:
+    """The interval of spec / plain over the seeds: exp of the mean of the seeds' mean log pair ratios
+    +- Student's t with seeds - 1 degrees of freedom (nan with fewer than two seeds). It holds what
+    differs between trained runs (weights, drafts), which the interval over all pairs does not."""
+    means = []
+    for turns in per_seed:
+        pairs = [dict((a, t / s) for a, t, s in turns[k : k + 2]) for k in range(0, len(turns) - 1, 2)]
+        means.append(statistics.fmean(math.log(p["spec"] / p["plain"]) for p in pairs))
+    if len(means) < 2:
+        return math.nan, math.nan
+    half = t_quantile(0.5 + level / 2, len(means) - 1) * statistics.stdev(means) / math.sqrt(len(means))
+    mean = statistics.fmean(means)
+    return math.exp(mean - half), math.exp(mean + half)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -202,6 +274,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="change the job")
     ap.add_argument("--out", default="", help="results JSON (default: in the runs' temporary directory)")
     args = ap.parse_args(argv)
+    if args.turns < 4 or args.turns % 4:
+        ap.error(f"--turns {args.turns}: give a multiple of 4 (pairs in both orders, as many of each)")
     from streamrl.config import load_config
 
     cfg = load_config(None, [f"model={MODELS[args.model]}", *args.set])
@@ -210,45 +284,57 @@ def main(argv: list[str] | None = None) -> None:
     args.lenience, args.max_time = 0.0, 0.0  # what run_one reads
     root = Path(tempfile.mkdtemp(prefix="spec-replay-"))
     data = write_problems(root, args.problems, args.eval_size)
-    every: list[tuple[str, int, float]] = []
     seeds = []
     for seed in range(args.seeds):
-        run = run_one("spec", seed, args, data, root, keep_state=True)
-        if run.get("failed"):
-            print(f"seed {seed}: training failed (exit {run['failed']})", file=sys.stderr)
-            continue
-        run_dir = root / f"spec-seed{seed}"
-        arms, about = replay_arms(run_dir, args.problems)
-        turns = measure(arms, args.turns, args.turn_s)
-        drop_resume_state(run_dir)
-        ratio, lo, hi = ratio_interval(turns)
-        rates = {
-            a: sum(t for n, t, _ in turns if n == a) / sum(s for n, _, s in turns if n == a) for a in arms
-        }
-        spec = arms["spec"]
-        acceptance = spec.accepted / max(spec.verified, 1)
-        print(
-            f"seed {seed} (version {about['version']}, {about['dtype']}, "
-            f"{about['with_drafts']}/{args.problems} prompts with drafts, "
-            f"{about['drafts_per_prompt']:.1f} each): plain {rates['plain']:.1f} tok/s, "
-            f"spec {rates['spec']:.1f} tok/s, acceptance {acceptance:.3f}: {ratio:.2f}x "
-            f"(95% CI {lo:.2f}-{hi:.2f})",
-            flush=True,
-        )
-        seeds.append({"seed": seed, **about, "turns": turns, "rates": rates, "acceptance": acceptance})
-        every.extend(turns)
+        if (result := replay_seed(seed, args, data, root)) is not None:
+            seeds.append(result)
     if not seeds:
         return
-    ratio, lo, hi = ratio_interval(every)
+    ratio, lo, hi = ratio_interval([t for s in seeds for t in s["turns"]])
+    s_lo, s_hi = seeds_interval([s["turns"] for s in seeds])
     print(
         f"\n{args.model}: {args.problems} problems, {args.epochs} epochs trained, {len(seeds)} seeds, "
         f"{args.turns} turns of {args.turn_s:g} s each: spec / plain rollout tok/s {ratio:.2f}x "
-        f"(95% CI {lo:.2f}-{hi:.2f}, over {len(every) // 2} pairs)"
+        f"(95% CI over the {len(seeds) * args.turns // 2} pairs {lo:.2f}-{hi:.2f}, over the seeds "
+        f"{s_lo:.2f}-{s_hi:.2f})"
     )
     out = Path(args.out) if args.out else root / "spec_replay.json"
-    pooled = {"ratio": ratio, "ci95": [lo, hi]}
+    pooled = {"ratio": ratio, "ci95_pairs": [lo, hi], "ci95_seeds": [s_lo, s_hi]}
     out.write_text(json.dumps({"args": vars(args), "seeds": seeds, "pooled": pooled}, indent=2))
     print(f"results in {out}")
+
+
+def replay_seed(
+    seed: int, args: argparse.Namespace, data: tuple[Path, Path], root: Path
+) -> dict[str, Any] | None:
+    """One seed: the training run, then its replay; prints its line -> its figures (None: training failed)."""
+    run = run_one("spec", seed, args, data, root, keep_state=True)
+    if run.get("failed"):
+        print(f"seed {seed}: training failed (exit {run['failed']})", file=sys.stderr)
+        return None
+    run_dir = root / f"spec-seed{seed}"
+    try:
+        arms, about = replay_arms(run_dir, args.problems)
+        turns = measure(arms, args.turns, args.turn_s)
+        spec = arms["spec"]
+        acceptance = spec.accepted / max(spec.verified, 1)
+        del arms, spec  # the model and both engines' caches, before the next seed trains
+    finally:
+        drop_resume_state(run_dir)
+    ratio, lo, hi = ratio_interval(turns)
+    rates = {
+        a: sum(t for n, t, _ in turns if n == a) / sum(s for n, _, s in turns if n == a)
+        for a in ("plain", "spec")
+    }
+    print(
+        f"seed {seed} (version {about['version']}, {about['dtype']}, {about['threads']} thread(s), "
+        f"{about['groups']} groups in flight, {about['with_drafts']}/{args.problems} prompts with drafts, "
+        f"{about['drafts_per_prompt']:.1f} each): plain {rates['plain']:.1f} tok/s, spec "
+        f"{rates['spec']:.1f} tok/s, acceptance {acceptance:.3f} (training's last epoch "
+        f"{about['trained_acceptance']:.3f}): {ratio:.2f}x (95% CI {lo:.2f}-{hi:.2f})",
+        flush=True,
+    )
+    return {"seed": seed, **about, "turns": turns, "rates": rates, "acceptance": acceptance}
 
 
 if __name__ == "__main__":

@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import math
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+from tiny_args import TINY
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import spec_replay  # noqa: E402
 
+from streamrl.cli import main  # noqa: E402
 from streamrl.engine.base import Draft, GenRequest  # noqa: E402
 from streamrl.engine.continuous import ContinuousDecoder  # noqa: E402
 from streamrl.engine.hf import HFEngine  # noqa: E402
+from streamrl.loop.restore import saved_weights  # noqa: E402
+from streamrl.loop.state import load_state  # noqa: E402
 
 
 def test_each_pair_of_turns_runs_both_arms_and_the_pairs_alternate_which_goes_first():
@@ -34,6 +39,17 @@ def test_the_ratio_pools_tokens_over_seconds_and_its_interval_is_students_t_over
     assert one[0] == 2.0 and math.isnan(one[1]) and math.isnan(one[2])
 
 
+def test_the_interval_over_seeds_is_students_t_over_their_mean_log_ratios():
+    seed0 = [("plain", 100, 1.0), ("spec", 200, 1.0), ("spec", 300, 1.0), ("plain", 100, 1.0)]  # 2, 3
+    seed1 = [("plain", 100, 1.0), ("spec", 400, 1.0), ("spec", 400, 1.0), ("plain", 100, 1.0)]  # 4, 4
+    m0, m1 = math.log(6) / 2, math.log(4)
+    half = 12.7062 * (abs(m1 - m0) / math.sqrt(2)) / math.sqrt(2)
+    lo, hi = spec_replay.seeds_interval([seed0, seed1])
+    assert lo == pytest.approx(math.exp((m0 + m1) / 2 - half), rel=1e-4)
+    assert hi == pytest.approx(math.exp((m0 + m1) / 2 + half), rel=1e-4)
+    assert all(math.isnan(x) for x in spec_replay.seeds_interval([seed0]))
+
+
 def test_a_pair_that_is_not_one_turn_of_each_arm_is_refused():
     with pytest.raises(ValueError, match="turns 0 and 1 are not one of each arm"):
         spec_replay.ratio_interval([("plain", 1, 1.0), ("plain", 1, 1.0)])
@@ -49,8 +65,7 @@ def test_a_turn_counts_every_token_sampled_in_it_once(tiny):
     seen: dict[int, object] = {}
 
     def make(ids: list[int], d: tuple, gid: int) -> list[GenRequest]:
-        one = GenRequest(ids, 24, 1.0, 1.0, gid, drafts)
-        return [dataclasses.replace(one) for _ in range(4)]
+        return [GenRequest(ids, 24, 1.0, 1.0, (gid, k), drafts) for k in range(4)]
 
     decoder = ContinuousDecoder(engine)
     arm = spec_replay.Arm(decoder, [(p, ()) for p in prompts], groups=2, make=make)
@@ -63,7 +78,7 @@ def test_a_turn_counts_every_token_sampled_in_it_once(tiny):
         for b in decoder.batches:
             for res in b.results:
                 seen[id(res)] = res
-        assert len(arm.open) <= 2
+        assert len(arm.open) == 2  # topped up to the load before every step
         return out
 
     decoder.step = recorded_step
@@ -74,3 +89,29 @@ def test_a_turn_counts_every_token_sampled_in_it_once(tiny):
         assert seconds >= 0.2
         assert arm.sampled() == total == sum(len(r.token_ids) for r in seen.values())
     assert arm.made > 2 and arm.verified > 0  # groups joined as others finished; drafts were verified
+
+
+def test_the_replay_runs_the_saved_weights_and_only_its_spec_arm_offers_the_saved_drafts(tmp_path):
+    """A saved run's replay: both engines run one model holding the saved weights, every prompt comes
+    with its stored drafts, the speculative arm's requests offer them and the plain arm's none; the load
+    is the staleness bound's (max_staleness 0: one batch of groups)."""
+    rows = [{"prompt": f"What is {a} + 1?", "answer": str(a + 1)} for a in range(3)]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = tmp_path / "run"
+    args = [*TINY, f"task=data:{tmp_path / 'rows.jsonl'}", "eval.size=1", "eval.after=false"]
+    args += ["rollout.spec_drafts=4", "rollout.temperature=0.1", "rollout.dynamic_sampling=false"]
+    args += ["runtime.mode=colocated", "max_staleness=0", "max_steps=2", f"run_dir={run}"]
+    assert main(["train", *args]) == 0
+    arms, about = spec_replay.replay_arms(run, problems=3)
+    state, model_dir, _ = load_state(run)
+    model = arms["plain"].decoder.engine.model
+    assert arms["spec"].decoder.engine.model is model
+    for name, saved in saved_weights(model_dir).items():
+        assert torch.equal(model.state_dict()[name], saved.to(model.dtype)), name
+    stored = {tuple(Draft(tuple(i), tuple(lp)) for i, lp in responses) for _, responses in state.drafts}
+    assert len(stored) == 2 and all(drafts in stored for _, drafts in arms["spec"].prompts)
+    assert (about["version"], about["with_drafts"], about["groups"]) == (2, 3, 2)  # 2 prompts a step
+    ids, drafts = arms["spec"].prompts[0]
+    spec, plain = (arms[a].make(ids, drafts, 7) for a in ("spec", "plain"))
+    assert [r.drafts for r in spec] == [drafts] * 4 and [r.drafts for r in plain] == [()] * 4
+    assert [r.tag for r in spec] == [(7, k) for k in range(4)] and spec[0].temperature == 0.1

@@ -26,12 +26,15 @@ problems / prompts_per_step, when every prompt has drafts):
     acceptance     draft tokens accepted / draft tokens verified (spec only), accepted tokens per draft
     held-out       final greedy accuracy over all seeds' held-out answers, with its 95% Wilson interval
 
-then spec / plain of rollout tok/s and samples/s per seed, and the difference spec - plain of held-out
-correctness twice: paired over problems (same problems, same seeds; its 95% interval counts the
-problems' spread only) and over seeds (Student's t over the seeds' paired differences; its interval
-also holds the run-to-run spread of training, so it is the one that says whether speculation changes
-what training reaches). The defaults (SmolLM2, 512 problems, 3 epochs: 192 steps per run, 6 runs) take
-several hours on a 2-core CPU; --problems 128 --epochs 2 is a quicker look.
+then spec / plain of rollout tok/s, samples/s and the trainer's seconds per step per seed (the
+trainer does the same work in both arms, so the last says how much slower or faster the machine ran
+the speculative run: benchmarks/spec_replay.py measures the engines with that drift cancelled), and
+the difference spec - plain of held-out correctness twice: paired over problems (same problems, same
+seeds; its 95% interval counts the problems' spread only) and over seeds (Student's t over the seeds'
+paired differences; its interval also holds the run-to-run spread of training, so it is the one that
+says whether speculation changes what training reaches). The defaults (SmolLM2, 512 problems, 3
+epochs: 192 steps per run, 6 runs) take several hours on a 2-core CPU; --problems 128 --epochs 2 is a
+quicker look.
 """
 
 from __future__ import annotations
@@ -149,6 +152,7 @@ def window(run: dict[str, Any], first_epoch_steps: int, per_step: int) -> dict[s
         "engine_held_s": after[-1].get("cores_worker_held_s", 0.0)
         - before[-1].get("cores_worker_held_s", 0.0),
         "steps": len(after),
+        "train_s": sum(r.get("train_time", 0.0) for r in after),
         "verified": sum(r.get("spec_verified_tokens", 0) for r in after),
         "accepted": sum(r.get("spec_acceptance_rate", 0.0) * r.get("spec_verified_tokens", 0) for r in after),
         "drafted": sum(r.get("spec_draft_share", 0.0) for r in after) * per_step,
@@ -167,6 +171,7 @@ def summarise(arm: str, runs: list[dict[str, Any]], args: argparse.Namespace) ->
             "engine_thread_s",
             "engine_held_s",
             "steps",
+            "train_s",
             "verified",
             "accepted",
             "drafted",
@@ -187,6 +192,7 @@ def summarise(arm: str, runs: list[dict[str, Any]], args: argparse.Namespace) ->
         "engine_cores": total["engine_thread_s"] / total["engine_held_s"]
         if total["engine_held_s"]
         else float("nan"),
+        "trainer_s_per_step": total["train_s"] / total["steps"] if total["steps"] else float("nan"),
         "acceptance_rate": total["accepted"] / total["verified"] if total["verified"] else float("nan"),
         "accepted_per_draft": total["accepted"] / total["drafted"] if total["drafted"] else float("nan"),
         "heldout_accuracy": sum(correct) / len(correct) if correct else float("nan"),
@@ -199,14 +205,17 @@ def summarise(arm: str, runs: list[dict[str, Any]], args: argparse.Namespace) ->
 
 def per_seed_ratios(
     plain: list[dict[str, Any]], spec: list[dict[str, Any]], args: argparse.Namespace
-) -> list[tuple[int, float, float]]:
-    """(seed, spec / plain rollout tok/s, spec / plain samples/s) for each seed both arms completed."""
+) -> list[tuple[int, float, float, float]]:
+    """(seed, spec / plain rollout tok/s, spec / plain samples/s, spec / plain trainer seconds per step)
+    for each seed both arms completed. The trainer does the same work in both arms (the same model and
+    batch; the prompts dominate its tokens), so the last is the machine's speed between the two runs."""
     out = []
     for p_run, s_run in zip(plain, spec):
         p, s = (summarise(r["arm"], [r], args) for r in (p_run, s_run))
         if p["rollout_tokens_per_s"] > 0 and p["samples_per_s"] > 0:
             tok = s["rollout_tokens_per_s"] / p["rollout_tokens_per_s"]
-            out.append((p_run["seed"], tok, s["samples_per_s"] / p["samples_per_s"]))
+            trainer = s["trainer_s_per_step"] / p["trainer_s_per_step"]
+            out.append((p_run["seed"], tok, s["samples_per_s"] / p["samples_per_s"], trainer))
     return out
 
 
@@ -264,8 +273,11 @@ def main(argv: list[str] | None = None) -> None:
             f"{100 * s['heldout_accuracy']:.1f}% ({100 * lo:.1f}-{100 * hi:.1f})"
             + (f"  failed seeds {s['failed']}" if s["failed"] else "")
         )
-    for seed, tok, smp in ratios:
-        print(f"seed {seed}: spec / plain rollout tok/s {tok:.2f}x, samples/s {smp:.2f}x")
+    for seed, tok, smp, trainer in ratios:
+        print(
+            f"seed {seed}: spec / plain rollout tok/s {tok:.2f}x, samples/s {smp:.2f}x, trainer seconds "
+            f"per step {trainer:.2f}x"
+        )
     if diff is not None:
         print(
             f"held-out spec - plain (paired over problems): {100 * diff[0]:+.1f} pts "

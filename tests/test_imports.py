@@ -13,8 +13,8 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 
 # Bottom to top: a module may import its own package and any package of a lower layer.
 LAYERS = [
-    # user_code imports nothing from streamrl; files imports processes
-    {"types", "config_parse", "presets", "user_code", "processes", "files"},
+    # brief imports nothing from streamrl, user_code only brief; files imports processes
+    {"brief", "types", "config_parse", "presets", "user_code", "processes", "files"},
     {"algo"},
     {"config_algo", "config_bounds", "config_resume", "config_rewards", "config_validate"},
     # config_docs: `streamrl config`, read from the field comments of config.py and config_sections.py

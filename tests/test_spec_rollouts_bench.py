@@ -19,6 +19,7 @@ def _row(step: int, tokens: int, busy: float, thread_s: float, t: float) -> dict
         "engine_busy_time": busy,
         "cores_worker_thread_s": thread_s,
         "time": t,
+        "train_time": 0.5 * step,
         "tokens_generated": 0,
         "spec_verified_tokens": 10,
         "spec_acceptance_rate": 0.5,
@@ -38,6 +39,7 @@ def test_the_window_counts_the_steps_after_the_first_epoch_and_the_engines_cores
         "engine_thread_s": 6.0,
         "engine_held_s": 5.0,
         "steps": 2,
+        "train_s": 3.5,
         "verified": 20,
         "accepted": 10.0,
         "drafted": 4.0,
@@ -45,4 +47,4 @@ def test_the_window_counts_the_steps_after_the_first_epoch_and_the_engines_cores
     args = argparse.Namespace(problems=8, prompts=4, samples=2)
     s = spec_rollouts.summarise("spec", [{"rows": rows, "seed": 0, "correct": [True, False]}], args)
     assert (s["rollout_tokens_per_s"], s["engine_cores"], s["samples_per_s"]) == (150.0, 1.2, 2.0)
-    assert (s["acceptance_rate"], s["accepted_per_draft"]) == (0.5, 2.5)
+    assert (s["acceptance_rate"], s["accepted_per_draft"], s["trainer_s_per_step"]) == (0.5, 2.5, 1.75)

@@ -15,17 +15,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from streamrl.brief import brief_error
+
 _FILE_MODULES: dict[Path, ModuleType] = {}  # a file is executed once per process
 
 
 def article(noun: str) -> str:
     """`noun` with its indefinite article: 'an int', 'a float'."""
     return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
-
-
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def _import_module(name: str, key: str, spec: str) -> ModuleType:
@@ -42,12 +39,12 @@ def _import_module(name: str, key: str, spec: str) -> ModuleType:
                 f"package, or give a file: path/to/{name.rpartition('.')[2]}.py:{spec.rpartition(':')[2]}"
             ) from None
         raise ValueError(
-            f"config key '{key}': importing '{name}' (from '{spec}') failed: {_one_line(e)}; "
+            f"config key '{key}': importing '{name}' (from '{spec}') failed: {brief_error(e, typed=True)}; "
             "install what it imports"
         ) from None
     except Exception as e:  # any error of the user's module becomes one line
         raise ValueError(
-            f"config key '{key}': importing '{name}' (from '{spec}') failed: {_one_line(e)}"
+            f"config key '{key}': importing '{name}' (from '{spec}') failed: {brief_error(e, typed=True)}"
         ) from None
 
 
@@ -82,7 +79,7 @@ def _import_file(path_text: str, key: str, spec: str) -> ModuleType:
     except Exception as e:
         del sys.modules[name]
         raise ValueError(
-            f"config key '{key}': running '{path_text}' (from '{spec}') failed: {_one_line(e)}"
+            f"config key '{key}': running '{path_text}' (from '{spec}') failed: {brief_error(e, typed=True)}"
         ) from None
     _FILE_MODULES[path] = module
     return module

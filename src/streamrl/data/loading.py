@@ -21,18 +21,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from streamrl.brief import brief_error
 from streamrl.data.json_lines import check_before_streaming, first_bad_line, jsonl_files, quiet_json_reader
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 LOCAL_HINT = (
     "pass local files with task=data:PATH (.jsonl, .json, .parquet, .csv or a save_to_disk directory)"
 )
-
-
-def one_line(e: BaseException, limit: int = 300) -> str:
-    """An exception as one line: its type when the message is empty, whitespace collapsed, truncated."""
-    text = " ".join(str(e).split()) or type(e).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def open_splits(spec: str, streaming: bool, key: str = "task") -> tuple[str, dict[str, Any]]:
@@ -73,11 +68,11 @@ def _hub_splits(ref: str, streaming: bool) -> dict[str, Any]:
         offline = bool(datasets.config.HF_HUB_OFFLINE)
         if not (offline or isinstance(e, ConnectionError)):
             hint = "; name one with task=hf:NAME:CONFIG" if "config" in str(e).lower() else ""
-            raise ValueError(f"hf:{ref}: {one_line(e)}{hint}") from None
+            raise ValueError(f"hf:{ref}: {brief_error(e)}{hint}") from None
         snapshot = _cached_snapshot(name)
         if snapshot is None:
             hub = "offline (HF_HUB_OFFLINE=1)" if offline else "unreachable"
-            why = "" if isinstance(e, ConnectionError) else f" ({one_line(e)})"
+            why = "" if isinstance(e, ConnectionError) else f" ({brief_error(e)})"
             raise ValueError(
                 f"hf:{ref}: dataset '{name}' is not in the local Hugging Face cache and the Hub is {hub}"
                 f"{why}; load it once with network access, or {LOCAL_HINT}"
@@ -86,7 +81,7 @@ def _hub_splits(ref: str, streaming: bool) -> dict[str, Any]:
         return dict(datasets.load_dataset(snapshot, config or None, streaming=streaming))
     except Exception as e:
         raise ValueError(
-            f"hf:{ref}: the cached snapshot {snapshot} could not be read: {one_line(e)}"
+            f"hf:{ref}: the cached snapshot {snapshot} could not be read: {brief_error(e)}"
         ) from None
 
 
@@ -125,7 +120,7 @@ def _path_splits(path: Path, streaming: bool) -> dict[str, Any]:
             return dict(datasets.load_dataset(builder, data_files=files, streaming=streaming))
     except Exception as e:  # the file's own problem, in one line
         bad = first_bad_line(jsonl_files(path))
-        raise ValueError(bad or f"{path}: datasets could not read it: {one_line(e)}") from None
+        raise ValueError(bad or f"{path}: datasets could not read it: {brief_error(e)}") from None
 
 
 def pick_split(name: str, splits: dict[str, Any], split: str, key: str) -> Any:

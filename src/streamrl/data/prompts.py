@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from streamrl.brief import brief_error
+
 # how a few-shot example's reference answer is written as an assistant turn, by reward.extract
 SHOT_TEMPLATES = {
     "answer_is": "The answer is {answer}.",
@@ -103,7 +105,7 @@ def check_template(tokenizer: Any, problem: Any, chat_template: str, model: str,
             template = f"the chat template {chat_template} (task_config.chat_template)"
         else:  # the model named as the model-file refusals name it (models/model_files.py)
             template = f"model={model}: its chat template"
-        said = " ".join(str(e).split()) or type(e).__name__
+        said = brief_error(e)
         own = any(m["role"] == "system" for m in problem.meta.get("chat") or [])
         configured = any(m["role"] == "system" for m in problem.messages) and not own
         give = "task_config.chat_template=FILE"

@@ -27,9 +27,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from streamrl.brief import brief_error
 from streamrl.data.columns import check_question_column, excluded, held_key, parse_row
 from streamrl.data.json_lines import first_bad_line, quiet_json_reader
-from streamrl.data.loading import one_line
 from streamrl.data.repeats import streamed_conflicts
 from streamrl.data.row_names import Label, failure, skipped_rows
 from streamrl.data.row_task import SHOWN_WARNINGS, RowTask, log, no_usable_rows, report_skipped
@@ -124,7 +124,7 @@ class StreamedDataTask(RowTask):
             except StopIteration:
                 return
             except Exception as e:
-                why = first_bad_line(self.files[split]) or f"{one_line(e)}; fix the source"
+                why = first_bad_line(self.files[split]) or f"{brief_error(e)}; fix the source"
                 raise ValueError(f"{label}: reading failed after {n} row(s) of this pass: {why}") from None
             yield rec
 

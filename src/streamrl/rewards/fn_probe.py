@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from streamrl.brief import brief_error
 from streamrl.rewards.fn_formats import AUTO, CHAT, DESCRIBED, TEXT, format_key, record_formats, sample_args
 from streamrl.rewards.user_fns import TASK, RewardFn, call_fn, reward_columns
 from streamrl.types import Problem
@@ -103,8 +104,7 @@ def _probe(
         else:
             _on_a_thread(call, rc.timeout_s)
     except (Exception, SystemExit) as e:  # as the service counts a score's failure
-        text = " ".join(str(e).split())[:200]
-        return f"{type(e).__name__}: {text}" if text else type(e).__name__
+        return brief_error(e, 200, typed=True)
     return None
 
 

@@ -16,14 +16,10 @@ import json
 import urllib.error
 import urllib.request
 
+from streamrl.brief import brief
 from streamrl.rewards.judge import JudgeConfig, JudgeError, LLMJudge
 
 PROBE = ("What is 2 + 3?", "5", "2 + 3 = 5. The answer is 5.")  # question, reference, response
-
-
-def _one_line(text: str, limit: int = 200) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _served_models(c: JudgeConfig, where: str) -> list[str] | None:
@@ -40,16 +36,16 @@ def _served_models(c: JudgeConfig, where: str) -> list[str] | None:
         if e.code in (401, 403):
             why = "rejected the API key (STREAMRL_JUDGE_API_KEY / OPENAI_API_KEY)"
         else:
-            why = _one_line(e.read(200).decode("utf-8", "replace"))
+            why = brief(e.read(200).decode("utf-8", "replace"), 200)
         raise ValueError(f"{where} answered GET /models with http {e.code}: {why}") from None
     except urllib.error.URLError as e:
         if isinstance(e.reason, TimeoutError):
             raise ValueError(slow) from None
-        raise ValueError(f"{where} is not reachable ({_one_line(str(e.reason))})") from None
+        raise ValueError(f"{where} is not reachable ({brief(str(e.reason), 200)})") from None
     except TimeoutError:
         raise ValueError(slow) from None
     except (OSError, ValueError) as e:  # reset mid-reply, or not JSON
-        raise ValueError(f"{where} sent no usable reply to GET /models ({_one_line(str(e))})") from None
+        raise ValueError(f"{where} sent no usable reply to GET /models ({brief(str(e), 200)})") from None
     data = body.get("data") if isinstance(body, dict) else None
     if not isinstance(data, list):
         return None
@@ -73,5 +69,5 @@ def check_judge(c: JudgeConfig) -> None:
         probe.judge(*PROBE)
     except JudgeError as e:
         raise ValueError(
-            f"the probe grading request to reward.judge_model={c.model} at {url} failed: {_one_line(str(e))}"
+            f"the probe grading request to reward.judge_model={c.model} at {url} failed: {brief(str(e), 200)}"
         ) from None

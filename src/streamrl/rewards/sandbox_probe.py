@@ -21,6 +21,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from streamrl.brief import brief
+
 MIN_ISOLATION = ("auto", "namespaces", "rlimits")
 _NS = ("--pid", "--fork", "--net", "--mount")
 
@@ -92,7 +94,7 @@ def detect(python: str, try_level: Callable[[Isolation, str], str | None]) -> Pr
                 if why is None:
                     _probes[python] = Probe(iso, tuple(failed))
                     break
-                failed.append((iso.name, " ".join(why.split())))
+                failed.append((iso.name, brief(why)))
         return _probes[python]
 
 

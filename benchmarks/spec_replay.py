@@ -6,7 +6,7 @@ and the speculative engine in alternating turns of a few seconds.
                                      [--set KEY=VALUE ...] [--out results.json]
 
 spec_rollouts.py compares two whole training runs, one after the other; the speed of a shared 2-core
-machine drifts by up to a quarter between such runs, so one seed's ratio can say more about the
+machine drifts by up to 40% between such runs, so one seed's ratio can say more about the
 machine than about the engine. Here both engines run inside one process, on the same weights, turn
 about: the drift of the machine reaches both alike.
 
@@ -218,18 +218,17 @@ def replay_arms(run_dir: Path, problems: int) -> tuple[dict[str, Arm], dict[str,
         "groups": max(1, groups),
         "with_drafts": sum(bool(d) for _, d in work),
         "drafts_per_prompt": statistics.fmean(len(d) for _, d in work),
-        "trained_acceptance": trained_acceptance(run_dir),
+        "trained_acceptance": trained_acceptance(run_dir, max(1, problems // cfg.rollout.prompts_per_step)),
     }
     return arms, about
 
 
-def trained_acceptance(run_dir: Path) -> float:
-    """The acceptance rate of the run's last epoch as its step records give it (nan if none)."""
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    verified = sum(r.get("spec_verified_tokens", 0) for r in rows[len(rows) // 2 :])
-    accepted = sum(
-        r.get("spec_acceptance_rate", 0.0) * r.get("spec_verified_tokens", 0) for r in rows[len(rows) // 2 :]
-    )
+def trained_acceptance(run_dir: Path, steps: int) -> float:
+    """The acceptance rate over the run's last `steps` steps (its last epoch) as its step records give
+    it (nan if they verified nothing)."""
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()][-steps:]
+    verified = sum(r.get("spec_verified_tokens", 0) for r in rows)
+    accepted = sum(r.get("spec_acceptance_rate", 0.0) * r.get("spec_verified_tokens", 0) for r in rows)
     return accepted / verified if verified else math.nan
 
 

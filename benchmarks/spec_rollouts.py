@@ -11,7 +11,8 @@ exactly prompts_per_step problems) or for --max-time seconds, whichever ends fir
 both arms. Arm `plain` runs the default job as it is; arm `spec` adds rollout.spec_drafts=--drafts (and
 rollout.spec_lenience=--lenience; 16 = two rounds of a group of 8). Each run is `streamrl train` in a
 fresh subprocess, one after the other (never two at once on a small machine), the arms alternating seed
-by seed (plain 0, spec 0, plain 1, ...) so that a drift of the machine's speed reaches both alike.
+by seed (plain 0, spec 0, plain 1, ...) so that a drift of the machine's speed reaches both alike over
+the seeds, though not within a pair.
 
 Printed per arm, pooled over the seeds, from the second epoch on (the steps after the first
 problems / prompts_per_step, when every prompt has drafts):
@@ -28,7 +29,8 @@ problems / prompts_per_step, when every prompt has drafts):
 
 then spec / plain of rollout tok/s, samples/s and the trainer's seconds per step per seed (the
 trainer does the same work in both arms, so the last says how much slower or faster the machine ran
-the speculative run: benchmarks/spec_replay.py measures the engines with that drift cancelled), and
+the speculative run; the rollout ratio times it is printed too: benchmarks/spec_replay.py measures the
+engines with that drift cancelled instead of corrected), and
 the difference spec - plain of held-out correctness twice: paired over problems (same problems, same
 seeds; its 95% interval counts the problems' spread only) and over seeds (Student's t over the seeds'
 paired differences; its interval also holds the run-to-run spread of training, so it is the one that
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -214,7 +217,8 @@ def per_seed_ratios(
         p, s = (summarise(r["arm"], [r], args) for r in (p_run, s_run))
         if p["rollout_tokens_per_s"] > 0 and p["samples_per_s"] > 0:
             tok = s["rollout_tokens_per_s"] / p["rollout_tokens_per_s"]
-            trainer = s["trainer_s_per_step"] / p["trainer_s_per_step"]
+            trained = p["trainer_s_per_step"] > 0  # records without train_time: not known
+            trainer = s["trainer_s_per_step"] / p["trainer_s_per_step"] if trained else math.nan
             out.append((p_run["seed"], tok, s["samples_per_s"] / p["samples_per_s"], trainer))
     return out
 
@@ -276,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
     for seed, tok, smp, trainer in ratios:
         print(
             f"seed {seed}: spec / plain rollout tok/s {tok:.2f}x, samples/s {smp:.2f}x, trainer seconds "
-            f"per step {trainer:.2f}x"
+            f"per step {trainer:.2f}x (rollout tok/s times it, drift-adjusted: {tok * trainer:.2f}x)"
         )
     if diff is not None:
         print(

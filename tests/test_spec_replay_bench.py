@@ -118,3 +118,15 @@ def test_the_replay_runs_the_saved_weights_and_only_its_spec_arm_offers_the_save
     spec, plain = (arms[a].make(ids, drafts, 7) for a in ("spec", "plain"))
     assert [r.drafts for r in spec] == [drafts] * 4 and [r.drafts for r in plain] == [()] * 4
     assert [r.tag for r in spec] == [(7, k) for k in range(4)] and spec[0].temperature == 0.1
+
+
+def test_trainings_acceptance_is_that_of_its_last_epoch(tmp_path):
+    rows = [(0.5, 10), (0.6, 10), (0.9, 30), (0.7, 10)]  # (acceptance, verified tokens) per step
+    lines = [
+        json.dumps({"step": i + 1, "spec_acceptance_rate": a, "spec_verified_tokens": v})
+        for i, (a, v) in enumerate(rows)
+    ]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    assert spec_replay.trained_acceptance(tmp_path, 2) == pytest.approx((0.9 * 30 + 0.7 * 10) / 40)
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1}) + "\n")
+    assert math.isnan(spec_replay.trained_acceptance(tmp_path, 2))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -48,3 +49,21 @@ def test_the_window_counts_the_steps_after_the_first_epoch_and_the_engines_cores
     s = spec_rollouts.summarise("spec", [{"rows": rows, "seed": 0, "correct": [True, False]}], args)
     assert (s["rollout_tokens_per_s"], s["engine_cores"], s["samples_per_s"]) == (150.0, 1.2, 2.0)
     assert (s["acceptance_rate"], s["accepted_per_draft"], s["trainer_s_per_step"]) == (0.5, 2.5, 1.75)
+
+
+def test_per_seed_ratios_hold_the_trainers_seconds_per_step_the_machines_speed_between_the_runs():
+    def run(arm: str, tokens_scale: int, train_scale: float) -> dict:
+        rows = [_row(s, tok * tokens_scale, busy, 0.0, t) for s, tok, busy, t in RUN]
+        for r in rows:
+            r["train_time"] = train_scale * r["step"]
+        return {"arm": arm, "seed": 0, "rows": rows, "correct": []}
+
+    args = argparse.Namespace(problems=8, prompts=4, samples=2)
+    # plain: 600 tokens in 4 busy s, 1.75 trainer s/step; spec: twice the tokens, half the trainer's time
+    ratios = spec_rollouts.per_seed_ratios([run("plain", 1, 0.5)], [run("spec", 2, 0.25)], args)
+    assert ratios == [(0, 2.0, 1.0, 0.5)]
+    no_trainer = run("plain", 1, 0.0)
+    assert math.isnan(spec_rollouts.per_seed_ratios([no_trainer], [run("spec", 2, 0.25)], args)[0][3])
+
+
+RUN = [(1, 100, 1.0, 5.0), (2, 300, 3.0, 9.0), (3, 500, 5.0, 12.0), (4, 900, 7.0, 17.0)]

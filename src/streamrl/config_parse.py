@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 import yaml
 
+from streamrl.brief import brief
+
 
 class ConfigError(ValueError):
     """Bad configuration; the message is one line naming the key and the fix."""
@@ -52,12 +54,12 @@ def read_yaml(path: str | Path, what: str = "config file") -> Any:
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = " ".join(str(e.problem or e.context or "invalid YAML").split())
+        problem = brief(str(e.problem or e.context or "invalid YAML"))
         if e.context and e.problem and e.context_mark and e.problem_mark:
-            problem += f" ({' '.join(e.context.split())} at line {e.context_mark.line + 1})"
+            problem += f" ({brief(e.context)} at line {e.context_mark.line + 1})"
         raise ConfigError(f"{what} '{path}'{where}: {problem}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{what} '{path}': {' '.join(str(e).split())}") from None
+        raise ConfigError(f"{what} '{path}': {brief(str(e))}") from None
 
 
 def _field_types(cls: type) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from streamrl.brief import brief
 from streamrl.data.prompts import render_prompt_ids
 from streamrl.types import Problem
 
@@ -85,8 +86,7 @@ def prompt_limit(cfg: Any, model_config: Any) -> PromptLimit:
 
 
 def _named(problem: Problem, n: int) -> str:
-    question = " ".join(str(problem.meta.get("question", "")).split())
-    shown = question if len(question) <= 60 else question[:57] + "..."
+    shown = brief(problem.meta.get("question", ""), 60)
     return f"{problem.id} ({n} tokens: {shown!r})"
 
 

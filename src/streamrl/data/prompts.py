@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from streamrl.brief import brief_error
+from streamrl.brief import brief, brief_error
 
 # how a few-shot example's reference answer is written as an assistant turn, by reward.extract
 SHOT_TEMPLATES = {
@@ -79,7 +79,7 @@ def render_prompt_ids(
 def template_syntax_error(e: Any, chat_template: str, model: str) -> str:
     """The one line for a chat template that does not parse (jinja2's TemplateSyntaxError `e`):
     the file (task_config.chat_template) or the model's own template, its line and the fix."""
-    said = " ".join(str(e.message or "").split()) or type(e).__name__
+    said = brief(str(e.message or "")) or type(e).__name__
     if chat_template:
         return f"{chat_template} line {e.lineno}: template syntax error ({said}): fix the template"
     return (

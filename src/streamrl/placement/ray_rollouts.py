@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from streamrl.brief import brief
 from streamrl.config import Config, to_dict
 from streamrl.config_validate import resolved_weight_sync
 from streamrl.placement.ray_actor import RolloutActor
@@ -233,7 +234,8 @@ class RayRollouts:
                 incarnation, got = ray.get(ref)
             except ActorUnavailableError as e:  # unreachable for now, perhaps alive: re-dispatch, no death
                 n = len(self._lost(slot))
-                self.events.append(f"actor {slot} unavailable ({str(e)[:80]}); {n} groups re-dispatched")
+                said = brief(str(e), 80)
+                self.events.append(f"actor {slot} unavailable ({said}); {n} groups re-dispatched")
                 self._redispatch(slot)
                 self._exchange(slot)
                 continue

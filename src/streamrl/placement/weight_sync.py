@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from streamrl.brief import brief_error
 from streamrl.models.tied import copy_state
 
 
@@ -257,7 +258,7 @@ class BroadcastPublisher:
             raise sync_error(
                 self.mode,
                 version,
-                f"did not complete ({type(e).__name__}: {str(e)[:120]})",
+                f"did not complete ({brief_error(e, 120, typed=True)})",
                 self._check(),
                 self.timeout,
             ) from e
@@ -314,7 +315,7 @@ class BroadcastReceiver:
                 self._error = sync_error(
                     self.mode,
                     version,
-                    f"failed on this actor ({type(e).__name__}: {str(e)[:120]})",
+                    f"failed on this actor ({brief_error(e, 120, typed=True)})",
                     self._check,
                     self.timeout,
                 )

@@ -35,6 +35,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
+from streamrl.brief import brief
 from streamrl.config_rewards import (
     JUDGE_API_KEY_ENV,
     JUDGE_BACKOFF_MAX_S,
@@ -315,7 +316,7 @@ class LLMJudge:
             content = data["choices"][0]["message"]["content"]
         except (KeyError, IndexError, TypeError):
             raise JudgeError(
-                "malformed response", f"no choices[0].message.content in {str(data)[:200]}"
+                "malformed response", f"no choices[0].message.content in {brief(str(data), 200)}"
             ) from None
         if not isinstance(content, str) or not content.strip():
             raise JudgeError("empty reply", "the judge returned no text")

@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
+from streamrl.brief import brief
 from streamrl.rewards.sandbox_probe import (
     Isolation,
     Probe,
@@ -152,7 +153,7 @@ def _probe_level(iso: Isolation, python: str) -> str | None:
     if r.status == "ok":
         return f"the probe printed {r.stdout.strip()!r}, expected '2 1' (pid 2, / read-only)"
     lines = [line for line in r.stderr.splitlines() if line.strip()]
-    return f"{r.status}: " + (lines[-1][:300] if lines else f"exit code {r.exit_code}")
+    return f"{r.status}: " + (brief(lines[-1]) if lines else f"exit code {r.exit_code}")
 
 
 def probe_isolation(python: str = sys.executable) -> Probe:

@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from streamrl.brief import brief
 from streamrl.config_rewards import reward_fn_name
 from streamrl.rewards.math_verify_threads import allow_in_threads
 from streamrl.user_code import load_object
@@ -160,7 +161,7 @@ def call_fn(
         values = None
     if values is None or len(values) != 1:
         raise TypeError(
-            f"the function returned {type(out).__name__} {str(out)[:60]}; expected a list "
+            f"the function returned {type(out).__name__} {brief(str(out), 60)}; expected a list "
             "with one float (or None) per completion"
         )
     value = values[0]

@@ -218,6 +218,7 @@ def replay_arms(run_dir: Path, problems: int) -> tuple[dict[str, Arm], dict[str,
         "groups": max(1, groups),
         "with_drafts": sum(bool(d) for _, d in work),
         "drafts_per_prompt": statistics.fmean(len(d) for _, d in work),
+        "problem_ids": [p.id for p in drawn],
         "trained_acceptance": trained_acceptance(run_dir, max(1, problems // cfg.rollout.prompts_per_step)),
     }
     return arms, about
@@ -288,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
         if (result := replay_seed(seed, args, data, root)) is not None:
             seeds.append(result)
     if not seeds:
-        return
+        sys.exit("every seed's training run failed: nothing to replay")
     ratio, lo, hi = ratio_interval([t for s in seeds for t in s["turns"]])
     s_lo, s_hi = seeds_interval([s["turns"] for s in seeds])
     print(
@@ -316,7 +317,7 @@ def replay_seed(
         arms, about = replay_arms(run_dir, args.problems)
         turns = measure(arms, args.turns, args.turn_s)
         spec = arms["spec"]
-        acceptance = spec.accepted / max(spec.verified, 1)
+        acceptance = spec.accepted / spec.verified if spec.verified else math.nan
         del arms, spec  # the model and both engines' caches, before the next seed trains
     finally:
         drop_resume_state(run_dir)

@@ -27,10 +27,11 @@ problems / prompts_per_step, when every prompt has drafts):
     acceptance     draft tokens accepted / draft tokens verified (spec only), accepted tokens per draft
     held-out       final greedy accuracy over all seeds' held-out answers, with its 95% Wilson interval
 
-then spec / plain of rollout tok/s, samples/s and the trainer's seconds per step per seed (the
-trainer does the same work in both arms, so the last says how much slower or faster the machine ran
-the speculative run; the rollout ratio times it is printed too: benchmarks/spec_replay.py measures the
-engines with that drift cancelled instead of corrected), and
+then spec / plain of rollout tok/s, samples/s and the trainer's seconds per step per seed (with
+runtime.elastic_cores=fixed the trainer does the same work on the same core in both arms, so the last
+says how much slower or faster the machine ran the speculative run, and the rollout ratio times it is
+printed as drift-adjusted; lending cores makes the trainer's speed depend on the arm beside it:
+benchmarks/spec_replay.py measures the engines with the drift cancelled instead of corrected), and
 the difference spec - plain of held-out correctness twice: paired over problems (same problems, same
 seeds; its 95% interval counts the problems' spread only) and over seeds (Student's t over the seeds'
 paired differences; its interval also holds the run-to-run spread of training, so it is the one that
@@ -217,7 +218,7 @@ def per_seed_ratios(
         p, s = (summarise(r["arm"], [r], args) for r in (p_run, s_run))
         if p["rollout_tokens_per_s"] > 0 and p["samples_per_s"] > 0:
             tok = s["rollout_tokens_per_s"] / p["rollout_tokens_per_s"]
-            trained = p["trainer_s_per_step"] > 0  # records without train_time: not known
+            trained = p["trainer_s_per_step"] > 0 and s["trainer_s_per_step"] > 0  # no train_time: unknown
             trainer = s["trainer_s_per_step"] / p["trainer_s_per_step"] if trained else math.nan
             out.append((p_run["seed"], tok, s["samples_per_s"] / p["samples_per_s"], trainer))
     return out
@@ -277,10 +278,13 @@ def main(argv: list[str] | None = None) -> None:
             f"{100 * s['heldout_accuracy']:.1f}% ({100 * lo:.1f}-{100 * hi:.1f})"
             + (f"  failed seeds {s['failed']}" if s["failed"] else "")
         )
+    # lending cores makes the trainer's speed depend on the arm beside it: no measure of the machine then
+    fixed = cfg.runtime.elastic_cores == "fixed"
     for seed, tok, smp, trainer in ratios:
+        adjusted = f"{tok * trainer:.2f}x" if fixed else "only with runtime.elastic_cores=fixed"
         print(
             f"seed {seed}: spec / plain rollout tok/s {tok:.2f}x, samples/s {smp:.2f}x, trainer seconds "
-            f"per step {trainer:.2f}x (rollout tok/s times it, drift-adjusted: {tok * trainer:.2f}x)"
+            f"per step {trainer:.2f}x (rollout tok/s times it, drift-adjusted: {adjusted})"
         )
     if diff is not None:
         print(

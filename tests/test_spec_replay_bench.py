@@ -93,31 +93,40 @@ def test_a_turn_counts_every_token_sampled_in_it_once(tiny):
 
 
 def test_the_replay_runs_the_saved_weights_and_only_its_spec_arm_offers_the_saved_drafts(tmp_path):
-    """A saved run's replay: both engines run one model holding the saved weights, every prompt comes
-    with its stored drafts, the speculative arm's requests offer them and the plain arm's none; the load
-    is the staleness bound's (max_staleness 0: one batch of groups)."""
-    rows = [{"prompt": f"What is {a} + 1?", "answer": str(a + 1)} for a in range(3)]
+    """A saved run's replay: both engines run one model holding the saved weights; the problems are
+    those the run takes next (a resumed run trains the first two in its next step), each with its own
+    stored drafts (none for a problem not trained yet); the speculative arm's requests offer them and
+    the plain arm's none; the load is the staleness bound's (max_staleness 0: one batch of groups)."""
+    rows = [{"prompt": f"What is {a} + 1?", "answer": str(a + 1)} for a in range(7)]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     run = tmp_path / "run"
     args = [*TINY, f"task=data:{tmp_path / 'rows.jsonl'}", "eval.size=1", "eval.after=false"]
     args += ["rollout.spec_drafts=4", "rollout.temperature=0.1", "rollout.dynamic_sampling=false"]
     args += ["runtime.mode=colocated", "max_staleness=0", "max_steps=2", f"run_dir={run}"]
-    assert main(["train", *args]) == 0
+    assert main(["train", *args]) == 0  # 4 of the 6 training problems
     state, model_dir, _ = load_state(run)
     saved = {name: w + 0.25 for name, w in saved_weights(model_dir).items()}  # unlike the start's
     save_file(saved, str(model_dir / "model.safetensors"))
-    arms, about = spec_replay.replay_arms(run, problems=3)
+    arms, about = spec_replay.replay_arms(run, problems=5)
     model = arms["plain"].decoder.engine.model
     assert arms["spec"].decoder.engine.model is model
     for name, w in saved.items():
         assert torch.equal(model.state_dict()[name], w.to(model.dtype)), name
-    stored = {tuple(Draft(tuple(i), tuple(lp)) for i, lp in responses) for _, responses in state.drafts}
-    assert len(stored) == 2 and all(drafts in stored for _, drafts in arms["spec"].prompts)
-    assert (about["version"], about["with_drafts"], about["groups"]) == (2, 3, 2)  # 2 prompts a step
-    ids, drafts = arms["spec"].prompts[0]
-    spec, plain = (arms[a].make(ids, drafts, 7) for a in ("spec", "plain"))
+    stored = {
+        pid: tuple(Draft(tuple(i), tuple(lp)) for i, lp in responses) for pid, responses in state.drafts
+    }
+    ids = about["problem_ids"]
+    assert [drafts for _, drafts in arms["spec"].prompts] == [stored.get(pid, ()) for pid in ids]
+    assert not stored.get(ids[0]) and not stored.get(ids[1])  # the first epoch's last two: new
+    assert about["with_drafts"] == sum(pid in stored for pid in ids) > 0
+    assert (about["version"], about["groups"]) == (2, 2)  # 2 prompts a step
+    prompt, drafts = next(p for p in arms["spec"].prompts if p[1])
+    spec, plain = (arms[a].make(prompt, drafts, 7) for a in ("spec", "plain"))
     assert [r.drafts for r in spec] == [drafts] * 4 and [r.drafts for r in plain] == [()] * 4
     assert [r.tag for r in spec] == [(7, k) for k in range(4)] and spec[0].temperature == 0.1
+    assert main(["train", f"resume={run}", "max_steps=3"]) == 0
+    logged = [json.loads(x) for x in (run / "groups.jsonl").read_text().splitlines()]
+    assert {g["problem_id"] for g in logged if g["step"] == 3} == set(ids[:2])
 
 
 def test_trainings_acceptance_is_that_of_its_last_epoch(tmp_path):

@@ -62,8 +62,9 @@ def test_per_seed_ratios_hold_the_trainers_seconds_per_step_the_machines_speed_b
     # plain: 600 tokens in 4 busy s, 1.75 trainer s/step; spec: twice the tokens, half the trainer's time
     ratios = spec_rollouts.per_seed_ratios([run("plain", 1, 0.5)], [run("spec", 2, 0.25)], args)
     assert ratios == [(0, 2.0, 1.0, 0.5)]
-    no_trainer = run("plain", 1, 0.0)
-    assert math.isnan(spec_rollouts.per_seed_ratios([no_trainer], [run("spec", 2, 0.25)], args)[0][3])
+    plain, spec = run("plain", 1, 0.5), run("spec", 2, 0.25)
+    for p_run, s_run in ((run("plain", 1, 0.0), spec), (plain, run("spec", 2, 0.0))):  # no train_time
+        assert math.isnan(spec_rollouts.per_seed_ratios([p_run], [s_run], args)[0][3])
 
 
 RUN = [(1, 100, 1.0, 5.0), (2, 300, 3.0, 9.0), (3, 500, 5.0, 12.0), (4, 900, 7.0, 17.0)]

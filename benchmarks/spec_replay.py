@@ -44,14 +44,13 @@ import json
 import math
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from run_state import drop_resume_state
-from spec_rollouts import MODELS, run_one, write_problems
+from spec_rollouts import job_parser, job_setup, run_one
 
 from streamrl.engine.base import Draft, GenRequest
 from streamrl.engine.continuous import ContinuousDecoder
@@ -262,28 +261,14 @@ def seeds_interval(per_seed: list[list[tuple[str, int, float]]], level: float = 
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=sorted(MODELS), default="smollm2")
-    ap.add_argument("--problems", type=int, default=128, help="the finite training set")
-    ap.add_argument("--epochs", type=int, default=2, help="epochs trained before the replay")
-    ap.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1")
-    ap.add_argument("--eval-size", type=int, default=50, help="held-out problems of the training runs")
-    ap.add_argument("--drafts", type=int, default=16, help="rollout.spec_drafts of the training runs")
+    ap = job_parser(__doc__, problems=128, epochs=2, eval_size=50)
     ap.add_argument("--turn-s", type=float, default=10.0, help="seconds per turn")
     ap.add_argument("--turns", type=int, default=24, help="timed turns per seed (both arms)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="change the job")
-    ap.add_argument("--out", default="", help="results JSON (default: in the runs' temporary directory)")
     args = ap.parse_args(argv)
     if args.turns < 4 or args.turns % 4:
         ap.error(f"--turns {args.turns}: give a multiple of 4 (pairs in both orders, as many of each)")
-    from streamrl.config import load_config
-
-    cfg = load_config(None, [f"model={MODELS[args.model]}", *args.set])
-    args.prompts = cfg.rollout.prompts_per_step
-    args.steps = args.epochs * args.problems // args.prompts
     args.lenience, args.max_time = 0.0, 0.0  # what run_one reads
-    root = Path(tempfile.mkdtemp(prefix="spec-replay-"))
-    data = write_problems(root, args.problems, args.eval_size)
+    root, data = job_setup(args, "spec-replay-")
     seeds = []
     for seed in range(args.seeds):
         if (result := replay_seed(seed, args, data, root)) is not None:

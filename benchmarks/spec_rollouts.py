@@ -224,28 +224,45 @@ def per_seed_ratios(
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def job_parser(doc: str | None, problems: int, epochs: int, eval_size: int) -> argparse.ArgumentParser:
+    """The options of the multi-epoch job the speculative-rollout benchmarks train (this one and
+    spec_replay.py), with their defaults for `problems`, `epochs` and `eval_size`."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=sorted(MODELS), default="smollm2")
-    ap.add_argument("--problems", type=int, default=512, help="the finite training set")
-    ap.add_argument("--epochs", type=int, default=3, help="epochs over it per run")
-    ap.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per arm")
-    ap.add_argument("--eval-size", type=int, default=200, help="held-out problems, the same for every run")
-    ap.add_argument("--drafts", type=int, default=16, help="rollout.spec_drafts of the spec arm")
-    ap.add_argument("--lenience", type=float, default=0.0, help="rollout.spec_lenience of the spec arm")
-    ap.add_argument("--max-time", type=float, default=0.0, help="training seconds per run (0: no limit)")
+    ap.add_argument("--problems", type=int, default=problems, help="the finite training set")
+    ap.add_argument("--epochs", type=int, default=epochs, help="epochs over it per training run")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1")
     ap.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="change the job (both arms)"
+        "--eval-size", type=int, default=eval_size, help="held-out problems, the same for every run"
+    )
+    ap.add_argument("--drafts", type=int, default=16, help="rollout.spec_drafts of the speculative runs")
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="change the job (every run)"
     )
     ap.add_argument("--out", default="", help="results JSON (default: in the runs' temporary directory)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def job_setup(args: argparse.Namespace, prefix: str) -> tuple[Path, tuple[Path, Path]]:
+    """The job's batch (args.prompts, args.samples), steps per run (args.steps) and core policy
+    (args.elastic_cores) from its config; a temporary directory whose name starts with `prefix` and
+    the problem files written in it -> (directory, files)."""
     from streamrl.config import load_config
 
     cfg = load_config(None, [f"model={MODELS[args.model]}", *args.set])  # the job's B and G
     args.prompts, args.samples = cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt
     args.steps = args.epochs * args.problems // args.prompts
-    root = Path(tempfile.mkdtemp(prefix="spec-rollouts-"))
-    data = write_problems(root, args.problems, args.eval_size)
+    args.elastic_cores = cfg.runtime.elastic_cores
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    return root, write_problems(root, args.problems, args.eval_size)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = job_parser(__doc__, problems=512, epochs=3, eval_size=200)
+    ap.add_argument("--lenience", type=float, default=0.0, help="rollout.spec_lenience of the spec arm")
+    ap.add_argument("--max-time", type=float, default=0.0, help="training seconds per run (0: no limit)")
+    args = ap.parse_args(argv)
+    root, data = job_setup(args, "spec-rollouts-")
     runs: dict[str, list[dict[str, Any]]] = {"plain": [], "spec": []}
     for seed in range(args.seeds):
         for arm in runs:
@@ -279,7 +296,7 @@ def main(argv: list[str] | None = None) -> None:
             + (f"  failed seeds {s['failed']}" if s["failed"] else "")
         )
     # lending cores makes the trainer's speed depend on the arm beside it: no measure of the machine then
-    fixed = cfg.runtime.elastic_cores == "fixed"
+    fixed = args.elastic_cores == "fixed"
     for seed, tok, smp, trainer in ratios:
         adjusted = f"{tok * trainer:.2f}x" if fixed else "only with runtime.elastic_cores=fixed"
         print(

@@ -74,13 +74,16 @@ def test_stop_carries_over_finished_and_unfinished_groups_then_resume_trains_eac
     state = RunState()
     runner = _runner(tiny, state, stop)
     first: list[dict] = []
+    reached: list[tuple[list[str], list[str]]] = []  # (in flight, buffered) when the stop was requested
 
     def on_step(record):
         first.append(record)
         if record.step == 3:  # stop with finished, untrained groups waiting in the buffer
             deadline = time.monotonic() + 60
-            while not buffered_and_held() and time.monotonic() < deadline:
+            while not buffered_and_held() and time.monotonic() < deadline:  # a limit against a hang
                 time.sleep(0.01)
+            with runner.sh.cond:
+                reached.append((list(runner.sh.inflight), [r.group_id for r in runner.sh.buffer]))
             stop.request("test")
 
     def buffered_and_held() -> bool:
@@ -91,6 +94,8 @@ def test_stop_carries_over_finished_and_unfinished_groups_then_resume_trains_eac
             return bool(runner.sh.buffer) and bool(held)
 
     runner.run(on_step)
+    [(inflight, buffered)] = reached
+    assert buffered and max(int(g.lstrip("g")) for g in inflight) >= HOLD_FROM, reached
     c = runner.ledger.counts()
     trained = _trained(first)
     finished = [r.group_id for r in state.finished]

@@ -56,6 +56,33 @@ def test_an_idle_worker_lends_to_the_trainer():
     assert got == [1] and cores.held() == [1, 1]
 
 
+def test_a_trainer_between_steps_gives_back_what_it_borrowed_at_once():
+    """Between steps the trainer has no boundaries for seconds (a save, an evaluation): `own` hands the
+    borrowed thread back there and then, so the lender that gets work takes it without waiting."""
+    cores = ElasticCores([1, 1], CTX, policy="lend")
+    cores.wait(1)
+    assert cores.work(0) == 2  # the step trained on the idle worker's thread too
+    assert cores.own(0) == 1 and cores.held() == [1, 0]
+    t, got = _in_thread(cores.work, 1)  # the worker gets a request while the trainer saves
+    t.join(10)
+    assert got == [1] and cores.held() == [1, 1]
+    s = cores.stats()
+    assert (s["cores_reclaims_waited"], s["cores_reclaim_timeouts"], s["cores_peak_held"]) == (0, 0, 2)
+    cores.wait(0)  # the trainer waited for rollouts and the worker took its thread
+    assert cores.work(1) == 2
+    t, got = _in_thread(cores.own, 0)  # its own thread is held: it waits for the worker's boundary
+    t.join(0.3)
+    assert got == [] and cores.held() == [0, 2]
+    assert cores.work(1) == 1
+    t.join(10)
+    assert got == [1] and cores.held() == [1, 1]
+    cores.wait(0)
+    assert cores.own(0) == 1 and cores.work(1) == 1  # taken back before anyone borrowed: lent no more
+    alternate = ElasticCores([1, 1], CTX, policy="alternate")
+    alternate.wait(1)
+    assert alternate.own(0) == 2 and alternate.held() == [2, 0]  # there the trainer keeps every core
+
+
 def test_the_seconds_and_thread_seconds_each_phase_held_are_counted_at_its_boundaries():
     """Trainer and worker start on one thread each at t=0. t=2: the trainer waits, so from the worker's
     boundary at t=3 it decodes on two threads; t=7: the worker waits; t=8: the trainer works on both,
@@ -147,8 +174,11 @@ def test_a_yielding_worker_whose_trainer_is_gone_stops_waiting():
 def _hammer(cores, slot, seed, rounds):
     rng = random.Random(seed)
     for _ in range(rounds):
-        if rng.random() < 0.3:
+        r = rng.random()
+        if r < 0.3:
             cores.wait(slot)
+        elif r < 0.4:
+            assert 1 <= cores.own(slot) <= cores.total
         else:
             k = cores.work(slot)
             assert 1 <= k <= cores.total
@@ -278,3 +308,48 @@ def test_a_worker_handed_work_after_lending_takes_its_threads_before_it_computes
     cores.wait(0)  # the trainer now waits for a batch: the worker's next decode step borrows its thread
     q.put("next")
     assert requests.get_nowait() == "next" and cores.held() == [0, 2]
+
+
+def test_a_run_gives_back_the_borrowed_thread_before_each_step_is_recorded(tiny, monkeypatch):
+    """Each step trains on a lender's thread too; while the step is recorded (on_step: where the job
+    logs, saves and evaluates, with no boundary for seconds) the trainer holds its own thread only, and
+    the lender that gets work meanwhile takes its thread back without waiting."""
+    import copy
+    import itertools
+
+    import torch
+    from scripted_worker import scripted_worker  # tests/ is on sys.path (rootdir conftest)
+
+    from streamrl.data.task import default_task_args
+    from streamrl.loop.asynchronous import AsyncRunner
+    from streamrl.loop.signals import StopFlag
+    from streamrl.loop.state import RunState
+    from streamrl.placement.cores import ThreadSetter
+    from streamrl.tasks import make_task
+    from streamrl.trainer.trainer import Trainer
+
+    set_to: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", set_to.append)  # this test process keeps its own
+    args = ["max_steps=3", "max_staleness=1", "rollout.prompts_per_step=2", "runtime.rollout_workers=1"]
+    cfg = load_config(None, [*args, "rollout.samples_per_prompt=2", "rollout.dynamic_sampling=false"])
+    task = make_task("rg:chain_sum", default_task_args("rg:chain_sum"), "", "", "answer_is")
+    trainer = Trainer.from_config(copy.deepcopy(tiny[0]), cfg, pad_id=0)
+    stream = itertools.islice(task.train_stream(0, set()), None)
+    runner = AsyncRunner(cfg, trainer, tiny[1], stream, RunState(), StopFlag(), scripted_worker)
+    cores = ElasticCores([1, 1], CTX, policy="lend")  # the trainer's and a lender's that only this test moves
+    runner.threads = ThreadSetter(cores, 0)
+    cores.wait(1)
+    seen = []
+
+    def on_step(record):
+        seen.append((record.step, cores.held(), set_to[-1]))
+        t, got = _in_thread(cores.work, 1)  # the lender gets work while the step is recorded
+        t.join(10)  # a limit against a wait for a boundary that does not come, not a speed check
+        seen.append(got)
+        cores.wait(1)  # idle again: the next step borrows
+
+    runner.run(on_step)
+    assert seen == [(1, [1, 0], 1), [1], (2, [1, 0], 1), [1], (3, [1, 0], 1), [1]]
+    s = cores.stats()
+    assert s["cores_trainer_max"] == 2 and s["cores_borrows"] > 0  # every step trained on two threads
+    assert (s["cores_reclaims_waited"], s["cores_reclaim_timeouts"]) == (0, 0)

@@ -254,8 +254,8 @@ class AsyncRunner:
                     with self.sh.cond:
                         self.sh.buffer.extendleft(reversed(taken))  # not trained: carried over
                     raise
-                if self.threads is not None:  # give back borrowed threads a worker now wants
-                    self.threads.work()
+                if self.threads is not None:  # what it borrowed goes back: a worker that wants its own
+                    self.threads.own()  # must not wait through on_step (a save, an evaluation)
                 with self.sh.cond:
                     self.sampling.next_step()
                     for r in taken:

@@ -11,7 +11,9 @@ before each decode step), asks for threads:
 A process about to wait calls `wait(p)`: it lends its base and holds 0 threads. A process about to
 compute calls `work(p)`: it takes what it is owed, and when a borrower still holds its base it waits
 until the borrower gives it back at its own next boundary (a worker's decode step, a trainer
-layer). That is the `lend` policy: both phases run at once whenever both have work.
+layer). That is the `lend` policy: both phases run at once whenever both have work. Between steps the
+trainer computes without boundaries (the step's record, a save, an evaluation), so there it calls
+`own(p)`: it gives back at once what it borrowed and keeps its base.
 
 The `alternate` policy never runs them at once: the trainer, when it has a batch, takes every core
 (the workers yield at their next boundary and wait), and the workers decode on every core while the
@@ -114,6 +116,21 @@ class ElasticCores:
                 beat()
             time.sleep(0.002)
 
+    def own(self, p: int) -> int:
+        """Slot p is about to compute outside its boundaries for a while (the trainer between steps: the
+        step's record, a save, an evaluation): under `lend` it gives back what it borrowed and keeps its
+        own threads, without waiting, so a lender that wants its threads back does not wait for a
+        boundary seconds away; under `alternate` this is `work` (the workers yield until it waits)."""
+        if self.policy == "lend":
+            with self._locked():
+                s = self._slots
+                s[3 * p + _LENDING] = 0
+                others_held = sum(s[3 * q + _HELD] for q in range(len(self.base)) if q != p)
+                k = min(self.base[p], self.total - others_held)
+                if k >= 1:
+                    return self._hold(p, k)
+        return self.work(p)
+
     def reset(self, p: int) -> None:
         """Slot p's process died: it holds nothing (its replacement starts from `work`)."""
         self.wait(p)
@@ -198,23 +215,29 @@ POLICIES = ("lend", "alternate")
 
 
 class ThreadSetter:
-    """One process's side: sets torch's intra-op threads to what `work` grants, only when it changes."""
+    """One process's side: sets torch's intra-op threads to what `work` or `own` grants, only when it
+    changes."""
 
     def __init__(self, cores: ElasticCores, slot: int) -> None:
         self.cores, self.slot = cores, slot
         self.current = 0
 
     def work(self, beat: Callable[[], None] | None = None, give_up: Callable[[], bool] | None = None) -> int:
-        import torch
+        return self._use(self.cores.work(self.slot, beat, give_up))
 
-        k = self.cores.work(self.slot, beat, give_up)
-        if k != self.current:
-            torch.set_num_threads(k)
-            self.current = k
-        return k
+    def own(self) -> int:
+        return self._use(self.cores.own(self.slot))
 
     def wait(self) -> None:
         self.cores.wait(self.slot)
+
+    def _use(self, k: int) -> int:
+        if k != self.current:
+            import torch
+
+            torch.set_num_threads(k)
+            self.current = k
+        return k
 
 
 def elastic_enabled(cfg: Any) -> bool:

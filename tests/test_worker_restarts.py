@@ -385,6 +385,9 @@ def test_the_trainer_lends_its_threads_outside_the_buffers_lock(tiny):
         def work(self, *a, **k) -> int:
             return 1
 
+        def own(self) -> int:
+            return 1
+
     runner.threads = Probe()
     records: list = []
     runner.run(records.append)

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from tiny_args import TINY
@@ -25,6 +26,14 @@ def _in_thread(fn, *args):
     return t, out
 
 
+def _asked(cores: ElasticCores, p: int) -> None:
+    """Until slot p, started in a thread, reached its boundary: it lends no more (set under the lock,
+    so the next call sees what that boundary decided)."""
+    deadline = time.monotonic() + 60  # a limit against a hang, not a speed check
+    while cores._slots[3 * p + 1] and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
 def test_a_waiting_trainer_lends_its_thread_and_takes_it_back_at_the_workers_next_boundary():
     cores = ElasticCores([1, 1], CTX, policy="lend")  # slot 0: trainer, slot 1: a rollout worker
     assert cores.held() == [1, 1]
@@ -32,7 +41,7 @@ def test_a_waiting_trainer_lends_its_thread_and_takes_it_back_at_the_workers_nex
     assert cores.held() == [0, 1]
     assert cores.work(1) == 2  # the worker's next decode step runs on both cores
     t, got = _in_thread(cores.work, 0)  # the batch is ready: the trainer wants its core back ...
-    t.join(0.3)
+    _asked(cores, 0)
     assert t.is_alive() and got == []  # ... and waits while the worker still holds it
     assert cores.held() == [0, 2]
     assert cores.work(1) == 1  # the worker's next boundary gives it back
@@ -49,7 +58,7 @@ def test_an_idle_worker_lends_to_the_trainer():
     assert cores.work(0) == 2
     assert cores.work(0) == 2  # still lent at the next micro-batch
     t, got = _in_thread(cores.work, 1)
-    t.join(0.3)
+    _asked(cores, 1)
     assert got == []
     assert cores.work(0) == 1
     t.join(10)
@@ -71,13 +80,13 @@ def test_a_trainer_between_steps_gives_back_what_it_borrowed_at_once():
     cores.wait(0)  # the trainer waited for rollouts and the worker took its thread
     assert cores.work(1) == 2
     t, got = _in_thread(cores.own, 0)  # its own thread is held: it waits for the worker's boundary
-    t.join(0.3)
+    _asked(cores, 0)
     assert got == [] and cores.held() == [0, 2]
     assert cores.work(1) == 1
     t.join(10)
     assert got == [1] and cores.held() == [1, 1]
     cores.wait(0)
-    assert cores.own(0) == 1 and cores.work(1) == 1  # taken back before anyone borrowed: lent no more
+    assert cores.own(0) == 1 and cores.work(1) == 1  # taken back before anyone borrowed it
     alternate = ElasticCores([1, 1], CTX, policy="alternate")
     alternate.wait(1)
     assert alternate.own(0) == 2 and alternate.held() == [2, 0]  # there the trainer keeps every core
@@ -148,7 +157,7 @@ def test_alternate_never_runs_the_trainer_and_a_worker_at_once():
     cores.wait(0)  # the trainer waits for rollouts: the worker decodes on both cores
     assert cores.work(1) == 2
     t, got = _in_thread(cores.work, 0)  # the batch is ready: the trainer wants every core
-    t.join(0.3)
+    _asked(cores, 0)
     assert got == [] and cores.held() == [0, 2]
     w, wgot = _in_thread(cores.work, 1)  # the worker's next boundary: it yields and waits ...
     t.join(10)
@@ -280,7 +289,6 @@ def test_a_worker_handed_work_after_lending_takes_its_threads_before_it_computes
     boundary, and the two never hold more than the cores."""
     import functools
     import queue
-    import time
     from types import SimpleNamespace
 
     import torch

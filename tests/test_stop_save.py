@@ -245,6 +245,27 @@ def test_a_stop_saves_the_state_before_the_rollout_workers_are_stopped(tmp_path,
     assert acc["lost"] == 0 and acc["trained"] == 8
 
 
+@pytest.mark.parametrize("mode", [["runtime.mode=colocated", "max_staleness=0"], ["runtime.mode=async"]])
+def test_a_stop_during_the_base_evaluation_saves_step_zero_once(tmp_path, monkeypatch, mode) -> None:
+    """A stop before the first step (here during the base model's evaluation) saves step 0 once: the
+    workers' stop that follows brings nothing back, as nothing was admitted, so it adds nothing."""
+    saved = _count_saves(monkeypatch)
+    real_evaluate = job.evaluate
+
+    def evaluate(*args, **kw):  # the base evaluation: a real SIGINT, taken by the run's handler
+        os.kill(os.getpid(), signal.SIGINT)
+        return real_evaluate(*args, **kw)
+
+    monkeypatch.setattr(job, "evaluate", evaluate)
+    run = tmp_path / "run"
+    args = ["max_steps=3", "eval.before=true", "eval.after=false"]
+    assert main(["train", *TINY, *mode, *args, f"run_dir={run}"]) == 0
+    assert saved == [0] and _states(run) == ["step-000000"]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["interrupted"] and summary["steps"] == 0
+    assert summary["accounting"]["admitted"] == 0
+
+
 def _request(gid: str) -> GroupRequest:
     return GroupRequest(gid, None, [1], 2, 0)  # type: ignore[arg-type]
 

@@ -99,13 +99,14 @@ def test_the_counters_a_stop_saves_count_the_restarts_since_the_last_step() -> N
         "groups_resent": 4,
         "duplicate_results": 0,
     }
-    later = types.SimpleNamespace(stats=lambda: {"worker_restarts": 2})  # one more since that step
-    assert counters.total(0, 3, later)["worker_restarts"] == 4
 
     def broken():
         raise OSError("closed")
 
-    assert counters.total(0, 3, types.SimpleNamespace(stats=broken))["worker_restarts"] == 3
+    counters.refresh(types.SimpleNamespace(stats=broken))
+    assert counters.total(0, 3)["worker_restarts"] == 3
+    counters.refresh(types.SimpleNamespace(stats=lambda: {"worker_restarts": 2}))  # one more since the step
+    assert counters.total(0, 3)["worker_restarts"] == 4
 
 
 def test_agent_episodes_a_stopped_run_had_not_logged_are_logged_after_its_resume(tiny):

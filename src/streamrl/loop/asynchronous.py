@@ -305,7 +305,7 @@ class AsyncRunner:
     def _stopped(self, on_stop: Callable[[RunState], None] | None) -> None:
         """If a stop ended the loop: its state, what is buffered or in flight carried over, to `on_stop`."""
         if self.stop and on_stop is not None:
-            on_stop(self.snapshot())
+            on_stop(self.snapshot(stats_now=True))
 
     def start(self) -> None:
         """Start the rollout workers on the trainer's weights (once; the job calls it before the base
@@ -351,9 +351,13 @@ class AsyncRunner:
         """Where the training stream stands (the admission thread draws no more once carried over)."""
         return sampler_state(self.stream)
 
-    def snapshot(self) -> RunState:
+    def snapshot(self, stats_now: bool = False) -> RunState:
         """The run's position between two steps (called by the trainer thread, e.g. for a periodic
-        save): what is buffered or in flight counts as carried over, as a stop would make it."""
+        save): what is buffered or in flight counts as carried over, as a stop would make it.
+        stats_now: the backend's counters as they are now (a stop's save, which the carry-over's save
+        replaces only if something changed), not as of the last step."""
+        if stats_now:
+            self.counters.refresh(self.backend)  # outside sh.cond: it may wait on the cores' lock
         with self.sh.cond:
             return dataclasses.replace(
                 self.state,
@@ -376,6 +380,7 @@ class AsyncRunner:
             except Exception as e:  # it stays in flight: carried over like the others, not lost
                 with self.sh.cond:
                     self.sh.errors.append(f"group {res.group_id} was not taken: {type(e).__name__}: {e}")
+        self.counters.refresh(self.backend)
         with self.sh.cond:
             self.admission.stop_drawing()  # the admission thread, if a stop outlived its join
             self.state.finished = list(self.sh.buffer)
@@ -386,7 +391,7 @@ class AsyncRunner:
             if self.drafts is not None:  # off: the drafts a resume restored are kept as saved
                 self.state.drafts = self.drafts.state_dict()
             self.state.engine = self.sh.engine_counters()
-            self.state.counters = self.counters.total(self.sh.duplicates, self.stall.resent, self.backend)
+            self.state.counters = self.counters.total(self.sh.duplicates, self.stall.resent)
             self.state.episodes = self.episode_errors.pending()
             errors, self.sh.errors = self.sh.errors, []
         for error in errors:  # arrived after the last batch was taken, or during a stop: never silent

@@ -43,15 +43,17 @@ class RunCounters:
         self.backend = stats
         return {**stats, **self.total(duplicates, resent)}
 
-    def total(self, duplicates: int, resent: int, backend: Any = None) -> dict[str, int]:
-        """The counters for the state; `backend`: read its statistics now (a stop: restarts since the
-        last step count), the last step's if that fails."""
+    def refresh(self, backend: Any) -> None:
+        """The backend's statistics as they are now (a stop: restarts since the last step count); the
+        last step's if reading them fails. Called outside every lock the workers' supervision needs."""
+        try:
+            self.backend = backend.stats()
+        except Exception:  # the stop's save and carry-over must not fail over a statistic
+            pass
+
+    def total(self, duplicates: int, resent: int) -> dict[str, int]:
+        """The counters for the state, the backend's as of the last step or `refresh`."""
         stats = self.backend
-        if backend is not None:
-            try:
-                stats = backend.stats()
-            except Exception:  # the stop's carry-over must not fail over a statistic
-                pass
         now = {"duplicate_results": duplicates, "groups_resent": resent, **stats}
         return {
             k: self.before.get(k, 0) + int(now.get(k, 0))

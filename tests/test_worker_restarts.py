@@ -109,6 +109,24 @@ def test_the_counters_a_stop_saves_count_the_restarts_since_the_last_step() -> N
     assert counters.total(0, 3)["worker_restarts"] == 4
 
 
+def test_the_carry_over_saves_the_restarts_the_workers_stop_cost() -> None:
+    """A worker restarted after the last step (or killed by the stop itself) counts in the state the
+    run ends with, as in a stop's early save."""
+    import types
+
+    from streamrl.loop.signals import StopFlag
+    from streamrl.loop.state import RunState
+
+    cfg = load_config(None, [])
+    backend = types.SimpleNamespace(trainer_threads=lambda: None, stats=lambda: {"worker_restarts": 2})
+    state = RunState(counters={"worker_restarts": 1})
+    trainer = types.SimpleNamespace(version=0)
+    runner = AsyncRunner(cfg, trainer, None, iter([]), state, StopFlag(), backend=backend)  # type: ignore[arg-type]
+    assert runner.snapshot().counters["worker_restarts"] == 1  # as of the last step: none since
+    runner.close()
+    assert state.counters["worker_restarts"] == 3
+
+
 def test_agent_episodes_a_stopped_run_had_not_logged_are_logged_after_its_resume(tiny):
     """Episodes returned after the last logged step are in the state a stop leaves, and in the resumed
     run's first record, not lost with the stop."""

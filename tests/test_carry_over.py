@@ -301,7 +301,7 @@ def test_a_state_that_would_lose_groups_says_which(tmp_path, capsys):
     state.unfinished = [SimpleNamespace(group_id="g2"), SimpleNamespace(group_id="g9")]
     said = (
         "the state of step 4 carries over 1 group(s) (g1) neither finished nor unfinished: a resume never "
-        "makes them; it holds 1 group(s) (g9), which its ledger does not carry over: a resume refuses them"
+        "makes them; it holds 1 group(s) (g9), which its ledger does not carry over"
     )
     assert carried_mismatch(state) == said
     trainer = SimpleNamespace(
@@ -312,3 +312,48 @@ def test_a_state_that_would_lose_groups_says_which(tmp_path, capsys):
     assert latest_state(tmp_path).name == "step-000004"  # type: ignore[union-attr]
     state.finished, state.unfinished = [SimpleNamespace(group_id="g1")], [SimpleNamespace(group_id="g2")]
     assert carried_mismatch(state) is None
+
+
+def test_a_resumed_state_that_does_not_add_up_counts_its_lost_groups_and_trains_nothing_twice():
+    """A state an older version saved wrong: a group its ledger carries over and it does not hold is
+    counted lost (no resume can make it), one it holds that was trained is not trained again, one the
+    ledger never saw is carried over; the state then adds up, so later saves say nothing."""
+    from streamrl.loop.state import reconcile_carried
+
+    ledger = {"state": {"g1": "carried_over", "g2": "carried_over", "g3": "trained"}, "generated": 2}
+    state = RunState(step=4, ledger={**ledger, "filter_reasons": {}})
+    state.finished = [SimpleNamespace(group_id="g3")]
+    state.unfinished = [SimpleNamespace(group_id="g2"), SimpleNamespace(group_id="g9")]
+    said = reconcile_carried(state)
+    assert said == (
+        "the state of step 4 carries over 1 group(s) (g1) neither finished nor unfinished: a resume never "
+        "makes them; it holds 2 group(s) (g3, g9), which its ledger does not carry over. Resumed with 1 "
+        "group(s) (g1) counted lost and 1 group(s) (g3) already trained or filtered, not taken up again"
+    )
+    carried = {"g2": "carried_over", "g9": "carried_over"}
+    assert state.ledger["state"] == {"g1": "lost", "g3": "trained", **carried}
+    assert state.finished == [] and [r.group_id for r in state.unfinished] == ["g2", "g9"]
+    assert carried_mismatch(state) is None and reconcile_carried(state) is None
+    counts = Ledger.from_state_dict(state.ledger).counts()
+    assert (counts["lost"], counts["carried_over"], counts["trained"]) == (1, 2, 1)
+
+
+def test_a_resume_of_a_state_that_lost_a_group_says_so_once_and_counts_it(tmp_path, capsys):
+    import json
+
+    from tiny_args import TINY
+
+    from streamrl.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "max_steps=2", "eval.after=false", f"run_dir={run}"]) == 0
+    meta = run / "state" / "step-000002" / "run_state.json"
+    d = json.loads(meta.read_text())
+    d["ledger"]["state"]["g999"] = "carried_over"  # carried over, held nowhere
+    meta.write_text(json.dumps(d))
+    capsys.readouterr()
+    assert main(["train", f"resume={run}", "max_steps=3", "train.save_every=1"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning: the state of step") == 1 and "1 group(s) (g999) counted lost" in err
+    acc = json.loads((run / "accounting.json").read_text())
+    assert acc["lost"] == 1 and acc["admitted"] == acc["trained"] + acc["filtered"] + acc["carried_over"] + 1

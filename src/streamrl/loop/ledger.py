@@ -2,8 +2,9 @@
 
 States: running (admitted, not returned) -> buffered (returned, kept) -> trained; or -> filtered
 (returned, dropped: all-equal rewards under dynamic sampling, too stale, ...). At shutdown, running and
-buffered groups are carried over into the checkpoint. `lost` counts ids admitted but in no final state
-and must be 0; a second transition of an id is an error, not a silent double count.
+buffered groups are carried over into the checkpoint. `lost` counts ids admitted but in no final state,
+and those a resumed state carried over without holding them (state "lost", loop/state.py
+reconcile_carried); it must be 0. A second transition of an id is an error, not a silent double count.
 """
 
 from __future__ import annotations
@@ -65,8 +66,9 @@ class Ledger:
         return ids
 
     def counts(self) -> dict[str, Any]:
-        """Totals by final state. `lost` = groups still running or buffered: 0 after carry_over()."""
-        by = {s: 0 for s in ("trained", "filtered", "carried_over", "running", "buffered")}
+        """Totals by final state. `lost` = groups still running or buffered (0 after carry_over()) and
+        those a resumed state lost."""
+        by = {s: 0 for s in ("trained", "filtered", "carried_over", "running", "buffered", "lost")}
         for s in self.state.values():
             by[s] += 1
         return {
@@ -75,7 +77,7 @@ class Ledger:
             "trained": by["trained"],
             "filtered": by["filtered"],
             "carried_over": by["carried_over"],
-            "lost": by["running"] + by["buffered"],
+            "lost": by["running"] + by["buffered"] + by["lost"],
             "filter_reasons": dict(self.filter_reasons),
             "replayed_samples": self.replayed_samples,
             "regenerated": self.regenerated,

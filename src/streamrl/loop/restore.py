@@ -4,6 +4,7 @@ states, the data stream's position and the policy version; the engine then takes
 from __future__ import annotations
 
 import random
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import torch
 from torch import nn
 
 from streamrl.data.samplers import Sampler
-from streamrl.loop.state import RunState, load_state
+from streamrl.loop.state import RunState, load_state, reconcile_carried
 from streamrl.models.lora import is_lora
 from streamrl.models.weight_files import SAFETENSORS, weight_set
 from streamrl.placement.colocated import push_policy
@@ -22,6 +23,8 @@ from streamrl.trainer.trainer import Trainer
 def restore(run_dir: Path, model: nn.Module, trainer: Trainer, engine: Any, stream: Sampler) -> RunState:
     """Load weights, optimizer and position of a stopped run into fresh components."""
     state, model_dir, tensors = load_state(run_dir)
+    if (said := reconcile_carried(state)) is not None:  # a state an older version saved wrong
+        print(f"streamrl: warning: {said}", file=sys.stderr, flush=True)
     if state.sampler:  # first: a stream that no longer reaches the saved position is refused at once
         stream.load_state_dict(state.sampler)  # positions, posteriors, levels: data/samplers.py
     else:  # a run saved before samplers: the uniform stream is deterministic, skip what was drawn

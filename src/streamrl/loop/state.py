@@ -106,8 +106,31 @@ def carried_mismatch(state: RunState) -> str | None:
             f"carries over {_ids(missing)} neither finished nor unfinished: a resume never makes them"
         )
     if unmarked:
-        said.append(f"holds {_ids(unmarked)}, which its ledger does not carry over: a resume refuses them")
+        said.append(f"holds {_ids(unmarked)}, which its ledger does not carry over")
     return f"the state of step {state.step} {'; it '.join(said)}" if said else None
+
+
+def reconcile_carried(state: RunState) -> str | None:
+    """Make a state about to be resumed add up (carried_mismatch), and say how in one line, or None if it
+    did: a group its ledger carries over and it does not hold is counted lost (no resume can make it;
+    `lost` says so from now on, and no later save warns again); a group it holds that its ledger
+    trained or filtered is not taken up again; one the ledger does not know is carried over."""
+    said = carried_mismatch(state)
+    if said is None or not state.ledger:
+        return None
+    ledger = state.ledger["state"]
+    held = {r.group_id for r in [*state.finished, *state.unfinished]}
+    lost = sorted(g for g, s in ledger.items() if s == "carried_over" and g not in held)
+    done = {g for g in held if ledger.get(g, "carried_over") != "carried_over"}
+    for g in lost:
+        ledger[g] = "lost"
+    for g in held - done:
+        ledger[g] = "carried_over"
+    state.finished = [r for r in state.finished if r.group_id not in done]
+    state.unfinished = [r for r in state.unfinished if r.group_id not in done]
+    how = [f"{_ids(lost)} counted lost"] if lost else []
+    how += [f"{_ids(sorted(done))} already trained or filtered, not taken up again"] if done else []
+    return f"{said}. Resumed with {' and '.join(how) or 'the groups it holds carried over'}"
 
 
 def _ids(ids: list[str], shown: int = 5) -> str:

@@ -430,15 +430,19 @@ def test_a_run_recorded_with_the_older_name_of_its_rows_file_resumes_with_the_sa
     (run / "config.yaml").write_text(config_yaml(cfg))
     resumed = make_config(train_data=ROWS, eval_data=held, resume=str(run))
     assert (resumed.task, resumed.task_config.eval_data) == (f"data:{old[0]}", str(old[1]))
+    made = make_config(resume=str(run))  # a Config made before, then the rows
+    again = make_config(made, train_data=ROWS, eval_data=held)
+    assert (again.task, again.task_config.eval_data) == (f"data:{old[0]}", str(old[1]))
     assert not any(p.exists() for p in new)
     fix = "or no {0} (the run reads its own), or start a new run from its checkpoint"
-    with pytest.raises(streamrl.ConfigError) as e:
-        make_config(train_data=ROWS[1:], eval_data=held, resume=str(run))
-    assert str(e.value) == (
-        f"resume: train_data holds other rows than {run}/config.yaml names (task: 'data:{old[0]}'): a "
-        "resumed run keeps them (the data position is the saved stream's); pass the rows it started with, "
-        + fix.format("train_data")
-    )
+    for config, resume in ((None, {"resume": str(run)}), (made, {})):
+        with pytest.raises(streamrl.ConfigError) as e:
+            make_config(config, train_data=ROWS[1:], eval_data=held, **resume)
+        assert str(e.value) == (
+            f"resume: train_data holds other rows than {run}/config.yaml names (task: 'data:{old[0]}'): a "
+            "resumed run keeps them (the data position is the saved stream's); pass the rows it started "
+            "with, " + fix.format("train_data")
+        )
     with pytest.raises(streamrl.ConfigError) as e:
         make_config({"resume": str(run)}, train_data=ROWS, eval_data=held * 2)
     assert str(e.value) == (

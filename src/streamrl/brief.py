@@ -11,10 +11,14 @@ def brief(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def brief_error(e: BaseException, limit: int = 300, typed: bool = False) -> str:
+def brief_error(e: BaseException, limit: int = 300, typed: bool = False, first_line: bool = False) -> str:
     """An exception's message as `brief` gives it, or its type's name when the message is empty;
-    typed: "Type: message" (for an exception from user code, whose type is half of what went wrong)."""
-    text = brief(str(e), limit)
+    typed: "Type: message" (for an exception from user code, whose type is half of what went wrong);
+    first_line: its first non-blank line only (a library's message whose later lines are a trace)."""
+    text = str(e)
+    if first_line:
+        text = next((line for line in text.splitlines() if line.strip()), "")
+    text = brief(text, limit)
     if not text:
         return type(e).__name__
     return f"{type(e).__name__}: {text}" if typed else text

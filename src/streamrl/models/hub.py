@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from streamrl.brief import brief_error
 from streamrl.models.model_files import has_tokenizer_files
 from streamrl.models.weight_files import download_sets, is_complete
 
@@ -81,10 +82,10 @@ def _one_line_errors(name: str, repo: str, revision: str | None) -> Iterator[Non
     except RevisionNotFoundError:
         raise ValueError(f"model '{name}': the Hub repository {repo} has no revision '{revision}'") from None
     except Exception as e:  # DNS, connection, proxy, timeout: the Hub is unreachable
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reason = brief_error(e, 160, first_line=True)
         raise ValueError(
             f"model '{name}' is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) and the Hub "
-            f"could not be reached ({reason[:160]}): {_local_hint(name)}"
+            f"could not be reached ({reason}): {_local_hint(name)}"
         ) from None
 
 

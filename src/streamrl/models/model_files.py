@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from streamrl.brief import brief_error
 from streamrl.models.weight_files import weights_problem
 
 # the files transformers builds a tokenizer from (tokenization_utils_tokenizers.py): a tokenizers
@@ -47,7 +48,7 @@ def read_config(path: Path, name: str) -> dict:
     except OSError as e:
         raise ValueError(f"model={name}: {file} cannot be read ({e.strerror or e})") from None
     except ValueError as e:  # JSONDecodeError, or not UTF-8
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        reason = brief_error(e, first_line=True)
         raise ValueError(
             f"model={name}: {file} is not valid JSON ({reason}): restore it from the base model"
         ) from None

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from streamrl.brief import brief
+from streamrl.brief import brief, brief_error
 from streamrl.config import Config, to_dict
 from streamrl.config_validate import resolved_weight_sync
 from streamrl.placement.ray_actor import RolloutActor
@@ -288,7 +288,7 @@ class RayRollouts:
         before its first reply), whose stderr tail the event and the console line quote."""
         self.deaths[slot] += 1
         n_lost = len(self._lost(slot, keep))
-        cause = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        cause = brief_error(err, 200, first_line=True)
         said = self._stderr_tail(slot, dead)
         if self.mode == "broadcast":
             self.fatal = (

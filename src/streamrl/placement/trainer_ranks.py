@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as tmp
 
+from streamrl.brief import brief_error
 from streamrl.config import Config, to_dict
 from streamrl.trainer.trainer import Trainer
 
@@ -60,9 +61,9 @@ class FollowerLinks:
             except queue.Empty:
                 if reports or all(not p.is_alive() for p in self.procs):
                     break
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        cause = brief_error(err, 200, typed=True, first_line=True)
         head = what or (
-            f"distributed trainer failed on rank 0 ({type(err).__name__}: {first}); a rank died, failed "
+            f"distributed trainer failed on rank 0 ({cause}); a rank died, failed "
             f"or hung longer than train.dist_timeout_s={self.timeout_s:g}s"
         )
         tail = "\n".join(reports) if reports else "no follower reported an error (hung or killed?)"

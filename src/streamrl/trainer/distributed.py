@@ -23,6 +23,7 @@ from urllib.parse import urlparse
 import torch
 import torch.distributed as dist
 
+from streamrl.brief import brief_error
 from streamrl.config import Config
 from streamrl.trainer.full_state import gather_model, gather_optimizer, load_full
 from streamrl.trainer.objective import merge_metric
@@ -82,7 +83,7 @@ def init_group(
     except Exception as e:  # DistStoreError / RuntimeError, depending on where the wait stopped
         raise RuntimeError(
             f"trainer rank {rank}: not all {world} ranks joined within train.dist_timeout_s={timeout:g}s "
-            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+            f"({brief_error(e, 200, typed=True, first_line=True)})"
         ) from e
 
 

@@ -336,6 +336,17 @@ def test_a_resumed_state_that_does_not_add_up_counts_its_lost_groups_and_trains_
     assert carried_mismatch(state) is None and reconcile_carried(state) is None
     counts = Ledger.from_state_dict(state.ledger).counts()
     assert (counts["lost"], counts["carried_over"], counts["trained"]) == (1, 2, 1)
+    # held twice (or held, and running in its ledger: an older version's state) -> carried over once
+    state = RunState(step=5, ledger={"state": {"g4": "carried_over", "g5": "running"}, "generated": 1})
+    state.finished = [SimpleNamespace(group_id="g4", at="finished")]
+    state.unfinished = [SimpleNamespace(group_id="g4", at="unfinished"), SimpleNamespace(group_id="g5")]
+    assert reconcile_carried(state) == (
+        "the state of step 5 holds 1 group(s) (g5), which its ledger does not carry over; it holds 1 "
+        "group(s) (g4) twice. Resumed with each group it holds carried over once"
+    )
+    assert [(r.group_id, r.at) for r in state.finished] == [("g4", "finished")]
+    assert [r.group_id for r in state.unfinished] == ["g5"]
+    assert state.ledger["state"] == {"g4": "carried_over", "g5": "carried_over"}
 
 
 def test_a_resume_of_a_state_that_lost_a_group_says_so_once_and_counts_it(tmp_path, capsys):

@@ -143,6 +143,32 @@ def test_a_stop_during_a_periodic_save_keeps_that_save(tmp_path, monkeypatch) ->
     assert json.loads((run / "summary.json").read_text())["interrupted"]
 
 
+def test_an_async_stop_during_a_periodic_save_keeps_what_came_back_after_it(tmp_path, monkeypatch) -> None:
+    """Async: a SIGTERM while step 2's periodic state is written ends the loop after it; the groups that
+    come back meanwhile and during the workers' stop are not thrown away: step 2 is written again with
+    them, and the state, accounting.json and the summary count the same groups."""
+    sent: list[int] = []
+
+    def during(step: int) -> None:
+        if step == 2 and not sent:
+            sent.append(step)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1.0)  # the workers go on: groups in flight at the save's snapshot come back
+
+    saved = _count_saves(monkeypatch, during)
+    run = tmp_path / "run"
+    args = ["runtime.mode=async", "max_steps=6", "train.save_every=2", "eval.after=false"]
+    assert main(["train", *TINY, *args, f"run_dir={run}"]) == 0
+    assert saved[0] == 2 and set(saved) == {2} and len(saved) <= 2 and _states(run) == ["step-000002"]
+    state = load_state(run)[0]
+    counts = Ledger.from_state_dict(state.ledger).counts()
+    summary = json.loads((run / "summary.json").read_text())
+    on_disk = json.loads((run / "accounting.json").read_text())
+    assert counts["generated"] == summary["accounting"]["generated"] == on_disk["generated"]
+    carried = [r.group_id for r in state.finished] + [q.group_id for q in state.unfinished]
+    assert counts["lost"] == 0 and counts["carried_over"] == len(carried) == len(set(carried))
+
+
 def test_max_times_verdict_after_a_step_holds_through_its_save(monkeypatch) -> None:
     now = [0.0]
     monkeypatch.setattr(budget, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
@@ -295,12 +321,15 @@ def test_a_stops_second_save_is_made_only_if_the_workers_stop_changed_the_state(
 
 
 def test_a_stop_during_a_periodic_save_is_not_saved_again_as_the_loop_ends() -> None:
-    periodic = PeriodicSaver(2, 0.0, RunState, lambda: True)
+    """That save stands for the stop's: the save after the workers' stop compares with what it wrote."""
+    periodic = PeriodicSaver(2, 0.0, lambda: RunState(step=2, groups_made=4), lambda: True)
     assert periodic.after_step(2) and periodic.stopped_in_save == 2
     written: list[int] = []
     saver = StopSaver(lambda s: written.append(s.step) or s, periodic)
-    saver(RunState(step=2))
-    assert written == [] and saver.saved is None
+    saver(RunState(step=2, groups_made=4))
+    assert written == [] and saver.saved is periodic.stopped_state
+    assert not saver.needed(RunState(step=2, groups_made=4))
+    assert saver.needed(RunState(step=2, groups_made=6))  # admitted after the periodic save's snapshot
     saver(RunState(step=3))  # a later step: not the periodic save's
     assert written == [3]
 

@@ -260,7 +260,7 @@ def _run_train(
     saver = PeriodicSaver(
         cfg.train.save_every, cfg.train.save_every_s, lambda: save(runner.snapshot()), lambda: bool(stop)
     )
-    export_failed = ended = False
+    export_failed = False
     t_train = time.perf_counter()
     clock = TrainClock()  # train_elapsed: the loop's time minus periodic evaluation, saves and exports
 
@@ -321,7 +321,6 @@ def _run_train(
                         saver.after_step(rec.step)
 
             runner.run(on_step, on_stop)
-            ended = True  # by max_steps, max_time or a stop: not a failure, which moves the state on
     except CheckpointWriteError as e:  # a periodic export: the step's state is not saved either
         export_failed = True
         raise CheckpointWriteError(export_stop(run_dir, state.step, e.__cause__ or e)) from e.__cause__
@@ -340,10 +339,10 @@ def _run_train(
                 newest = latest_state(run_dir)
                 kept = f"its newest saved state, {newest.name}, is kept" if newest else "no state was saved"
                 console.print(f"[yellow]the run failed inside step {state.step + 1}: {kept}[/]")
-            # a failed export leaves the state before its step the newest; a step saved periodically as
-            # the loop ended (a stop during its save) is saved once; a failure's groups are recorded; a
-            # stop's state saved as the loop ended is saved again if the workers' stop changed it
-            elif not (export_failed or (ended and saver.stopped_in_save == state.step)):
+            # a failed export leaves the state before its step the newest; a failure's groups are
+            # recorded; a stop's state saved as the loop ended (or by the periodic save it came during)
+            # is saved again only if the workers' stop changed it (groups that came back meanwhile)
+            elif not export_failed:
                 try:  # the carry-over first (once: the loop's end ran it unless it failed before)
                     runner.close()
                 finally:  # the admission thread drew its last: the state holds what it drew

@@ -104,8 +104,8 @@ def stop_message(reason: str, step: int, run_dir: Path) -> str:
 class PeriodicSaver:
     """Saves every `every` steps and/or every `every_s` seconds (0 turns either off). `stopped`: whether
     a stop was requested; one that came during a step's save ends the loop after it, and that save,
-    made after the step, is the step's state: `stopped_in_save` names the step, which the save after
-    the loop need not write again."""
+    made after the step, is the step's state: `stopped_in_save` names the step and `stopped_state` is
+    what it wrote, which the save after the loop writes again only if the workers' stop added to it."""
 
     def __init__(
         self, every: int, every_s: float, save: Callable[[], RunState], stopped: Callable[[], bool]
@@ -115,6 +115,7 @@ class PeriodicSaver:
         self.seconds = 0.0  # time spent saving
         self.count = 0
         self.stopped_in_save: int | None = None  # the step whose save a stop came during
+        self.stopped_state: RunState | None = None  # what that save wrote
 
     def after_step(self, step: int) -> bool:
         due = (self.every > 0 and step % self.every == 0) or (
@@ -122,19 +123,20 @@ class PeriodicSaver:
         )
         if due:
             t0 = time.perf_counter()
-            self.save()
+            saved = self.save()
             self.seconds += time.perf_counter() - t0
             self.count += 1
             self.last = time.monotonic()
             if self.stopped():
-                self.stopped_in_save = step
+                self.stopped_in_save, self.stopped_state = step, saved
         return due
 
 
 class StopSaver:
     """The state a stop ends the loop with, saved at once: before the rollout workers are stopped (up to
     STOP_TIMEOUT_S and their joins), which may outlast the seconds a container runtime leaves between its
-    SIGTERM and its SIGKILL. A step whose periodic save a stop came during is not saved again.
+    SIGTERM and its SIGKILL. A step whose periodic save a stop came during is not saved again here: that
+    save stands for this one.
     `needed(state)`: whether the save after the workers stopped has anything to add (groups that came
     back meanwhile); it replaces this one then, both being of the same step."""
 
@@ -146,6 +148,7 @@ class StopSaver:
 
     def __call__(self, snapshot: RunState) -> None:
         if self.periodic.stopped_in_save == snapshot.step:
+            self.saved = self.periodic.stopped_state
             return
         t0 = time.perf_counter()
         try:

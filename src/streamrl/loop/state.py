@@ -95,11 +95,14 @@ def latest_state(run_dir: Path) -> Path | None:
 
 def carried_mismatch(state: RunState) -> str | None:
     """What a state gets wrong about its carried-over groups, in one line, or None: the ids its ledger
-    carries over must be exactly those of its finished and unfinished groups, the ones a resume takes
-    up again (a carried-over id in neither list is never generated again, and `lost` stays 0)."""
+    carries over must be exactly those of its finished and unfinished groups, each held once: the ones a
+    resume takes up again (a carried-over id in neither list is never generated again, and `lost` stays
+    0; one held twice would be taken up twice)."""
     marked = {g for g, s in state.ledger.get("state", {}).items() if s == "carried_over"}
-    held = {r.group_id for r in [*state.finished, *state.unfinished]}
+    ids = [r.group_id for r in [*state.finished, *state.unfinished]]
+    held = set(ids)
     missing, unmarked = sorted(marked - held), sorted(held - marked)
+    twice = sorted({g for g in ids if ids.count(g) > 1})
     said = []
     if missing:
         said.append(
@@ -107,6 +110,8 @@ def carried_mismatch(state: RunState) -> str | None:
         )
     if unmarked:
         said.append(f"holds {_ids(unmarked)}, which its ledger does not carry over")
+    if twice:
+        said.append(f"holds {_ids(twice)} twice")
     return f"the state of step {state.step} {'; it '.join(said)}" if said else None
 
 
@@ -114,23 +119,34 @@ def reconcile_carried(state: RunState) -> str | None:
     """Make a state about to be resumed add up (carried_mismatch), and say how in one line, or None if it
     did: a group its ledger carries over and it does not hold is counted lost (no resume can make it;
     `lost` says so from now on, and no later save warns again); a group it holds that its ledger
-    trained or filtered is not taken up again; one the ledger does not know is carried over."""
+    trained or filtered is not taken up again; any other it holds is carried over, once (a finished
+    copy before an unfinished one)."""
     said = carried_mismatch(state)
     if said is None or not state.ledger:
         return None
     ledger = state.ledger["state"]
     held = {r.group_id for r in [*state.finished, *state.unfinished]}
     lost = sorted(g for g, s in ledger.items() if s == "carried_over" and g not in held)
-    done = {g for g in held if ledger.get(g, "carried_over") != "carried_over"}
+    done = {g for g in held if ledger.get(g) in ("trained", "filtered")}
     for g in lost:
         ledger[g] = "lost"
     for g in held - done:
         ledger[g] = "carried_over"
-    state.finished = [r for r in state.finished if r.group_id not in done]
-    state.unfinished = [r for r in state.unfinished if r.group_id not in done]
+    seen = set(done)
+    state.finished, state.unfinished = _once(state.finished, seen), _once(state.unfinished, seen)
     how = [f"{_ids(lost)} counted lost"] if lost else []
     how += [f"{_ids(sorted(done))} already trained or filtered, not taken up again"] if done else []
-    return f"{said}. Resumed with {' and '.join(how) or 'the groups it holds carried over'}"
+    return f"{said}. Resumed with {' and '.join(how) or 'each group it holds carried over once'}"
+
+
+def _once(groups: list[Any], seen: set[str]) -> list[Any]:
+    """`groups` without those whose id is in `seen`, which then holds theirs too."""
+    kept = []
+    for r in groups:
+        if r.group_id not in seen:
+            seen.add(r.group_id)
+            kept.append(r)
+    return kept
 
 
 def _ids(ids: list[str], shown: int = 5) -> str:

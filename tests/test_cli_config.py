@@ -96,6 +96,33 @@ def test_config_flag_with_a_missing_file(tmp_path, capsys, captured):
     assert _error(capsys) == f"streamrl: error: config file '{tmp_path / 'nope.yaml'}' not found\n"
 
 
+def test_a_model_or_a_directory_in_the_config_files_place_is_named_for_what_it_is(tmp_path, capsys, captured):
+    model, run, other = tmp_path / "m", tmp_path / "run", tmp_path / "d"
+    for d in (model, run, other):
+        d.mkdir()
+    (model / "config.json").write_text("{}")
+    (run / "config.yaml").write_text("max_steps: 1\n")
+    cases = [
+        (["eval", str(model)], f"config file '{model}' is a model directory: give it as model={model}"),
+        (
+            ["train", str(run)],
+            f"config file '{run}' is a directory: give the config file in it, {run / 'config.yaml'} (or "
+            f"resume={run} to continue a run saved there)",
+        ),
+        (["train", str(other)], f"config file '{other}' is a directory, not a YAML file"),
+        (
+            ["train", "tiny-random"],
+            "config file 'tiny-random' not found (a model is given as model=tiny-random)",
+        ),
+    ]
+    qwen = "Qwen/Qwen2.5-0.5B-Instruct"
+    cases.append((["train", qwen], f"config file '{qwen}' not found (a model is given as model={qwen})"))
+    for argv, said in cases:
+        assert main(argv) == 2
+        assert _error(capsys) == f"streamrl: error: {said}\n"
+    assert captured == {}
+
+
 # ---- --version, streamrl config, --help ------------------------------------------------------------
 
 

@@ -139,6 +139,17 @@ def test_unknown_task_and_model_errors():
         resolve_model_dir("./gpt5")
 
 
+def test_a_run_directory_given_as_the_model_names_its_export(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoint").mkdir(parents=True)
+    (run / "checkpoint" / "config.json").write_text("{}")
+    (run / "config.yaml").write_text("max_steps: 1\n")
+    with pytest.raises(ValueError) as e:
+        resolve_model_dir(str(run))
+    said = f"model '{run}': a streamrl run directory; the model it exported is model={run}/checkpoint"
+    assert str(e.value) == said
+
+
 def test_tiny_random_is_deterministic_per_seed(tmp_path):
     from safetensors.torch import load_file
 

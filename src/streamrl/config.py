@@ -102,6 +102,23 @@ def from_dict(data: dict[str, Any]) -> Config:
     return cfg
 
 
+def _not_a_config_file(path: Path) -> str:
+    """Why `path`, given as the config file, is none: a model or a run's directory, or a model's name,
+    are common slips (the evaluation's first argument is the model)."""
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return f"config file '{path}' is a model directory: give it as model={path}"
+        if (path / "config.yaml").is_file():
+            return (
+                f"config file '{path}' is a directory: give the config file in it, {path / 'config.yaml'} "
+                f"(or resume={path} to continue a run saved there)"
+            )
+        return f"config file '{path}' is a directory, not a YAML file"
+    if path.suffix.lower() not in (".yaml", ".yml", ".json"):  # tiny-random, org/name-0.5B: a model's name
+        return f"config file '{path}' not found (a model is given as model={path})"
+    return f"config file '{path}' not found"
+
+
 def load_config(
     path: str | Path | None = None,
     overrides: list[str] | tuple[str, ...] = (),
@@ -126,7 +143,7 @@ def load_config(
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise ConfigError(f"config file '{path}' not found")
+            raise ConfigError(_not_a_config_file(path))
         data = read_yaml(path) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"config file '{path}' must hold a mapping of keys to values")

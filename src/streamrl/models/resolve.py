@@ -31,6 +31,10 @@ def _model_files(name: str, seed: int) -> tuple[Path, bool]:
         raise ValueError(_adapter_not_a_model(name, local))
     elif (local / "config.json").is_file():
         path = local
+    elif (local / "checkpoint" / "config.json").is_file():  # a run's directory: its export is the model
+        raise ValueError(
+            f"model '{name}': a streamrl run directory; the model it exported is model={local / 'checkpoint'}"
+        )
     elif local.exists() or name.startswith((".", "/", "~")) or split_id(name) is None:
         raise ValueError(
             f"model '{name}': not a model directory (no config.json there); use one of "

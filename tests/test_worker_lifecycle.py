@@ -161,6 +161,21 @@ def test_a_large_result_sent_just_before_the_stop_is_kept_and_its_worker_exits(m
     assert backend.workers[0].proc.exitcode == 0
 
 
+def test_workers_that_exit_on_the_stop_are_not_restarted_by_a_later_supervision():
+    """The admission thread may outlive its join and supervise the workers once more while they stop:
+    a worker that exited on the STOP is not restarted (its replacement would never read that STOP)."""
+    import torch
+    from scripted_worker import scripted_worker
+
+    cfg = load_config(None, ["runtime.elastic_cores=fixed", "runtime.rollout_workers=2"])
+    backend = backend_mod.LocalRollouts(cfg, scripted_worker)
+    backend.start({"w": torch.zeros(2)}, 0)
+    assert backend.wait_ready(120)
+    assert backend.stop() == []
+    assert backend._supervise() == [] and backend.restarts == 0
+    assert not any(w.proc.is_alive() for w in backend.workers)
+
+
 def test_a_stop_that_fails_still_carries_everything_over(tiny, monkeypatch):
     """The backend's stop raises: the run's state still carries over every group admitted and not
     trained, so a resume neither loses nor trains one twice."""

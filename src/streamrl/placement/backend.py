@@ -126,6 +126,7 @@ class LocalRollouts:
         self.restarts = 0
         self.events: list[str] = []
         self._failure: str | None = None
+        self._stopping = False  # stop() began: no worker is restarted after it (its STOP went to the old)
         self.cores: ElasticCores | None = None
         if elastic_enabled(cfg):  # slot 0: the trainer (this process), slot 1 + i: worker i
             trainer, rollout = thread_split(cfg)
@@ -227,6 +228,8 @@ class LocalRollouts:
         that exited had sent before it did (an error report, say), read before its queues are replaced."""
         limit = self.cfg.runtime.worker_timeout_s
         out: list[GroupResult] = []
+        if self._stopping:  # a worker that exits now obeyed the STOP; a new one would never read it
+            return out
         for w in self.workers:
             beat = w.heartbeat.value
             if beat:
@@ -284,6 +287,7 @@ class LocalRollouts:
         """STOP to every worker; their results are read while they exit (a process does not exit before
         what it put on its result queue has left through the pipe, about 64 KiB: a group of long answers
         sent just before the stop would otherwise hold its worker until it is killed)."""
+        self._stopping = True
         for w in self.workers:
             w.requests.put(STOP)
             if w.heartbeat.value == 0.0:  # still loading its model: it has read no request and holds

@@ -274,10 +274,107 @@ def test_evaluate_takes_a_hub_name_as_eval_data(monkeypatch):
         ("some/dir", "data:some/dir"),
     ],
 )
-def test_train_data_as_a_string_is_a_source_spec_or_a_path(train_data: str, task: str) -> None:
+def test_train_data_as_a_string_is_a_source_spec_or_a_path(workdir: Path, train_data: str, task: str) -> None:
     from streamrl.api import make_config
 
+    (workdir / "rows.jsonl").write_text(json.dumps(ROWS[0]) + "\n")
+    (workdir / "some" / "dir").mkdir(parents=True)
     assert make_config(train_data=train_data).task == task
+
+
+def test_a_data_path_to_nothing_is_named_by_the_argument_that_gave_it(workdir: Path) -> None:
+    """train_data / eval_data naming a file that is not there: refused at once, naming the argument (the
+    task and task_config.eval_data they become are keys the user never set)."""
+    from streamrl.api import make_config
+    from streamrl.data.loading import open_splits
+
+    (workdir / "rows.jsonl").write_text(json.dumps(ROWS[0]) + "\n")
+    for kwargs, key, name in (
+        ({"train_data": "nope.jsonl"}, "train_data", "nope.jsonl"),
+        ({"train_data": "data:nope.jsonl"}, "train_data", "nope.jsonl"),
+        ({"train_data": "rows.jsonl", "eval_data": "held.jsonl"}, "eval_data", "held.jsonl"),
+    ):
+        with pytest.raises(streamrl.ConfigError) as e:
+            make_config(**kwargs)
+        assert str(e.value) == f"{key}: data file '{name}' not found (relative to {workdir})"
+    with pytest.raises(streamrl.ConfigError) as e:
+        streamrl.evaluate("tiny-random", eval_data=str(workdir / "held.jsonl"))
+    assert str(e.value) == f"eval_data: data file '{workdir / 'held.jsonl'}' not found"
+    with pytest.raises(ValueError) as e:  # a task the user set is named as the config key it is
+        open_splits(make_config(task="data:nope.jsonl").task, False)
+    assert str(e.value) == f"config key 'task': data file 'nope.jsonl' not found (relative to {workdir})"
+    assert not (workdir / "cache").exists()
+
+
+def test_string_keys_take_paths(workdir: Path) -> None:
+    """A Path (as a Run gives its run_dir and checkpoint) is taken for a key of text; other objects are
+    not."""
+    from streamrl.api import make_config
+    from streamrl.config import config_yaml
+
+    run = workdir / "run"
+    cfg = make_config(model=workdir / "ckpt", run_dir=run)
+    assert (cfg.model, cfg.run_dir) == (str(workdir / "ckpt"), str(run))
+    run.mkdir()
+    (run / "config.yaml").write_text(config_yaml(make_config(run_dir=str(run))))
+    resumed = make_config(resume=run)
+    assert (resumed.resume, resumed.run_dir) == (str(run), str(run))
+    for value in (42, b"run"):
+        with pytest.raises(streamrl.ConfigError) as e:
+            make_config(run_dir=value)
+        assert str(e.value) == f"config key 'run_dir' expects str, got {value!r}"
+
+
+def test_evaluate_takes_no_reward_fn() -> None:
+    with pytest.raises(streamrl.ConfigError) as e:
+        streamrl.evaluate("tiny-random", reward_fn="my_rewards.py:brevity")
+    assert str(e.value) == (
+        "evaluate() has no reward_fn: held-out problems are scored by the task's own verifier (pass "
+        "reward_fn to train())"
+    )
+
+
+@pytest.mark.parametrize(
+    ("config", "keywords", "message"),
+    [
+        (
+            {"reward": {"fns": [{"fn": "my_rewards.py:brevity"}]}},
+            {},
+            "the config dict's 'reward.fns' and reward_fn both name reward functions: pass one",
+        ),
+        (
+            {"reward.fn": "my_rewards.py:brevity"},
+            {},
+            "the config dict's 'reward.fn' and reward_fn both name reward functions: pass one",
+        ),
+        (
+            None,
+            {"reward": {"fn": "my_rewards.py:brevity"}},
+            "reward.fn= and reward_fn both name reward functions: pass one",
+        ),
+        (
+            None,
+            {"reward.fns": [{"fn": "task"}]},
+            "reward.fns= and reward_fn both name reward functions: pass one",
+        ),
+        (
+            "c.yaml",
+            {},
+            "config file 'c.yaml' sets reward.fns, and reward_fn names reward functions too: remove "
+            "reward.fns from the file, or pass no reward_fn",
+        ),
+    ],
+)
+def test_reward_fn_beside_the_configs_reward_functions_is_refused(
+    workdir: Path, config: dict | str | None, keywords: dict, message: str
+) -> None:
+    """reward_fn sets the reward functions: beside the config's, it would replace reward.fn silently or
+    clash with reward.fns under a key the user never set."""
+    (workdir / "c.yaml").write_text("reward:\n  fns:\n  - fn: my_rewards.py:brevity\nmax_steps: 2\n")
+    with pytest.raises(streamrl.ConfigError) as e:
+        streamrl.train(config, reward_fn="my_rewards.py:has_digit", run_dir=str(workdir / "run"), **keywords)
+    assert str(e.value) == message
+    assert not (workdir / "run").exists()
 
 
 def test_settings_given_as_a_dict_and_as_keywords_merge_key_by_key() -> None:

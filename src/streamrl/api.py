@@ -45,7 +45,7 @@ from streamrl.api_rows import (
 from streamrl.config import (
     Config,
     ConfigError,
-    given_k,
+    given_key,
     load_config,
     n_from_k,
     refuse_changes_a_resume_would_ignore,
@@ -133,6 +133,27 @@ def _reward_settings(reward_fn: Any) -> dict[str, Any]:
     return {"reward.fns": entries}
 
 
+def _refuse_a_second_reward(config: Any, overrides: dict[str, Any]) -> None:
+    """One line when a reward.fns or reward.fn keyword, a config dict's or a config file's is given beside
+    reward_fn (which sets the reward functions: it would replace the other silently, or clash with it)."""
+    for given, where in ((overrides, "{}= "), (config, "the config dict's '{}' ")):
+        if isinstance(given, dict) and (key := _reward_fn_key(given)):
+            raise ConfigError(f"{where.format(key)}and reward_fn both name reward functions: pass one")
+    if isinstance(config, (str, Path)) and Path(config).is_file():  # else load_config names the problem
+        data = read_yaml(config)
+        if isinstance(data, dict) and (key := _reward_fn_key(data)):
+            raise ConfigError(
+                f"config file '{config}' sets {key}, and reward_fn names reward functions too: remove {key} "
+                "from the file, or pass no reward_fn"
+            )
+
+
+def _reward_fn_key(settings: dict[str, Any]) -> str:
+    """The key of `settings` naming reward functions, reward.fns or reward.fn (dotted or in a reward
+    section); "" if none."""
+    return next((k for k in ("reward.fns", "reward.fn") if given_key(k, settings)), "")
+
+
 def _is_pair(value: Any) -> bool:
     """(function, weight): a tuple of two whose second is neither a function nor a spec."""
     return (
@@ -174,6 +195,8 @@ def make_config(
     """The validated Config of a train/evaluate call (nothing is written but the cache's data files); a
     resumed run's (resume=, or a Config made with it) refuses a change of a key its state fixes at once."""
     settings: dict[str, Any] = {**_reward_settings(reward_fn)}
+    if reward_fn is not None:
+        _refuse_a_second_reward(config, overrides)
     if train_data is not None:
         refuse_a_second_task(config, overrides)
     train = None if train_data is None else data_source(train_data, "train_data")
@@ -207,7 +230,7 @@ def _layered(
         cfg = copy.deepcopy(config)
         for k, v in {**overrides, **settings}.items():
             apply_key(cfg, k, v)
-        if given_k(overrides):  # the Config's own k and n stay as they were made
+        if given_key("eval.k", overrides):  # the Config's own k and n stay as they were made
             n_from_k(cfg, overrides)
         judge = (f"reward.{k}" for k in JUDGE_FIT_KEYS)  # a resumed run keeps its judge timeouts
         validate(cfg, keep_saved_judge=bool(cfg.resume) and not any(k in overrides for k in judge))
@@ -255,6 +278,11 @@ def evaluate(
     `config` is a Config made before (it sets every key)."""
     from streamrl.eval_settings import expand_short_keys, given, say_taken, with_run_settings
 
+    if "reward_fn" in overrides:
+        raise ConfigError(
+            "evaluate() has no reward_fn: held-out problems are scored by the task's own verifier (pass "
+            "reward_fn to train())"
+        )
     overrides = expand_short_keys(overrides)
     if model is not None:
         overrides["model"] = str(model)

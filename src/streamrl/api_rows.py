@@ -53,8 +53,13 @@ class Rows:
 def data_source(rows: Any, key: str) -> str | Rows:
     """Rows (a list of dicts or a datasets.Dataset) -> Rows, their JSONL file in the cache named by the
     argument and their content, written after the config is made (write_rows); a string is a path or a
-    source spec (`hf:NAME[:CONFIG]`, `data:PATH`) already."""
+    source spec (`hf:NAME[:CONFIG]`, `data:PATH`) already, refused at once, naming `key`, if it is a path to
+    nothing."""
     if isinstance(rows, (str, Path)):
+        from streamrl.data.loading import missing_data_file
+
+        if missing := missing_data_file(str(rows)):
+            raise ConfigError(f"{key}: {missing}")
         return str(rows)
     if type(rows).__name__ == "IterableDataset":
         raise ConfigError(

@@ -328,9 +328,9 @@ def n_from_k(cfg: Config, *sources: dict[str, Any]) -> None:
         cfg.eval.n = max(0, *cfg.eval.k)
 
 
-def given_k(source: dict[str, Any]) -> bool:
-    """Whether `source` sets eval.k, as 'eval.k' or {'eval': {'k': ...}}."""
-    return _sets(["eval", "k"], source)
+def given_key(key: str, source: dict[str, Any]) -> bool:
+    """Whether `source` sets the dotted `key`, as 'a.b' or {'a': {'b': ...}}."""
+    return _sets(key.split("."), source)
 
 
 def _sets(key: list[str], *sources: dict[str, Any]) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import difflib
+import os
 import re
 import types
 import typing
@@ -109,6 +110,8 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             raise bad
         return float(value)
     if tp is str:
+        if isinstance(value, os.PathLike):  # a Path (as a Run gives its run_dir and checkpoint): its text
+            value = os.fspath(value)
         if not isinstance(value, str):
             raise bad
         return value

@@ -33,14 +33,23 @@ LOCAL_HINT = (
 def open_splits(spec: str, streaming: bool, key: str = "task") -> tuple[str, dict[str, Any]]:
     """(the source's name, {split: Dataset | IterableDataset}) for `hf:NAME[:CONFIG]`, `data:PATH` or PATH;
     `key`: the config key that named it, for the error of a missing file."""
+    if missing := missing_data_file(spec):
+        raise ValueError(f"config key '{key}': {missing}")
     path = Path(spec.removeprefix("data:")).expanduser()
-    if not spec.startswith("hf:") and not path.exists():
-        where = "" if path.is_absolute() else f" (relative to {Path.cwd()})"
-        raise ValueError(f"config key '{key}': data file '{path}' not found{where}")
     with _no_progress_bars():  # the run shows its own progress; errors stay one line on stderr
         if spec.startswith("hf:"):
             return spec, _hub_splits(spec[3:], streaming)
         return str(path), _path_splits(path, streaming)
+
+
+def missing_data_file(spec: str) -> str:
+    """What is wrong with a `data:PATH` or PATH spec naming nothing that exists, `data file 'PATH' not found
+    (relative to CWD)`; "" when it exists, or for `hf:NAME` (looked up when it is opened)."""
+    path = Path(spec.removeprefix("data:")).expanduser()
+    if spec.startswith("hf:") or path.exists():
+        return ""
+    where = "" if path.is_absolute() else f" (relative to {Path.cwd()})"
+    return f"data file '{path}' not found{where}"
 
 
 @contextmanager

@@ -15,7 +15,7 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 LAYERS = [
     # brief imports nothing from streamrl, user_code only brief; files imports processes
     {"brief", "types", "config_parse", "presets", "user_code", "processes", "files"},
-    {"algo"},
+    {"algo", "run_dirs"},  # run_dirs: what makes a directory a run's (files' lock name)
     {"config_algo", "config_bounds", "config_resume", "config_rewards", "config_validate"},
     # config_docs: `streamrl config`, read from the field comments of config.py and config_sections.py
     {"config", "config_sections", "config_docs"},

@@ -21,6 +21,7 @@ import yaml
 
 from streamrl.config import Config, ConfigError, _sets, load_config
 from streamrl.config_parse import parse_override, read_yaml
+from streamrl.run_dirs import holds_run
 
 # the task_config keys that shape the prompt, whatever the task
 PROMPT_KEYS = ("system_prompt", "instruction", "chat_template", "few_shot", "few_shot_n")
@@ -51,7 +52,7 @@ def trained_run(model: str) -> tuple[Path, dict[str, Any]] | None:
     if not path.is_dir():
         return None
     for run in (path.parent, path.parent.parent):
-        if (run / "config.yaml").is_file() and (run / "metrics.jsonl").is_file():  # a run's directory
+        if holds_run(run):
             saved = yaml.safe_load((run / "config.yaml").read_text())
             return run, saved if isinstance(saved, dict) else {}
     return None

@@ -12,6 +12,7 @@ behind."""
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from streamrl.rewards.fn_probe import choose_formats
 from streamrl.rewards.judge import judge_config
 from streamrl.rewards.judge_check import check_judge
 from streamrl.rewards.user_fns import check_arguments, configured_fns, load_fns, reward_columns
+from streamrl.run_dirs import holds_run, not_a_run_message, unwritable_message
 from streamrl.tasks import prepare_split, task_from_config
 from streamrl.types import Problem
 
@@ -48,15 +50,20 @@ class Checked:
     tokenizer: Any  # load_tokenizer's, with the run's chat template: training loads it no second time
 
 
-def check_run_dir(path: Path, may_hold_run: bool, training: bool = False) -> None:
-    """The run directory, before any work: not a file, and holding a run only where that is meant
-    (may_hold_run: a resume, overwrite=true, an evaluation adding its results); `training` into it:
-    no other process trains into it now."""
-    if path.exists() and not path.is_dir():
+def check_run_dir(path: Path, may_hold_run: bool, training: bool = False, resume: bool = False) -> None:
+    """The run directory, before any work: not a file, one that can be created and written into, and
+    holding a run only where that is meant (may_hold_run: a resume, overwrite=true, an evaluation adding
+    its results); `training` into it: no other process trains into it now, and a new run (not a
+    `resume`) goes into no directory of files that are not a run (overwrite=true deletes only a run)."""
+    if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"run_dir {path} is a file: choose a directory (a new name, or a run's)")
+    if (unwritable := unwritable_message(path)) is not None:
+        raise ValueError(unwritable)
     if training and path.is_dir() and run_dir_in_use(path):
         raise ValueError(in_use_message(path))
-    if not may_hold_run and (path / "config.yaml").is_file():
+    if training and not resume and (not_a_run := not_a_run_message(path)) is not None:
+        raise ValueError(not_a_run)
+    if not may_hold_run and holds_run(path):
         raise ValueError(
             f"run_dir {path} already holds a run: continue it with resume={path}, start it over with "
             "overwrite=true, or choose another run_dir"
@@ -123,7 +130,8 @@ def preflight(cfg: Any) -> Checked:
             "after with `streamrl eval model=RUN/checkpoint eval.n=...`"
         )
     if cfg.run_dir:  # a run already there, before a model download
-        check_run_dir(Path(cfg.run_dir), bool(cfg.resume) or cfg.overwrite, training=True)
+        resume = bool(cfg.resume)
+        check_run_dir(Path(cfg.run_dir), resume or cfg.overwrite, training=True, resume=resume)
     if not cfg.task_config.args:
         cfg.task_config.args = default_task_args(cfg.task)  # recorded in config.yaml
     fns = configured_fns(cfg.reward.fn, cfg.reward.fns, cfg.reward.completions)

@@ -15,16 +15,18 @@ from streamrl.loop.durable import recover
 from streamrl.loop.state import STATE_DIR, RunState, StateSaveError, latest_state, same_save
 from streamrl.observe.wandb_sink import rewind_wandb_run
 from streamrl.preflight import check_run_dir
+from streamrl.run_dirs import holds_run
 
 LOGS = ("metrics.jsonl", "groups.jsonl")  # one line per step / per trained group, each with "step"
 
 
 def claim_run_dir(run_dir: str, resume: bool, overwrite: bool) -> Path:
     """The run's directory, checked before anything is written: a directory that holds a run is
-    refused unless resumed or overwritten, one another process trains into always; a resume needs a
-    saved state. The caller then holds it (files.hold_run_dir) while it trains."""
+    refused unless resumed or overwritten, one of files that are not a run and one another process
+    trains into always; a resume needs a saved state. The caller then holds it (files.hold_run_dir)
+    while it trains."""
     path = Path(run_dir) if run_dir else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
-    check_run_dir(path, resume or overwrite, training=True)
+    check_run_dir(path, resume or overwrite, training=True, resume=resume)
     if resume:
         recover(path / STATE_DIR)  # a save's swap a kill cut short: its state is put back first
         if latest_state(path) is None:
@@ -32,7 +34,7 @@ def claim_run_dir(run_dir: str, resume: bool, overwrite: bool) -> Path:
                 f"resume: {path} has no saved state (state/step-*): the run stopped before its first "
                 "save (train.save_every steps); start it again with overwrite=true"
             )
-    elif overwrite and (path / "config.yaml").is_file():
+    elif overwrite and holds_run(path):  # never a directory of yours: check_run_dir refused it
         shutil.rmtree(path)
     path.mkdir(parents=True, exist_ok=True)
     return path

@@ -1,0 +1,53 @@
+"""What a run directory is, judged before anything is written into it: a streamrl run (its config.yaml
+beside a file only a run writes), a directory of your own (a config.yaml with your notes and scripts is no
+run: never trained into, never deleted by overwrite=true), and whether it can be created and written."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from streamrl.files import RUN_LOCK
+
+# what a run writes beside its config.yaml; a directory of your own that keeps a config.yaml has none
+RUN_MARKERS = ("metrics.jsonl", "state", "environment.json", "summary.json")
+# what streamrl leaves in a directory before it holds a run: the lock of a run killed while its model
+# loaded, the update lock of eval.json
+OWN_FILES = (RUN_LOCK, ".eval.json.lock")
+SHOWN = 3  # the names a refusal lists
+
+
+def holds_run(path: Path) -> bool:
+    """Does `path` hold a streamrl run: its config.yaml and one of RUN_MARKERS?"""
+    return (path / "config.yaml").is_file() and any((path / name).exists() for name in RUN_MARKERS)
+
+
+def not_a_run_message(path: Path) -> str | None:
+    """The line refusing to train into `path` when it holds files but no run; None otherwise."""
+    if not path.is_dir() or holds_run(path):
+        return None
+    names = sorted(p.name for p in path.iterdir() if p.name not in OWN_FILES)
+    if not names:
+        return None
+    shown = ", ".join(names[:SHOWN]) + (", ..." if len(names) > SHOWN else "")
+    return f"run_dir {path} holds files that are not a streamrl run ({shown}): choose another run_dir"
+
+
+def unwritable_message(path: Path) -> str | None:
+    """The line saying `path` cannot be written into: not writable, or not to be created (its nearest
+    existing ancestor is a file, or a directory that is not writable); None otherwise."""
+    if os.path.isdir(path):
+        return None if _writable(path) else f"run_dir {path} is not writable; choose another run_dir"
+    for ancestor in path.parents:
+        if not os.path.exists(ancestor):
+            continue
+        if not os.path.isdir(ancestor):
+            return f"run_dir {path} cannot be created: {ancestor} is a file; choose another run_dir"
+        if not _writable(ancestor):
+            return f"run_dir {path} cannot be created: {ancestor} is not writable; choose another run_dir"
+        return None
+    return None
+
+
+def _writable(directory: Path) -> bool:
+    return os.access(directory, os.W_OK | os.X_OK)

@@ -1,0 +1,167 @@
+"""The run directory, judged before the model is resolved and before anything is written: a directory of
+your own (a config.yaml beside your notes and scripts) is no run, never trained into nor deleted by
+overwrite=true; a run_dir that cannot be created or written is one line, for `streamrl train` and
+`streamrl eval` alike."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from tiny_args import TINY
+from train_cli import train
+
+from streamrl.cli import main
+from streamrl.eval_settings import trained_run
+from streamrl.loop.run_dir import claim_run_dir
+from streamrl.run_dirs import RUN_MARKERS, holds_run
+
+HUB = "model=Qwen/Qwen2.5-7B-Instruct"  # resolving it would download GBs: refusals come first
+
+
+@pytest.fixture
+def resolved(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The models preflight resolves, recorded instead."""
+    import streamrl.preflight as preflight
+
+    names: list[str] = []
+    for step in ("resolve_model_files", "resolve_model_dir"):
+        monkeypatch.setattr(preflight, step, lambda name, seed=0: names.append(name))
+    return names
+
+
+@pytest.fixture
+def unread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An evaluation that reads its task fails the test."""
+    import streamrl.tasks
+
+    def read(*_a: object, **_k: object) -> None:
+        raise AssertionError("the task was read")
+
+    monkeypatch.setattr(streamrl.tasks, "task_from_config", read)
+
+
+def _yours(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    exp = tmp_path / "exp1"
+    (exp / "scripts").mkdir(parents=True)
+    files = {"config.yaml": "model: tiny-random\n", "notes.md": "mine", "prepare.py": "print(1)\n"}
+    for name, text in files.items():
+        (exp / name).write_text(text)
+    return exp, files
+
+
+@pytest.mark.parametrize("extra", [[], ["overwrite=true"]])
+def test_a_directory_of_yours_is_never_trained_into_nor_deleted(tmp_path, resolved, capsys, extra) -> None:
+    exp, files = _yours(tmp_path)
+    assert train([*TINY, HUB, f"run_dir={exp}", *extra]) == 2
+    assert capsys.readouterr().err == (
+        f"streamrl: error: run_dir {exp} holds files that are not a streamrl run "
+        "(config.yaml, notes.md, prepare.py, ...): choose another run_dir\n"
+    )
+    assert resolved == []
+    assert {p.name: p.read_text() for p in exp.iterdir() if p.is_file()} == files
+    assert (exp / "scripts").is_dir()
+
+
+def test_overwrite_deletes_only_a_run(tmp_path: Path) -> None:
+    """A run killed before its first step (config.yaml and environment.json) is started over; a run
+    killed while its model loaded left only its lock, which is no file of yours."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("model: tiny-random\n")
+    (run / "environment.json").write_text("{}")
+    assert claim_run_dir(str(run), resume=False, overwrite=True) == run
+    assert list(run.iterdir()) == []
+    (run / ".lock").touch()
+    assert claim_run_dir(str(run), resume=False, overwrite=False) == run
+    exp, files = _yours(tmp_path)
+    with pytest.raises(ValueError, match="holds files that are not a streamrl run"):
+        claim_run_dir(str(exp), resume=False, overwrite=True)
+    assert {p.name: p.read_text() for p in exp.iterdir() if p.is_file()} == files
+
+
+def test_overwrite_deletes_no_directory_of_yours_whatever_was_checked_before(tmp_path, monkeypatch) -> None:
+    import streamrl.loop.run_dir as run_dir
+
+    monkeypatch.setattr(run_dir, "check_run_dir", lambda *_a, **_k: None)
+    exp, files = _yours(tmp_path)
+    assert claim_run_dir(str(exp), resume=False, overwrite=True) == exp
+    assert {p.name: p.read_text() for p in exp.iterdir() if p.is_file()} == files
+
+
+@pytest.mark.parametrize("marker", RUN_MARKERS)
+def test_a_run_is_its_config_beside_a_file_only_a_run_writes(tmp_path: Path, marker: str) -> None:
+    (tmp_path / "config.yaml").write_text("task: gsm8k\n")
+    (tmp_path / "checkpoint").mkdir()
+    assert not holds_run(tmp_path) and trained_run(str(tmp_path / "checkpoint")) is None
+    if marker == "state":
+        (tmp_path / marker).mkdir()
+    else:
+        (tmp_path / marker).write_text("{}")
+    assert holds_run(tmp_path)
+    assert trained_run(str(tmp_path / "checkpoint")) == (tmp_path, {"task": "gsm8k"})
+    (tmp_path / "config.yaml").unlink()
+    assert not holds_run(tmp_path)
+
+
+def _refused(command: str, run_dir: Path) -> int:
+    if command == "train":
+        return train([*TINY, HUB, f"run_dir={run_dir}"])
+    return main(["eval", "model=tiny-random", "size=2", f"run_dir={run_dir}"])
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_a_run_dir_under_a_file_is_one_line_before_any_work(tmp_path, resolved, unread, capsys, command):
+    parent = tmp_path / "hostname"
+    parent.write_text("host\n")
+    assert _refused(command, parent / "x") == 2
+    assert capsys.readouterr().err == (
+        f"streamrl: error: run_dir {parent / 'x'} cannot be created: {parent} is a file; "
+        "choose another run_dir\n"
+    )
+    assert resolved == [] and parent.read_text() == "host\n"
+
+
+def _read_only(tmp_path: Path) -> Path:
+    locked = tmp_path / "ro"
+    locked.mkdir()
+    locked.chmod(0o500)
+    return locked
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_a_run_dir_in_a_read_only_directory_is_one_line_before_any_work(
+    tmp_path, resolved, unread, capsys, command
+):
+    locked = _read_only(tmp_path)
+    try:
+        if os.access(locked, os.W_OK):  # running as root: a 0o500 directory is writable all the same
+            pytest.skip("root writes into a 0o500 directory (the test below denies it to root too)")
+        assert _refused(command, locked / "run") == 2
+        assert _refused(command, locked) == 2
+    finally:
+        locked.chmod(0o700)
+    assert capsys.readouterr().err == (
+        f"streamrl: error: run_dir {locked / 'run'} cannot be created: {locked} is not writable; "
+        f"choose another run_dir\nstreamrl: error: run_dir {locked} is not writable; choose another run_dir\n"
+    )
+    assert resolved == [] and list(locked.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_a_directory_the_process_may_not_write_is_one_line_even_as_root(
+    tmp_path, resolved, unread, capsys, monkeypatch, command
+):
+    """os.access denying the write, as it does to any user but root in a 0o500 directory."""
+    locked = _read_only(tmp_path)
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, *a, **k: Path(p) != locked and real(p, *a, **k))
+    assert _refused(command, locked / "a" / "run") == 2
+    assert _refused(command, locked) == 2
+    locked.chmod(0o700)
+    assert capsys.readouterr().err == (
+        f"streamrl: error: run_dir {locked / 'a' / 'run'} cannot be created: {locked} is not writable; "
+        f"choose another run_dir\nstreamrl: error: run_dir {locked} is not writable; choose another run_dir\n"
+    )
+    assert resolved == [] and list(locked.iterdir()) == []

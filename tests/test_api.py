@@ -377,6 +377,17 @@ def test_reward_fn_beside_the_configs_reward_functions_is_refused(
     assert not (workdir / "run").exists()
 
 
+def test_reward_fn_beside_a_config_that_names_no_reward_function_is_taken(workdir: Path) -> None:
+    """A run's config.yaml (or a whole config dict) holds reward.fn and reward.fns, empty: reward_fn is
+    taken."""
+    from streamrl.api import make_config
+
+    (workdir / "c.yaml").write_text('reward:\n  fn: ""\n  fns: []\nmax_steps: 2\n')
+    for config in ("c.yaml", {"reward": {"fn": "", "fns": []}}, {"reward.fns": []}):
+        cfg = make_config(config, reward_fn="my_rewards.py:has_digit")
+        assert (cfg.reward.fn, cfg.reward.fns) == ("my_rewards.py:has_digit", ())
+
+
 def test_settings_given_as_a_dict_and_as_keywords_merge_key_by_key() -> None:
     """A keyword naming a section sets its own keys and leaves the config dict's other keys of that
     section alone (a dict merge replaced the whole section)."""

@@ -165,3 +165,18 @@ def test_a_directory_the_process_may_not_write_is_one_line_even_as_root(
         f"choose another run_dir\nstreamrl: error: run_dir {locked} is not writable; choose another run_dir\n"
     )
     assert resolved == [] and list(locked.iterdir()) == []
+
+
+def test_an_unset_run_dir_whose_default_cannot_be_created_is_refused_before_any_work(
+    tmp_path, monkeypatch, resolved, capsys
+):
+    """run_dir unset: the run goes to runs/<date-time> in the working directory, refused in one line when
+    `runs` there is a file (the same check as a given run_dir's), before the model is resolved."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").write_text("not a directory\n")
+    assert train([*TINY, HUB]) == 2
+    assert capsys.readouterr().err == (
+        f"streamrl: error: run_dir is not set, and its default runs/<date-time> cannot be created in "
+        f"{tmp_path}: set run_dir=... to a directory you can write\n"
+    )
+    assert resolved == [] and sorted(p.name for p in tmp_path.iterdir()) == ["runs"]

@@ -150,8 +150,13 @@ def _refuse_a_second_reward(config: Any, overrides: dict[str, Any]) -> None:
 
 def _reward_fn_key(settings: dict[str, Any]) -> str:
     """The key of `settings` naming reward functions, reward.fns or reward.fn (dotted or in a reward
-    section); "" if none."""
-    return next((k for k in ("reward.fns", "reward.fn") if given_key(k, settings)), "")
+    section), set to some (a run's config.yaml holds both, empty); "" if none."""
+    section = settings.get("reward")
+    named = {
+        k: settings[k] if k in settings else section.get(k[7:]) if isinstance(section, dict) else None
+        for k in ("reward.fns", "reward.fn")
+    }
+    return next((k for k, v in named.items() if v), "")
 
 
 def _is_pair(value: Any) -> bool:

@@ -125,8 +125,12 @@ def resume_on_saved_rows(config: Any, overrides: dict[str, Any], *sources: str |
     from streamrl.config import RESUME_FIXED
     from streamrl.data.row_names import resumed_rows_file
 
-    resume = overrides.get("resume") or (
-        config.get("resume") if isinstance(config, dict) else getattr(config, "resume", None)
+    resume = (
+        overrides["resume"]
+        if "resume" in overrides  # resume="" starts a new run whatever the config says
+        else config.get("resume")
+        if isinstance(config, dict)
+        else getattr(config, "resume", None)
     )  # a Config made before with resume= sets it too (a config file may not: load_config says so)
     path = Path(str(resume)) / "config.yaml"
     saved = read_yaml(path, "resume") if resume and path.is_file() else None

@@ -132,6 +132,11 @@ def preflight(cfg: Any) -> Checked:
     if cfg.run_dir:  # a run already there, before a model download
         resume = bool(cfg.resume)
         check_run_dir(Path(cfg.run_dir), resume or cfg.overwrite, training=True, resume=resume)
+    elif unwritable_message(Path("runs") / "new") is not None:  # the default runs/<time>, made later
+        raise ValueError(
+            f"run_dir is not set, and its default runs/<date-time> cannot be created in {Path.cwd()}: set "
+            "run_dir=... to a directory you can write"
+        )
     if not cfg.task_config.args:
         cfg.task_config.args = default_task_args(cfg.task)  # recorded in config.yaml
     fns = configured_fns(cfg.reward.fn, cfg.reward.fns, cfg.reward.completions)

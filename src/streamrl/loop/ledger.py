@@ -4,7 +4,8 @@ States: running (admitted, not returned) -> buffered (returned, kept) -> trained
 (returned, dropped: all-equal rewards under dynamic sampling, too stale, ...). At shutdown, running and
 buffered groups are carried over into the checkpoint. `lost` counts ids admitted but in no final state,
 and those a resumed state carried over without holding them (state "lost", loop/state.py
-reconcile_carried); it must be 0. A second transition of an id is an error, not a silent double count.
+reconcile_carried); it is 0 unless a resumed state lost groups. A second transition of an id is an
+error, not a silent double count.
 """
 
 from __future__ import annotations

@@ -248,6 +248,8 @@ class LocalRollouts:
                 if code is not None and code >= 0:  # it exited: what it sent has left it whole
                     out += self._drain([w])
             said = tail(w.log, w.log_start)
+            if self._stopping:  # the stop began meanwhile: the process it ended stays ended
+                return out
             if self.restarts >= self.cfg.runtime.max_restarts:
                 if self.cores is not None:  # the threads it held or borrowed go back to the others
                     self.cores.reset(1 + w.index)

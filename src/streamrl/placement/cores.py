@@ -13,7 +13,7 @@ compute calls `work(p)`: it takes what it is owed, and when a borrower still hol
 until the borrower gives it back at its own next boundary (a worker's decode step, a trainer
 layer). That is the `lend` policy: both phases run at once whenever both have work. Between steps the
 trainer computes without boundaries (the step's record, a save, an evaluation), so there it calls
-`own(p)`: it gives back at once what it borrowed and keeps its base.
+`own(p)`: it gives back what it borrowed and keeps its base.
 
 The `alternate` policy never runs them at once: the trainer, when it has a batch, takes every core
 (the workers yield at their next boundary and wait), and the workers decode on every core while the
@@ -119,8 +119,9 @@ class ElasticCores:
     def own(self, p: int) -> int:
         """Slot p is about to compute outside its boundaries for a while (the trainer between steps: the
         step's record, a save, an evaluation): under `lend` it gives back what it borrowed and keeps its
-        own threads, without waiting, so a lender that wants its threads back does not wait for a
-        boundary seconds away; under `alternate` this is `work` (the workers yield until it waits)."""
+        own threads, so a lender that wants its threads back does not wait for a boundary seconds away
+        (it waits only while a borrower still holds its own, as `work` does); under `alternate` this is
+        `work` (the workers yield until it waits)."""
         if self.policy == "lend":
             with self._locked():
                 s = self._slots

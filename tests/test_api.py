@@ -317,6 +317,7 @@ def test_string_keys_take_paths(workdir: Path) -> None:
     assert (cfg.model, cfg.run_dir) == (str(workdir / "ckpt"), str(run))
     run.mkdir()
     (run / "config.yaml").write_text(config_yaml(make_config(run_dir=str(run))))
+    (run / "metrics.jsonl").touch()  # a run's, beside its config.yaml
     resumed = make_config(resume=run)
     assert (resumed.resume, resumed.run_dir) == (str(run), str(run))
     for value in (42, b"run"):
@@ -536,6 +537,7 @@ def test_a_run_recorded_with_the_older_name_of_its_rows_file_resumes_with_the_sa
     cfg.task, cfg.task_config.eval_data = f"data:{old[0]}", str(old[1])
     run.mkdir()
     (run / "config.yaml").write_text(config_yaml(cfg))
+    (run / "metrics.jsonl").touch()  # a run's, beside its config.yaml
     resumed = make_config(train_data=ROWS, eval_data=held, resume=str(run))
     assert (resumed.task, resumed.task_config.eval_data) == (f"data:{old[0]}", str(old[1]))
     made = make_config(resume=str(run))  # a Config made before, then the rows
@@ -558,6 +560,8 @@ def test_a_run_recorded_with_the_older_name_of_its_rows_file_resumes_with_the_sa
         f"'{old[1]}'): a resumed run keeps them (the held-out set, and so the training stream, are the saved "
         "ones); pass the rows it started with, " + fix.format("eval_data")
     )
+    fresh = make_config({"resume": str(run)}, resume="", train_data=ROWS[1:])  # resume="": a new run
+    assert fresh.resume == "" and fresh.task not in (f"data:{old[0]}", f"data:{new[0]}")
 
 
 def test_a_config_files_task_beside_train_data_is_refused(workdir: Path) -> None:

@@ -243,11 +243,12 @@ def test_a_resume_without_a_saved_state_changes_nothing(
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text("model: tiny-random\n")
+    (run / "environment.json").write_text("{}")  # a run killed before its first save
     before = (run / "config.yaml").read_text()
     assert main(["train", f"resume={run}", "max_steps=3"]) == 2
     err = capsys.readouterr().err
     assert f"resume: {run} has no saved state (state/step-*)" in err and err.count("\n") == 1
-    assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "environment.json"]
     assert (run / "config.yaml").read_text() == before
 
 

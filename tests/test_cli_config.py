@@ -97,17 +97,23 @@ def test_config_flag_with_a_missing_file(tmp_path, capsys, captured):
 
 
 def test_a_model_or_a_directory_in_the_config_files_place_is_named_for_what_it_is(tmp_path, capsys, captured):
-    model, run, other = tmp_path / "m", tmp_path / "run", tmp_path / "d"
-    for d in (model, run, other):
+    model, run, own, other = tmp_path / "m", tmp_path / "run", tmp_path / "own", tmp_path / "d"
+    for d in (model, run, own, other):
         d.mkdir()
     (model / "config.json").write_text("{}")
-    (run / "config.yaml").write_text("max_steps: 1\n")
+    for d in (run, own):
+        (d / "config.yaml").write_text("max_steps: 1\n")
+    (run / "metrics.jsonl").touch()  # a run's, beside its config.yaml
     cases = [
         (["eval", str(model)], f"config file '{model}' is a model directory: give it as model={model}"),
         (
             ["train", str(run)],
             f"config file '{run}' is a directory: give the config file in it, {run / 'config.yaml'} (or "
-            f"resume={run} to continue a run saved there)",
+            f"resume={run} to continue the run saved there)",
+        ),
+        (  # a config.yaml of your own is no run to resume
+            ["train", str(own)],
+            f"config file '{own}' is a directory: give the config file in it, {own / 'config.yaml'}",
         ),
         (["train", str(other)], f"config file '{other}' is a directory, not a YAML file"),
         (
@@ -368,6 +374,7 @@ def test_a_run_saved_with_a_judge_call_longer_than_its_timeout_resumes_as_it_ran
     saved = load_config(None, [*judge, f"run_dir={tmp_path}"])
     saved.reward.judge_timeout_s = 30.0
     (tmp_path / "config.yaml").write_text(config_yaml(saved))
+    (tmp_path / "metrics.jsonl").touch()  # a run's, beside its config.yaml
     capsys.readouterr()
     cfg = load_config(None, [f"resume={tmp_path}"])
     assert (cfg.reward.judge_timeout_s, cfg.reward.timeout_s) == (30.0, 60.0)
@@ -398,6 +405,7 @@ def test_the_python_api_keeps_a_resumed_runs_judge_timeouts_on_a_config_made_bef
     saved = load_config(None, [*judge, f"run_dir={tmp_path}"])
     saved.reward.judge_timeout_s = 30.0
     (tmp_path / "config.yaml").write_text(config_yaml(saved))
+    (tmp_path / "metrics.jsonl").touch()  # a run's, beside its config.yaml
     cfg = load_config(None, [f"resume={tmp_path}"])
     assert _layered(cfg, {}, {"max_steps": 3}, None).reward.judge_timeout_s == 30.0
     with pytest.raises(ValueError, match=r"^config keys 'reward.timeout_s' and 'reward.judge_timeout_s'"):

@@ -145,6 +145,7 @@ def test_a_presets_response_shaping_goes_back_to_its_default_for_episodes(task, 
     saved = config_yaml(cfg).replace("overlong_buffer: 0", "overlong_buffer: 16")
     assert "overlong_buffer: 16" in saved
     (tmp_path / "config.yaml").write_text(saved)
+    (tmp_path / "metrics.jsonl").touch()  # a run's, beside its config.yaml
     assert load_config(None, [f"resume={tmp_path}"]).reward.overlong_buffer == 0
     with pytest.raises(ConfigError, match=r"^config key 'reward.length_penalty' does not apply"):
         load_config(None, [f"resume={tmp_path}", "reward.length_penalty=0.01"])
@@ -167,6 +168,7 @@ def test_a_resume_refuses_an_override_its_saved_state_would_ignore(tmp_path, ove
     from streamrl.config import RESUME_FIXED, config_yaml
 
     (tmp_path / "config.yaml").write_text(config_yaml(load_config(None, [])))
+    (tmp_path / "metrics.jsonl").touch()  # a run's, beside its config.yaml
     assert load_config(None, [f"resume={tmp_path}", "max_steps=40"]).max_steps == 40  # what may change
     extra = ["max_staleness=0"] if new == "colocated" else []
     with pytest.raises(ConfigError) as e:
@@ -397,6 +399,7 @@ def test_a_vllm_run_saved_with_rollout_precision_resumes_as_it_ran(tmp_path, not
     saved = Config(engine="vllm")
     saved.rollout.precision, saved.run_dir = "bf16", str(tmp_path)
     (tmp_path / "config.yaml").write_text(config_yaml(saved))
+    (tmp_path / "metrics.jsonl").touch()  # a run's, beside its config.yaml
     with pytest.raises(ConfigError, match=r"^engine=vllm needs vLLM"):
         load_config(None, [f"resume={tmp_path}"])
     with pytest.raises(ConfigError, match=r"^config key 'rollout.precision'=bf16 is not the rollouts' dtype"):

@@ -9,6 +9,7 @@ from streamrl.config import ConfigError, config_yaml, load_config
 def _saved_run(tmp_path, overrides=()):
     tmp_path.mkdir()
     (tmp_path / "config.yaml").write_text(config_yaml(load_config(None, list(overrides))))
+    (tmp_path / "metrics.jsonl").touch()  # a run's, beside its config.yaml
     return tmp_path
 
 
@@ -189,6 +190,7 @@ def test_a_resumed_run_saved_with_lora_keys_it_never_read_drops_them(tmp_path):
     saved = config_yaml(load_config(None, [])).replace("lora_alpha: 32.0", "lora_alpha: 64.0")
     assert "lora_alpha: 64.0" in saved
     (run / "config.yaml").write_text(saved)
+    (run / "metrics.jsonl").touch()  # a run's, beside its config.yaml
     cfg = load_config(None, [f"resume={run}"])
     assert (cfg.train.lora_rank, cfg.train.lora_alpha) == (0, 32.0)
     with pytest.raises(ConfigError, match=r"^config key 'train.lora_alpha' applies to LoRA"):

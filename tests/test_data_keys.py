@@ -99,6 +99,7 @@ def test_a_run_saved_with_keys_its_data_source_never_read_resumes_without_them(t
     saved.task_config.shuffle_buffer = 5
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.yaml").write_text(config_yaml(saved))
+    (tmp_path / "run" / "metrics.jsonl").touch()  # a run's, beside its config.yaml
     cfg = load_config(None, [f"resume={tmp_path / 'run'}"])
     assert (
         cfg.task_config.args == {} and cfg.task_config.shuffle_buffer == Config().task_config.shuffle_buffer
@@ -129,6 +130,7 @@ def test_a_mixture_saved_with_keys_its_data_sources_never_read_resumes_without_t
     saved.task_config.sources = sources
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.yaml").write_text(config_yaml(saved))
+    (tmp_path / "run" / "metrics.jsonl").touch()  # a run's, beside its config.yaml
     cfg = load_config(None, [f"resume={tmp_path / 'run'}"])
     assert cfg.task_config.sources == (sources[0], {"task": f"data:{rows}", "weight": 2.0}, sources[2])
     assert capsys.readouterr().err == (

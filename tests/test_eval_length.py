@@ -52,6 +52,7 @@ def test_a_negative_limit_is_refused() -> None:
 def _saved(run: Path, text: str) -> Path:
     run.mkdir()
     (run / "config.yaml").write_text(text)
+    (run / "metrics.jsonl").touch()  # a run's, beside its config.yaml
     return run
 
 

@@ -123,6 +123,7 @@ def test_an_eval_into_a_run_that_has_not_written_eval_json_yet_survives_the_runs
     from streamrl.loop.heldout import run_eval_record
 
     (tmp_path / "config.yaml").write_text("model: tiny-random\n")
+    (tmp_path / "metrics.jsonl").touch()  # a run's, beside its config.yaml
     args = ["eval", "model=tiny-random", "size=3", "eval.max_new_tokens=4", f"run_dir={tmp_path}"]
     assert main([*args, "reward.extract=last_number"]) == 0
     found = json.loads((tmp_path / "eval.json").read_text())

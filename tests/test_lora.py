@@ -152,6 +152,7 @@ def test_a_lora_resume_keeps_the_adapters_shape_and_scale(tmp_path, override, ke
 
     saved = load_config(None, ["train.lora_rank=4", f"train.lora_targets={list(TARGETS)}"])
     (tmp_path / "config.yaml").write_text(config_yaml(saved))
+    (tmp_path / "metrics.jsonl").touch()  # a run's, beside its config.yaml
     same = ["train.lora_rank=4", "train.lora_alpha=32", f"train.lora_targets={list(TARGETS)}"]
     assert load_config(None, [f"resume={tmp_path}", *same]).train.lora_targets == TARGETS
     with pytest.raises(ConfigError) as e:

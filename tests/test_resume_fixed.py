@@ -38,6 +38,7 @@ def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text(config_yaml(load_config(None, [*TINY, f"run_dir={run}"])))
+    (run / "metrics.jsonl").touch()  # a run's, beside its config.yaml
     return run
 
 

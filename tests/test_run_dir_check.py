@@ -90,6 +90,26 @@ def test_overwrite_deletes_no_directory_of_yours_whatever_was_checked_before(tmp
     assert {p.name: p.read_text() for p in exp.iterdir() if p.is_file()} == files
 
 
+def test_a_directory_of_yours_is_no_run_to_resume_and_its_config_is_the_way_in(
+    tmp_path, resolved, capsys
+) -> None:
+    exp, files = _yours(tmp_path)
+    said = (
+        f"streamrl: error: resume: '{exp}' holds a config.yaml but no run (none of metrics.jsonl, state, "
+        f"environment.json, summary.json): to train with it, give {exp / 'config.yaml'} as the config file "
+        "and drop resume\n"
+    )
+    assert train([f"resume={exp}"]) == 2
+    assert capsys.readouterr().err == said
+    from streamrl import api
+
+    with pytest.raises(api.ConfigError) as e:  # rows from code are not compared with a config of yours
+        api.train(resume=str(exp), train_data=[{"question": "1+1?", "answer": "2"}])
+    assert f"streamrl: error: {e.value}\n" == said
+    assert resolved == []
+    assert {p.name: p.read_text() for p in exp.iterdir() if p.is_file()} == files
+
+
 @pytest.mark.parametrize("marker", RUN_MARKERS)
 def test_a_run_is_its_config_beside_a_file_only_a_run_writes(tmp_path: Path, marker: str) -> None:
     (tmp_path / "config.yaml").write_text("task: gsm8k\n")

@@ -46,6 +46,7 @@ from streamrl.config import (
     Config,
     ConfigError,
     given_key,
+    given_value,
     load_config,
     n_from_k,
     refuse_changes_a_resume_would_ignore,
@@ -151,12 +152,7 @@ def _refuse_a_second_reward(config: Any, overrides: dict[str, Any]) -> None:
 def _reward_fn_key(settings: dict[str, Any]) -> str:
     """The key of `settings` naming reward functions, reward.fns or reward.fn (dotted or in a reward
     section), set to some (a run's config.yaml holds both, empty); "" if none."""
-    section = settings.get("reward")
-    named = {
-        k: settings[k] if k in settings else section.get(k[7:]) if isinstance(section, dict) else None
-        for k in ("reward.fns", "reward.fn")
-    }
-    return next((k for k, v in named.items() if v), "")
+    return next((k for k in ("reward.fns", "reward.fn") if given_value(k, settings)), "")
 
 
 def _is_pair(value: Any) -> bool:

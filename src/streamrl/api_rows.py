@@ -15,6 +15,7 @@ from typing import Any
 
 from streamrl.config import Config, ConfigError
 from streamrl.config_parse import read_yaml
+from streamrl.run_dirs import holds_run
 
 
 @dataclass
@@ -133,7 +134,7 @@ def resume_on_saved_rows(config: Any, overrides: dict[str, Any], *sources: str |
         else getattr(config, "resume", None)
     )  # a Config made before with resume= sets it too (a config file may not: load_config says so)
     path = Path(str(resume)) / "config.yaml"
-    saved = read_yaml(path, "resume") if resume and path.is_file() else None
+    saved = read_yaml(path, "resume") if resume and holds_run(path.parent) else None
     if not isinstance(saved, dict):  # not resuming; else load_config names a directory not a run's
         return
     for rows in (s for s in sources if isinstance(s, Rows)):

@@ -37,6 +37,7 @@ from streamrl.config_sections import (
     VLLMConfig,
 )
 from streamrl.config_validate import LORA_ONLY, is_data_source, resolve_eval_length, validate
+from streamrl.run_dirs import RUN_MARKERS, holds_run
 
 __all__ = [
     "AdvantageConfig",
@@ -108,11 +109,13 @@ def _not_a_config_file(path: Path) -> str:
     if path.is_dir():
         if (path / "config.json").is_file():
             return f"config file '{path}' is a model directory: give it as model={path}"
-        if (path / "config.yaml").is_file():
+        if holds_run(path):
             return (
                 f"config file '{path}' is a directory: give the config file in it, {path / 'config.yaml'} "
-                f"(or resume={path} to continue a run saved there)"
+                f"(or resume={path} to continue the run saved there)"
             )
+        if (path / "config.yaml").is_file():  # a directory of your own: its config.yaml is no run's
+            return f"config file '{path}' is a directory: give the config file in it, {path / 'config.yaml'}"
         return f"config file '{path}' is a directory, not a YAML file"
     if path.suffix.lower() not in (".yaml", ".yml", ".json"):  # tiny-random, org/name-0.5B: a model's name
         return f"config file '{path}' not found (a model is given as model={path})"
@@ -206,10 +209,16 @@ def _refuse_another_run_dir(parsed: list[tuple[str, Any]], resume: str) -> None:
 
 
 def _saved_config(resume: str) -> Path:
-    """RUN_DIR/config.yaml of the run `resume` names; one line if there is none."""
+    """RUN_DIR/config.yaml of the run `resume` names; one line if `resume` holds no run (a config.yaml of
+    your own, beside no file a run writes, is a config to train with, not a run to continue)."""
     path = Path(resume) / "config.yaml"
     if not path.is_file():
         raise ConfigError(f"resume: '{resume}' is not a run directory (no config.yaml)")
+    if not holds_run(Path(resume)):
+        raise ConfigError(
+            f"resume: '{resume}' holds a config.yaml but no run (none of {', '.join(RUN_MARKERS)}): to "
+            f"train with it, give {path} as the config file and drop resume"
+        )
     return path
 
 
@@ -331,6 +340,16 @@ def n_from_k(cfg: Config, *sources: dict[str, Any]) -> None:
 def given_key(key: str, source: dict[str, Any]) -> bool:
     """Whether `source` sets the dotted `key`, as 'a.b' or {'a': {'b': ...}}."""
     return _sets(key.split("."), source)
+
+
+def given_value(key: str, source: dict[str, Any]) -> Any:
+    """The value `source` sets for the dotted `key`, found as given_key finds it ('a.b' before
+    {'a': {'b': ...}}); None if it sets none."""
+    if key in source:
+        return source[key]
+    head, _, rest = key.partition(".")
+    section = source.get(head)
+    return given_value(rest, section) if rest and isinstance(section, dict) else None
 
 
 def _sets(key: list[str], *sources: dict[str, Any]) -> bool:

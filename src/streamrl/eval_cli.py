@@ -19,6 +19,7 @@ from streamrl.data.task import default_task_args, prompt_key
 from streamrl.eval.sampling_metrics import default_ks
 from streamrl.eval_settings import SHORTHANDS, trained_run
 from streamrl.files import update_json
+from streamrl.run_dirs import holds_run
 
 
 def expand_shorthands(overrides: list[str]) -> list[str]:
@@ -139,7 +140,7 @@ def run_eval(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     def merge(old: dict[str, Any]) -> dict[str, Any]:
         # a training run's directory (it may still be training, its eval.json not yet written): the run's
         # own record stays and this one goes under "sampled", which the run keeps when it writes eval.json
-        in_run = (run_dir / "config.yaml").is_file() or (old and "greedy_accuracy" not in old)
+        in_run = holds_run(run_dir) or (old and "greedy_accuracy" not in old)
         return {**old, "sampled": result} if in_run else result
 
     update_json(path, merge)  # under the lock the run takes for its own updates of eval.json

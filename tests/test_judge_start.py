@@ -124,6 +124,29 @@ def test_without_a_model_listing_the_probe_decides(serve) -> None:
     )
 
 
+def test_a_judge_url_without_v1_gets_the_fix(serve, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's root instead of its /v1: neither the listing nor the chat endpoint is there. A URL
+    whose listing answered is the server's base: its 404 is the probe's own (an unknown model, say)."""
+    from streamrl.rewards import judge_check
+
+    server = serve((200, "VERDICT: 1", 0), models=[MODEL])
+    root = server.base_url.removesuffix("/v1")
+    for given in (root, root + "/"):
+        with pytest.raises(ValueError) as e:
+            _check(given)
+        assert str(e.value) == (
+            f"the probe grading request to reward.judge_model={MODEL} at reward.judge_url={given} "
+            f"failed: http 404: not found; OpenAI-compatible servers answer under /v1: try "
+            f"reward.judge_url={root}/v1"
+        )
+    _check(root + "/v1")  # the fix works
+    assert [r["path"] for r in server.requests] == ["/chat/completions"] * 2 + ["/v1/chat/completions"]
+    monkeypatch.setattr(judge_check, "_served_models", lambda c, where: [MODEL])
+    with pytest.raises(ValueError) as e:
+        _check(root)
+    assert str(e.value).endswith(f"reward.judge_url={root} failed: http 404: not found")
+
+
 def test_probe_without_a_verdict(serve) -> None:
     server = serve((200, "Looks right to me.", 0), models=[MODEL])
     with pytest.raises(ValueError) as e:

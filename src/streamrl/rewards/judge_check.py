@@ -7,6 +7,7 @@ Three checks, each one HTTP request without retries, bounded by reward.judge_tim
 2. the model is served: reward.judge_model is among the ids it lists (a server without a listing, 404
    or an empty one, goes on to the probe, whose error then names a missing model);
 3. one probe: a grading request of a known right answer whose reply must hold a verdict.
+A URL without /v1 that finds neither the listing nor the chat endpoint gets the /v1 fix in its line.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 
 from streamrl.brief import brief
@@ -70,4 +72,14 @@ def check_judge(c: JudgeConfig) -> None:
     except JudgeError as e:
         raise ValueError(
             f"the probe grading request to reward.judge_model={c.model} at {url} failed: {brief(str(e), 200)}"
+            + _v1_hint(c.base_url, served, e.reason)
         ) from None
+
+
+def _v1_hint(base_url: str, served: list[str] | None, reason: str) -> str:
+    """The fix when neither the listing nor the probe was found (404) at a URL without /v1: OpenAI-compatible
+    servers (vLLM, SGLang, Ollama, llama.cpp) answer under /v1; "" otherwise."""
+    path = urllib.parse.urlsplit(base_url).path
+    if served is not None or reason != "http 404" or "v1" in path.strip("/").split("/"):
+        return ""
+    return f"; OpenAI-compatible servers answer under /v1: try reward.judge_url={base_url.rstrip('/')}/v1"

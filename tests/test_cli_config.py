@@ -104,6 +104,11 @@ def test_a_model_or_a_directory_in_the_config_files_place_is_named_for_what_it_i
     for d in (run, own):
         (d / "config.yaml").write_text("max_steps: 1\n")
     (run / "metrics.jsonl").touch()  # a run's, beside its config.yaml
+    evaluated = (
+        f"config file '{run}' is a run's directory: evaluate the model it trained with "
+        f"model={run / 'checkpoint'} (its task settings are taken), or give its config file, "
+        f"{run / 'config.yaml'}"
+    )
     cases = [
         (["eval", str(model)], f"config file '{model}' is a model directory: give it as model={model}"),
         (
@@ -111,6 +116,7 @@ def test_a_model_or_a_directory_in_the_config_files_place_is_named_for_what_it_i
             f"config file '{run}' is a directory: give the config file in it, {run / 'config.yaml'} (or "
             f"resume={run} to continue the run saved there)",
         ),
+        (["eval", str(run)], evaluated),  # an evaluation of a run: the model it trained
         (  # a config.yaml of your own is no run to resume
             ["train", str(own)],
             f"config file '{own}' is a directory: give the config file in it, {own / 'config.yaml'}",
@@ -127,6 +133,11 @@ def test_a_model_or_a_directory_in_the_config_files_place_is_named_for_what_it_i
         assert main(argv) == 2
         assert _error(capsys) == f"streamrl: error: {said}\n"
     assert captured == {}
+    import streamrl
+
+    with pytest.raises(streamrl.ConfigError) as e:  # the Python API's evaluation says the same
+        streamrl.evaluate(config=str(run))
+    assert str(e.value) == evaluated
 
 
 # ---- --version, streamrl config, --help ------------------------------------------------------------

@@ -131,16 +131,19 @@ def test_a_judge_url_without_v1_gets_the_fix(serve, monkeypatch: pytest.MonkeyPa
 
     server = serve((200, "VERDICT: 1", 0), models=[MODEL])
     root = server.base_url.removesuffix("/v1")
-    for given in (root, root + "/"):
+    for given, fixed in ((root, root + "/v1"), (root + "/", root + "/v1"), (root + "?x=1", root + "/v1?x=1")):
         with pytest.raises(ValueError) as e:
             _check(given)
         assert str(e.value) == (
             f"the probe grading request to reward.judge_model={MODEL} at reward.judge_url={given} "
             f"failed: http 404: not found; OpenAI-compatible servers answer under /v1: try "
-            f"reward.judge_url={root}/v1"
+            f"reward.judge_url={fixed}"
         )
     _check(root + "/v1")  # the fix works
-    assert [r["path"] for r in server.requests] == ["/chat/completions"] * 2 + ["/v1/chat/completions"]
+    assert server.requests[-1]["path"] == "/v1/chat/completions"
+    with pytest.raises(ValueError) as e:  # a version of its own: /v1 is not the fix
+        _check(root + "/V1beta/openai")
+    assert str(e.value).endswith(f"reward.judge_url={root}/V1beta/openai failed: http 404: not found")
     monkeypatch.setattr(judge_check, "_served_models", lambda c, where: [MODEL])
     with pytest.raises(ValueError) as e:
         _check(root)

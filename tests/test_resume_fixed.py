@@ -33,12 +33,13 @@ CHANGES = [
 
 @pytest.fixture
 def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A run directory as a run leaves it (its config.yaml), to resume."""
+    """A run directory as a run leaves it (its config.yaml, its log, a saved state's directory), to resume
+    as far as preflight."""
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "run"
-    run.mkdir()
+    (run / "state" / "step-000001").mkdir(parents=True)
     (run / "config.yaml").write_text(config_yaml(load_config(None, [*TINY, f"run_dir={run}"])))
-    (run / "metrics.jsonl").touch()  # a run's, beside its config.yaml
+    (run / "metrics.jsonl").touch()
     return run
 
 

@@ -110,6 +110,26 @@ def test_a_directory_of_yours_is_no_run_to_resume_and_its_config_is_the_way_in(
     assert {p.name: p.read_text() for p in exp.iterdir() if p.is_file()} == files
 
 
+def test_a_run_killed_before_its_environment_json_is_a_run_with_no_state(tmp_path, resolved, capsys) -> None:
+    """Its config.yaml beside the lock it trained under (killed before environment.json): a resume says
+    it has no state, overwrite=true starts it over; its config.yaml given as resume names the directory."""
+    from streamrl.files import RUN_LOCK
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("model: tiny-random\n")
+    (run / RUN_LOCK).touch()
+    assert train([f"resume={run}/config.yaml"]) == 2
+    assert capsys.readouterr().err == (
+        f"streamrl: error: resume: '{run}/config.yaml' is a file of a run: give its directory, resume={run}\n"
+    )
+    assert train([f"resume={run}"]) == 2
+    err = capsys.readouterr().err
+    assert f"resume: {run} has no saved state (state/step-*)" in err and "overwrite=true" in err
+    assert resolved == [] and sorted(p.name for p in run.iterdir()) == [RUN_LOCK, "config.yaml"]
+    assert claim_run_dir(str(run), resume=False, overwrite=True) == run and list(run.iterdir()) == []
+
+
 @pytest.mark.parametrize("marker", RUN_MARKERS)
 def test_a_run_is_its_config_beside_a_file_only_a_run_writes(tmp_path: Path, marker: str) -> None:
     (tmp_path / "config.yaml").write_text("task: gsm8k\n")

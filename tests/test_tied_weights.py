@@ -105,13 +105,13 @@ def test_resuming_a_run_on_a_tied_head_is_refused_before_anything_loads(tmp_path
         None, [*TINY, "train.lora_rank=4", "train.lora_targets=[q_proj,lm_head]", f"run_dir={run}"]
     )
     (run / "config.yaml").write_text(config_yaml(saved))
-    (run / "metrics.jsonl").touch()  # a run's, beside its config.yaml
+    (run / "state" / "step-000001").mkdir(parents=True)  # a saved state's directory
     _model_dir(run / "checkpoint")
     assert main(["train", f"resume={run}"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"streamrl: error: {_resume_refusal(run, f'model={run}/checkpoint')}"
     )
-    assert sorted(p.name for p in run.iterdir()) == ["checkpoint", "config.yaml", "metrics.jsonl"]
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint", "config.yaml", "state"]
 
 
 def test_lora_on_an_untied_lm_head_trains_and_merges():

@@ -277,7 +277,13 @@ def evaluate(
     the result dict. A trained run's export (RUN/checkpoint) is evaluated with the run's task settings
     under those given, as `streamrl eval` does (eval_settings.py), unless
     `config` is a Config made before (it sets every key)."""
-    from streamrl.eval_settings import expand_short_keys, given, say_taken, with_run_settings
+    from streamrl.eval_settings import (
+        expand_short_keys,
+        given,
+        refuse_a_run_as_config,
+        say_taken,
+        with_run_settings,
+    )
 
     if "reward_fn" in overrides:
         raise ConfigError(
@@ -297,6 +303,7 @@ def evaluate(
         cfg, taken = _layered(config, {}, overrides), None
     else:
         path = None if config is None or isinstance(config, dict) else config
+        refuse_a_run_as_config(path)
         overrides.setdefault("resume", "")  # a config file's resume (a resumed run's records it): not ours
         pairs = [*(config.items() if isinstance(config, dict) else []), *overrides.items()]
         cfg, taken = with_run_settings(

@@ -113,8 +113,21 @@ def with_run_settings(
     )
 
 
+def refuse_a_run_as_config(path: str | Path | None) -> None:
+    """An evaluation given a run's directory as its config file: one line naming the model it trained
+    (a training run's line offers resume= instead, which continues training)."""
+    if path is not None and holds_run(Path(path)):
+        run = Path(path)
+        raise ConfigError(
+            f"config file '{path}' is a run's directory: evaluate the model it trained with "
+            f"model={run / 'checkpoint'} (its task settings are taken), or give its config file, "
+            f"{run / 'config.yaml'}"
+        )
+
+
 def eval_config(path: str | None, overrides: list[str]) -> tuple[Config, str | None]:
     """`streamrl eval`'s Config from its config file and key=value overrides (with_run_settings)."""
+    refuse_a_run_as_config(path)
     pairs = [parse_override(o) for o in overrides]
     return with_run_settings(
         given("model", path, pairs),

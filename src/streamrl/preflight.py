@@ -37,7 +37,13 @@ from streamrl.rewards.fn_probe import choose_formats
 from streamrl.rewards.judge import judge_config
 from streamrl.rewards.judge_check import check_judge
 from streamrl.rewards.user_fns import check_arguments, configured_fns, load_fns, reward_columns
-from streamrl.run_dirs import holds_run, not_a_run_message, unwritable_message
+from streamrl.run_dirs import (
+    has_saved_state,
+    holds_run,
+    no_state_message,
+    not_a_run_message,
+    unwritable_message,
+)
 from streamrl.tasks import prepare_split, task_from_config
 from streamrl.types import Problem
 
@@ -54,7 +60,8 @@ def check_run_dir(path: Path, may_hold_run: bool, training: bool = False, resume
     """The run directory, before any work: not a file, one that can be created and written into, and
     holding a run only where that is meant (may_hold_run: a resume, overwrite=true, an evaluation adding
     its results); `training` into it: no other process trains into it now, and a new run (not a
-    `resume`) goes into no directory of files that are not a run (overwrite=true deletes only a run)."""
+    `resume`) goes into no directory of files that are not a run (overwrite=true deletes only a run), and a
+    resume continues a run with a saved state."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"run_dir {path} is a file: choose a directory (a new name, or a run's)")
     if (unwritable := unwritable_message(path)) is not None:
@@ -63,6 +70,8 @@ def check_run_dir(path: Path, may_hold_run: bool, training: bool = False, resume
         raise ValueError(in_use_message(path))
     if training and not resume and (not_a_run := not_a_run_message(path)) is not None:
         raise ValueError(not_a_run)
+    if training and resume and not has_saved_state(path):  # before the task is read or a model fetched
+        raise ValueError(no_state_message(path))
     if not may_hold_run and holds_run(path):
         raise ValueError(
             f"run_dir {path} already holds a run: continue it with resume={path}, start it over with "

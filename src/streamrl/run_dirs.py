@@ -9,8 +9,9 @@ from pathlib import Path
 
 from streamrl.files import RUN_LOCK
 
+STATE_DIR, STATE_PREFIX = "state", "step-"  # RUN/state/step-N: a saved state (loop/state.py)
 # what a run writes beside its config.yaml; a directory of your own that keeps a config.yaml has none
-RUN_MARKERS = ("metrics.jsonl", "state", "environment.json", "summary.json")
+RUN_MARKERS = ("metrics.jsonl", STATE_DIR, "environment.json", "summary.json")
 # what streamrl leaves in a directory before it holds a run: the lock of a run killed while its model
 # loaded, the update lock of eval.json
 OWN_FILES = (RUN_LOCK, ".eval.json.lock")
@@ -18,8 +19,27 @@ SHOWN = 3  # the names a refusal lists
 
 
 def holds_run(path: Path) -> bool:
-    """Does `path` hold a streamrl run: its config.yaml and one of RUN_MARKERS?"""
-    return (path / "config.yaml").is_file() and any((path / name).exists() for name in RUN_MARKERS)
+    """Does `path` hold a streamrl run: its config.yaml and one of RUN_MARKERS, or the lock a run takes
+    before it writes config.yaml (a run killed before its environment.json: resumed, it says it has no
+    state; overwrite=true starts it over)? A directory of your own never holds that lock: training into
+    it is refused before the lock is taken."""
+    made = (*RUN_MARKERS, RUN_LOCK)
+    return (path / "config.yaml").is_file() and any((path / name).exists() for name in made)
+
+
+def has_saved_state(path: Path) -> bool:
+    """Does the run in `path` hold a saved state to resume: state/step-N, or one a kill left moved aside
+    mid-swap (.old-step-N-PID, which the resume puts back)? Read only: nothing is moved here."""
+    root = path / STATE_DIR
+    names = [d.name for d in root.iterdir() if d.is_dir()] if root.is_dir() else []
+    return any(n.startswith((STATE_PREFIX, ".old-" + STATE_PREFIX)) for n in names)
+
+
+def no_state_message(path: Path) -> str:
+    return (
+        f"resume: {path} has no saved state (state/step-*): the run stopped before its first save "
+        "(train.save_every steps); start it again with overwrite=true"
+    )
 
 
 def not_a_run_message(path: Path) -> str | None:

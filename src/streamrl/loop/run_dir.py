@@ -15,7 +15,7 @@ from streamrl.loop.durable import recover
 from streamrl.loop.state import STATE_DIR, RunState, StateSaveError, latest_state, same_save
 from streamrl.observe.wandb_sink import rewind_wandb_run
 from streamrl.preflight import check_run_dir
-from streamrl.run_dirs import holds_run
+from streamrl.run_dirs import holds_run, no_state_message
 
 LOGS = ("metrics.jsonl", "groups.jsonl")  # one line per step / per trained group, each with "step"
 
@@ -29,11 +29,8 @@ def claim_run_dir(run_dir: str, resume: bool, overwrite: bool) -> Path:
     check_run_dir(path, resume or overwrite, training=True, resume=resume)
     if resume:
         recover(path / STATE_DIR)  # a save's swap a kill cut short: its state is put back first
-        if latest_state(path) is None:
-            raise ValueError(
-                f"resume: {path} has no saved state (state/step-*): the run stopped before its first "
-                "save (train.save_every steps); start it again with overwrite=true"
-            )
+        if latest_state(path) is None:  # check_run_dir saw one: only a state gone since is missing
+            raise ValueError(no_state_message(path))
     elif overwrite and holds_run(path):  # never a directory of yours: check_run_dir refused it
         shutil.rmtree(path)
     path.mkdir(parents=True, exist_ok=True)

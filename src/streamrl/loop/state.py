@@ -21,9 +21,7 @@ from typing import Any
 import torch
 
 from streamrl.loop.durable import could_not_write, recover, swap_in, temp_beside, write_failed
-
-STATE_DIR = "state"
-_PREFIX = "step-"
+from streamrl.run_dirs import STATE_DIR, STATE_PREFIX
 
 
 @dataclass
@@ -84,8 +82,8 @@ def state_dirs(run_dir: Path) -> list[Path]:
     root = run_dir / STATE_DIR
     if not root.is_dir():
         return []
-    found = [d for d in root.iterdir() if d.is_dir() and d.name.startswith(_PREFIX)]
-    return sorted(found, key=lambda d: int(d.name[len(_PREFIX) :]))
+    found = [d for d in root.iterdir() if d.is_dir() and d.name.startswith(STATE_PREFIX)]
+    return sorted(found, key=lambda d: int(d.name[len(STATE_PREFIX) :]))
 
 
 def latest_state(run_dir: Path) -> Path | None:
@@ -177,7 +175,7 @@ def save_state(
     if (said := carried_mismatch(state)) is not None:  # saved even so: it is the newest state there is
         print(f"streamrl: warning: {said}", file=sys.stderr, flush=True)
     root = run_dir / STATE_DIR
-    final = root / f"{_PREFIX}{state.step:06d}"
+    final = root / f"{STATE_PREFIX}{state.step:06d}"
     tmp: Path | None = None
     try:
         tmp = temp_beside(final)

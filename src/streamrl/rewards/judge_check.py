@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -77,9 +78,12 @@ def check_judge(c: JudgeConfig) -> None:
 
 
 def _v1_hint(base_url: str, served: list[str] | None, reason: str) -> str:
-    """The fix when neither the listing nor the probe was found (404) at a URL without /v1: OpenAI-compatible
-    servers (vLLM, SGLang, Ollama, llama.cpp) answer under /v1; "" otherwise."""
-    path = urllib.parse.urlsplit(base_url).path
-    if served is not None or reason != "http 404" or "v1" in path.strip("/").split("/"):
+    """The fix when neither the listing nor the probe was found (404) at a URL without a version segment
+    (/v1, /v1beta, ...): OpenAI-compatible servers (vLLM, SGLang, Ollama, llama.cpp) answer under /v1;
+    "" otherwise."""
+    url = urllib.parse.urlsplit(base_url)
+    versioned = any(re.fullmatch(r"v\d+\w*", seg, re.IGNORECASE) for seg in url.path.split("/"))
+    if served is not None or reason != "http 404" or versioned:
         return ""
-    return f"; OpenAI-compatible servers answer under /v1: try reward.judge_url={base_url.rstrip('/')}/v1"
+    fixed = url._replace(path=url.path.rstrip("/") + "/v1").geturl()
+    return f"; OpenAI-compatible servers answer under /v1: try reward.judge_url={fixed}"

@@ -103,7 +103,8 @@ def test_a_model_or_a_directory_in_the_config_files_place_is_named_for_what_it_i
     (model / "config.json").write_text("{}")
     for d in (run, own):
         (d / "config.yaml").write_text("max_steps: 1\n")
-    (run / "metrics.jsonl").touch()  # a run's, beside its config.yaml
+    (run / "metrics.jsonl").touch()  # a run's, beside its config.yaml, with a saved state to resume
+    (run / "state" / "step-000001").mkdir(parents=True)
     evaluated = (
         f"config file '{run}' is a run's directory: evaluate the model it trained with "
         f"model={run / 'checkpoint'} (its task settings are taken), or give its config file, "

@@ -116,6 +116,7 @@ def test_a_run_dir_that_is_taken_fails_before_the_model_is_resolved(tmp_path, re
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "config.yaml").write_text("model: tiny\n")
     (tmp_path / "old" / "metrics.jsonl").write_text("")  # a run's: config.yaml alone is no run
+    (tmp_path / "old" / "state" / "step-000001").mkdir(parents=True)  # its saved state
     for run_dir, message in [
         ("notes.txt", "is a file: choose a directory (a new name, or a run's)"),
         ("old", "already holds a run: continue it with resume="),
@@ -125,7 +126,7 @@ def test_a_run_dir_that_is_taken_fails_before_the_model_is_resolved(tmp_path, re
         assert err.startswith(f"streamrl: error: run_dir {tmp_path / run_dir} ") and message in err, err
         assert err.count("\n") == 1
     assert resolved == [] and (tmp_path / "notes.txt").read_text() == "mine"
-    assert sorted(p.name for p in (tmp_path / "old").iterdir()) == ["config.yaml", "metrics.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "old").iterdir()) == ["config.yaml", "metrics.jsonl", "state"]
     typo = ["model=Qwen/Qwen2.5-7B-Instruct", "task_config.chat_template=typo.jinja"]  # a template too
     assert train([*TINY, *typo, f"run_dir={tmp_path / 'new'}"]) == 2
     assert capsys.readouterr().err == (

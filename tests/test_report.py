@@ -324,7 +324,9 @@ def test_the_status_column_tells_a_stopped_run_from_a_finished_one(tmp_path):
     assert _status(write_report([run]).read_text()) == "finished"
     (run / "summary.json").write_text(json.dumps({**summary, "steps": 3, "interrupted": True}))
     assert _status(write_report([run]).read_text()) == "stopped at step 3"  # no state/: cannot resume
-    (run / "state").mkdir()
+    (run / "state" / ".tmp-step-000003-42").mkdir(parents=True)  # a first save a kill cut short
+    assert _status(write_report([run]).read_text()) == "stopped at step 3"
+    (run / "state" / "step-000003").mkdir()
     assert _status(write_report([run]).read_text()) == "stopped at step 3 (resume to continue)"
     (run / "summary.json").write_text(
         json.dumps({**summary, "interrupted": True, "final_eval_stopped": True})

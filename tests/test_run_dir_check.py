@@ -101,6 +101,11 @@ def test_a_directory_of_yours_is_no_run_to_resume_and_its_config_is_the_way_in(
     )
     assert train([f"resume={exp}"]) == 2
     assert capsys.readouterr().err == said
+    assert train([f"resume={exp / 'config.yaml'}"]) == 2
+    assert capsys.readouterr().err == (
+        f"streamrl: error: resume: '{exp / 'config.yaml'}' is a file, not a run directory: to train with it, "
+        "give it as the config file and drop resume\n"
+    )
     from streamrl import api
 
     with pytest.raises(api.ConfigError) as e:  # rows from code are not compared with a config of yours
@@ -110,24 +115,31 @@ def test_a_directory_of_yours_is_no_run_to_resume_and_its_config_is_the_way_in(
     assert {p.name: p.read_text() for p in exp.iterdir() if p.is_file()} == files
 
 
-def test_a_run_killed_before_its_environment_json_is_a_run_with_no_state(tmp_path, resolved, capsys) -> None:
-    """Its config.yaml beside the lock it trained under (killed before environment.json): a resume says
-    it has no state, overwrite=true starts it over; its config.yaml given as resume names the directory."""
-    from streamrl.files import RUN_LOCK
-
+def test_a_run_with_no_saved_state_is_offered_no_resume(tmp_path, resolved, capsys) -> None:
+    """A run stopped before its first save (config.yaml, environment.json, no state/step-*): trained
+    into, given as the config file or resumed, it is refused in one line that offers overwrite=true,
+    not a resume, before anything is read; its config.yaml given as resume names the directory."""
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text("model: tiny-random\n")
-    (run / RUN_LOCK).touch()
-    assert train([f"resume={run}/config.yaml"]) == 2
-    assert capsys.readouterr().err == (
-        f"streamrl: error: resume: '{run}/config.yaml' is a file of a run: give its directory, resume={run}\n"
-    )
-    assert train([f"resume={run}"]) == 2
-    err = capsys.readouterr().err
-    assert f"resume: {run} has no saved state (state/step-*)" in err and "overwrite=true" in err
-    assert resolved == [] and sorted(p.name for p in run.iterdir()) == [RUN_LOCK, "config.yaml"]
-    assert claim_run_dir(str(run), resume=False, overwrite=True) == run and list(run.iterdir()) == []
+    (run / "environment.json").write_text("{}")
+    before = sorted(p.name for p in run.iterdir())
+    said = {
+        f"resume={run}/config.yaml": f"resume: '{run}/config.yaml' is a file of a run: give its directory, "
+        f"resume={run}",
+        f"resume={run}": f"resume: {run} has no saved state (state/step-*): the run stopped before its first "
+        "save (train.save_every steps); start it again with overwrite=true",
+        f"run_dir={run}": f"run_dir {run} already holds a run, with no saved state to resume: start it over "
+        "with overwrite=true, or choose another run_dir",
+        str(run): f"config file '{run}' is a directory: give the config file in it, {run / 'config.yaml'}",
+    }
+    for arg, line in said.items():
+        assert train([*TINY, HUB, arg] if arg.startswith("run_dir") else [arg]) == 2
+        assert capsys.readouterr().err == f"streamrl: error: {line}\n"
+    assert resolved == [] and sorted(p.name for p in run.iterdir()) == before
+    (run / "state" / "step-000002").mkdir(parents=True)  # with a saved state, the resume is offered
+    assert train([*TINY, HUB, f"run_dir={run}"]) == 2
+    assert f"already holds a run: continue it with resume={run}, " in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("marker", RUN_MARKERS)

@@ -37,7 +37,7 @@ from streamrl.config_sections import (
     VLLMConfig,
 )
 from streamrl.config_validate import LORA_ONLY, is_data_source, resolve_eval_length, validate
-from streamrl.run_dirs import RUN_MARKERS, holds_run
+from streamrl.run_dirs import RUN_MARKERS, has_saved_state, holds_run
 
 __all__ = [
     "AdvantageConfig",
@@ -109,12 +109,12 @@ def _not_a_config_file(path: Path) -> str:
     if path.is_dir():
         if (path / "config.json").is_file():
             return f"config file '{path}' is a model directory: give it as model={path}"
-        if holds_run(path):
+        if holds_run(path) and has_saved_state(path):
             return (
                 f"config file '{path}' is a directory: give the config file in it, {path / 'config.yaml'} "
                 f"(or resume={path} to continue the run saved there)"
             )
-        if (path / "config.yaml").is_file():  # a directory of your own: its config.yaml is no run's
+        if (path / "config.yaml").is_file():  # a directory of yours, or a run with nothing to resume
             return f"config file '{path}' is a directory: give the config file in it, {path / 'config.yaml'}"
         return f"config file '{path}' is a directory, not a YAML file"
     if path.suffix.lower() not in (".yaml", ".yml", ".json"):  # tiny-random, org/name-0.5B: a model's name
@@ -215,6 +215,11 @@ def _saved_config(resume: str) -> Path:
     if Path(resume).is_file() and holds_run(Path(resume).parent):  # RUN/config.yaml for RUN
         raise ConfigError(
             f"resume: '{resume}' is a file of a run: give its directory, resume={Path(resume).parent}"
+        )
+    if Path(resume).is_file():
+        raise ConfigError(
+            f"resume: '{resume}' is a file, not a run directory: to train with it, give it as the config "
+            "file and drop resume"
         )
     if not path.is_file():
         raise ConfigError(f"resume: '{resume}' is not a run directory (no config.yaml)")

@@ -73,6 +73,11 @@ def check_run_dir(path: Path, may_hold_run: bool, training: bool = False, resume
     if training and resume and not has_saved_state(path):  # before the task is read or a model fetched
         raise ValueError(no_state_message(path))
     if not may_hold_run and holds_run(path):
+        if not has_saved_state(path):  # stopped before its first save: nothing to resume
+            raise ValueError(
+                f"run_dir {path} already holds a run, with no saved state to resume: start it over with "
+                "overwrite=true, or choose another run_dir"
+            )
         raise ValueError(
             f"run_dir {path} already holds a run: continue it with resume={path}, start it over with "
             "overwrite=true, or choose another run_dir"

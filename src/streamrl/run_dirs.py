@@ -19,12 +19,9 @@ SHOWN = 3  # the names a refusal lists
 
 
 def holds_run(path: Path) -> bool:
-    """Does `path` hold a streamrl run: its config.yaml and one of RUN_MARKERS, or the lock a run takes
-    before it writes config.yaml (a run killed before its environment.json: resumed, it says it has no
-    state; overwrite=true starts it over)? A directory of your own never holds that lock: training into
-    it is refused before the lock is taken."""
-    made = (*RUN_MARKERS, RUN_LOCK)
-    return (path / "config.yaml").is_file() and any((path / name).exists() for name in made)
+    """Does `path` hold a streamrl run: its config.yaml and one of RUN_MARKERS? (Not the lock a run
+    takes first: a run killed while its model loaded leaves it alone, and files of yours may follow.)"""
+    return (path / "config.yaml").is_file() and any((path / name).exists() for name in RUN_MARKERS)
 
 
 def has_saved_state(path: Path) -> bool:

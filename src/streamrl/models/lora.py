@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from streamrl.run_dirs import STATE_DIR, STATE_PREFIX
+
 ADAPTER_DIR = "adapter"  # a checkpoint's PEFT adapter, in a subdirectory (see save_adapter)
 # a PeftModel's state-dict prefix: PEFT (and transformers' own adapter saving) store keys under it
 PEFT_PREFIX = "base_model.model."
@@ -102,9 +104,9 @@ def merged_weights(run_dir: Path) -> Path | None:
     the model/ of its newest saved state (state/step-N/model, loop/state.py); None when it has neither."""
     if (run_dir / "checkpoint" / "config.json").is_file():
         return run_dir / "checkpoint"
-    states = [p.parent for p in (run_dir / "state").glob("step-*/model/config.json")]
-    steps = [p for p in states if p.parent.name.removeprefix("step-").isdigit()]
-    return max(steps, key=lambda p: int(p.parent.name.removeprefix("step-")), default=None)
+    states = [p.parent for p in (run_dir / STATE_DIR).glob(f"{STATE_PREFIX}*/model/config.json")]
+    steps = [p for p in states if p.parent.name.removeprefix(STATE_PREFIX).isdigit()]
+    return max(steps, key=lambda p: int(p.parent.name.removeprefix(STATE_PREFIX)), default=None)
 
 
 def check_targets_on_meta(model_config: Any, targets: tuple[str, ...], resumed: Path | None = None) -> None:

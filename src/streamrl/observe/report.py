@@ -20,6 +20,7 @@ from streamrl.observe.environment import collect_environment
 from streamrl.observe.error_examples import run_examples
 from streamrl.observe.plots import Series, line_chart, stacked_bars
 from streamrl.observe.run_data import RunData, flatten, load_run, unique_labels
+from streamrl.run_dirs import has_saved_state
 
 # (plot name, title, metric keys, fixed y range)
 LINE_PANELS: list[tuple[str, str, list[str], tuple[float, float] | None]] = [
@@ -257,7 +258,7 @@ def _status(run: RunData) -> str:
         return "finished"
     where = "in the final evaluation " if s.get("final_eval_stopped") else ""
     said = f"stopped {where}at step {s.get('steps', '?')}"
-    if not (run.path / "state").is_dir():  # stopped before its first save: nothing to resume
+    if not has_saved_state(run.path):  # stopped before its first save: nothing to resume
         return said
     return said + (" (resume to evaluate it)" if where else " (resume to continue)")
 

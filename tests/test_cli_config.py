@@ -98,13 +98,17 @@ def test_config_flag_with_a_missing_file(tmp_path, capsys, captured):
 
 def test_a_model_or_a_directory_in_the_config_files_place_is_named_for_what_it_is(tmp_path, capsys, captured):
     model, run, own, other = tmp_path / "m", tmp_path / "run", tmp_path / "own", tmp_path / "d"
-    for d in (model, run, own, other):
+    bare = tmp_path / "bare"  # a run that exported no model
+    for d in (model, run, own, other, bare):
         d.mkdir()
     (model / "config.json").write_text("{}")
-    for d in (run, own):
+    for d in (run, own, bare):
         (d / "config.yaml").write_text("max_steps: 1\n")
-    (run / "metrics.jsonl").touch()  # a run's, beside its config.yaml, with a saved state to resume
-    (run / "state" / "step-000001").mkdir(parents=True)
+    for d in (run, bare):
+        (d / "metrics.jsonl").touch()  # a run's, beside its config.yaml, with a saved state to resume
+        (d / "state" / "step-000001").mkdir(parents=True)
+    (run / "checkpoint").mkdir()
+    (run / "checkpoint" / "config.json").write_text("{}")
     evaluated = (
         f"config file '{run}' is a run's directory: evaluate the model it trained with "
         f"model={run / 'checkpoint'} (its task settings are taken), or give its config file, "
@@ -118,6 +122,12 @@ def test_a_model_or_a_directory_in_the_config_files_place_is_named_for_what_it_i
             f"resume={run} to continue the run saved there)",
         ),
         (["eval", str(run)], evaluated),  # an evaluation of a run: the model it trained
+        (
+            ["eval", str(bare)],
+            f"config file '{bare}' is a run's directory, which has exported no model to evaluate (no "
+            f"{bare / 'checkpoint'}): give its config file, {bare / 'config.yaml'}, with the model to "
+            "evaluate",
+        ),
         (  # a config.yaml of your own is no run to resume
             ["train", str(own)],
             f"config file '{own}' is a directory: give the config file in it, {own / 'config.yaml'}",

@@ -118,6 +118,12 @@ def refuse_a_run_as_config(path: str | Path | None) -> None:
     (a training run's line offers resume= instead, which continues training)."""
     if path is not None and holds_run(Path(path)):
         run = Path(path)
+        if not (run / "checkpoint" / "config.json").is_file():  # killed, or checkpoint.save=false
+            raise ConfigError(
+                f"config file '{path}' is a run's directory, which has exported no model to evaluate (no "
+                f"{run / 'checkpoint'}): give its config file, {run / 'config.yaml'}, with the model to "
+                "evaluate"
+            )
         raise ConfigError(
             f"config file '{path}' is a run's directory: evaluate the model it trained with "
             f"model={run / 'checkpoint'} (its task settings are taken), or give its config file, "

@@ -212,14 +212,13 @@ def _saved_config(resume: str) -> Path:
     """RUN_DIR/config.yaml of the run `resume` names; one line if `resume` holds no run (a config.yaml of
     your own, beside no file a run writes, is a config to train with, not a run to continue)."""
     path = Path(resume) / "config.yaml"
-    if Path(resume).is_file() and holds_run(Path(resume).parent):  # RUN/config.yaml for RUN
+    if Path(resume).is_file():  # RUN/config.yaml for RUN, or a config file of yours
+        run = Path(resume).parent
         raise ConfigError(
-            f"resume: '{resume}' is a file of a run: give its directory, resume={Path(resume).parent}"
-        )
-    if Path(resume).is_file():
-        raise ConfigError(
-            f"resume: '{resume}' is a file, not a run directory: to train with it, give it as the config "
-            "file and drop resume"
+            f"resume: '{resume}' is a file of a run: give its directory, resume={run}"
+            if holds_run(run)
+            else f"resume: '{resume}' is a file, not a run directory: to train with it, give it as the "
+            "config file and drop resume"
         )
     if not path.is_file():
         raise ConfigError(f"resume: '{resume}' is not a run directory (no config.yaml)")

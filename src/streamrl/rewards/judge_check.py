@@ -7,7 +7,8 @@ Three checks, each one HTTP request without retries, bounded by reward.judge_tim
 2. the model is served: reward.judge_model is among the ids it lists (a server without a listing, 404
    or an empty one, goes on to the probe, whose error then names a missing model);
 3. one probe: a grading request of a known right answer whose reply must hold a verdict.
-A URL without /v1 that finds neither the listing nor the chat endpoint gets the /v1 fix in its line.
+A URL without a version segment (/v1, ...) that finds neither the listing nor the chat endpoint gets the
+/v1 fix in its line.
 """
 
 from __future__ import annotations

@@ -119,11 +119,12 @@ def test_the_json_reader_is_quiet_only_in_the_threads_inside_the_block(caplog):
     import threading
 
     logger = logging.getLogger(json_lines.JSON_READER_LOGGER)
-    a_in, b_in, a_out, b_done = (threading.Event() for _ in range(4))
+    a_in, b_in, a_out, b_done, main_said = (threading.Event() for _ in range(5))
 
     def a() -> None:
         with json_lines.quiet_json_reader():
             a_in.set()
+            main_said.wait(10)  # this thread is inside its block while the main thread logs
             b_in.wait(10)
             logger.warning("a inside")
         a_out.set()
@@ -144,6 +145,7 @@ def test_the_json_reader_is_quiet_only_in_the_threads_inside_the_block(caplog):
             t.start()
         a_in.wait(10)
         logger.warning("main while a is inside")
+        main_said.set()
         for t in threads:
             t.join(10)
         with json_lines.quiet_json_reader():

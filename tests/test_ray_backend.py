@@ -49,7 +49,7 @@ def _cfg(*extra: str):
             "ray.rollout_cpus=1",
             "max_staleness=1",
             "rollout.dynamic_sampling=false",  # every returned group is kept: exact counts below
-            "runtime.sync_timeout_s=60",
+            "runtime.sync_timeout_s=180",  # a limit against a hang: actors start slowly on a loaded machine
             *extra,
         ],
     )

@@ -126,6 +126,7 @@ def test_stop_carries_over_finished_and_unfinished_groups_then_resume_trains_eac
     everything = trained + again
     assert len(everything) == len(set(everything)) == 18  # no group trained twice, none lost
     assert c2["lost"] == 0 and c2["trained"] == 18
+    assert c2["regenerated"] == len(unfinished)  # each group in flight at the stop generated again, once
     assert c2["admitted"] == c2["trained"] + c2["filtered"] + c2["carried_over"] == resumed_state.groups_made
 
 

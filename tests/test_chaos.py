@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import random
 import signal
 import subprocess
@@ -24,9 +25,11 @@ from tiny_args import TINY
 
 from streamrl.cli import main
 from streamrl.files import hold_run_dir, in_use_message, run_dir_in_use
+from streamrl.loop.durable import recover
 from streamrl.loop.run_dir import claim_run_dir, reconcile_logs
 from streamrl.loop.state import latest_state, state_dirs
 from streamrl.placement import leftovers
+from streamrl.run_dirs import STATE_DIR
 
 STEPS = 24  # room for seven kills, each after a new step, whatever the machine's speed
 ARGS = [*TINY, f"max_steps={STEPS}", "max_staleness=1", "train.save_every=1", "checkpoint.save=true"]
@@ -126,6 +129,15 @@ def _kill_after_progress(
     proc.wait(timeout=60)
 
 
+def _carried(state: Path) -> tuple[int, list[str], set[str]]:
+    """Of a saved state: the ledger's count of groups generated again, the unfinished groups a resume
+    generates again, and every group id the ledger knows."""
+    ledger = json.loads((state / "run_state.json").read_text())["ledger"]
+    with (state / "carried.pkl").open("rb") as f:
+        unfinished = [r.group_id for r in pickle.load(f)["unfinished"]]
+    return int(ledger["regenerated"]), unfinished, set(ledger["state"])
+
+
 # the whole process group five times; a rollout worker alone twice (the run restarts it and goes on)
 KILLS = [True, False, True, True, False, True, True]
 
@@ -136,11 +148,14 @@ def test_kill_minus_nine_five_times_then_finish(tmp_path: Path) -> None:
     pids: set[str] = set()
     proc = _start([*ARGS, f"run_dir={run}"], pids, err)
     kills, steps = 0, STEPS
+    resumed: tuple[int, list[str], set[str]] = (0, [], set())  # a fresh run's
     for i, whole in enumerate(KILLS):
         _kill_after_progress(proc, run, rng, whole, err)
         if proc.poll() is not None and proc.returncode == 0:
             break  # finished before the kill landed
         kills += 1
+        if (run / STATE_DIR).is_dir():
+            recover(run / STATE_DIR)  # a swap the kill cut short is finished as the resume would
         state = latest_state(run)
         if whole and state is None:  # killed before its first save: nothing to resume
             proc = _start([*ARGS, f"run_dir={run}", "overwrite=true"], pids, err)
@@ -149,6 +164,7 @@ def test_kill_minus_nine_five_times_then_finish(tmp_path: Path) -> None:
             if i == len(KILLS) - 1:  # after the last kill, two steps past the saved one are enough
                 steps = int(state.name.split("-")[1]) + 2
                 last = [f"max_steps={steps}"]
+                resumed = _carried(state)
             proc = _start([f"resume={run}", *last], pids, err)
     assert kills == len(KILLS), "the run finished before every kill landed: lower the step time"
     assert proc.wait(timeout=600) == 0, err.read_text()[-3000:]
@@ -163,7 +179,12 @@ def test_kill_minus_nine_five_times_then_finish(tmp_path: Path) -> None:
     assert len(ids) == len(set(ids)) == steps * 2  # every trained group once
     acc = json.loads((run / "accounting.json").read_text())
     assert acc["lost"] == 0 and acc["trained"] == len(groups)
-    assert acc["regenerated"] > 0  # groups in flight at a save were generated again after the kill
+    # the groups in flight at the last resumed save are generated again, before any new problem is drawn
+    regenerated, unfinished, known = resumed
+    if set(ids) - known:  # a new group was admitted: every unfinished one went before it
+        assert acc["regenerated"] == regenerated + len(unfinished)
+    else:
+        assert regenerated <= acc["regenerated"] <= regenerated + len(unfinished)
     assert acc["admitted"] == acc["trained"] + acc["filtered"] + acc["carried_over"]
     assert len(state_dirs(run)) <= 2  # train.keep_states
     from transformers import AutoModelForCausalLM

@@ -142,6 +142,19 @@ def test_a_run_with_no_saved_state_is_offered_no_resume(tmp_path, resolved, caps
     assert f"already holds a run: continue it with resume={run}, " in capsys.readouterr().err
 
 
+def test_a_state_loaded_from_a_run_without_one_is_refused_in_the_preflight_line(tmp_path: Path) -> None:
+    """A state gone between the checks and the restore gets the line preflight gives, not another."""
+    from streamrl.loop.state import load_state
+
+    (tmp_path / "state" / ".tmp-step-000001-4242").mkdir(parents=True)  # a save a kill cut short
+    with pytest.raises(FileNotFoundError) as e:
+        load_state(tmp_path)
+    assert str(e.value) == (
+        f"resume: {tmp_path} has no saved state (state/step-*): the run stopped before its first save "
+        "(train.save_every steps); start it again with overwrite=true"
+    )
+
+
 @pytest.mark.parametrize("marker", RUN_MARKERS)
 def test_a_run_is_its_config_beside_a_file_only_a_run_writes(tmp_path: Path, marker: str) -> None:
     (tmp_path / "config.yaml").write_text("task: gsm8k\n")

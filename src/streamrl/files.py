@@ -58,6 +58,7 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
 
 
+MOVED_ASIDE = ".old-"  # a directory a durable write moved aside mid-swap (loop/durable.py), until recovered
 RUN_LOCK = ".lock"  # in a run directory: flock'ed by the process training into it; the kernel lets go at exit
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from streamrl.files import RUN_LOCK
+from streamrl.files import MOVED_ASIDE, RUN_LOCK
 
 STATE_DIR, STATE_PREFIX = "state", "step-"  # RUN/state/step-N: a saved state (loop/state.py)
 # what a run writes beside its config.yaml; a directory of your own that keeps a config.yaml has none
@@ -29,7 +29,7 @@ def has_saved_state(path: Path) -> bool:
     mid-swap (.old-step-N-PID, which the resume puts back)? Read only: nothing is moved here."""
     root = path / STATE_DIR
     names = [d.name for d in root.iterdir() if d.is_dir()] if root.is_dir() else []
-    return any(n.startswith((STATE_PREFIX, ".old-" + STATE_PREFIX)) for n in names)
+    return any(n.startswith((STATE_PREFIX, MOVED_ASIDE + STATE_PREFIX)) for n in names)
 
 
 def no_state_message(path: Path) -> str:

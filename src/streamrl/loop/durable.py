@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from streamrl.files import sync_dir
+from streamrl.files import MOVED_ASIDE, sync_dir
 
 # how the writers of states and checkpoints report a failed write that is not an OSError: torch.save's
 # zip writer (RuntimeError) and safetensors under save_pretrained (SafetensorError, an Exception)
@@ -32,7 +32,7 @@ def swap_in(tmp: Path, final: Path) -> None:
     always whole, the one it replaces (if any) moved aside first and removed after."""
     sync_tree(tmp)
     if final.exists():
-        old = final.parent / f".old-{final.name}-{os.getpid()}"
+        old = final.parent / f"{MOVED_ASIDE}{final.name}-{os.getpid()}"
         shutil.rmtree(old, ignore_errors=True)
         final.rename(old)
         try:
@@ -49,8 +49,8 @@ def swap_in(tmp: Path, final: Path) -> None:
 def recover(parent: Path) -> None:
     """Finish swaps a crash cut short in `parent`: a directory moved aside whose replacement never
     arrived goes back to its name; one that was replaced is removed."""
-    for old in parent.glob(".old-*"):
-        name = old.name[len(".old-") :].rsplit("-", 1)[0]
+    for old in parent.glob(f"{MOVED_ASIDE}*"):
+        name = old.name[len(MOVED_ASIDE) :].rsplit("-", 1)[0]
         if (parent / name).exists():
             shutil.rmtree(old, ignore_errors=True)
         else:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from streamrl.loop.durable import could_not_write, recover, swap_in, temp_beside, write_failed
-from streamrl.run_dirs import STATE_DIR, STATE_PREFIX
+from streamrl.run_dirs import STATE_DIR, STATE_PREFIX, no_state_message
 
 
 @dataclass
@@ -230,10 +230,7 @@ def load_state(run_dir: Path) -> tuple[RunState, Path, dict[str, Any]]:
         recover(run_dir / STATE_DIR)  # a save whose swap a crash cut short
     d = latest_state(run_dir)
     if d is None:
-        raise FileNotFoundError(
-            f"resume: no saved state in {run_dir / STATE_DIR} (the run saved none before it stopped; "
-            "train.save_every sets how often a run saves)"
-        )
+        raise FileNotFoundError(no_state_message(run_dir))
     meta = json.loads((d / "run_state.json").read_text())
     with (d / "carried.pkl").open("rb") as f:
         carried = pickle.load(f)

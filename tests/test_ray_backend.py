@@ -15,7 +15,7 @@ import time
 import uuid
 
 import pytest
-from bounded import call_bounded, eventually
+from bounded import call_bounded, eventually, wait_until
 from tiny_args import TINY
 
 from streamrl.cli import main
@@ -273,6 +273,86 @@ def test_broadcast_group_with_a_member_that_never_joins_times_out_clearly(ray_in
         call_bounded(
             pub.connect, 120, "connect() kept waiting for a member that never joins past its 1 s timeout"
         )
+
+
+def test_a_broadcast_rank_tells_whether_it_joined_or_why_it_failed(ray_instance, tiny):
+    from streamrl.placement.weight_sync import BroadcastPublisher, BroadcastReceiver, FlatLayout
+
+    layout = FlatLayout.of(tiny[0].state_dict())
+    pub = BroadcastPublisher(members=1, timeout=60.0)
+    member = BroadcastReceiver(layout, *pub.address(), rank=1, world=2, timeout=60.0)
+    assert member.status() == "not yet in the weight group"  # no group forms before rank 0 joins
+    pub.connect()
+    wait_until(lambda: member.status() == "joined the weight group", 60, member.status())
+    alone = BroadcastPublisher(members=1, timeout=60.0)  # its rank 0 never joins
+    lonely = BroadcastReceiver(layout, *alone.address(), rank=1, world=2, timeout=1.0)
+    wait_until(lambda: lonely.status() != "not yet in the weight group", 60, "no failure after 1 s")
+    assert lonely.status().startswith(
+        "its weights failed: weight sync (runtime.weight_sync=broadcast) of policy version 0 failed on "
+        "this actor ("
+    ), lonely.status()
+
+
+def test_each_actors_state_is_told_dead_pending_or_up(ray_instance):
+    from streamrl.placement.ray_actor import actor_states
+
+    @ray.remote(num_cpus=0)
+    class Dies:
+        def __init__(self) -> None:
+            raise ValueError("no model at /nowhere")
+
+    @ray.remote(num_cpus=64)  # more than the instance has: never placed
+    class Pending:
+        pass
+
+    @ray.remote(num_cpus=0)
+    class Up:
+        def weights_status(self) -> str:
+            return "not yet in the weight group"
+
+    dead, pending, up = Dies.remote(), Pending.remote(), Up.remote()
+    try:
+        ray.get(up.__ray_ready__.remote(), timeout=120)
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(dead.__ray_ready__.remote(), timeout=120)
+        told = actor_states([dead, pending, up], wait_s=2)
+    finally:
+        for a in (dead, pending, up):
+            ray.kill(a)
+    assert re.fullmatch(
+        r"rollout actors: actor 0 died \(ValueError: no model at /nowhere\); "
+        r"actor 1 not started 2 s later \(pending resources\? `ray status`\); "
+        r"actor 2 up, not yet in the weight group",
+        told,
+    ), told
+
+
+def test_a_broadcast_group_that_cannot_form_says_where_each_actor_stands(ray_instance, tiny, monkeypatch):
+    from streamrl.placement import ray_rollouts
+    from streamrl.placement.weight_sync import WeightSyncError
+
+    class DiesAtStart:  # defined here: Ray ships it by value to the actor's process
+        def __init__(self, worker_id: int, cfg_dict: dict, sync: dict) -> None:
+            raise OSError(f"actor {worker_id} cannot load its model")
+
+        def stop(self) -> list:  # what stop() calls on each actor (a dead one's call fails)
+            return []
+
+    monkeypatch.setattr(ray_rollouts, "RolloutActor", DiesAtStart)
+    monkeypatch.setattr(ray_rollouts, "ACTOR_STATE_WAIT_S", 120.0)  # their deaths, however slow the start
+    cfg = _cfg("runtime.weight_sync=broadcast", "ray.max_restarts=0", "runtime.sync_timeout_s=3")
+    backend = ray_rollouts.RayRollouts(cfg)
+    try:
+        with pytest.raises(WeightSyncError) as e:
+            backend.start(tiny[0].state_dict(), 0)
+    finally:
+        backend.stop()
+    assert "could not form its group of 3 ranks" in str(e.value)
+    assert re.search(
+        r"; rollout actors: actor 0 died \(OSError: actor 0 cannot load its model\); "
+        r"actor 1 died \(OSError: actor 1 cannot load its model\)$",
+        str(e.value),
+    ), e.value
 
 
 # ---- config -----------------------------------------------------------------------------------------

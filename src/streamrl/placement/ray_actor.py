@@ -16,6 +16,9 @@ logs by worker id and pid, under its session directory). What an actor writes be
 runs (unpickling this class, importing streamrl) stays in Ray's session logs, printed on the driver's
 console. Its stdout is left to Ray (printed on the driver's console, prefixed), as a local worker's
 goes to the trainer's console.
+
+`actor_states` is the driver's view of its actors when the weight group cannot form: each one not
+started (pending resources), dead (with what its __init__ raised) or up (joined or not).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import queue
 import threading
 from typing import Any
 
+from streamrl.brief import brief
 from streamrl.placement.worker_log import keep_stderr
 from streamrl.rollout.worker import STOP, GroupRequest, GroupResult, serve
 
@@ -100,6 +104,10 @@ class RolloutActor:
         self.stopped.set()
         return self._drain()
 
+    def weights_status(self) -> str:
+        """Where this actor's weight receiver stands (a broadcast rank: joined, not yet, failed)."""
+        return self.weights.status()
+
     def received_weights(self) -> tuple[int, dict[str, Any]]:
         """(version, {name: numpy array}) exactly as this actor's engine would load them (tests, checks)."""
         version, tensors = self.weights.snapshot()
@@ -109,3 +117,41 @@ class RolloutActor:
         import os
 
         return os.getpid()
+
+
+ACTOR_STATE_WAIT_S = 10.0  # after a failed join: how much longer an actor not yet started may take
+
+
+def actor_states(actors: list[Any], wait_s: float) -> str:
+    """Where each rollout actor stands, for an error that waited on all of them: not started within
+    `wait_s` more seconds (no free resources yet, or still starting), died (with Ray's reason), or up,
+    with where its weight receiver stands."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    refs = [a.__ray_ready__.remote() for a in actors]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=wait_s)
+    parts = []
+    for i, (actor, ref) in enumerate(zip(actors, refs)):
+        if ref not in ready:
+            parts.append(f"actor {i} not started {wait_s:g} s later (pending resources? `ray status`)")
+            continue
+        try:
+            ray.get(ref)
+            status = ray.get(actor.weights_status.remote(), timeout=wait_s)
+        except RayActorError as e:
+            parts.append(f"actor {i} died ({_death(e)})")
+            continue
+        except GetTimeoutError:
+            status = f"not answering after {wait_s:g} s"
+        parts.append(f"actor {i} up" + (f", {status}" if status else ""))
+    return "rollout actors: " + "; ".join(parts)
+
+
+def _death(e: Any) -> str:
+    """Ray's reason for an actor's death on one line: what its __init__ raised (the last line of the
+    trace Ray gives), or the system's words without Ray's tab-indented ids."""
+    lines = [ln for ln in str(e).splitlines() if ln.strip()]
+    if getattr(e, "actor_init_failed", False) and lines:
+        return brief(lines[-1], 200)
+    return brief(" ".join(ln for ln in lines if not ln.startswith("\t")), 200) or type(e).__name__

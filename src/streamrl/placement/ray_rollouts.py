@@ -36,8 +36,13 @@ import torch
 from streamrl.brief import brief, brief_error
 from streamrl.config import Config, to_dict
 from streamrl.config_validate import resolved_weight_sync
-from streamrl.placement.ray_actor import RolloutActor
-from streamrl.placement.weight_sync import BroadcastPublisher, FlatLayout, ObjectStorePublisher
+from streamrl.placement.ray_actor import ACTOR_STATE_WAIT_S, RolloutActor, actor_states
+from streamrl.placement.weight_sync import (
+    BroadcastPublisher,
+    FlatLayout,
+    ObjectStorePublisher,
+    WeightSyncError,
+)
 from streamrl.placement.worker_log import create_logs, incarnation_tail, log_path
 from streamrl.rollout.worker import GroupRequest, GroupResult
 
@@ -145,7 +150,10 @@ class RayRollouts:
             base = dict(mode="broadcast", host=host, port=port, world=self.n + 1, backend=backend, epoch=0)
             base["layout"] = FlatLayout.of(state)
             self.actors = [actor_cls.remote(i, cfg_dict, {**base, "rank": i + 1}) for i in range(self.n)]
-            self.publisher.connect()  # blocks until every actor joined, or raises after the timeout
+            try:
+                self.publisher.connect()  # blocks until every actor joined, or raises after the timeout
+            except WeightSyncError as e:
+                raise WeightSyncError(f"{e}; {actor_states(self.actors, ACTOR_STATE_WAIT_S)}") from e
         else:
             self.publisher = ObjectStorePublisher()
             self.actors = [actor_cls.remote(i, cfg_dict, {"mode": "object_store"}) for i in range(self.n)]

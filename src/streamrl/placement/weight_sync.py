@@ -9,7 +9,8 @@ Both modes move one flat buffer per dtype (FlatLayout), never a pickled state di
   (the version) and the flat buffers; the trainer announces every publish to the actors by an actor
   call first, so no rank waits in a collective longer than runtime.sync_timeout_s.
 Every wait is bounded: past runtime.sync_timeout_s a WeightSyncError names the mode, the version and
-what to check, instead of a silent hang.
+what to check, instead of a silent hang; a group that cannot form also says where each rollout actor
+stands (not started, died and why, up and joined or not: placement/ray_actor.py).
 """
 
 from __future__ import annotations
@@ -133,6 +134,10 @@ class ObjectStoreReceiver:
     @property
     def version(self) -> int:
         return self._version
+
+    def status(self) -> str:
+        """Nothing to tell: a fetch fails in the call that asked for it."""
+        return ""
 
     def snapshot(self) -> tuple[int, dict[str, torch.Tensor]]:
         """(version, {name: tensor}) of the newest announced weights."""
@@ -288,6 +293,7 @@ class BroadcastReceiver:
         self._cond = threading.Condition()
         self._version = -1
         self._error: BaseException | None = None
+        self._joined = False
         self._todo: queue.Queue[int] = queue.Queue()
         self._check = _BC_CHECK.format(addr=f"{host}:{port}")
         args = (host, port, rank, world, timeout, epoch, backend)
@@ -300,6 +306,7 @@ class BroadcastReceiver:
         version = 0
         try:
             pg, _store = _join(*join_args)
+            self._joined = True
             delta = datetime.timedelta(seconds=self.timeout)
             while True:
                 version = self._todo.get()
@@ -326,6 +333,12 @@ class BroadcastReceiver:
         if self._error is not None:
             raise self._error
         return self._version
+
+    def status(self) -> str:
+        """Where this rank stands in its group: joined, not yet, or why joining or a transfer failed."""
+        if self._error is not None:
+            return f"its weights failed: {brief_error(self._error, 200)}"
+        return "joined the weight group" if self._joined else "not yet in the weight group"
 
     def snapshot(self) -> tuple[int, dict[str, torch.Tensor]]:
         with self._cond:

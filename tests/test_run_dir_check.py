@@ -81,6 +81,41 @@ def test_overwrite_deletes_only_a_run(tmp_path: Path) -> None:
     assert {p.name: p.read_text() for p in exp.iterdir() if p.is_file()} == files
 
 
+@pytest.mark.parametrize("killed_at", ["environment.json", "config.yaml"])
+def test_a_start_killed_while_it_writes_the_runs_files_leaves_a_directory_a_new_run_takes(
+    tmp_path: Path, monkeypatch, killed_at: str
+) -> None:
+    from streamrl.loop import run_dir
+
+    run = tmp_path / "run"
+    assert claim_run_dir(str(run), resume=False, overwrite=False) == run
+    (run / ".lock").touch()  # the lock a run takes first stays after a kill
+    real = run_dir.write_text_atomic
+
+    def write(path: Path, text: str) -> None:
+        if path.name == killed_at:
+            raise KeyboardInterrupt  # the kill
+        real(path, text)
+
+    monkeypatch.setattr(run_dir, "write_text_atomic", write)
+    with pytest.raises(KeyboardInterrupt):
+        run_dir.write_run_files(run, "model: tiny-random\n", {"python": "3.11"})
+    monkeypatch.undo()
+    assert claim_run_dir(str(run), resume=False, overwrite=False) == run
+    run_dir.write_run_files(run, "model: tiny-random\n", {"python": "3.11"})
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "config.yaml", "environment.json"]
+    assert holds_run(run)
+
+
+def test_an_environment_json_without_a_runs_lock_may_be_yours(tmp_path: Path) -> None:
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    (exp / "environment.json").write_text('{"conda": "base"}')
+    with pytest.raises(ValueError, match=r"holds files that are not a streamrl run \(environment.json\)"):
+        claim_run_dir(str(exp), resume=False, overwrite=True)
+    assert (exp / "environment.json").read_text() == '{"conda": "base"}'
+
+
 def test_overwrite_deletes_no_directory_of_yours_whatever_was_checked_before(tmp_path, monkeypatch) -> None:
     import streamrl.loop.run_dir as run_dir
 

@@ -15,6 +15,9 @@ RUN_MARKERS = ("metrics.jsonl", STATE_DIR, "environment.json", "summary.json")
 # what streamrl leaves in a directory before it holds a run: the lock of a run killed while its model
 # loaded, the update lock of eval.json
 OWN_FILES = (RUN_LOCK, ".eval.json.lock")
+# what a run writes before its config.yaml (loop/run_dir.write_run_files): beside the run's lock and
+# nothing else, a start a kill cut short, which a new run takes over
+BEFORE_CONFIG = ("environment.json",)
 SHOWN = 3  # the names a refusal lists
 
 
@@ -40,11 +43,12 @@ def no_state_message(path: Path) -> str:
 
 
 def not_a_run_message(path: Path) -> str | None:
-    """The line refusing to train into `path` when it holds files but no run; None otherwise."""
+    """The line refusing to train into `path` when it holds files but no run; None otherwise (nothing but
+    streamrl's own files: a lock, and what a start a kill cut short wrote before its config.yaml)."""
     if not path.is_dir() or holds_run(path):
         return None
     names = sorted(p.name for p in path.iterdir() if p.name not in OWN_FILES)
-    if not names:
+    if not names or ((path / RUN_LOCK).exists() and set(names) <= set(BEFORE_CONFIG)):
         return None
     shown = ", ".join(names[:SHOWN]) + (", ..." if len(names) > SHOWN else "")
     return f"run_dir {path} holds files that are not a streamrl run ({shown}): choose another run_dir"

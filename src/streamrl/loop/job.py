@@ -30,7 +30,14 @@ from streamrl.loop.export import CheckpointWriteError, export_checkpoint, export
 from streamrl.loop.heldout import eval_record, periodic_eval, run_eval_record, without_final
 from streamrl.loop.ledger import Ledger
 from streamrl.loop.restore import restore
-from streamrl.loop.run_dir import PeriodicSaver, StopSaver, claim_run_dir, reconcile_logs, stop_message
+from streamrl.loop.run_dir import (
+    PeriodicSaver,
+    StopSaver,
+    claim_run_dir,
+    reconcile_logs,
+    stop_message,
+    write_run_files,
+)
 from streamrl.loop.signals import StopFlag
 from streamrl.loop.state import RunState, latest_state, save_state
 from streamrl.loop.step import StepRecord
@@ -181,12 +188,11 @@ def _run_train(
     state = (
         restore(run_dir, parts.model, parts.trainer, parts.engine, parts.stream) if cfg.resume else RunState()
     )
-    # after the restore: a resume it refuses leaves the run's files as they were
-    write_text_atomic(run_dir / "config.yaml", config_yaml(cfg))  # a resume's start, killed, keeps the old
     workers = 0 if cfg.runtime.mode == "colocated" else cfg.runtime.rollout_workers
     env = collect_environment(cfg.model, train_threads, rollout_threads, workers)
     env.update(precision_record(cfg))
-    write_text_atomic(run_dir / "environment.json", json.dumps(env, indent=2))
+    # after the restore: a resume it refuses leaves the run's files as they were
+    write_run_files(run_dir, config_yaml(cfg), env)
     moved: dict[str, int] = {}
     if cfg.resume:
         moved = reconcile_logs(run_dir, state.step)  # and W&B rewound first if it logged steps past it

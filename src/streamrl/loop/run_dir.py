@@ -9,6 +9,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from streamrl.files import file_digest, sync_dir, write_text_atomic
 from streamrl.loop.durable import recover
@@ -35,6 +36,14 @@ def claim_run_dir(run_dir: str, resume: bool, overwrite: bool) -> Path:
         shutil.rmtree(path)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def write_run_files(path: Path, config_text: str, environment: dict[str, Any]) -> None:
+    """environment.json, then config.yaml, each whole (a resume's start, killed, keeps the old ones). A
+    kill between the two leaves the lock and environment.json, which a new run takes as a start cut
+    short (run_dirs.not_a_run_message); config.yaml alone would be refused as a directory of yours."""
+    write_text_atomic(path / "environment.json", json.dumps(environment, indent=2))
+    write_text_atomic(path / "config.yaml", config_text)
 
 
 def reconcile_logs(run_dir: Path, step: int) -> dict[str, int]:

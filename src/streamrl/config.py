@@ -109,13 +109,10 @@ def _not_a_config_file(path: Path) -> str:
     if path.is_dir():
         if (path / "config.json").is_file():
             return f"config file '{path}' is a model directory: give it as model={path}"
-        if holds_run(path) and has_saved_state(path):
-            return (
-                f"config file '{path}' is a directory: give the config file in it, {path / 'config.yaml'} "
-                f"(or resume={path} to continue the run saved there)"
-            )
-        if (path / "config.yaml").is_file():  # a directory of yours, or a run with nothing to resume
-            return f"config file '{path}' is a directory: give the config file in it, {path / 'config.yaml'}"
+        if (path / "config.yaml").is_file():  # a run's directory, or one of yours
+            said = f"config file '{path}' is a directory: give the config file in it, {path / 'config.yaml'}"
+            resumable = holds_run(path) and has_saved_state(path)  # not a directory of yours, nor a run
+            return said + (f" (or resume={path} to continue the run saved there)" if resumable else "")
         return f"config file '{path}' is a directory, not a YAML file"
     if path.suffix.lower() not in (".yaml", ".yml", ".json"):  # tiny-random, org/name-0.5B: a model's name
         return f"config file '{path}' not found (a model is given as model={path})"

@@ -83,7 +83,7 @@ def test_overwrite_deletes_only_a_run(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("killed_at", ["environment.json", "config.yaml"])
 def test_a_start_killed_while_it_writes_the_runs_files_leaves_a_directory_a_new_run_takes(
-    tmp_path: Path, monkeypatch, killed_at: str
+    tmp_path: Path, monkeypatch, capsys, killed_at: str
 ) -> None:
     from streamrl.loop import run_dir
 
@@ -101,6 +101,12 @@ def test_a_start_killed_while_it_writes_the_runs_files_leaves_a_directory_a_new_
     with pytest.raises(KeyboardInterrupt):
         run_dir.write_run_files(run, "model: tiny-random\n", {"python": "3.11"})
     monkeypatch.undo()
+    if killed_at == "config.yaml":  # environment.json was written: nothing to resume, and it says so
+        assert train([f"resume={run}"]) == 2
+        assert capsys.readouterr().err == (
+            f"streamrl: error: resume: '{run}' holds a run killed at its start, before its config.yaml and "
+            f"any saved state: start it again with run_dir={run}\n"
+        )
     assert claim_run_dir(str(run), resume=False, overwrite=False) == run
     run_dir.write_run_files(run, "model: tiny-random\n", {"python": "3.11"})
     assert sorted(p.name for p in run.iterdir()) == [".lock", "config.yaml", "environment.json"]

@@ -37,7 +37,7 @@ from streamrl.config_sections import (
     VLLMConfig,
 )
 from streamrl.config_validate import LORA_ONLY, is_data_source, resolve_eval_length, validate
-from streamrl.run_dirs import RUN_MARKERS, has_saved_state, holds_run
+from streamrl.run_dirs import RUN_MARKERS, has_saved_state, holds_run, started_only
 
 __all__ = [
     "AdvantageConfig",
@@ -216,6 +216,11 @@ def _saved_config(resume: str) -> Path:
             if holds_run(run)
             else f"resume: '{resume}' is a file, not a run directory: to train with it, give it as the "
             "config file and drop resume"
+        )
+    if started_only(Path(resume)):
+        raise ConfigError(
+            f"resume: '{resume}' holds a run killed at its start, before its config.yaml and any saved "
+            f"state: start it again with run_dir={resume}"
         )
     if not path.is_file():
         raise ConfigError(f"resume: '{resume}' is not a run directory (no config.yaml)")

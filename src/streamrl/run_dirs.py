@@ -42,13 +42,24 @@ def no_state_message(path: Path) -> str:
     )
 
 
+def _not_own(path: Path) -> list[str]:
+    return sorted(p.name for p in path.iterdir() if p.name not in OWN_FILES)
+
+
+def started_only(path: Path) -> bool:
+    """Is `path` a run's start a kill cut short: its lock, and nothing but what a run writes before its
+    config.yaml (and at least one of those)? A new run takes it as it would an empty directory."""
+    names = _not_own(path) if path.is_dir() else []
+    return bool(names) and (path / RUN_LOCK).exists() and set(names) <= set(BEFORE_CONFIG)
+
+
 def not_a_run_message(path: Path) -> str | None:
     """The line refusing to train into `path` when it holds files but no run; None otherwise (nothing but
     streamrl's own files: a lock, and what a start a kill cut short wrote before its config.yaml)."""
     if not path.is_dir() or holds_run(path):
         return None
-    names = sorted(p.name for p in path.iterdir() if p.name not in OWN_FILES)
-    if not names or ((path / RUN_LOCK).exists() and set(names) <= set(BEFORE_CONFIG)):
+    names = _not_own(path)
+    if not names or started_only(path):
         return None
     shown = ", ".join(names[:SHOWN]) + (", ..." if len(names) > SHOWN else "")
     return f"run_dir {path} holds files that are not a streamrl run ({shown}): choose another run_dir"

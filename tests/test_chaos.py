@@ -28,6 +28,7 @@ from streamrl.files import hold_run_dir, in_use_message, run_dir_in_use
 from streamrl.loop.durable import recover
 from streamrl.loop.run_dir import claim_run_dir, reconcile_logs
 from streamrl.loop.state import latest_state, state_dirs
+from streamrl.observe.environment import collect_environment
 from streamrl.placement import leftovers
 from streamrl.run_dirs import STATE_DIR
 
@@ -154,7 +155,7 @@ def test_kill_minus_nine_five_times_then_finish(tmp_path: Path) -> None:
         if proc.poll() is not None and proc.returncode == 0:
             break  # finished before the kill landed
         kills += 1
-        if (run / STATE_DIR).is_dir():
+        if whole and (run / STATE_DIR).is_dir():  # the run is dead: nothing else moves its states now
             recover(run / STATE_DIR)  # a swap the kill cut short is finished as the resume would
         state = latest_state(run)
         if whole and state is None:  # killed before its first save: nothing to resume
@@ -264,7 +265,8 @@ def test_a_resume_without_a_saved_state_changes_nothing(
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text("model: tiny-random\n")
-    (run / "environment.json").write_text("{}")  # a run killed before its first save
+    env = collect_environment("tiny-random", 1, 1, 1)
+    (run / "environment.json").write_text(json.dumps(env))  # a run killed before its first save
     before = (run / "config.yaml").read_text()
     assert main(["train", f"resume={run}", "max_steps=3"]) == 2
     err = capsys.readouterr().err

@@ -310,19 +310,24 @@ def test_each_actors_state_is_told_dead_pending_or_up(ray_instance):
         def weights_status(self) -> str:
             return "not yet in the weight group"
 
-    dead, pending, up = Dies.remote(), Pending.remote(), Up.remote()
+    @ray.remote(num_cpus=0)
+    class Mute:
+        def weights_status(self) -> str:
+            raise RuntimeError("receiver gone")
+
+    dead, pending, up, mute = Dies.remote(), Pending.remote(), Up.remote(), Mute.remote()
     try:
-        ray.get(up.__ray_ready__.remote(), timeout=120)
+        ray.get([up.__ray_ready__.remote(), mute.__ray_ready__.remote()], timeout=120)
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(dead.__ray_ready__.remote(), timeout=120)
-        told = actor_states([dead, pending, up], wait_s=2)
+        told = actor_states([dead, pending, up, mute], wait_s=2)
     finally:
-        for a in (dead, pending, up):
+        for a in (dead, pending, up, mute):
             ray.kill(a)
     assert re.fullmatch(
         r"rollout actors: actor 0 died \(ValueError: no model at /nowhere\); "
         r"actor 1 not started 2 s later \(pending resources\? `ray status`\); "
-        r"actor 2 up, not yet in the weight group",
+        r"actor 2 up, not yet in the weight group; actor 3 up, not telling \(RuntimeError: receiver gone\)",
         told,
     ), told
 

@@ -5,7 +5,10 @@ overwrite=true; a run_dir that cannot be created or written is one line, for `st
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +18,10 @@ from train_cli import train
 from streamrl.cli import main
 from streamrl.eval_settings import trained_run
 from streamrl.loop.run_dir import claim_run_dir
-from streamrl.run_dirs import RUN_MARKERS, holds_run
+from streamrl.observe.environment import collect_environment
+from streamrl.run_dirs import RUN_MARKERS, holds_run, started_only
+
+RUN_ENVIRONMENT = json.dumps(collect_environment("tiny-random", 1, 1, 1))  # as a run writes it
 
 HUB = "model=Qwen/Qwen2.5-7B-Instruct"  # resolving it would download GBs: refusals come first
 
@@ -70,20 +76,24 @@ def test_overwrite_deletes_only_a_run(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text("model: tiny-random\n")
-    (run / "environment.json").write_text("{}")
+    (run / "environment.json").write_text(RUN_ENVIRONMENT)
     assert claim_run_dir(str(run), resume=False, overwrite=True) == run
     assert list(run.iterdir()) == []
     (run / ".lock").touch()
     assert claim_run_dir(str(run), resume=False, overwrite=False) == run
     exp, files = _yours(tmp_path)
+    (exp / "environment.json").write_text('{"conda": "base"}')  # a file of yours of that name
+    files["environment.json"] = '{"conda": "base"}'
+    assert not holds_run(exp)
     with pytest.raises(ValueError, match="holds files that are not a streamrl run"):
         claim_run_dir(str(exp), resume=False, overwrite=True)
     assert {p.name: p.read_text() for p in exp.iterdir() if p.is_file()} == files
 
 
+@pytest.mark.parametrize("mid_write", [False, True], ids=["before", "mid-write"])
 @pytest.mark.parametrize("killed_at", ["environment.json", "config.yaml"])
 def test_a_start_killed_while_it_writes_the_runs_files_leaves_a_directory_a_new_run_takes(
-    tmp_path: Path, monkeypatch, capsys, killed_at: str
+    tmp_path: Path, monkeypatch, capsys, killed_at: str, mid_write: bool
 ) -> None:
     from streamrl.loop import run_dir
 
@@ -91,24 +101,30 @@ def test_a_start_killed_while_it_writes_the_runs_files_leaves_a_directory_a_new_
     assert claim_run_dir(str(run), resume=False, overwrite=False) == run
     (run / ".lock").touch()  # the lock a run takes first stays after a kill
     real = run_dir.write_text_atomic
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
+    environment = json.loads(RUN_ENVIRONMENT)
 
     def write(path: Path, text: str) -> None:
         if path.name == killed_at:
+            if mid_write:  # its temporary file, half written, its writer gone
+                (path.parent / f".tmp-{path.name}-{int(dead.stdout)}").write_text(text[:5])
             raise KeyboardInterrupt  # the kill
         real(path, text)
 
     monkeypatch.setattr(run_dir, "write_text_atomic", write)
     with pytest.raises(KeyboardInterrupt):
-        run_dir.write_run_files(run, "model: tiny-random\n", {"python": "3.11"})
+        run_dir.write_run_files(run, "model: tiny-random\n", environment)
     monkeypatch.undo()
+    # a start cut short, unless the kill came before its first file: then only the lock is there
+    assert started_only(run) == (killed_at == "config.yaml" or mid_write)
     if killed_at == "config.yaml":  # environment.json was written: nothing to resume, and it says so
         assert train([f"resume={run}"]) == 2
         assert capsys.readouterr().err == (
             f"streamrl: error: resume: '{run}' holds a run killed at its start, before its config.yaml and "
-            f"any saved state: start it again with run_dir={run}\n"
+            f"any saved state: start it again with your config file and settings and run_dir={run}\n"
         )
     assert claim_run_dir(str(run), resume=False, overwrite=False) == run
-    run_dir.write_run_files(run, "model: tiny-random\n", {"python": "3.11"})
+    run_dir.write_run_files(run, "model: tiny-random\n", environment)  # and its leftover removed
     assert sorted(p.name for p in run.iterdir()) == [".lock", "config.yaml", "environment.json"]
     assert holds_run(run)
 
@@ -119,7 +135,14 @@ def test_an_environment_json_without_a_runs_lock_may_be_yours(tmp_path: Path) ->
     (exp / "environment.json").write_text('{"conda": "base"}')
     with pytest.raises(ValueError, match=r"holds files that are not a streamrl run \(environment.json\)"):
         claim_run_dir(str(exp), resume=False, overwrite=True)
+    (exp / ".lock").touch()  # beside a run's lock too: not what a run writes there
+    with pytest.raises(ValueError, match=r"holds files that are not a streamrl run \(environment.json\)"):
+        claim_run_dir(str(exp), resume=False, overwrite=True)
     assert (exp / "environment.json").read_text() == '{"conda": "base"}'
+    (exp / "environment.json").write_text(RUN_ENVIRONMENT)  # as a run writes it, without the lock
+    (exp / ".lock").unlink()
+    with pytest.raises(ValueError, match=r"holds files that are not a streamrl run \(environment.json\)"):
+        claim_run_dir(str(exp), resume=False, overwrite=True)
 
 
 def test_overwrite_deletes_no_directory_of_yours_whatever_was_checked_before(tmp_path, monkeypatch) -> None:
@@ -163,7 +186,7 @@ def test_a_run_with_no_saved_state_is_offered_no_resume(tmp_path, resolved, caps
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text("model: tiny-random\n")
-    (run / "environment.json").write_text("{}")
+    (run / "environment.json").write_text(RUN_ENVIRONMENT)
     before = sorted(p.name for p in run.iterdir())
     said = {
         f"resume={run}/config.yaml": f"resume: '{run}/config.yaml' is a file of a run: give its directory, "
@@ -203,6 +226,10 @@ def test_a_run_is_its_config_beside_a_file_only_a_run_writes(tmp_path: Path, mar
     assert not holds_run(tmp_path) and trained_run(str(tmp_path / "checkpoint")) is None
     if marker == "state":
         (tmp_path / marker).mkdir()
+    elif marker == "environment.json":  # as a run writes it: a file of yours of that name is none
+        (tmp_path / marker).write_text('{"conda": "base"}')
+        assert not holds_run(tmp_path)
+        (tmp_path / marker).write_text(RUN_ENVIRONMENT)
     else:
         (tmp_path / marker).write_text("{}")
     assert holds_run(tmp_path)

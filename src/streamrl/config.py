@@ -111,7 +111,7 @@ def _not_a_config_file(path: Path) -> str:
             return f"config file '{path}' is a model directory: give it as model={path}"
         if (path / "config.yaml").is_file():  # a run's directory, or one of yours
             said = f"config file '{path}' is a directory: give the config file in it, {path / 'config.yaml'}"
-            resumable = holds_run(path) and has_saved_state(path)  # not a directory of yours, nor a run
+            resumable = holds_run(path) and has_saved_state(path)  # a run with a saved state
             return said + (f" (or resume={path} to continue the run saved there)" if resumable else "")
         return f"config file '{path}' is a directory, not a YAML file"
     if path.suffix.lower() not in (".yaml", ".yml", ".json"):  # tiny-random, org/name-0.5B: a model's name
@@ -220,7 +220,7 @@ def _saved_config(resume: str) -> Path:
     if started_only(Path(resume)):
         raise ConfigError(
             f"resume: '{resume}' holds a run killed at its start, before its config.yaml and any saved "
-            f"state: start it again with run_dir={resume}"
+            f"state: start it again with your config file and settings and run_dir={resume}"
         )
     if not path.is_file():
         raise ConfigError(f"resume: '{resume}' is not a run directory (no config.yaml)")

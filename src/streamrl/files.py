@@ -25,14 +25,19 @@ from streamrl.processes import pid_alive
 log = logging.getLogger(__name__)
 
 
+def dead_writers_temp(name: str, of: str) -> bool:
+    """Is `name` the temporary file of `of` (.tmp-OF-PID) whose writer was killed mid-write?"""
+    prefix = f".tmp-{of}-"
+    pid = name[len(prefix) :]
+    return name.startswith(prefix) and not (pid.isdigit() and pid_alive(int(pid)))
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """Write `path` whole or not at all (see the module docstring)."""
-    prefix = f".tmp-{path.name}-"
-    for leftover in path.parent.glob(f"{prefix}*"):
-        pid = leftover.name[len(prefix) :]
-        if not (pid.isdigit() and pid_alive(int(pid))):  # its writer was killed mid-write
+    for leftover in path.parent.glob(f".tmp-{path.name}-*"):
+        if dead_writers_temp(leftover.name, path.name):
             leftover.unlink(missing_ok=True)
-    tmp = path.parent / f"{prefix}{os.getpid()}"
+    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
     try:
         with tmp.open("w", encoding="utf-8") as f:
             f.write(text)

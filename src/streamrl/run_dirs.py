@@ -4,10 +4,11 @@ run: never trained into, never deleted by overwrite=true), and whether it can be
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
-from streamrl.files import MOVED_ASIDE, RUN_LOCK
+from streamrl.files import MOVED_ASIDE, RUN_LOCK, dead_writers_temp
 
 STATE_DIR, STATE_PREFIX = "state", "step-"  # RUN/state/step-N: a saved state (loop/state.py)
 # what a run writes beside its config.yaml; a directory of your own that keeps a config.yaml has none
@@ -15,16 +16,22 @@ RUN_MARKERS = ("metrics.jsonl", STATE_DIR, "environment.json", "summary.json")
 # what streamrl leaves in a directory before it holds a run: the lock of a run killed while its model
 # loaded, the update lock of eval.json
 OWN_FILES = (RUN_LOCK, ".eval.json.lock")
-# what a run writes before its config.yaml (loop/run_dir.write_run_files): beside the run's lock and
-# nothing else, a start a kill cut short, which a new run takes over
-BEFORE_CONFIG = ("environment.json",)
+# what a run writes before its config.yaml (loop/run_dir.write_run_files), with keys it always holds:
+# beside the run's lock and nothing else, a start a kill cut short, which a new run takes over
+BEFORE_CONFIG = {"environment.json": ("trainer_threads", "rollout_workers")}
 SHOWN = 3  # the names a refusal lists
 
 
 def holds_run(path: Path) -> bool:
     """Does `path` hold a streamrl run: its config.yaml and one of RUN_MARKERS? (Not the lock a run
     takes first: a run killed while its model loaded leaves it alone, and files of yours may follow.)"""
-    return (path / "config.yaml").is_file() and any((path / name).exists() for name in RUN_MARKERS)
+    return (path / "config.yaml").is_file() and any(_marks_a_run(path / name) for name in RUN_MARKERS)
+
+
+def _marks_a_run(path: Path) -> bool:
+    """A marker that exists, and for environment.json holds what a run writes there (not a file of yours
+    of that name)."""
+    return path.exists() and (path.name not in BEFORE_CONFIG or _as_a_run_writes(path))
 
 
 def has_saved_state(path: Path) -> bool:
@@ -48,9 +55,22 @@ def _not_own(path: Path) -> list[str]:
 
 def started_only(path: Path) -> bool:
     """Is `path` a run's start a kill cut short: its lock, and nothing but what a run writes before its
-    config.yaml (and at least one of those)? A new run takes it as it would an empty directory."""
-    names = _not_own(path) if path.is_dir() else []
-    return bool(names) and (path / RUN_LOCK).exists() and set(names) <= set(BEFORE_CONFIG)
+    config.yaml (as a run writes it) and the temporary files of those writes or of config.yaml's, their
+    writer dead? A new run takes it as it would an empty directory."""
+    if not (path / RUN_LOCK).is_file():
+        return False
+    names = _not_own(path)
+    writes = (*BEFORE_CONFIG, "config.yaml")
+    left = [n for n in names if not any(dead_writers_temp(n, w) for w in writes)]
+    return bool(names) and all(n in BEFORE_CONFIG and _as_a_run_writes(path / n) for n in left)
+
+
+def _as_a_run_writes(path: Path) -> bool:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(data, dict) and all(key in data for key in BEFORE_CONFIG[path.name])
 
 
 def not_a_run_message(path: Path) -> str | None:

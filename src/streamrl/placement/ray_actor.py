@@ -120,6 +120,7 @@ class RolloutActor:
 
 
 ACTOR_STATE_WAIT_S = 10.0  # after a failed join: how much longer an actor not yet started may take
+ANSWER_S = 30.0  # an actor that is up answers where its weights stand within this
 
 
 def actor_states(actors: list[Any], wait_s: float) -> str:
@@ -138,12 +139,14 @@ def actor_states(actors: list[Any], wait_s: float) -> str:
             continue
         try:
             ray.get(ref)
-            status = ray.get(actor.weights_status.remote(), timeout=wait_s)
+            status = ray.get(actor.weights_status.remote(), timeout=ANSWER_S)
         except RayActorError as e:
             parts.append(f"actor {i} died ({_death(e)})")
             continue
         except GetTimeoutError:
-            status = f"not answering after {wait_s:g} s"
+            status = f"not answering after {ANSWER_S:g} s"
+        except Exception as e:  # this line adds to an error already raised: it must not replace it
+            status = f"not telling ({_last_line(e)})"
         parts.append(f"actor {i} up" + (f", {status}" if status else ""))
     return "rollout actors: " + "; ".join(parts)
 
@@ -151,7 +154,13 @@ def actor_states(actors: list[Any], wait_s: float) -> str:
 def _death(e: Any) -> str:
     """Ray's reason for an actor's death on one line: what its __init__ raised (the last line of the
     trace Ray gives), or the system's words without Ray's tab-indented ids."""
+    if getattr(e, "actor_init_failed", False):
+        return _last_line(e)
     lines = [ln for ln in str(e).splitlines() if ln.strip()]
-    if getattr(e, "actor_init_failed", False) and lines:
-        return brief(lines[-1], 200)
     return brief(" ".join(ln for ln in lines if not ln.startswith("\t")), 200) or type(e).__name__
+
+
+def _last_line(e: BaseException) -> str:
+    """The last line of a remote call's error: what the actor raised, under the trace Ray puts first."""
+    lines = [ln for ln in str(e).splitlines() if ln.strip()]
+    return brief(lines[-1], 200) if lines else type(e).__name__

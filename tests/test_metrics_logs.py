@@ -17,14 +17,23 @@ def _scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
-def test_a_resumed_run_appends_to_metrics_jsonl_and_tensorboard_drops_the_replayed_steps(tmp_path):
+def test_a_resumed_run_appends_to_metrics_jsonl_and_tensorboard_drops_the_replayed_steps(
+    tmp_path, monkeypatch
+):
+    from tensorboard.summary.writer import event_file_writer
+
     first = MetricsWriter(tmp_path)
     for step in (1, 2, 3):  # step 3 is logged, then the run dies before its state is saved
         first.write({"step": step, "reward_mean": step / 4, "stopped": False, "hist": {"0": 2}})
     first.close()
-    resumed = MetricsWriter(tmp_path, purge_step=3)  # resumed from step 2's state: step 3 runs again
-    resumed.write({"step": 3, "reward_mean": 1.0, "stopped": True, "hist": {"0": 1}})
-    resumed.close()
+    # a resume is a new process, seconds later: its event file is named (and read) after the first's.
+    # In one process within one second the names' counters (.9, .10) could sort the other way
+    later = event_file_writer.time.time() + 5
+    with monkeypatch.context() as m:
+        m.setattr(event_file_writer.time, "time", lambda: later)
+        resumed = MetricsWriter(tmp_path, purge_step=3)  # resumed from step 2's state: step 3 runs again
+        resumed.write({"step": 3, "reward_mean": 1.0, "stopped": True, "hist": {"0": 1}})
+        resumed.close()
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["reward_mean"]) for r in rows] == [(1, 0.25), (2, 0.5), (3, 0.75), (3, 1.0)]
     # only numbers are scalars (not booleans, not dicts); the replayed step 3 replaces the first one's

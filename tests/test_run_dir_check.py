@@ -179,6 +179,24 @@ def test_a_directory_of_yours_is_no_run_to_resume_and_its_config_is_the_way_in(
     assert {p.name: p.read_text() for p in exp.iterdir() if p.is_file()} == files
 
 
+def test_resume_of_a_directory_without_a_run_says_what_is_there(tmp_path, resolved, capsys) -> None:
+    fix = "give resume the run_dir of the run to continue"
+    missing, empty, other = tmp_path / "runs" / "typo", tmp_path / "empty", tmp_path / "other"
+    empty.mkdir()
+    other.mkdir()
+    for name in ("a.txt", "b.txt", "c.txt", "d.txt"):
+        (other / name).write_text("x")
+    said = {
+        missing: f"'{missing}' does not exist: {fix}",
+        empty: f"'{empty}' is not a run directory (no config.yaml; it is empty): {fix}",
+        other: f"'{other}' is not a run directory (no config.yaml; it holds a.txt, b.txt, c.txt, ...): {fix}",
+    }
+    for path, line in said.items():
+        assert train([f"resume={path}"]) == 2
+        assert capsys.readouterr().err == f"streamrl: error: resume: {line}\n"
+    assert resolved == [] and not missing.exists() and sorted(p.name for p in other.iterdir())[-1] == "d.txt"
+
+
 def test_a_run_with_no_saved_state_is_offered_no_resume(tmp_path, resolved, capsys) -> None:
     """A run stopped before its first save (config.yaml, environment.json, no state/step-*): trained
     into, given as the config file or resumed, it is refused in one line that offers overwrite=true,

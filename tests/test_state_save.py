@@ -176,6 +176,27 @@ def test_a_swap_cut_short_by_a_crash_is_finished(tiny, tmp_path):
     assert sorted(p.name for p in root.iterdir()) == ["step-000002", "step-000003"]
 
 
+def test_saves_a_kill_cut_short_are_swept_by_the_next_save(tiny, tmp_path):
+    """A killed process's half-written states (.tmp-step-N-PID), of this step or another, are gone after
+    the next save; the one being written is named for its step and this process."""
+    import os
+
+    model, tok = tiny
+    trainer = Trainer.from_config(copy.deepcopy(model), load_config(None, ["train.precision=fp32"]), 0)
+    root = tmp_path / "state"
+    for name in (".tmp-step-000004-4242", ".tmp-step-000007-4243"):
+        (root / name).mkdir(parents=True)
+        (root / name / "trainer.pt").write_bytes(b"torn")
+    assert temp_beside(root / "step-000004") == root / f".tmp-step-000004-{os.getpid()}"
+    assert sorted(p.name for p in root.iterdir()) == [
+        ".tmp-step-000004-" + str(os.getpid()),
+        ".tmp-step-000007-4243",
+    ]
+    (root / f".tmp-step-000004-{os.getpid()}").rmdir()
+    save_state(tmp_path, RunState(step=4, version=4), trainer, tok)
+    assert [p.name for p in root.iterdir()] == ["step-000004"]
+
+
 def test_a_file_written_atomically_is_old_or_new_never_torn(tmp_path, monkeypatch):
     """eval.json and accounting.json, read by a resume: a write cut short (here the sync fails, as a kill
     or a full disk would stop it) leaves the previous content under the name."""

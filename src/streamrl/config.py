@@ -37,7 +37,7 @@ from streamrl.config_sections import (
     VLLMConfig,
 )
 from streamrl.config_validate import LORA_ONLY, is_data_source, resolve_eval_length, validate
-from streamrl.run_dirs import RUN_MARKERS, has_saved_state, holds_run, started_only
+from streamrl.run_dirs import RUN_MARKERS, has_saved_state, holds_run, no_run_to_resume_message, started_only
 
 __all__ = [
     "AdvantageConfig",
@@ -223,7 +223,7 @@ def _saved_config(resume: str) -> Path:
             f"state: start it again with your config file and settings and run_dir={resume}"
         )
     if not path.is_file():
-        raise ConfigError(f"resume: '{resume}' is not a run directory (no config.yaml)")
+        raise ConfigError(no_run_to_resume_message(Path(resume)))
     if not holds_run(Path(resume)):
         raise ConfigError(
             f"resume: '{resume}' holds a config.yaml but no run (none of {', '.join(RUN_MARKERS)}): to "

@@ -24,20 +24,27 @@ from streamrl.processes import pid_alive
 
 log = logging.getLogger(__name__)
 
+TEMP = ".tmp-"  # a file or directory being written is named TEMP + its final name + "-" + the writer's pid
+
+
+def temp_path(final: Path) -> Path:
+    """Where this process writes `final` before renaming it into place: `.tmp-NAME-PID` beside it."""
+    return final.parent / f"{TEMP}{final.name}-{os.getpid()}"
+
 
 def dead_writers_temp(name: str, of: str) -> bool:
     """Is `name` the temporary file of `of` (.tmp-OF-PID) whose writer was killed mid-write?"""
-    prefix = f".tmp-{of}-"
+    prefix = f"{TEMP}{of}-"
     pid = name[len(prefix) :]
     return name.startswith(prefix) and not (pid.isdigit() and pid_alive(int(pid)))
 
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Write `path` whole or not at all (see the module docstring)."""
-    for leftover in path.parent.glob(f".tmp-{path.name}-*"):
+    for leftover in path.parent.glob(f"{TEMP}{path.name}-*"):
         if dead_writers_temp(leftover.name, path.name):
             leftover.unlink(missing_ok=True)
-    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
+    tmp = temp_path(path)
     try:
         with tmp.open("w", encoding="utf-8") as f:
             f.write(text)

@@ -85,6 +85,20 @@ def not_a_run_message(path: Path) -> str | None:
     return f"run_dir {path} holds files that are not a streamrl run ({shown}): choose another run_dir"
 
 
+def no_run_to_resume_message(path: Path) -> str:
+    """The line refusing resume=`path` when it holds no config.yaml: what is there instead."""
+    fix = "give resume the run_dir of the run to continue"
+    if not path.exists():
+        return f"resume: '{path}' does not exist: {fix}"
+    names = sorted(p.name for p in path.iterdir())
+    held = (
+        "it is empty"
+        if not names
+        else "it holds " + ", ".join(names[:SHOWN]) + (", ..." if len(names) > SHOWN else "")
+    )
+    return f"resume: '{path}' is not a run directory (no config.yaml; {held}): {fix}"
+
+
 def unwritable_message(path: Path) -> str | None:
     """The line saying `path` cannot be written into: not writable, or not to be created (its nearest
     existing ancestor is a file, or a directory that is not writable); None otherwise."""

@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from streamrl.files import MOVED_ASIDE, sync_dir
+from streamrl.files import MOVED_ASIDE, TEMP, sync_dir, temp_path
 
 # how the writers of states and checkpoints report a failed write that is not an OSError: torch.save's
 # zip writer (RuntimeError) and safetensors under save_pretrained (SafetensorError, an Exception)
@@ -20,9 +20,9 @@ def temp_beside(final: Path) -> Path:
     other processes (a writer killed mid-write) are removed, a swap cut short is finished."""
     final.parent.mkdir(parents=True, exist_ok=True)
     recover(final.parent)
-    for leftover in final.parent.glob(f".tmp-{final.name}-*"):
+    for leftover in final.parent.glob(f"{TEMP}{final.name}-*"):
         shutil.rmtree(leftover, ignore_errors=True)
-    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
+    tmp = temp_path(final)
     tmp.mkdir()
     return tmp
 

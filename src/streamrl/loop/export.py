@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrl.config import Config
+from streamrl.files import TEMP
 from streamrl.loop.durable import could_not_write, swap_in, temp_beside, write_failed
 from streamrl.loop.state import STATE_DIR, latest_state
 from streamrl.models import lora, smollm2
@@ -79,7 +80,7 @@ def prune_exports(root: Path, keep: int, step: int) -> list[Path]:
     killed mid-export left (.tmp-*); -> the exports removed, in step order."""
     if not root.is_dir():
         return []
-    for leftover in root.glob(".tmp-*"):
+    for leftover in root.glob(f"{TEMP}*"):
         if not leftover.name.endswith(f"-{os.getpid()}"):  # another process's: it is gone
             shutil.rmtree(leftover, ignore_errors=True)
     steps = sorted(

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from streamrl.files import TEMP
 from streamrl.loop.durable import could_not_write, recover, swap_in, temp_beside, write_failed
 from streamrl.run_dirs import STATE_DIR, STATE_PREFIX, no_state_message
 
@@ -189,7 +190,7 @@ def save_state(
         raise
     for d in state_dirs(run_dir)[: -max(1, keep)]:
         shutil.rmtree(d, ignore_errors=True)
-    for leftover in root.glob(".tmp-*"):  # a save interrupted by a crash
+    for leftover in root.glob(f"{TEMP}*"):  # a save interrupted by a crash
         shutil.rmtree(leftover, ignore_errors=True)
     return final
 

@@ -77,3 +77,28 @@ def test_each_actor_has_its_own_incarnation_and_the_configured_receiver(actor, m
     sync = {"mode": "broadcast", "layout": "L", "host": "h", "port": 1, "rank": 2, "world": 3}
     ray_actor.make_receiver({**sync, "backend": "gloo", "epoch": 7}, 9.0)
     assert made == [("L", "h", 1, 2, 3, 9.0, "gloo", 7)]
+
+
+class _Died(Exception):
+    actor_init_failed = False
+
+
+class _InitFailed(Exception):
+    actor_init_failed = True
+
+
+def test_an_actors_death_is_told_in_one_line_without_rays_ids() -> None:
+    """Ray's words for a death, its tab-indented ids left out; for a failed __init__, what it raised."""
+    died = _Died(
+        "The actor died unexpectedly before finishing this task.\n\tclass_name: RolloutActor\n"
+        "\tactor_id: 3f2a9c\n\nThe actor's worker process was killed: out of memory."
+    )
+    assert ray_actor._death(died) == (
+        "The actor died unexpectedly before finishing this task. The actor's worker process was killed: "
+        "out of memory."
+    )
+    init = _InitFailed(
+        'Traceback (most recent call last):\n  File "x.py", line 1\nValueError: no model at /x\n'
+    )
+    assert ray_actor._death(init) == "ValueError: no model at /x"
+    assert ray_actor._death(_Died("\n\tactor_id: 3f2a9c\n")) == "_Died"

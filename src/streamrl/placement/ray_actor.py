@@ -156,11 +156,15 @@ def _death(e: Any) -> str:
     trace Ray gives), or the system's words without Ray's tab-indented ids."""
     if getattr(e, "actor_init_failed", False):
         return _last_line(e)
-    lines = [ln for ln in str(e).splitlines() if ln.strip()]
-    return brief(" ".join(ln for ln in lines if not ln.startswith("\t")), 200) or type(e).__name__
+    return brief(" ".join(ln for ln in _lines(e) if not ln.startswith("\t")), 200) or type(e).__name__
 
 
 def _last_line(e: BaseException) -> str:
     """The last line of a remote call's error: what the actor raised, under the trace Ray puts first."""
-    lines = [ln for ln in str(e).splitlines() if ln.strip()]
+    lines = _lines(e)
     return brief(lines[-1], 200) if lines else type(e).__name__
+
+
+def _lines(e: BaseException) -> list[str]:
+    """The error's message, its blank lines left out."""
+    return [ln for ln in str(e).splitlines() if ln.strip()]

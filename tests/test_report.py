@@ -200,8 +200,23 @@ def test_compare_overlays_runs_and_defaults_to_compare_html(tmp_path):
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "not a run directory" in err
+    assert (
+        capsys.readouterr().err
+        == f"streamrl: error: '{tmp_path}' is not a run directory (no metrics.jsonl)\n"
+    )
+    assert main(["report", str(tmp_path / "typo")]) == 2
+    said = f"streamrl: error: '{tmp_path / 'typo'}' does not exist: give a run directory (a run's run_dir)\n"
+    assert capsys.readouterr().err == said
+    starting = tmp_path / "starting"  # a run still before its first step
+    starting.mkdir()
+    (starting / "config.yaml").write_text("task: gsm8k\n")
+    (starting / "environment.json").write_text("{}")
+    assert main(["report", str(starting)]) == 2
+    assert capsys.readouterr().err == (
+        f"streamrl: error: '{starting}' holds a run that has not finished its first step (no metrics.jsonl "
+        "yet): try again after it\n"
+    )
+    assert not (tmp_path / "typo").exists() and not (starting / "report.html").exists()
     run = make_run(tmp_path / "bad")
     (run / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 3}\n')
     assert main(["report", str(run)]) == 2

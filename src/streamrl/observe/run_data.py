@@ -84,12 +84,25 @@ def _json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _no_metrics_message(path: str | Path) -> str:
+    """Why `path` has no metrics.jsonl: it does not exist, its run has no step done yet, or it is no run."""
+    p = Path(path)
+    if not p.exists():
+        return f"'{path}' does not exist: give a run directory (a run's run_dir)"
+    if (p / "config.yaml").is_file() and (p / "environment.json").is_file():
+        return (
+            f"'{path}' holds a run that has not finished its first step (no metrics.jsonl yet): "
+            "try again after it"
+        )
+    return f"'{path}' is not a run directory (no metrics.jsonl)"
+
+
 def load_run(path: str | Path, label: str | None = None) -> RunData:
     """A RunData from a run directory; FileNotFoundError (one line) if it is not one."""
     p = Path(path)
     metrics = p / "metrics.jsonl"
     if not metrics.is_file():
-        raise FileNotFoundError(f"'{path}' is not a run directory (no metrics.jsonl)")
+        raise FileNotFoundError(_no_metrics_message(path))
     cfg_path = p / "config.yaml"
     config = read_yaml(cfg_path, "run config") if cfg_path.is_file() else {}
     return RunData(

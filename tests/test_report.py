@@ -207,15 +207,28 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert main(["report", str(tmp_path / "typo")]) == 2
     said = f"streamrl: error: '{tmp_path / 'typo'}' does not exist: give a run directory (a run's run_dir)\n"
     assert capsys.readouterr().err == said
+    env = json.dumps({"trainer_threads": 1, "rollout_workers": 1})  # as a run writes it first
     starting = tmp_path / "starting"  # a run still before its first step
     starting.mkdir()
     (starting / "config.yaml").write_text("task: gsm8k\n")
-    (starting / "environment.json").write_text("{}")
-    assert main(["report", str(starting)]) == 2
-    assert capsys.readouterr().err == (
-        f"streamrl: error: '{starting}' holds a run that has not finished its first step (no metrics.jsonl "
-        "yet): try again after it\n"
-    )
+    (starting / "environment.json").write_text(env)
+    loading = tmp_path / "loading"  # a run loading its model: its lock, no config.yaml yet
+    loading.mkdir()
+    (loading / ".lock").write_text("")
+    (loading / "environment.json").write_text(env)
+    for path in (starting, loading):
+        assert main(["report", str(path)]) == 2
+        assert capsys.readouterr().err == (
+            f"streamrl: error: '{path}' holds a run that has not finished its first step (no metrics.jsonl "
+            "yet): try again after it\n"
+        )
+    yours = tmp_path / "yours"  # a config.yaml and an environment.json of your own
+    yours.mkdir()
+    (yours / "config.yaml").write_text("task: gsm8k\n")
+    (yours / "environment.json").write_text("{}")
+    assert main(["report", str(yours)]) == 2
+    said = f"streamrl: error: '{yours}' is not a run directory (no metrics.jsonl)\n"
+    assert capsys.readouterr().err == said
     assert not (tmp_path / "typo").exists() and not (starting / "report.html").exists()
     run = make_run(tmp_path / "bad")
     (run / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 3}\n')

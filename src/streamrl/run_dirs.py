@@ -81,8 +81,7 @@ def not_a_run_message(path: Path) -> str | None:
     names = _not_own(path)
     if not names or started_only(path):
         return None
-    shown = ", ".join(names[:SHOWN]) + (", ..." if len(names) > SHOWN else "")
-    return f"run_dir {path} holds files that are not a streamrl run ({shown}): choose another run_dir"
+    return f"run_dir {path} holds files that are not a streamrl run ({_first(names)}): choose another run_dir"
 
 
 def no_run_to_resume_message(path: Path) -> str:
@@ -91,12 +90,13 @@ def no_run_to_resume_message(path: Path) -> str:
     if not path.exists():
         return f"resume: '{path}' does not exist: {fix}"
     names = sorted(p.name for p in path.iterdir())
-    held = (
-        "it is empty"
-        if not names
-        else "it holds " + ", ".join(names[:SHOWN]) + (", ..." if len(names) > SHOWN else "")
-    )
+    held = f"it holds {_first(names)}" if names else "it is empty"
     return f"resume: '{path}' is not a run directory (no config.yaml; {held}): {fix}"
+
+
+def _first(names: list[str]) -> str:
+    """The first SHOWN names, and ', ...' if there are more."""
+    return ", ".join(names[:SHOWN]) + (", ..." if len(names) > SHOWN else "")
 
 
 def unwritable_message(path: Path) -> str | None:

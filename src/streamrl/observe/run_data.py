@@ -10,6 +10,7 @@ from typing import Any
 
 from streamrl.config_parse import read_yaml
 from streamrl.observe.metrics import NON_FINITE_KEY, nan_or_inf_keys
+from streamrl.run_dirs import holds_run, started_only
 
 
 @dataclass
@@ -89,7 +90,7 @@ def _no_metrics_message(path: str | Path) -> str:
     p = Path(path)
     if not p.exists():
         return f"'{path}' does not exist: give a run directory (a run's run_dir)"
-    if (p / "config.yaml").is_file() and (p / "environment.json").is_file():
+    if holds_run(p) or started_only(p):  # its config.yaml and what a run writes first, or its start
         return (
             f"'{path}' holds a run that has not finished its first step (no metrics.jsonl yet): "
             "try again after it"
